@@ -1,0 +1,2 @@
+#![forbid(unsafe_code)]
+//! The append-only receipts ledger: storage, hash chain, RFC 9162 Merkle tree, signed checkpoints, proofs, compliance queries.
