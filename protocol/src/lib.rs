@@ -1,2 +1,5 @@
 #![forbid(unsafe_code)]
 //! ephem-batch formats and cryptography: pure functions, no I/O.
+
+pub mod attestation;
+pub mod keys;

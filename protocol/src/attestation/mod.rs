@@ -1,0 +1,1 @@
+//! Nitro attestation documents: parsing, verification, policy, development issuer.
