@@ -1,2 +1,5 @@
 #![forbid(unsafe_code)]
-//! The append-only receipts ledger: storage, hash chain, RFC 9162 Merkle tree, signed checkpoints, proofs, compliance queries.
+//! The append-only receipts ledger: storage, hash chain, RFC 9162 Merkle
+//! tree, signed checkpoints, proofs, compliance queries.
+
+pub mod merkle;
