@@ -1,5 +1,11 @@
 #![forbid(unsafe_code)]
 //! ephem-batch formats and cryptography: pure functions, no I/O.
+//!
+//! Every format here is specified in `docs/protocol.md`, whose known-answer vectors are checked
+//! by this crate's tests.
 
 pub mod attestation;
+pub mod cbor;
+pub mod envelope;
 pub mod keys;
+pub mod stream;
