@@ -840,3 +840,7 @@ mod tests {
         assert_eq!(JobId::from_hex("abcd"), None);
     }
 }
+
+#[cfg(test)]
+#[path = "envelope_rfc9180.rs"]
+mod rfc9180;
