@@ -3,3 +3,5 @@
 //! tree, signed checkpoints, proofs, compliance queries.
 
 pub mod merkle;
+pub mod note;
+pub mod checkpoint;
