@@ -8,4 +8,5 @@ pub mod attestation;
 pub mod cbor;
 pub mod envelope;
 pub mod keys;
+pub mod records;
 pub mod stream;

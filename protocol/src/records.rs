@@ -1,0 +1,568 @@
+//! Records inside a sealed stream: a compact, length-prefixed encoding (all integers big-endian).
+//!
+//! ```text
+//! input     := 0x01 ‖ id_len u16 ‖ id ‖ text_len u32 ‖ text
+//! embedding := 0x02 ‖ id_len u16 ‖ id ‖ tokens u32 ‖ dtype u8 ‖ dim u16 ‖ dim × element (LE)
+//! error     := 0x03 ‖ id_len u16 ‖ id ‖ code u16 ‖ message_len u16 ‖ message
+//! ```
+//!
+//! An id is 1..=[`MAX_ID_LEN`] bytes of UTF-8. A text is at most [`MAX_TEXT_LEN`] bytes and is
+//! carried as raw bytes: whether it is UTF-8 is for the enclave to judge, per record. dtype 0x01
+//! is f32, 0x02 is f16 (IEEE 754 binary16).
+
+use crate::envelope::OutputDtype;
+
+pub const MAX_ID_LEN: usize = 512;
+pub const MAX_TEXT_LEN: usize = 256 * 1024;
+pub const MAX_MESSAGE_LEN: usize = 1024;
+pub const MAX_DIMENSIONS: usize = 8192;
+
+const TAG_INPUT: u8 = 0x01;
+const TAG_EMBEDDING: u8 = 0x02;
+const TAG_ERROR: u8 = 0x03;
+
+/// Why a record stream could not be decoded. This fails the whole stream: the records are
+/// authenticated, so a malformed one means a broken sender, not a bad line.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("record at offset {offset}: unknown record tag {tag:#04x}")]
+    UnknownTag { offset: u64, tag: u8 },
+    #[error("record at offset {offset}: id length {len} out of range (1..={MAX_ID_LEN})")]
+    IdLength { offset: u64, len: usize },
+    #[error("record at offset {offset}: id is not UTF-8")]
+    IdNotUtf8 { offset: u64 },
+    #[error("record at offset {offset}: text of {len} bytes exceeds {MAX_TEXT_LEN}")]
+    TextLength { offset: u64, len: usize },
+    #[error("record at offset {offset}: unknown dtype {dtype:#04x}")]
+    UnknownDtype { offset: u64, dtype: u8 },
+    #[error("record at offset {offset}: {dim} dimensions exceed {MAX_DIMENSIONS}")]
+    Dimensions { offset: u64, dim: usize },
+    #[error("record at offset {offset}: error message too long or not UTF-8")]
+    Message { offset: u64 },
+    #[error("record at offset {offset}: unknown error code {code}")]
+    UnknownCode { offset: u64, code: u16 },
+    #[error("the stream ends inside a record at offset {offset}")]
+    Truncated { offset: u64 },
+    #[error("expected {expected} records, the stream holds {found}")]
+    CountMismatch { expected: u64, found: u64 },
+}
+
+/// A record of a job's input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputRecord {
+    pub id: String,
+    pub text: Vec<u8>,
+}
+
+/// Per-record failure reasons, shared by the client's local checks and the enclave's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The line is not valid JSON (client).
+    InvalidJson = 1,
+    /// The line lacks an id (client).
+    MissingId = 2,
+    /// The line lacks a text (client).
+    MissingText = 3,
+    /// An earlier line has the same id (client); the first one is embedded.
+    DuplicateId = 4,
+    /// The text exceeds the size limit (client and enclave).
+    TooLarge = 5,
+    /// The text is not UTF-8 (client and enclave).
+    InvalidUtf8 = 6,
+    /// The text is empty after normalisation (enclave).
+    EmptyText = 7,
+    /// The text has more tokens than the model takes and truncation is off (enclave).
+    TooManyTokens = 8,
+    /// The tokenizer refused the text (enclave).
+    TokenizerFailed = 9,
+    /// The line is not a request this service handles, e.g. another OpenAI endpoint (client).
+    UnsupportedRequest = 10,
+    /// Inference failed for this record (enclave).
+    InferenceFailed = 11,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 11] = [
+        ErrorCode::InvalidJson,
+        ErrorCode::MissingId,
+        ErrorCode::MissingText,
+        ErrorCode::DuplicateId,
+        ErrorCode::TooLarge,
+        ErrorCode::InvalidUtf8,
+        ErrorCode::EmptyText,
+        ErrorCode::TooManyTokens,
+        ErrorCode::TokenizerFailed,
+        ErrorCode::UnsupportedRequest,
+        ErrorCode::InferenceFailed,
+    ];
+
+    pub fn from_u16(code: u16) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| *c as u16 == code)
+    }
+
+    /// The name used in errors files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidJson => "invalid_json",
+            ErrorCode::MissingId => "missing_id",
+            ErrorCode::MissingText => "missing_text",
+            ErrorCode::DuplicateId => "duplicate_id",
+            ErrorCode::TooLarge => "too_large",
+            ErrorCode::InvalidUtf8 => "invalid_utf8",
+            ErrorCode::EmptyText => "empty_text",
+            ErrorCode::TooManyTokens => "too_many_tokens",
+            ErrorCode::TokenizerFailed => "tokenizer_failed",
+            ErrorCode::UnsupportedRequest => "unsupported_request",
+            ErrorCode::InferenceFailed => "inference_failed",
+        }
+    }
+}
+
+/// A vector, in the dtype the job asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Vector {
+    F32(Vec<f32>),
+    /// IEEE 754 binary16 bit patterns.
+    F16(Vec<u16>),
+}
+
+impl Vector {
+    pub fn dtype(&self) -> OutputDtype {
+        match self {
+            Vector::F32(_) => OutputDtype::F32,
+            Vector::F16(_) => OutputDtype::F16,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Vector::F32(v) => v.len(),
+            Vector::F16(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values as f32 (f16 widened).
+    pub fn to_f32(&self) -> Vec<f32> {
+        match self {
+            Vector::F32(v) => v.clone(),
+            Vector::F16(v) => v.iter().map(|&bits| f16_to_f32(bits)).collect(),
+        }
+    }
+}
+
+/// A record of a job's result: one per input record, in input order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputRecord {
+    Embedding { id: String, tokens: u32, vector: Vector },
+    Error { id: String, code: ErrorCode, message: String },
+}
+
+impl OutputRecord {
+    pub fn id(&self) -> &str {
+        match self {
+            OutputRecord::Embedding { id, .. } | OutputRecord::Error { id, .. } => id,
+        }
+    }
+}
+
+fn check_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID_LEN
+}
+
+fn put_id(out: &mut Vec<u8>, id: &str) {
+    out.extend_from_slice(&(id.len() as u16).to_be_bytes());
+    out.extend_from_slice(id.as_bytes());
+}
+
+/// Appends an input record. Fails (writing nothing) if the id or text is out of range.
+pub fn encode_input(record: &InputRecord, out: &mut Vec<u8>) -> Result<(), RecordError> {
+    if !check_id(&record.id) {
+        return Err(RecordError::IdLength { offset: 0, len: record.id.len() });
+    }
+    if record.text.len() > MAX_TEXT_LEN {
+        return Err(RecordError::TextLength { offset: 0, len: record.text.len() });
+    }
+    out.push(TAG_INPUT);
+    put_id(out, &record.id);
+    out.extend_from_slice(&(record.text.len() as u32).to_be_bytes());
+    out.extend_from_slice(&record.text);
+    Ok(())
+}
+
+/// Appends an output record. Over-long ids, messages or vectors are refused.
+pub fn encode_output(record: &OutputRecord, out: &mut Vec<u8>) -> Result<(), RecordError> {
+    if !check_id(record.id()) {
+        return Err(RecordError::IdLength { offset: 0, len: record.id().len() });
+    }
+    match record {
+        OutputRecord::Embedding { id, tokens, vector } => {
+            if vector.len() > MAX_DIMENSIONS {
+                return Err(RecordError::Dimensions { offset: 0, dim: vector.len() });
+            }
+            out.push(TAG_EMBEDDING);
+            put_id(out, id);
+            out.extend_from_slice(&tokens.to_be_bytes());
+            match vector {
+                Vector::F32(values) => {
+                    out.push(0x01);
+                    out.extend_from_slice(&(values.len() as u16).to_be_bytes());
+                    out.reserve(values.len() * 4);
+                    for v in values {
+                        out.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+                Vector::F16(values) => {
+                    out.push(0x02);
+                    out.extend_from_slice(&(values.len() as u16).to_be_bytes());
+                    for v in values {
+                        out.extend_from_slice(&v.to_le_bytes());
+                    }
+                }
+            }
+        }
+        OutputRecord::Error { id, code, message } => {
+            if message.len() > MAX_MESSAGE_LEN {
+                return Err(RecordError::Message { offset: 0 });
+            }
+            out.push(TAG_ERROR);
+            put_id(out, id);
+            out.extend_from_slice(&(*code as u16).to_be_bytes());
+            out.extend_from_slice(&(message.len() as u16).to_be_bytes());
+            out.extend_from_slice(message.as_bytes());
+        }
+    }
+    Ok(())
+}
+
+/// Reads fields from a byte slice; `None` means "not enough bytes yet".
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.at.checked_add(n)?;
+        let slice = self.bytes.get(self.at..end)?;
+        self.at = end;
+        Some(slice)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        self.take(2).map(|b| u16::from_be_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// Which record family a decoder reads.
+trait RecordKind: Sized {
+    fn parse(cursor: &mut Cursor<'_>, offset: u64) -> Result<Option<Self>, RecordError>;
+}
+
+fn parse_id(cursor: &mut Cursor<'_>, offset: u64) -> Result<Option<String>, RecordError> {
+    let Some(len) = cursor.u16() else { return Ok(None) };
+    let len = usize::from(len);
+    if len == 0 || len > MAX_ID_LEN {
+        return Err(RecordError::IdLength { offset, len });
+    }
+    let Some(bytes) = cursor.take(len) else { return Ok(None) };
+    String::from_utf8(bytes.to_vec()).map(Some).map_err(|_| RecordError::IdNotUtf8 { offset })
+}
+
+impl RecordKind for InputRecord {
+    fn parse(cursor: &mut Cursor<'_>, offset: u64) -> Result<Option<Self>, RecordError> {
+        let Some(tag) = cursor.u8() else { return Ok(None) };
+        if tag != TAG_INPUT {
+            return Err(RecordError::UnknownTag { offset, tag });
+        }
+        let Some(id) = parse_id(cursor, offset)? else { return Ok(None) };
+        let Some(len) = cursor.u32() else { return Ok(None) };
+        let len = len as usize;
+        if len > MAX_TEXT_LEN {
+            return Err(RecordError::TextLength { offset, len });
+        }
+        let Some(text) = cursor.take(len) else { return Ok(None) };
+        Ok(Some(InputRecord { id, text: text.to_vec() }))
+    }
+}
+
+impl RecordKind for OutputRecord {
+    fn parse(cursor: &mut Cursor<'_>, offset: u64) -> Result<Option<Self>, RecordError> {
+        let Some(tag) = cursor.u8() else { return Ok(None) };
+        if tag != TAG_EMBEDDING && tag != TAG_ERROR {
+            return Err(RecordError::UnknownTag { offset, tag });
+        }
+        let Some(id) = parse_id(cursor, offset)? else { return Ok(None) };
+        if tag == TAG_ERROR {
+            let Some(code) = cursor.u16() else { return Ok(None) };
+            let code = ErrorCode::from_u16(code).ok_or(RecordError::UnknownCode { offset, code })?;
+            let Some(len) = cursor.u16() else { return Ok(None) };
+            if usize::from(len) > MAX_MESSAGE_LEN {
+                return Err(RecordError::Message { offset });
+            }
+            let Some(message) = cursor.take(usize::from(len)) else { return Ok(None) };
+            let message = String::from_utf8(message.to_vec()).map_err(|_| RecordError::Message { offset })?;
+            return Ok(Some(OutputRecord::Error { id, code, message }));
+        }
+        let Some(tokens) = cursor.u32() else { return Ok(None) };
+        let Some(dtype) = cursor.u8() else { return Ok(None) };
+        let Some(dim) = cursor.u16() else { return Ok(None) };
+        let dim = usize::from(dim);
+        if dim > MAX_DIMENSIONS {
+            return Err(RecordError::Dimensions { offset, dim });
+        }
+        let vector = match dtype {
+            0x01 => {
+                let Some(bytes) = cursor.take(dim * 4) else { return Ok(None) };
+                Vector::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            }
+            0x02 => {
+                let Some(bytes) = cursor.take(dim * 2) else { return Ok(None) };
+                Vector::F16(bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect())
+            }
+            dtype => return Err(RecordError::UnknownDtype { offset, dtype }),
+        };
+        Ok(Some(OutputRecord::Embedding { id, tokens, vector }))
+    }
+}
+
+/// Decodes records from bytes pushed in pieces of any size (the plaintext of a stream), holding
+/// at most one partial record.
+pub struct Decoder<R> {
+    buffer: Vec<u8>,
+    start: usize,
+    /// Stream offset of `buffer[start]`.
+    offset: u64,
+    count: u64,
+    _kind: std::marker::PhantomData<R>,
+}
+
+pub type InputDecoder = Decoder<InputRecord>;
+pub type OutputDecoder = Decoder<OutputRecord>;
+
+#[allow(private_bounds)]
+impl<R: RecordKind> Decoder<R> {
+    pub fn new() -> Self {
+        Self { buffer: Vec::new(), start: 0, offset: 0, count: 0, _kind: std::marker::PhantomData }
+    }
+
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start >= self.buffer.len() / 2 {
+            self.buffer.drain(..self.start);
+            self.start = 0;
+        }
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    /// The next complete record, if one is buffered.
+    pub fn next_record(&mut self) -> Result<Option<R>, RecordError> {
+        let mut cursor = Cursor { bytes: &self.buffer[self.start..], at: 0 };
+        match R::parse(&mut cursor, self.offset)? {
+            Some(record) => {
+                self.start += cursor.at;
+                self.offset += cursor.at as u64;
+                self.count += 1;
+                Ok(Some(record))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Records decoded so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// Ends the stream: fails if it stopped inside a record or if `expected` records were
+    /// announced and another number arrived.
+    pub fn finish(self, expected: Option<u64>) -> Result<u64, RecordError> {
+        if self.start < self.buffer.len() {
+            return Err(RecordError::Truncated { offset: self.offset });
+        }
+        if let Some(expected) = expected {
+            if expected != self.count {
+                return Err(RecordError::CountMismatch { expected, found: self.count });
+            }
+        }
+        Ok(self.count)
+    }
+}
+
+#[allow(private_bounds)]
+impl<R: RecordKind> Default for Decoder<R> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Converts an f32 to IEEE 754 binary16 bits, rounding to nearest even.
+pub fn f32_to_f16(value: f32) -> u16 {
+    let bits = value.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exponent = ((bits >> 23) & 0xff) as i32;
+    let mantissa = bits & 0x7f_ffff;
+    if exponent == 0xff {
+        // Inf or NaN (keep NaN quiet).
+        return sign | 0x7c00 | if mantissa != 0 { 0x200 } else { 0 };
+    }
+    let unbiased = exponent - 127 + 15;
+    if unbiased >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if unbiased <= 0 {
+        if unbiased < -10 {
+            return sign;
+        }
+        let m = mantissa | 0x80_0000;
+        let shift = (14 - unbiased) as u32;
+        let half = 1u32 << (shift - 1);
+        let rounded = m + half - 1 + ((m >> shift) & 1);
+        return sign | (rounded >> shift) as u16;
+    }
+    let rounded = mantissa + 0xfff + ((mantissa >> 13) & 1);
+    if rounded & 0x80_0000 != 0 {
+        let unbiased = unbiased + 1;
+        if unbiased >= 0x1f {
+            return sign | 0x7c00;
+        }
+        return sign | ((unbiased as u16) << 10);
+    }
+    sign | ((unbiased as u16) << 10) | (rounded >> 13) as u16
+}
+
+/// Widens IEEE 754 binary16 bits to f32 (exact).
+pub fn f16_to_f32(bits: u16) -> f32 {
+    let sign = u32::from(bits & 0x8000) << 16;
+    let exponent = u32::from((bits >> 10) & 0x1f);
+    let mantissa = u32::from(bits & 0x3ff);
+    let magnitude = match exponent {
+        0 => {
+            // Subnormal (or zero): mantissa × 2^-24.
+            let value = mantissa as f32 * f32::from_bits(0x3380_0000);
+            return if sign != 0 { -value } else { value };
+        }
+        0x1f => 0x7f80_0000 | (mantissa << 13),
+        e => ((e + 127 - 15) << 23) | (mantissa << 13),
+    };
+    f32::from_bits(sign | magnitude)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn input_known_answer() {
+        let mut out = Vec::new();
+        encode_input(&InputRecord { id: "a1".into(), text: b"hi".to_vec() }, &mut out).unwrap();
+        assert_eq!(hex::encode(&out), "0100026131000000026869");
+    }
+
+    #[test]
+    fn decoder_waits_for_whole_records_and_names_truncation() {
+        let mut bytes = Vec::new();
+        for i in 0..3 {
+            encode_input(&InputRecord { id: format!("r{i}"), text: vec![b'x'; i * 10] }, &mut bytes).unwrap();
+        }
+        let mut decoder = InputDecoder::new();
+        let mut seen = Vec::new();
+        for byte in &bytes {
+            decoder.push(std::slice::from_ref(byte));
+            while let Some(record) = decoder.next_record().unwrap() {
+                seen.push(record.id);
+            }
+        }
+        assert_eq!(seen, ["r0", "r1", "r2"]);
+        assert_eq!(decoder.finish(Some(3)), Ok(3));
+
+        let mut decoder = InputDecoder::new();
+        decoder.push(&bytes[..bytes.len() - 1]);
+        while decoder.next_record().unwrap().is_some() {}
+        assert!(matches!(decoder.finish(Some(3)), Err(RecordError::Truncated { .. })));
+    }
+
+    #[test]
+    fn count_mismatch_and_limits() {
+        let mut decoder = InputDecoder::new();
+        decoder.push(&[]);
+        assert_eq!(decoder.finish(Some(1)), Err(RecordError::CountMismatch { expected: 1, found: 0 }));
+        let mut out = Vec::new();
+        assert!(encode_input(&InputRecord { id: String::new(), text: vec![] }, &mut out).is_err());
+        assert!(encode_input(&InputRecord { id: "x".into(), text: vec![0; MAX_TEXT_LEN + 1] }, &mut out).is_err());
+        assert!(out.is_empty());
+        let mut decoder = InputDecoder::new();
+        decoder.push(&[0x01, 0x00, 0x01, b'x', 0xff, 0xff, 0xff, 0xff]);
+        assert!(matches!(decoder.next_record(), Err(RecordError::TextLength { .. })));
+    }
+
+    #[test]
+    fn f16_conversion_matches_known_values() {
+        for (value, bits) in [(1.0f32, 0x3c00u16), (-2.0, 0xc000), (0.0, 0), (65504.0, 0x7bff), (1e-8, 0), (5.960_464_5e-8, 1), (0.333_333_34, 0x3555)] {
+            assert_eq!(f32_to_f16(value), bits, "{value}");
+        }
+        assert_eq!(f32_to_f16(1e6), 0x7c00);
+        assert!(f16_to_f32(f32_to_f16(f32::NAN)).is_nan());
+        for bits in 0u16..0x7c00 {
+            assert_eq!(f32_to_f16(f16_to_f32(bits)), bits);
+            assert_eq!(f32_to_f16(-f16_to_f32(bits)), bits | 0x8000);
+        }
+    }
+
+    fn output_record() -> impl Strategy<Value = OutputRecord> {
+        let id = "[a-z0-9]{1,20}";
+        prop_oneof![
+            (id, any::<u32>(), proptest::collection::vec(-1.0f32..1.0, 0..400))
+                .prop_map(|(id, tokens, v)| OutputRecord::Embedding { id, tokens, vector: Vector::F32(v) }),
+            (id, proptest::collection::vec(any::<u16>(), 0..50))
+                .prop_map(|(id, v)| OutputRecord::Embedding { id, tokens: 3, vector: Vector::F16(v) }),
+            (id, 0usize..11, ".{0,60}").prop_map(|(id, code, message)| OutputRecord::Error {
+                id,
+                code: ErrorCode::ALL[code],
+                message
+            }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn output_records_round_trip(records in proptest::collection::vec(output_record(), 0..20), split in 0usize..10_000) {
+            let mut bytes = Vec::new();
+            for record in &records {
+                encode_output(record, &mut bytes).unwrap();
+            }
+            let split = split.min(bytes.len());
+            let mut decoder = OutputDecoder::new();
+            let mut decoded = Vec::new();
+            for part in [&bytes[..split], &bytes[split..]] {
+                decoder.push(part);
+                while let Some(record) = decoder.next_record().unwrap() {
+                    decoded.push(record);
+                }
+            }
+            prop_assert_eq!(decoder.finish(Some(records.len() as u64)).unwrap(), records.len() as u64);
+            prop_assert_eq!(decoded, records);
+        }
+
+        #[test]
+        fn decoders_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut input = InputDecoder::new();
+            input.push(&bytes);
+            while let Ok(Some(_)) = input.next_record() {}
+            let mut output = OutputDecoder::new();
+            output.push(&bytes);
+            while let Ok(Some(_)) = output.next_record() {}
+        }
+    }
+}
