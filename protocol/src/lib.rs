@@ -6,7 +6,11 @@
 
 pub mod attestation;
 pub mod cbor;
+pub mod cose;
 pub mod envelope;
+pub mod frame;
 pub mod keys;
+pub mod manifest;
+pub mod receipt;
 pub mod records;
 pub mod stream;

@@ -1,0 +1,289 @@
+//! Host ↔ enclave frames (DESIGN.md §6): `length (u32 BE) ‖ CBOR {"v": 1, "m": message}`, where
+//! the message is a map with one key naming its type. A frame is at most [`MAX_FRAME_LEN`] bytes;
+//! anything large (sealed jobs, results, model files) travels as a sequence of data frames of at
+//! most [`MAX_DATA_LEN`] bytes.
+//!
+//! The enclave trusts nothing a frame says: every byte that matters is authenticated by an
+//! envelope, a manifest or an attestation document, checked after the frame is decoded.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub const VERSION: u8 = 1;
+/// Largest frame body accepted.
+pub const MAX_FRAME_LEN: usize = 1024 * 1024;
+/// Largest data payload in one frame.
+pub const MAX_DATA_LEN: usize = 256 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    #[error("frame of {0} bytes exceeds the {MAX_FRAME_LEN}-byte maximum")]
+    TooLarge(usize),
+    #[error("empty frame")]
+    Empty,
+    #[error("frame does not decode: {0}")]
+    Malformed(String),
+    #[error("unsupported frame version {0}")]
+    Version(u8),
+    #[error("the connection ended inside a frame")]
+    Truncated,
+}
+
+/// Which side speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    Host,
+    Enclave,
+}
+
+/// What the connection is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Channel {
+    /// Key release, attestation, model loading.
+    Control,
+    /// One job.
+    Job,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// First frame on every connection, from each side.
+    Hello { role: Role, channel: Channel },
+
+    // --- control connection ------------------------------------------------------------------
+    /// Enclave → host: call KMS `Decrypt` with `Recipient` = this attestation document.
+    KmsDecrypt {
+        request: u64,
+        key_id: Option<String>,
+        #[serde(with = "serde_bytes")]
+        ciphertext_blob: Vec<u8>,
+        encryption_context: BTreeMap<String, String>,
+        #[serde(with = "serde_bytes")]
+        recipient_attestation: Vec<u8>,
+    },
+    /// Host → enclave: KMS's answer, the CMS envelope for the attested key.
+    KmsDecrypted {
+        request: u64,
+        key_id: String,
+        #[serde(with = "serde_bytes")]
+        ciphertext_for_recipient: Vec<u8>,
+    },
+    /// Host → enclave: a KMS call failed.
+    KmsFailed { request: u64, code: String, message: String },
+    /// Host → enclave: read an object (the epoch's wrapped fleet key, a model file, …).
+    ReadObject { request: u64, key: String },
+    /// Enclave → host: please read this object and send it as `ObjectData` frames.
+    FetchObject { request: u64, key: String },
+    /// Host → enclave: part of an object; `last` marks its end.
+    ObjectData {
+        request: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        last: bool,
+    },
+    /// Host → enclave: the object does not exist or could not be read.
+    ObjectMissing { request: u64, message: String },
+    /// Enclave → host: the document to publish (user_data binds the fleet and receipt keys).
+    PublishAttestation {
+        #[serde(with = "serde_bytes")]
+        document: Vec<u8>,
+    },
+    /// Host → enclave: produce a fresh document carrying this client nonce.
+    Attest {
+        request: u64,
+        #[serde(with = "serde_bytes")]
+        nonce: Vec<u8>,
+    },
+    /// Enclave → host: the fresh document.
+    Attested {
+        request: u64,
+        #[serde(with = "serde_bytes")]
+        document: Vec<u8>,
+    },
+    /// Host → enclave: configure the fleet key of an epoch (the wrapped key's object name).
+    UseFleetEpoch { epoch: u64, object_key: String },
+    /// Host → enclave: load a model from its signed manifest's object name.
+    LoadModel { manifest_key: String },
+    /// Enclave → host: state of the worker.
+    Status { ready: bool, epochs: Vec<u64>, models: Vec<String>, detail: String },
+
+    // --- job connection ----------------------------------------------------------------------
+    /// Host → enclave: a job follows; `job_id` is what the host claims, checked by the enclave.
+    JobStart { job_id: String, attempt: u64 },
+    /// Host → enclave: the next bytes of the sealed input.
+    Input {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Host → enclave: the sealed input is complete.
+    InputEnd,
+    /// Enclave → host: the next bytes of the sealed output.
+    Output {
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Enclave → host: records processed so far.
+    Progress { records: u64, tokens: u64 },
+    /// Enclave → host: the output is complete and this is the signed receipt.
+    JobDone {
+        #[serde(with = "serde_bytes")]
+        receipt: Vec<u8>,
+    },
+    /// Enclave → host: the job failed; `check` names what failed.
+    JobFailed { check: String, message: String },
+
+    // --- either ------------------------------------------------------------------------------
+    /// A protocol error; the sender closes the connection after it.
+    Error { message: String },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Frame {
+    v: u8,
+    m: Message,
+}
+
+/// Encodes one frame, length prefix included.
+pub fn encode(message: &Message) -> Result<Vec<u8>, FrameError> {
+    let mut out = vec![0u8; 4];
+    ciborium::into_writer(&Frame { v: VERSION, m: message.clone() }, &mut out)
+        .map_err(|e| FrameError::Malformed(e.to_string()))?;
+    let len = out.len() - 4;
+    if len > MAX_FRAME_LEN {
+        return Err(FrameError::TooLarge(len));
+    }
+    out[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(out)
+}
+
+/// Decodes one frame body (without its length prefix).
+pub fn decode_body(body: &[u8]) -> Result<Message, FrameError> {
+    if body.is_empty() {
+        return Err(FrameError::Empty);
+    }
+    if body.len() > MAX_FRAME_LEN {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let mut reader = body;
+    let frame: Frame = ciborium::de::from_reader_with_recursion_limit(&mut reader, 16)
+        .map_err(|e| FrameError::Malformed(e.to_string()))?;
+    if !reader.is_empty() {
+        return Err(FrameError::Malformed(format!("{} trailing bytes", reader.len())));
+    }
+    if frame.v != VERSION {
+        return Err(FrameError::Version(frame.v));
+    }
+    Ok(frame.m)
+}
+
+/// Parses the length prefix; refuses an oversized frame before its body is read.
+pub fn body_len(prefix: [u8; 4]) -> Result<usize, FrameError> {
+    let len = u32::from_be_bytes(prefix) as usize;
+    match len {
+        0 => Err(FrameError::Empty),
+        len if len > MAX_FRAME_LEN => Err(FrameError::TooLarge(len)),
+        len => Ok(len),
+    }
+}
+
+/// Splits a byte stream pushed in pieces of any size into frames.
+#[derive(Default)]
+pub struct FrameDecoder {
+    buffer: Vec<u8>,
+}
+
+impl FrameDecoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    /// The next complete frame, if buffered. An error poisons the connection: close it.
+    pub fn next_frame(&mut self) -> Result<Option<Message>, FrameError> {
+        let Some(prefix) = self.buffer.get(..4) else { return Ok(None) };
+        let len = body_len([prefix[0], prefix[1], prefix[2], prefix[3]])?;
+        let Some(body) = self.buffer.get(4..4 + len) else { return Ok(None) };
+        let message = decode_body(body)?;
+        self.buffer.drain(..4 + len);
+        Ok(Some(message))
+    }
+
+    /// Call at end of stream: fails if a partial frame is left.
+    pub fn finish(&self) -> Result<(), FrameError> {
+        if self.buffer.is_empty() { Ok(()) } else { Err(FrameError::Truncated) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn known_answer() {
+        let bytes = encode(&Message::Input { data: vec![1, 2, 3] }).unwrap();
+        // len 23 ‖ {"v": 1, "m": {"Input": {"data": h'010203'}}}
+        assert_eq!(hex::encode(&bytes), "00000017a2617601616da165496e707574a1646461746143010203");
+    }
+
+    #[test]
+    fn round_trips_through_the_decoder_byte_by_byte() {
+        let messages = vec![
+            Message::Hello { role: Role::Host, channel: Channel::Job },
+            Message::JobStart { job_id: "ab".repeat(16), attempt: 2 },
+            Message::Input { data: vec![7; MAX_DATA_LEN] },
+            Message::KmsDecrypt {
+                request: 9,
+                key_id: None,
+                ciphertext_blob: vec![1; 96],
+                encryption_context: [("epoch".to_owned(), "3".to_owned())].into_iter().collect(),
+                recipient_attestation: vec![2; 4000],
+            },
+            Message::JobFailed { check: "envelope".into(), message: "bad".into() },
+        ];
+        let mut stream = Vec::new();
+        for m in &messages {
+            stream.extend(encode(m).unwrap());
+        }
+        let mut decoder = FrameDecoder::new();
+        let mut decoded = Vec::new();
+        for chunk in stream.chunks(997) {
+            decoder.push(chunk);
+            while let Some(m) = decoder.next_frame().unwrap() {
+                decoded.push(m);
+            }
+        }
+        decoder.finish().unwrap();
+        assert_eq!(decoded, messages);
+    }
+
+    #[test]
+    fn refuses_oversize_empty_and_wrong_version() {
+        let mut decoder = FrameDecoder::new();
+        decoder.push(&((MAX_FRAME_LEN as u32) + 1).to_be_bytes());
+        assert_eq!(decoder.next_frame(), Err(FrameError::TooLarge(MAX_FRAME_LEN + 1)));
+        assert_eq!(body_len([0; 4]), Err(FrameError::Empty));
+        assert!(encode(&Message::Input { data: vec![0; MAX_FRAME_LEN] }).is_err());
+        let mut bytes = encode(&Message::InputEnd).unwrap();
+        let v_at = bytes.iter().position(|&b| b == 0x76).unwrap() + 1;
+        bytes[v_at] = 0x02;
+        assert_eq!(decode_body(&bytes[4..]), Err(FrameError::Version(2)));
+        let mut truncated = FrameDecoder::new();
+        truncated.push(&encode(&Message::InputEnd).unwrap()[..5]);
+        assert_eq!(truncated.next_frame(), Ok(None));
+        assert_eq!(truncated.finish(), Err(FrameError::Truncated));
+    }
+
+    proptest! {
+        #[test]
+        fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+            let mut decoder = FrameDecoder::new();
+            decoder.push(&bytes);
+            while let Ok(Some(_)) = decoder.next_frame() {}
+        }
+    }
+}

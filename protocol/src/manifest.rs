@@ -1,0 +1,285 @@
+//! Signed model manifests (DESIGN.md §7): which files make up a model, their hashes, how to pool
+//! and normalise, and how its weights are encrypted. The model publisher signs a manifest with an
+//! Ed25519 key that is compiled into the enclave image; a job header pins the manifest's hash, so
+//! a host cannot serve an older signed manifest instead.
+//!
+//! Encrypted model files use the [STREAM](crate::stream) layer with
+//! key = HKDF-SHA256(ikm = DEK, salt = "", info = "ephem-batch/v1 model file" ‖ 0x00 ‖ model id ‖
+//! 0x00 ‖ file name) and stream id = first 16 bytes of SHA-256("ephem-batch/v1 model stream" ‖
+//! 0x00 ‖ model id ‖ 0x00 ‖ version (u64 BE) ‖ file name).
+
+use ciborium::Value;
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use hkdf::Hkdf;
+use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
+
+use crate::cbor::{self, CborError, MapBuilder, MapReader};
+use crate::cose::{self, CoseError, Sign1};
+use crate::envelope::valid_model_id;
+use crate::keys::KeyId;
+use crate::stream::StreamId;
+
+pub const CONTENT_TYPE: &str = "application/vnd.ephem-batch.model-manifest.v1+cbor";
+pub const MAX_FILES: usize = 64;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest envelope: {0}")]
+    Cose(#[from] CoseError),
+    #[error("manifest payload: {0}")]
+    Payload(#[from] CborError),
+    #[error("manifest invalid: {0}")]
+    Invalid(&'static str),
+}
+
+/// How token vectors become one text vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// Mean over the tokens the attention mask marks as real.
+    Mean,
+    /// The first token's vector.
+    Cls,
+}
+
+impl Pooling {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+        }
+    }
+}
+
+/// One file of a model directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFile {
+    /// Plain file name, e.g. `model.safetensors`.
+    pub name: String,
+    /// SHA-256 of the plaintext file.
+    pub sha256: [u8; 32],
+    /// Plaintext size in bytes.
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Manifest {
+    pub model_id: String,
+    /// Increases with every re-release; the enclave refuses none by itself — job headers pin a
+    /// manifest hash, which is what prevents downgrades.
+    pub version: u64,
+    /// Sorted by name, names unique.
+    pub files: Vec<ModelFile>,
+    pub dimensions: u32,
+    pub pooling: Pooling,
+    pub normalize: bool,
+    pub max_tokens: u32,
+    /// KMS key that wraps the DEK.
+    pub kms_key_id: String,
+    /// The DEK as KMS `GenerateDataKey` returned it wrapped (CiphertextBlob), encryption context
+    /// {"model_id": model id, "version": version}.
+    pub wrapped_dek: Vec<u8>,
+    pub created_ms: u64,
+}
+
+fn valid_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && !name.starts_with('.')
+}
+
+impl Manifest {
+    pub fn to_payload(&self) -> Vec<u8> {
+        let files = self
+            .files
+            .iter()
+            .map(|f| MapBuilder::new().text("name", &f.name).bytes("sha256", &f.sha256).uint("size", f.size).build())
+            .collect();
+        cbor::encode(
+            &MapBuilder::new()
+                .uint("v", 1)
+                .text("model", &self.model_id)
+                .uint("version", self.version)
+                .value("files", Value::Array(files))
+                .uint("dimensions", u64::from(self.dimensions))
+                .text("pooling", self.pooling.as_str())
+                .bool("normalize", self.normalize)
+                .uint("max_tokens", u64::from(self.max_tokens))
+                .text("kms_key", &self.kms_key_id)
+                .bytes("wrapped_dek", &self.wrapped_dek)
+                .uint("created_ms", self.created_ms)
+                .build(),
+        )
+    }
+
+    pub fn from_payload(bytes: &[u8]) -> Result<Self, ManifestError> {
+        let mut map = MapReader::from_bytes(bytes)?;
+        if map.uint("v")? != 1 {
+            return Err(ManifestError::Invalid("unknown manifest version"));
+        }
+        let Value::Array(entries) = map.take("files")? else {
+            return Err(CborError::WrongType("files").into());
+        };
+        if entries.is_empty() || entries.len() > MAX_FILES {
+            return Err(ManifestError::Invalid("number of files"));
+        }
+        let mut files = Vec::with_capacity(entries.len());
+        for entry in entries {
+            let mut file = MapReader::new(entry)?;
+            let parsed = ModelFile { name: file.text("name")?, sha256: file.array("sha256")?, size: file.uint("size")? };
+            file.finish()?;
+            if !valid_file_name(&parsed.name) {
+                return Err(ManifestError::Invalid("file name"));
+            }
+            if files.last().is_some_and(|last: &ModelFile| last.name >= parsed.name) {
+                return Err(ManifestError::Invalid("files must be sorted by name, without duplicates"));
+            }
+            files.push(parsed);
+        }
+        let pooling = match map.text("pooling")?.as_str() {
+            "mean" => Pooling::Mean,
+            "cls" => Pooling::Cls,
+            _ => return Err(ManifestError::Invalid("unknown pooling")),
+        };
+        let manifest = Self {
+            model_id: map.text("model")?,
+            version: map.uint("version")?,
+            files,
+            dimensions: u32::try_from(map.uint("dimensions")?).map_err(|_| ManifestError::Invalid("dimensions"))?,
+            pooling,
+            normalize: map.bool("normalize")?,
+            max_tokens: u32::try_from(map.uint("max_tokens")?).map_err(|_| ManifestError::Invalid("max_tokens"))?,
+            kms_key_id: map.text("kms_key")?,
+            wrapped_dek: map.bytes("wrapped_dek")?,
+            created_ms: map.uint("created_ms")?,
+        };
+        map.finish()?;
+        if !valid_model_id(&manifest.model_id) {
+            return Err(ManifestError::Invalid("model id"));
+        }
+        if manifest.dimensions == 0 || manifest.dimensions as usize > crate::records::MAX_DIMENSIONS {
+            return Err(ManifestError::Invalid("dimensions"));
+        }
+        if manifest.max_tokens == 0 {
+            return Err(ManifestError::Invalid("max_tokens"));
+        }
+        Ok(manifest)
+    }
+
+    /// Signs with the publisher key; the SHA-256 of the result is the manifest hash.
+    pub fn sign(&self, publisher: &SigningKey) -> Vec<u8> {
+        cose::sign(self.to_payload(), CONTENT_TYPE, publisher)
+    }
+
+    pub fn file(&self, name: &str) -> Option<&ModelFile> {
+        self.files.iter().find(|f| f.name == name)
+    }
+
+    /// The STREAM key of one encrypted file.
+    pub fn file_key(&self, dek: &[u8; 32], file_name: &str) -> Zeroizing<[u8; 32]> {
+        let mut info = b"ephem-batch/v1 model file\0".to_vec();
+        info.extend_from_slice(self.model_id.as_bytes());
+        info.push(0);
+        info.extend_from_slice(file_name.as_bytes());
+        let mut key = Zeroizing::new([0u8; 32]);
+        // 32 bytes is far below HKDF-SHA256's output limit.
+        let _ = Hkdf::<Sha256>::new(Some(b""), dek).expand(&info, key.as_mut());
+        key
+    }
+
+    /// The STREAM id of one encrypted file.
+    pub fn file_stream_id(&self, file_name: &str) -> StreamId {
+        let mut hasher = Sha256::new();
+        hasher.update(b"ephem-batch/v1 model stream\0");
+        hasher.update(self.model_id.as_bytes());
+        hasher.update([0]);
+        hasher.update(self.version.to_be_bytes());
+        hasher.update(file_name.as_bytes());
+        let digest = hasher.finalize();
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&digest[..16]);
+        id
+    }
+}
+
+/// SHA-256 of a signed manifest's bytes: what job headers and receipts name.
+pub fn manifest_hash(signed: &[u8]) -> [u8; 32] {
+    Sha256::digest(signed).into()
+}
+
+/// A decoded manifest whose signature has not been checked yet.
+#[derive(Debug, Clone)]
+pub struct SignedManifest {
+    pub publisher_kid: KeyId,
+    pub manifest: Manifest,
+    pub hash: [u8; 32],
+    message: Sign1,
+}
+
+impl SignedManifest {
+    pub fn decode(bytes: &[u8]) -> Result<Self, ManifestError> {
+        let message = Sign1::decode(bytes, CONTENT_TYPE)?;
+        let manifest = Manifest::from_payload(&message.payload)?;
+        Ok(Self { publisher_kid: message.kid, manifest, hash: manifest_hash(bytes), message })
+    }
+
+    pub fn verify(&self, publisher: &VerifyingKey) -> Result<&Manifest, ManifestError> {
+        self.message.verify(publisher)?;
+        Ok(&self.manifest)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn sample() -> Manifest {
+        Manifest {
+            model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
+            version: 1,
+            files: vec![
+                ModelFile { name: "config.json".into(), sha256: [1; 32], size: 612 },
+                ModelFile { name: "model.safetensors".into(), sha256: [2; 32], size: 90_868_376 },
+                ModelFile { name: "tokenizer.json".into(), sha256: [3; 32], size: 466_247 },
+            ],
+            dimensions: 384,
+            pooling: Pooling::Mean,
+            normalize: true,
+            max_tokens: 256,
+            kms_key_id: "local:model".into(),
+            wrapped_dek: vec![0xde; 48],
+            created_ms: 1_760_000_000_000,
+        }
+    }
+
+    #[test]
+    fn round_trip_and_signature() {
+        let publisher = SigningKey::from_bytes(&[3; 32]);
+        let bytes = sample().sign(&publisher);
+        let signed = SignedManifest::decode(&bytes).unwrap();
+        assert_eq!(signed.verify(&publisher.verifying_key()).unwrap(), &sample());
+        assert_eq!(signed.hash, manifest_hash(&bytes));
+        let stranger = SigningKey::from_bytes(&[4; 32]);
+        assert!(signed.verify(&stranger.verifying_key()).is_err());
+    }
+
+    #[test]
+    fn refuses_unsorted_files_and_bad_names() {
+        let mut manifest = sample();
+        manifest.files.swap(0, 1);
+        assert!(Manifest::from_payload(&manifest.to_payload()).is_err());
+        let mut manifest = sample();
+        manifest.files[0].name = "../etc/passwd".into();
+        assert!(matches!(Manifest::from_payload(&manifest.to_payload()), Err(ManifestError::Invalid("file name"))));
+    }
+
+    #[test]
+    fn file_keys_differ_per_file_and_dek() {
+        let manifest = sample();
+        let a = manifest.file_key(&[1; 32], "model.safetensors");
+        assert_ne!(*a, *manifest.file_key(&[1; 32], "tokenizer.json"));
+        assert_ne!(*a, *manifest.file_key(&[2; 32], "model.safetensors"));
+        assert_ne!(manifest.file_stream_id("a"), manifest.file_stream_id("b"));
+    }
+}
