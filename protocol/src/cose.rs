@@ -5,7 +5,7 @@
 //! Decoding is strict: the bytes must be exactly what this module would have produced, so a
 //! message has one encoding and hashes of it are stable.
 
-use coset::{iana, CborSerializable, CoseSign1, CoseSign1Builder, HeaderBuilder, TaggedCborSerializable};
+use coset::{iana, CoseSign1, CoseSign1Builder, HeaderBuilder, TaggedCborSerializable};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 
 use crate::keys::{key_id, KeyId};
@@ -91,6 +91,7 @@ impl Sign1 {
 /// Re-encodes a structure for tests that want to tamper with it.
 #[cfg(test)]
 pub(crate) fn reencode(message: &Sign1) -> Vec<u8> {
+    use coset::CborSerializable;
     message.message.clone().to_vec().unwrap_or_default()
 }
 
