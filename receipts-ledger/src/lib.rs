@@ -5,3 +5,5 @@
 pub mod merkle;
 pub mod note;
 pub mod checkpoint;
+pub mod entry;
+pub mod store;

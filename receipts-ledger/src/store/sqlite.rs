@@ -1,0 +1,614 @@
+//! The SQLite ledger store: WAL, one writer at a time (`BEGIN IMMEDIATE`),
+//! every append batch one transaction.
+
+#[cfg(test)]
+use super::expected_tree_nodes;
+use super::{
+    AppendOutcome, CheckpointPolicy, LedgerStore, Query, StoreError, StoredCheckpoint,
+};
+use crate::checkpoint::Checkpoint;
+use crate::entry::{
+    attestation_sha256, entry_hash, AppendRequest, Entry, IndexedFields, GENESIS_PREV_HASH, MAX_ATTESTATION_SIZE,
+    MAX_LEAF_SIZE,
+};
+use crate::merkle::{completed_by_append, leaf_hash, node_hash, root_at, Hash, NodeId, TreeReadError, TreeReader};
+use crate::note::NoteSigner;
+use rusqlite::{params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior};
+use std::path::Path;
+use std::time::Duration;
+
+const SCHEMA_VERSION: &str = "1";
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS meta (
+  key   TEXT PRIMARY KEY,
+  value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS attestation_documents (
+  sha256   BLOB PRIMARY KEY CHECK (length(sha256) = 32),
+  document BLOB NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS entries (
+  idx                INTEGER PRIMARY KEY CHECK (idx >= 0),
+  job_id             TEXT NOT NULL UNIQUE,
+  model_id           TEXT NOT NULL,
+  manifest_hash      TEXT NOT NULL,
+  pcr0               TEXT NOT NULL,
+  client_key_id      TEXT NOT NULL,
+  start_ms           INTEGER NOT NULL,
+  end_ms             INTEGER NOT NULL,
+  ok_count           INTEGER NOT NULL,
+  failed_count       INTEGER NOT NULL,
+  leaf               BLOB NOT NULL,
+  attestation_sha256 BLOB NOT NULL REFERENCES attestation_documents (sha256),
+  prev_hash          BLOB NOT NULL,
+  entry_hash         BLOB NOT NULL,
+  appended_ms        INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS entries_by_model  ON entries (model_id, end_ms);
+CREATE INDEX IF NOT EXISTS entries_by_pcr0   ON entries (pcr0, end_ms);
+CREATE INDEX IF NOT EXISTS entries_by_client ON entries (client_key_id, end_ms);
+CREATE INDEX IF NOT EXISTS entries_by_end    ON entries (end_ms);
+CREATE TABLE IF NOT EXISTS tree_nodes (
+  level INTEGER NOT NULL CHECK (level BETWEEN 0 AND 63),
+  idx   INTEGER NOT NULL CHECK (idx >= 0),
+  hash  BLOB NOT NULL CHECK (length(hash) = 32),
+  PRIMARY KEY (level, idx)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS checkpoints (
+  tree_size  INTEGER PRIMARY KEY CHECK (tree_size > 0),
+  root       BLOB NOT NULL CHECK (length(root) = 32),
+  note       TEXT NOT NULL,
+  created_ms INTEGER NOT NULL
+);
+";
+
+const ENTRY_COLUMNS: &str = "idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
+     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms";
+
+/// How the database is opened.
+#[derive(Clone, Debug)]
+pub struct SqliteOptions {
+    /// `PRAGMA synchronous=FULL` (durable once `append` returns) when true,
+    /// `NORMAL` (may lose the last commits on power loss, never tears) when false.
+    pub synchronous_full: bool,
+    /// How long a writer waits for another writer's transaction.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self { synchronous_full: true, busy_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// A ledger in one SQLite file.
+pub struct SqliteStore {
+    conn: Connection,
+}
+
+fn to_i64(what: &'static str, v: u64) -> Result<i64, StoreError> {
+    i64::try_from(v).map_err(|_| StoreError::IntegerRange { what, value: v })
+}
+
+fn hash_col(row: &Row<'_>, col: &str, table: &'static str, index: i64) -> Result<Hash, StoreError> {
+    let v: Vec<u8> = row.get(col)?;
+    v.try_into().map_err(|_| StoreError::CorruptRow { table, index, what: "a hash column is not 32 bytes" })
+}
+
+fn u64_col(row: &Row<'_>, col: &str, table: &'static str, index: i64) -> Result<u64, StoreError> {
+    let v: i64 = row.get(col)?;
+    u64::try_from(v).map_err(|_| StoreError::CorruptRow { table, index, what: "an integer column is negative" })
+}
+
+fn entry_from_row(row: &Row<'_>) -> Result<Entry, StoreError> {
+    let idx: i64 = row.get("idx")?;
+    let t = "entries";
+    Ok(Entry {
+        index: u64::try_from(idx).map_err(|_| StoreError::CorruptRow { table: t, index: idx, what: "negative index" })?,
+        leaf: row.get("leaf")?,
+        fields: IndexedFields {
+            job_id: row.get("job_id")?,
+            model_id: row.get("model_id")?,
+            manifest_hash: row.get("manifest_hash")?,
+            pcr0: row.get("pcr0")?,
+            client_key_id: row.get("client_key_id")?,
+            start_ms: u64_col(row, "start_ms", t, idx)?,
+            end_ms: u64_col(row, "end_ms", t, idx)?,
+            ok_count: u64_col(row, "ok_count", t, idx)?,
+            failed_count: u64_col(row, "failed_count", t, idx)?,
+        },
+        attestation_sha256: hash_col(row, "attestation_sha256", t, idx)?,
+        prev_hash: hash_col(row, "prev_hash", t, idx)?,
+        entry_hash: hash_col(row, "entry_hash", t, idx)?,
+        appended_ms: u64_col(row, "appended_ms", t, idx)?,
+    })
+}
+
+fn checkpoint_from_row(row: &Row<'_>) -> Result<StoredCheckpoint, StoreError> {
+    let size: i64 = row.get("tree_size")?;
+    let t = "checkpoints";
+    Ok(StoredCheckpoint {
+        size: u64::try_from(size).map_err(|_| StoreError::CorruptRow { table: t, index: size, what: "negative size" })?,
+        root: hash_col(row, "root", t, size)?,
+        note: row.get("note")?,
+        created_ms: u64_col(row, "created_ms", t, size)?,
+    })
+}
+
+/// Tree node lookups on a connection (inside or outside a transaction).
+struct SqlTree<'c>(&'c Connection);
+
+impl TreeReader for SqlTree<'_> {
+    fn node_hashes(&self, ids: &[NodeId]) -> Result<Vec<Hash>, TreeReadError> {
+        let backend = |e: rusqlite::Error| TreeReadError::Backend(e.to_string());
+        let mut stmt = self.0.prepare_cached("SELECT hash FROM tree_nodes WHERE level = ?1 AND idx = ?2").map_err(backend)?;
+        ids.iter()
+            .map(|&id| {
+                let idx = i64::try_from(id.index).map_err(|_| TreeReadError::Missing(id))?;
+                let v: Option<Vec<u8>> =
+                    stmt.query_row(params![id.level, idx], |r| r.get(0)).optional().map_err(backend)?;
+                let v = v.ok_or(TreeReadError::Missing(id))?;
+                v.try_into().map_err(|_| TreeReadError::Backend(format!("tree node {id:?} is not 32 bytes")))
+            })
+            .collect()
+    }
+}
+
+fn meta(conn: &Connection, key: &str) -> Result<Option<String>, StoreError> {
+    Ok(conn.query_row("SELECT value FROM meta WHERE key = ?1", [key], |r| r.get(0)).optional()?)
+}
+
+fn tip(tx: &Connection) -> Result<(u64, Hash), StoreError> {
+    let last = tx
+        .query_row("SELECT idx, entry_hash FROM entries ORDER BY idx DESC LIMIT 1", [], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+        })
+        .optional()?;
+    match last {
+        None => Ok((0, GENESIS_PREV_HASH)),
+        Some((idx, h)) => {
+            let bad = |what| StoreError::CorruptRow { table: "entries", index: idx, what };
+            let next = u64::try_from(idx).map_err(|_| bad("negative index"))? + 1;
+            Ok((next, h.try_into().map_err(|_| bad("entry_hash is not 32 bytes"))?))
+        }
+    }
+}
+
+/// Records the signer's key on first use; refuses another key later.
+fn bind_key(tx: &Connection, signer: &dyn NoteSigner) -> Result<(), StoreError> {
+    let given = signer.verifier().to_string();
+    match meta(tx, "ledger_key")? {
+        Some(stored) if stored != given => Err(StoreError::KeyMismatch { stored, given }),
+        Some(_) => Ok(()),
+        None => {
+            tx.execute("INSERT INTO meta (key, value) VALUES ('ledger_key', ?1)", [&given])?;
+            Ok(())
+        }
+    }
+}
+
+fn latest_checkpoint(conn: &Connection) -> Result<Option<StoredCheckpoint>, StoreError> {
+    let mut stmt = conn.prepare_cached("SELECT * FROM checkpoints ORDER BY tree_size DESC LIMIT 1")?;
+    let mut rows = stmt.query([])?;
+    match rows.next()? {
+        Some(r) => Ok(Some(checkpoint_from_row(r)?)),
+        None => Ok(None),
+    }
+}
+
+/// Signs and stores a checkpoint of the current tree if due.
+fn checkpoint_in(
+    tx: &Connection,
+    signer: &dyn NoteSigner,
+    policy: &CheckpointPolicy,
+    now_ms: u64,
+    force: bool,
+) -> Result<Option<StoredCheckpoint>, StoreError> {
+    let (size, _) = tip(tx)?;
+    if size == 0 {
+        return Ok(None);
+    }
+    let last = latest_checkpoint(tx)?;
+    let first_ms: i64 = tx.query_row("SELECT appended_ms FROM entries ORDER BY idx LIMIT 1", [], |r| r.get(0))?;
+    let due = match &last {
+        Some(cp) if force => size > cp.size,
+        None if force => true,
+        _ => policy.due(size, last.as_ref().map(|c| (c.size, c.created_ms)), first_ms.max(0) as u64, now_ms),
+    };
+    if !due {
+        return Ok(None);
+    }
+    bind_key(tx, signer)?;
+    let root = root_at(&SqlTree(tx), size)?;
+    let note = Checkpoint::new(signer.key_name(), size, root).sign(signer)?;
+    tx.execute(
+        "INSERT INTO checkpoints (tree_size, root, note, created_ms) VALUES (?1, ?2, ?3, ?4)",
+        params![to_i64("tree size", size)?, &root[..], &note, to_i64("now_ms", now_ms)?],
+    )?;
+    Ok(Some(StoredCheckpoint { size, root, note, created_ms: now_ms }))
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the ledger at `path`.
+    pub fn open(path: &Path, options: &SqliteOptions) -> Result<Self, StoreError> {
+        let conn = Connection::open(path)?;
+        conn.busy_timeout(options.busy_timeout)?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") && !mode.eq_ignore_ascii_case("memory") {
+            return Err(StoreError::NotWal { mode });
+        }
+        conn.pragma_update(None, "synchronous", if options.synchronous_full { "FULL" } else { "NORMAL" })?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        let store = Self { conn };
+        store.init_schema()?;
+        Ok(store)
+    }
+
+    /// An in-memory ledger (tests and tools).
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        let conn = Connection::open_in_memory()?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        let store = Self { conn };
+        store.init_schema()?;
+        Ok(store)
+    }
+
+    fn init_schema(&self) -> Result<(), StoreError> {
+        let tx = self.write_txn()?;
+        tx.execute_batch(SCHEMA)?;
+        tx.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION])?;
+        let found = meta(&tx, "schema_version")?.unwrap_or_default();
+        if found != SCHEMA_VERSION {
+            return Err(StoreError::SchemaVersion { found, want: SCHEMA_VERSION });
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// `BEGIN IMMEDIATE`: takes the write lock up front, so two writers
+    /// never both read the same chain tip.
+    fn write_txn(&self) -> Result<Transaction<'_>, StoreError> {
+        Ok(Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)?)
+    }
+
+    /// The underlying connection, for read-only tools and tests.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    fn append_one(tx: &Connection, req: &AppendRequest, now_ms: u64, next: &mut (u64, Hash)) -> Result<AppendOutcome, StoreError> {
+        req.fields.validate()?;
+        if req.leaf.len() > MAX_LEAF_SIZE {
+            return Err(StoreError::TooLarge { what: "receipt", size: req.leaf.len(), max: MAX_LEAF_SIZE });
+        }
+        if req.attestation_document.len() > MAX_ATTESTATION_SIZE {
+            return Err(StoreError::TooLarge {
+                what: "attestation document",
+                size: req.attestation_document.len(),
+                max: MAX_ATTESTATION_SIZE,
+            });
+        }
+        let existing = tx
+            .prepare_cached("SELECT idx, leaf FROM entries WHERE job_id = ?1")?
+            .query_row([&req.fields.job_id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .optional()?;
+        if let Some((idx, leaf)) = existing {
+            return Ok(AppendOutcome::Existing { index: idx.max(0) as u64, same_leaf: leaf == req.leaf });
+        }
+        let (index, prev) = *next;
+        let att = attestation_sha256(&req.attestation_document);
+        tx.prepare_cached("INSERT OR IGNORE INTO attestation_documents (sha256, document) VALUES (?1, ?2)")?
+            .execute(params![&att[..], &req.attestation_document])?;
+        let lh = leaf_hash(&req.leaf);
+        let eh = entry_hash(index, &prev, &lh, &att);
+        let f = &req.fields;
+        tx.prepare_cached(
+            "INSERT INTO entries (idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
+             ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+        )?
+        .execute(params![
+            to_i64("index", index)?,
+            f.job_id,
+            f.model_id,
+            f.manifest_hash,
+            f.pcr0,
+            f.client_key_id,
+            to_i64("start_ms", f.start_ms)?,
+            to_i64("end_ms", f.end_ms)?,
+            to_i64("ok_count", f.ok_count)?,
+            to_i64("failed_count", f.failed_count)?,
+            req.leaf,
+            &att[..],
+            &prev[..],
+            &eh[..],
+            to_i64("now_ms", now_ms)?,
+        ])?;
+        let mut insert = tx.prepare_cached("INSERT INTO tree_nodes (level, idx, hash) VALUES (?1, ?2, ?3)")?;
+        insert.execute(params![0u8, to_i64("index", index)?, &lh[..]])?;
+        let mut right = lh;
+        for (id, left, _) in completed_by_append(index) {
+            let l = SqlTree(tx).node_hashes(&[left])?[0];
+            right = node_hash(&l, &right);
+            insert.execute(params![id.level, to_i64("node index", id.index)?, &right[..]])?;
+        }
+        *next = (index + 1, eh);
+        Ok(AppendOutcome::Appended { index, entry_hash: eh, checkpoint: None })
+    }
+}
+
+impl TreeReader for SqliteStore {
+    fn node_hashes(&self, ids: &[NodeId]) -> Result<Vec<Hash>, TreeReadError> {
+        SqlTree(&self.conn).node_hashes(ids)
+    }
+}
+
+impl LedgerStore for SqliteStore {
+    fn append(
+        &mut self,
+        batch: &[AppendRequest],
+        signer: &dyn NoteSigner,
+        policy: &CheckpointPolicy,
+        now_ms: u64,
+    ) -> Result<Vec<AppendOutcome>, StoreError> {
+        let tx = self.write_txn()?;
+        let mut next = tip(&tx)?;
+        let mut out = Vec::with_capacity(batch.len());
+        for req in batch {
+            out.push(Self::append_one(&tx, req, now_ms, &mut next)?);
+        }
+        if out.iter().any(|o| matches!(o, AppendOutcome::Appended { .. })) {
+            bind_key(&tx, signer)?;
+            if let Some(cp) = checkpoint_in(&tx, signer, policy, now_ms, false)? {
+                if let Some(AppendOutcome::Appended { checkpoint, .. }) =
+                    out.iter_mut().rev().find(|o| matches!(o, AppendOutcome::Appended { .. }))
+                {
+                    *checkpoint = Some(cp.size);
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(out)
+    }
+
+    fn checkpoint(
+        &mut self,
+        signer: &dyn NoteSigner,
+        policy: &CheckpointPolicy,
+        now_ms: u64,
+        force: bool,
+    ) -> Result<Option<StoredCheckpoint>, StoreError> {
+        let tx = self.write_txn()?;
+        let cp = checkpoint_in(&tx, signer, policy, now_ms, force)?;
+        tx.commit()?;
+        Ok(cp)
+    }
+
+    fn size(&self) -> Result<u64, StoreError> {
+        Ok(tip(&self.conn)?.0)
+    }
+
+    fn entry(&self, index: u64) -> Result<Option<Entry>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!("SELECT {ENTRY_COLUMNS} FROM entries WHERE idx = ?1"))?;
+        let mut rows = stmt.query([to_i64("index", index)?])?;
+        rows.next()?.map(entry_from_row).transpose()
+    }
+
+    fn entry_by_job(&self, job_id: &str) -> Result<Option<Entry>, StoreError> {
+        let mut stmt = self.conn.prepare_cached(&format!("SELECT {ENTRY_COLUMNS} FROM entries WHERE job_id = ?1"))?;
+        let mut rows = stmt.query([job_id])?;
+        rows.next()?.map(entry_from_row).transpose()
+    }
+
+    fn attestation_document(&self, sha256: &Hash) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .conn
+            .prepare_cached("SELECT document FROM attestation_documents WHERE sha256 = ?1")?
+            .query_row([&sha256[..]], |r| r.get(0))
+            .optional()?)
+    }
+
+    fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, StoreError> {
+        let mut stmt = self.conn.prepare_cached("SELECT * FROM checkpoints ORDER BY tree_size")?;
+        let mut rows = stmt.query([])?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(checkpoint_from_row(r)?);
+        }
+        Ok(out)
+    }
+
+    fn latest_checkpoint(&self) -> Result<Option<StoredCheckpoint>, StoreError> {
+        latest_checkpoint(&self.conn)
+    }
+
+    fn checkpoint_at(&self, size: u64) -> Result<Option<StoredCheckpoint>, StoreError> {
+        let mut stmt = self.conn.prepare_cached("SELECT * FROM checkpoints WHERE tree_size = ?1")?;
+        let mut rows = stmt.query([to_i64("tree size", size)?])?;
+        rows.next()?.map(checkpoint_from_row).transpose()
+    }
+
+    fn ledger_key(&self) -> Result<Option<String>, StoreError> {
+        meta(&self.conn, "ledger_key")
+    }
+
+    fn query(&self, q: &Query) -> Result<Vec<Entry>, StoreError> {
+        use rusqlite::types::Value;
+        let mut sql = format!("SELECT {ENTRY_COLUMNS} FROM entries WHERE 1 = 1");
+        let mut args: Vec<Value> = Vec::new();
+        for (col, v) in [
+            ("job_id", &q.job_id),
+            ("model_id", &q.model_id),
+            ("pcr0", &q.pcr0),
+            ("client_key_id", &q.client_key_id),
+        ] {
+            if let Some(v) = v {
+                args.push(Value::Text(v.clone()));
+                sql.push_str(&format!(" AND {col} = ?{}", args.len()));
+            }
+        }
+        if let Some(t) = q.since_ms {
+            args.push(Value::Integer(to_i64("since_ms", t)?));
+            sql.push_str(&format!(" AND end_ms >= ?{}", args.len()));
+        }
+        if let Some(t) = q.until_ms {
+            args.push(Value::Integer(to_i64("until_ms", t)?));
+            sql.push_str(&format!(" AND end_ms < ?{}", args.len()));
+        }
+        sql.push_str(" ORDER BY idx");
+        if let Some(n) = q.limit {
+            args.push(Value::Integer(to_i64("limit", n)?));
+            sql.push_str(&format!(" LIMIT ?{}", args.len()));
+        }
+        let mut stmt = self.conn.prepare(&sql)?;
+        let mut rows = stmt.query(rusqlite::params_from_iter(args))?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            out.push(entry_from_row(r)?);
+        }
+        Ok(out)
+    }
+
+    fn scan_entries(&self, f: &mut dyn FnMut(Result<Entry, StoreError>) -> bool) -> Result<(), StoreError> {
+        // One read transaction: a consistent snapshot even while others append.
+        let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred)?;
+        {
+            let mut stmt = tx.prepare(&format!("SELECT {ENTRY_COLUMNS} FROM entries ORDER BY idx"))?;
+            let mut rows = stmt.query([])?;
+            while let Some(r) = rows.next()? {
+                if !f(entry_from_row(r)) {
+                    break;
+                }
+            }
+        }
+        tx.finish()?;
+        Ok(())
+    }
+
+    fn tree_node_count(&self) -> Result<u64, StoreError> {
+        let n: i64 = self.conn.query_row("SELECT count(*) FROM tree_nodes", [], |r| r.get(0))?;
+        Ok(n.max(0) as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::sample_fields;
+    use crate::merkle::{inclusion_proof, verify_inclusion, MemoryTree};
+    use crate::note::SignerKey;
+
+    fn req(job: u64) -> AppendRequest {
+        AppendRequest {
+            leaf: format!("receipt {job}").into_bytes(),
+            fields: sample_fields(job),
+            attestation_document: format!("doc {}", job % 3).into_bytes(),
+        }
+    }
+
+    fn key() -> SignerKey {
+        SignerKey::from_seed("ledger.test", &[5; 32]).unwrap()
+    }
+
+    #[test]
+    fn appends_chain_tree_and_dedupe() {
+        let mut s = SqliteStore::open_in_memory().unwrap();
+        let k = key();
+        let policy = CheckpointPolicy { every_appends: 4, every_ms: u64::MAX };
+        let mut mem = MemoryTree::new();
+        let mut prev = GENESIS_PREV_HASH;
+        for job in 0..10u64 {
+            let out = s.append(&[req(job)], &k, &policy, 1000 + job).unwrap();
+            let AppendOutcome::Appended { index, entry_hash: eh, checkpoint } = out[0] else { panic!() };
+            assert_eq!(index, job);
+            mem.push(&req(job).leaf);
+            let e = s.entry(index).unwrap().unwrap();
+            assert_eq!(e.prev_hash, prev);
+            assert_eq!(e.recompute_hash(), eh);
+            prev = eh;
+            assert_eq!(checkpoint, if (job + 1) % 4 == 0 { Some(job + 1) } else { None });
+        }
+        assert_eq!(s.size().unwrap(), 10);
+        assert_eq!(s.tree_node_count().unwrap(), expected_tree_nodes(10));
+        for n in 1..=10 {
+            assert_eq!(root_at(&s, n).unwrap(), root_at(&mem, n).unwrap());
+        }
+        // Dedupe by job id, in separate calls and within one batch.
+        let again = s.append(&[req(3), req(10), req(10)], &k, &policy, 2000).unwrap();
+        assert_eq!(again[0], AppendOutcome::Existing { index: 3, same_leaf: true });
+        assert_eq!(again[1].index(), 10);
+        assert_eq!(again[2], AppendOutcome::Existing { index: 10, same_leaf: true });
+        let mut other = req(4);
+        other.leaf = b"another attempt".to_vec();
+        assert_eq!(s.append(&[other], &k, &policy, 2001).unwrap()[0], AppendOutcome::Existing { index: 4, same_leaf: false });
+        // Attestation documents are stored once each.
+        let docs: i64 = s.conn.query_row("SELECT count(*) FROM attestation_documents", [], |r| r.get(0)).unwrap();
+        assert_eq!(docs, 3);
+        assert_eq!(s.attestation_document(&attestation_sha256(b"doc 1")).unwrap().unwrap(), b"doc 1");
+        // Checkpoints at 4 and 8, each verifiable against the pinned key.
+        let cps = s.checkpoints().unwrap();
+        assert_eq!(cps.iter().map(|c| c.size).collect::<Vec<_>>(), vec![4, 8]);
+        for cp in &cps {
+            let parsed = Checkpoint::open(cp.note.as_bytes(), &k.verifier()).unwrap();
+            assert_eq!((parsed.size, parsed.root), (cp.size, cp.root));
+            assert_eq!(cp.root, root_at(&mem, cp.size).unwrap());
+        }
+        let p = inclusion_proof(&s, 5, 8).unwrap();
+        verify_inclusion(5, 8, &leaf_hash(&req(5).leaf), &p, &cps[1].root).unwrap();
+        assert_eq!(s.ledger_key().unwrap().unwrap(), k.verifier().to_string());
+    }
+
+    #[test]
+    fn time_based_and_forced_checkpoints() {
+        let mut s = SqliteStore::open_in_memory().unwrap();
+        let k = key();
+        let policy = CheckpointPolicy { every_appends: 1000, every_ms: 500 };
+        assert_eq!(s.checkpoint(&k, &policy, 0, true).unwrap(), None, "nothing to checkpoint");
+        s.append(&[req(0)], &k, &policy, 1000).unwrap();
+        assert_eq!(s.checkpoint(&k, &policy, 1499, false).unwrap(), None);
+        assert_eq!(s.checkpoint(&k, &policy, 1500, false).unwrap().unwrap().size, 1);
+        let out = s.append(&[req(1)], &k, &policy, 1600).unwrap();
+        assert_eq!(out[0], AppendOutcome::Appended { index: 1, entry_hash: s.entry(1).unwrap().unwrap().entry_hash, checkpoint: None });
+        let out = s.append(&[req(2)], &k, &policy, 2000).unwrap();
+        assert!(matches!(out[0], AppendOutcome::Appended { checkpoint: Some(3), .. }));
+        assert_eq!(s.checkpoint(&k, &policy, 9000, false).unwrap(), None, "no growth, no checkpoint");
+        s.append(&[req(3)], &k, &policy, 2001).unwrap();
+        assert_eq!(s.checkpoint(&k, &policy, 2002, true).unwrap().unwrap().size, 4);
+    }
+
+    #[test]
+    fn refuses_another_key_and_bad_input_atomically() {
+        let mut s = SqliteStore::open_in_memory().unwrap();
+        let policy = CheckpointPolicy::default();
+        s.append(&[req(0)], &key(), &policy, 1).unwrap();
+        let other = SignerKey::from_seed("ledger.test", &[6; 32]).unwrap();
+        assert!(matches!(s.append(&[req(1)], &other, &policy, 2), Err(StoreError::KeyMismatch { .. })));
+        let mut bad = req(2);
+        bad.fields.pcr0 = "XY".into();
+        // The good first request of the batch is rolled back with the bad one.
+        assert!(matches!(s.append(&[req(1), bad], &key(), &policy, 3), Err(StoreError::Field(_))));
+        assert_eq!(s.size().unwrap(), 1);
+        assert_eq!(s.tree_node_count().unwrap(), 1);
+    }
+
+    #[test]
+    fn queries_filter_by_fields_and_time() {
+        let mut s = SqliteStore::open_in_memory().unwrap();
+        let policy = CheckpointPolicy::default();
+        let mut reqs: Vec<_> = (0..6).map(req).collect();
+        reqs[2].fields.model_id = "other/model".into();
+        reqs[4].fields.pcr0 = "00".repeat(48);
+        s.append(&reqs, &key(), &policy, 1).unwrap();
+        let q = |q: Query| s.query(&q).unwrap().iter().map(|e| e.index).collect::<Vec<_>>();
+        assert_eq!(q(Query::default()), vec![0, 1, 2, 3, 4, 5]);
+        assert_eq!(q(Query { model_id: Some("other/model".into()), ..Default::default() }), vec![2]);
+        assert_eq!(q(Query { pcr0: Some("00".repeat(48)), ..Default::default() }), vec![4]);
+        assert_eq!(q(Query { job_id: Some(format!("{:032x}", 3)), ..Default::default() }), vec![3]);
+        let end = |i: u64| sample_fields(i).end_ms;
+        assert_eq!(q(Query { since_ms: Some(end(2)), until_ms: Some(end(4)), ..Default::default() }), vec![2, 3]);
+        assert_eq!(q(Query { limit: Some(2), ..Default::default() }), vec![0, 1]);
+        assert_eq!(s.entry_by_job(&format!("{:032x}", 5)).unwrap().unwrap().index, 5);
+        assert!(s.entry_by_job("ff").unwrap().is_none());
+    }
+}
