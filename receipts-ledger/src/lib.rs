@@ -1,9 +1,25 @@
 #![forbid(unsafe_code)]
-//! The append-only receipts ledger: storage, hash chain, RFC 9162 Merkle
-//! tree, signed checkpoints, proofs, compliance queries.
+//! The append-only receipts ledger: a hash chain of receipts that is also an
+//! RFC 9162 Merkle tree, C2SP signed checkpoints, inclusion and consistency
+//! proofs, offline proof bundles, full replay verification, and compliance
+//! queries over SQLite.
 
-pub mod merkle;
-pub mod note;
+pub mod bundle;
 pub mod checkpoint;
 pub mod entry;
+pub mod ledger;
+pub mod merkle;
+pub mod note;
 pub mod store;
+pub mod testing;
+pub mod verify;
+
+pub use bundle::{prove, verify_bundle, BundleError, ProofBundle, VerifiedBundle};
+pub use checkpoint::{Checkpoint, CheckpointError};
+pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, ReceiptCheck};
+pub use ledger::{consistency, Ledger, LedgerError};
+pub use note::{NoteError, NoteSigner, SignerKey, VerifierKey};
+pub use store::{
+    AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
+};
+pub use verify::{verify_ledger, Issue, VerifyReport};

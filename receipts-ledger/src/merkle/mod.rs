@@ -18,7 +18,7 @@ pub use compact::CompactRange;
 pub use memory::MemoryTree;
 pub use proof::{
     consistency_proof, consistency_proof_plan, inclusion_proof, inclusion_proof_plan, root_at,
-    root_plan, ProofPlan,
+    root_plan, ProofError, ProofPlan,
 };
 pub use verify::{verify_consistency, verify_inclusion, VerifyError};
 
