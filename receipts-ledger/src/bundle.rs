@@ -173,3 +173,141 @@ pub fn verify_bundle_and_receipt(
     let fields = check.check(&v.receipt, &v.attestation_document).map_err(BundleError::ReceiptRejected)?;
     Ok((v, fields))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::entry::{sample_fields, AppendRequest};
+    use crate::note::{NoteError, SignerKey};
+    use crate::store::{CheckpointPolicy, SqliteStore};
+
+    const ORIGIN: &str = "ledger.ephem-batch.example/test";
+
+    fn two_leaf_ledger() -> (SqliteStore, SignerKey) {
+        let key = SignerKey::from_seed(ORIGIN, &[0x42; 32]).unwrap();
+        let mut s = SqliteStore::open_in_memory().unwrap();
+        let reqs: Vec<_> = (0..2)
+            .map(|i| AppendRequest {
+                leaf: format!("receipt-{i}").into_bytes(),
+                fields: sample_fields(i),
+                attestation_document: b"attestation-document".to_vec(),
+            })
+            .collect();
+        let policy = CheckpointPolicy { every_appends: 2, every_ms: u64::MAX };
+        s.append(&reqs, &key, &policy, 1).unwrap();
+        (s, key)
+    }
+
+    /// Known answer, also in docs/ledger.part.md (cross-checked with Python
+    /// hashlib + cryptography).
+    #[test]
+    fn known_answer_bundle() {
+        let (s, key) = two_leaf_ledger();
+        let b = prove(&s, &format!("{:032x}", 1)).unwrap();
+        let want = ProofBundle {
+            version: 1,
+            receipt: "726563656970742d31".into(),
+            attestation_document: "6174746573746174696f6e2d646f63756d656e74".into(),
+            leaf_index: 1,
+            tree_size: 2,
+            inclusion_path: vec!["30ffcce68ded5ce2353dcb4cac3e9b97e8bfac59c144302ea341014fd0560f06".into()],
+            checkpoint: "ledger.ephem-batch.example/test\n2\npPO3R2Ik9m8BlBdMIs8FfM6VfZTYI0tf31lCC6Yy878=\n\n\
+                \u{2014} ledger.ephem-batch.example/test cJJfLVoDnxVnr5lOoTop1WR2tFyrEpzwX060fxH+aKXHWULgsMiDKX66EBC0mlVEhk/UoArfzHOqKSSCaP/Q+bsZMgY=\n"
+                .into(),
+            ledger_key: "ledger.ephem-batch.example/test+70925f2d+ASFS+NGbeR0kRTJC4V8uq2y3z/p7al7TAJeWDgaYgdsS".into(),
+        };
+        assert_eq!(b, want);
+        let v = verify_bundle(&ProofBundle::from_json(b.to_json().as_bytes()).unwrap(), &key.verifier()).unwrap();
+        assert_eq!(hex::encode(v.checkpoint.root), "a4f3b7476224f66f0194174c22cf057cce957d94d8234b5fdf59420ba632f3bf");
+        assert!(v.bundle_key_matches_pinned);
+        assert_eq!(v.receipt, b"receipt-1");
+    }
+
+    fn flip_hex_digit(s: &str, at: usize) -> String {
+        let mut b = s.as_bytes().to_vec();
+        b[at] = if b[at] == b'0' { b'1' } else { b'0' };
+        String::from_utf8(b).unwrap()
+    }
+
+    #[test]
+    fn any_changed_hex_digit_fails() {
+        let (s, key) = two_leaf_ledger();
+        let pinned = key.verifier();
+        let good = prove(&s, &format!("{:032x}", 0)).unwrap();
+        verify_bundle(&good, &pinned).unwrap();
+        for i in 0..good.receipt.len() {
+            let mut b = good.clone();
+            b.receipt = flip_hex_digit(&b.receipt, i);
+            assert!(matches!(verify_bundle(&b, &pinned), Err(BundleError::Inclusion(_))), "receipt digit {i}");
+        }
+        for i in 0..64 {
+            let mut b = good.clone();
+            b.inclusion_path[0] = flip_hex_digit(&b.inclusion_path[0], i);
+            assert!(matches!(verify_bundle(&b, &pinned), Err(BundleError::Inclusion(_))), "path digit {i}");
+        }
+        let mut b = good.clone();
+        b.receipt = b.receipt.to_uppercase();
+        assert!(matches!(verify_bundle(&b, &pinned), Err(BundleError::Hex { field: "receipt" })));
+        let mut b = good.clone();
+        b.leaf_index = 1;
+        assert!(matches!(verify_bundle(&b, &pinned), Err(BundleError::Inclusion(_))));
+        let mut b = good.clone();
+        b.tree_size = 3;
+        assert!(matches!(verify_bundle(&b, &pinned), Err(BundleError::SizeMismatch { bundle: 3, checkpoint: 2 })));
+        let mut b = good.clone();
+        b.checkpoint = b.checkpoint.replacen("\n2\n", "\n3\n", 1);
+        assert!(matches!(verify_bundle(&b, &pinned), Err(BundleError::Checkpoint(_))));
+        let mut b = good.clone();
+        b.inclusion_path.push(b.inclusion_path[0].clone());
+        assert!(matches!(verify_bundle(&b, &pinned), Err(BundleError::Inclusion(_))));
+        let mut b = good.clone();
+        b.inclusion_path[0].pop();
+        assert!(matches!(verify_bundle(&b, &pinned), Err(BundleError::Hex { .. } | BundleError::PathElement(0))));
+    }
+
+    #[test]
+    fn only_the_pinned_key_is_trusted() {
+        let (s, key) = two_leaf_ledger();
+        let good = prove(&s, &format!("{:032x}", 1)).unwrap();
+        // An attacker re-signs a checkpoint over a forged tree with their own
+        // key under the same origin, and names that key in the bundle.
+        let evil = SignerKey::from_seed(ORIGIN, &[0x66; 32]).unwrap();
+        let forged_receipt = b"forged".to_vec();
+        let cp = Checkpoint::new(ORIGIN, 1, leaf_hash(&forged_receipt));
+        let forged = ProofBundle {
+            receipt: hex::encode(&forged_receipt),
+            leaf_index: 0,
+            tree_size: 1,
+            inclusion_path: vec![],
+            checkpoint: cp.sign(&evil).unwrap(),
+            ledger_key: evil.verifier().to_string(),
+            ..good.clone()
+        };
+        verify_bundle(&forged, &evil.verifier()).unwrap();
+        assert!(matches!(
+            verify_bundle(&forged, &key.verifier()),
+            Err(BundleError::Checkpoint(CheckpointError::Note(NoteError::NoKnownSignature)))
+        ));
+        // The real bundle naming another key still verifies under the pinned key.
+        let renamed = ProofBundle { ledger_key: evil.verifier().to_string(), ..good };
+        let v = verify_bundle(&renamed, &key.verifier()).unwrap();
+        assert!(!v.bundle_key_matches_pinned);
+    }
+
+    #[test]
+    fn json_is_strict_and_unproven_jobs_are_named() {
+        let (mut s, key) = two_leaf_ledger();
+        let good = prove(&s, &format!("{:032x}", 1)).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(&good.to_json()).unwrap();
+        v["extra"] = 1.into();
+        assert!(matches!(ProofBundle::from_json(v.to_string().as_bytes()), Err(BundleError::Json(_))));
+        assert!(matches!(ProofBundle::from_json(b"{}"), Err(BundleError::Json(_))));
+        assert!(matches!(prove(&s, "ff"), Err(BundleError::UnknownJob(_))));
+        let req = AppendRequest { leaf: b"receipt-2".to_vec(), fields: sample_fields(2), attestation_document: b"d".to_vec() };
+        s.append(&[req], &key, &CheckpointPolicy { every_appends: 2, every_ms: u64::MAX }, 2).unwrap();
+        assert!(matches!(
+            prove(&s, &format!("{:032x}", 2)),
+            Err(BundleError::NotCheckpointed { index: 2, latest: 2 })
+        ));
+    }
+}

@@ -212,6 +212,11 @@ impl SignerKey {
         Ok(k)
     }
 
+    /// The public half.
+    pub fn verifier(&self) -> VerifierKey {
+        VerifierKey { name: self.name.clone(), id: self.id, public: self.key.verifying_key() }
+    }
+
     /// The secret key string (keep it secret).
     pub fn to_secret_string(&self) -> String {
         let mut key = vec![ED25519_TYPE];
@@ -237,7 +242,7 @@ impl NoteSigner for SignerKey {
         Ok(self.key.sign(msg).to_bytes().to_vec())
     }
     fn verifier(&self) -> VerifierKey {
-        VerifierKey { name: self.name.clone(), id: self.id, public: self.key.verifying_key() }
+        SignerKey::verifier(self)
     }
 }
 
