@@ -6,6 +6,7 @@
 
 pub mod attestation;
 pub mod cbor;
+pub mod cms;
 pub mod cose;
 pub mod envelope;
 pub mod frame;
