@@ -1,0 +1,210 @@
+// Deploy-time configuration: everything `cdk deploy -c key=value` can change, parsed and
+// checked in one place so that a bad value fails the synth with a message that says what to do.
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+
+/** The enclave image measurements that the KMS key policies bind key release to. */
+export interface Measurements {
+  /** PCR0 = SHA-384 of the enclave image (what KMS calls `kms:RecipientAttestation:ImageSha384`). 96 lowercase hex chars. */
+  readonly pcr0: string;
+  /** PCR8 = hash of the image's signing certificate, when the EIF is signed. Optional. */
+  readonly pcr8?: string;
+  /** Where the values came from, for error messages and the stack description. */
+  readonly source: string;
+}
+
+export interface DeployConfig {
+  readonly measurements: Measurements;
+  /** EC2 instance type of the hosts; must support Nitro Enclaves. */
+  readonly instanceType: string;
+  /** vCPUs and memory handed to the enclave (the rest stays with the host OS and the poller). */
+  readonly enclaveCpuCount: number;
+  readonly enclaveMemoryMib: number;
+  /** Fleet size bounds and the scaling target (jobs waiting or in flight per host). */
+  readonly minHosts: number;
+  readonly maxHosts: number;
+  readonly jobsPerHost: number;
+  /** Availability zones the fleet's VPC spans (1 or 2: the stack is environment-agnostic). */
+  readonly maxAzs: number;
+  /** Object Lock (compliance mode) retention of every ledger object, in days. */
+  readonly ledgerRetentionDays: number;
+  /** Days a sealed input is kept after its receipt reached the ledger. */
+  readonly inputRetentionDays: number;
+  /** Days anything under jobs/ is kept at all (outputs, receipts, status). */
+  readonly jobsRetentionDays: number;
+  /** Prefixes of the jobs bucket where data owners drop sealed shards (S3-event-triggered jobs). */
+  readonly storePrefixes: string[];
+  /** Days between fleet-key rotations (a new epoch each time). */
+  readonly rotationDays: number;
+  /** Directory holding `<name>/bootstrap.zip` for each Lambda, as `cargo lambda build --output-format zip` writes them. */
+  readonly lambdaAssetsDir: string;
+}
+
+/** Reads context values (`-c key=value`, cdk.json or `new App({context})`). */
+export type ContextReader = (key: string) => unknown;
+
+const HEX96 = /^[0-9a-fA-F]{96}$/;
+
+export class ConfigError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ConfigError';
+  }
+}
+
+const MEASUREMENTS_HELP =
+  'The KMS key policies release keys only to the enclave image you deploy, so the stack needs its measurements. ' +
+  'Pass them with `-c pcr0=<96 hex chars> [-c pcr8=<96 hex chars>]`, or point to the signed policy file written by ' +
+  '`enclave-image/build-enclave.sh` with `-c policyFile=path/to/policy.json`. There are no default measurements.';
+
+/** The repository root (cdk/ is one level below it; this file runs from cdk/lib or cdk/dist/lib). */
+export function repoRoot(): string {
+  let dir = __dirname;
+  while (!fs.existsSync(path.join(dir, 'cdk', 'package.json'))) {
+    const parent = path.dirname(dir);
+    if (parent === dir) throw new ConfigError(`cannot find the repository root above ${__dirname}`);
+    dir = parent;
+  }
+  return dir;
+}
+
+export function loadConfig(read: ContextReader): DeployConfig {
+  const storePrefixes = stringList(read, 'storePrefixes', ['store/']);
+  checkPrefixes(storePrefixes);
+  const lambdaAssetsDir = str(read, 'lambdaAssetsDir', path.join(repoRoot(), 'target', 'lambda'));
+  const cfg: DeployConfig = {
+    measurements: loadMeasurements(read),
+    instanceType: str(read, 'instanceType', 'm6i.xlarge'),
+    enclaveCpuCount: int(read, 'enclaveCpuCount', 2, 2, 128),
+    enclaveMemoryMib: int(read, 'enclaveMemoryMib', 6144, 1024, 1024 * 1024),
+    minHosts: int(read, 'minHosts', 1, 1, 1000),
+    maxHosts: int(read, 'maxHosts', 4, 1, 1000),
+    jobsPerHost: int(read, 'jobsPerHost', 2, 1, 1000),
+    maxAzs: int(read, 'maxAzs', 2, 1, 2),
+    ledgerRetentionDays: int(read, 'ledgerRetentionDays', 365, 1, 36500),
+    inputRetentionDays: int(read, 'inputRetentionDays', 1, 1, 3650),
+    jobsRetentionDays: int(read, 'jobsRetentionDays', 30, 1, 3650),
+    storePrefixes,
+    rotationDays: int(read, 'rotationDays', 7, 1, 365),
+    lambdaAssetsDir: path.resolve(lambdaAssetsDir),
+  };
+  if (cfg.maxHosts < cfg.minHosts) {
+    throw new ConfigError(`maxHosts (${cfg.maxHosts}) must be at least minHosts (${cfg.minHosts})`);
+  }
+  if (cfg.enclaveCpuCount % 2 !== 0) {
+    throw new ConfigError(`enclaveCpuCount must be even (an enclave takes whole cores, two vCPUs each): got ${cfg.enclaveCpuCount}`);
+  }
+  if (cfg.inputRetentionDays > cfg.jobsRetentionDays) {
+    throw new ConfigError('inputRetentionDays cannot exceed jobsRetentionDays');
+  }
+  return cfg;
+}
+
+/**
+ * Measurements from `-c pcr0=… -c pcr8=…`, or from the `pcrs` map of a policy file
+ * (`-c policyFile=…`; only `pcrs` is read, the signature is checked by `ephem-batch policy verify`).
+ * Giving both is refused, so there is never a question which one the keys were bound to.
+ */
+export function loadMeasurements(read: ContextReader): Measurements {
+  const pcr0 = read('pcr0');
+  const pcr8 = read('pcr8');
+  const policyFile = read('policyFile');
+  if (policyFile !== undefined && (pcr0 !== undefined || pcr8 !== undefined)) {
+    throw new ConfigError('give either -c policyFile=… or -c pcr0=… [-c pcr8=…], not both');
+  }
+  if (policyFile !== undefined) {
+    return measurementsFromPolicyFile(String(policyFile));
+  }
+  if (pcr0 === undefined) {
+    throw new ConfigError(`missing enclave measurements. ${MEASUREMENTS_HELP}`);
+  }
+  return {
+    pcr0: hex96('pcr0', pcr0),
+    pcr8: pcr8 === undefined || pcr8 === '' ? undefined : hex96('pcr8', pcr8),
+    source: 'context',
+  };
+}
+
+export function measurementsFromPolicyFile(file: string): Measurements {
+  let doc: unknown;
+  try {
+    doc = JSON.parse(fs.readFileSync(file, 'utf8'));
+  } catch (e) {
+    throw new ConfigError(`cannot read policy file ${file}: ${(e as Error).message}`);
+  }
+  const pcrs = (doc as { pcrs?: Record<string, unknown> } | null)?.pcrs;
+  if (pcrs === undefined || pcrs === null || typeof pcrs !== 'object') {
+    throw new ConfigError(`policy file ${file} has no "pcrs" object`);
+  }
+  if (pcrs['0'] === undefined) {
+    throw new ConfigError(`policy file ${file} has no PCR0 in "pcrs"`);
+  }
+  return {
+    pcr0: hex96(`${file} pcrs.0`, pcrs['0']),
+    pcr8: pcrs['8'] === undefined ? undefined : hex96(`${file} pcrs.8`, pcrs['8']),
+    source: `policy file ${path.basename(file)}`,
+  };
+}
+
+function hex96(name: string, value: unknown): string {
+  const s = String(value).trim();
+  if (!HEX96.test(s)) {
+    throw new ConfigError(`${name} must be 96 hex characters (a SHA-384), got ${JSON.stringify(s)}. ${MEASUREMENTS_HELP}`);
+  }
+  if (/^0+$/.test(s)) {
+    throw new ConfigError(`${name} is all zeros, which is what a debug-mode enclave reports; keys are never released to debug enclaves`);
+  }
+  return s.toLowerCase();
+}
+
+function str(read: ContextReader, key: string, dflt: string): string {
+  const v = read(key);
+  if (v === undefined || v === '') return dflt;
+  return String(v);
+}
+
+function int(read: ContextReader, key: string, dflt: number, min: number, max: number): number {
+  const v = read(key);
+  if (v === undefined || v === '') return dflt;
+  const n = typeof v === 'number' ? v : Number(String(v));
+  if (!Number.isInteger(n) || n < min || n > max) {
+    throw new ConfigError(`${key} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
+  }
+  return n;
+}
+
+function stringList(read: ContextReader, key: string, dflt: string[]): string[] {
+  const v = read(key);
+  if (v === undefined || v === '') return dflt;
+  const list = Array.isArray(v) ? v.map(String) : String(v).split(',');
+  return list.map((s) => s.trim()).filter((s) => s.length > 0);
+}
+
+/**
+ * S3 refuses two notification rules for the same event whose prefixes overlap, and a store
+ * prefix under jobs/ would create jobs twice. Each prefix must end with '/', must not be
+ * jobs/ (or under it), and no prefix may contain another.
+ */
+export function checkPrefixes(prefixes: string[]): void {
+  const reserved = ['jobs/', 'bulk/'];
+  for (const p of prefixes) {
+    if (!/^[A-Za-z0-9][A-Za-z0-9._\-/]*\/$/.test(p)) {
+      throw new ConfigError(`store prefix ${JSON.stringify(p)} must be a relative key prefix ending with '/'`);
+    }
+    for (const r of reserved) {
+      if (p.startsWith(r) || r.startsWith(p)) {
+        throw new ConfigError(`store prefix ${JSON.stringify(p)} overlaps the reserved prefix ${r}`);
+      }
+    }
+  }
+  for (const a of prefixes) {
+    for (const b of prefixes) {
+      if (a !== b && b.startsWith(a)) {
+        throw new ConfigError(`store prefixes ${JSON.stringify(a)} and ${JSON.stringify(b)} overlap`);
+      }
+    }
+  }
+  if (new Set(prefixes).size !== prefixes.length) {
+    throw new ConfigError('store prefixes contain a duplicate');
+  }
+}

@@ -1,0 +1,286 @@
+// The fleet: an Auto Scaling group of Nitro Enclaves hosts in private subnets without any
+// route to the internet. Hosts reach S3, SQS, KMS, Step Functions, CloudWatch and Auto Scaling
+// through VPC endpoints only. The group scales on the job backlog per host and drains a host
+// (lifecycle hook) before it terminates.
+import { ArnFormat, Aws, Duration, Stack, Validations } from 'aws-cdk-lib';
+import * as autoscaling from 'aws-cdk-lib/aws-autoscaling';
+import * as ec2 from 'aws-cdk-lib/aws-ec2';
+import * as iam from 'aws-cdk-lib/aws-iam';
+import * as logs from 'aws-cdk-lib/aws-logs';
+import { Construct } from 'constructs';
+import { allow } from './identities';
+import { justifyWildcardResources } from './nag';
+import { DRAIN_HOOK_NAME, ENCLAVE_CID, HOST_POLLER_KEY, ENCLAVE_EIF_KEY, METRICS_NAMESPACE, hostUserData } from './host-user-data';
+import { Queues } from './queues';
+import { Storage } from './storage';
+
+export interface FleetProps {
+  readonly hostRole: iam.Role;
+  readonly storage: Storage;
+  readonly queues: Queues;
+  readonly expectedPcr0: string;
+  readonly instanceType: string;
+  readonly enclaveCpuCount: number;
+  readonly enclaveMemoryMib: number;
+  readonly minHosts: number;
+  readonly maxHosts: number;
+  readonly jobsPerHost: number;
+  readonly maxAzs: number;
+}
+
+export class Fleet extends Construct {
+  readonly vpc: ec2.Vpc;
+  readonly hosts: autoscaling.AutoScalingGroup;
+  readonly launchTemplate: ec2.LaunchTemplate;
+
+  constructor(scope: Construct, id: string, props: FleetProps) {
+    super(scope, id);
+
+    this.vpc = this.network(props.maxAzs);
+    this.grantHostPermissions(props);
+
+    const instanceType = new ec2.InstanceType(props.instanceType);
+    const cpuType =
+      instanceType.architecture === ec2.InstanceArchitecture.ARM_64 ? ec2.AmazonLinuxCpuType.ARM_64 : ec2.AmazonLinuxCpuType.X86_64;
+
+    // Hosts accept no inbound connection; outbound HTTPS can only reach the VPC endpoints,
+    // since the VPC has neither an internet gateway nor a NAT.
+    const hostSg = new ec2.SecurityGroup(this, 'HostSecurityGroup', {
+      vpc: this.vpc,
+      allowAllOutbound: false,
+      description: 'ephem-batch hosts: no inbound; HTTPS out to the VPC endpoints',
+    });
+    hostSg.addEgressRule(ec2.Peer.anyIpv4(), ec2.Port.tcp(443), 'HTTPS to VPC endpoints (no internet route exists)');
+    this.endpoints(hostSg);
+
+    const userData = ec2.UserData.forLinux();
+    userData.addCommands(
+      ...hostUserData({
+        region: Aws.REGION,
+        artifactsBucket: props.storage.artifacts.bucketName,
+        expectedPcr0: props.expectedPcr0,
+        enclaveCpuCount: props.enclaveCpuCount,
+        enclaveMemoryMib: props.enclaveMemoryMib,
+        pollerEnv: {
+          AWS_REGION: Aws.REGION,
+          EPHEM_JOB_QUEUE_URL: props.queues.jobs.queueUrl,
+          EPHEM_LEDGER_QUEUE_URL: props.queues.ledger.queueUrl,
+          EPHEM_JOBS_BUCKET: props.storage.jobs.bucketName,
+          EPHEM_MODELS_BUCKET: props.storage.models.bucketName,
+          EPHEM_ATTESTATIONS_BUCKET: props.storage.attestations.bucketName,
+          EPHEM_ENCLAVE_CID: String(ENCLAVE_CID),
+          EPHEM_LIFECYCLE_HOOK: DRAIN_HOOK_NAME,
+          EPHEM_METRICS_NAMESPACE: METRICS_NAMESPACE,
+        },
+      }),
+    );
+
+    this.launchTemplate = new ec2.LaunchTemplate(this, 'HostTemplate', {
+      instanceType,
+      machineImage: ec2.MachineImage.latestAmazonLinux2023({ cpuType }),
+      role: props.hostRole,
+      securityGroup: hostSg,
+      userData,
+      nitroEnclaveEnabled: true,
+      requireImdsv2: true,
+      httpPutResponseHopLimit: 1,
+      // The poller reads its group's name from the instance tags (aws:autoscaling:groupName)
+      // to complete the drain hook; passing it in user data would be a dependency cycle.
+      instanceMetadataTags: true,
+      detailedMonitoring: true,
+      blockDevices: [
+        {
+          deviceName: '/dev/xvda',
+          volume: ec2.BlockDeviceVolume.ebs(30, { encrypted: true, volumeType: ec2.EbsDeviceVolumeType.GP3, deleteOnTermination: true }),
+        },
+      ],
+    });
+
+    this.hosts = new autoscaling.AutoScalingGroup(this, 'Hosts', {
+      vpc: this.vpc,
+      vpcSubnets: { subnetType: ec2.SubnetType.PRIVATE_ISOLATED },
+      launchTemplate: this.launchTemplate,
+      minCapacity: props.minHosts,
+      maxCapacity: props.maxHosts,
+      defaultInstanceWarmup: Duration.minutes(5),
+      groupMetrics: [
+        new autoscaling.GroupMetrics(
+          autoscaling.GroupMetric.IN_SERVICE_INSTANCES,
+          autoscaling.GroupMetric.DESIRED_CAPACITY,
+          autoscaling.GroupMetric.TERMINATING_INSTANCES,
+        ),
+      ],
+      // A new image (new measurements, new launch template) rolls through the group host by host.
+      updatePolicy: autoscaling.UpdatePolicy.rollingUpdate({ maxBatchSize: 1 }),
+    });
+    Validations.of(this.hosts).acknowledge(
+      {
+        id: 'AwsSolutions-AS3',
+        reason:
+          'Scaling events are visible on the dashboard (fleet size) and as Auto Scaling events in EventBridge; ' +
+          'an SNS topic per deployment adds nothing the operator does not already have.',
+      },
+      {
+        id: 'AwsSolutions-EC29',
+        reason: 'Hosts are cattle in an Auto Scaling group that must be able to terminate them; they hold no state.',
+      },
+    );
+
+    this.scaleOnBacklog(props);
+    this.drainBeforeTermination(props.hostRole);
+  }
+
+  /** Private isolated subnets only (no internet gateway, no NAT), an S3 gateway endpoint, flow logs. */
+  private network(maxAzs: number): ec2.Vpc {
+    const vpc = new ec2.Vpc(this, 'Vpc', {
+      maxAzs,
+      natGateways: 0,
+      subnetConfiguration: [{ name: 'hosts', subnetType: ec2.SubnetType.PRIVATE_ISOLATED, cidrMask: 22 }],
+      gatewayEndpoints: { S3: { service: ec2.GatewayVpcEndpointAwsService.S3 } },
+    });
+    const flowLogs = new logs.LogGroup(this, 'FlowLogs', { retention: logs.RetentionDays.THREE_MONTHS });
+    vpc.addFlowLog('FlowLog', { destination: ec2.FlowLogDestination.toCloudWatchLogs(flowLogs) });
+    return vpc;
+  }
+
+  /** An interface endpoint for every other AWS API the hosts call, reachable from the hosts only. */
+  private endpoints(hostSg: ec2.SecurityGroup): void {
+    const endpointSg = new ec2.SecurityGroup(this, 'EndpointSecurityGroup', {
+      vpc: this.vpc,
+      allowAllOutbound: false,
+      description: 'ephem-batch VPC endpoints: HTTPS from the hosts only',
+    });
+    endpointSg.addIngressRule(hostSg, ec2.Port.tcp(443), 'HTTPS from the hosts');
+    const endpoints: Record<string, ec2.InterfaceVpcEndpointAwsService> = {
+      Sqs: ec2.InterfaceVpcEndpointAwsService.SQS,
+      Kms: ec2.InterfaceVpcEndpointAwsService.KMS,
+      StepFunctions: ec2.InterfaceVpcEndpointAwsService.STEP_FUNCTIONS,
+      CloudWatch: ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
+      CloudWatchLogs: ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
+      AutoScaling: ec2.InterfaceVpcEndpointAwsService.AUTOSCALING,
+    };
+    for (const [name, service] of Object.entries(endpoints)) {
+      this.vpc.addInterfaceEndpoint(`${name}Endpoint`, { service, privateDnsEnabled: true, securityGroups: [endpointSg], open: false });
+    }
+  }
+
+  /** What host-poller may do: exactly the calls of DESIGN.md §5 steps 4-7 (docs/operations.md has the table). */
+  private grantHostPermissions(p: FleetProps): void {
+    const { jobs, models, attestations, artifacts } = p.storage;
+    const role = p.hostRole;
+    const perJob = 'Job ids are derived from each sealed header and only known at run time; the pattern admits one kind of object per job.';
+    allow(role, 'ReceiveJobs', ['sqs:ReceiveMessage', 'sqs:DeleteMessage', 'sqs:ChangeMessageVisibility', 'sqs:GetQueueAttributes'], [
+      p.queues.jobs.queueArn,
+    ]);
+    allow(role, 'SendReceiptsToLedger', ['sqs:SendMessage'], [p.queues.ledger.queueArn]);
+    allow(role, 'ReadSealedInputsAndReceipts', ['s3:GetObject'], [jobs.arnForObjects('jobs/*/input.sealed'), jobs.arnForObjects('jobs/*/receipt.cose')], {
+      why: perJob,
+    });
+    allow(role, 'WriteAttemptOutputsAndStatus', ['s3:PutObject', 's3:AbortMultipartUpload'], [
+      jobs.arnForObjects('jobs/*/attempts/*'),
+      jobs.arnForObjects('jobs/*/status.json'),
+    ], { why: `${perJob} Attempt numbers likewise.` });
+    // The first finished attempt wins: a receipt may only be written with If-None-Match.
+    allow(role, 'CommitReceiptOnlyIfAbsent', ['s3:PutObject'], [jobs.arnForObjects('jobs/*/receipt.cose')], {
+      conditions: { Null: { 's3:if-none-match': 'false' } },
+      why: `${perJob} The write must be conditional (If-None-Match).`,
+    });
+    allow(role, 'ReadModels', ['s3:GetObject'], [models.arnForObjects('*')], {
+      why: 'A host streams whichever model a job names into the enclave; weights are encrypted under the model key, which only the measured enclave can unwrap.',
+    });
+    allow(role, 'ReadFleetKeys', ['s3:GetObject'], [attestations.arnForObjects('fleet-keys/*')], {
+      why: 'Fleet-key epochs are named at run time; their private halves are wrapped under the fleet key and useless outside the enclave.',
+    });
+    allow(role, 'ListFleetKeys', ['s3:ListBucket'], [attestations.bucketArn], { conditions: { StringLike: { 's3:prefix': ['fleet-keys/*'] } } });
+    allow(role, 'PublishAttestations', ['s3:PutObject'], [attestations.arnForObjects('attestations/*')], {
+      why: 'Each enclave boot publishes fresh attestation documents under names chosen at run time; clients verify them, so a forged one gains nothing.',
+    });
+    allow(role, 'FetchArtifacts', ['s3:GetObject'], [artifacts.arnForObjects(ENCLAVE_EIF_KEY), artifacts.arnForObjects(HOST_POLLER_KEY)]);
+    allow(role, 'PublishFleetMetrics', ['cloudwatch:PutMetricData'], ['*'], {
+      conditions: { StringEquals: { 'cloudwatch:namespace': METRICS_NAMESPACE } },
+      why: `cloudwatch:PutMetricData has no resource-level permissions; a condition limits it to the ${METRICS_NAMESPACE} namespace.`,
+    });
+    // KMS: nothing here. The fleet and model key policies name this role directly, and only
+    // for requests that carry the enclave's attestation (keys.ts).
+  }
+
+  /**
+   * Target tracking on (messages waiting + in flight) / in-service hosts. Target tracking in
+   * the L2 construct takes only a plain metric, so the metric-math form is written in L1.
+   */
+  private scaleOnBacklog(p: FleetProps): void {
+    const queueName = p.queues.jobs.queueName;
+    const sqsMetric = (id: string, metricName: string) => ({
+      id,
+      metricStat: {
+        metric: { namespace: 'AWS/SQS', metricName, dimensions: [{ name: 'QueueName', value: queueName }] },
+        stat: 'Sum',
+      },
+      returnData: false,
+    });
+    new autoscaling.CfnScalingPolicy(this, 'BacklogPerHostScaling', {
+      autoScalingGroupName: this.hosts.autoScalingGroupName,
+      policyType: 'TargetTrackingScaling',
+      estimatedInstanceWarmup: 300,
+      targetTrackingConfiguration: {
+        targetValue: p.jobsPerHost,
+        customizedMetricSpecification: {
+          metrics: [
+            sqsMetric('waiting', 'ApproximateNumberOfMessagesVisible'),
+            sqsMetric('inflight', 'ApproximateNumberOfMessagesNotVisible'),
+            {
+              id: 'hosts',
+              metricStat: {
+                metric: {
+                  namespace: 'AWS/AutoScaling',
+                  metricName: 'GroupInServiceInstances',
+                  dimensions: [{ name: 'AutoScalingGroupName', value: this.hosts.autoScalingGroupName }],
+                },
+                stat: 'Average',
+              },
+              returnData: false,
+            },
+            {
+              id: 'backlog_per_host',
+              expression: '(waiting + inflight) / hosts',
+              label: 'Jobs waiting or in flight per in-service host',
+              returnData: true,
+            },
+          ],
+        },
+      },
+    });
+  }
+
+  /**
+   * A terminating host stays in Terminating:Wait until its poller has finished (or handed back)
+   * the job it holds and calls CompleteLifecycleAction, or until the heartbeat timeout.
+   */
+  private drainBeforeTermination(hostRole: iam.Role): void {
+    this.hosts.addLifecycleHook('Drain', {
+      lifecycleHookName: DRAIN_HOOK_NAME,
+      lifecycleTransition: autoscaling.LifecycleTransition.INSTANCE_TERMINATING,
+      defaultResult: autoscaling.DefaultResult.CONTINUE,
+      heartbeatTimeout: Duration.minutes(30),
+    });
+    // A separate policy: the group depends on the role, so the role's own default policy
+    // cannot name the group without a dependency cycle.
+    const groupArn = Stack.of(this).formatArn({
+      service: 'autoscaling',
+      resource: 'autoScalingGroup',
+      resourceName: `*:autoScalingGroupName/${this.hosts.autoScalingGroupName}`,
+      arnFormat: ArnFormat.COLON_RESOURCE_NAME,
+    });
+    const drainPolicy = new iam.Policy(this, 'HostDrainPolicy', {
+      roles: [hostRole],
+      statements: [
+        new iam.PolicyStatement({
+          sid: 'CompleteOwnDrainHook',
+          actions: ['autoscaling:CompleteLifecycleAction', 'autoscaling:RecordLifecycleActionHeartbeat'],
+          resources: [groupArn],
+        }),
+      ],
+    });
+    justifyWildcardResources(drainPolicy, [groupArn], 'An Auto Scaling group ARN contains a generated UUID; the pattern fixes the group by name.');
+  }
+}

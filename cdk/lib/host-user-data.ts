@@ -1,0 +1,103 @@
+// The boot script of a fleet host (Amazon Linux 2023): install nitro-cli, reserve the
+// enclave's CPUs and memory, fetch the enclave image and the host-poller from the artifacts
+// bucket, refuse an image whose PCR0 is not the deployed measurement, then run the enclave
+// and the poller as systemd services. The host is untrusted: this script only saves time
+// (a wrong image could not obtain keys anyway, the KMS key policies see to that).
+
+/** Artifact keys in the artifacts bucket (uploaded as in docs/operations.md). */
+export const ENCLAVE_EIF_KEY = 'artifacts/enclave.eif';
+export const HOST_POLLER_KEY = 'artifacts/host-poller';
+/** The enclave's vsock context id on every host. */
+export const ENCLAVE_CID = 16;
+/** Name of the termination lifecycle hook the poller completes after draining. */
+export const DRAIN_HOOK_NAME = 'ephem-drain';
+/** CloudWatch namespace of the fleet's own metrics (documents/s, job outcomes). */
+export const METRICS_NAMESPACE = 'EphemBatch';
+
+export interface HostUserDataProps {
+  readonly region: string;
+  readonly artifactsBucket: string;
+  readonly expectedPcr0: string;
+  readonly enclaveCpuCount: number;
+  readonly enclaveMemoryMib: number;
+  /** host-poller's environment (EPHEM_* variables), written to /etc/ephem-batch/host-poller.env. */
+  readonly pollerEnv: Record<string, string>;
+}
+
+/** Returns the script as lines; values may be CDK tokens (they are joined, not substituted). */
+export function hostUserData(p: HostUserDataProps): string[] {
+  const env = Object.entries(p.pollerEnv).map(([k, v]) => `${k}=${v}`);
+  return [
+    'set -euo pipefail',
+    'exec > >(tee -a /var/log/ephem-batch-boot.log) 2>&1',
+    `export AWS_REGION=${p.region} AWS_DEFAULT_REGION=${p.region}`,
+    '',
+    '# 1. Nitro Enclaves tooling, and the CPUs and memory reserved for the enclave.',
+    'dnf install -y aws-nitro-enclaves-cli jq',
+    'cat > /etc/nitro_enclaves/allocator.yaml <<EOF',
+    '---',
+    `memory_mib: ${p.enclaveMemoryMib}`,
+    `cpu_count: ${p.enclaveCpuCount}`,
+    'EOF',
+    'systemctl enable --now nitro-enclaves-allocator.service',
+    '',
+    '# 2. The enclave image and the poller, from the artifacts bucket (through the S3 gateway endpoint).',
+    'install -d -m 0755 /opt/ephem-batch /etc/ephem-batch',
+    `aws s3 cp s3://${p.artifactsBucket}/${ENCLAVE_EIF_KEY} /opt/ephem-batch/enclave.eif`,
+    `aws s3 cp s3://${p.artifactsBucket}/${HOST_POLLER_KEY} /opt/ephem-batch/host-poller`,
+    'chmod 0755 /opt/ephem-batch/host-poller',
+    '',
+    '# 3. Fail fast on an image other than the one the key policies were bound to.',
+    `expected_pcr0=${p.expectedPcr0}`,
+    "actual_pcr0=$(nitro-cli describe-eif --eif-path /opt/ephem-batch/enclave.eif | jq -r '.Measurements.PCR0')",
+    'if [ "${actual_pcr0,,}" != "${expected_pcr0,,}" ]; then',
+    '  echo "enclave.eif has PCR0 ${actual_pcr0}, but this stack was deployed for ${expected_pcr0}: upload the matching image" >&2',
+    '  exit 1',
+    'fi',
+    '',
+    '# 4. The poller\'s configuration.',
+    'cat > /etc/ephem-batch/host-poller.env <<EOF',
+    ...env,
+    'EOF',
+    'id -u ephem >/dev/null 2>&1 || useradd --system --no-create-home --shell /sbin/nologin ephem',
+    '',
+    '# 5. The enclave (never in debug mode: its PCRs would be zeros and KMS would refuse it) and the poller.',
+    'cat > /etc/systemd/system/ephem-enclave.service <<EOF',
+    '[Unit]',
+    'Description=ephem-batch enclave (enclave-worker)',
+    'Requires=nitro-enclaves-allocator.service',
+    'After=nitro-enclaves-allocator.service',
+    '[Service]',
+    'Type=oneshot',
+    'RemainAfterExit=yes',
+    `ExecStart=/usr/bin/nitro-cli run-enclave --eif-path /opt/ephem-batch/enclave.eif --cpu-count ${p.enclaveCpuCount} --memory ${p.enclaveMemoryMib} --enclave-cid ${ENCLAVE_CID}`,
+    'ExecStop=/usr/bin/nitro-cli terminate-enclave --all',
+    '[Install]',
+    'WantedBy=multi-user.target',
+    'EOF',
+    'cat > /etc/systemd/system/ephem-host-poller.service <<EOF',
+    '[Unit]',
+    'Description=ephem-batch host-poller (untrusted relay between SQS/S3/KMS and the enclave)',
+    'Requires=ephem-enclave.service',
+    'After=ephem-enclave.service network-online.target',
+    '[Service]',
+    'User=ephem',
+    'EnvironmentFile=/etc/ephem-batch/host-poller.env',
+    'ExecStart=/opt/ephem-batch/host-poller',
+    'Restart=always',
+    'RestartSec=5',
+    '# On stop the poller takes no new message and finishes the one it holds.',
+    'KillSignal=SIGTERM',
+    'TimeoutStopSec=1800',
+    'NoNewPrivileges=yes',
+    'ProtectSystem=strict',
+    'ProtectHome=yes',
+    'PrivateTmp=yes',
+    'StateDirectory=ephem-batch',
+    '[Install]',
+    'WantedBy=multi-user.target',
+    'EOF',
+    'systemctl daemon-reload',
+    'systemctl enable --now ephem-enclave.service ephem-host-poller.service',
+  ];
+}

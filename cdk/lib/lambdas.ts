@@ -1,0 +1,171 @@
+// The Rust Lambdas (crate lambdas/, one binary each, runtime provided.al2023) and what
+// triggers them: S3 uploads -> on-upload, the ledger FIFO queue -> ledger-append (one at a
+// time), a schedule -> fleet-rotate; the bulk workflow calls bulk-list-shards and
+// bulk-aggregate. Each runs under its own role with only the calls it makes.
+import { Duration } from 'aws-cdk-lib';
+import * as events from 'aws-cdk-lib/aws-events';
+import * as targets from 'aws-cdk-lib/aws-events-targets';
+import * as iam from 'aws-cdk-lib/aws-iam';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
+import { SqsEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
+import * as logs from 'aws-cdk-lib/aws-logs';
+import { Construct } from 'constructs';
+import { Identities, allow } from './identities';
+import { Keys } from './keys';
+import { LambdaName, lambdaCode } from './lambda-code';
+import { LEDGER_APPEND_TIMEOUT, Queues } from './queues';
+import { LEDGERED_TAG, SHARD_SUFFIX, Storage } from './storage';
+
+export interface LambdasProps {
+  readonly identities: Identities;
+  readonly storage: Storage;
+  readonly queues: Queues;
+  readonly keys: Keys;
+  readonly storePrefixes: string[];
+  readonly rotationDays: number;
+  readonly lambdaAssetsDir: string;
+}
+
+export class Lambdas extends Construct {
+  readonly onUpload: lambda.Function;
+  readonly ledgerAppend: lambda.Function;
+  readonly fleetRotate: lambda.Function;
+  readonly bulkListShards: lambda.Function;
+  readonly bulkAggregate: lambda.Function;
+  readonly all: lambda.Function[];
+
+  private readonly props: LambdasProps;
+
+  constructor(scope: Construct, id: string, props: LambdasProps) {
+    super(scope, id);
+    this.props = props;
+    const { identities: ids, storage, queues, keys } = props;
+    const storePrefixes = props.storePrefixes.join(',');
+
+    // on-upload: S3 event -> check the sealed header (no decryption) -> job message.
+    // A shard dropped under a store prefix is first copied to jobs/<job_id>/input.sealed, whose
+    // own event then creates the job: one path creates every job (DESIGN.md §5 step 3).
+    this.onUpload = this.rustFunction('on-upload', ids.onUploadRole, {
+      timeout: Duration.seconds(60),
+      memorySize: 256,
+      environment: {
+        EPHEM_JOBS_BUCKET: storage.jobs.bucketName,
+        EPHEM_JOB_QUEUE_URL: queues.jobs.queueUrl,
+        EPHEM_STORE_PREFIXES: storePrefixes,
+      },
+    });
+    const shardObjects = props.storePrefixes.map((p) => storage.jobs.arnForObjects(`${p}*${SHARD_SUFFIX}`));
+    allow(ids.onUploadRole, 'ReadSealedHeaders', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/input.sealed'), ...shardObjects], {
+      why: 'on-upload reads the header of whichever sealed object an S3 event names: job inputs and shards under the store prefixes only.',
+    });
+    allow(ids.onUploadRole, 'CopyShardsToJobInputs', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/input.sealed')], {
+      why: 'A shard becomes the input of the job whose id its header determines, known only at run time.',
+    });
+    allow(ids.onUploadRole, 'SendJobMessages', ['sqs:SendMessage'], [queues.jobs.queueArn]);
+
+    // ledger-append: the ledger's single writer. FIFO-fed, reserved concurrency 1, and every
+    // write is conditional (If-None-Match for new objects, If-Match for the checkpoint).
+    this.ledgerAppend = this.rustFunction('ledger-append', ids.ledgerRole, {
+      timeout: LEDGER_APPEND_TIMEOUT,
+      memorySize: 512,
+      reservedConcurrentExecutions: 1,
+      environment: {
+        EPHEM_LEDGER_BUCKET: storage.ledger.bucketName,
+        EPHEM_LEDGER_KEY_ARN: keys.ledgerSigningKey.attrArn,
+        EPHEM_JOBS_BUCKET: storage.jobs.bucketName,
+        EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName,
+        EPHEM_LEDGERED_TAG: `${LEDGERED_TAG.key}=${LEDGERED_TAG.value}`,
+      },
+    });
+    this.ledgerAppend.addEventSource(new SqsEventSource(queues.ledger, { batchSize: 10, reportBatchItemFailures: true }));
+    const ledgerObjects = 'The ledger bucket holds only the ledger (entries, tiles, checkpoints), whose names follow the tree size; ledger-append is its sole writer.';
+    allow(ids.ledgerRole, 'ReadLedger', ['s3:GetObject'], [storage.ledger.arnForObjects('*')], { why: ledgerObjects });
+    allow(ids.ledgerRole, 'ListLedger', ['s3:ListBucket'], [storage.ledger.bucketArn]);
+    allow(ids.ledgerRole, 'CreateLedgerObjectsIfAbsent', ['s3:PutObject'], [storage.ledger.arnForObjects('*')], {
+      conditions: { Null: { 's3:if-none-match': 'false' } },
+      why: ledgerObjects,
+    });
+    allow(ids.ledgerRole, 'SwapLedgerCheckpointIfMatch', ['s3:PutObject'], [storage.ledger.arnForObjects('*')], {
+      conditions: { Null: { 's3:if-match': 'false' } },
+      why: ledgerObjects,
+    });
+    allow(ids.ledgerRole, 'ReadAttestationDocuments', ['s3:GetObject'], [storage.attestations.arnForObjects('attestations/*')], {
+      why: 'A receipt names the attestation document it was made under; ledger-append stores that document once.',
+    });
+    allow(ids.ledgerRole, 'MarkInputsLedgered', ['s3:PutObjectTagging'], [storage.jobs.arnForObjects('jobs/*/input.sealed')], {
+      why: 'Tags the sealed input of the job just appended, so the lifecycle rule can expire it; job ids are known at run time.',
+    });
+
+    // fleet-rotate: a new fleet key pair per epoch; KMS returns only the wrapped private key.
+    this.fleetRotate = this.rustFunction('fleet-rotate', ids.rotationRole, {
+      timeout: Duration.seconds(60),
+      memorySize: 256,
+      environment: {
+        EPHEM_FLEET_KEY_ARN: keys.fleetKey.attrArn,
+        EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName,
+        EPHEM_ROTATION_DAYS: String(props.rotationDays),
+      },
+    });
+    new events.Rule(this, 'FleetRotateSchedule', {
+      description: 'ephem-batch: start a new fleet-key epoch',
+      schedule: events.Schedule.rate(Duration.days(props.rotationDays)),
+      targets: [new targets.LambdaFunction(this.fleetRotate, { retryAttempts: 2 })],
+    });
+    const epochs = 'Fleet-key epochs are named by epoch number, chosen at run time, under fleet-keys/ only.';
+    allow(ids.rotationRole, 'ReadFleetKeys', ['s3:GetObject'], [storage.attestations.arnForObjects('fleet-keys/*')], { why: epochs });
+    allow(ids.rotationRole, 'ListFleetKeys', ['s3:ListBucket'], [storage.attestations.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['fleet-keys/*'] } },
+    });
+    allow(ids.rotationRole, 'WriteFleetKeys', ['s3:PutObject'], [storage.attestations.arnForObjects('fleet-keys/*')], { why: epochs });
+
+    // Bulk workflow steps.
+    this.bulkListShards = this.rustFunction('bulk-list-shards', ids.bulkListRole, {
+      timeout: Duration.minutes(5),
+      memorySize: 512,
+      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName, EPHEM_STORE_PREFIXES: storePrefixes },
+    });
+    allow(ids.bulkListRole, 'ListStorePrefixes', ['s3:ListBucket'], [storage.jobs.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': props.storePrefixes.map((p) => `${p}*`) } },
+    });
+    allow(ids.bulkListRole, 'ReadShardHeaders', ['s3:GetObject'], shardObjects, {
+      why: 'Reads the headers of the sealed shards under the store prefixes, whose names the data owners choose.',
+    });
+
+    this.bulkAggregate = this.rustFunction('bulk-aggregate', ids.bulkAggregateRole, {
+      timeout: Duration.minutes(5),
+      memorySize: 512,
+      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName },
+    });
+    allow(ids.bulkAggregateRole, 'ReadReceipts', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/receipt.cose')], {
+      why: 'Reads the receipt of each job of the bulk run; job ids are known at run time.',
+    });
+    allow(ids.bulkAggregateRole, 'WriteBulkManifests', ['s3:PutObject'], [storage.jobs.arnForObjects('bulk/*')], {
+      why: 'Writes bulk/<bulk_id>/manifest.json; bulk ids are chosen per run.',
+    });
+
+    this.all = [this.onUpload, this.ledgerAppend, this.fleetRotate, this.bulkListShards, this.bulkAggregate];
+  }
+
+  private rustFunction(
+    name: LambdaName,
+    role: iam.Role,
+    opts: Pick<lambda.FunctionProps, 'timeout' | 'memorySize' | 'environment' | 'reservedConcurrentExecutions'>,
+  ): lambda.Function {
+    const id = name.replace(/(^|-)([a-z])/g, (_m, _d, c: string) => c.toUpperCase());
+    const logGroup = new logs.LogGroup(this, `${id}Logs`, { retention: logs.RetentionDays.THREE_MONTHS });
+    const fn = new lambda.Function(this, id, {
+      description: `ephem-batch ${name}`,
+      runtime: lambda.Runtime.PROVIDED_AL2023,
+      architecture: lambda.Architecture.X86_64,
+      handler: 'bootstrap',
+      code: lambdaCode(this, this.props.lambdaAssetsDir, name),
+      role,
+      logGroup,
+      loggingFormat: lambda.LoggingFormat.JSON,
+      ...opts,
+      environment: { RUST_LOG: 'info', ...opts.environment },
+    });
+    allow(role, 'WriteOwnLogs', ['logs:CreateLogStream', 'logs:PutLogEvents'], [logGroup.logGroupArn]);
+    return fn;
+  }
+}

@@ -1,0 +1,138 @@
+// What the operator watches: one dashboard (queue depth, age of the oldest job, jobs per
+// minute, documents per second, errors, DLQ sizes, fleet size) and alarms for the states that
+// need a human (a DLQ that is not empty, a backlog that is not moving, failing Lambdas or bulk runs).
+import { Duration, Stack } from 'aws-cdk-lib';
+import * as autoscaling from 'aws-cdk-lib/aws-autoscaling';
+import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
+import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
+import { Construct } from 'constructs';
+import { METRICS_NAMESPACE } from './host-user-data';
+import { Queues } from './queues';
+
+/** Metrics host-poller publishes in METRICS_NAMESPACE (docs/operations.md lists them). */
+export const FLEET_METRICS = {
+  documentsEmbedded: 'DocumentsEmbedded',
+  jobsCompleted: 'JobsCompleted',
+  jobsFailed: 'JobsFailed',
+  recordsFailed: 'RecordsFailed',
+} as const;
+
+export interface ObservabilityProps {
+  readonly queues: Queues;
+  readonly hosts: autoscaling.AutoScalingGroup;
+  readonly functions: lambda.Function[];
+  readonly ledgerAppend: lambda.Function;
+  readonly stateMachine: sfn.StateMachine;
+}
+
+export class Observability extends Construct {
+  readonly dashboard: cloudwatch.Dashboard;
+  readonly alarms: cloudwatch.Alarm[] = [];
+
+  constructor(scope: Construct, id: string, p: ObservabilityProps) {
+    super(scope, id);
+    const minute = Duration.minutes(1);
+    const { jobs, jobsDlq, ledger, ledgerDlq } = p.queues;
+    const fleetMetric = (metricName: string, label: string) =>
+      new cloudwatch.Metric({ namespace: METRICS_NAMESPACE, metricName, statistic: 'Sum', period: minute, label });
+    const groupMetric = (metricName: string, label: string) =>
+      new cloudwatch.Metric({
+        namespace: 'AWS/AutoScaling',
+        metricName,
+        dimensionsMap: { AutoScalingGroupName: p.hosts.autoScalingGroupName },
+        statistic: 'Average',
+        period: minute,
+        label,
+      });
+
+    const docsPerSecond = new cloudwatch.MathExpression({
+      expression: 'docs / PERIOD(docs)',
+      usingMetrics: { docs: fleetMetric(FLEET_METRICS.documentsEmbedded, 'documents') },
+      label: 'documents/s',
+      period: minute,
+    });
+
+    this.dashboard = new cloudwatch.Dashboard(this, 'Dashboard', {
+      dashboardName: `${Stack.of(this).stackName}-fleet`,
+      defaultInterval: Duration.hours(3),
+    });
+    this.dashboard.addWidgets(
+      new cloudwatch.GraphWidget({
+        title: 'Job queue depth',
+        left: [
+          jobs.metricApproximateNumberOfMessagesVisible({ period: minute, label: 'waiting' }),
+          jobs.metricApproximateNumberOfMessagesNotVisible({ period: minute, label: 'in flight' }),
+        ],
+      }),
+      new cloudwatch.GraphWidget({
+        title: 'Age of oldest job (s)',
+        left: [jobs.metricApproximateAgeOfOldestMessage({ period: minute, label: 'jobs' })],
+        right: [ledger.metricApproximateAgeOfOldestMessage({ period: minute, label: 'ledger receipts' })],
+      }),
+      new cloudwatch.GraphWidget({
+        title: 'Jobs per minute',
+        left: [
+          jobs.metricNumberOfMessagesDeleted({ period: minute, statistic: 'Sum', label: 'finished (message deleted)' }),
+          fleetMetric(FLEET_METRICS.jobsCompleted, 'completed'),
+          fleetMetric(FLEET_METRICS.jobsFailed, 'failed'),
+        ],
+      }),
+      new cloudwatch.GraphWidget({ title: 'Documents per second', left: [docsPerSecond] }),
+    );
+    this.dashboard.addWidgets(
+      new cloudwatch.GraphWidget({
+        title: 'Errors',
+        left: p.functions.map((fn) => fn.metricErrors({ period: minute, label: fn.node.id })),
+        right: [
+          fleetMetric(FLEET_METRICS.recordsFailed, 'records failed'),
+          p.stateMachine.metricFailed({ period: minute, label: 'bulk runs failed' }),
+        ],
+      }),
+      new cloudwatch.GraphWidget({
+        title: 'Dead-letter queues',
+        left: [
+          jobsDlq.metricApproximateNumberOfMessagesVisible({ period: minute, label: 'jobs DLQ' }),
+          ledgerDlq.metricApproximateNumberOfMessagesVisible({ period: minute, label: 'ledger DLQ' }),
+        ],
+      }),
+      new cloudwatch.GraphWidget({
+        title: 'Fleet size',
+        left: [groupMetric('GroupInServiceInstances', 'in service'), groupMetric('GroupDesiredCapacity', 'desired')],
+      }),
+      new cloudwatch.GraphWidget({
+        title: 'Ledger appends',
+        left: [
+          p.ledgerAppend.metricInvocations({ period: minute, label: 'invocations' }),
+          ledger.metricApproximateNumberOfMessagesVisible({ period: minute, label: 'receipts waiting' }),
+        ],
+      }),
+    );
+
+    const alarm = (id: string, description: string, metric: cloudwatch.IMetric, threshold: number) => {
+      const a = new cloudwatch.Alarm(this, id, {
+        alarmDescription: description,
+        metric,
+        threshold,
+        evaluationPeriods: 1,
+        comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+      });
+      this.alarms.push(a);
+      return a;
+    };
+    const fiveMin = Duration.minutes(5);
+    alarm('JobsDlqNotEmpty', 'A job failed repeatedly and is in the jobs DLQ (see the reason attribute).',
+      jobsDlq.metricApproximateNumberOfMessagesVisible({ period: fiveMin, statistic: 'Maximum' }), 1);
+    alarm('LedgerDlqNotEmpty', 'A receipt could not be appended to the ledger and is in the ledger DLQ.',
+      ledgerDlq.metricApproximateNumberOfMessagesVisible({ period: fiveMin, statistic: 'Maximum' }), 1);
+    alarm('JobsNotMoving', 'The oldest job has waited more than an hour: the fleet is too small, stuck or failing.',
+      jobs.metricApproximateAgeOfOldestMessage({ period: fiveMin, statistic: 'Maximum' }), 3600);
+    alarm('LedgerNotMoving', 'The oldest receipt has waited more than 15 minutes for the ledger.',
+      ledger.metricApproximateAgeOfOldestMessage({ period: fiveMin, statistic: 'Maximum' }), 900);
+    for (const fn of p.functions) {
+      alarm(`${fn.node.id}Errors`, `${fn.node.id} returned errors.`, fn.metricErrors({ period: fiveMin, statistic: 'Sum' }), 1);
+    }
+    alarm('BulkRunsFailed', 'A bulk workflow run failed.', p.stateMachine.metricFailed({ period: fiveMin, statistic: 'Sum' }), 1);
+  }
+}

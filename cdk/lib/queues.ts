@@ -1,0 +1,59 @@
+// The queues: one standard queue of jobs for the fleet, one FIFO queue of receipts for the
+// ledger, each with a dead-letter queue. All encrypted at rest and TLS-only. Messages carry
+// only references and sealed or signed bytes, so SQS-managed encryption is enough.
+import { Duration } from 'aws-cdk-lib';
+import * as sqs from 'aws-cdk-lib/aws-sqs';
+import { Construct } from 'constructs';
+
+/** Deliveries before a job message goes to the DLQ (DESIGN.md §5: "fails N times"). */
+export const JOB_MAX_RECEIVES = 5;
+/** Deliveries before a receipt message goes to the ledger DLQ. */
+export const LEDGER_MAX_RECEIVES = 5;
+/** ledger-append's timeout; the FIFO queue's visibility must be at least six times it. */
+export const LEDGER_APPEND_TIMEOUT = Duration.seconds(60);
+
+export class Queues extends Construct {
+  readonly jobs: sqs.Queue;
+  readonly jobsDlq: sqs.Queue;
+  readonly ledger: sqs.Queue;
+  readonly ledgerDlq: sqs.Queue;
+
+  constructor(scope: Construct, id: string) {
+    super(scope, id);
+
+    this.jobsDlq = new sqs.Queue(this, 'JobsDlq', {
+      ...secureDefaults(),
+      retentionPeriod: Duration.days(14),
+    });
+    // A host keeps extending the visibility of the message it works on (ChangeMessageVisibility),
+    // so the default only matters when a host dies: then the job is redelivered after it.
+    this.jobs = new sqs.Queue(this, 'Jobs', {
+      ...secureDefaults(),
+      visibilityTimeout: Duration.minutes(5),
+      retentionPeriod: Duration.days(4),
+      receiveMessageWaitTime: Duration.seconds(20),
+      deadLetterQueue: { queue: this.jobsDlq, maxReceiveCount: JOB_MAX_RECEIVES },
+    });
+
+    this.ledgerDlq = new sqs.Queue(this, 'LedgerDlq', {
+      ...secureDefaults(),
+      fifo: true,
+      retentionPeriod: Duration.days(14),
+    });
+    // Receipts, in one message group (the ledger is a single sequence); the host uses the job id
+    // as deduplication id, so a receipt sent twice within five minutes is delivered once, and the
+    // ledger ignores a job it already holds after that.
+    this.ledger = new sqs.Queue(this, 'Ledger', {
+      ...secureDefaults(),
+      fifo: true,
+      contentBasedDeduplication: false,
+      visibilityTimeout: Duration.seconds(LEDGER_APPEND_TIMEOUT.toSeconds() * 6),
+      retentionPeriod: Duration.days(14),
+      deadLetterQueue: { queue: this.ledgerDlq, maxReceiveCount: LEDGER_MAX_RECEIVES },
+    });
+  }
+}
+
+function secureDefaults(): Partial<sqs.QueueProps> {
+  return { encryption: sqs.QueueEncryption.SQS_MANAGED, enforceSSL: true };
+}

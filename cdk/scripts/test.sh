@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# CDK checks, offline (registries only), from a fresh clone:
+#   1. npm ci at the workspace root, compile the app (tsc);
+#   2. synthesize through the CDK CLI, as `cdk deploy` would, with dummy measurements and dummy
+#      Lambda zips (cdk-nag AwsSolutions runs inside the synth and fails it on any finding);
+#   3. cfn-lint on the synthesized template (installed into a cached virtualenv);
+#   4. the assertion tests (node --test), which also run cdk-nag.
+# Any failure stops the script with a non-zero exit.
+set -euo pipefail
+
+cdk_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+root="$(cd "$cdk_dir/.." && pwd)"
+CFN_LINT_VERSION="1.58.0"
+# Dummy, well-formed measurements: this synth is never deployed.
+DUMMY_PCR0="$(printf 'a0%.0s' {1..48})"
+DUMMY_PCR8="$(printf 'b8%.0s' {1..48})"
+
+step() { printf '\n== cdk: %s\n' "$*"; }
+fail() { printf '\n!! cdk: %s\n' "$*" >&2; exit 1; }
+trap 'fail "step failed (line $LINENO)"' ERR
+
+# No telemetry, no notices, no update checks: nothing but the registries is reachable.
+export CDK_DISABLE_CLI_TELEMETRY=true CDK_DISABLE_VERSION_CHECK=true
+export npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
+
+step "npm ci"
+command -v node >/dev/null || fail "node is not installed (Node 20 or later is needed)"
+(cd "$root" && npm ci --loglevel=error)
+
+step "compile"
+(cd "$cdk_dir" && rm -rf dist && npx --no-install tsc -p tsconfig.json)
+
+step "synth through the CDK CLI (offline, dummy measurements and Lambda zips)"
+zips="$(mktemp -d)"
+trap 'rm -rf "$zips"' EXIT
+python3 - "$zips" <<'EOF'
+import sys, zipfile, pathlib
+for name in ["on-upload", "ledger-append", "fleet-rotate", "bulk-list-shards", "bulk-aggregate"]:
+    d = pathlib.Path(sys.argv[1]) / name
+    d.mkdir(parents=True)
+    with zipfile.ZipFile(d / "bootstrap.zip", "w") as z:
+        z.writestr("bootstrap", "#!/bin/sh\necho 'placeholder used by cdk/scripts/test.sh'\nexit 1\n")
+EOF
+rm -rf "$cdk_dir/cdk.out"
+(cd "$cdk_dir" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
+  -c pcr0="$DUMMY_PCR0" -c pcr8="$DUMMY_PCR8" -c lambdaAssetsDir="$zips")
+template="$cdk_dir/cdk.out/EphemBatch.template.json"
+[ -s "$template" ] || fail "synth wrote no template at $template"
+
+step "a synth without measurements must fail"
+if (cd "$cdk_dir" && npx --no-install cdk synth --quiet --no-notices -c lambdaAssetsDir="$zips" -o "$zips/out" >"$zips/nomeasure.log" 2>&1); then
+  fail "synth without measurements succeeded"
+fi
+grep -q "missing enclave measurements" "$zips/nomeasure.log" || { cat "$zips/nomeasure.log"; fail "synth without measurements failed for another reason"; }
+
+step "cfn-lint $CFN_LINT_VERSION"
+cache="${XDG_CACHE_HOME:-$HOME/.cache}/ephem-batch/cfn-lint-$CFN_LINT_VERSION"
+if [ ! -x "$cache/bin/cfn-lint" ]; then
+  rm -rf "$cache"
+  if python3 -m venv "$cache" >/dev/null 2>&1; then
+    "$cache/bin/python" -m pip install --quiet --disable-pip-version-check "cfn-lint==$CFN_LINT_VERSION"
+  else
+    # No venv module (e.g. Debian without python3-venv): a user install instead.
+    python3 -m pip install --quiet --user --disable-pip-version-check "cfn-lint==$CFN_LINT_VERSION"
+    mkdir -p "$cache/bin"
+    printf '#!/bin/sh\nexec python3 -m cfnlint "$@"\n' >"$cache/bin/cfn-lint"
+    chmod +x "$cache/bin/cfn-lint"
+  fi
+fi
+# W3005 (redundant DependsOn) comes from CDK's own ordering of resources it generates.
+"$cache/bin/cfn-lint" --ignore-checks W3005 -- "$template"
+echo "cfn-lint: no findings"
+
+step "assertion tests (node --test)"
+cd "$cdk_dir"
+node --test dist/test/

@@ -1,0 +1,155 @@
+// The key policies are the root of confidentiality (DESIGN.md §3): test every clause.
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { FORBIDDEN_ACTIONS, IMAGE_SHA384_KEY, PCR8_KEY, RELEASE_ACTIONS } from '../lib/keys';
+import { CfnResourceJson, TEST_PCR0, TEST_PCR8, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
+
+const { json, stack } = defaultStack();
+const keys = resourcesOfType(json, 'AWS::KMS::Key');
+const roleId = (path: string) => stack.getLogicalId(stack.node.findChild('Identities').node.findChild(path).node.defaultChild as any);
+const HOST = roleId('HostRole');
+const ROTATION = roleId('FleetRotateRole');
+const LEDGER = roleId('LedgerAppendRole');
+const PUBLISHER = roleId('ModelPublisherRole');
+
+function keyByDescription(prefix: string): CfnResourceJson {
+  const found = keys.filter(([, k]) => String(k.Properties?.Description).startsWith(prefix));
+  assert.equal(found.length, 1, `one key described "${prefix}..."`);
+  return found[0][1];
+}
+const fleetKey = keyByDescription('ephem-batch fleet key');
+const modelKey = keyByDescription('ephem-batch model key');
+const ledgerKey = keyByDescription('ephem-batch ledger checkpoint signing key');
+const statements = (k: CfnResourceJson): any[] => asArray(k.Properties?.KeyPolicy?.Statement);
+const actionsOf = (s: any): string[] => asArray(s.Action);
+const principalOf = (s: any): string | undefined => referencedId(s.Principal?.AWS);
+const isAccountRoot = (s: any): boolean => JSON.stringify(s.Principal?.AWS ?? '').includes(':root');
+
+describe('KMS keys', () => {
+  it('are exactly three: fleet, model, ledger signing', () => {
+    assert.equal(keys.length, 3);
+  });
+
+  for (const [name, key] of Object.entries({ fleet: fleetKey, model: modelKey, ledger: ledgerKey })) {
+    describe(`${name} key policy`, () => {
+      it('bypasses the lockout safety check on purpose and is retained', () => {
+        assert.equal(key.Properties?.BypassPolicyLockoutSafetyCheck, true);
+        assert.equal(key.DeletionPolicy, 'Retain');
+      });
+      it('allows kms:* to no one, and PutKeyPolicy, CreateGrant, ReEncrypt* to no one', () => {
+        for (const s of statements(key).filter((x) => x.Effect === 'Allow')) {
+          for (const a of actionsOf(s)) {
+            assert.notEqual(a, 'kms:*', `statement ${s.Sid} allows kms:*`);
+            assert.notEqual(a, '*', `statement ${s.Sid} allows *`);
+            assert.ok(!/^kms:(PutKeyPolicy|CreateGrant|ReEncrypt)/.test(a), `statement ${s.Sid} allows ${a}`);
+            assert.ok(!a.includes('*'), `statement ${s.Sid} has wildcard action ${a}`);
+          }
+        }
+      });
+      it('explicitly denies PutKeyPolicy, CreateGrant and ReEncrypt* to everyone', () => {
+        const deny = statements(key).find((s) => s.Effect === 'Deny' && s.Principal?.AWS === '*' && s.Condition === undefined);
+        assert.ok(deny, 'an unconditional Deny statement');
+        assert.deepEqual([...actionsOf(deny)].sort(), [...FORBIDDEN_ACTIONS].sort());
+      });
+      it('gives the account root only reading and lifecycle operations', () => {
+        const allowed = statements(key)
+          .filter((s) => s.Effect === 'Allow' && isAccountRoot(s))
+          .flatMap(actionsOf);
+        const permitted = new Set([
+          'kms:DescribeKey', 'kms:GetKeyPolicy', 'kms:GetKeyRotationStatus', 'kms:ListResourceTags', 'kms:GetPublicKey',
+          'kms:TagResource', 'kms:UntagResource', 'kms:ScheduleKeyDeletion', 'kms:CancelKeyDeletion', 'kms:EnableKeyRotation',
+        ]);
+        for (const a of allowed) assert.ok(permitted.has(a), `account root may ${a}`);
+        assert.ok(allowed.includes('kms:GetKeyPolicy'), 'clients may read the key policy');
+        for (const forbidden of [...RELEASE_ACTIONS, 'kms:Encrypt', 'kms:Sign', 'kms:DisableKey', 'kms:UpdateKeyDescription']) {
+          assert.ok(!allowed.includes(forbidden), `account root may not ${forbidden}`);
+        }
+      });
+    });
+  }
+
+  for (const [name, key, released] of [
+    ['fleet', fleetKey, ['kms:Decrypt']],
+    ['model', modelKey, ['kms:Decrypt', 'kms:GenerateDataKey']],
+  ] as const) {
+    describe(`${name} key: release only to the attested enclave`, () => {
+      it(`allows ${released.join(' and ')} to the host role only with ImageSha384 = PCR0 and PCR8 exact`, () => {
+        const allows = statements(key).filter((s) => s.Effect === 'Allow' && principalOf(s) === HOST);
+        assert.equal(allows.length, 1);
+        const s = allows[0];
+        assert.deepEqual([...actionsOf(s)].sort(), [...released].sort());
+        assert.deepEqual(s.Condition, { StringEqualsIgnoreCase: { [IMAGE_SHA384_KEY]: TEST_PCR0, [PCR8_KEY]: TEST_PCR8 } });
+      });
+      it('every Allow of a release operation carries the attestation condition', () => {
+        for (const s of statements(key).filter((x) => x.Effect === 'Allow')) {
+          if (actionsOf(s).some((a) => RELEASE_ACTIONS.includes(a))) {
+            assert.equal(s.Condition?.StringEqualsIgnoreCase?.[IMAGE_SHA384_KEY], TEST_PCR0, `statement ${s.Sid}`);
+          }
+        }
+      });
+      it('denies release to everyone when the attestation is absent (Null check) or names another image', () => {
+        const denies = statements(key).filter((s) => s.Effect === 'Deny' && s.Principal?.AWS === '*' && s.Condition);
+        const has = (cond: object) =>
+          denies.some((s) => JSON.stringify(s.Condition) === JSON.stringify(cond) && RELEASE_ACTIONS.every((a) => actionsOf(s).includes(a)));
+        assert.ok(has({ Null: { [IMAGE_SHA384_KEY]: 'true' } }), 'Deny when ImageSha384 is absent');
+        assert.ok(has({ StringNotEqualsIgnoreCase: { [IMAGE_SHA384_KEY]: TEST_PCR0 } }), 'Deny when ImageSha384 differs');
+        assert.ok(has({ Null: { [PCR8_KEY]: 'true' } }), 'Deny when PCR8 is absent');
+        assert.ok(has({ StringNotEqualsIgnoreCase: { [PCR8_KEY]: TEST_PCR8 } }), 'Deny when PCR8 differs');
+      });
+    });
+  }
+
+  it('fleet key: the rotation role gets only GenerateDataKeyPairWithoutPlaintext (P-256, with epoch context)', () => {
+    const forRotation = statements(fleetKey).filter((s) => s.Effect === 'Allow' && principalOf(s) === ROTATION);
+    assert.equal(forRotation.length, 1);
+    assert.deepEqual(actionsOf(forRotation[0]), ['kms:GenerateDataKeyPairWithoutPlaintext']);
+    assert.equal(forRotation[0].Condition.StringEquals['kms:DataKeyPairSpec'], 'ECC_NIST_P256');
+    // And nowhere else may the rotation role do anything with any key.
+    for (const k of [modelKey, ledgerKey]) {
+      assert.ok(!statements(k).some((s) => s.Effect === 'Allow' && principalOf(s) === ROTATION));
+    }
+  });
+
+  it('model key: the publisher may only Encrypt, with {model_id, version} in the context', () => {
+    const forPublisher = statements(modelKey).filter((s) => s.Effect === 'Allow' && principalOf(s) === PUBLISHER);
+    assert.equal(forPublisher.length, 1);
+    assert.deepEqual(actionsOf(forPublisher[0]), ['kms:Encrypt']);
+    assert.deepEqual(Object.keys(forPublisher[0].Condition.Null).sort(), ['kms:EncryptionContext:model_id', 'kms:EncryptionContext:version']);
+  });
+
+  it('ledger key: a separate Ed25519 signing key that only ledger-append may use to sign', () => {
+    assert.equal(ledgerKey.Properties?.KeySpec, 'ECC_NIST_EDWARDS25519');
+    assert.equal(ledgerKey.Properties?.KeyUsage, 'SIGN_VERIFY');
+    const signers = statements(ledgerKey).filter((s) => s.Effect === 'Allow' && actionsOf(s).includes('kms:Sign'));
+    assert.equal(signers.length, 1);
+    assert.equal(principalOf(signers[0]), LEDGER);
+    assert.ok(!statements(ledgerKey).some((s) => principalOf(s) === HOST), 'hosts cannot touch the ledger key');
+  });
+
+  it('no identity policy grants any KMS permission: keys are reachable only through their key policies', () => {
+    for (const { owner, statement } of identityStatements(json)) {
+      for (const a of asArray<string>(statement.Action)) {
+        assert.ok(!a.startsWith('kms:') && a !== '*', `${owner} grants ${a}`);
+      }
+    }
+  });
+
+  it('PCR8 is optional: without it the policies bind PCR0 only', () => {
+    const { json: j } = synth();
+    const fleet = resourcesOfType(j, 'AWS::KMS::Key').find(([, k]) => String(k.Properties?.Description).startsWith('ephem-batch fleet key'))!;
+    const text = JSON.stringify(fleet[1].Properties?.KeyPolicy);
+    assert.ok(text.includes(IMAGE_SHA384_KEY));
+    assert.ok(!text.includes(PCR8_KEY));
+  });
+
+  it('a new image means new keys (new logical ids), never an edited policy', () => {
+    const other = synth({ pcr0: 'c3'.repeat(48), pcr8: TEST_PCR8 });
+    const ids = (t: typeof json) => resourcesOfType(t, 'AWS::KMS::Key').map(([id]) => id).sort();
+    const before = ids(json);
+    const after = ids(other.json);
+    const fleetAndModel = (xs: string[]) => xs.filter((x) => !x.includes('Ledger'));
+    for (const id of fleetAndModel(after)) assert.ok(!before.includes(id), `${id} reused for another image`);
+    // The ledger signing key does not depend on the image.
+    assert.deepEqual(after.filter((x) => x.includes('Ledger')), before.filter((x) => x.includes('Ledger')));
+  });
+});

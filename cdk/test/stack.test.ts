@@ -1,0 +1,321 @@
+// The security and wiring properties of the synthesized template (issue "Done when" and more).
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { Match } from 'aws-cdk-lib/assertions';
+import { repoRoot } from '../lib/config';
+import { LAMBDA_NAMES } from '../lib/lambda-code';
+import { ASL_FILE, readAsl } from '../lib/workflow';
+import { TEST_PCR0, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
+
+const { template, json, stack } = defaultStack();
+const resolve = (v: unknown) => JSON.stringify(stack.resolve(v));
+
+describe('fleet', () => {
+  it('launch template has Nitro Enclaves on, IMDSv2 only, encrypted root volume', () => {
+    template.hasResourceProperties('AWS::EC2::LaunchTemplate', {
+      LaunchTemplateData: Match.objectLike({
+        EnclaveOptions: { Enabled: true },
+        MetadataOptions: Match.objectLike({ HttpTokens: 'required', InstanceMetadataTags: 'enabled' }),
+        InstanceType: 'm6i.xlarge',
+        BlockDeviceMappings: [Match.objectLike({ Ebs: Match.objectLike({ Encrypted: true }) })],
+      }),
+    });
+  });
+
+  it('the Auto Scaling group uses that launch template', () => {
+    const [[ltId]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
+    const [[, asg]] = resourcesOfType(json, 'AWS::AutoScaling::AutoScalingGroup');
+    assert.equal(referencedId(asg.Properties?.LaunchTemplate?.LaunchTemplateId), ltId);
+    assert.equal(asg.Properties?.MinSize, '1');
+    assert.equal(asg.Properties?.MaxSize, '4');
+  });
+
+  it('user data fetches the artifacts, checks PCR0, runs the enclave (not in debug mode) and the poller under systemd', () => {
+    const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
+    const userData = JSON.stringify(lt.Properties?.LaunchTemplateData?.UserData);
+    for (const needle of [
+      'dnf install -y aws-nitro-enclaves-cli',
+      'artifacts/enclave.eif',
+      'artifacts/host-poller',
+      `expected_pcr0=${TEST_PCR0}`,
+      'nitro-cli describe-eif',
+      'nitro-cli run-enclave',
+      'ephem-host-poller.service',
+      'systemctl enable --now ephem-enclave.service ephem-host-poller.service',
+    ]) {
+      assert.ok(userData.includes(needle), `user data contains ${needle}`);
+    }
+    assert.ok(!userData.includes('--debug-mode'));
+  });
+
+  it('scales on backlog per host with target tracking on a metric-math custom metric', () => {
+    template.hasResourceProperties('AWS::AutoScaling::ScalingPolicy', {
+      PolicyType: 'TargetTrackingScaling',
+      TargetTrackingConfiguration: {
+        TargetValue: 2,
+        CustomizedMetricSpecification: {
+          Metrics: Match.arrayWith([
+            Match.objectLike({ Id: 'waiting', MetricStat: Match.objectLike({ Metric: Match.objectLike({ MetricName: 'ApproximateNumberOfMessagesVisible' }) }) }),
+            Match.objectLike({ Id: 'hosts', MetricStat: Match.objectLike({ Metric: Match.objectLike({ MetricName: 'GroupInServiceInstances' }) }) }),
+            Match.objectLike({ Id: 'backlog_per_host', Expression: '(waiting + inflight) / hosts', ReturnData: true }),
+          ]),
+        },
+      },
+    });
+    template.hasResourceProperties('AWS::AutoScaling::AutoScalingGroup', {
+      MetricsCollection: [Match.objectLike({ Metrics: Match.arrayWith(['GroupInServiceInstances']) })],
+    });
+  });
+
+  it('drains a host before termination (lifecycle hook) and lets it complete only its own group hook', () => {
+    template.hasResourceProperties('AWS::AutoScaling::LifecycleHook', {
+      LifecycleHookName: 'ephem-drain',
+      LifecycleTransition: 'autoscaling:EC2_INSTANCE_TERMINATING',
+      DefaultResult: 'CONTINUE',
+    });
+  });
+
+  it('network: private isolated subnets, no internet or NAT gateway, endpoints for every API the hosts call', () => {
+    template.resourceCountIs('AWS::EC2::InternetGateway', 0);
+    template.resourceCountIs('AWS::EC2::NatGateway', 0);
+    const services = resourcesOfType(json, 'AWS::EC2::VPCEndpoint').map(([, r]) => resolve(r.Properties?.ServiceName));
+    for (const s of ['.s3', '.sqs', '.kms', '.states', '.monitoring', '.logs', '.autoscaling']) {
+      assert.ok(services.some((x) => x.includes(`${s}"`)), `endpoint for ${s}: ${services.join(' ')}`);
+    }
+    template.resourceCountIs('AWS::EC2::FlowLog', 1);
+  });
+
+  it('hosts accept no inbound traffic', () => {
+    const hostSgs = resourcesOfType(json, 'AWS::EC2::SecurityGroup').filter(([, r]) => String(r.Properties?.GroupDescription).startsWith('ephem-batch hosts'));
+    assert.equal(hostSgs.length, 1);
+    assert.equal(hostSgs[0][1].Properties?.SecurityGroupIngress, undefined);
+    const ingressToHosts = resourcesOfType(json, 'AWS::EC2::SecurityGroupIngress').filter(([, r]) => referencedId(r.Properties?.GroupId) === hostSgs[0][0]);
+    assert.equal(ingressToHosts.length, 0);
+  });
+});
+
+describe('storage', () => {
+  const buckets = resourcesOfType(json, 'AWS::S3::Bucket');
+
+  it('the ledger bucket has Object Lock in compliance mode with the configured retention', () => {
+    template.hasResourceProperties('AWS::S3::Bucket', {
+      ObjectLockEnabled: true,
+      ObjectLockConfiguration: { ObjectLockEnabled: 'Enabled', Rule: { DefaultRetention: { Mode: 'COMPLIANCE', Days: 365 } } },
+      VersioningConfiguration: { Status: 'Enabled' },
+    });
+  });
+
+  it('retention is a parameter', () => {
+    const other = synth({ ledgerRetentionDays: 2555 });
+    other.template.hasResourceProperties('AWS::S3::Bucket', {
+      ObjectLockConfiguration: { ObjectLockEnabled: 'Enabled', Rule: { DefaultRetention: { Mode: 'COMPLIANCE', Days: 2555 } } },
+    });
+  });
+
+  it('every bucket blocks public access, is encrypted, and has a TLS-only policy', () => {
+    assert.equal(buckets.length, 6);
+    const policies = resourcesOfType(json, 'AWS::S3::BucketPolicy');
+    for (const [id, b] of buckets) {
+      assert.deepEqual(b.Properties?.PublicAccessBlockConfiguration, {
+        BlockPublicAcls: true, BlockPublicPolicy: true, IgnorePublicAcls: true, RestrictPublicBuckets: true,
+      }, id);
+      assert.ok(b.Properties?.BucketEncryption, `${id} encrypted`);
+      const policy = policies.find(([, p]) => referencedId(p.Properties?.Bucket) === id);
+      assert.ok(policy, `${id} has a bucket policy`);
+      const denyTls = asArray<any>(policy![1].Properties?.PolicyDocument?.Statement).find(
+        (s) => s.Effect === 'Deny' && s.Condition?.Bool?.['aws:SecureTransport'] === 'false',
+      );
+      assert.ok(denyTls, `${id} denies non-TLS requests`);
+    }
+  });
+
+  it('no bucket policy allows anything to anyone', () => {
+    for (const [id, p] of resourcesOfType(json, 'AWS::S3::BucketPolicy')) {
+      for (const s of asArray<any>(p.Properties?.PolicyDocument?.Statement)) {
+        if (s.Effect !== 'Allow') continue;
+        assert.notEqual(s.Principal, '*', id);
+        assert.notDeepEqual(s.Principal, { AWS: '*' }, id);
+      }
+    }
+  });
+
+  it('nobody may delete ledger objects', () => {
+    template.hasResourceProperties('AWS::S3::BucketPolicy', {
+      PolicyDocument: {
+        Statement: Match.arrayWith([
+          Match.objectLike({ Sid: 'DenyLedgerDeletes', Effect: 'Deny', Action: Match.arrayWith(['s3:DeleteObject', 's3:DeleteObjectVersion']) }),
+        ]),
+      },
+    });
+  });
+
+  it('S3 upload events reach on-upload: jobs/ + /input.sealed, and each store prefix, without overlap', () => {
+    const [[, n]] = resourcesOfType(json, 'Custom::S3BucketNotifications');
+    const configs = n.Properties?.NotificationConfiguration?.LambdaFunctionConfigurations as any[];
+    const filters = configs.map((c) => Object.fromEntries(c.Filter.Key.FilterRules.map((r: any) => [r.Name.toLowerCase(), r.Value])));
+    assert.deepEqual(filters, [
+      { prefix: 'jobs/', suffix: '/input.sealed' },
+      { prefix: 'store/', suffix: '.sealed' },
+    ]);
+    for (const c of configs) assert.equal(c.Events[0], 's3:ObjectCreated:*');
+  });
+
+  it('versioning protects the evidence buckets (attestations, ledger, models, artifacts)', () => {
+    const versioned = buckets.filter(([, b]) => b.Properties?.VersioningConfiguration?.Status === 'Enabled');
+    assert.equal(versioned.length, 4);
+  });
+});
+
+describe('queues', () => {
+  const queues = resourcesOfType(json, 'AWS::SQS::Queue');
+
+  it('are all encrypted and TLS-only', () => {
+    assert.equal(queues.length, 4);
+    for (const [id, q] of queues) {
+      assert.ok(q.Properties?.SqsManagedSseEnabled === true || q.Properties?.KmsMasterKeyId, `${id} encrypted`);
+    }
+    for (const [id, p] of resourcesOfType(json, 'AWS::SQS::QueuePolicy')) {
+      const deny = asArray<any>(p.Properties?.PolicyDocument?.Statement).find((s) => s.Effect === 'Deny' && s.Condition?.Bool?.['aws:SecureTransport'] === 'false');
+      assert.ok(deny, `${id} denies non-TLS`);
+    }
+  });
+
+  it('the job queue and the ledger FIFO queue each redrive to their DLQ', () => {
+    const withRedrive = queues.filter(([, q]) => q.Properties?.RedrivePolicy);
+    assert.equal(withRedrive.length, 2);
+    for (const [id, q] of withRedrive) {
+      const dlqId = referencedId(q.Properties!.RedrivePolicy.deadLetterTargetArn);
+      assert.ok(dlqId && json.Resources[dlqId]?.Type === 'AWS::SQS::Queue', `${id} redrives to a queue`);
+      assert.equal(q.Properties!.RedrivePolicy.maxReceiveCount, 5);
+      assert.equal(Boolean(json.Resources[dlqId!].Properties?.FifoQueue), Boolean(q.Properties?.FifoQueue), `${id} and its DLQ share FIFO-ness`);
+    }
+    assert.equal(withRedrive.filter(([, q]) => q.Properties?.FifoQueue).length, 1, 'the ledger queue is FIFO');
+  });
+});
+
+describe('lambdas', () => {
+  const functions = resourcesOfType(json, 'AWS::Lambda::Function').filter(([, f]) => String(f.Properties?.Description ?? '').startsWith('ephem-batch '));
+
+  it('the five Rust functions exist, on provided.al2023', () => {
+    const names = functions.map(([, f]) => String(f.Properties?.Description).replace('ephem-batch ', '')).sort();
+    assert.deepEqual(names, [...LAMBDA_NAMES].sort());
+    for (const [, f] of functions) {
+      assert.equal(f.Properties?.Runtime, 'provided.al2023');
+      assert.equal(f.Properties?.Handler, 'bootstrap');
+    }
+  });
+
+  it('ledger-append is the single writer: reserved concurrency 1, fed by the ledger FIFO queue', () => {
+    const [[id, f]] = functions.filter(([, x]) => x.Properties?.Description === 'ephem-batch ledger-append');
+    assert.equal(f.Properties?.ReservedConcurrentExecutions, 1);
+    const [[, esm]] = resourcesOfType(json, 'AWS::Lambda::EventSourceMapping');
+    assert.equal(referencedId(esm.Properties?.FunctionName), id);
+    const queueId = referencedId(esm.Properties?.EventSourceArn)!;
+    assert.equal(json.Resources[queueId].Properties?.FifoQueue, true);
+    assert.deepEqual(esm.Properties?.FunctionResponseTypes, ['ReportBatchItemFailures']);
+  });
+
+  it('ledger-append may write ledger objects only conditionally (If-None-Match or If-Match)', () => {
+    const puts = identityStatements(json).filter(({ statement: s }) => asArray(s.Action).includes('s3:PutObject') && JSON.stringify(s.Resource).includes('StorageLedger'));
+    assert.equal(puts.length, 2);
+    const conds = puts.map(({ statement: s }) => JSON.stringify(s.Condition)).sort();
+    assert.deepEqual(conds, ['{"Null":{"s3:if-match":"false"}}', '{"Null":{"s3:if-none-match":"false"}}']);
+  });
+
+  it('fleet-rotate runs on a schedule', () => {
+    template.hasResourceProperties('AWS::Events::Rule', { ScheduleExpression: 'rate(7 days)', State: 'ENABLED' });
+  });
+});
+
+describe('IAM', () => {
+  const statements = identityStatements(json);
+
+  it('no wildcard actions anywhere', () => {
+    for (const { owner, statement } of statements) {
+      for (const a of asArray<string>(statement.Action)) {
+        assert.ok(!a.includes('*'), `${owner} grants wildcard action ${a}`);
+      }
+    }
+  });
+
+  it('no statement on a data bucket uses Resource "*"', () => {
+    for (const { owner, statement } of statements) {
+      const actions = asArray<string>(statement.Action);
+      if (actions.some((a) => a.startsWith('s3:') || a.startsWith('sqs:'))) {
+        assert.ok(!asArray(statement.Resource).includes('*'), `${owner}: ${actions.join(',')} on *`);
+      }
+    }
+  });
+
+  it('hosts commit receipts only with If-None-Match and can delete nothing', () => {
+    const host = statements.filter(({ owner }) => owner.startsWith('IdentitiesHostRole'));
+    const receipt = host.find(({ statement: s }) => s.Sid === 'CommitReceiptOnlyIfAbsent')!;
+    assert.deepEqual(receipt.statement.Condition, { Null: { 's3:if-none-match': 'false' } });
+    for (const { statement: s } of host) {
+      for (const a of asArray<string>(s.Action)) assert.ok(!a.startsWith('s3:Delete'), a);
+    }
+  });
+
+  it('only CDK\'s bucket-notification handler uses an AWS managed policy', () => {
+    for (const [id, r] of resourcesOfType(json, 'AWS::IAM::Role')) {
+      if (r.Properties?.ManagedPolicyArns) assert.ok(id.startsWith('BucketNotificationsHandler'), id);
+    }
+  });
+});
+
+describe('bulk workflow', () => {
+  it('the state machine\'s definition is the shared ASL file, with every placeholder substituted', () => {
+    const [[, sm]] = resourcesOfType(json, 'AWS::StepFunctions::StateMachine');
+    assert.equal(sm.Properties?.DefinitionString, readAsl());
+    const placeholders = new Set([...readAsl().matchAll(/\$\{([A-Za-z0-9]+)\}/g)].map((m) => m[1]));
+    assert.deepEqual([...placeholders].sort(), Object.keys(sm.Properties?.DefinitionSubstitutions).sort());
+    assert.equal(sm.Properties?.TracingConfiguration?.Enabled, true);
+    assert.equal(sm.Properties?.LoggingConfiguration?.Level, 'ALL');
+  });
+
+  it('the ASL file exists where the Rust tests will look for it', () => {
+    assert.ok(fs.existsSync(path.join(repoRoot(), ASL_FILE)));
+  });
+});
+
+describe('observability', () => {
+  it('has a dashboard and alarms on both DLQs', () => {
+    template.resourceCountIs('AWS::CloudWatch::Dashboard', 1);
+    const alarms = resourcesOfType(json, 'AWS::CloudWatch::Alarm');
+    const dlqAlarms = alarms.filter(([id]) => id.includes('DlqNotEmpty'));
+    assert.equal(dlqAlarms.length, 2);
+    const body = resolve(resourcesOfType(json, 'AWS::CloudWatch::Dashboard')[0][1].Properties?.DashboardBody);
+    for (const metric of ['ApproximateNumberOfMessagesVisible', 'ApproximateAgeOfOldestMessage', 'NumberOfMessagesDeleted', 'DocumentsEmbedded', 'Errors', 'GroupInServiceInstances']) {
+      assert.ok(body.includes(metric), `dashboard shows ${metric}`);
+    }
+  });
+});
+
+describe('outputs', () => {
+  const documented = () => fs.readFileSync(path.join(repoRoot(), 'docs', 'operations.md'), 'utf8');
+
+  it('has the outputs the client reads, each documented in docs/operations.md', () => {
+    const names = Object.keys(json.Outputs ?? {});
+    for (const required of ['JobsBucketName', 'JobQueueUrl', 'LedgerQueueUrl', 'FleetKeyArn', 'ModelKeyArn', 'LedgerSigningKeyArn', 'BulkStateMachineArn', 'LedgerBucketName']) {
+      assert.ok(names.includes(required), required);
+    }
+    const doc = documented();
+    for (const n of names) assert.ok(doc.includes(`\`${n}\``), `docs/operations.md documents output ${n}`);
+  });
+
+  it('every IAM action the stack grants appears in the permissions table of docs/operations.md', () => {
+    const granted = new Set<string>();
+    for (const { statement } of identityStatements(json)) for (const a of asArray<string>(statement.Action)) granted.add(a);
+    for (const [, k] of resourcesOfType(json, 'AWS::KMS::Key')) {
+      for (const s of asArray<any>(k.Properties?.KeyPolicy?.Statement)) if (s.Effect === 'Allow') for (const a of asArray<string>(s.Action)) granted.add(a);
+    }
+    const doc = documented();
+    const ownedByCdk = /^(logs:(CreateLogDelivery|DeleteLogDelivery|DescribeLogGroups|DescribeResourcePolicies|GetLogDelivery|ListLogDeliveries|PutResourcePolicy|UpdateLogDelivery)|xray:|s3:PutBucketNotification|logs:CreateLogGroup)/;
+    for (const a of granted) {
+      if (ownedByCdk.test(a) || a.startsWith('sqs:GetQueueUrl')) continue;
+      assert.ok(doc.includes(a), `docs/operations.md mentions ${a}`);
+    }
+  });
+});
