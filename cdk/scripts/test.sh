@@ -53,6 +53,16 @@ if (cd "$cdk_dir" && npx --no-install cdk synth --quiet --no-notices -c lambdaAs
 fi
 grep -q "missing enclave measurements" "$zips/nomeasure.log" || { cat "$zips/nomeasure.log"; fail "synth without measurements failed for another reason"; }
 
+step "enclave-image scripts (syntax; the unpinned builder is refused)"
+bash -n "$root/enclave-image/build-enclave.sh" "$root/enclave-image/check-reproducible.sh"
+sh -n "$root/enclave-image/build-worker.sh"
+if grep -q '^RUST_BUILDER_IMAGE=.*@sha256:UNPINNED$' "$root/enclave-image/pins.env"; then
+  if bash "$root/enclave-image/build-enclave.sh" --model-publisher-pubkey "${DUMMY_PCR0:0:64}" --policy-signing-key /dev/null >"$zips/pin.log" 2>&1; then
+    fail "build-enclave.sh accepted an unpinned builder image"
+  fi
+  grep -q "not pinned by digest" "$zips/pin.log" || { cat "$zips/pin.log"; fail "build-enclave.sh failed for another reason"; }
+fi
+
 step "cfn-lint $CFN_LINT_VERSION"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/ephem-batch/cfn-lint-$CFN_LINT_VERSION"
 if [ ! -x "$cache/bin/cfn-lint" ]; then
