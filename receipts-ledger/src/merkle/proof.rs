@@ -257,6 +257,23 @@ mod tests {
         assert!(root_plan(size).nodes().len() <= 21);
     }
 
+    /// Known answers for the storage layout, also in docs/ledger.part.md.
+    #[test]
+    fn plan_known_answers() {
+        let n = |l, i| NodeId::new(l, i);
+        assert_eq!(root_plan(7).elements, vec![vec![n(2, 0), n(1, 2), n(0, 6)]]);
+        assert_eq!(root_plan(8).elements, vec![vec![n(3, 0)]]);
+        assert_eq!(
+            inclusion_proof_plan(5, 7).unwrap().elements,
+            vec![vec![n(0, 4)], vec![n(0, 6)], vec![n(2, 0)]]
+        );
+        assert_eq!(
+            consistency_proof_plan(3, 7).unwrap().elements,
+            vec![vec![n(0, 2)], vec![n(0, 3)], vec![n(1, 0)], vec![n(1, 2), n(0, 6)]]
+        );
+        assert_eq!(consistency_proof_plan(4, 7).unwrap().elements, vec![vec![n(1, 2), n(0, 6)]]);
+    }
+
     #[test]
     fn bad_arguments_are_named() {
         assert!(matches!(inclusion_proof_plan(5, 5), Err(ProofError::IndexOutOfRange { index: 5, size: 5 })));
