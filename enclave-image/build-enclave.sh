@@ -11,7 +11,10 @@
 #
 # Usage:
 #   enclave-image/build-enclave.sh --model-publisher-pubkey HEX64 --policy-signing-key FILE \
-#       [--eif-signing-cert CERT.pem --eif-signing-key KEY.pem] [--commit REV] [--out DIR]
+#       [--policy-publisher-pubkey HEX64] [--eif-signing-cert CERT.pem --eif-signing-key KEY.pem] \
+#       [--commit REV] [--out DIR]
+# The policy is signed with `ephem-batch policy sign --key FILE --out policy.json policy.unsigned.json`
+# and checked with `ephem-batch policy verify policy.json [--publisher-key HEX64]`.
 #   enclave-image/build-enclave.sh --pin     # print the RUST_BUILDER_IMAGE line for pins.env
 #
 # Output (default dist/enclave/<commit>/): enclave.eif, measurements.json (nitro-cli's output),
@@ -33,11 +36,12 @@ if [ "${1:-}" = "--pin" ]; then
   exit 0
 fi
 
-publisher_pubkey="" policy_key="" eif_cert="" eif_key="" commit="HEAD" out=""
+publisher_pubkey="" policy_key="" policy_pubkey="" eif_cert="" eif_key="" commit="HEAD" out=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --model-publisher-pubkey) publisher_pubkey="$2"; shift 2 ;;
     --policy-signing-key) policy_key="$2"; shift 2 ;;
+    --policy-publisher-pubkey) policy_pubkey="$2"; shift 2 ;;
     --eif-signing-cert) eif_cert="$2"; shift 2 ;;
     --eif-signing-key) eif_key="$2"; shift 2 ;;
     --commit) commit="$2"; shift 2 ;;
@@ -92,7 +96,12 @@ jq '{version: 1, root: "aws-nitro-g1",
             + (if .Measurements.PCR8 then {"8": .Measurements.PCR8} else {} end)),
      allow_debug: false, max_age_s: 3600}' "$out/measurements.json" >"$out/policy.unsigned.json"
 ephem-batch policy sign --key "$policy_key" --out "$out/policy.json" "$out/policy.unsigned.json"
-ephem-batch policy verify "$out/policy.json"
+if [ -n "$policy_pubkey" ]; then
+  ephem-batch policy verify "$out/policy.json" --publisher-key "$policy_pubkey"
+else
+  echo "warning: no --policy-publisher-pubkey: checking the signed policy without pinning its key" >&2
+  ephem-batch policy verify "$out/policy.json"
+fi
 jq -n --arg commit "$rev" --arg epoch "$epoch" --arg builder "$RUST_BUILDER_IMAGE" \
       --arg nitro "$(nitro-cli --version)" --arg eif_sha384 "$(sha384sum "$out/enclave.eif" | cut -d' ' -f1)" \
       '{commit: $commit, source_date_epoch: ($epoch|tonumber), builder_image: $builder, nitro_cli: $nitro, eif_sha384: $eif_sha384}' \

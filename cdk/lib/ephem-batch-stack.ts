@@ -125,7 +125,7 @@ export class EphemBatchStack extends Stack {
     out('FleetAutoScalingGroupName', this.fleet.hosts.autoScalingGroupName, 'the hosts');
     out('DashboardName', this.observability.dashboard.dashboardName, 'CloudWatch dashboard');
     out('ImageSha384', cfg.measurements.pcr0, 'PCR0 the fleet and model keys are bound to');
-    out('Pcr8', cfg.measurements.pcr8 ?? '', 'PCR8 the keys are bound to (empty: not bound)');
+    out('Pcr8', cfg.measurements.pcr8 ?? 'none', 'PCR8 the keys are bound to (none: not bound)');
     out('StorePrefixes', cfg.storePrefixes.join(','), 'jobs-bucket prefixes whose sealed shards become jobs');
   }
 }
