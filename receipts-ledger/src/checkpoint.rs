@@ -183,3 +183,64 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use crate::bundle::{verify_bundle, ProofBundle};
+    use crate::merkle::{verify_consistency, verify_inclusion};
+    use crate::note::{Note, SignerKey};
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+        #[test]
+        fn parsers_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = Note::parse(&bytes);
+            let _ = ProofBundle::from_json(&bytes);
+            let _ = crate::note::VerifierKey::parse(&String::from_utf8_lossy(&bytes));
+            let _ = SignerKey::parse(&String::from_utf8_lossy(&bytes));
+            if let Ok(s) = std::str::from_utf8(&bytes) {
+                let _ = Checkpoint::parse(s);
+            }
+        }
+
+        #[test]
+        fn checkpoint_text_mutations_never_panic(
+            size in any::<u64>(), root in any::<[u8; 32]>(), at in any::<usize>(), b in any::<u8>(),
+        ) {
+            let key = SignerKey::from_seed("o.example", &[1; 32]).unwrap();
+            let signed = Checkpoint::new("o.example", size, root).sign(&key).unwrap();
+            prop_assert_eq!(Checkpoint::open(signed.as_bytes(), &key.verifier()).unwrap().size, size);
+            let mut m = signed.into_bytes();
+            let i = at % m.len();
+            m[i] = b;
+            let _ = Checkpoint::open(&m, &key.verifier());
+            if let Ok(s) = std::str::from_utf8(&m) {
+                let _ = Checkpoint::parse(s);
+            }
+        }
+
+        #[test]
+        fn verifiers_never_panic(
+            index in any::<u64>(), size in any::<u64>(), n in 0usize..70, seed in any::<u8>(),
+        ) {
+            let proof: Vec<[u8; 32]> = (0..n).map(|i| [seed.wrapping_add(i as u8); 32]).collect();
+            let _ = verify_inclusion(index, size, &[seed; 32], &proof, &[0; 32]);
+            let _ = verify_consistency(index, size, &[seed; 32], &[0; 32], &proof);
+            let bundle = ProofBundle {
+                version: 1,
+                receipt: "00".into(),
+                attestation_document: String::new(),
+                leaf_index: index,
+                tree_size: size,
+                inclusion_path: proof.iter().map(hex::encode).collect(),
+                checkpoint: String::new(),
+                ledger_key: String::new(),
+            };
+            let key = SignerKey::from_seed("o.example", &[1; 32]).unwrap().verifier();
+            prop_assert!(verify_bundle(&bundle, &key).is_err());
+        }
+    }
+}

@@ -149,7 +149,7 @@ pub struct AppendRequest {
 /// Verifies a receipt and its attestation binding, and returns the fields
 /// the receipt really carries. The real implementation (protocol::receipt)
 /// plugs in here; the ledger refuses a request whose claimed fields differ.
-pub trait ReceiptCheck {
+pub trait ReceiptCheck: Send + Sync {
     fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, String>;
 }
 

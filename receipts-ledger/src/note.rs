@@ -165,7 +165,7 @@ impl fmt::Debug for VerifierKey {
 }
 
 /// Anything that can sign notes: a local Ed25519 key now, a KMS key later.
-pub trait NoteSigner {
+pub trait NoteSigner: Send + Sync {
     fn key_name(&self) -> &str;
     fn key_id(&self) -> u32;
     /// Signs `msg`, returning the raw signature (64 bytes for Ed25519).
