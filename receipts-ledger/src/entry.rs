@@ -80,7 +80,7 @@ fn check_hex(field: &'static str, v: &str) -> Result<(), FieldError> {
     if v.len() > MAX_HEX_FIELD {
         return Err(FieldError::TooLong { field, max: MAX_HEX_FIELD });
     }
-    if v.len() % 2 != 0 || !v.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+    if !v.len().is_multiple_of(2) || !v.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
         return Err(FieldError::NotLowerHex { field });
     }
     Ok(())

@@ -11,6 +11,9 @@ use crate::store::{expected_tree_nodes, LedgerStore, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+/// Distinct attestation documents kept in memory during a replay.
+const DOC_CACHE: usize = 64;
+
 /// Most issues collected before the report is cut short.
 pub const MAX_ISSUES: usize = 10_000;
 
@@ -250,11 +253,19 @@ pub fn verify_ledger(
         if let Err(error) = e.fields.validate() {
             r.report.push(Issue::InvalidFields { index: e.index, error: error.to_string() });
         }
-        if !docs.contains_key(&e.attestation_sha256) {
-            let doc = store.attestation_document(&e.attestation_sha256)?;
-            docs.insert(e.attestation_sha256, doc);
-        }
-        match &docs[&e.attestation_sha256] {
+        // Documents are shared by many entries: keep a few in memory.
+        let fetched;
+        let doc = match docs.get(&e.attestation_sha256) {
+            Some(d) => d,
+            None => {
+                fetched = store.attestation_document(&e.attestation_sha256)?;
+                if docs.len() < DOC_CACHE {
+                    docs.insert(e.attestation_sha256, fetched.clone());
+                }
+                &fetched
+            }
+        };
+        match doc {
             None => r.report.push(Issue::AttestationMissing { index: e.index }),
             Some(doc) => {
                 if attestation_sha256(doc) != e.attestation_sha256 {

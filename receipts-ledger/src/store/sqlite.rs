@@ -360,12 +360,11 @@ impl LedgerStore for SqliteStore {
         }
         if out.iter().any(|o| matches!(o, AppendOutcome::Appended { .. })) {
             bind_key(&tx, signer)?;
-            if let Some(cp) = checkpoint_in(&tx, signer, policy, now_ms, false)? {
-                if let Some(AppendOutcome::Appended { checkpoint, .. }) =
+            if let Some(cp) = checkpoint_in(&tx, signer, policy, now_ms, false)?
+                && let Some(AppendOutcome::Appended { checkpoint, .. }) =
                     out.iter_mut().rev().find(|o| matches!(o, AppendOutcome::Appended { .. }))
-                {
-                    *checkpoint = Some(cp.size);
-                }
+            {
+                *checkpoint = Some(cp.size);
             }
         }
         tx.commit()?;
