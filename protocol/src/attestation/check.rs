@@ -151,6 +151,11 @@ impl Report {
         self.outcome.as_ref().err()
     }
 
+    /// The verified document, when every evaluated check passed.
+    pub fn verified(&self) -> Option<&VerifiedDocument> {
+        self.outcome.as_ref().ok()
+    }
+
     pub fn failed_check(&self) -> Option<CheckName> {
         self.error().map(AttestationError::check)
     }

@@ -97,6 +97,8 @@ pub enum PolicyError {
     WrongPublisher { signed_by: String, pinned: String },
     #[error("publisher signature does not verify")]
     BadSignature,
+    #[error("the pinned publisher key is not a valid Ed25519 public key")]
+    InvalidPublisherKey,
 }
 
 impl Policy {
@@ -230,6 +232,14 @@ impl SignedPolicy {
     }
 }
 
+impl SignedPolicy {
+    /// [`verify`](Self::verify) with the pinned publisher key given as its 32 raw bytes.
+    pub fn verify_with_key_bytes(&self, publisher: &[u8; 32]) -> Result<&Policy, PolicyError> {
+        let key = VerifyingKey::from_bytes(publisher).map_err(|_| PolicyError::InvalidPublisherKey)?;
+        self.verify(&key)
+    }
+}
+
 fn parse_index(key: &str) -> Result<u8, PolicyError> {
     let canonical = !key.is_empty() && key.bytes().all(|b| b.is_ascii_digit()) && (key == "0" || !key.starts_with('0'));
     match key.parse::<u8>() {
@@ -320,6 +330,7 @@ mod tests {
         let parsed = SignedPolicy::from_json(vectors::POLICY_JSON).unwrap();
         assert_eq!(parsed, signed);
         assert_eq!(parsed.verify(&key.verifying_key()).unwrap(), &policy);
+        assert_eq!(parsed.verify_with_key_bytes(key.verifying_key().as_bytes()).unwrap(), &policy);
     }
 
     #[test]

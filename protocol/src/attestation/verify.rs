@@ -154,7 +154,7 @@ impl Run {
         self.step(CheckName::RootPinned, check_root(&bundle, &opts.root), |_| {
             format!("cabundle[0] is the pinned root {}", opts.root.label())
         })?;
-        let (not_after, not_after_role) =
+        let (not_after, _) =
             self.step(CheckName::Validity, check_validity(&bundle, &leaf, opts.now_ms), |(na, role)| {
                 format!(
                     "all {} certificates valid at {}; earliest expiry {} ({role})",
@@ -163,7 +163,6 @@ impl Run {
                     format_ms(*na)
                 )
             })?;
-        let _ = not_after_role;
         if !opts.expected_pcrs.is_empty() {
             self.step(CheckName::PcrPolicy, check_pcrs(doc, &opts.expected_pcrs), |_| {
                 let list: Vec<String> = opts.expected_pcrs.keys().map(|i| format!("PCR{i}")).collect();
