@@ -26,7 +26,7 @@ fn build() -> (tempfile::TempDir, PathBuf) {
 }
 
 fn verify(path: &Path) -> VerifyReport {
-    let store = SqliteStore::open(path, &SqliteOptions::default()).unwrap();
+    let store = SqliteStore::open_read_only(path, &SqliteOptions::default()).unwrap();
     verify_ledger(&store, &pinned(), Some(&TestReceipts)).unwrap()
 }
 
@@ -212,4 +212,14 @@ fn verify_without_the_pinned_key_fails_every_checkpoint() {
     assert_eq!(r.issues.len(), 5);
     assert!(r.issues.iter().all(|i| matches!(i, Issue::CheckpointInvalid { .. })));
     assert_eq!(store.size().unwrap(), N);
+}
+
+#[test]
+fn read_only_store_refuses_appends() {
+    let (_d, path) = build();
+    let mut store = SqliteStore::open_read_only(&path, &SqliteOptions::default()).unwrap();
+    assert_eq!(store.size().unwrap(), N);
+    let r = store.append(&[test_request(N, 600)], &signer(), &CheckpointPolicy::default(), 0);
+    assert!(matches!(r, Err(receipts_ledger::StoreError::Sqlite(_))));
+    assert!(SqliteStore::open_read_only(&path.with_extension("missing"), &SqliteOptions::default()).is_err());
 }

@@ -245,6 +245,18 @@ impl SqliteStore {
         Ok(store)
     }
 
+    /// Opens an existing ledger read-only (queries, proofs, verification);
+    /// appends fail.
+    pub fn open_read_only(path: &Path, options: &SqliteOptions) -> Result<Self, StoreError> {
+        let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        conn.busy_timeout(options.busy_timeout)?;
+        let found = meta(&conn, "schema_version")?.unwrap_or_default();
+        if found != SCHEMA_VERSION {
+            return Err(StoreError::SchemaVersion { found, want: SCHEMA_VERSION });
+        }
+        Ok(Self { conn })
+    }
+
     /// An in-memory ledger (tests and tools).
     pub fn open_in_memory() -> Result<Self, StoreError> {
         let conn = Connection::open_in_memory()?;
