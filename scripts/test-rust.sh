@@ -3,4 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export EPHEM_FIXTURES="${EPHEM_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
+# Tests that run the model read it from here.
+bash scripts/setup-model.sh
+export EPHEM_MODEL_DIR="${EPHEM_MODEL_DIR:-${EPHEM_HOME:-$PWD/.ephem}/models/all-MiniLM-L6-v2}"
 cargo test --workspace --locked
