@@ -319,6 +319,23 @@ mod attestation {
         }
     }
 
+    /// Every byte of the leaf certificate flipped: the leaf is parsed before the signature is
+    /// checked, so this exercises the X.509 parser on hostile input. Never a panic, never valid.
+    #[test]
+    fn leaf_certificate_mutations() {
+        let bytes = read(US_EAST_2);
+        let doc = AttestationDocument::parse_unverified(&bytes).unwrap();
+        let start = bytes.windows(doc.certificate.len()).position(|w| w == doc.certificate.as_slice()).unwrap();
+        for i in start..start + doc.certificate.len() {
+            for mask in [0x01u8, 0x80, 0xff] {
+                let mut t = bytes.clone();
+                t[i] ^= mask;
+                let report = verify_report(&t, &aws_at(US_EAST_2_TS));
+                assert_eq!(report.failed_check(), Some(CheckName::Signature), "flip {mask:#x} at {i}");
+            }
+        }
+    }
+
     fn no_panic(bytes: &[u8]) {
         let opts = aws_at(US_EAST_2_TS);
         let report = verify_report(bytes, &opts);

@@ -13,6 +13,10 @@ use core::fmt;
 /// separate decode → map → pcrs map), the other formats less.
 pub const MAX_DEPTH: usize = 16;
 
+/// Most entries a map may have. The formats here need at most 32 (the PCR map); the bound also
+/// keeps the duplicate-key check (quadratic in the entry count) cheap on hostile input.
+pub const MAX_MAP_ENTRIES: usize = 64;
+
 /// A decoded CBOR item borrowing its byte and text strings from the input.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Value<'a> {
@@ -90,6 +94,10 @@ pub enum CborError {
     DuplicateKey { offset: usize },
     #[error("{count} trailing byte(s) after the item, at byte {offset}")]
     TrailingBytes { offset: usize, count: usize },
+    #[error("map at byte {offset} has {count} entries (at most {MAX_MAP_ENTRIES})")]
+    TooManyEntries { offset: usize, count: usize },
+    #[error("input is {len} bytes (at most {max})")]
+    TooLarge { len: usize, max: usize },
     #[error("empty input")]
     Empty,
 }
@@ -186,7 +194,10 @@ impl<'a> Reader<'a> {
             }
             5 => {
                 let n = self.length(info, offset)?;
-                let mut entries: Vec<(Value<'a>, Value<'a>)> = Vec::with_capacity(n.min(64));
+                if n > MAX_MAP_ENTRIES {
+                    return Err(CborError::TooManyEntries { offset, count: n });
+                }
+                let mut entries: Vec<(Value<'a>, Value<'a>)> = Vec::with_capacity(n);
                 for _ in 0..n {
                     let key_offset = self.pos;
                     let key = self.item(depth.saturating_add(1))?;
@@ -392,6 +403,11 @@ mod tests {
             Err(CborError::UnexpectedEnd { offset: 0 })
         );
         assert_eq!(decode(&[0x5a, 0xff, 0xff, 0xff, 0xff, 0x00]), Err(CborError::UnexpectedEnd { offset: 0 }));
+        let mut big_map = vec![0xb8, 65];
+        for i in 0..65u8 {
+            big_map.extend([0x18, i, 0x00]);
+        }
+        assert_eq!(decode(&big_map), Err(CborError::TooManyEntries { offset: 0, count: 65 }));
         let deep = vec![0x81u8; MAX_DEPTH + 2];
         assert!(matches!(decode(&deep), Err(CborError::TooDeep { .. })));
     }

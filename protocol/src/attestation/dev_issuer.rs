@@ -591,6 +591,10 @@ mod tests {
     /// A document whose leaf is issued by `signing_intermediate`, presented with the bundle
     /// [root, intermediate].
     fn forge(root: &[u8], intermediate: &[u8], signing_intermediate: &SigningKey, now: u64) -> Vec<u8> {
+        forge_bundle(vec![root.to_vec(), intermediate.to_vec()], signing_intermediate, now)
+    }
+
+    fn forge_bundle(cabundle: Vec<Vec<u8>>, signing_intermediate: &SigningKey, now: u64) -> Vec<u8> {
         let leaf_key = seeded_key(&[7; 32], b"forged leaf").unwrap();
         let leaf = issue_leaf("forged", &leaf_key, signing_intermediate, now).unwrap();
         let doc = AttestationDocument {
@@ -599,12 +603,45 @@ mod tests {
             timestamp_ms: now,
             pcrs: (0u8..16).map(|i| (i, vec![0xa0 + i; 48])).collect(),
             certificate: leaf,
-            cabundle: vec![root.to_vec(), intermediate.to_vec()],
+            cabundle,
             public_key: None,
             user_data: None,
             nonce: None,
         };
         sign_document(&doc, &leaf_key)
+    }
+
+    /// Correctly signed documents whose bundle certificates are damaged: every variant fails
+    /// `chain` (or `root_pinned`), none panics.
+    #[test]
+    fn damaged_bundle_certificates_fail_the_chain() {
+        let issuer = issuer();
+        let now = T0 + 1000;
+        let opts = options(&issuer, now);
+        let int = issuer.intermediate_der.clone();
+        let mut variants: Vec<Vec<u8>> = Vec::new();
+        for i in (0..int.len()).step_by(3) {
+            let mut v = int.clone();
+            v[i] ^= 0x5a;
+            variants.push(v);
+        }
+        for len in [1, 2, 10, 100, int.len() - 1] {
+            variants.push(int[..len].to_vec());
+        }
+        let mut longer = int.clone();
+        longer.push(0);
+        variants.push(longer);
+        for bad in variants {
+            let doc = forge_bundle(vec![issuer.root_der.clone(), bad], &issuer.intermediate_key, now);
+            let check = verify(&doc, &opts).unwrap_err().check();
+            assert!(matches!(check, CheckName::Chain | CheckName::Validity), "{check}");
+        }
+        // A bundle of the root alone, the leaf signed by the root key but naming the
+        // intermediate as its issuer: the root → leaf link fails on names.
+        let doc = forge_bundle(vec![issuer.root_der.clone()], &issuer.root_key, now);
+        let err = verify(&doc, &opts).unwrap_err();
+        assert_eq!(err.check(), CheckName::Chain);
+        assert!(err.to_string().contains("is not the subject of cabundle[0]"), "{err}");
     }
 
     #[test]

@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use super::cbor::{self, Value};
+use super::cbor::{self, CborError, Value};
 use super::error::{AlgorithmError, CborStageError, CborPart, PayloadError, StructureError};
 
 /// COSE algorithm identifier of ES384 (ECDSA P-384 with SHA-384).
@@ -26,6 +26,9 @@ pub const MAX_CERT_LEN: usize = 1024;
 /// Largest `public_key` / `user_data` / `nonce` (spec: `bytes .size (0..1024)`; real hardware
 /// emits exactly 1024).
 pub const MAX_AUX_LEN: usize = 1024;
+/// Largest document accepted. A document at every spec limit (1024-byte certificate, 16 bundle
+/// certificates, 32 PCRs of 64 bytes, three 1024-byte fields) stays well below it.
+pub const MAX_DOCUMENT_LEN: usize = 64 * 1024;
 /// Highest PCR index (spec: `index = 0..31`).
 pub const MAX_PCR_INDEX: u8 = 31;
 /// Upper bound on `cabundle` entries we accept (real documents carry 4).
@@ -104,6 +107,12 @@ fn sign1_array<'v, 'a>(outer: &'v Value<'a>) -> (Option<&'v [Value<'a>]>, bool) 
 
 /// `cbor`: the document, its protected header and its payload are well-formed CBOR.
 pub(crate) fn decode_layers(bytes: &[u8]) -> Result<Layers<'_>, CborStageError> {
+    if bytes.len() > MAX_DOCUMENT_LEN {
+        return Err(CborStageError {
+            part: CborPart::Document,
+            error: CborError::TooLarge { len: bytes.len(), max: MAX_DOCUMENT_LEN },
+        });
+    }
     let outer = cbor::decode(bytes).map_err(|error| CborStageError { part: CborPart::Document, error })?;
     let mut protected = None;
     let mut payload = None;
@@ -487,5 +496,11 @@ mod tests {
         assert_eq!(check_of(&[0xa0]), "cose_structure");
         assert_eq!(check_of(&[0x83, 0x40, 0xa0, 0x41, 0xa0]), "cose_structure");
         assert_eq!(check_of(&[]), "cbor");
+        let mut huge = vec![0x84, 0x44, 0xa1, 0x01, 0x38, 0x22, 0xa0, 0x5a, 0x00, 0x01, 0x00, 0x00];
+        huge.resize(huge.len() + 65536, 0);
+        huge.extend([0x40]);
+        let err = parse(&huge).unwrap_err();
+        assert_eq!(err.check().as_str(), "cbor");
+        assert!(err.to_string().contains("at most 65536"), "{err}");
     }
 }
