@@ -19,7 +19,7 @@
 //    It may also tag the key, turn rotation on and schedule deletion: the operations that
 //    CloudFormation needs to create and retire a key. None of them releases or re-wraps data.
 import { createHash } from 'node:crypto';
-import { CfnResource, RemovalPolicy, Stack } from 'aws-cdk-lib';
+import { RemovalPolicy } from 'aws-cdk-lib';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as kms from 'aws-cdk-lib/aws-kms';
 import { Construct } from 'constructs';
@@ -238,14 +238,4 @@ export function measurementTag(m: Measurements): string {
     .digest('hex')
     .slice(0, 12)
     .toUpperCase();
-}
-
-/** The ARN of a CfnKey (for IAM policies and outputs). */
-export function keyArn(key: kms.CfnKey): string {
-  return key.attrArn;
-}
-
-/** Every KMS key resource in a stack, for tests and checks. */
-export function allKeys(stack: Stack): CfnResource[] {
-  return stack.node.findAll().filter((c): c is CfnResource => c instanceof kms.CfnKey);
 }
