@@ -6,6 +6,8 @@
 #   EPHEM_MODEL_PUBLISHER_PUBKEY  model publisher key compiled into the worker (64 hex)
 #   TARGET                        default x86_64-unknown-linux-musl (static)
 #   CARGO_TARGET_DIR              default <repo>/target
+#   BUILD_PACKAGE, BUILD_BIN      default enclave-worker, enclave-worker (another binary of the
+#                                 workspace can be built the same way, e.g. to test this script)
 # Prints the SHA-384 of the binary. The same commit, toolchain and inputs give the same bytes
 # from any directory: enclave-image/check-reproducible.sh checks exactly that.
 set -eu
@@ -37,9 +39,11 @@ export CARGO_PROFILE_RELEASE_DEBUG=false
 export CARGO_PROFILE_RELEASE_STRIP=symbols
 
 cd "$root"
-cargo build --release --locked --target "$target" -p enclave-worker --bin enclave-worker
+package="${BUILD_PACKAGE:-enclave-worker}"
+bin="${BUILD_BIN:-enclave-worker}"
+cargo build --release --locked --target "$target" -p "$package" --bin "$bin"
 
-built="${CARGO_TARGET_DIR:-$root/target}/$target/release/enclave-worker"
+built="${CARGO_TARGET_DIR:-$root/target}/$target/release/$bin"
 mkdir -p "$(dirname "$out")"
 cp "$built" "$out"
 touch -d "@$SOURCE_DATE_EPOCH" "$out" 2>/dev/null || touch -t "$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y%m%d%H%M.%S)" "$out"
@@ -49,4 +53,4 @@ if command -v sha384sum >/dev/null 2>&1; then
 else
   sum="$(openssl dgst -sha384 -r "$out" | cut -d' ' -f1)"
 fi
-echo "enclave-worker $target sha384=$sum"
+echo "$bin $target sha384=$sum"

@@ -5,7 +5,8 @@
 # This is the part of the image build that runs without Docker. It takes two full release
 # builds. TARGET defaults to the static musl target when its standard library is installed
 # (rustup target add x86_64-unknown-linux-musl), else to the host target, which still checks
-# that paths and times do not leak into the binary.
+# that paths and times do not leak into the binary. BUILD_PACKAGE/BUILD_BIN (see build-worker.sh)
+# select another binary of the workspace.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,4 +36,4 @@ if [ "${sums[0]}" != "${sums[1]}" ]; then
   echo "NOT reproducible: ${sums[0]} != ${sums[1]}" >&2
   exit 1
 fi
-echo "reproducible: enclave-worker@$commit ($TARGET) sha384=${sums[0]}"
+echo "reproducible: ${BUILD_BIN:-enclave-worker}@$commit ($TARGET) sha384=${sums[0]}"
