@@ -1,0 +1,307 @@
+//! Inference benchmark: embeds a JSONL corpus (`{"id","text"}` per line, e.g. from
+//! `scripts/build_corpus.py`) with the worker's engine at several thread counts and prints
+//! documents/s, real tokens/s, achieved GFLOP/s, padded fraction, latency of one short and one
+//! 128-token text, model load time (from bytes already in memory) and peak RSS.
+//!
+//! ```text
+//! python3 scripts/build_corpus.py --count 2000 --out /tmp/corpus-2000.jsonl
+//! cargo run --release -p enclave-worker --example bench_inference -- --corpus /tmp/corpus-2000.jsonl
+//!     [--threads 1,2] [--repeats 3] [--budget 8192] [--max-batch 128] [--window 1024] [--json out.json]
+//! ```
+//!
+//! Each thread count runs in a child process started with `RAYON_NUM_THREADS=n
+//! CANDLE_NUM_THREADS=n`: candle sizes its element-wise pool from the environment once per process
+//! (see `enclave_worker::inference` docs), and peak RSS is per process that way too.
+//! The model comes from `EPHEM_MODEL_DIR` or `.ephem/models/all-MiniLM-L6-v2`
+//! (`bash scripts/setup-model.sh`).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use enclave_worker::inference::{
+    BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles, candle_thread_settings,
+};
+use protocol::envelope::OutputDtype;
+use protocol::records::{InputRecord, OutputRecord};
+
+/// all-MiniLM-L6-v2 cost model (issue 8): 21.2 MFLOP per token for the dense layers, plus
+/// 9.2 kFLOP × sequence length per token for attention.
+const DENSE_FLOP_PER_TOKEN: f64 = 21.2e6;
+const ATTENTION_FLOP_PER_TOKEN_PER_POSITION: f64 = 9.2e3;
+
+#[derive(Debug, Clone)]
+struct Args {
+    corpus: PathBuf,
+    threads: Vec<usize>,
+    repeats: usize,
+    budget: usize,
+    max_batch: usize,
+    window: usize,
+    json: Option<PathBuf>,
+    child: bool,
+}
+
+fn parse_args() -> Args {
+    let mut args = Args {
+        corpus: PathBuf::new(),
+        threads: vec![1, 2],
+        repeats: 3,
+        budget: BatchLimits::default().max_padded_tokens,
+        max_batch: BatchLimits::default().max_batch_size,
+        window: EngineSettings::default().window_records,
+        json: None,
+        child: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().unwrap_or_else(|| usage(&format!("{flag} needs a value")));
+        match flag.as_str() {
+            "--corpus" => args.corpus = PathBuf::from(value()),
+            "--threads" => {
+                args.threads = value().split(',').map(|t| t.trim().parse().unwrap_or_else(|_| usage("--threads 1,2"))).collect()
+            }
+            "--repeats" => args.repeats = value().parse().unwrap_or_else(|_| usage("--repeats N")),
+            "--budget" => args.budget = value().parse().unwrap_or_else(|_| usage("--budget TOKENS")),
+            "--max-batch" => args.max_batch = value().parse().unwrap_or_else(|_| usage("--max-batch N")),
+            "--window" => args.window = value().parse().unwrap_or_else(|_| usage("--window N")),
+            "--json" => args.json = Some(PathBuf::from(value())),
+            "--child" => args.child = true,
+            "-h" | "--help" => usage(""),
+            other => usage(&format!("unknown argument {other}")),
+        }
+    }
+    if args.corpus.as_os_str().is_empty() {
+        usage("--corpus FILE.jsonl is required");
+    }
+    args.repeats = args.repeats.max(1);
+    args
+}
+
+fn usage(problem: &str) -> ! {
+    eprintln!(
+        "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 8192] \
+         [--max-batch 128] [--window 1024] [--json OUT]"
+    );
+    std::process::exit(2)
+}
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("EPHEM_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2")))
+}
+
+fn read_model_file(name: &str) -> Vec<u8> {
+    let path = model_dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| {
+        eprintln!("{}: {e}; install the model with: bash scripts/setup-model.sh", path.display());
+        std::process::exit(1)
+    })
+}
+
+fn read_corpus(path: &PathBuf) -> Vec<InputRecord> {
+    let raw = std::fs::read_to_string(path).unwrap_or_else(|e| {
+        eprintln!("{}: {e}; build one with scripts/build_corpus.py", path.display());
+        std::process::exit(1)
+    });
+    raw.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, line)| {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("line {}: {e}", i + 1));
+            InputRecord {
+                id: value["id"].as_str().map(str::to_owned).unwrap_or_else(|| format!("line-{}", i + 1)),
+                text: value["text"].as_str().unwrap_or_else(|| panic!("line {}: no text", i + 1)).as_bytes().to_vec(),
+            }
+        })
+        .collect()
+}
+
+fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        })
+        .unwrap_or(0)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = values.len();
+    if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 }
+}
+
+fn useful_flop(tokens: u64) -> f64 {
+    let n = tokens as f64;
+    n * (DENSE_FLOP_PER_TOKEN + ATTENTION_FLOP_PER_TOKEN_PER_POSITION * n)
+}
+
+/// One thread count, in this process.
+fn run_child(args: &Args) -> serde_json::Value {
+    let threads = args.threads[0];
+    let records = read_corpus(&args.corpus);
+    let (config, tokenizer, weights) =
+        (read_model_file("config.json"), read_model_file("tokenizer.json"), read_model_file("model.safetensors"));
+    let started = Instant::now();
+    let embedder = Embedder::load(
+        ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights },
+        EmbedderSettings::default(),
+    )
+    .expect("load model");
+    let load = started.elapsed();
+    drop((config, tokenizer, weights));
+
+    let settings = EngineSettings {
+        threads,
+        limits: BatchLimits { max_padded_tokens: args.budget, max_batch_size: args.max_batch },
+        window_records: args.window,
+        ..Default::default()
+    };
+    let engine = Engine::new(Arc::new(embedder), settings).expect("engine");
+    let options = EmbedOptions::default();
+
+    // Warm-up (thread pools, allocator, caches).
+    let warm: Vec<InputRecord> = records.iter().take(64).cloned().collect();
+    engine.embed_records(&warm, &options, OutputDtype::F32);
+
+    let mut docs_per_s = Vec::new();
+    let mut tokens_per_s = Vec::new();
+    let mut gflops = Vec::new();
+    let mut last = None;
+    for _ in 0..args.repeats {
+        let before = engine.metrics();
+        let mut flop = 0.0;
+        let mut failed = 0u64;
+        let started = Instant::now();
+        engine
+            .embed_stream(records.iter().cloned(), &options, OutputDtype::F32, |out| {
+                match out {
+                    OutputRecord::Embedding { tokens, .. } => flop += useful_flop(u64::from(tokens)),
+                    OutputRecord::Error { .. } => failed += 1,
+                }
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        let elapsed = started.elapsed().as_secs_f64();
+        let delta = engine.metrics().since(&before);
+        docs_per_s.push(delta.documents as f64 / elapsed);
+        tokens_per_s.push(delta.real_tokens as f64 / elapsed);
+        gflops.push(flop / elapsed / 1e9);
+        last = Some((delta, elapsed, failed));
+    }
+    let (delta, elapsed, failed) = last.unwrap();
+
+    // Latency of one short and one 128-token text (median of 20 after a warm-up).
+    let reference: serde_json::Value =
+        serde_json::from_str(include_str!("../testdata/reference_embeddings.json")).unwrap();
+    let case = |name: &str| {
+        reference["cases"].as_array().unwrap().iter().find(|c| c["name"] == name).unwrap()["text"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let latency = |text: &str| {
+        let mut times = Vec::new();
+        for i in 0..23 {
+            let started = Instant::now();
+            let result = engine.embed_window(&[text], &options);
+            assert!(result[0].is_ok());
+            if i >= 3 {
+                times.push(started.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        median(&mut times)
+    };
+    let short_ms = latency(&case("capital_of_france"));
+    let ms_128 = latency(&case("tokens_128"));
+
+    let candle = candle_thread_settings();
+    serde_json::json!({
+        "threads": threads,
+        "candle_gemm_tasks": candle.gemm_tasks,
+        "candle_elementwise_threads": candle.elementwise_threads,
+        "documents": delta.documents,
+        "failed": failed,
+        "repeats": args.repeats,
+        "documents_per_s": median(&mut docs_per_s),
+        "documents_per_s_runs": docs_per_s,
+        "real_tokens_per_s": median(&mut tokens_per_s),
+        "useful_gflop_per_s": median(&mut gflops),
+        "mean_tokens": delta.real_tokens as f64 / delta.documents.max(1) as f64,
+        "padded_fraction": delta.padded_fraction(),
+        "batches": delta.batches,
+        "windows": delta.windows,
+        "last_run_s": elapsed,
+        "tokenize_s": delta.tokenize.as_secs_f64(),
+        "model_s": delta.model.as_secs_f64(),
+        "latency_9_tokens_ms": short_ms,
+        "latency_128_tokens_ms": ms_128,
+        "model_load_ms": load.as_secs_f64() * 1e3,
+        "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
+    })
+}
+
+fn main() {
+    let args = parse_args();
+    if args.child {
+        println!("{}", run_child(&args));
+        return;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let corpus_len = read_corpus(&args.corpus).len();
+    println!(
+        "corpus {} ({corpus_len} documents), budget {} padded tokens, max batch {}, window {}, {} repeats (median)",
+        args.corpus.display(),
+        args.budget,
+        args.max_batch,
+        args.window,
+        args.repeats
+    );
+    let mut results = Vec::new();
+    for &threads in &args.threads {
+        let started = Instant::now();
+        let output = Command::new(&exe)
+            .args(["--child", "--threads", &threads.to_string(), "--repeats", &args.repeats.to_string()])
+            .args(["--budget", &args.budget.to_string(), "--max-batch", &args.max_batch.to_string()])
+            .args(["--window", &args.window.to_string()])
+            .arg("--corpus")
+            .arg(&args.corpus)
+            .env("RAYON_NUM_THREADS", threads.to_string())
+            .env("CANDLE_NUM_THREADS", threads.to_string())
+            .output()
+            .expect("run child");
+        if !output.status.success() {
+            eprintln!("{}", String::from_utf8_lossy(&output.stderr));
+            panic!("child for {threads} threads failed");
+        }
+        let line = String::from_utf8_lossy(&output.stdout);
+        let r: serde_json::Value = serde_json::from_str(line.trim()).expect("child output");
+        println!(
+            "threads {:>2}: {:>7.1} docs/s  {:>8.0} tokens/s  {:>6.1} GFLOP/s  padded {:>4.1}%  \
+             (mean {:.1} tokens, {} batches)  latency 9-tok {:.2} ms, 128-tok {:.2} ms  load {:.0} ms  peak RSS {:.0} MiB  [{:.0?}]",
+            threads,
+            r["documents_per_s"].as_f64().unwrap(),
+            r["real_tokens_per_s"].as_f64().unwrap(),
+            r["useful_gflop_per_s"].as_f64().unwrap(),
+            r["padded_fraction"].as_f64().unwrap() * 100.0,
+            r["mean_tokens"].as_f64().unwrap(),
+            r["batches"],
+            r["latency_9_tokens_ms"].as_f64().unwrap(),
+            r["latency_128_tokens_ms"].as_f64().unwrap(),
+            r["model_load_ms"].as_f64().unwrap(),
+            r["peak_rss_mib"].as_f64().unwrap(),
+            Duration::from_secs_f64(started.elapsed().as_secs_f64()),
+        );
+        results.push(r);
+    }
+    if let Some(path) = &args.json {
+        let doc = serde_json::json!({ "corpus": args.corpus, "documents": corpus_len, "results": results });
+        std::fs::write(path, serde_json::to_string_pretty(&doc).unwrap() + "\n").expect("write json");
+        println!("wrote {}", path.display());
+    }
+}

@@ -1,0 +1,241 @@
+//! The backend: tokenizer + BERT on candle's CPU device, loaded from bytes in memory.
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config};
+use protocol::manifest::{Manifest, Pooling};
+use protocol::records::{ErrorCode, MAX_TEXT_LEN};
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+
+use super::{InferenceError, RecordFailure};
+
+/// The three files of a model directory, as bytes in memory (decrypted and hash-checked by the
+/// model loader before they get here).
+#[derive(Debug, Clone, Copy)]
+pub struct ModelFiles<'a> {
+    /// `config.json` (Hugging Face BERT config).
+    pub config: &'a [u8],
+    /// `tokenizer.json` (Hugging Face tokenizers).
+    pub tokenizer: &'a [u8],
+    /// `model.safetensors`.
+    pub weights: &'a [u8],
+}
+
+/// How a model turns token states into one vector. Comes from the signed manifest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbedderSettings {
+    pub pooling: Pooling,
+    /// Whether the model's vectors are L2-normalised by default (a job may still turn it off).
+    pub normalize: bool,
+    /// Maximum tokens per text, [CLS] and [SEP] included; longer texts are truncated, or refused
+    /// when a job asks for no truncation.
+    pub max_tokens: usize,
+    /// If set, the model's hidden size must equal it (the manifest's `dimensions`).
+    pub dimensions: Option<usize>,
+}
+
+impl Default for EmbedderSettings {
+    /// all-MiniLM-L6-v2 as sentence-transformers runs it.
+    fn default() -> Self {
+        Self { pooling: Pooling::Mean, normalize: true, max_tokens: 256, dimensions: None }
+    }
+}
+
+impl EmbedderSettings {
+    pub fn from_manifest(manifest: &Manifest) -> Self {
+        Self {
+            pooling: manifest.pooling,
+            normalize: manifest.normalize,
+            max_tokens: manifest.max_tokens as usize,
+            dimensions: Some(manifest.dimensions as usize),
+        }
+    }
+}
+
+/// A tokenized text: token ids with [CLS]/[SEP], already truncated to `max_tokens`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tokenized {
+    pub ids: Vec<u32>,
+}
+
+impl Tokenized {
+    pub fn tokens(&self) -> usize {
+        self.ids.len()
+    }
+}
+
+/// A sentence-embedding model: tokenizer + BERT encoder + pooling. `Send + Sync`; one instance
+/// serves every job for its model.
+pub struct Embedder {
+    model: BertModel,
+    tokenizer: Tokenizer,
+    settings: EmbedderSettings,
+    hidden_size: usize,
+    pad_id: u32,
+    device: Device,
+}
+
+impl std::fmt::Debug for Embedder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedder")
+            .field("settings", &self.settings)
+            .field("hidden_size", &self.hidden_size)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Embedder {
+    /// Builds the model from bytes in memory. The weights are copied into candle tensors (no
+    /// mmap); the caller may drop or zeroize `files` afterwards.
+    pub fn load(files: ModelFiles<'_>, settings: EmbedderSettings) -> Result<Self, InferenceError> {
+        let config: Config =
+            serde_json::from_slice(files.config).map_err(|e| InferenceError::Config(e.to_string()))?;
+        if settings.max_tokens < 3 || settings.max_tokens > config.max_position_embeddings {
+            return Err(InferenceError::Settings(format!(
+                "max_tokens {} outside 3..={} (the model's max_position_embeddings)",
+                settings.max_tokens, config.max_position_embeddings
+            )));
+        }
+        if let Some(dimensions) = settings.dimensions
+            && dimensions != config.hidden_size
+        {
+            return Err(InferenceError::Settings(format!(
+                "the manifest says {dimensions} dimensions, the model's hidden size is {}",
+                config.hidden_size
+            )));
+        }
+
+        let mut tokenizer =
+            Tokenizer::from_bytes(files.tokenizer).map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+        // The shipped tokenizer.json pads every text to a fixed 128 tokens and truncates at 128
+        // (STACK.md §5). We pad ourselves, within a batch, and truncate at max_tokens.
+        let pad_id = tokenizer
+            .get_padding()
+            .map(|p| p.pad_id)
+            .or_else(|| tokenizer.token_to_id("[PAD]"))
+            .unwrap_or(config.pad_token_id as u32);
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                direction: TruncationDirection::Right,
+                max_length: settings.max_tokens,
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+            }))
+            .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+
+        let device = Device::Cpu;
+        let tensors = candle_core::safetensors::load_buffer(files.weights, &device)
+            .map_err(|e| InferenceError::Weights(e.to_string()))?;
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
+        let model = BertModel::load(vb, &config).map_err(|e| InferenceError::Weights(e.to_string()))?;
+        Ok(Self { model, tokenizer, settings, hidden_size: config.hidden_size, pad_id, device })
+    }
+
+    pub fn settings(&self) -> &EmbedderSettings {
+        &self.settings
+    }
+
+    /// Length of the output vectors.
+    pub fn dimensions(&self) -> usize {
+        self.hidden_size
+    }
+
+    /// Checks and tokenizes one text. Per-record failures: `TooLarge` (over the protocol's text
+    /// limit), `InvalidUtf8`, `EmptyText` (empty, whitespace-only, or nothing left after the
+    /// tokenizer's normalisation), `TokenizerFailed`, and `TooManyTokens` when `truncate` is off and
+    /// the text has more than `max_tokens` tokens.
+    pub fn tokenize(&self, text: &[u8], truncate: bool) -> Result<Tokenized, RecordFailure> {
+        if text.len() > MAX_TEXT_LEN {
+            return Err(RecordFailure::new(
+                ErrorCode::TooLarge,
+                format!("text of {} bytes exceeds {MAX_TEXT_LEN}", text.len()),
+            ));
+        }
+        let text = std::str::from_utf8(text).map_err(|e| {
+            RecordFailure::new(ErrorCode::InvalidUtf8, format!("not UTF-8 after byte {}", e.valid_up_to()))
+        })?;
+        if text.trim().is_empty() {
+            return Err(RecordFailure::new(ErrorCode::EmptyText, "the text is empty or only whitespace"));
+        }
+        let encoding = self
+            .tokenizer
+            .encode_fast(text, true)
+            .map_err(|e| RecordFailure::new(ErrorCode::TokenizerFailed, e.to_string()))?;
+        if encoding.get_special_tokens_mask().iter().all(|&special| special != 0) {
+            return Err(RecordFailure::new(ErrorCode::EmptyText, "no tokens left after normalisation"));
+        }
+        if !truncate && !encoding.get_overflowing().is_empty() {
+            return Err(RecordFailure::new(
+                ErrorCode::TooManyTokens,
+                format!("more than {} tokens and truncation is off", self.settings.max_tokens),
+            ));
+        }
+        Ok(Tokenized { ids: encoding.get_ids().to_vec() })
+    }
+
+    /// Embeds one batch: pads to the longest member, runs the encoder with the attention mask and
+    /// zero token types, pools over the real tokens and, if `normalize`, L2-normalises. Returns one
+    /// vector per member, in order. Runs on the calling thread's rayon pool (see the module docs).
+    pub fn embed_batch(&self, batch: &[&Tokenized], normalize: bool) -> Result<Vec<Vec<f32>>, InferenceError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = batch.len();
+        let cols = batch.iter().map(|t| t.ids.len()).max().unwrap_or(0).max(1);
+        let mut ids = vec![self.pad_id; rows * cols];
+        let mut mask = vec![0u32; rows * cols];
+        for (row, tokenized) in batch.iter().enumerate() {
+            let start = row * cols;
+            ids[start..start + tokenized.ids.len()].copy_from_slice(&tokenized.ids);
+            mask[start..start + tokenized.ids.len()].fill(1);
+        }
+        let forward = || -> candle_core::Result<Vec<f32>> {
+            let input_ids = Tensor::from_vec(ids, (rows, cols), &self.device)?;
+            let attention_mask = Tensor::from_vec(mask, (rows, cols), &self.device)?;
+            let token_type_ids = input_ids.zeros_like()?;
+            let hidden = self.model.forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
+            hidden.flatten_all()?.to_vec1::<f32>()
+        };
+        let hidden = forward().map_err(|e| InferenceError::Forward(e.to_string()))?;
+        let h = self.hidden_size;
+        if hidden.len() != rows * cols * h {
+            return Err(InferenceError::Forward(format!(
+                "output has {} values, expected {rows}×{cols}×{h}",
+                hidden.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(rows);
+        let mut acc = vec![0f64; h];
+        for (row, tokenized) in batch.iter().enumerate() {
+            let states = &hidden[row * cols * h..(row + 1) * cols * h];
+            let n = tokenized.ids.len().max(1);
+            let mut vector: Vec<f32> = match self.settings.pooling {
+                Pooling::Cls => states[..h].to_vec(),
+                Pooling::Mean => {
+                    acc.fill(0.0);
+                    // Right padding: the first n positions are the real tokens.
+                    for token in states[..n * h].chunks_exact(h) {
+                        for (a, &v) in acc.iter_mut().zip(token) {
+                            *a += f64::from(v);
+                        }
+                    }
+                    acc.iter().map(|&a| (a / n as f64) as f32).collect()
+                }
+            };
+            if normalize {
+                l2_normalize(&mut vector);
+            }
+            out.push(vector);
+        }
+        Ok(out)
+    }
+}
+
+/// `v / max(‖v‖₂, 1e-12)`, as sentence-transformers' `Normalize` (torch `F.normalize`).
+pub(crate) fn l2_normalize(vector: &mut [f32]) {
+    let norm = vector.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>().sqrt().max(1e-12);
+    for v in vector.iter_mut() {
+        *v = (f64::from(*v) / norm) as f32;
+    }
+}

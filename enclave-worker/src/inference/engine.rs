@@ -1,0 +1,257 @@
+//! The serving side: a thread pool, token-budget batching inside a bounded reorder window, and
+//! metrics.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use protocol::envelope::{JobOptions, OutputDtype, Precision};
+use protocol::records::{ErrorCode, InputRecord, OutputRecord};
+use rayon::prelude::*;
+
+use super::batching::{BatchLimits, plan_batches};
+use super::embedder::{Embedder, Tokenized};
+use super::metrics::{Metrics, MetricsSnapshot};
+use super::{Embedding, InferenceError, RecordFailure};
+
+/// How an [`Engine`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineSettings {
+    /// Threads of the engine's rayon pool; 0 means `std::thread::available_parallelism()`. See the
+    /// module docs for the part of candle this does not reach.
+    pub threads: usize,
+    /// Token budget and batch-size cap of one batch.
+    pub limits: BatchLimits,
+    /// [`Engine::embed_stream`] closes a window after this many records…
+    pub window_records: usize,
+    /// …or once the window's texts add up to this many bytes, whichever comes first.
+    pub window_bytes: usize,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self { threads: 0, limits: BatchLimits::default(), window_records: 1024, window_bytes: 16 << 20 }
+    }
+}
+
+/// Per-job choices that affect inference (from the sealed job header).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmbedOptions {
+    /// Truncate texts over the model's maximum; if false they fail with `TooManyTokens`.
+    pub truncate: bool,
+    /// L2-normalise the vectors.
+    pub normalize: bool,
+}
+
+impl Default for EmbedOptions {
+    fn default() -> Self {
+        Self { truncate: true, normalize: true }
+    }
+}
+
+impl EmbedOptions {
+    /// The inference part of a job's options. Only full precision is implemented; a job asking for
+    /// bf16 or int8 is refused rather than silently served in fp32 (the receipt records precision).
+    pub fn from_job(options: &JobOptions) -> Result<Self, InferenceError> {
+        match options.precision {
+            Precision::Fp32 => Ok(Self { truncate: options.truncate, normalize: options.normalize }),
+            other => Err(InferenceError::UnsupportedPrecision(other.as_str())),
+        }
+    }
+}
+
+/// What candle's CPU backend will use, process-wide (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CandleThreads {
+    /// Tasks each matrix multiplication is split into (`RAYON_NUM_THREADS`, else physical cores).
+    pub gemm_tasks: usize,
+    /// Threads of candle's element-wise pool (`CANDLE_NUM_THREADS`, else as above).
+    pub elementwise_threads: usize,
+}
+
+pub fn candle_thread_settings() -> CandleThreads {
+    let gemm_tasks = candle_core::utils::get_num_threads();
+    let elementwise_threads = std::env::var("CANDLE_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(gemm_tasks);
+    CandleThreads { gemm_tasks, elementwise_threads }
+}
+
+/// Embeds windows of records with one model on a dedicated thread pool. `Sync`: several jobs may
+/// share it, their windows then take turns on the pool.
+pub struct Engine {
+    embedder: Arc<Embedder>,
+    pool: Arc<rayon::ThreadPool>,
+    settings: EngineSettings,
+    metrics: Metrics,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("embedder", &self.embedder)
+            .field("threads", &self.threads())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine with its own pool of `settings.threads` threads.
+    pub fn new(embedder: Arc<Embedder>, settings: EngineSettings) -> Result<Self, InferenceError> {
+        let threads = if settings.threads == 0 {
+            std::thread::available_parallelism().map(usize::from).unwrap_or(1)
+        } else {
+            settings.threads
+        };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("inference-{i}"))
+            .build()
+            .map_err(|e| InferenceError::ThreadPool(e.to_string()))?;
+        Ok(Self::with_pool(embedder, Arc::new(pool), settings))
+    }
+
+    /// An engine on an existing pool (e.g. one pool shared by the engines of several models).
+    pub fn with_pool(embedder: Arc<Embedder>, pool: Arc<rayon::ThreadPool>, settings: EngineSettings) -> Self {
+        Self { embedder, pool, settings, metrics: Metrics::default() }
+    }
+
+    pub fn embedder(&self) -> &Embedder {
+        &self.embedder
+    }
+
+    pub fn settings(&self) -> &EngineSettings {
+        &self.settings
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Counters since the engine was built.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        self.metrics.snapshot()
+    }
+
+    /// Embeds one window of texts: tokenizes them in parallel, plans length-sorted batches under
+    /// the token budget (padding only within a batch), runs them, and returns one result per
+    /// text **in input order**. Memory is proportional to the window, so callers bound it (see
+    /// [`Engine::embed_stream`]). A batch whose forward pass fails turns its records into
+    /// `InferenceFailed`; nothing is dropped.
+    pub fn embed_window<T>(&self, texts: &[T], options: &EmbedOptions) -> Vec<Result<Embedding, RecordFailure>>
+    where
+        T: AsRef<[u8]> + Sync,
+    {
+        self.pool.install(|| self.embed_window_here(texts, options))
+    }
+
+    fn embed_window_here<T>(&self, texts: &[T], options: &EmbedOptions) -> Vec<Result<Embedding, RecordFailure>>
+    where
+        T: AsRef<[u8]> + Sync,
+    {
+        let started = Instant::now();
+        let tokenized: Vec<Result<Tokenized, RecordFailure>> =
+            texts.par_iter().map(|text| self.embedder.tokenize(text.as_ref(), options.truncate)).collect();
+        self.metrics.add_window(started.elapsed());
+
+        let mut results: Vec<Option<Result<Embedding, RecordFailure>>> = Vec::with_capacity(texts.len());
+        let mut ready: Vec<(usize, &Tokenized)> = Vec::with_capacity(texts.len());
+        let mut failed = 0u64;
+        for (index, outcome) in tokenized.iter().enumerate() {
+            match outcome {
+                Ok(tokens) => {
+                    results.push(None);
+                    ready.push((index, tokens));
+                }
+                Err(failure) => {
+                    failed += 1;
+                    results.push(Some(Err(failure.clone())));
+                }
+            }
+        }
+
+        let lengths: Vec<usize> = ready.iter().map(|(_, t)| t.tokens()).collect();
+        for batch in plan_batches(&lengths, self.settings.limits) {
+            let members: Vec<&Tokenized> = batch.members.iter().map(|&m| ready[m].1).collect();
+            let started = Instant::now();
+            match self.embedder.embed_batch(&members, options.normalize) {
+                Ok(vectors) => {
+                    let real: usize = members.iter().map(|t| t.tokens()).sum();
+                    self.metrics.add_batch(
+                        members.len() as u64,
+                        real as u64,
+                        batch.padded_tokens() as u64,
+                        started.elapsed(),
+                    );
+                    for (&m, vector) in batch.members.iter().zip(vectors) {
+                        let (index, tokens) = ready[m];
+                        results[index] = Some(Ok(Embedding { vector, tokens: tokens.tokens() as u32 }));
+                    }
+                }
+                Err(error) => {
+                    failed += members.len() as u64;
+                    for &m in &batch.members {
+                        results[ready[m].0] = Some(Err(RecordFailure::new(ErrorCode::InferenceFailed, error.to_string())));
+                    }
+                }
+            }
+        }
+        self.metrics.add_failed(failed);
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(RecordFailure::new(ErrorCode::InferenceFailed, "not planned"))))
+            .collect()
+    }
+
+    /// [`Engine::embed_window`] for protocol records: one output record per input record, same
+    /// order, vectors in `dtype`.
+    pub fn embed_records(&self, records: &[InputRecord], options: &EmbedOptions, dtype: OutputDtype) -> Vec<OutputRecord> {
+        let texts: Vec<&[u8]> = records.iter().map(|r| r.text.as_slice()).collect();
+        let results = self.embed_window(&texts, options);
+        records
+            .iter()
+            .zip(results)
+            .map(|(record, result)| match result {
+                Ok(embedding) => embedding.into_output(record.id.clone(), dtype),
+                Err(failure) => failure.into_output(record.id.clone()),
+            })
+            .collect()
+    }
+
+    /// Runs a stream of records through consecutive bounded windows
+    /// ([`EngineSettings::window_records`] records or [`EngineSettings::window_bytes`] bytes) and
+    /// hands every output record to `sink` in input order. Memory stays flat whatever the number
+    /// of records. Stops at the first error of `sink`. Returns the number of records emitted.
+    pub fn embed_stream<I, F, E>(&self, records: I, options: &EmbedOptions, dtype: OutputDtype, mut sink: F) -> Result<u64, E>
+    where
+        I: IntoIterator<Item = InputRecord>,
+        F: FnMut(OutputRecord) -> Result<(), E>,
+    {
+        let max_records = self.settings.window_records.max(1);
+        let mut window: Vec<InputRecord> = Vec::with_capacity(max_records.min(4096));
+        let mut bytes = 0usize;
+        let mut emitted = 0u64;
+        let mut flush = |window: &mut Vec<InputRecord>, emitted: &mut u64| -> Result<(), E> {
+            for output in self.embed_records(window, options, dtype) {
+                sink(output)?;
+                *emitted += 1;
+            }
+            window.clear();
+            Ok(())
+        };
+        for record in records {
+            bytes += record.text.len();
+            window.push(record);
+            if window.len() >= max_records || bytes >= self.settings.window_bytes {
+                flush(&mut window, &mut emitted)?;
+                bytes = 0;
+            }
+        }
+        if !window.is_empty() {
+            flush(&mut window, &mut emitted)?;
+        }
+        Ok(emitted)
+    }
+}

@@ -1,0 +1,138 @@
+//! Text embedding inside the enclave: a BERT-family sentence-embedding backend on candle, and an
+//! engine that batches records by token length under a token budget and returns results in input
+//! order (DESIGN.md §5 step 5, §7).
+//!
+//! Layers, in the spirit of text-embeddings-inference:
+//!
+//! * [`Embedder`] — the backend: tokenizer + `candle_transformers` `BertModel`, loaded from
+//!   in-memory bytes (in production the weights are decrypted into memory; there is no mmap and no
+//!   file access here). It tokenizes one text ([`Embedder::tokenize`]) and embeds one padded batch
+//!   ([`Embedder::embed_batch`]): attention mask passed to the model, `token_type_ids` zero, mean
+//!   (or CLS) pooling over the real tokens, optional L2 normalisation.
+//! * [`plan_batches`] — the pure batching policy: sort by length, cut into batches whose *padded*
+//!   size (`batch size × longest member`) stays under a token budget and a batch-size cap.
+//! * [`Engine`] — the serving side: owns a dedicated rayon thread pool, embeds a bounded window of
+//!   records ([`Engine::embed_window`]) and keeps [`Metrics`]. [`Engine::embed_stream`] runs a
+//!   stream of records through consecutive windows, so memory depends on the window, never on the
+//!   corpus size, and output order is input order.
+//!
+//! The job loop (opening and sealing streams, receipts) lives elsewhere and only calls
+//! [`Engine::embed_records`] / [`Engine::embed_stream`].
+//!
+//! # Threads
+//!
+//! candle's CPU backend has three sources of parallelism, none of which takes a per-call thread
+//! count:
+//!
+//! 1. matrix multiplication (gemm): split into `candle_core::utils::get_num_threads()` tasks
+//!    (`RAYON_NUM_THREADS`, else the number of *physical* cores), executed with rayon on the
+//!    **current** rayon pool;
+//! 2. large element-wise ops: candle's global spin-barrier pool, sized once at first use from
+//!    `CANDLE_NUM_THREADS`, else `RAYON_NUM_THREADS`, else physical cores;
+//! 3. tokenization here: rayon `par_iter` on the current pool.
+//!
+//! [`Engine`] therefore runs everything inside its own `rayon::ThreadPool` of
+//! [`EngineSettings::threads`] threads (default: available parallelism), which bounds (1) and (3).
+//! (2) can only be set by the process environment before the first tensor op, so a worker that
+//! wants fewer threads than cores must be started with `CANDLE_NUM_THREADS=n RAYON_NUM_THREADS=n`
+//! (setting environment variables in-process is `unsafe`, which this crate forbids). The benchmark
+//! runs each thread count in a child process for that reason. [`candle_thread_settings`] reports
+//! what candle will use. Note that inside a Nitro enclave vCPUs are hyper-thread siblings, so
+//! candle's default (physical cores) is half the vCPU count: set `RAYON_NUM_THREADS` to the vCPU
+//! count there.
+
+mod batching;
+mod embedder;
+mod engine;
+mod metrics;
+
+pub use batching::{Batch, BatchLimits, plan_batches};
+pub use embedder::{Embedder, EmbedderSettings, ModelFiles, Tokenized};
+pub use engine::{CandleThreads, EmbedOptions, Engine, EngineSettings, candle_thread_settings};
+pub use metrics::{Metrics, MetricsSnapshot};
+
+use protocol::records::{ErrorCode, OutputRecord, Vector};
+
+/// One embedded record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embedding {
+    /// The pooled (and, if asked, L2-normalised) vector, `hidden_size` values.
+    pub vector: Vec<f32>,
+    /// Real tokens fed to the model, [CLS] and [SEP] included, after truncation.
+    pub tokens: u32,
+}
+
+impl Embedding {
+    /// The vector in the dtype a job asked for.
+    pub fn to_vector(&self, dtype: protocol::envelope::OutputDtype) -> Vector {
+        match dtype {
+            protocol::envelope::OutputDtype::F32 => Vector::F32(self.vector.clone()),
+            protocol::envelope::OutputDtype::F16 => {
+                Vector::F16(self.vector.iter().map(|&v| protocol::records::f32_to_f16(v)).collect())
+            }
+        }
+    }
+
+    /// The output record for this embedding.
+    pub fn into_output(self, id: String, dtype: protocol::envelope::OutputDtype) -> OutputRecord {
+        let vector = match dtype {
+            protocol::envelope::OutputDtype::F32 => Vector::F32(self.vector),
+            protocol::envelope::OutputDtype::F16 => self.to_vector(dtype),
+        };
+        OutputRecord::Embedding { id, tokens: self.tokens, vector }
+    }
+}
+
+/// Why one record has no embedding. The job goes on; the record becomes an error record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordFailure {
+    pub code: ErrorCode,
+    /// Human-readable detail. Never contains the text itself (it goes back in a sealed stream,
+    /// but also keep logs clean).
+    pub message: String,
+}
+
+impl RecordFailure {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+
+    /// The output record for this failure; the message is cut to the protocol's limit.
+    pub fn into_output(self, id: String) -> OutputRecord {
+        let mut message = self.message;
+        if message.len() > protocol::records::MAX_MESSAGE_LEN {
+            let mut cut = protocol::records::MAX_MESSAGE_LEN;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        OutputRecord::Error { id, code: self.code, message }
+    }
+}
+
+impl std::fmt::Display for RecordFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.code.as_str(), self.message)
+    }
+}
+
+/// Failures of the engine itself (bad model files, bad settings, unsupported options): these fail
+/// model loading or the job, not a record.
+#[derive(Debug, thiserror::Error)]
+pub enum InferenceError {
+    #[error("config.json: {0}")]
+    Config(String),
+    #[error("tokenizer.json: {0}")]
+    Tokenizer(String),
+    #[error("model weights: {0}")]
+    Weights(String),
+    #[error("settings: {0}")]
+    Settings(String),
+    #[error("precision {0} is not supported by this worker")]
+    UnsupportedPrecision(&'static str),
+    #[error("thread pool: {0}")]
+    ThreadPool(String),
+    #[error("model forward pass: {0}")]
+    Forward(String),
+}

@@ -1,0 +1,262 @@
+//! The inference engine against committed reference vectors
+//! (`testdata/reference_embeddings.json`, written by `scripts/reference_embeddings.py`), and the
+//! properties batching must keep. Needs the model: `bash scripts/setup-model.sh` (or set
+//! `EPHEM_MODEL_DIR`).
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use enclave_worker::inference::{
+    BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles,
+};
+use protocol::envelope::{JobOptions, OutputDtype, Precision};
+use protocol::records::{ErrorCode, InputRecord, OutputRecord, Vector};
+
+struct Case {
+    name: String,
+    text: String,
+    tokens: u32,
+    truncated: bool,
+    vector: Vec<f32>,
+}
+
+struct Reference {
+    engine: String,
+    cases: Vec<Case>,
+    errors: Vec<(String, String, String)>,
+}
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("EPHEM_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2")))
+}
+
+fn read_model_file(name: &str) -> Vec<u8> {
+    let path = model_dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!("{}: {e}. Install the model first: bash scripts/setup-model.sh (or set EPHEM_MODEL_DIR)", path.display())
+    })
+}
+
+fn embedder() -> Arc<Embedder> {
+    static EMBEDDER: OnceLock<Arc<Embedder>> = OnceLock::new();
+    EMBEDDER
+        .get_or_init(|| {
+            let (config, tokenizer, weights) =
+                (read_model_file("config.json"), read_model_file("tokenizer.json"), read_model_file("model.safetensors"));
+            let files = ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights };
+            Arc::new(Embedder::load(files, EmbedderSettings::default()).expect("load all-MiniLM-L6-v2"))
+        })
+        .clone()
+}
+
+fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| Engine::new(embedder(), EngineSettings::default()).unwrap())
+}
+
+fn reference() -> &'static Reference {
+    static REFERENCE: OnceLock<Reference> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let raw = include_str!("../testdata/reference_embeddings.json");
+        let doc: serde_json::Value = serde_json::from_str(raw).unwrap();
+        let cases = doc["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| Case {
+                name: c["name"].as_str().unwrap().to_owned(),
+                text: c["text"].as_str().unwrap().to_owned(),
+                tokens: c["tokens"].as_u64().unwrap() as u32,
+                truncated: c["truncated"].as_bool().unwrap(),
+                vector: c["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect(),
+            })
+            .collect();
+        let errors = doc["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let s = |k: &str| e[k].as_str().unwrap().to_owned();
+                (s("name"), s("text"), s("code"))
+            })
+            .collect();
+        Reference { engine: doc["engine"].as_str().unwrap().to_owned(), cases, errors }
+    })
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+    let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}
+
+fn texts() -> Vec<&'static str> {
+    reference().cases.iter().map(|c| c.text.as_str()).collect()
+}
+
+#[test]
+fn every_reference_vector_matches() {
+    let reference = reference();
+    assert!(reference.cases.len() >= 16);
+    let results = engine().embed_window(&texts(), &EmbedOptions::default());
+    let mut min = (f64::INFINITY, String::new());
+    for (case, result) in reference.cases.iter().zip(&results) {
+        let embedding = result.as_ref().unwrap_or_else(|e| panic!("{}: {e}", case.name));
+        assert_eq!(embedding.vector.len(), 384, "{}", case.name);
+        assert_eq!(embedding.tokens, case.tokens, "{}: token count", case.name);
+        let cos = cosine(&embedding.vector, &case.vector);
+        let norm: f64 = embedding.vector.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{}: norm {norm}", case.name);
+        println!("{:<18} {:>4} tokens{} cosine {cos:.12} (1 - cos = {:.1e})", case.name, case.tokens, if case.truncated { " (truncated)" } else { "" }, 1.0 - cos);
+        if cos < min.0 {
+            min = (cos, case.name.clone());
+        }
+    }
+    println!("min cosine to the reference ({}): {:.12} ({}; 1 - cos = {:.1e})", reference.engine, min.0, min.1, 1.0 - min.0);
+    assert!(min.0 >= 0.9999, "min cosine {:.9} on {}", min.0, min.1);
+    // Cases that exercise the tokenizer trap and truncation are present.
+    assert!(reference.cases.iter().any(|c| c.truncated && c.tokens == 256));
+    assert!(reference.cases.iter().any(|c| c.tokens > 128 && c.tokens < 256));
+    assert!(reference.cases.iter().any(|c| c.tokens == 128));
+}
+
+#[test]
+fn known_sentence_transformers_value() {
+    // STACK.md §5: sentence-transformers, normalize_embeddings=True.
+    let expected = [0.08204813f32, 0.0360555, -0.00389286, -0.0048811, 0.02565121];
+    let result = engine().embed_window(&["What is the capital of France?"], &EmbedOptions::default());
+    let vector = &result[0].as_ref().unwrap().vector;
+    for (got, want) in vector.iter().zip(expected) {
+        assert!((got - want).abs() < 1e-6, "{:?} vs {expected:?}", &vector[..5]);
+    }
+}
+
+#[test]
+fn batching_does_not_change_results() {
+    let texts = texts();
+    let options = EmbedOptions::default();
+    let alone: Vec<Vec<f32>> =
+        texts.iter().map(|t| engine().embed_window(&[*t], &options).remove(0).unwrap().vector).collect();
+    let together = engine().embed_window(&texts, &options);
+    // A deterministic shuffle, plus duplicates, in one window.
+    let mut order: Vec<usize> = (0..texts.len()).map(|i| (i * 7 + 3) % texts.len()).collect();
+    order.extend([0, 3, 16 % texts.len()]);
+    let shuffled_texts: Vec<&str> = order.iter().map(|&i| texts[i]).collect();
+    let shuffled = engine().embed_window(&shuffled_texts, &options);
+    // Tiny budget: many small batches with different companions.
+    let small = Engine::new(
+        embedder(),
+        EngineSettings { threads: 1, limits: BatchLimits { max_padded_tokens: 300, max_batch_size: 3 }, ..Default::default() },
+    )
+    .unwrap();
+    let small_batches = small.embed_window(&texts, &options);
+
+    let mut min = f64::INFINITY;
+    for (i, single) in alone.iter().enumerate() {
+        min = min.min(cosine(single, &together[i].as_ref().unwrap().vector));
+        min = min.min(cosine(single, &small_batches[i].as_ref().unwrap().vector));
+    }
+    for (position, &i) in order.iter().enumerate() {
+        min = min.min(cosine(&alone[i], &shuffled[position].as_ref().unwrap().vector));
+    }
+    println!("min cosine alone vs batched/shuffled: {min:.12} (1 - cos = {:.1e})", 1.0 - min);
+    assert!(min >= 0.99999, "batching changed a vector: min cosine {min}");
+    assert!(small.metrics().batches > 5);
+}
+
+#[test]
+fn empty_and_invalid_texts_are_per_record_errors() {
+    let reference = reference();
+    assert!(!reference.errors.is_empty());
+    let mut texts: Vec<Vec<u8>> = reference.errors.iter().map(|(_, text, _)| text.as_bytes().to_vec()).collect();
+    texts.push(b"\x00\x01\x02".to_vec()); // control characters only: nothing left after normalisation
+    texts.push(b"caf\xc3".to_vec()); // truncated UTF-8
+    texts.push(b"fine".to_vec());
+    let results = engine().embed_window(&texts, &EmbedOptions::default());
+    for ((name, _, code), result) in reference.errors.iter().zip(&results) {
+        assert_eq!(code, "empty_text");
+        assert_eq!(result.as_ref().unwrap_err().code, ErrorCode::EmptyText, "{name}");
+    }
+    let n = reference.errors.len();
+    assert_eq!(results[n].as_ref().unwrap_err().code, ErrorCode::EmptyText);
+    assert_eq!(results[n + 1].as_ref().unwrap_err().code, ErrorCode::InvalidUtf8);
+    assert_eq!(results[n + 2].as_ref().unwrap().tokens, 3);
+}
+
+#[test]
+fn truncation_off_refuses_long_texts() {
+    let reference = reference();
+    let long = reference.cases.iter().find(|c| c.truncated).expect("a truncated case");
+    let exact = reference.cases.iter().find(|c| c.tokens == 128).expect("a 128-token case");
+    let job = JobOptions { truncate: false, ..Default::default() };
+    let options = EmbedOptions::from_job(&job).unwrap();
+    let results = engine().embed_window(&[long.text.as_str(), exact.text.as_str()], &options);
+    let failure = results[0].as_ref().unwrap_err();
+    assert_eq!(failure.code, ErrorCode::TooManyTokens, "{failure}");
+    assert_eq!(results[1].as_ref().unwrap().tokens, 128);
+    let truncated = engine().embed_window(&[long.text.as_str()], &EmbedOptions::default());
+    assert_eq!(truncated[0].as_ref().unwrap().tokens, 256);
+}
+
+#[test]
+fn reduced_precision_is_refused_not_faked() {
+    for precision in [Precision::Bf16, Precision::Int8] {
+        let job = JobOptions { precision, ..Default::default() };
+        assert!(EmbedOptions::from_job(&job).is_err());
+    }
+}
+
+#[test]
+fn unnormalised_vectors_are_the_mean_pooled_states() {
+    let options = EmbedOptions { truncate: true, normalize: false };
+    let raw = engine().embed_window(&["What is the capital of France?"], &options).remove(0).unwrap();
+    let norm: f64 = raw.vector.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() > 1e-3, "expected an unnormalised vector, norm {norm}");
+    let reference = &reference().cases[0].vector;
+    assert!(cosine(&raw.vector, reference) >= 0.9999);
+}
+
+#[test]
+fn stream_keeps_input_order_through_small_windows() {
+    let texts = texts();
+    let mut records: Vec<InputRecord> = Vec::new();
+    for round in 0..3 {
+        for (i, text) in texts.iter().enumerate() {
+            records.push(InputRecord { id: format!("r{round}-{i}"), text: text.as_bytes().to_vec() });
+        }
+        records.push(InputRecord { id: format!("r{round}-empty"), text: Vec::new() });
+    }
+    let engine = Engine::new(embedder(), EngineSettings { threads: 2, window_records: 5, ..Default::default() }).unwrap();
+    let mut outputs: Vec<OutputRecord> = Vec::new();
+    let emitted = engine
+        .embed_stream(records.clone(), &EmbedOptions::default(), OutputDtype::F16, |o| {
+            outputs.push(o);
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+    assert_eq!(emitted as usize, records.len());
+    let ids: Vec<&str> = outputs.iter().map(OutputRecord::id).collect();
+    let expected: Vec<&str> = records.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, expected);
+    let metrics = engine.metrics();
+    assert_eq!(metrics.windows as usize, records.len().div_ceil(5));
+    assert_eq!(metrics.failed, 3);
+    assert_eq!(metrics.documents as usize, records.len() - 3);
+    assert!(metrics.padded_tokens >= metrics.real_tokens);
+    for (record, output) in records.iter().zip(&outputs) {
+        match output {
+            OutputRecord::Embedding { tokens, vector: Vector::F16(bits), .. } => {
+                let case = reference().cases.iter().find(|c| c.text.as_bytes() == record.text).unwrap();
+                assert_eq!(*tokens, case.tokens);
+                let widened = Vector::F16(bits.clone()).to_f32();
+                assert!(cosine(&widened, &case.vector) > 0.9999);
+            }
+            OutputRecord::Error { code, .. } => assert_eq!(*code, ErrorCode::EmptyText, "{}", record.id),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
