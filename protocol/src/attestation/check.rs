@@ -20,9 +20,9 @@ pub enum CheckName {
     AlgEs384,
     /// ES384 signature over the Sig_structure with the leaf certificate's P-384 key.
     Signature,
-    /// cabundle[0] → … → leaf: names, ECDSA-P384-SHA384 signatures, CA constraints, key usage.
+    /// `cabundle[0]` → … → leaf: names, ECDSA-P384-SHA384 signatures, CA constraints, key usage.
     Chain,
-    /// cabundle[0] is byte-identical to the pinned root.
+    /// `cabundle[0]` is byte-identical to the pinned root.
     RootPinned,
     /// Every certificate is valid at the verification time.
     Validity,

@@ -3,9 +3,10 @@
 //! real shape, so the one verifier checks both; only the pinned root differs.
 //!
 //! Certificate profile (all X.509 v3, ECDSA P-384 keys, ecdsa-with-SHA384 signatures,
-//! serial = 16 bytes derived from SHA-256 of the certificate's public key and notBefore):
+//! serial = first 16 bytes of SHA-256(SPKI DER ‖ notBefore seconds u64 BE), top bit cleared and
+//! the next one set):
 //!
-//! | certificate  | subject (RFC 4514)                                                                   | validity         | extensions |
+//! | certificate  | subject (DER order)                                                                  | validity         | extensions |
 //! |--------------|--------------------------------------------------------------------------------------|------------------|------------|
 //! | root         | `O=ephem-batch,OU=ephem-batch development,CN=ephem-batch development root`           | t … t + 3650 d   | basicConstraints critical cA; keyUsage critical keyCertSign, cRLSign; subjectKeyIdentifier |
 //! | intermediate | `O=ephem-batch,OU=ephem-batch development,CN=ephem-batch development intermediate`   | t … t + 3650 d   | basicConstraints critical cA, pathLen 0; keyUsage critical keyCertSign, cRLSign; subjectKeyIdentifier; authorityKeyIdentifier |

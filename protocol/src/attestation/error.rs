@@ -239,7 +239,7 @@ pub enum SignatureError {
     Mismatch,
 }
 
-/// `chain`: a link cabundle[0] → … → leaf is broken.
+/// `chain`: a link `cabundle[0]` → … → leaf is broken.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ChainError {
     #[error("{0}")]
@@ -268,7 +268,7 @@ pub enum ChainError {
     MalformedExtension { role: CertRole, extension: &'static str },
 }
 
-/// `root_pinned`: cabundle[0] is not the trusted root.
+/// `root_pinned`: `cabundle[0]` is not the trusted root.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
     "cabundle[0] ({subject}, SHA-256 {sha256}) is not byte-identical to the pinned root {expected_label} (SHA-256 {expected_sha256})"

@@ -6,7 +6,7 @@
 //!   `cose_structure`, `alg_es384`);
 //! - `x509` (private): certificate parsing, chain links, CA constraints, validity;
 //! - [`roots`]: the compiled-in AWS Nitro Enclaves root G1 and other trust anchors;
-//! - [`verify`]: the verifier that runs every check in order and reports each by name;
+//! - [`verify`](mod@verify): the verifier that runs every check in order and reports each by name;
 //! - [`check`]: check names, the report, the verified document;
 //! - [`error`]: one error enum per check;
 //! - [`binding`]: the `user_data` key binding;

@@ -29,7 +29,7 @@ pub const DEFAULT_MAX_FUTURE_SKEW_S: u64 = 300;
 /// What a verification expects. `now_ms` is always the caller's: the library never reads a clock.
 #[derive(Clone, Debug)]
 pub struct VerifyOptions {
-    /// The root cabundle[0] must equal.
+    /// The root `cabundle[0]` must equal.
     pub root: TrustAnchor,
     /// Verification time, ms since the UNIX epoch (a client: its clock; an auditor: the
     /// document's own timestamp).
@@ -225,7 +225,7 @@ fn check_signature<'c>(parsed: &Parsed<'_>, certificate: &'c [u8]) -> Result<Cer
     Ok(leaf)
 }
 
-/// `chain`: cabundle[0] → cabundle[1] → … → leaf.
+/// `chain`: `cabundle[0]` → `cabundle[1]` → … → leaf.
 fn check_chain<'d>(doc: &'d AttestationDocument, leaf: &Cert<'_>) -> Result<Vec<Cert<'d>>, ChainError> {
     let mut bundle = Vec::with_capacity(doc.cabundle.len());
     for (i, der) in doc.cabundle.iter().enumerate() {
@@ -246,7 +246,7 @@ fn check_chain<'d>(doc: &'d AttestationDocument, leaf: &Cert<'_>) -> Result<Vec<
     Ok(bundle)
 }
 
-/// `root_pinned`: cabundle[0] is byte-identical to the pinned root.
+/// `root_pinned`: `cabundle[0]` is byte-identical to the pinned root.
 fn check_root(bundle: &[Cert<'_>], root: &TrustAnchor) -> Result<(), RootPinError> {
     let first = bundle.first();
     if first.map(|c| c.der) == Some(root.der()) {
