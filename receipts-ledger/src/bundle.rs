@@ -198,7 +198,7 @@ mod tests {
         (s, key)
     }
 
-    /// Known answer, also in docs/ledger.part.md (cross-checked with Python
+    /// Known answer, also in docs/protocol.md §8 (cross-checked with Python
     /// hashlib + cryptography).
     #[test]
     fn known_answer_bundle() {

@@ -114,7 +114,7 @@ mod tests {
     use super::*;
     use crate::note::SignerKey;
 
-    /// Known answer (cross-checked with Python `cryptography`), also in docs/ledger.part.md.
+    /// Known answer (cross-checked with Python `cryptography`), also in docs/protocol.md §8.
     pub(crate) const KAT_ORIGIN: &str = "ledger.ephem-batch.example/test";
     pub(crate) const KAT_SEED: [u8; 32] = [0x42; 32];
 

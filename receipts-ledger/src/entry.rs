@@ -196,7 +196,7 @@ pub(crate) fn sample_fields(job: u64) -> IndexedFields {
 mod tests {
     use super::*;
 
-    /// Known answer, also in docs/ledger.part.md (cross-checked with Python hashlib).
+    /// Known answer, also in docs/protocol.md §8 (cross-checked with Python hashlib).
     #[test]
     fn entry_hash_known_answer() {
         let leaf = b"receipt-0";

@@ -257,7 +257,7 @@ mod tests {
         assert!(root_plan(size).nodes().len() <= 21);
     }
 
-    /// Known answers for the storage layout, also in docs/ledger.part.md.
+    /// Known answers for the storage layout, also in docs/protocol.md §8.
     #[test]
     fn plan_known_answers() {
         let n = |l, i| NodeId::new(l, i);
