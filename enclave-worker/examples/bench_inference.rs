@@ -6,7 +6,7 @@
 //! ```text
 //! python3 scripts/build_corpus.py --count 2000 --out /tmp/corpus-2000.jsonl
 //! cargo run --release -p enclave-worker --example bench_inference -- --corpus /tmp/corpus-2000.jsonl
-//!     [--threads 1,2] [--repeats 3] [--budget 8192] [--max-batch 128] [--window 1024] [--json out.json]
+//!     [--threads 1,2] [--repeats 3] [--budget 2048] [--max-batch 128] [--window 1024] [--json out.json]
 //! ```
 //!
 //! Each thread count runs in a child process started with `RAYON_NUM_THREADS=n
@@ -81,7 +81,7 @@ fn parse_args() -> Args {
 
 fn usage(problem: &str) -> ! {
     eprintln!(
-        "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 8192] \
+        "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 2048] \
          [--max-batch 128] [--window 1024] [--json OUT]"
     );
     std::process::exit(2)
@@ -130,6 +130,34 @@ fn peak_rss_kib() -> u64 {
         .unwrap_or(0)
 }
 
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// GEMM peak of candle on this machine now (same process, same threads): (4096,384)×(384,1536)
+/// f32, the shape of the model's FFN, median GFLOP/s of 10 after warm-up. Run inside the engine's
+/// pool so that it gets the same threads.
+fn gemm_peak(pool: &rayon::ThreadPool) -> f64 {
+    use candle_core::{Device, Tensor};
+    pool.install(|| {
+        let a = Tensor::randn(0f32, 1.0, (4096, 384), &Device::Cpu).unwrap();
+        let b = Tensor::randn(0f32, 1.0, (384, 1536), &Device::Cpu).unwrap();
+        let mut rates = Vec::new();
+        for i in 0..13 {
+            let started = Instant::now();
+            let c = a.matmul(&b).unwrap();
+            let elapsed = started.elapsed().as_secs_f64();
+            drop(c);
+            if i >= 3 {
+                rates.push(2.0 * 4096.0 * 384.0 * 1536.0 / elapsed / 1e9);
+            }
+        }
+        median(&mut rates)
+    })
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = values.len();
@@ -163,6 +191,9 @@ fn run_child(args: &Args) -> serde_json::Value {
         ..Default::default()
     };
     let engine = Engine::new(Arc::new(embedder), settings).expect("engine");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
+    let load_before = load_average();
+    let peak_before = gemm_peak(&pool);
     let options = EmbedOptions::default();
 
     // Warm-up (thread pools, allocator, caches).
@@ -220,6 +251,10 @@ fn run_child(args: &Args) -> serde_json::Value {
     let short_ms = latency(&case("capital_of_france"));
     let ms_128 = latency(&case("tokens_128"));
 
+    let peak_after = gemm_peak(&pool);
+    let load_after = load_average();
+    let gemm_peak_gflops = peak_before.max(peak_after);
+
     let candle = candle_thread_settings();
     serde_json::json!({
         "threads": threads,
@@ -232,6 +267,9 @@ fn run_child(args: &Args) -> serde_json::Value {
         "documents_per_s_runs": docs_per_s,
         "real_tokens_per_s": median(&mut tokens_per_s),
         "useful_gflop_per_s": median(&mut gflops),
+        "gemm_peak_gflop_per_s": gemm_peak_gflops,
+        "gemm_peak_before_after": [peak_before, peak_after],
+        "loadavg_before_after": [load_before, load_after],
         "mean_tokens": delta.real_tokens as f64 / delta.documents.max(1) as f64,
         "padded_fraction": delta.padded_fraction(),
         "batches": delta.batches,
@@ -282,12 +320,14 @@ fn main() {
         let line = String::from_utf8_lossy(&output.stdout);
         let r: serde_json::Value = serde_json::from_str(line.trim()).expect("child output");
         println!(
-            "threads {:>2}: {:>7.1} docs/s  {:>8.0} tokens/s  {:>6.1} GFLOP/s  padded {:>4.1}%  \
-             (mean {:.1} tokens, {} batches)  latency 9-tok {:.2} ms, 128-tok {:.2} ms  load {:.0} ms  peak RSS {:.0} MiB  [{:.0?}]",
+            "threads {:>2}: {:>7.1} docs/s  {:>8.0} tokens/s  {:>6.1} GFLOP/s ({:.0}% of GEMM peak {:.0})  padded {:>4.1}%  \
+             (mean {:.1} tokens, {} batches)  latency 9-tok {:.2} ms, 128-tok {:.2} ms  load {:.0} ms  peak RSS {:.0} MiB  load avg {} → {}  [{:.0?}]",
             threads,
             r["documents_per_s"].as_f64().unwrap(),
             r["real_tokens_per_s"].as_f64().unwrap(),
             r["useful_gflop_per_s"].as_f64().unwrap(),
+            100.0 * r["useful_gflop_per_s"].as_f64().unwrap() / r["gemm_peak_gflop_per_s"].as_f64().unwrap(),
+            r["gemm_peak_gflop_per_s"].as_f64().unwrap(),
             r["padded_fraction"].as_f64().unwrap() * 100.0,
             r["mean_tokens"].as_f64().unwrap(),
             r["batches"],
@@ -295,6 +335,8 @@ fn main() {
             r["latency_128_tokens_ms"].as_f64().unwrap(),
             r["model_load_ms"].as_f64().unwrap(),
             r["peak_rss_mib"].as_f64().unwrap(),
+            r["loadavg_before_after"][0].as_str().unwrap_or(""),
+            r["loadavg_before_after"][1].as_str().unwrap_or(""),
             Duration::from_secs_f64(started.elapsed().as_secs_f64()),
         );
         results.push(r);

@@ -11,8 +11,11 @@ pub struct BatchLimits {
 }
 
 impl Default for BatchLimits {
+    /// 2048 padded tokens: measured best on a 2-core AMD EPYC (Zen 4) for all-MiniLM-L6-v2 —
+    /// larger batches spill the caches and pay for fresh pages (glibc hands allocations over
+    /// 32 MiB straight to mmap): 48.8 docs/s at 2048, 39.1 at 4096, 32.8 at 8192.
     fn default() -> Self {
-        Self { max_padded_tokens: 8192, max_batch_size: 128 }
+        Self { max_padded_tokens: 2048, max_batch_size: 128 }
     }
 }
 

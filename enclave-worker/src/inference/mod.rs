@@ -53,6 +53,10 @@ pub use metrics::{Metrics, MetricsSnapshot};
 
 use protocol::records::{ErrorCode, OutputRecord, Vector};
 
+// A direct dependency only to switch on gemm's `x86-v4` (AVX-512) kernels for candle's matmul by
+// feature unification: ~1.9× GEMM throughput on AVX-512 CPUs (STACK.md §1). Not called directly.
+use gemm as _;
+
 /// One embedded record.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Embedding {
