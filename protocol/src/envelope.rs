@@ -141,6 +141,18 @@ pub struct FleetPublicKey(<FleetKem as Kem>::PublicKey);
 #[derive(Clone)]
 pub struct FleetSecretKey(<FleetKem as Kem>::PrivateKey);
 
+impl std::fmt::Debug for FleetPublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FleetPublicKey({})", hex::encode(self.key_id()))
+    }
+}
+
+impl std::fmt::Debug for ResultPublicKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ResultPublicKey({})", hex::encode(self.key_id()))
+    }
+}
+
 impl FleetPublicKey {
     /// From the 65-byte uncompressed SEC1 encoding.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, EnvelopeError> {

@@ -218,10 +218,60 @@ impl FrameDecoder {
     }
 }
 
+/// Why reading or writing a frame on a connection failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameIoError {
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+}
+
+/// Reads one frame from a blocking connection; `Ok(None)` at a clean end of stream (no byte of a
+/// next frame). The length is checked before the body is read.
+pub fn read_frame(reader: &mut impl std::io::Read) -> Result<Option<Message>, FrameIoError> {
+    let mut prefix = [0u8; 4];
+    let mut filled = 0;
+    while filled < 4 {
+        match reader.read(&mut prefix[filled..])? {
+            0 if filled == 0 => return Ok(None),
+            0 => return Err(FrameError::Truncated.into()),
+            n => filled += n,
+        }
+    }
+    let len = body_len(prefix)?;
+    let mut body = vec![0u8; len];
+    reader.read_exact(&mut body).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => FrameIoError::Frame(FrameError::Truncated),
+        _ => FrameIoError::Io(e),
+    })?;
+    Ok(Some(decode_body(&body)?))
+}
+
+/// Writes one frame to a blocking connection (not flushed).
+pub fn write_frame(writer: &mut impl std::io::Write, message: &Message) -> Result<(), FrameIoError> {
+    writer.write_all(&encode(message)?)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn frames_over_a_byte_stream() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &Message::InputEnd).unwrap();
+        write_frame(&mut wire, &Message::Progress { records: 3, tokens: 9 }).unwrap();
+        let mut reader = wire.as_slice();
+        assert_eq!(read_frame(&mut reader).unwrap(), Some(Message::InputEnd));
+        assert_eq!(read_frame(&mut reader).unwrap(), Some(Message::Progress { records: 3, tokens: 9 }));
+        assert_eq!(read_frame(&mut reader).unwrap(), None);
+        let mut cut = &wire[..wire.len() - 1];
+        read_frame(&mut cut).unwrap();
+        assert!(matches!(read_frame(&mut cut), Err(FrameIoError::Frame(FrameError::Truncated))));
+    }
 
     #[test]
     fn known_answer() {

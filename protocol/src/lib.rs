@@ -9,6 +9,7 @@ pub mod cbor;
 pub mod cms;
 pub mod cose;
 pub mod envelope;
+pub mod fleet;
 pub mod frame;
 pub mod keys;
 pub mod manifest;

@@ -188,6 +188,24 @@ impl Manifest {
         key
     }
 
+    /// Encrypts one model file for storage (publisher side).
+    pub fn seal_file(&self, dek: &[u8; 32], file_name: &str, plaintext: &[u8]) -> Vec<u8> {
+        let mut sealer = crate::stream::StreamSealer::new(&self.file_key(dek, file_name), self.file_stream_id(file_name));
+        let mut out = Vec::with_capacity(crate::stream::sealed_len(plaintext.len() as u64) as usize);
+        // Sealing fails only when the chunk counter is exhausted (2^64 chunks).
+        let _ = sealer.push(plaintext, &mut out);
+        let _ = sealer.finish(&mut out);
+        out
+    }
+
+    /// Object key of an encrypted file stored next to the manifest at `manifest_key`.
+    pub fn file_object_key(manifest_key: &str, file_name: &str) -> String {
+        match manifest_key.rsplit_once('/') {
+            Some((dir, _)) => format!("{dir}/{file_name}.sealed"),
+            None => format!("{file_name}.sealed"),
+        }
+    }
+
     /// The STREAM id of one encrypted file.
     pub fn file_stream_id(&self, file_name: &str) -> StreamId {
         let mut hasher = Sha256::new();
@@ -272,6 +290,21 @@ pub(crate) mod tests {
         let mut manifest = sample();
         manifest.files[0].name = "../etc/passwd".into();
         assert!(matches!(Manifest::from_payload(&manifest.to_payload()), Err(ManifestError::Invalid("file name"))));
+    }
+
+    #[test]
+    fn sealed_files_open_with_their_key_only() {
+        let manifest = sample();
+        let sealed = manifest.seal_file(&[1; 32], "config.json", b"{}");
+        let mut opener = crate::stream::StreamOpener::new(&manifest.file_key(&[1; 32], "config.json"), manifest.file_stream_id("config.json"));
+        let mut out = Vec::new();
+        opener.push(&sealed, &mut out).unwrap();
+        opener.finish(&mut out).unwrap();
+        assert_eq!(out, b"{}");
+        let mut wrong = crate::stream::StreamOpener::new(&manifest.file_key(&[2; 32], "config.json"), manifest.file_stream_id("config.json"));
+        wrong.push(&sealed, &mut out).unwrap();
+        assert!(wrong.finish(&mut out).is_err());
+        assert_eq!(Manifest::file_object_key("models/m/v1/manifest.cose", "config.json"), "models/m/v1/config.json.sealed");
     }
 
     #[test]
