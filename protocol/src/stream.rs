@@ -61,15 +61,19 @@ pub struct StreamSealer {
     stream_id: StreamId,
     counter: u64,
     pending: Vec<u8>,
+    finished: bool,
 }
 
 impl StreamSealer {
     pub fn new(key: &[u8; 32], stream_id: StreamId) -> Self {
-        Self { aead: cipher(key), stream_id, counter: 0, pending: Vec::with_capacity(CHUNK_SIZE) }
+        Self { aead: cipher(key), stream_id, counter: 0, pending: Vec::with_capacity(CHUNK_SIZE), finished: false }
     }
 
     /// Appends plaintext; writes every chunk that is known not to be the last to `out`.
     pub fn push(&mut self, mut data: &[u8], out: &mut Vec<u8>) -> Result<(), StreamError> {
+        if self.finished {
+            return Err(StreamError::Poisoned);
+        }
         while !data.is_empty() {
             if self.pending.len() == CHUNK_SIZE {
                 self.seal_pending(false, out)?;
@@ -81,8 +85,12 @@ impl StreamSealer {
         Ok(())
     }
 
-    /// Seals the final chunk.
-    pub fn finish(mut self, out: &mut Vec<u8>) -> Result<(), StreamError> {
+    /// Seals the final chunk; the sealer takes no more data after it.
+    pub fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), StreamError> {
+        if self.finished {
+            return Err(StreamError::Poisoned);
+        }
+        self.finished = true;
         self.seal_pending(true, out)
     }
 
@@ -152,11 +160,13 @@ impl StreamOpener {
         Ok(())
     }
 
-    /// Opens the final chunk; fails if the stream ended early.
-    pub fn finish(mut self, out: &mut Vec<u8>) -> Result<(), StreamError> {
+    /// Opens the final chunk; fails if the stream ended early. The opener takes no more data
+    /// after it.
+    pub fn finish(&mut self, out: &mut Vec<u8>) -> Result<(), StreamError> {
         if self.poisoned {
             return Err(StreamError::Poisoned);
         }
+        self.poisoned = true;
         if self.buffer.len() < STREAM_ID_LEN + TAG_SIZE {
             return Err(StreamError::Truncated { chunks: self.counter });
         }
