@@ -221,6 +221,13 @@ impl Manifest {
     }
 }
 
+/// The development model publisher: a key anyone can derive (seed SHA-256("ephem-batch
+/// development model publisher")), for the embedded default only. A worker accepts it only when it
+/// runs on the development NSM; production images compile their publisher's key in.
+pub fn development_publisher() -> SigningKey {
+    SigningKey::from_bytes(&Sha256::digest(b"ephem-batch development model publisher").into())
+}
+
 /// SHA-256 of a signed manifest's bytes: what job headers and receipts name.
 pub fn manifest_hash(signed: &[u8]) -> [u8; 32] {
     Sha256::digest(signed).into()
