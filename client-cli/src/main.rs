@@ -1,6 +1,7 @@
 //! `ephem-batch`: a thin command-line shell over the project's libraries.
 
 mod attest;
+mod policy;
 
 use std::process::ExitCode;
 
@@ -18,12 +19,16 @@ enum Command {
     /// Attestation documents: verify them against a policy.
     #[command(subcommand)]
     Attest(attest::AttestCommand),
+    /// Attestation policy files: create a publisher key, sign, verify.
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Attest(command) => attest::run(command),
+        Command::Policy(command) => policy::run(command),
     };
     match result {
         Ok(code) => code,

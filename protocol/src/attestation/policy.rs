@@ -160,34 +160,15 @@ impl SignedPolicy {
     /// Parses a policy file. This does **not** verify the signature: call
     /// [`verify`](Self::verify) with the pinned publisher key before using the policy.
     pub fn from_json(text: &str) -> Result<SignedPolicy, PolicyError> {
-        let raw: PolicyJson = serde_json::from_str(text).map_err(|e| PolicyError::Json(e.to_string()))?;
-        if raw.version != POLICY_VERSION {
-            return Err(PolicyError::UnsupportedVersion(raw.version));
-        }
-        let root = if raw.root == AWS_NITRO_ROOT_G1_NAME {
-            TrustAnchor::aws_nitro_g1()
-        } else {
-            TrustAnchor::from_pem(&raw.root)?
-        };
-        let mut pcrs = BTreeMap::new();
-        for (key, value) in raw.pcrs.0 {
-            let index = parse_index(&key)?;
-            let bytes = hex::decode(&value).map_err(|_| PolicyError::PcrHex(index))?;
-            pcrs.insert(index, bytes);
-        }
-        let policy = Policy {
-            root,
-            pcrs,
-            allow_debug: raw.allow_debug,
-            max_age_s: raw.max_age_s.unwrap_or(DEFAULT_MAX_AGE_S),
-        };
-        policy.validate()?;
-        let publisher_key_id = hex::decode(&raw.publisher_key_id)
-            .ok()
+        let (policy, raw) = parse_policy_json(text)?;
+        let publisher_key_id = raw
+            .publisher_key_id
+            .and_then(|id| hex::decode(id).ok())
             .and_then(|b| KeyId::try_from(b).ok())
             .ok_or(PolicyError::KeyId)?;
-        let signature = hex::decode(&raw.signature)
-            .ok()
+        let signature = raw
+            .signature
+            .and_then(|sig| hex::decode(sig).ok())
             .and_then(|b| <[u8; 64]>::try_from(b).ok())
             .ok_or(PolicyError::SignatureEncoding)?;
         Ok(SignedPolicy { policy, publisher_key_id, signature })
@@ -258,8 +239,40 @@ struct PolicyJson {
     allow_debug: bool,
     #[serde(default)]
     max_age_s: Option<u64>,
-    publisher_key_id: String,
-    signature: String,
+    #[serde(default)]
+    publisher_key_id: Option<String>,
+    #[serde(default)]
+    signature: Option<String>,
+}
+
+/// Parses the policy fields of a policy file; the signature fields are left to the caller.
+fn parse_policy_json(text: &str) -> Result<(Policy, PolicyJson), PolicyError> {
+    let raw: PolicyJson = serde_json::from_str(text).map_err(|e| PolicyError::Json(e.to_string()))?;
+    if raw.version != POLICY_VERSION {
+        return Err(PolicyError::UnsupportedVersion(raw.version));
+    }
+    let root = if raw.root == AWS_NITRO_ROOT_G1_NAME {
+        TrustAnchor::aws_nitro_g1()
+    } else {
+        TrustAnchor::from_pem(&raw.root)?
+    };
+    let mut pcrs = BTreeMap::new();
+    for (key, value) in &raw.pcrs.0 {
+        let index = parse_index(key)?;
+        let bytes = hex::decode(value).map_err(|_| PolicyError::PcrHex(index))?;
+        pcrs.insert(index, bytes);
+    }
+    let policy = Policy { root, pcrs, allow_debug: raw.allow_debug, max_age_s: raw.max_age_s.unwrap_or(DEFAULT_MAX_AGE_S) };
+    policy.validate()?;
+    Ok((policy, raw))
+}
+
+impl Policy {
+    /// Reads a policy file that is not signed yet (what a release step writes before
+    /// `ephem-batch policy sign`). Signature fields, if present, are ignored.
+    pub fn from_unsigned_json(text: &str) -> Result<Policy, PolicyError> {
+        parse_policy_json(text).map(|(policy, _)| policy)
+    }
 }
 
 /// A JSON object of string values that refuses duplicate keys.
