@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use enclave_worker::inference::{
-    BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles,
+    Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles,
 };
 use protocol::envelope::{JobOptions, OutputDtype, Precision};
 use protocol::records::{ErrorCode, InputRecord, OutputRecord, Vector};
@@ -39,21 +39,53 @@ fn read_model_file(name: &str) -> Vec<u8> {
     })
 }
 
+struct ModelBytes {
+    config: Vec<u8>,
+    tokenizer: Vec<u8>,
+    weights: Vec<u8>,
+}
+
+fn model_bytes() -> &'static ModelBytes {
+    static BYTES: OnceLock<ModelBytes> = OnceLock::new();
+    BYTES.get_or_init(|| ModelBytes {
+        config: read_model_file("config.json"),
+        tokenizer: read_model_file("tokenizer.json"),
+        weights: read_model_file("model.safetensors"),
+    })
+}
+
+fn load(backend: Backend) -> Arc<Embedder> {
+    let bytes = model_bytes();
+    let files = ModelFiles { config: &bytes.config, tokenizer: &bytes.tokenizer, weights: &bytes.weights };
+    let embedder = Embedder::load(files, EmbedderSettings { backend, ..Default::default() }).expect("load all-MiniLM-L6-v2");
+    assert_eq!(embedder.backend(), backend);
+    Arc::new(embedder)
+}
+
+/// The default (fused) backend.
 fn embedder() -> Arc<Embedder> {
     static EMBEDDER: OnceLock<Arc<Embedder>> = OnceLock::new();
-    EMBEDDER
-        .get_or_init(|| {
-            let (config, tokenizer, weights) =
-                (read_model_file("config.json"), read_model_file("tokenizer.json"), read_model_file("model.safetensors"));
-            let files = ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights };
-            Arc::new(Embedder::load(files, EmbedderSettings::default()).expect("load all-MiniLM-L6-v2"))
-        })
-        .clone()
+    EMBEDDER.get_or_init(|| load(Backend::Fused)).clone()
 }
 
 fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| Engine::new(embedder(), EngineSettings::default()).unwrap())
+}
+
+/// candle-transformers' BertModel over padded batches.
+fn candle_embedder() -> Arc<Embedder> {
+    static EMBEDDER: OnceLock<Arc<Embedder>> = OnceLock::new();
+    EMBEDDER.get_or_init(|| load(Backend::CandleBert)).clone()
+}
+
+fn candle_engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| Engine::new(candle_embedder(), EngineSettings::default()).unwrap())
+}
+
+fn engines() -> [(&'static str, &'static Engine); 2] {
+    [("fused", engine()), ("candle-bert", candle_engine())]
 }
 
 fn reference() -> &'static Reference {
@@ -102,22 +134,36 @@ fn texts() -> Vec<&'static str> {
 fn every_reference_vector_matches() {
     let reference = reference();
     assert!(reference.cases.len() >= 16);
-    let results = engine().embed_window(&texts(), &EmbedOptions::default());
-    let mut min = (f64::INFINITY, String::new());
-    for (case, result) in reference.cases.iter().zip(&results) {
-        let embedding = result.as_ref().unwrap_or_else(|e| panic!("{}: {e}", case.name));
-        assert_eq!(embedding.vector.len(), 384, "{}", case.name);
-        assert_eq!(embedding.tokens, case.tokens, "{}: token count", case.name);
-        let cos = cosine(&embedding.vector, &case.vector);
-        let norm: f64 = embedding.vector.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-        assert!((norm - 1.0).abs() < 1e-5, "{}: norm {norm}", case.name);
-        println!("{:<18} {:>4} tokens{} cosine {cos:.12} (1 - cos = {:.1e})", case.name, case.tokens, if case.truncated { " (truncated)" } else { "" }, 1.0 - cos);
-        if cos < min.0 {
-            min = (cos, case.name.clone());
+    for (backend, engine) in engines() {
+        let results = engine.embed_window(&texts(), &EmbedOptions::default());
+        let mut min = (f64::INFINITY, String::new());
+        for (case, result) in reference.cases.iter().zip(&results) {
+            let embedding = result.as_ref().unwrap_or_else(|e| panic!("{backend} {}: {e}", case.name));
+            assert_eq!(embedding.vector.len(), 384, "{}", case.name);
+            assert_eq!(embedding.tokens, case.tokens, "{backend} {}: token count", case.name);
+            let cos = cosine(&embedding.vector, &case.vector);
+            let norm: f64 = embedding.vector.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+            assert!((norm - 1.0).abs() < 1e-5, "{backend} {}: norm {norm}", case.name);
+            println!(
+                "{backend:<11} {:<18} {:>4} tokens{} cosine {cos:.12} (1 - cos = {:.1e})",
+                case.name,
+                case.tokens,
+                if case.truncated { " (truncated)" } else { "" },
+                1.0 - cos
+            );
+            if cos < min.0 {
+                min = (cos, case.name.clone());
+            }
         }
+        println!(
+            "{backend}: min cosine to the reference ({}): {:.12} ({}; 1 - cos = {:.1e})",
+            reference.engine,
+            min.0,
+            min.1,
+            1.0 - min.0
+        );
+        assert!(min.0 >= 0.9999, "{backend}: min cosine {:.9} on {}", min.0, min.1);
     }
-    println!("min cosine to the reference ({}): {:.12} ({}; 1 - cos = {:.1e})", reference.engine, min.0, min.1, 1.0 - min.0);
-    assert!(min.0 >= 0.9999, "min cosine {:.9} on {}", min.0, min.1);
     // Cases that exercise the tokenizer trap and truncation are present.
     assert!(reference.cases.iter().any(|c| c.truncated && c.tokens == 256));
     assert!(reference.cases.iter().any(|c| c.tokens > 128 && c.tokens < 256));
@@ -139,33 +185,39 @@ fn known_sentence_transformers_value() {
 fn batching_does_not_change_results() {
     let texts = texts();
     let options = EmbedOptions::default();
-    let alone: Vec<Vec<f32>> =
-        texts.iter().map(|t| engine().embed_window(&[*t], &options).remove(0).unwrap().vector).collect();
-    let together = engine().embed_window(&texts, &options);
-    // A deterministic shuffle, plus duplicates, in one window.
-    let mut order: Vec<usize> = (0..texts.len()).map(|i| (i * 7 + 3) % texts.len()).collect();
-    order.extend([0, 3, 16 % texts.len()]);
-    let shuffled_texts: Vec<&str> = order.iter().map(|&i| texts[i]).collect();
-    let shuffled = engine().embed_window(&shuffled_texts, &options);
-    // Tiny budget: many small batches with different companions.
-    let small = Engine::new(
-        embedder(),
-        EngineSettings { threads: 1, limits: BatchLimits { max_padded_tokens: 300, max_batch_size: 3 }, ..Default::default() },
-    )
-    .unwrap();
-    let small_batches = small.embed_window(&texts, &options);
+    for (backend, engine) in engines() {
+        let alone: Vec<Vec<f32>> =
+            texts.iter().map(|t| engine.embed_window(&[*t], &options).remove(0).unwrap().vector).collect();
+        let together = engine.embed_window(&texts, &options);
+        // A deterministic shuffle, plus duplicates, in one window.
+        let mut order: Vec<usize> = (0..texts.len()).map(|i| (i * 7 + 3) % texts.len()).collect();
+        order.extend([0, 3, 16 % texts.len()]);
+        let shuffled_texts: Vec<&str> = order.iter().map(|&i| texts[i]).collect();
+        let shuffled = engine.embed_window(&shuffled_texts, &options);
+        // Tiny budget: many small batches with different companions.
+        let small = Engine::new(
+            if backend == "fused" { embedder() } else { candle_embedder() },
+            EngineSettings {
+                threads: 1,
+                limits: BatchLimits { max_padded_tokens: 300, max_batch_size: 3 },
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let small_batches = small.embed_window(&texts, &options);
 
-    let mut min = f64::INFINITY;
-    for (i, single) in alone.iter().enumerate() {
-        min = min.min(cosine(single, &together[i].as_ref().unwrap().vector));
-        min = min.min(cosine(single, &small_batches[i].as_ref().unwrap().vector));
+        let mut min = f64::INFINITY;
+        for (i, single) in alone.iter().enumerate() {
+            min = min.min(cosine(single, &together[i].as_ref().unwrap().vector));
+            min = min.min(cosine(single, &small_batches[i].as_ref().unwrap().vector));
+        }
+        for (position, &i) in order.iter().enumerate() {
+            min = min.min(cosine(&alone[i], &shuffled[position].as_ref().unwrap().vector));
+        }
+        println!("{backend}: min cosine alone vs batched/shuffled: {min:.12} (1 - cos = {:.1e})", 1.0 - min);
+        assert!(min >= 0.99999, "{backend}: batching changed a vector: min cosine {min}");
+        assert!(small.metrics().batches > 5);
     }
-    for (position, &i) in order.iter().enumerate() {
-        min = min.min(cosine(&alone[i], &shuffled[position].as_ref().unwrap().vector));
-    }
-    println!("min cosine alone vs batched/shuffled: {min:.12} (1 - cos = {:.1e})", 1.0 - min);
-    assert!(min >= 0.99999, "batching changed a vector: min cosine {min}");
-    assert!(small.metrics().batches > 5);
 }
 
 #[test]

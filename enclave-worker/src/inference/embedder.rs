@@ -7,7 +7,26 @@ use protocol::manifest::{Manifest, Pooling};
 use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use super::encoder::Encoder;
 use super::{InferenceError, RecordFailure};
+
+/// Which implementation of the BERT encoder runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// The fused encoder ([`super::encoder`]): packed unpadded tokens, per-sequence attention,
+    /// fused element-wise kernels, candle's gemm for the dense layers. Default; falls back to
+    /// [`Backend::CandleBert`] for a config it does not implement.
+    #[default]
+    Fused,
+    /// `candle_transformers::models::bert::BertModel` over right-padded batches with an attention
+    /// mask: the straightforward reference path.
+    CandleBert,
+}
+
+enum Model {
+    Fused(Encoder),
+    Candle(BertModel),
+}
 
 /// The three files of a model directory, as bytes in memory (decrypted and hash-checked by the
 /// model loader before they get here).
@@ -32,12 +51,13 @@ pub struct EmbedderSettings {
     pub max_tokens: usize,
     /// If set, the model's hidden size must equal it (the manifest's `dimensions`).
     pub dimensions: Option<usize>,
+    pub backend: Backend,
 }
 
 impl Default for EmbedderSettings {
     /// all-MiniLM-L6-v2 as sentence-transformers runs it.
     fn default() -> Self {
-        Self { pooling: Pooling::Mean, normalize: true, max_tokens: 256, dimensions: None }
+        Self { pooling: Pooling::Mean, normalize: true, max_tokens: 256, dimensions: None, backend: Backend::Fused }
     }
 }
 
@@ -48,6 +68,7 @@ impl EmbedderSettings {
             normalize: manifest.normalize,
             max_tokens: manifest.max_tokens as usize,
             dimensions: Some(manifest.dimensions as usize),
+            backend: Backend::default(),
         }
     }
 }
@@ -67,7 +88,7 @@ impl Tokenized {
 /// A sentence-embedding model: tokenizer + BERT encoder + pooling. `Send + Sync`; one instance
 /// serves every job for its model.
 pub struct Embedder {
-    model: BertModel,
+    model: Model,
     tokenizer: Tokenizer,
     settings: EmbedderSettings,
     hidden_size: usize,
@@ -80,6 +101,7 @@ impl std::fmt::Debug for Embedder {
         f.debug_struct("Embedder")
             .field("settings", &self.settings)
             .field("hidden_size", &self.hidden_size)
+            .field("backend", &self.backend())
             .finish_non_exhaustive()
     }
 }
@@ -127,13 +149,32 @@ impl Embedder {
         let device = Device::Cpu;
         let tensors = candle_core::safetensors::load_buffer(files.weights, &device)
             .map_err(|e| InferenceError::Weights(e.to_string()))?;
-        let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
-        let model = BertModel::load(vb, &config).map_err(|e| InferenceError::Weights(e.to_string()))?;
+        let model = match settings.backend {
+            Backend::Fused if Encoder::supports(&config).is_ok() => Model::Fused(Encoder::load(tensors, &config)?),
+            _ => {
+                let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
+                Model::Candle(BertModel::load(vb, &config).map_err(|e| InferenceError::Weights(e.to_string()))?)
+            }
+        };
         Ok(Self { model, tokenizer, settings, hidden_size: config.hidden_size, pad_id, device })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
         &self.settings
+    }
+
+    /// The backend actually in use (the fused one falls back for configs it does not implement).
+    pub fn backend(&self) -> Backend {
+        match self.model {
+            Model::Fused(_) => Backend::Fused,
+            Model::Candle(_) => Backend::CandleBert,
+        }
+    }
+
+    /// Whether batches are padded to their longest member (CandleBert) or packed (Fused). Decides
+    /// how many tokens the model really processes.
+    pub fn pads_batches(&self) -> bool {
+        matches!(self.model, Model::Candle(_))
     }
 
     /// Length of the output vectors.
@@ -174,61 +215,81 @@ impl Embedder {
         Ok(Tokenized { ids: encoding.get_ids().to_vec() })
     }
 
-    /// Embeds one batch: pads to the longest member, runs the encoder with the attention mask and
-    /// zero token types, pools over the real tokens and, if `normalize`, L2-normalises. Returns one
-    /// vector per member, in order. Runs on the calling thread's rayon pool (see the module docs).
+    /// Embeds one batch and returns one vector per member, in order: the encoder (packed tokens
+    /// with the fused backend; right-padded with an attention mask and zero token types with
+    /// CandleBert), then mean (or CLS) pooling over each member's real tokens and, if `normalize`,
+    /// L2 normalisation. Runs on the calling thread's rayon pool (see the module docs).
     pub fn embed_batch(&self, batch: &[&Tokenized], normalize: bool) -> Result<Vec<Vec<f32>>, InferenceError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let rows = batch.len();
-        let cols = batch.iter().map(|t| t.ids.len()).max().unwrap_or(0).max(1);
-        let mut ids = vec![self.pad_id; rows * cols];
-        let mut mask = vec![0u32; rows * cols];
-        for (row, tokenized) in batch.iter().enumerate() {
-            let start = row * cols;
-            ids[start..start + tokenized.ids.len()].copy_from_slice(&tokenized.ids);
-            mask[start..start + tokenized.ids.len()].fill(1);
-        }
-        let forward = || -> candle_core::Result<Vec<f32>> {
-            let input_ids = Tensor::from_vec(ids, (rows, cols), &self.device)?;
-            let attention_mask = Tensor::from_vec(mask, (rows, cols), &self.device)?;
-            let token_type_ids = input_ids.zeros_like()?;
-            let hidden = self.model.forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
-            hidden.flatten_all()?.to_vec1::<f32>()
-        };
-        let hidden = forward().map_err(|e| InferenceError::Forward(e.to_string()))?;
         let h = self.hidden_size;
-        if hidden.len() != rows * cols * h {
-            return Err(InferenceError::Forward(format!(
-                "output has {} values, expected {rows}×{cols}×{h}",
-                hidden.len()
-            )));
-        }
-        let mut out = Vec::with_capacity(rows);
-        let mut acc = vec![0f64; h];
-        for (row, tokenized) in batch.iter().enumerate() {
-            let states = &hidden[row * cols * h..(row + 1) * cols * h];
-            let n = tokenized.ids.len().max(1);
-            let mut vector: Vec<f32> = match self.settings.pooling {
-                Pooling::Cls => states[..h].to_vec(),
-                Pooling::Mean => {
-                    acc.fill(0.0);
-                    // Right padding: the first n positions are the real tokens.
-                    for token in states[..n * h].chunks_exact(h) {
-                        for (a, &v) in acc.iter_mut().zip(token) {
-                            *a += f64::from(v);
-                        }
-                    }
-                    acc.iter().map(|&a| (a / n as f64) as f32).collect()
+        let mut out = Vec::with_capacity(batch.len());
+        match &self.model {
+            Model::Fused(encoder) => {
+                let sequences: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
+                let states = encoder.forward(&sequences)?;
+                let mut start = 0;
+                for tokenized in batch {
+                    let n = tokenized.ids.len();
+                    out.push(self.pool(&states[start * h..(start + n) * h], normalize));
+                    start += n;
                 }
-            };
-            if normalize {
-                l2_normalize(&mut vector);
             }
-            out.push(vector);
+            Model::Candle(model) => {
+                let rows = batch.len();
+                let cols = batch.iter().map(|t| t.ids.len()).max().unwrap_or(0).max(1);
+                let mut ids = vec![self.pad_id; rows * cols];
+                let mut mask = vec![0u32; rows * cols];
+                for (row, tokenized) in batch.iter().enumerate() {
+                    let start = row * cols;
+                    ids[start..start + tokenized.ids.len()].copy_from_slice(&tokenized.ids);
+                    mask[start..start + tokenized.ids.len()].fill(1);
+                }
+                let forward = || -> candle_core::Result<Vec<f32>> {
+                    let input_ids = Tensor::from_vec(ids, (rows, cols), &self.device)?;
+                    let attention_mask = Tensor::from_vec(mask, (rows, cols), &self.device)?;
+                    let token_type_ids = input_ids.zeros_like()?;
+                    let hidden = model.forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
+                    hidden.flatten_all()?.to_vec1::<f32>()
+                };
+                let states = forward().map_err(|e| InferenceError::Forward(e.to_string()))?;
+                if states.len() != rows * cols * h {
+                    return Err(InferenceError::Forward(format!(
+                        "output has {} values, expected {rows}×{cols}×{h}",
+                        states.len()
+                    )));
+                }
+                for (row, tokenized) in batch.iter().enumerate() {
+                    // Right padding: the first n positions are the real tokens.
+                    let start = row * cols * h;
+                    out.push(self.pool(&states[start..start + tokenized.ids.len() * h], normalize));
+                }
+            }
         }
         Ok(out)
+    }
+
+    /// Pools the states of one sequence's real tokens (`n × hidden`).
+    fn pool(&self, states: &[f32], normalize: bool) -> Vec<f32> {
+        let h = self.hidden_size;
+        let n = (states.len() / h).max(1);
+        let mut vector: Vec<f32> = match self.settings.pooling {
+            Pooling::Cls => states[..h].to_vec(),
+            Pooling::Mean => {
+                let mut acc = vec![0f64; h];
+                for token in states.chunks_exact(h) {
+                    for (a, &v) in acc.iter_mut().zip(token) {
+                        *a += f64::from(v);
+                    }
+                }
+                acc.iter().map(|&a| (a / n as f64) as f32).collect()
+            }
+        };
+        if normalize {
+            l2_normalize(&mut vector);
+        }
+        vector
     }
 }
 

@@ -179,12 +179,8 @@ impl Engine {
             match self.embedder.embed_batch(&members, options.normalize) {
                 Ok(vectors) => {
                     let real: usize = members.iter().map(|t| t.tokens()).sum();
-                    self.metrics.add_batch(
-                        members.len() as u64,
-                        real as u64,
-                        batch.padded_tokens() as u64,
-                        started.elapsed(),
-                    );
+                    let processed = if self.embedder.pads_batches() { batch.padded_tokens() } else { real };
+                    self.metrics.add_batch(members.len() as u64, real as u64, processed as u64, started.elapsed());
                     for (&m, vector) in batch.members.iter().zip(vectors) {
                         let (index, tokens) = ready[m];
                         results[index] = Some(Ok(Embedding { vector, tokens: tokens.tokens() as u32 }));

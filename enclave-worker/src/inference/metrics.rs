@@ -25,7 +25,8 @@ pub struct MetricsSnapshot {
     pub failed: u64,
     /// Tokens of embedded records ([CLS]/[SEP] included, after truncation).
     pub real_tokens: u64,
-    /// Tokens the model processed, padding included (Σ batch size × padded length).
+    /// Tokens the model processed, padding included: Σ batch size × padded length with the
+    /// CandleBert backend; equal to `real_tokens` with the fused backend, which packs sequences.
     pub padded_tokens: u64,
     pub batches: u64,
     pub windows: u64,

@@ -4,11 +4,18 @@
 //!
 //! Layers, in the spirit of text-embeddings-inference:
 //!
-//! * [`Embedder`] — the backend: tokenizer + `candle_transformers` `BertModel`, loaded from
-//!   in-memory bytes (in production the weights are decrypted into memory; there is no mmap and no
-//!   file access here). It tokenizes one text ([`Embedder::tokenize`]) and embeds one padded batch
-//!   ([`Embedder::embed_batch`]): attention mask passed to the model, `token_type_ids` zero, mean
-//!   (or CLS) pooling over the real tokens, optional L2 normalisation.
+//! * [`Embedder`] — the backend: tokenizer + BERT encoder, loaded from in-memory bytes (in
+//!   production the weights are decrypted into memory; there is no mmap and no file access here).
+//!   It tokenizes one text ([`Embedder::tokenize`]) and embeds one batch
+//!   ([`Embedder::embed_batch`]): mean (or CLS) pooling over the real tokens, optional L2
+//!   normalisation. Two encoders ([`Backend`]):
+//!   - `Fused` (default, `encoder.rs`): our own arrangement of the same computation — sequences
+//!     packed without padding, attention per sequence, Q/K/V fused, bias/residual/LayerNorm/GELU
+//!     fused in safe vectorisable Rust (`kernels.rs`), every product on candle's gemm;
+//!   - `CandleBert`: `candle_transformers`' `BertModel` over right-padded batches with the
+//!     attention mask and zero `token_type_ids` — the straightforward reference path.
+//!
+//!   Both are checked against the same reference vectors (`tests/inference_reference.rs`).
 //! * [`plan_batches`] — the pure batching policy: sort by length, cut into batches whose *padded*
 //!   size (`batch size × longest member`) stays under a token budget and a batch-size cap.
 //! * [`Engine`] — the serving side: owns a dedicated rayon thread pool, embeds a bounded window of
@@ -43,11 +50,13 @@
 
 mod batching;
 mod embedder;
+mod encoder;
 mod engine;
+mod kernels;
 mod metrics;
 
 pub use batching::{Batch, BatchLimits, plan_batches};
-pub use embedder::{Embedder, EmbedderSettings, ModelFiles, Tokenized};
+pub use embedder::{Backend, Embedder, EmbedderSettings, ModelFiles, Tokenized};
 pub use engine::{CandleThreads, EmbedOptions, Engine, EngineSettings, candle_thread_settings};
 pub use metrics::{Metrics, MetricsSnapshot};
 
