@@ -1,0 +1,262 @@
+//! The control connection: the host asks the worker to take up a fleet epoch, load a model or
+//! produce a fresh attestation document; the worker answers, asking the host in turn for objects
+//! and KMS calls. Whatever the host sends is checked: objects against the signed manifest and the
+//! AEAD, KMS answers by the one-shot key they must be sealed to.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::sync::Arc;
+
+use protocol::fleet::EpochRecord;
+use protocol::frame::{self, FrameIoError, Message};
+use protocol::manifest::{Manifest, SignedManifest};
+use protocol::stream::StreamOpener;
+use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
+
+use crate::inference::{Embedder, EmbedderSettings, Engine, ModelFiles};
+use crate::key_release::{self, KmsTransport, KmsTransportError, RsaKeyPool};
+use crate::nsm::AttestationRequest;
+use crate::worker::{Epoch, LoadedModel, Worker};
+
+/// Largest object the worker fetches (model weights included).
+const MAX_OBJECT_LEN: usize = 2 << 30;
+/// Largest manifest or epoch record.
+const MAX_SMALL_OBJECT_LEN: usize = 64 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("connection: {0}")]
+    Connection(#[from] FrameIoError),
+    #[error("protocol: {0}")]
+    Protocol(String),
+    #[error("object {key}: {message}")]
+    Object { key: String, message: String },
+    #[error("fleet epoch record: {0}")]
+    EpochRecord(#[from] protocol::fleet::EpochRecordError),
+    #[error("key release: {0}")]
+    KeyRelease(#[from] key_release::KeyReleaseError),
+    #[error("model manifest: {0}")]
+    Manifest(#[from] protocol::manifest::ManifestError),
+    #[error("model file {file}: {message}")]
+    ModelFile { file: String, message: String },
+    #[error("model: {0}")]
+    Model(String),
+    #[error("attestation: {0}")]
+    Attestation(String),
+}
+
+impl ControlError {
+    /// The check a failure names, as reported to the host.
+    pub fn check(&self) -> &'static str {
+        match self {
+            ControlError::Connection(_) | ControlError::Protocol(_) => "protocol",
+            ControlError::Object { .. } => "object",
+            ControlError::EpochRecord(_) => "fleet_epoch_record",
+            ControlError::KeyRelease(e) => e.check(),
+            ControlError::Manifest(_) => "model_manifest",
+            ControlError::ModelFile { .. } => "model_file",
+            ControlError::Model(_) => "model",
+            ControlError::Attestation(_) => "attestation",
+        }
+    }
+}
+
+/// The worker's side of a control connection.
+pub struct Control<'c, C> {
+    connection: &'c mut C,
+    next_request: u64,
+}
+
+impl<C: Read + Write> Control<'_, C> {
+    fn request_id(&mut self) -> u64 {
+        self.next_request += 1;
+        self.next_request
+    }
+
+    fn send(&mut self, message: &Message) -> Result<(), ControlError> {
+        frame::write_frame(self.connection, message)?;
+        self.connection.flush().map_err(FrameIoError::from)?;
+        Ok(())
+    }
+
+    fn receive(&mut self) -> Result<Message, ControlError> {
+        frame::read_frame(self.connection)?.ok_or_else(|| ControlError::Protocol("control connection closed".into()))
+    }
+
+    /// Asks the host for an object and hands its bytes to `sink` as they arrive.
+    fn fetch(&mut self, key: &str, limit: usize, mut sink: impl FnMut(&[u8]) -> Result<(), ControlError>) -> Result<(), ControlError> {
+        let request = self.request_id();
+        self.send(&Message::FetchObject { request, key: key.to_owned() })?;
+        let mut received = 0usize;
+        loop {
+            match self.receive()? {
+                Message::ObjectData { request: r, data, last } if r == request => {
+                    received += data.len();
+                    if received > limit {
+                        return Err(ControlError::Object { key: key.into(), message: format!("larger than {limit} bytes") });
+                    }
+                    sink(&data)?;
+                    if last {
+                        return Ok(());
+                    }
+                }
+                Message::ObjectMissing { request: r, message } if r == request => {
+                    return Err(ControlError::Object { key: key.into(), message });
+                }
+                other => return Err(ControlError::Protocol(format!("expected object data for request {request}, got {other:?}"))),
+            }
+        }
+    }
+
+    fn fetch_small(&mut self, key: &str) -> Result<Vec<u8>, ControlError> {
+        let mut bytes = Vec::new();
+        self.fetch(key, MAX_SMALL_OBJECT_LEN, |data| {
+            bytes.extend_from_slice(data);
+            Ok(())
+        })?;
+        Ok(bytes)
+    }
+}
+
+impl<C: Read + Write> KmsTransport for Control<'_, C> {
+    fn decrypt(
+        &mut self,
+        key_id: Option<String>,
+        ciphertext_blob: Vec<u8>,
+        encryption_context: BTreeMap<String, String>,
+        recipient_attestation: Vec<u8>,
+    ) -> Result<(String, Vec<u8>), KmsTransportError> {
+        let request = self.request_id();
+        let message = Message::KmsDecrypt { request, key_id, ciphertext_blob, encryption_context, recipient_attestation };
+        self.send(&message).map_err(|e| KmsTransportError::new("transport", e.to_string()))?;
+        match self.receive().map_err(|e| KmsTransportError::new("transport", e.to_string()))? {
+            Message::KmsDecrypted { request: r, key_id, ciphertext_for_recipient } if r == request => {
+                Ok((key_id, ciphertext_for_recipient))
+            }
+            Message::KmsFailed { request: r, code, message } if r == request => Err(KmsTransportError::new(code, message)),
+            other => Err(KmsTransportError::new("transport", format!("unexpected answer {other:?}"))),
+        }
+    }
+}
+
+/// Serves a control connection after its `Hello` until the host closes it.
+pub fn serve<C: Read + Write>(worker: &Worker, pool: &RsaKeyPool, connection: &mut C) -> Result<(), ControlError> {
+    let mut control = Control { connection, next_request: 0 };
+    loop {
+        let Some(message) = frame::read_frame(control.connection)? else {
+            return Ok(());
+        };
+        let outcome = match message {
+            Message::UseFleetEpoch { epoch, object_key } => use_epoch(worker, pool, &mut control, epoch, &object_key),
+            Message::LoadModel { manifest_key } => load_model(worker, pool, &mut control, &manifest_key),
+            Message::Attest { request, nonce } => attest(worker, &mut control, request, &nonce),
+            other => Err(ControlError::Protocol(format!("unexpected message {other:?}"))),
+        };
+        match outcome {
+            Ok(()) => control.send(&status(worker, "ok"))?,
+            Err(ControlError::Connection(error)) => return Err(ControlError::Connection(error)),
+            Err(error) => {
+                tracing::warn!(check = error.check(), %error, "control request failed");
+                control.send(&Message::Error { message: format!("{}: {error}", error.check()) })?;
+            }
+        }
+    }
+}
+
+fn status(worker: &Worker, detail: &str) -> Message {
+    Message::Status {
+        ready: !worker.epochs().is_empty() && !worker.models().is_empty(),
+        epochs: worker.epochs(),
+        models: worker.models(),
+        detail: detail.to_owned(),
+    }
+}
+
+/// Releases the fleet key of an epoch through KMS and publishes a document binding it.
+fn use_epoch<C: Read + Write>(
+    worker: &Worker,
+    pool: &RsaKeyPool,
+    control: &mut Control<'_, C>,
+    epoch: u64,
+    object_key: &str,
+) -> Result<(), ControlError> {
+    let record = EpochRecord::from_json(&control.fetch_small(object_key)?)?;
+    if record.epoch != epoch {
+        return Err(ControlError::Protocol(format!("object {object_key} holds epoch {}, not {epoch}", record.epoch)));
+    }
+    let secret = key_release::release_fleet_key(worker.nsm(), pool, control, &record)?;
+    let binding = worker.binding(&secret, epoch);
+    let document = worker
+        .nsm()
+        .attest(AttestationRequest::publication(&binding))
+        .map_err(|e| ControlError::Attestation(e.to_string()))?;
+    let document_sha256 = Sha256::digest(&document).into();
+    control.send(&Message::PublishAttestation { document: document.clone() })?;
+    worker.add_epoch(epoch, Epoch { secret, not_after_ms: record.not_after_ms, document, document_sha256 });
+    tracing::info!(epoch, "fleet epoch in use, attestation published");
+    Ok(())
+}
+
+/// A fresh document for a client's nonce, binding the newest epoch's keys.
+fn attest<C: Read + Write>(worker: &Worker, control: &mut Control<'_, C>, request: u64, nonce: &[u8]) -> Result<(), ControlError> {
+    let newest = worker.epochs().into_iter().filter_map(|e| worker.epoch(e).map(|k| (e, k))).last();
+    let (number, epoch) = newest.ok_or_else(|| ControlError::Attestation("no fleet epoch in use".into()))?;
+    let binding = worker.binding(&epoch.secret, number);
+    let request_document = AttestationRequest::fresh(&binding, nonce).map_err(|e| ControlError::Attestation(e.to_string()))?;
+    let document = worker.nsm().attest(request_document).map_err(|e| ControlError::Attestation(e.to_string()))?;
+    control.send(&Message::Attested { request, document })
+}
+
+/// Verifies a signed manifest, releases its DEK, decrypts and checks every file, loads the model.
+fn load_model<C: Read + Write>(
+    worker: &Worker,
+    pool: &RsaKeyPool,
+    control: &mut Control<'_, C>,
+    manifest_key: &str,
+) -> Result<(), ControlError> {
+    let started = std::time::Instant::now();
+    let signed = SignedManifest::decode(&control.fetch_small(manifest_key)?)?;
+    let manifest = signed.verify(worker.publisher())?.clone();
+    let dek = key_release::release_data_key(worker.nsm(), pool, control, &manifest)?;
+    let mut files: BTreeMap<&str, Zeroizing<Vec<u8>>> = BTreeMap::new();
+    for name in ["config.json", "tokenizer.json", "model.safetensors"] {
+        let file = manifest
+            .file(name)
+            .ok_or_else(|| ControlError::ModelFile { file: name.into(), message: "not in the manifest".into() })?;
+        let bytes = fetch_model_file(control, &manifest, &dek, manifest_key, name)?;
+        if bytes.len() as u64 != file.size || <[u8; 32]>::from(Sha256::digest(bytes.as_slice())) != file.sha256 {
+            return Err(ControlError::ModelFile { file: name.into(), message: "size or SHA-256 differs from the manifest".into() });
+        }
+        files.insert(name, bytes);
+    }
+    let embedder = Embedder::load(
+        ModelFiles { config: &files["config.json"], tokenizer: &files["tokenizer.json"], weights: &files["model.safetensors"] },
+        EmbedderSettings::from_manifest(&manifest),
+    )
+    .map_err(|e| ControlError::Model(e.to_string()))?;
+    drop(files);
+    let engine = Engine::new(Arc::new(embedder), worker.engine_settings()).map_err(|e| ControlError::Model(e.to_string()))?;
+    tracing::info!(model = %manifest.model_id, seconds = started.elapsed().as_secs_f64(), "model loaded");
+    worker.add_model(LoadedModel { manifest, manifest_hash: signed.hash, engine });
+    Ok(())
+}
+
+/// Streams one encrypted model file in and decrypts it as it arrives.
+fn fetch_model_file<C: Read + Write>(
+    control: &mut Control<'_, C>,
+    manifest: &Manifest,
+    dek: &[u8; 32],
+    manifest_key: &str,
+    name: &str,
+) -> Result<Zeroizing<Vec<u8>>, ControlError> {
+    let expected = manifest.file(name).map(|f| f.size as usize).unwrap_or(0);
+    let mut opener = StreamOpener::new(&manifest.file_key(dek, name), manifest.file_stream_id(name));
+    let mut plaintext = Zeroizing::new(Vec::with_capacity(expected));
+    let file_error = |e: protocol::stream::StreamError| ControlError::ModelFile { file: name.into(), message: e.to_string() };
+    control.fetch(&Manifest::file_object_key(manifest_key, name), MAX_OBJECT_LEN, |data| {
+        opener.push(data, &mut plaintext).map_err(file_error)
+    })?;
+    opener.finish(&mut plaintext).map_err(file_error)?;
+    Ok(plaintext)
+}

@@ -1,0 +1,124 @@
+//! What one enclave holds: its NSM, its per-boot receipt key, the fleet keys of the epochs it has
+//! released, the models it has loaded, and the attestation documents it has published.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use ed25519_dalek::{SigningKey, VerifyingKey};
+use protocol::attestation::UserDataBinding;
+use protocol::envelope::FleetSecretKey;
+use protocol::manifest::Manifest;
+
+use crate::inference::{Engine, EngineSettings};
+use crate::nsm::Nsm;
+
+/// The fleet key of one epoch and the document that publishes it.
+pub struct Epoch {
+    pub secret: FleetSecretKey,
+    pub not_after_ms: u64,
+    /// The published attestation document binding {fleet key, receipt key, epoch}.
+    pub document: Vec<u8>,
+    pub document_sha256: [u8; 32],
+}
+
+/// A verified, decrypted, loaded model.
+pub struct LoadedModel {
+    pub manifest: Manifest,
+    pub manifest_hash: [u8; 32],
+    pub engine: Engine,
+}
+
+pub struct Worker {
+    nsm: Arc<dyn Nsm>,
+    receipt_key: SigningKey,
+    publisher: VerifyingKey,
+    engine_settings: EngineSettings,
+    epochs: RwLock<BTreeMap<u64, Arc<Epoch>>>,
+    models: RwLock<BTreeMap<String, Arc<LoadedModel>>>,
+}
+
+impl Worker {
+    /// A worker with a fresh receipt key, generated here and never exported.
+    pub fn new(nsm: Arc<dyn Nsm>, publisher: VerifyingKey, engine_settings: EngineSettings) -> Self {
+        let receipt_key = SigningKey::generate(&mut rand_core::UnwrapErr(getrandom::SysRng));
+        Self {
+            nsm,
+            receipt_key,
+            publisher,
+            engine_settings,
+            epochs: RwLock::new(BTreeMap::new()),
+            models: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn nsm(&self) -> &dyn Nsm {
+        self.nsm.as_ref()
+    }
+
+    pub fn now_ms(&self) -> u64 {
+        self.nsm.now_ms()
+    }
+
+    pub fn receipt_key(&self) -> &SigningKey {
+        &self.receipt_key
+    }
+
+    pub fn publisher(&self) -> &VerifyingKey {
+        &self.publisher
+    }
+
+    pub fn engine_settings(&self) -> EngineSettings {
+        self.engine_settings
+    }
+
+    /// PCRs a receipt records: 0, 1, 2 and 8 when set.
+    pub fn receipt_pcrs(&self) -> BTreeMap<u8, Vec<u8>> {
+        self.nsm
+            .pcrs()
+            .iter()
+            .filter(|(index, value)| matches!(index, 0..=2) || (**index == 8 && value.iter().any(|b| *b != 0)))
+            .map(|(i, v)| (*i, v.clone()))
+            .collect()
+    }
+
+    /// The binding the worker publishes for an epoch: keys it holds itself, nothing from the host.
+    pub fn binding(&self, secret: &FleetSecretKey, epoch: u64) -> UserDataBinding {
+        let mut fleet_public_key = [0u8; 65];
+        fleet_public_key.copy_from_slice(&secret.public_key().to_bytes());
+        UserDataBinding { fleet_public_key, receipt_public_key: self.receipt_key.verifying_key().to_bytes(), epoch }
+    }
+
+    pub fn add_epoch(&self, epoch_number: u64, epoch: Epoch) {
+        self.epochs.write().unwrap_or_else(|e| e.into_inner()).insert(epoch_number, Arc::new(epoch));
+    }
+
+    /// The fleet key of `epoch`, unless it has expired.
+    pub fn epoch(&self, epoch: u64) -> Option<Arc<Epoch>> {
+        let now = self.now_ms();
+        self.epochs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&epoch)
+            .filter(|e| e.not_after_ms > now)
+            .cloned()
+    }
+
+    pub fn epochs(&self) -> Vec<u64> {
+        self.epochs.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+    }
+
+    pub fn add_model(&self, model: LoadedModel) {
+        self.models
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(model.manifest.model_id.clone(), Arc::new(model));
+    }
+
+    pub fn model(&self, model_id: &str) -> Option<Arc<LoadedModel>> {
+        self.models.read().unwrap_or_else(|e| e.into_inner()).get(model_id).cloned()
+    }
+
+    pub fn models(&self) -> Vec<String> {
+        self.models.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    }
+}
