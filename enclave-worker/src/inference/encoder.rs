@@ -288,32 +288,40 @@ impl Encoder {
         let (h, d, heads) = (self.hidden, self.head_dim, self.heads);
         let n = qkv.len() / (3 * h);
         let scale = 1.0 / (d as f32).sqrt();
-        // Q (heads, n, d) scaled, Kᵀ (heads, d, n), V (heads, n, d); biases added.
+        // Q (scaled), K, V as (heads, n, d), biases added: contiguous runs of d values.
         let mut q = vec![0f32; heads * n * d];
-        let mut kt = vec![0f32; heads * d * n];
+        let mut k = vec![0f32; heads * n * d];
         let mut v = vec![0f32; heads * n * d];
         for (j, row) in qkv.chunks_exact(3 * h).enumerate() {
             for head in 0..heads {
-                let (q0, k0, v0) = (head * d, h + head * d, 2 * h + head * d);
                 let at = (head * n + j) * d;
-                for c in 0..d {
-                    q[at + c] = (row[q0 + c] + qkv_b[q0 + c]) * scale;
-                    kt[(head * d + c) * n + j] = row[k0 + c] + qkv_b[k0 + c];
-                    v[at + c] = row[v0 + c] + qkv_b[v0 + c];
+                let (q0, k0, v0) = (head * d, h + head * d, 2 * h + head * d);
+                for ((dst, &x), &b) in q[at..at + d].iter_mut().zip(&row[q0..q0 + d]).zip(&qkv_b[q0..q0 + d]) {
+                    *dst = (x + b) * scale;
+                }
+                for ((dst, &x), &b) in k[at..at + d].iter_mut().zip(&row[k0..k0 + d]).zip(&qkv_b[k0..k0 + d]) {
+                    *dst = x + b;
+                }
+                for ((dst, &x), &b) in v[at..at + d].iter_mut().zip(&row[v0..v0 + d]).zip(&qkv_b[v0..v0 + d]) {
+                    *dst = x + b;
                 }
             }
         }
-        let q = Tensor::from_vec(q, (heads, n, d), &Device::Cpu).map_err(forward_err)?;
-        let kt = Tensor::from_vec(kt, (heads, d, n), &Device::Cpu).map_err(forward_err)?;
-        let scores = q.matmul(&kt).map_err(forward_err)?;
-        drop((q, kt));
-        let mut probs = with_slice(&scores, |s| s.to_vec())?;
+        let cpu = &Device::Cpu;
+        let q = Tensor::from_vec(q, (heads, n, d), cpu).map_err(forward_err)?;
+        let k = Tensor::from_vec(k, (heads, n, d), cpu).map_err(forward_err)?;
+        // Kᵀ as a strided view: gemm transposes while packing.
+        let scores = q.matmul(&k.t().map_err(forward_err)?).map_err(forward_err)?;
+        drop((q, k));
+        let mut probs = vec![0f32; heads * n * n];
+        with_slice(&scores, |scores| {
+            for (dst, src) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)) {
+                kernels::softmax_into(dst, src);
+            }
+        })?;
         drop(scores);
-        for row in probs.chunks_exact_mut(n) {
-            kernels::softmax(row);
-        }
-        let probs = Tensor::from_vec(probs, (heads, n, n), &Device::Cpu).map_err(forward_err)?;
-        let v = Tensor::from_vec(v, (heads, n, d), &Device::Cpu).map_err(forward_err)?;
+        let probs = Tensor::from_vec(probs, (heads, n, n), cpu).map_err(forward_err)?;
+        let v = Tensor::from_vec(v, (heads, n, d), cpu).map_err(forward_err)?;
         let context = probs.matmul(&v).map_err(forward_err)?;
         with_slice(&context, |c| c.to_vec())
     }

@@ -127,16 +127,16 @@ pub(crate) fn add_layer_norm(
     }
 }
 
-/// `scores ← softmax(scores)` in place.
+/// `out ← softmax(scores)`.
 #[inline(always)]
-pub(crate) fn softmax(scores: &mut [f32]) {
+pub(crate) fn softmax_into(out: &mut [f32], scores: &[f32]) {
     let m = max(scores);
-    for s in scores.iter_mut() {
-        *s = exp(*s - m);
+    for (o, &s) in out.iter_mut().zip(scores) {
+        *o = exp(s - m);
     }
-    let inv = 1.0 / sum(scores);
-    for s in scores.iter_mut() {
-        *s *= inv;
+    let inv = 1.0 / sum(out);
+    for o in out.iter_mut() {
+        *o *= inv;
     }
 }
 
@@ -191,8 +191,8 @@ mod tests {
         assert_eq!(sum(&values), values.iter().sum::<f32>());
         assert_eq!(max(&values), 6.5);
         assert_eq!(max(&[]), f32::NEG_INFINITY);
-        let mut p = values.clone();
-        softmax(&mut p);
+        let mut p = vec![0f32; values.len()];
+        softmax_into(&mut p, &values);
         let m = values.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let denom: f64 = values.iter().map(|&v| f64::from(v - m).exp()).sum();
         for (&v, &got) in values.iter().zip(&p) {
