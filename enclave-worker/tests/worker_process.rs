@@ -1,0 +1,370 @@
+//! The worker as its own process on a local socket, with the development NSM. The test plays the
+//! host: it serves objects, answers KMS calls the way KMS does (verifying the attestation document
+//! and sealing a real CMS envelope to the one-shot key it carries), then sends sealed jobs as a
+//! client would and checks the sealed results and the receipt.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::VerifyingKey;
+use p256::pkcs8::EncodePrivateKey;
+use protocol::attestation::{self, TrustAnchor, UserDataBinding, VerifyOptions};
+use protocol::envelope::{self, FleetSecretKey, JobHeader, JobId, JobOptions, Preamble, ResultSecretKey, StreamKind};
+use protocol::fleet::{epoch_object_key, EpochRecord};
+use protocol::frame::{read_frame, write_frame, Channel, Message, Role, MAX_DATA_LEN};
+use protocol::manifest::{development_publisher, manifest_hash, Manifest, ModelFile, Pooling};
+use protocol::receipt::{PlaintextCommitment, SignedReceipt};
+use protocol::records::{encode_input, ErrorCode, InputRecord, OutputDecoder, OutputRecord};
+use sha2::{Digest, Sha256};
+
+const MODEL_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
+const MANIFEST_KEY: &str = "models/all-MiniLM-L6-v2/v1/manifest.cose";
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("EPHEM_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2").into())
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// What the host side holds: objects and the plaintexts "KMS" releases for each blob.
+struct Host {
+    objects: BTreeMap<String, Vec<u8>>,
+    kms: BTreeMap<Vec<u8>, (BTreeMap<String, String>, Vec<u8>)>,
+    state_dir: PathBuf,
+    published: Vec<Vec<u8>>,
+}
+
+impl Host {
+    fn dev_root(&self) -> TrustAnchor {
+        let pem = std::fs::read_to_string(self.state_dir.join("dev-root.pem")).expect("dev-root.pem in the state dir");
+        TrustAnchor::from_pem(&pem).expect("development root")
+    }
+
+    /// Answers the worker's requests until it reports a status or an error.
+    fn serve(&mut self, connection: &mut UnixStream) -> Message {
+        loop {
+            let message = read_frame(connection).unwrap().expect("worker closed the control connection");
+            let answer = match message {
+                Message::FetchObject { request, key } => match self.objects.get(&key) {
+                    Some(bytes) => {
+                        let mut chunks: Vec<&[u8]> = bytes.chunks(MAX_DATA_LEN).collect();
+                        if chunks.is_empty() {
+                            chunks.push(&[]);
+                        }
+                        let count = chunks.len();
+                        for (i, chunk) in chunks.into_iter().enumerate() {
+                            let data = Message::ObjectData { request, data: chunk.to_vec(), last: i + 1 == count };
+                            write_frame(connection, &data).unwrap();
+                        }
+                        connection.flush().unwrap();
+                        continue;
+                    }
+                    None => Message::ObjectMissing { request, message: "no such object".into() },
+                },
+                Message::KmsDecrypt { request, ciphertext_blob, encryption_context, recipient_attestation, .. } => {
+                    self.kms_decrypt(request, &ciphertext_blob, &encryption_context, &recipient_attestation)
+                }
+                Message::PublishAttestation { document } => {
+                    self.published.push(document);
+                    continue;
+                }
+                done @ (Message::Status { .. } | Message::Error { .. } | Message::Attested { .. }) => return done,
+                other => panic!("unexpected message from the worker: {other:?}"),
+            };
+            write_frame(connection, &answer).unwrap();
+            connection.flush().unwrap();
+        }
+    }
+
+    /// As KMS does for `Decrypt` with `Recipient`: the context must match, the document must
+    /// verify, and the plaintext goes out only inside a CMS envelope to the document's key.
+    fn kms_decrypt(&self, request: u64, blob: &[u8], context: &BTreeMap<String, String>, document: &[u8]) -> Message {
+        let failed = |code: &str, message: &str| Message::KmsFailed { request, code: code.into(), message: message.into() };
+        let Some((expected_context, plaintext)) = self.kms.get(blob) else {
+            return failed("InvalidCiphertextException", "unknown ciphertext");
+        };
+        if expected_context != context {
+            return failed("InvalidCiphertextException", "encryption context mismatch");
+        }
+        let verified = match attestation::verify(document, &VerifyOptions::new(self.dev_root(), now_ms())) {
+            Ok(verified) => verified,
+            Err(error) => return failed("AccessDeniedException", &error.to_string()),
+        };
+        let Some(public_key) = verified.document.public_key.as_deref() else {
+            return failed("ValidationException", "attestation document has no public_key");
+        };
+        let mut rng = rsa::rand_core::UnwrapErr(getrandom::SysRng);
+        let envelope = protocol::cms::seal(public_key, plaintext, &mut rng).unwrap();
+        Message::KmsDecrypted { request, key_id: "local:test".into(), ciphertext_for_recipient: envelope }
+    }
+}
+
+struct WorkerProcess {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_worker(dir: &Path) -> WorkerProcess {
+    let socket = dir.join("worker.sock");
+    let child = Command::new(env!("CARGO_BIN_EXE_enclave-worker"))
+        .arg("--listen")
+        .arg(format!("unix:{}", socket.display()))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--threads")
+        .arg("2")
+        .spawn()
+        .expect("start enclave-worker");
+    let started = Instant::now();
+    while UnixStream::connect(&socket).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(60), "worker did not listen within 60 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    WorkerProcess { child, socket }
+}
+
+fn connect(socket: &Path, channel: Channel) -> UnixStream {
+    let mut connection = UnixStream::connect(socket).unwrap();
+    write_frame(&mut connection, &Message::Hello { role: Role::Host, channel }).unwrap();
+    connection.flush().unwrap();
+    assert_eq!(read_frame(&mut connection).unwrap(), Some(Message::Hello { role: Role::Enclave, channel }));
+    connection
+}
+
+/// Encrypts the model directory and signs its manifest with the development publisher.
+fn publish_model(host: &mut Host) -> [u8; 32] {
+    let dir = model_dir();
+    let read = |name: &str| {
+        std::fs::read(dir.join(name))
+            .unwrap_or_else(|e| panic!("{}/{name}: {e} (run scripts/setup-model.sh)", dir.display()))
+    };
+    let files: Vec<(&str, Vec<u8>)> =
+        ["config.json", "model.safetensors", "tokenizer.json"].into_iter().map(|n| (n, read(n))).collect();
+    let mut dek = [0u8; 32];
+    getrandom::fill(&mut dek).unwrap();
+    let wrapped = b"wrapped model dek".to_vec();
+    let manifest = Manifest {
+        model_id: MODEL_ID.into(),
+        version: 1,
+        files: files
+            .iter()
+            .map(|(name, bytes)| ModelFile { name: (*name).into(), sha256: Sha256::digest(bytes).into(), size: bytes.len() as u64 })
+            .collect(),
+        dimensions: 384,
+        pooling: Pooling::Mean,
+        normalize: true,
+        max_tokens: 256,
+        kms_key_id: "local:model".into(),
+        wrapped_dek: wrapped.clone(),
+        created_ms: now_ms(),
+    };
+    for (name, bytes) in &files {
+        host.objects.insert(Manifest::file_object_key(MANIFEST_KEY, name), manifest.seal_file(&dek, name, bytes));
+    }
+    let signed = manifest.sign(&development_publisher());
+    host.objects.insert(MANIFEST_KEY.into(), signed.clone());
+    let context = [("model_id".to_owned(), MODEL_ID.to_owned()), ("version".to_owned(), "1".to_owned())].into_iter().collect();
+    host.kms.insert(wrapped, (context, dek.to_vec()));
+    manifest_hash(&signed)
+}
+
+fn publish_epoch(host: &mut Host, epoch: u64, fleet: &FleetSecretKey, not_after_ms: u64) {
+    let der = p256::SecretKey::from_slice(&fleet.to_scalar_bytes()).unwrap().to_pkcs8_der().unwrap();
+    let blob = format!("wrapped fleet key {epoch}").into_bytes();
+    let record = EpochRecord {
+        epoch,
+        not_after_ms,
+        kms_key_id: "local:fleet".into(),
+        public_key: hex::encode(fleet.public_key().to_bytes()),
+        wrapped_private_key: hex::encode(&blob),
+    };
+    host.kms.insert(blob, (record.encryption_context(), der.as_bytes().to_vec()));
+    host.objects.insert(epoch_object_key(epoch), record.to_json().into_bytes());
+}
+
+struct SealedJob {
+    job_id: JobId,
+    bytes: Vec<u8>,
+    plaintext: Vec<u8>,
+    commitment_key: zeroize::Zeroizing<[u8; 32]>,
+}
+
+fn seal_job(fleet: &FleetSecretKey, client: &ResultSecretKey, manifest: [u8; 32], records: &[(&str, &str)]) -> SealedJob {
+    let header = JobHeader {
+        fleet_key_id: fleet.public_key().key_id(),
+        epoch: 1,
+        model_id: MODEL_ID.into(),
+        manifest_hash: manifest,
+        options: JobOptions::default(),
+        result_public_key: client.public_key().to_bytes(),
+        record_count: records.len() as u64,
+        created_ms: now_ms(),
+    };
+    let mut sealed = envelope::seal_job(&header, &fleet.public_key()).unwrap();
+    let mut plaintext = Vec::new();
+    for (id, text) in records {
+        encode_input(&InputRecord { id: (*id).into(), text: text.as_bytes().to_vec() }, &mut plaintext).unwrap();
+    }
+    let mut bytes = sealed.preamble.clone();
+    sealed.sealer.push(&plaintext, &mut bytes).unwrap();
+    sealed.sealer.finish(&mut bytes).unwrap();
+    SealedJob { job_id: JobId(sealed.stream_id), bytes, plaintext, commitment_key: sealed.commitment_key }
+}
+
+/// Sends a sealed job; returns the sealed output and the receipt, or the failure the worker named.
+fn run_job(socket: &Path, claimed: JobId, sealed: &[u8]) -> Result<(Vec<u8>, Vec<u8>), (String, String)> {
+    let mut connection = connect(socket, Channel::Job);
+    write_frame(&mut connection, &Message::JobStart { job_id: claimed.to_hex(), attempt: 1 }).unwrap();
+    for chunk in sealed.chunks(100_000) {
+        write_frame(&mut connection, &Message::Input { data: chunk.to_vec() }).unwrap();
+    }
+    write_frame(&mut connection, &Message::InputEnd).unwrap();
+    connection.flush().unwrap();
+    let mut output = Vec::new();
+    loop {
+        match read_frame(&mut connection).unwrap().expect("worker closed the job connection") {
+            Message::Output { data } => output.extend_from_slice(&data),
+            Message::Progress { .. } => {}
+            Message::JobDone { receipt } => return Ok((output, receipt)),
+            Message::JobFailed { check, message } => return Err((check, message)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = spawn_worker(dir.path());
+    let mut host = Host { objects: BTreeMap::new(), kms: BTreeMap::new(), state_dir: dir.path().join("state"), published: Vec::new() };
+    let fleet = FleetSecretKey::generate();
+    publish_epoch(&mut host, 1, &fleet, now_ms() + 3_600_000);
+    let manifest = publish_model(&mut host);
+
+    let mut control = connect(&worker.socket, Channel::Control);
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    let status = host.serve(&mut control);
+    assert!(matches!(status, Message::Status { .. }), "{status:?}");
+    write_frame(&mut control, &Message::LoadModel { manifest_key: MANIFEST_KEY.into() }).unwrap();
+    match host.serve(&mut control) {
+        Message::Status { ready, models, .. } => assert!(ready && models == [MODEL_ID.to_owned()]),
+        other => panic!("model did not load: {other:?}"),
+    }
+
+    // The published document verifies against the development root and binds the fleet key
+    // the host stored and a receipt key the worker made.
+    assert_eq!(host.published.len(), 1);
+    let document = host.published[0].clone();
+    let mut options = VerifyOptions::new(host.dev_root(), now_ms());
+    options.require_binding = true;
+    let verified = attestation::verify(&document, &options).unwrap();
+    let binding = UserDataBinding::decode(verified.document.user_data.as_deref().unwrap()).unwrap();
+    assert_eq!(binding.fleet_public_key.to_vec(), fleet.public_key().to_bytes());
+    assert_eq!(binding.epoch, 1);
+    assert!(verified.document.public_key.is_none(), "a published document carries no host-chosen public key");
+    let receipt_key = VerifyingKey::from_bytes(&binding.receipt_public_key).unwrap();
+
+    let client = ResultSecretKey::generate();
+    let records = [
+        ("a", "What is the capital of France?"),
+        ("b", "   "),
+        ("c", "Confidential bulk embedding inside a Nitro enclave."),
+        ("d", "Paris est la capitale de la France."),
+    ];
+    let job = seal_job(&fleet, &client, manifest, &records);
+    let (output, receipt_bytes) = run_job(&worker.socket, job.job_id, &job.bytes).unwrap();
+
+    let (preamble, used) = Preamble::parse_complete(&output, StreamKind::JobResult).unwrap();
+    let mut opened = envelope::open_result(&preamble, &client, Some(job.job_id)).unwrap();
+    let mut plain = Vec::new();
+    opened.opener.push(&output[used..], &mut plain).unwrap();
+    opened.opener.finish(&mut plain).unwrap();
+    let mut decoder = OutputDecoder::new();
+    decoder.push(&plain);
+    let mut outputs = Vec::new();
+    while let Some(record) = decoder.next_record().unwrap() {
+        outputs.push(record);
+    }
+    decoder.finish(Some(4)).unwrap();
+    let ids: Vec<&str> = outputs.iter().map(OutputRecord::id).collect();
+    assert_eq!(ids, ["a", "b", "c", "d"], "results come back in input order");
+    assert!(matches!(&outputs[1], OutputRecord::Error { code: ErrorCode::EmptyText, .. }));
+    let vector = |i: usize| match &outputs[i] {
+        OutputRecord::Embedding { vector, tokens, .. } => {
+            assert!(*tokens > 2);
+            vector.to_f32()
+        }
+        other => panic!("record {i}: {other:?}"),
+    };
+    let first = vector(0);
+    assert_eq!(first.len(), 384);
+    let norm: f32 = first.iter().map(|v| v * v).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-4);
+    // STACK.md §5: the first five values of this text.
+    for (got, want) in first.iter().zip([0.08204813f32, 0.0360555, -0.00389286, -0.0048811, 0.02565121]) {
+        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+    }
+    let dot: f32 = first.iter().zip(vector(3)).map(|(a, b)| a * b).sum();
+    assert!(dot > 0.5, "the French sentence says the same thing ({dot})");
+
+    let signed = SignedReceipt::decode(&receipt_bytes).unwrap();
+    let receipt = signed.verify(&receipt_key).unwrap();
+    assert_eq!(receipt.job_id, job.job_id);
+    assert_eq!(receipt.input_sha256, <[u8; 32]>::from(Sha256::digest(&job.bytes)));
+    assert_eq!(receipt.output_sha256, <[u8; 32]>::from(Sha256::digest(&output)));
+    assert_eq!((receipt.records_ok, receipt.records_failed), (3, 1));
+    assert_eq!(receipt.manifest_hash, manifest);
+    assert_eq!(receipt.attestation_sha256, <[u8; 32]>::from(Sha256::digest(&document)));
+    assert_eq!(receipt.pcrs.get(&0), verified.document.pcrs.get(&0));
+    assert_eq!(receipt.fleet_key_id, fleet.public_key().key_id());
+    assert_eq!(receipt.result_key_id, client.public_key().key_id());
+    let mut commitment = PlaintextCommitment::new();
+    commitment.input(&job.plaintext);
+    commitment.output(&plain);
+    assert_eq!(receipt.commitment, commitment.finish(&job.commitment_key), "keyed plaintext commitment");
+
+    // The job id is derived: presenting the job under another id is refused by name.
+    let (check, _) = run_job(&worker.socket, JobId([7; 16]), &job.bytes).unwrap_err();
+    assert_eq!(check, "job_id");
+    // A flipped ciphertext byte in the body fails the stream, after no plaintext left.
+    let mut tampered = job.bytes.clone();
+    let last = tampered.len() - 20;
+    tampered[last] ^= 1;
+    let (check, _) = run_job(&worker.socket, job.job_id, &tampered).unwrap_err();
+    assert_eq!(check, "stream");
+    // A job for a model manifest the enclave does not run (a downgrade, say) is refused.
+    let other = seal_job(&fleet, &client, [0xee; 32], &records);
+    let (check, _) = run_job(&worker.socket, other.job_id, &other.bytes).unwrap_err();
+    assert_eq!(check, "model_manifest");
+}
+
+#[test]
+fn expired_epochs_and_forged_envelopes_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let worker = spawn_worker(dir.path());
+    let mut host = Host { objects: BTreeMap::new(), kms: BTreeMap::new(), state_dir: dir.path().join("state"), published: Vec::new() };
+    let fleet = FleetSecretKey::generate();
+    publish_epoch(&mut host, 1, &fleet, now_ms() - 1);
+    let mut control = connect(&worker.socket, Channel::Control);
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    match host.serve(&mut control) {
+        Message::Error { message } => assert!(message.starts_with("fleet_epoch_expired"), "{message}"),
+        other => panic!("an expired epoch was accepted: {other:?}"),
+    }
+    assert!(host.published.is_empty());
+}
