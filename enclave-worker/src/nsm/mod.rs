@@ -86,9 +86,17 @@ impl NsmError {
     }
 }
 
-/// What to put into an attestation document. Fields are private: see the module documentation
-/// for the only three ways to build one, which is how the worker guarantees that `public_key`
-/// and `user_data` never carry host-chosen bytes (DESIGN.md §3).
+/// What to put into an attestation document.
+///
+/// **Invariant (DESIGN.md §3): `public_key` and `user_data` never carry host-chosen bytes.** The
+/// fields are private and the only constructors are [`key_release`](Self::key_release) (the SPKI
+/// of a [`OneShotKey`] the worker generated), [`publication`](Self::publication) and
+/// [`fresh`](Self::fresh) (the encoding of a [`UserDataBinding`], i.e. two valid public keys and
+/// an epoch; callers build it from the keys they hold, see [`own_binding`]). `fresh` also takes
+/// the client's nonce, the one host-relayed field, which only ever reaches `nonce`. Do not add a
+/// constructor, `Default`, `From`, or `Deserialize` that takes other bytes. The integration test
+/// `no_host_bytes_reach_public_key_or_user_data` (tests/key_release.rs) decodes every document
+/// produced during key releases through honest and hostile hosts and checks this.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AttestationRequest {
     public_key: Option<Vec<u8>>,
