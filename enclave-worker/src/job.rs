@@ -118,6 +118,13 @@ pub fn serve<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(),
         if !matches!(error, JobError::Connection(_)) {
             let _ = frame::write_frame(connection, &Message::JobFailed { check: error.check().into(), message: error.to_string() });
             let _ = connection.flush();
+            // Read what the host is still sending, so that closing does not reset the
+            // connection before the host has read the verdict (TCP discards unread data).
+            while let Ok(Some(message)) = frame::read_frame(connection) {
+                if message == Message::InputEnd {
+                    break;
+                }
+            }
         }
     }
     result

@@ -230,11 +230,11 @@ fn seal_job(fleet: &FleetSecretKey, client: &ResultSecretKey, manifest: [u8; 32]
 fn run_job(socket: &Path, claimed: JobId, sealed: &[u8]) -> Result<(Vec<u8>, Vec<u8>), (String, String)> {
     let mut connection = connect(socket, Channel::Job);
     write_frame(&mut connection, &Message::JobStart { job_id: claimed.to_hex(), attempt: 1 }).unwrap();
-    for chunk in sealed.chunks(100_000) {
-        write_frame(&mut connection, &Message::Input { data: chunk.to_vec() }).unwrap();
-    }
-    write_frame(&mut connection, &Message::InputEnd).unwrap();
-    connection.flush().unwrap();
+    // The worker may refuse the job before all input is sent and close its side; the host then
+    // stops writing and reads the verdict.
+    let mut sent = sealed.chunks(100_000).all(|chunk| write_frame(&mut connection, &Message::Input { data: chunk.to_vec() }).is_ok());
+    sent = sent && write_frame(&mut connection, &Message::InputEnd).is_ok();
+    let _ = sent && connection.flush().is_ok();
     let mut output = Vec::new();
     loop {
         match read_frame(&mut connection).unwrap().expect("worker closed the job connection") {
