@@ -204,7 +204,17 @@ struct SealedJob {
     commitment_key: zeroize::Zeroizing<[u8; 32]>,
 }
 
-fn seal_job(fleet: &FleetSecretKey, client: &ResultSecretKey, manifest: [u8; 32], records: &[(&str, &str)]) -> SealedJob {
+/// One input record, encoded by hand so that a test can send what an honest client would refuse
+/// to (a text over the size limit).
+fn raw_record(id: &str, text: &[u8], out: &mut Vec<u8>) {
+    out.push(0x01);
+    out.extend_from_slice(&(id.len() as u16).to_be_bytes());
+    out.extend_from_slice(id.as_bytes());
+    out.extend_from_slice(&(text.len() as u32).to_be_bytes());
+    out.extend_from_slice(text);
+}
+
+fn seal_job(fleet: &FleetSecretKey, client: &ResultSecretKey, manifest: [u8; 32], records: &[(&str, &[u8])]) -> SealedJob {
     let header = JobHeader {
         fleet_key_id: fleet.public_key().key_id(),
         epoch: 1,
@@ -218,7 +228,11 @@ fn seal_job(fleet: &FleetSecretKey, client: &ResultSecretKey, manifest: [u8; 32]
     let mut sealed = envelope::seal_job(&header, &fleet.public_key()).unwrap();
     let mut plaintext = Vec::new();
     for (id, text) in records {
-        encode_input(&InputRecord { id: (*id).into(), text: text.as_bytes().to_vec() }, &mut plaintext).unwrap();
+        if text.len() <= protocol::records::MAX_TEXT_LEN {
+            encode_input(&InputRecord { id: (*id).into(), text: text.to_vec() }, &mut plaintext).unwrap();
+        } else {
+            raw_record(id, text, &mut plaintext);
+        }
     }
     let mut bytes = sealed.preamble.clone();
     sealed.sealer.push(&plaintext, &mut bytes).unwrap();
@@ -280,11 +294,14 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     let receipt_key = VerifyingKey::from_bytes(&binding.receipt_public_key).unwrap();
 
     let client = ResultSecretKey::generate();
-    let records = [
-        ("a", "What is the capital of France?"),
-        ("b", "   "),
-        ("c", "Confidential bulk embedding inside a Nitro enclave."),
-        ("d", "Paris est la capitale de la France."),
+    let oversized = vec![b'x'; protocol::records::MAX_TEXT_LEN + 1];
+    let records: [(&str, &[u8]); 6] = [
+        ("a", b"What is the capital of France?"),
+        ("b", b"   "),
+        ("c", b"Confidential bulk embedding inside a Nitro enclave."),
+        ("d", "Paris est la capitale de la France.".as_bytes()),
+        ("e", b"caf\xe9 au lait"),
+        ("f", &oversized),
     ];
     let job = seal_job(&fleet, &client, manifest, &records);
     let (output, receipt_bytes) = run_job(&worker.socket, job.job_id, &job.bytes).unwrap();
@@ -300,10 +317,12 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     while let Some(record) = decoder.next_record().unwrap() {
         outputs.push(record);
     }
-    decoder.finish(Some(4)).unwrap();
+    decoder.finish(Some(6)).unwrap();
     let ids: Vec<&str> = outputs.iter().map(OutputRecord::id).collect();
-    assert_eq!(ids, ["a", "b", "c", "d"], "results come back in input order");
+    assert_eq!(ids, ["a", "b", "c", "d", "e", "f"], "results come back in input order");
     assert!(matches!(&outputs[1], OutputRecord::Error { code: ErrorCode::EmptyText, .. }));
+    assert!(matches!(&outputs[4], OutputRecord::Error { code: ErrorCode::InvalidUtf8, .. }));
+    assert!(matches!(&outputs[5], OutputRecord::Error { code: ErrorCode::TooLarge, .. }));
     let vector = |i: usize| match &outputs[i] {
         OutputRecord::Embedding { vector, tokens, .. } => {
             assert!(*tokens > 2);
@@ -327,7 +346,7 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     assert_eq!(receipt.job_id, job.job_id);
     assert_eq!(receipt.input_sha256, <[u8; 32]>::from(Sha256::digest(&job.bytes)));
     assert_eq!(receipt.output_sha256, <[u8; 32]>::from(Sha256::digest(&output)));
-    assert_eq!((receipt.records_ok, receipt.records_failed), (3, 1));
+    assert_eq!((receipt.records_ok, receipt.records_failed), (3, 3));
     assert_eq!(receipt.manifest_hash, manifest);
     assert_eq!(receipt.attestation_sha256, <[u8; 32]>::from(Sha256::digest(&document)));
     assert_eq!(receipt.pcrs.get(&0), verified.document.pcrs.get(&0));

@@ -6,14 +6,19 @@
 //! error     := 0x03 ‖ id_len u16 ‖ id ‖ code u16 ‖ message_len u16 ‖ message
 //! ```
 //!
-//! An id is 1..=[`MAX_ID_LEN`] bytes of UTF-8. A text is at most [`MAX_TEXT_LEN`] bytes and is
-//! carried as raw bytes: whether it is UTF-8 is for the enclave to judge, per record. dtype 0x01
+//! An id is 1..=[`MAX_ID_LEN`] bytes of UTF-8. A text is carried as raw bytes, at most
+//! [`MAX_WIRE_TEXT_LEN`]; whether it is UTF-8 and at most [`MAX_TEXT_LEN`] bytes is for the enclave
+//! to judge, per record. dtype 0x01
 //! is f32, 0x02 is f16 (IEEE 754 binary16).
 
 use crate::envelope::OutputDtype;
 
 pub const MAX_ID_LEN: usize = 512;
+/// Largest text embedded; a longer one is a per-record `too_large` error.
 pub const MAX_TEXT_LEN: usize = 256 * 1024;
+/// Largest text a record may carry on the wire. Between [`MAX_TEXT_LEN`] and this, the record
+/// decodes and the enclave reports it per record; beyond it the stream is malformed.
+pub const MAX_WIRE_TEXT_LEN: usize = 4 * 1024 * 1024;
 pub const MAX_MESSAGE_LEN: usize = 1024;
 pub const MAX_DIMENSIONS: usize = 8192;
 
@@ -31,7 +36,7 @@ pub enum RecordError {
     IdLength { offset: u64, len: usize },
     #[error("record at offset {offset}: id is not UTF-8")]
     IdNotUtf8 { offset: u64 },
-    #[error("record at offset {offset}: text of {len} bytes exceeds {MAX_TEXT_LEN}")]
+    #[error("record at offset {offset}: text of {len} bytes exceeds {MAX_WIRE_TEXT_LEN}")]
     TextLength { offset: u64, len: usize },
     #[error("record at offset {offset}: unknown dtype {dtype:#04x}")]
     UnknownDtype { offset: u64, dtype: u8 },
@@ -289,7 +294,7 @@ impl RecordKind for InputRecord {
         let Some(id) = parse_id(cursor, offset)? else { return Ok(None) };
         let Some(len) = cursor.u32() else { return Ok(None) };
         let len = len as usize;
-        if len > MAX_TEXT_LEN {
+        if len > MAX_WIRE_TEXT_LEN {
             return Err(RecordError::TextLength { offset, len });
         }
         let Some(text) = cursor.take(len) else { return Ok(None) };
@@ -503,7 +508,7 @@ mod tests {
         assert!(encode_input(&InputRecord { id: "x".into(), text: vec![0; MAX_TEXT_LEN + 1] }, &mut out).is_err());
         assert!(out.is_empty());
         let mut decoder = InputDecoder::new();
-        decoder.push(&[0x01, 0x00, 0x01, b'x', 0xff, 0xff, 0xff, 0xff]);
+        decoder.push(&[0x01, 0x00, 0x01, b'x', 0x00, 0x40, 0x00, 0x01]);
         assert!(matches!(decoder.next_record(), Err(RecordError::TextLength { .. })));
     }
 
