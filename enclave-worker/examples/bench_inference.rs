@@ -60,7 +60,8 @@ fn parse_args() -> Args {
         match flag.as_str() {
             "--corpus" => args.corpus = PathBuf::from(value()),
             "--threads" => {
-                args.threads = value().split(',').map(|t| t.trim().parse().unwrap_or_else(|_| usage("--threads 1,2"))).collect()
+                args.threads =
+                    value().split(',').map(|t| t.trim().parse().unwrap_or_else(|_| usage("--threads 1,2"))).collect()
             }
             "--repeats" => args.repeats = value().parse().unwrap_or_else(|_| usage("--repeats N")),
             "--budget" => args.budget = value().parse().unwrap_or_else(|_| usage("--budget TOKENS")),

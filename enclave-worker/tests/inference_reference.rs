@@ -57,7 +57,8 @@ fn model_bytes() -> &'static ModelBytes {
 fn load(backend: Backend) -> Arc<Embedder> {
     let bytes = model_bytes();
     let files = ModelFiles { config: &bytes.config, tokenizer: &bytes.tokenizer, weights: &bytes.weights };
-    let embedder = Embedder::load(files, EmbedderSettings { backend, ..Default::default() }).expect("load all-MiniLM-L6-v2");
+    let embedder =
+        Embedder::load(files, EmbedderSettings { backend, ..Default::default() }).expect("load all-MiniLM-L6-v2");
     assert_eq!(embedder.backend(), backend);
     Arc::new(embedder)
 }
@@ -282,7 +283,8 @@ fn stream_keeps_input_order_through_small_windows() {
         }
         records.push(InputRecord { id: format!("r{round}-empty"), text: Vec::new() });
     }
-    let engine = Engine::new(embedder(), EngineSettings { threads: 2, window_records: 5, ..Default::default() }).unwrap();
+    let engine =
+        Engine::new(embedder(), EngineSettings { threads: 2, window_records: 5, ..Default::default() }).unwrap();
     let mut outputs: Vec<OutputRecord> = Vec::new();
     let emitted = engine
         .embed_stream(records.clone(), &EmbedOptions::default(), OutputDtype::F16, |o| {

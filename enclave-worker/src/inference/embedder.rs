@@ -110,8 +110,7 @@ impl Embedder {
     /// Builds the model from bytes in memory. The weights are copied into candle tensors (no
     /// mmap); the caller may drop or zeroize `files` afterwards.
     pub fn load(files: ModelFiles<'_>, settings: EmbedderSettings) -> Result<Self, InferenceError> {
-        let config: Config =
-            serde_json::from_slice(files.config).map_err(|e| InferenceError::Config(e.to_string()))?;
+        let config: Config = serde_json::from_slice(files.config).map_err(|e| InferenceError::Config(e.to_string()))?;
         if settings.max_tokens < 3 || settings.max_tokens > config.max_position_embeddings {
             return Err(InferenceError::Settings(format!(
                 "max_tokens {} outside 3..={} (the model's max_position_embeddings)",

@@ -74,7 +74,7 @@ impl Encoder {
         if config.position_embedding_type != PositionEmbeddingType::Absolute {
             return Err("non-absolute position embeddings".into());
         }
-        if config.num_attention_heads == 0 || config.hidden_size % config.num_attention_heads != 0 {
+        if config.num_attention_heads == 0 || !config.hidden_size.is_multiple_of(config.num_attention_heads) {
             return Err("hidden size not divisible by the head count".into());
         }
         Ok(())
@@ -84,10 +84,8 @@ impl Encoder {
         Self::supports(config).map_err(InferenceError::Config)?;
         // Checkpoints saved from BertModel have no prefix; from BertFor* they have `bert.`.
         if tensors.keys().any(|k| k.starts_with("bert.")) {
-            tensors = tensors
-                .into_iter()
-                .filter_map(|(k, v)| k.strip_prefix("bert.").map(|s| (s.to_owned(), v)))
-                .collect();
+            tensors =
+                tensors.into_iter().filter_map(|(k, v)| k.strip_prefix("bert.").map(|s| (s.to_owned(), v))).collect();
         }
         let hidden = config.hidden_size;
         let inter = config.intermediate_size;
@@ -109,7 +107,10 @@ impl Encoder {
             get(name, &[out, inp])?.t().and_then(|t| t.contiguous()).map_err(weights_err)
         };
         let layer_norm = |prefix: &str, len: usize| -> Result<LayerNorm, InferenceError> {
-            Ok(LayerNorm { gamma: vector(&format!("{prefix}.weight"), len)?, beta: vector(&format!("{prefix}.bias"), len)? })
+            Ok(LayerNorm {
+                gamma: vector(&format!("{prefix}.weight"), len)?,
+                beta: vector(&format!("{prefix}.bias"), len)?,
+            })
         };
 
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
@@ -185,7 +186,15 @@ impl Encoder {
                 for (((s, &w), &q), &t) in sum.iter_mut().zip(word).zip(position).zip(&self.token_type) {
                     *s = w + q + t;
                 }
-                kernels::add_layer_norm(row, &sum, None, None, &self.embedding_ln.gamma, &self.embedding_ln.beta, self.eps);
+                kernels::add_layer_norm(
+                    row,
+                    &sum,
+                    None,
+                    None,
+                    &self.embedding_ln.gamma,
+                    &self.embedding_ln.beta,
+                    self.eps,
+                );
             }
         });
         let mut hidden = tensor(x, total, h)?;
@@ -233,7 +242,9 @@ impl Encoder {
         let inter = layer.ff1_b.len();
         let mut activated = vec![0f32; total * inter];
         with_slice(&ff, |ff| {
-            fused_rows(&mut activated, inter, |i, o| kernels::bias_gelu(o, &ff[i * inter..(i + 1) * inter], &layer.ff1_b))
+            fused_rows(&mut activated, inter, |i, o| {
+                kernels::bias_gelu(o, &ff[i * inter..(i + 1) * inter], &layer.ff1_b)
+            })
         })?;
         drop(ff);
         let activated = tensor(activated, total, inter)?;

@@ -189,7 +189,8 @@ impl Engine {
                 Err(error) => {
                     failed += members.len() as u64;
                     for &m in &batch.members {
-                        results[ready[m].0] = Some(Err(RecordFailure::new(ErrorCode::InferenceFailed, error.to_string())));
+                        results[ready[m].0] =
+                            Some(Err(RecordFailure::new(ErrorCode::InferenceFailed, error.to_string())));
                     }
                 }
             }
@@ -203,7 +204,12 @@ impl Engine {
 
     /// [`Engine::embed_window`] for protocol records: one output record per input record, same
     /// order, vectors in `dtype`.
-    pub fn embed_records(&self, records: &[InputRecord], options: &EmbedOptions, dtype: OutputDtype) -> Vec<OutputRecord> {
+    pub fn embed_records(
+        &self,
+        records: &[InputRecord],
+        options: &EmbedOptions,
+        dtype: OutputDtype,
+    ) -> Vec<OutputRecord> {
         let texts: Vec<&[u8]> = records.iter().map(|r| r.text.as_slice()).collect();
         let results = self.embed_window(&texts, options);
         records
@@ -220,7 +226,13 @@ impl Engine {
     /// ([`EngineSettings::window_records`] records or [`EngineSettings::window_bytes`] bytes) and
     /// hands every output record to `sink` in input order. Memory stays flat whatever the number
     /// of records. Stops at the first error of `sink`. Returns the number of records emitted.
-    pub fn embed_stream<I, F, E>(&self, records: I, options: &EmbedOptions, dtype: OutputDtype, mut sink: F) -> Result<u64, E>
+    pub fn embed_stream<I, F, E>(
+        &self,
+        records: I,
+        options: &EmbedOptions,
+        dtype: OutputDtype,
+        mut sink: F,
+    ) -> Result<u64, E>
     where
         I: IntoIterator<Item = InputRecord>,
         F: FnMut(OutputRecord) -> Result<(), E>,

@@ -12,7 +12,7 @@ const LANES: usize = 16;
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_375;
+    const LN2_HI: f32 = 0.693_359_4; // 0.693359375 = 355/512, exact in f32
     const LN2_LO: f32 = -2.121_944_4e-4;
     // 1.5 · 2^23: adding and subtracting it rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
@@ -20,10 +20,9 @@ pub(crate) fn exp(x: f32) -> f32 {
     let k = (x * LOG2E + ROUND) - ROUND;
     let r = x - k * LN2_HI - k * LN2_LO;
     let r2 = r * r;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
-        + 1.666_666_5e-1)
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
     let e_r = p * r2 + r + 1.0;
     let bits = ((k as i32 + 127) as u32) << 23;
     e_r * f32::from_bits(bits)
@@ -38,12 +37,11 @@ pub(crate) fn erf(x: f32) -> f32 {
     let p = ((((((-2.726_142_3e-10 * x2 + 2.770_681_4e-8) * x2 - 2.101_024e-6) * x2 - 5.692_506_4e-5) * x2
         - 7.349_906_3e-4)
         * x2
-        - 2.954_599_8e-3)
+        - 2.954_6e-3)
         * x2
         - 1.609_603_3e-2)
         * x;
-    let q = (((-1.456_607_2e-5 * x2 - 2.133_740_6e-4) * x2 - 1.682_827e-3) * x2 - 7.373_329e-3) * x2
-        - 1.426_473_9e-2;
+    let q = (((-1.456_607_2e-5 * x2 - 2.133_740_6e-4) * x2 - 1.682_827e-3) * x2 - 7.373_329e-3) * x2 - 1.426_473_9e-2;
     p / q
 }
 

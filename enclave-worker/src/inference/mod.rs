@@ -28,25 +28,25 @@
 //!
 //! # Threads
 //!
-//! candle's CPU backend has three sources of parallelism, none of which takes a per-call thread
-//! count:
+//! candle takes no per-call thread count. Its CPU backend has two sources of parallelism:
 //!
-//! 1. matrix multiplication (gemm): split into `candle_core::utils::get_num_threads()` tasks
+//! 1. matrix products (gemm): split into `candle_core::utils::get_num_threads()` tasks
 //!    (`RAYON_NUM_THREADS`, else the number of *physical* cores), executed with rayon on the
 //!    **current** rayon pool;
-//! 2. large element-wise ops: candle's global spin-barrier pool, sized once at first use from
-//!    `CANDLE_NUM_THREADS`, else `RAYON_NUM_THREADS`, else physical cores;
-//! 3. tokenization here: rayon `par_iter` on the current pool.
+//! 2. large element-wise tensor ops: candle's own global spin-barrier pool, sized once at first
+//!    use from `CANDLE_NUM_THREADS`, else `RAYON_NUM_THREADS`, else physical cores.
 //!
-//! [`Engine`] therefore runs everything inside its own `rayon::ThreadPool` of
-//! [`EngineSettings::threads`] threads (default: available parallelism), which bounds (1) and (3).
-//! (2) can only be set by the process environment before the first tensor op, so a worker that
-//! wants fewer threads than cores must be started with `CANDLE_NUM_THREADS=n RAYON_NUM_THREADS=n`
-//! (setting environment variables in-process is `unsafe`, which this crate forbids). The benchmark
-//! runs each thread count in a child process for that reason. [`candle_thread_settings`] reports
-//! what candle will use. Note that inside a Nitro enclave vCPUs are hyper-thread siblings, so
-//! candle's default (physical cores) is half the vCPU count: set `RAYON_NUM_THREADS` to the vCPU
-//! count there.
+//! [`Engine`] runs everything inside its own `rayon::ThreadPool` of [`EngineSettings::threads`]
+//! threads (default: available parallelism). That pool bounds (1), our tokenization, attention
+//! and element-wise kernels. The fused backend uses no candle element-wise op, so for it the
+//! engine's thread count is the whole story (measured: one engine thread with gemm splitting in 2
+//! tasks runs as fast as with `RAYON_NUM_THREADS=1`). The CandleBert backend also uses (2), which
+//! only the process environment sets, before the first tensor op — setting environment variables
+//! in-process is `unsafe`, which this crate forbids — so run it with `CANDLE_NUM_THREADS=n
+//! RAYON_NUM_THREADS=n`; the benchmark does this for every thread count, in a child process.
+//! [`candle_thread_settings`] reports what candle will use. Inside a Nitro enclave vCPUs are
+//! hyper-thread pairs, so candle's default (physical cores) is half the vCPU count: give the
+//! worker `RAYON_NUM_THREADS` = vCPUs there.
 
 mod batching;
 mod embedder;
