@@ -13,7 +13,7 @@ use super::{InferenceError, RecordFailure};
 /// Which implementation of the BERT encoder runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Backend {
-    /// The fused encoder ([`super::encoder`]): packed unpadded tokens, per-sequence attention,
+    /// The fused encoder (`encoder.rs`): packed unpadded tokens, per-sequence attention,
     /// fused element-wise kernels, candle's gemm for the dense layers. Default; falls back to
     /// [`Backend::CandleBert`] for a config it does not implement.
     #[default]
@@ -46,7 +46,7 @@ pub struct EmbedderSettings {
     pub pooling: Pooling,
     /// Whether the model's vectors are L2-normalised by default (a job may still turn it off).
     pub normalize: bool,
-    /// Maximum tokens per text, [CLS] and [SEP] included; longer texts are truncated, or refused
+    /// Maximum tokens per text, `[CLS]` and `[SEP]` included; longer texts are truncated, or refused
     /// when a job asks for no truncation.
     pub max_tokens: usize,
     /// If set, the model's hidden size must equal it (the manifest's `dimensions`).
@@ -73,7 +73,7 @@ impl EmbedderSettings {
     }
 }
 
-/// A tokenized text: token ids with [CLS]/[SEP], already truncated to `max_tokens`.
+/// A tokenized text: token ids with `[CLS]`/`[SEP]`, already truncated to `max_tokens`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tokenized {
     pub ids: Vec<u32>,

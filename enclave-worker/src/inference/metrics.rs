@@ -23,7 +23,7 @@ pub struct MetricsSnapshot {
     pub documents: u64,
     /// Records that became per-record errors.
     pub failed: u64,
-    /// Tokens of embedded records ([CLS]/[SEP] included, after truncation).
+    /// Tokens of embedded records (`[CLS]`/`[SEP]` included, after truncation).
     pub real_tokens: u64,
     /// Tokens the model processed, padding included: Σ batch size × padded length with the
     /// CandleBert backend; equal to `real_tokens` with the fused backend, which packs sequences.

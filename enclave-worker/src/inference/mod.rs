@@ -71,7 +71,7 @@ use gemm as _;
 pub struct Embedding {
     /// The pooled (and, if asked, L2-normalised) vector, `hidden_size` values.
     pub vector: Vec<f32>,
-    /// Real tokens fed to the model, [CLS] and [SEP] included, after truncation.
+    /// Real tokens fed to the model, `[CLS]` and `[SEP]` included, after truncation.
     pub tokens: u32,
 }
 
