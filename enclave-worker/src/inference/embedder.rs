@@ -44,7 +44,8 @@ pub struct ModelFiles<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EmbedderSettings {
     pub pooling: Pooling,
-    /// Whether the model's vectors are L2-normalised by default (a job may still turn it off).
+    /// The manifest's declared normalisation (informational: what the model's vectors are
+    /// meant to be). Each job decides through [`super::EmbedOptions::normalize`].
     pub normalize: bool,
     /// Maximum tokens per text, `[CLS]` and `[SEP]` included; longer texts are truncated, or refused
     /// when a job asks for no truncation.
@@ -146,14 +147,15 @@ impl Embedder {
             .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
 
         let device = Device::Cpu;
-        let tensors = candle_core::safetensors::load_buffer(files.weights, &device)
-            .map_err(|e| InferenceError::Weights(e.to_string()))?;
-        let model = match settings.backend {
-            Backend::Fused if Encoder::supports(&config).is_ok() => Model::Fused(Encoder::load(tensors, &config)?),
-            _ => {
-                let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
-                Model::Candle(BertModel::load(vb, &config).map_err(|e| InferenceError::Weights(e.to_string()))?)
-            }
+        let fused =
+            settings.backend == Backend::Fused && Encoder::supports(&config).is_ok() && Encoder::reads(files.weights);
+        let model = if fused {
+            Model::Fused(Encoder::load(files.weights, &config)?)
+        } else {
+            let tensors = candle_core::safetensors::load_buffer(files.weights, &device)
+                .map_err(|e| InferenceError::Weights(e.to_string()))?;
+            let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
+            Model::Candle(BertModel::load(vb, &config).map_err(|e| InferenceError::Weights(e.to_string()))?)
         };
         Ok(Self { model, tokenizer, settings, hidden_size: config.hidden_size, pad_id, device })
     }

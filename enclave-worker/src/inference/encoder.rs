@@ -14,11 +14,10 @@
 //!   per sequence (its two products, all heads at once, through gemm too), element-wise kernels
 //!   one task per block of rows.
 
-use std::collections::HashMap;
-
 use candle_core::{Device, Storage, Tensor};
 use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
 use rayon::prelude::*;
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::InferenceError;
 use super::kernels;
@@ -64,6 +63,10 @@ fn weights_err(e: impl std::fmt::Display) -> InferenceError {
     InferenceError::Weights(e.to_string())
 }
 
+fn le_f32(bytes: &[u8]) -> f32 {
+    f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
 impl Encoder {
     /// Whether this encoder implements the model the config describes; otherwise the caller uses
     /// the candle `BertModel` backend.
@@ -80,67 +83,90 @@ impl Encoder {
         Ok(())
     }
 
-    pub(crate) fn load(mut tensors: HashMap<String, Tensor>, config: &Config) -> Result<Self, InferenceError> {
+    /// Builds the encoder straight from the bytes of a `model.safetensors` file: one pass per
+    /// tensor from little-endian bytes into its final layout (transposed where needed), with no
+    /// intermediate copy of the whole model. F32 checkpoints only (the caller falls back to the
+    /// CandleBert backend for others).
+    pub(crate) fn load(weights: &[u8], config: &Config) -> Result<Self, InferenceError> {
         Self::supports(config).map_err(InferenceError::Config)?;
+        let file = SafeTensors::deserialize(weights).map_err(weights_err)?;
         // Checkpoints saved from BertModel have no prefix; from BertFor* they have `bert.`.
-        if tensors.keys().any(|k| k.starts_with("bert.")) {
-            tensors =
-                tensors.into_iter().filter_map(|(k, v)| k.strip_prefix("bert.").map(|s| (s.to_owned(), v))).collect();
-        }
-        let hidden = config.hidden_size;
-        let inter = config.intermediate_size;
-        let get = |name: &str, shape: &[usize]| -> Result<Tensor, InferenceError> {
-            let t = tensors.get(name).ok_or_else(|| weights_err(format!("missing tensor {name}")))?;
-            if t.dims() != shape {
-                return Err(weights_err(format!("{name}: shape {:?}, expected {shape:?}", t.dims())));
+        let prefix = if file.names().iter().any(|n| n.starts_with("bert.")) { "bert." } else { "" };
+        let view = |name: &str, shape: &[usize]| -> Result<TensorView<'_>, InferenceError> {
+            let view = file.tensor(&format!("{prefix}{name}")).map_err(|e| weights_err(format!("{name}: {e}")))?;
+            if view.dtype() != Dtype::F32 {
+                return Err(weights_err(format!("{name}: dtype {:?}, the fused encoder reads F32", view.dtype())));
             }
-            t.to_dtype(candle_core::DType::F32).map_err(weights_err)
+            if view.shape() != shape {
+                return Err(weights_err(format!("{name}: shape {:?}, expected {shape:?}", view.shape())));
+            }
+            Ok(view)
         };
-        let vector = |name: &str, len: usize| -> Result<Vec<f32>, InferenceError> {
-            get(name, &[len])?.to_vec1::<f32>().map_err(weights_err)
+        let values = |name: &str, shape: &[usize]| -> Result<Vec<f32>, InferenceError> {
+            Ok(view(name, shape)?.data().chunks_exact(4).map(le_f32).collect())
         };
-        let flat = |name: &str, shape: &[usize]| -> Result<Vec<f32>, InferenceError> {
-            get(name, shape)?.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(weights_err)
+        // Linear weights are stored (out, in); the products want (in, out), possibly several side by
+        // side: `dst` has `dst_cols` columns and this weight goes to columns `col..col + out`.
+        let transpose_into = |name: &str, out: usize, inp: usize, dst: &mut [f32], dst_cols: usize, col: usize| {
+            let data = view(name, &[out, inp])?.data();
+            for (o, row) in data.chunks_exact(4 * inp).enumerate() {
+                for (i, bytes) in row.chunks_exact(4).enumerate() {
+                    dst[i * dst_cols + col + o] = le_f32(bytes);
+                }
+            }
+            Ok::<(), InferenceError>(())
         };
-        // Linear weights are stored (out, in); keep them as contiguous (in, out).
-        let transposed = |name: &str, out: usize, inp: usize| -> Result<Tensor, InferenceError> {
-            get(name, &[out, inp])?.t().and_then(|t| t.contiguous()).map_err(weights_err)
+        let linear = |name: &str, out: usize, inp: usize| -> Result<Tensor, InferenceError> {
+            let mut dst = vec![0f32; inp * out];
+            transpose_into(name, out, inp, &mut dst, out, 0)?;
+            Tensor::from_vec(dst, (inp, out), &Device::Cpu).map_err(weights_err)
         };
         let layer_norm = |prefix: &str, len: usize| -> Result<LayerNorm, InferenceError> {
             Ok(LayerNorm {
-                gamma: vector(&format!("{prefix}.weight"), len)?,
-                beta: vector(&format!("{prefix}.bias"), len)?,
+                gamma: values(&format!("{prefix}.weight"), &[len])?,
+                beta: values(&format!("{prefix}.bias"), &[len])?,
             })
         };
 
+        let (hidden, inter) = (config.hidden_size, config.intermediate_size);
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("encoder.layer.{i}");
-            let q = transposed(&format!("{p}.attention.self.query.weight"), hidden, hidden)?;
-            let k = transposed(&format!("{p}.attention.self.key.weight"), hidden, hidden)?;
-            let v = transposed(&format!("{p}.attention.self.value.weight"), hidden, hidden)?;
-            let qkv_w = Tensor::cat(&[&q, &k, &v], 1).and_then(|t| t.contiguous()).map_err(weights_err)?;
-            let mut qkv_b = vector(&format!("{p}.attention.self.query.bias"), hidden)?;
-            qkv_b.extend(vector(&format!("{p}.attention.self.key.bias"), hidden)?);
-            qkv_b.extend(vector(&format!("{p}.attention.self.value.bias"), hidden)?);
+            let mut qkv = vec![0f32; hidden * 3 * hidden];
+            let mut qkv_b = Vec::with_capacity(3 * hidden);
+            for (part, name) in ["query", "key", "value"].into_iter().enumerate() {
+                transpose_into(
+                    &format!("{p}.attention.self.{name}.weight"),
+                    hidden,
+                    hidden,
+                    &mut qkv,
+                    3 * hidden,
+                    part * hidden,
+                )?;
+                qkv_b.extend(values(&format!("{p}.attention.self.{name}.bias"), &[hidden])?);
+            }
             layers.push(Layer {
-                qkv_w,
+                qkv_w: Tensor::from_vec(qkv, (hidden, 3 * hidden), &Device::Cpu).map_err(weights_err)?,
                 qkv_b,
-                out_w: transposed(&format!("{p}.attention.output.dense.weight"), hidden, hidden)?,
-                out_b: vector(&format!("{p}.attention.output.dense.bias"), hidden)?,
+                out_w: linear(&format!("{p}.attention.output.dense.weight"), hidden, hidden)?,
+                out_b: values(&format!("{p}.attention.output.dense.bias"), &[hidden])?,
                 attn_ln: layer_norm(&format!("{p}.attention.output.LayerNorm"), hidden)?,
-                ff1_w: transposed(&format!("{p}.intermediate.dense.weight"), inter, hidden)?,
-                ff1_b: vector(&format!("{p}.intermediate.dense.bias"), inter)?,
-                ff2_w: transposed(&format!("{p}.output.dense.weight"), hidden, inter)?,
-                ff2_b: vector(&format!("{p}.output.dense.bias"), hidden)?,
+                ff1_w: linear(&format!("{p}.intermediate.dense.weight"), inter, hidden)?,
+                ff1_b: values(&format!("{p}.intermediate.dense.bias"), &[inter])?,
+                ff2_w: linear(&format!("{p}.output.dense.weight"), hidden, inter)?,
+                ff2_b: values(&format!("{p}.output.dense.bias"), &[hidden])?,
                 ff_ln: layer_norm(&format!("{p}.output.LayerNorm"), hidden)?,
             });
         }
-        let token_types = flat("embeddings.token_type_embeddings.weight", &[config.type_vocab_size, hidden])?;
+        let token_type = view("embeddings.token_type_embeddings.weight", &[config.type_vocab_size, hidden])?.data()
+            [..4 * hidden]
+            .chunks_exact(4)
+            .map(le_f32)
+            .collect();
         Ok(Self {
-            word: flat("embeddings.word_embeddings.weight", &[config.vocab_size, hidden])?,
-            position: flat("embeddings.position_embeddings.weight", &[config.max_position_embeddings, hidden])?,
-            token_type: token_types[..hidden].to_vec(),
+            word: values("embeddings.word_embeddings.weight", &[config.vocab_size, hidden])?,
+            position: values("embeddings.position_embeddings.weight", &[config.max_position_embeddings, hidden])?,
+            token_type,
             embedding_ln: layer_norm("embeddings.LayerNorm", hidden)?,
             layers,
             hidden,
@@ -150,6 +176,12 @@ impl Encoder {
             max_positions: config.max_position_embeddings,
             eps: config.layer_norm_eps as f32,
         })
+    }
+
+    /// Whether every tensor of the file is F32 (what [`Encoder::load`] reads).
+    pub(crate) fn reads(weights: &[u8]) -> bool {
+        SafeTensors::deserialize(weights)
+            .is_ok_and(|f| f.iter().all(|(_, v)| v.dtype() == Dtype::F32 || v.dtype() == Dtype::I64))
     }
 
     /// Final hidden states of the given sequences, packed: `(Σ lengths, hidden)`, sequence after
