@@ -6,7 +6,8 @@
 //! ```text
 //! python3 scripts/build_corpus.py --count 2000 --out /tmp/corpus-2000.jsonl
 //! cargo run --release -p enclave-worker --example bench_inference -- --corpus /tmp/corpus-2000.jsonl
-//!     [--threads 1,2] [--repeats 3] [--budget 2048] [--max-batch 128] [--window 1024] [--json out.json]
+//!     [--threads 1,2] [--repeats 3] [--budget 2048] [--max-batch 128] [--window 1024]
+//!     [--backend fused|candle] [--json out.json]
 //! ```
 //!
 //! Each thread count runs in a child process started with `RAYON_NUM_THREADS=n
@@ -21,7 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use enclave_worker::inference::{
-    BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles, candle_thread_settings,
+    Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles,
+    candle_thread_settings,
 };
 use protocol::envelope::OutputDtype;
 use protocol::records::{InputRecord, OutputRecord};
@@ -40,6 +42,7 @@ struct Args {
     max_batch: usize,
     window: usize,
     json: Option<PathBuf>,
+    backend: Backend,
     child: bool,
 }
 
@@ -52,6 +55,7 @@ fn parse_args() -> Args {
         max_batch: BatchLimits::default().max_batch_size,
         window: EngineSettings::default().window_records,
         json: None,
+        backend: Backend::Fused,
         child: false,
     };
     let mut it = std::env::args().skip(1);
@@ -68,6 +72,13 @@ fn parse_args() -> Args {
             "--max-batch" => args.max_batch = value().parse().unwrap_or_else(|_| usage("--max-batch N")),
             "--window" => args.window = value().parse().unwrap_or_else(|_| usage("--window N")),
             "--json" => args.json = Some(PathBuf::from(value())),
+            "--backend" => {
+                args.backend = match value().as_str() {
+                    "fused" => Backend::Fused,
+                    "candle" => Backend::CandleBert,
+                    _ => usage("--backend fused|candle"),
+                }
+            }
             "--child" => args.child = true,
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
@@ -83,7 +94,7 @@ fn parse_args() -> Args {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 2048] \
-         [--max-batch 128] [--window 1024] [--json OUT]"
+         [--max-batch 128] [--window 1024] [--backend fused|candle] [--json OUT]"
     );
     std::process::exit(2)
 }
@@ -179,9 +190,10 @@ fn run_child(args: &Args) -> serde_json::Value {
     let started = Instant::now();
     let embedder = Embedder::load(
         ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights },
-        EmbedderSettings::default(),
+        EmbedderSettings { backend: args.backend, ..EmbedderSettings::default() },
     )
     .expect("load model");
+    assert_eq!(embedder.backend(), args.backend);
     let load = started.elapsed();
     drop((config, tokenizer, weights));
 
@@ -259,6 +271,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     let candle = candle_thread_settings();
     serde_json::json!({
         "threads": threads,
+        "backend": format!("{:?}", args.backend),
         "candle_gemm_tasks": candle.gemm_tasks,
         "candle_elementwise_threads": candle.elementwise_threads,
         "documents": delta.documents,
@@ -294,7 +307,9 @@ fn main() {
     let exe = std::env::current_exe().expect("current exe");
     let corpus_len = read_corpus(&args.corpus).len();
     println!(
-        "corpus {} ({corpus_len} documents), budget {} padded tokens, max batch {}, window {}, {} repeats (median)",
+        "{:?} backend, corpus {} ({corpus_len} documents), budget {} padded tokens, max batch {}, window {}, \
+         {} repeats (median)",
+        args.backend,
         args.corpus.display(),
         args.budget,
         args.max_batch,
@@ -308,6 +323,7 @@ fn main() {
             .args(["--child", "--threads", &threads.to_string(), "--repeats", &args.repeats.to_string()])
             .args(["--budget", &args.budget.to_string(), "--max-batch", &args.max_batch.to_string()])
             .args(["--window", &args.window.to_string()])
+            .args(["--backend", if args.backend == Backend::Fused { "fused" } else { "candle" }])
             .arg("--corpus")
             .arg(&args.corpus)
             .env("RAYON_NUM_THREADS", threads.to_string())
