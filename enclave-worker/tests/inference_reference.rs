@@ -229,6 +229,7 @@ fn empty_and_invalid_texts_are_per_record_errors() {
     texts.push(b"\x00\x01\x02".to_vec()); // control characters only: nothing left after normalisation
     texts.push(b"caf\xc3".to_vec()); // truncated UTF-8
     texts.push(b"fine".to_vec());
+    texts.push(vec![b'a'; protocol::records::MAX_TEXT_LEN + 1]); // over the enclave's text limit
     let results = engine().embed_window(&texts, &EmbedOptions::default());
     for ((name, _, code), result) in reference.errors.iter().zip(&results) {
         assert_eq!(code, "empty_text");
@@ -238,6 +239,7 @@ fn empty_and_invalid_texts_are_per_record_errors() {
     assert_eq!(results[n].as_ref().unwrap_err().code, ErrorCode::EmptyText);
     assert_eq!(results[n + 1].as_ref().unwrap_err().code, ErrorCode::InvalidUtf8);
     assert_eq!(results[n + 2].as_ref().unwrap().tokens, 3);
+    assert_eq!(results[n + 3].as_ref().unwrap_err().code, ErrorCode::TooLarge);
 }
 
 #[test]
