@@ -186,7 +186,7 @@ fn use_epoch<C: Read + Write>(
         return Err(ControlError::Protocol(format!("object {object_key} holds epoch {}, not {epoch}", record.epoch)));
     }
     let secret = key_release::release_fleet_key(worker.nsm(), pool, control, &record)?;
-    let binding = worker.binding(&secret, epoch);
+    let binding = worker.binding(&secret, epoch).map_err(|e| ControlError::Attestation(e.to_string()))?;
     let document = worker
         .nsm()
         .attest(AttestationRequest::publication(&binding))
@@ -202,7 +202,7 @@ fn use_epoch<C: Read + Write>(
 fn attest<C: Read + Write>(worker: &Worker, control: &mut Control<'_, C>, request: u64, nonce: &[u8]) -> Result<(), ControlError> {
     let newest = worker.epochs().into_iter().filter_map(|e| worker.epoch(e).map(|k| (e, k))).last();
     let (number, epoch) = newest.ok_or_else(|| ControlError::Attestation("no fleet epoch in use".into()))?;
-    let binding = worker.binding(&epoch.secret, number);
+    let binding = worker.binding(&epoch.secret, number).map_err(|e| ControlError::Attestation(e.to_string()))?;
     let request_document = AttestationRequest::fresh(&binding, nonce).map_err(|e| ControlError::Attestation(e.to_string()))?;
     let document = worker.nsm().attest(request_document).map_err(|e| ControlError::Attestation(e.to_string()))?;
     control.send(&Message::Attested { request, document })

@@ -175,7 +175,7 @@ fn run<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), JobEr
         let state = running.as_mut().ok_or_else(|| JobError::Protocol("no job".into()))?;
         plaintext.clear();
         state.opener.push(body, &mut plaintext)?;
-        absorb(worker, state, &plaintext, &mut sealed_out, false)?;
+        absorb(state, &plaintext, &mut sealed_out, false)?;
         sink.send(&sealed_out)?;
         sealed_out.clear();
         frame::write_frame(sink.connection, &Message::Progress { records: state.ok + state.failed, tokens: state.tokens })?;
@@ -186,7 +186,7 @@ fn run<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), JobEr
     };
     plaintext.clear();
     state.opener.finish(&mut plaintext)?;
-    absorb(worker, &mut state, &plaintext, &mut sealed_out, true)?;
+    absorb(&mut state, &plaintext, &mut sealed_out, true)?;
     state.sealer.finish(&mut sealed_out)?;
     sink.send(&sealed_out)?;
     let output_sha256 = sink.finish()?;
@@ -236,9 +236,6 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
         });
     }
     let options = EmbedOptions::from_job(&header.options).map_err(|e| JobError::Options(e.to_string()))?;
-    if header.options.normalize != model.manifest.normalize {
-        tracing::debug!("job overrides the manifest's normalisation");
-    }
     let client = ResultPublicKey::from_bytes(&header.result_public_key)?;
     let job_id = JobId(opened.stream_id);
     let result_header =
@@ -266,7 +263,7 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
 
 /// Feeds input plaintext; embeds every full window (and, at the end, the last one), sealing the
 /// output records into `out`.
-fn absorb(worker: &Worker, state: &mut Running, plaintext: &[u8], out: &mut Vec<u8>, last: bool) -> Result<(), JobError> {
+fn absorb(state: &mut Running, plaintext: &[u8], out: &mut Vec<u8>, last: bool) -> Result<(), JobError> {
     state.commitment.input(plaintext);
     state.decoder.push(plaintext);
     let settings = *state.model.engine.settings();
@@ -274,18 +271,18 @@ fn absorb(worker: &Worker, state: &mut Running, plaintext: &[u8], out: &mut Vec<
         state.window_bytes += record.text.len();
         state.window.push(record);
         if state.window.len() >= settings.window_records.max(1) || state.window_bytes >= settings.window_bytes {
-            flush_window(worker, state, out)?;
+            flush_window(state, out)?;
         }
     }
     if last {
         let decoder = std::mem::take(&mut state.decoder);
         decoder.finish(Some(state.header.record_count))?;
-        flush_window(worker, state, out)?;
+        flush_window(state, out)?;
     }
     Ok(())
 }
 
-fn flush_window(_worker: &Worker, state: &mut Running, out: &mut Vec<u8>) -> Result<(), JobError> {
+fn flush_window(state: &mut Running, out: &mut Vec<u8>) -> Result<(), JobError> {
     if state.window.is_empty() {
         return Ok(());
     }

@@ -10,7 +10,7 @@ use protocol::envelope::FleetSecretKey;
 use protocol::manifest::Manifest;
 
 use crate::inference::{Engine, EngineSettings};
-use crate::nsm::Nsm;
+use crate::nsm::{Nsm, NsmError};
 
 /// The fleet key of one epoch and the document that publishes it.
 pub struct Epoch {
@@ -82,10 +82,8 @@ impl Worker {
     }
 
     /// The binding the worker publishes for an epoch: keys it holds itself, nothing from the host.
-    pub fn binding(&self, secret: &FleetSecretKey, epoch: u64) -> UserDataBinding {
-        let mut fleet_public_key = [0u8; 65];
-        fleet_public_key.copy_from_slice(&secret.public_key().to_bytes());
-        UserDataBinding { fleet_public_key, receipt_public_key: self.receipt_key.verifying_key().to_bytes(), epoch }
+    pub fn binding(&self, secret: &FleetSecretKey, epoch: u64) -> Result<UserDataBinding, NsmError> {
+        crate::nsm::own_binding(secret, &self.receipt_key, epoch)
     }
 
     pub fn add_epoch(&self, epoch_number: u64, epoch: Epoch) {

@@ -24,7 +24,6 @@ fn base_mode_section(file: &str) -> (Fields, Vec<Fields>, Vec<Fields>) {
     let mut encryptions = Vec::new();
     let mut exports = Vec::new();
     let mut part = 0;
-    let mut current: Option<&mut Fields> = Some(&mut setup);
     let mut pending: Fields = Vec::new();
     for line in section.lines().skip(1) {
         let line = line.trim();
@@ -43,7 +42,7 @@ fn base_mode_section(file: &str) -> (Fields, Vec<Fields>, Vec<Fields>) {
             }
             continue;
         }
-        let target: &mut Fields = if part == 0 { current.as_deref_mut().unwrap() } else { &mut pending };
+        let target: &mut Fields = if part == 0 { &mut setup } else { &mut pending };
         match line.split_once(':') {
             Some((key, value)) => {
                 target.push((key.trim().to_owned(), value.trim().to_owned()))

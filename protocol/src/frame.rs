@@ -71,8 +71,6 @@ pub enum Message {
     },
     /// Host → enclave: a KMS call failed.
     KmsFailed { request: u64, code: String, message: String },
-    /// Host → enclave: read an object (the epoch's wrapped fleet key, a model file, …).
-    ReadObject { request: u64, key: String },
     /// Enclave → host: please read this object and send it as `ObjectData` frames.
     FetchObject { request: u64, key: String },
     /// Host → enclave: part of an object; `last` marks its end.
