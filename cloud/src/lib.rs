@@ -1,2 +1,56 @@
 #![forbid(unsafe_code)]
-//! The only code that talks to AWS: S3, SQS, KMS and Step Functions adapters behind small traits, plus the local stand-ins of the embedded default.
+//! The only code that talks to the cloud. Three small traits — [`ObjectStore`] (S3),
+//! [`Queue`] (SQS) and [`Kms`] (KMS) — with the local stand-ins of the embedded default in
+//! [`local`]; the AWS adapters implement the same traits. Every caller (host-poller, Lambda
+//! handlers, `ephem-batch`) holds a [`Services`] and never knows which backend it talks to.
+//!
+//! The traits are blocking: the host-poller and the client move bytes with threads, and an AWS
+//! adapter drives its async SDK from its own runtime.
+
+pub mod kms;
+pub mod layout;
+pub mod local;
+pub mod messages;
+pub mod objects;
+pub mod queue;
+
+use std::sync::Arc;
+
+pub use kms::{DataKey, DataKeyPair, Decrypted, Kms, KmsError, Recipient};
+pub use objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+pub use queue::{Queue, QueueError, QueueStats, Received, SendOptions};
+
+/// Everything a component of the pipeline reaches in the cloud.
+#[derive(Clone)]
+pub struct Services {
+    /// `jobs/<id>/…`: sealed inputs, per-attempt outputs, receipts, status; store prefixes.
+    pub jobs: Arc<dyn ObjectStore>,
+    /// `models/…`: encrypted model files and signed manifests.
+    pub models: Arc<dyn ObjectStore>,
+    /// `attestations/…` (published documents) and `fleet-keys/…` (epoch records).
+    pub attestations: Arc<dyn ObjectStore>,
+    /// Job messages, created only by the `on-upload` handler.
+    pub job_queue: Arc<dyn Queue>,
+    /// Receipts on their way to the ledger (FIFO, deduplicated by job id).
+    pub ledger_queue: Arc<dyn Queue>,
+    pub kms: Arc<dyn Kms>,
+    /// KMS key ids (or aliases) of the deployment.
+    pub keys: KeyNames,
+}
+
+/// Which KMS keys wrap what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyNames {
+    /// Wraps fleet-key epochs (`GenerateDataKeyPairWithoutPlaintext`).
+    pub fleet: String,
+    /// Wraps model data keys.
+    pub model: String,
+}
+
+/// Milliseconds since the Unix epoch, by the local clock.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

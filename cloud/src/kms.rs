@@ -1,0 +1,106 @@
+//! The KMS operations the pipeline uses, with KMS's semantics. Key release to enclaves goes
+//! through `Recipient`: the caller passes an attestation document, KMS checks it (and the key
+//! policy's `kms:RecipientAttestation:*` conditions) and returns the plaintext only inside a
+//! CMS envelope to the document's RSA key (`CiphertextForRecipient`), never in the clear.
+
+use std::collections::BTreeMap;
+
+use zeroize::Zeroizing;
+
+/// KMS `Recipient`: the key algorithm is always RSAES_OAEP_SHA_256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Recipient {
+    pub attestation_document: Vec<u8>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KmsError {
+    #[error("KMS key {key_id} not found")]
+    NotFound { key_id: String },
+    /// The key policy refused the call (e.g. no or wrong attestation).
+    #[error("KMS access denied: {0}")]
+    AccessDenied(String),
+    /// The ciphertext is damaged, belongs to another key, or the encryption context differs.
+    #[error("KMS could not decrypt: {0}")]
+    InvalidCiphertext(String),
+    #[error("KMS refused the request: {0}")]
+    Validation(String),
+    #[error("KMS key {key_id} is disabled")]
+    Disabled { key_id: String },
+    #[error("KMS unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl KmsError {
+    /// The AWS exception name, as the host relays it to the enclave.
+    pub fn code(&self) -> &'static str {
+        match self {
+            KmsError::NotFound { .. } => "NotFoundException",
+            KmsError::AccessDenied(_) => "AccessDeniedException",
+            KmsError::InvalidCiphertext(_) => "InvalidCiphertextException",
+            KmsError::Validation(_) => "ValidationException",
+            KmsError::Disabled { .. } => "DisabledException",
+            KmsError::Unavailable(_) => "KMSInternalException",
+        }
+    }
+
+    pub fn is_transient(&self) -> bool {
+        matches!(self, KmsError::Unavailable(_))
+    }
+}
+
+pub type EncryptionContext = BTreeMap<String, String>;
+
+/// `GenerateDataKeyPairWithoutPlaintext` (key pair spec ECC_NIST_P256).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataKeyPair {
+    pub key_id: String,
+    /// DER SubjectPublicKeyInfo.
+    pub public_key_der: Vec<u8>,
+    /// The wrapped DER PKCS#8 private key.
+    pub private_key_ciphertext_blob: Vec<u8>,
+}
+
+/// `GenerateDataKey` (AES_256).
+#[derive(Debug)]
+pub struct DataKey {
+    pub key_id: String,
+    pub ciphertext_blob: Vec<u8>,
+    /// Absent when the call carried a `Recipient`.
+    pub plaintext: Option<Zeroizing<Vec<u8>>>,
+    /// Present when the call carried a `Recipient`.
+    pub ciphertext_for_recipient: Option<Vec<u8>>,
+}
+
+/// `Decrypt`.
+#[derive(Debug)]
+pub struct Decrypted {
+    pub key_id: String,
+    /// Absent when the call carried a `Recipient`.
+    pub plaintext: Option<Zeroizing<Vec<u8>>>,
+    /// Present when the call carried a `Recipient`.
+    pub ciphertext_for_recipient: Option<Vec<u8>>,
+}
+
+pub trait Kms: Send + Sync {
+    fn encrypt(&self, key_id: &str, plaintext: &[u8], context: &EncryptionContext) -> Result<Vec<u8>, KmsError>;
+    fn generate_data_key(
+        &self,
+        key_id: &str,
+        context: &EncryptionContext,
+        recipient: Option<&Recipient>,
+    ) -> Result<DataKey, KmsError>;
+    fn generate_data_key_pair_without_plaintext(
+        &self,
+        key_id: &str,
+        context: &EncryptionContext,
+    ) -> Result<DataKeyPair, KmsError>;
+    /// `key_id` may be `None`: symmetric ciphertext names its key.
+    fn decrypt(
+        &self,
+        key_id: Option<&str>,
+        ciphertext_blob: &[u8],
+        context: &EncryptionContext,
+        recipient: Option<&Recipient>,
+    ) -> Result<Decrypted, KmsError>;
+}

@@ -1,0 +1,95 @@
+//! Where everything lives in the object stores (DESIGN.md §5). One function per kind of object,
+//! so no component spells a key by hand.
+
+use protocol::envelope::JobId;
+
+/// The sealed input; creating it is what creates the job (the upload event).
+pub fn job_input(job: &JobId) -> String {
+    format!("jobs/{job}/input.sealed")
+}
+
+/// One attempt's sealed output: two deliveries of a job never write the same object.
+pub fn job_output(job: &JobId, attempt: u64) -> String {
+    format!("jobs/{job}/attempts/{attempt}/output.sealed")
+}
+
+pub fn job_attempts_prefix(job: &JobId) -> String {
+    format!("jobs/{job}/attempts/")
+}
+
+/// The committed receipt (create-only: the first finished attempt wins).
+pub fn job_receipt(job: &JobId) -> String {
+    format!("jobs/{job}/receipt.cose")
+}
+
+/// Informative status for humans; the receipt is the truth.
+pub fn job_status(job: &JobId) -> String {
+    format!("jobs/{job}/status.json")
+}
+
+/// A client's cancellation of a job that has not started (create-only).
+pub fn job_cancel(job: &JobId) -> String {
+    format!("jobs/{job}/cancel.json")
+}
+
+/// Written after the ledger appended the job's receipt.
+pub fn job_ledgered(job: &JobId) -> String {
+    format!("jobs/{job}/ledgered.json")
+}
+
+pub const JOBS_PREFIX: &str = "jobs/";
+pub const INPUT_SUFFIX: &str = "/input.sealed";
+
+/// The job id named by an input key `jobs/<id>/input.sealed`, if the key has that shape.
+pub fn job_of_input_key(key: &str) -> Option<JobId> {
+    let id = key.strip_prefix(JOBS_PREFIX)?.strip_suffix(INPUT_SUFFIX)?;
+    JobId::from_hex(id)
+}
+
+/// A published attestation document, by its SHA-256 (receipts name documents this way).
+pub fn attestation_by_hash(sha256: &[u8; 32]) -> String {
+    format!("attestations/by-hash/{}.cbor", hex::encode(sha256))
+}
+
+/// The document a host currently publishes for its enclave.
+pub fn attestation_current(host_id: &str) -> String {
+    format!("attestations/current/{host_id}.cbor")
+}
+
+pub const ATTESTATIONS_CURRENT_PREFIX: &str = "attestations/current/";
+
+pub const MODELS_PREFIX: &str = "models/";
+pub const MANIFEST_NAME: &str = "manifest.cose";
+
+/// A model version's signed manifest: `models/<name>/v<version>/manifest.cose`, where `<name>`
+/// is the model id's last path segment.
+pub fn model_manifest(model_id: &str, version: u64) -> String {
+    let name = model_id.rsplit('/').next().unwrap_or(model_id);
+    format!("models/{name}/v{version}/{MANIFEST_NAME}")
+}
+
+/// The version number in a manifest key made by [`model_manifest`].
+pub fn manifest_version(key: &str) -> Option<u64> {
+    let rest = key.strip_prefix(MODELS_PREFIX)?.strip_suffix(MANIFEST_NAME)?.strip_suffix('/')?;
+    rest.rsplit('/').next()?.strip_prefix('v')?.parse().ok()
+}
+
+pub const FLEET_KEYS_PREFIX: &str = "fleet-keys/";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        let job = JobId([0xab; 16]);
+        assert_eq!(job_input(&job), format!("jobs/{}/input.sealed", "ab".repeat(16)));
+        assert_eq!(job_of_input_key(&job_input(&job)), Some(job));
+        assert_eq!(job_of_input_key("jobs/zz/input.sealed"), None);
+        assert_eq!(job_of_input_key(&job_output(&job, 1)), None);
+        let key = model_manifest("sentence-transformers/all-MiniLM-L6-v2", 3);
+        assert_eq!(key, "models/all-MiniLM-L6-v2/v3/manifest.cose");
+        assert_eq!(manifest_version(&key), Some(3));
+        assert_eq!(manifest_version("models/x/manifest.cose"), None);
+    }
+}
