@@ -114,7 +114,5 @@ impl JobStatus {
 pub struct Ledgered {
     pub job_id: String,
     pub index: u64,
-    /// Hex entry hash.
-    pub entry_hash: String,
     pub appended_ms: u64,
 }

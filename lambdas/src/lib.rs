@@ -1,2 +1,16 @@
 #![forbid(unsafe_code)]
-//! Lambda handlers as library functions (on-upload, ledger-append, bulk workflow steps), each with a thin lambda_runtime binary.
+//! Lambda handlers as library functions. Each takes the real AWS event type
+//! (`aws_lambda_events`) and the [`cloud::Services`] it needs, so the same function runs in a
+//! `lambda_runtime` binary in AWS and in-process on events of the same shape locally.
+//!
+//! - [`on_upload`]: S3 object created under `jobs/…/input.sealed` → checked job message. The
+//!   only way a job is created.
+//! - [`ledger_append`]: ledger queue batch → verified receipts appended to the ledger.
+//! - [`fleet_rotate`]: a new fleet-key epoch, wrapped by KMS.
+//! - [`local`]: what AWS would run around the handlers, for the embedded default (an event
+//!   source for the ledger queue, the input-expiry lifecycle rule).
+
+pub mod fleet_rotate;
+pub mod ledger_append;
+pub mod local;
+pub mod on_upload;
