@@ -46,17 +46,14 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use der::pem::LineEnding;
-use protocol::attestation::dev_issuer::{PCR_COUNT, PCR_LEN};
+use protocol::attestation::dev_issuer::{development_pcrs, PCR_COUNT, PCR_LEN};
 use protocol::attestation::{DevIssuer, DevIssuerKeys, DocumentRequest, TrustAnchor};
 use sha2::{Digest, Sha384};
 use zeroize::Zeroizing;
 
 use super::{AttestationRequest, Nsm, NsmError, system_now_ms};
 
-/// PCR1 of the development NSM is SHA-384 of this label.
-pub const DEV_KERNEL_LABEL: &str = "ephem-batch development kernel v1";
-/// PCR2 of the development NSM is SHA-384 of this label.
-pub const DEV_APPLICATION_LABEL: &str = "ephem-batch development application v1";
+pub use protocol::attestation::dev_issuer::{DEV_APPLICATION_LABEL, DEV_KERNEL_LABEL};
 /// File name of the development root certificate in the state directory.
 pub const DEV_ROOT_PEM: &str = "dev-root.pem";
 /// Sub-directory of the state directory holding the CA.
@@ -69,12 +66,12 @@ const INTERMEDIATE_KEY: &str = "intermediate.key.pem";
 
 /// SHA-384 of [`DEV_KERNEL_LABEL`].
 pub fn dev_pcr1() -> [u8; PCR_LEN] {
-    Sha384::digest(DEV_KERNEL_LABEL.as_bytes()).into()
+    development_pcrs([0; PCR_LEN])[1]
 }
 
 /// SHA-384 of [`DEV_APPLICATION_LABEL`].
 pub fn dev_pcr2() -> [u8; PCR_LEN] {
-    Sha384::digest(DEV_APPLICATION_LABEL.as_bytes()).into()
+    development_pcrs([0; PCR_LEN])[2]
 }
 
 /// SHA-384 of a file's bytes (streamed).
@@ -108,11 +105,7 @@ pub fn measure_running_binary() -> Result<[u8; PCR_LEN], NsmError> {
 
 /// The 16 PCRs of the development NSM for a given PCR0.
 pub fn dev_pcrs(pcr0: [u8; PCR_LEN]) -> [[u8; PCR_LEN]; PCR_COUNT] {
-    let mut pcrs = [[0u8; PCR_LEN]; PCR_COUNT];
-    pcrs[0] = pcr0;
-    pcrs[1] = dev_pcr1();
-    pcrs[2] = dev_pcr2();
-    pcrs
+    development_pcrs(pcr0)
 }
 
 /// The development NSM. See the module documentation.

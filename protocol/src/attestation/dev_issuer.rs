@@ -61,6 +61,22 @@ pub const PCR_COUNT: usize = 16;
 /// Length of each PCR (SHA-384).
 pub const PCR_LEN: usize = 48;
 
+/// PCR1 of the development NSM is SHA-384 of this label (there is no kernel to measure).
+pub const DEV_KERNEL_LABEL: &str = "ephem-batch development kernel v1";
+/// PCR2 of the development NSM is SHA-384 of this label.
+pub const DEV_APPLICATION_LABEL: &str = "ephem-batch development application v1";
+
+/// The PCRs a development enclave reports for a worker binary measuring `pcr0`: PCR0 = SHA-384
+/// of the binary, PCR1/PCR2 = SHA-384 of the labels above, PCR3..=15 zero. A client builds its
+/// development policy from this; the development NSM reports exactly these.
+pub fn development_pcrs(pcr0: [u8; PCR_LEN]) -> [[u8; PCR_LEN]; PCR_COUNT] {
+    let mut pcrs = [[0u8; PCR_LEN]; PCR_COUNT];
+    pcrs[0] = pcr0;
+    pcrs[1] = Sha384::digest(DEV_KERNEL_LABEL.as_bytes()).into();
+    pcrs[2] = Sha384::digest(DEV_APPLICATION_LABEL.as_bytes()).into();
+    pcrs
+}
+
 const ORG: &str = "O=ephem-batch";
 const KDF_LABEL: &[u8] = b"ephem-batch dev issuer v1";
 
