@@ -173,11 +173,17 @@ impl PlaintextCommitment {
     }
 
     pub fn finish(self, key: &[u8; 32]) -> [u8; 32] {
+        Self::from_digests(key, &self.input.finalize().into(), &self.output.finalize().into())
+    }
+
+    /// The commitment from the two streams' SHA-256 digests (a client that hashed its input
+    /// when it sealed, and its output when it opened the result).
+    pub fn from_digests(key: &[u8; 32], input_sha256: &[u8; 32], output_sha256: &[u8; 32]) -> [u8; 32] {
         // HMAC accepts keys of any length.
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
         mac.update(COMMITMENT_LABEL);
-        mac.update(&self.input.finalize());
-        mac.update(&self.output.finalize());
+        mac.update(input_sha256);
+        mac.update(output_sha256);
         mac.finalize().into_bytes().into()
     }
 }
