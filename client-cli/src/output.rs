@@ -1,0 +1,882 @@
+//! Writing a job's results as the client opens them: the records arrive in input order, one
+//! [`OutputRecord`] per sealed input record, and are written as they come (constant memory,
+//! but for the strings of one OpenAI request line).
+//!
+//! Files, for an output path `OUT` = `dir/<stem>.<ext>`:
+//!
+//! ```text
+//! OUT                          the embeddings, in the chosen format
+//! dir/<stem>.errors.jsonl      every record or line that has no embedding, always created
+//! dir/<stem>.ids.jsonl         (npy only) row i's id, one JSON string per line
+//! ```
+//!
+//! (`vectors.npy` → `vectors.errors.jsonl`, `vectors.ids.jsonl`; `out` → `out.errors.jsonl`.)
+//! Each file is written as `<name>.partial` and renamed into place by
+//! [`OutputWriter::finish`], so a file under its final name is complete; an unfinished writer
+//! removes its partial files when dropped.
+//!
+//! Formats:
+//!
+//! * **jsonl** — `{"id": …, "embedding": [f32, …], "tokens": n}` per embedded record.
+//! * **openai** — OpenAI Batch output lines, one per request line (the records' ids are
+//!   [`openai_record_id`](crate::corpus::openai_record_id)s, regrouped by custom_id):
+//!   `{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id": "req_…",
+//!   "body": {"object": "list", "data": [{"object": "embedding", "index": i, "embedding": […]}],
+//!   "model", "usage": {"prompt_tokens", "total_tokens"}}}, "error": null}`. The `batch_req_` and
+//!   `req_` ids are derived from the job id and the custom_id, so writing the same results again
+//!   gives the same bytes.
+//! * **npy** — NumPy format 1.0, `<f4`, C order, shape `(rows, dimensions)`; the header is
+//!   written with a placeholder shape and fixed up at the end (it has a fixed size, 128 bytes),
+//!   so the matrix streams to disk. Row `i` belongs to line `i` of the ids file.
+//!
+//! Vectors sent as f16 are widened to f32 in every format.
+//!
+//! The errors file, in the jsonl and npy formats, has one `{"id", "code", "message"}` line per
+//! failed record, plus `"line"` (1-based line of the corpus) for the lines refused locally at
+//! submission ([`LineError`]s; their `id` is null when the line had none). In the openai format
+//! it has OpenAI's shape for a failed request: `{"id": "batch_req_…", "custom_id", "response":
+//! {"status_code": 400, "request_id": "req_…", "body": {"error": {"message", "type":
+//! "invalid_request_error", "param", "code"}}}, "error": null}`, one line per request line with
+//! any failed string (`code` is the first failure's, `message` names every failed index), plus
+//! `"line"` for local errors. Lines appear in the order they were given to the writer.
+
+use std::borrow::Cow;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use protocol::records::{ErrorCode, OutputRecord, Vector};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::corpus::{LineError, parse_openai_record_id};
+
+/// How the embeddings are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Jsonl,
+    OpenAi,
+    Npy,
+}
+
+impl OutputFormat {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputFormat::Jsonl => "jsonl",
+            OutputFormat::OpenAi => "openai",
+            OutputFormat::Npy => "npy",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "jsonl" => Some(OutputFormat::Jsonl),
+            "openai" => Some(OutputFormat::OpenAi),
+            "npy" => Some(OutputFormat::Npy),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error("writing {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("output path {} does not name a file", .0.display())]
+    NoFileName(PathBuf),
+    #[error("record {id:?} has {found} dimensions, the others {expected}")]
+    Dimensions { id: String, expected: usize, found: usize },
+    #[error("record id {id:?} is not <custom_id>#<index>: the openai format needs a corpus of OpenAI request lines")]
+    NotOpenAiId { id: String },
+    #[error("the strings of request {custom_id:?} arrive out of order: expected index {expected}, got {found}")]
+    OpenAiOrder { custom_id: String, expected: usize, found: usize },
+}
+
+/// Where a writer puts its files (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputPaths {
+    pub output: PathBuf,
+    pub errors: PathBuf,
+    /// The npy format's ids file.
+    pub ids: Option<PathBuf>,
+}
+
+impl OutputPaths {
+    pub fn new(output: &Path, format: OutputFormat) -> Result<Self, OutputError> {
+        let stem = output.file_stem().ok_or_else(|| OutputError::NoFileName(output.to_owned()))?;
+        let beside = |suffix: &str| {
+            let mut name = OsString::from(stem);
+            name.push(suffix);
+            output.with_file_name(name)
+        };
+        // The derived names add a suffix to the stem, so they never equal the output's name.
+        Ok(Self {
+            output: output.to_owned(),
+            errors: beside(".errors.jsonl"),
+            ids: (format == OutputFormat::Npy).then(|| beside(".ids.jsonl")),
+        })
+    }
+
+    /// Every file the writer produces.
+    pub fn all(&self) -> impl Iterator<Item = &PathBuf> {
+        [&self.output, &self.errors].into_iter().chain(self.ids.as_ref())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputOptions {
+    pub format: OutputFormat,
+    /// Named in OpenAI output lines (`model`).
+    pub model_id: String,
+    /// The job id (hex); seeds the OpenAI `batch_req_`/`req_` ids.
+    pub job_id: String,
+    /// The model's dimensions, if known; otherwise the first vector sets them. Every vector
+    /// must have them.
+    pub dimensions: Option<usize>,
+}
+
+/// What a writer wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OutputSummary {
+    /// Embeddings written to the output (rows, for npy).
+    pub records: u64,
+    /// Lines of the errors file.
+    pub errors: u64,
+    /// Records the enclave reported as failed.
+    pub failed_records: u64,
+    /// Lines refused locally at submission.
+    pub local_errors: u64,
+    /// Records received (embeddings and failures).
+    pub received: u64,
+    /// Tokens of every embedding received (including those of an OpenAI request line that went
+    /// to the errors file because another of its strings failed).
+    pub tokens: u64,
+    pub dimensions: Option<usize>,
+}
+
+/// One file being written under `<name>.partial`.
+struct PartFile {
+    path: PathBuf,
+    partial: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl PartFile {
+    fn create(path: &Path) -> Result<Self, OutputError> {
+        let mut name = path.as_os_str().to_owned();
+        name.push(".partial");
+        let partial = PathBuf::from(name);
+        let file = File::create(&partial).map_err(|source| OutputError::Io { path: partial.clone(), source })?;
+        Ok(Self { path: path.to_owned(), partial, out: BufWriter::with_capacity(1 << 16, file) })
+    }
+
+    fn io(&self, source: io::Error) -> OutputError {
+        OutputError::Io { path: self.partial.clone(), source }
+    }
+
+    fn write_json(&mut self, value: &impl Serialize) -> Result<(), OutputError> {
+        serde_json::to_writer(&mut self.out, value).map_err(|e| self.io(e.into()))?;
+        self.out.write_all(b"\n").map_err(|e| self.io(e))
+    }
+
+    fn write_all(&mut self, bytes: &[u8]) -> Result<(), OutputError> {
+        self.out.write_all(bytes).map_err(|e| self.io(e))
+    }
+
+    /// Flushes and syncs; `header` (if any) overwrites the file's first bytes.
+    fn close(self, header: Option<&[u8]>) -> Result<(PathBuf, PathBuf), OutputError> {
+        let partial = self.partial.clone();
+        let io = |source| OutputError::Io { path: partial.clone(), source };
+        let mut file = self.out.into_inner().map_err(|e| io(e.into_error()))?;
+        if let Some(header) = header {
+            file.seek(SeekFrom::Start(0)).map_err(io)?;
+            file.write_all(header).map_err(io)?;
+        }
+        file.sync_all().map_err(io)?;
+        Ok((self.partial, self.path))
+    }
+}
+
+enum Sink {
+    Jsonl(PartFile),
+    OpenAi { out: PartFile, group: Option<Group> },
+    Npy { data: PartFile, ids: PartFile },
+}
+
+/// The strings of one OpenAI request line seen so far.
+struct Group {
+    custom_id: String,
+    /// Strings seen: the index the next one must have.
+    strings: usize,
+    embeddings: Vec<Vec<f32>>,
+    /// (index, code, message) of each failed string.
+    failures: Vec<(usize, ErrorCode, String)>,
+    tokens: u64,
+}
+
+/// Writes results; see the module docs for the files and formats.
+pub struct OutputWriter {
+    paths: OutputPaths,
+    options: OutputOptions,
+    sink: Option<Sink>,
+    errors: Option<PartFile>,
+    summary: OutputSummary,
+}
+
+impl OutputWriter {
+    /// Creates the partial files (and the output's directory).
+    pub fn create(output: &Path, options: OutputOptions) -> Result<Self, OutputError> {
+        let paths = OutputPaths::new(output, options.format)?;
+        if let Some(parent) = output.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|source| OutputError::Io { path: parent.to_owned(), source })?;
+        }
+        let mut writer = Self {
+            summary: OutputSummary { dimensions: options.dimensions, ..OutputSummary::default() },
+            paths,
+            options,
+            sink: None,
+            errors: None,
+        };
+        // Fields are filled one by one so that Drop removes whatever was created if a later
+        // file fails.
+        writer.errors = Some(PartFile::create(&writer.paths.errors)?);
+        let output = PartFile::create(&writer.paths.output);
+        writer.sink = Some(match writer.options.format {
+            OutputFormat::Jsonl => Sink::Jsonl(output?),
+            OutputFormat::OpenAi => Sink::OpenAi { out: output?, group: None },
+            OutputFormat::Npy => {
+                let mut data = output?;
+                // Placeholder; the real shape is written by finish().
+                data.write_all(&npy_header(0, 0))?;
+                let ids = match PartFile::create(writer.paths.ids.as_ref().expect("npy has an ids path")) {
+                    Ok(ids) => ids,
+                    Err(e) => {
+                        let _ = std::fs::remove_file(&data.partial);
+                        return Err(e);
+                    }
+                };
+                Sink::Npy { data, ids }
+            }
+        });
+        Ok(writer)
+    }
+
+    pub fn paths(&self) -> &OutputPaths {
+        &self.paths
+    }
+
+    /// Counts so far.
+    pub fn summary(&self) -> &OutputSummary {
+        &self.summary
+    }
+
+    fn errors_file(&mut self) -> &mut PartFile {
+        self.errors.as_mut().expect("errors file open until finish")
+    }
+
+    /// Records a line refused at submission in the errors file.
+    pub fn line_error(&mut self, error: &LineError) -> Result<(), OutputError> {
+        self.summary.local_errors += 1;
+        self.summary.errors += 1;
+        if self.options.format == OutputFormat::OpenAi {
+            let key = format!("line:{}", error.line);
+            let line = OpenAiLine {
+                id: derived_id("batch_req_", &self.options.job_id, &key),
+                custom_id: error.id.as_deref(),
+                response: OpenAiResponse {
+                    status_code: 400,
+                    request_id: derived_id("req_", &self.options.job_id, &key),
+                    body: OpenAiBody::Error {
+                        error: OpenAiError {
+                            message: Cow::Borrowed(&error.message),
+                            kind: "invalid_request_error",
+                            param: None,
+                            code: error.code.as_str(),
+                        },
+                    },
+                },
+                error: None,
+                line: Some(error.line),
+            };
+            return self.errors_file().write_json(&line);
+        }
+        let line = ErrorLine {
+            id: error.id.as_deref(),
+            code: error.code.as_str(),
+            message: &error.message,
+            line: Some(error.line),
+        };
+        self.errors_file().write_json(&line)
+    }
+
+    /// Writes one record of the result stream.
+    pub fn record(&mut self, record: &OutputRecord) -> Result<(), OutputError> {
+        self.summary.received += 1;
+        let vector = match record {
+            OutputRecord::Embedding { id, tokens, vector } => {
+                self.summary.tokens += u64::from(*tokens);
+                let values = widen(vector);
+                match self.summary.dimensions {
+                    Some(expected) if expected != values.len() => {
+                        return Err(OutputError::Dimensions { id: id.clone(), expected, found: values.len() });
+                    }
+                    _ => self.summary.dimensions = Some(values.len()),
+                }
+                Some((*tokens, values))
+            }
+            OutputRecord::Error { .. } => {
+                self.summary.failed_records += 1;
+                None
+            }
+        };
+        let id = record.id();
+        match self.sink.as_mut().expect("sink open until finish") {
+            Sink::Jsonl(out) => match vector {
+                Some((tokens, values)) => {
+                    out.write_json(&JsonlLine { id, embedding: &values, tokens })?;
+                    self.summary.records += 1;
+                }
+                None => self.record_error(record)?,
+            },
+            Sink::Npy { data, ids } => match vector {
+                Some((_, values)) => {
+                    let mut bytes = Vec::with_capacity(values.len() * 4);
+                    for value in values.iter() {
+                        bytes.extend_from_slice(&value.to_le_bytes());
+                    }
+                    data.write_all(&bytes)?;
+                    ids.write_json(&id)?;
+                    self.summary.records += 1;
+                }
+                None => self.record_error(record)?,
+            },
+            Sink::OpenAi { group, .. } => {
+                let (custom_id, index) =
+                    parse_openai_record_id(id).ok_or_else(|| OutputError::NotOpenAiId { id: id.to_owned() })?;
+                if group.as_ref().is_some_and(|g| g.custom_id != custom_id) {
+                    let done = group.take();
+                    self.write_group(done)?;
+                }
+                let Some(Sink::OpenAi { group, .. }) = self.sink.as_mut() else { unreachable!() };
+                let current = group.get_or_insert_with(|| Group {
+                    custom_id: custom_id.to_owned(),
+                    strings: 0,
+                    embeddings: Vec::new(),
+                    failures: Vec::new(),
+                    tokens: 0,
+                });
+                if index != current.strings {
+                    return Err(OutputError::OpenAiOrder {
+                        custom_id: custom_id.to_owned(),
+                        expected: current.strings,
+                        found: index,
+                    });
+                }
+                current.strings += 1;
+                match (vector, record) {
+                    (Some((tokens, values)), _) => {
+                        current.tokens += u64::from(tokens);
+                        current.embeddings.push(values.into_owned());
+                    }
+                    (None, OutputRecord::Error { code, message, .. }) => {
+                        current.failures.push((index, *code, message.clone()));
+                    }
+                    (None, OutputRecord::Embedding { .. }) => unreachable!("embeddings carry a vector"),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn record_error(&mut self, record: &OutputRecord) -> Result<(), OutputError> {
+        let OutputRecord::Error { id, code, message } = record else { return Ok(()) };
+        self.summary.errors += 1;
+        self.errors_file().write_json(&ErrorLine { id: Some(id), code: code.as_str(), message, line: None })
+    }
+
+    /// Writes a finished OpenAI request line: to the output if every string was embedded,
+    /// else to the errors file.
+    fn write_group(&mut self, group: Option<Group>) -> Result<(), OutputError> {
+        let Some(group) = group else { return Ok(()) };
+        let key = format!("custom_id:{}", group.custom_id);
+        let id = derived_id("batch_req_", &self.options.job_id, &key);
+        let request_id = derived_id("req_", &self.options.job_id, &key);
+        if let Some((_, first_code, _)) = group.failures.first() {
+            let message = group
+                .failures
+                .iter()
+                .map(|(index, code, message)| format!("input[{index}]: {}: {message}", code.as_str()))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let line = OpenAiLine {
+                id,
+                custom_id: Some(&group.custom_id),
+                response: OpenAiResponse {
+                    status_code: 400,
+                    request_id,
+                    body: OpenAiBody::Error {
+                        error: OpenAiError {
+                            message: Cow::Owned(message),
+                            kind: "invalid_request_error",
+                            param: Some("input"),
+                            code: first_code.as_str(),
+                        },
+                    },
+                },
+                error: None,
+                line: None,
+            };
+            self.summary.errors += 1;
+            return self.errors_file().write_json(&line);
+        }
+        let data = group
+            .embeddings
+            .iter()
+            .enumerate()
+            .map(|(index, embedding)| OpenAiEmbedding { object: "embedding", index, embedding })
+            .collect();
+        let line = OpenAiLine {
+            id,
+            custom_id: Some(&group.custom_id),
+            response: OpenAiResponse {
+                status_code: 200,
+                request_id,
+                body: OpenAiBody::List {
+                    object: "list",
+                    data,
+                    model: &self.options.model_id,
+                    usage: Usage { prompt_tokens: group.tokens, total_tokens: group.tokens },
+                },
+            },
+            error: None,
+            line: None,
+        };
+        let Some(Sink::OpenAi { out, .. }) = self.sink.as_mut() else { unreachable!() };
+        out.write_json(&line)?;
+        self.summary.records += group.embeddings.len() as u64;
+        Ok(())
+    }
+
+    /// Writes what is pending (the last OpenAI request line, the npy header), syncs, and renames
+    /// every file into place.
+    pub fn finish(mut self) -> Result<OutputSummary, OutputError> {
+        if let Some(Sink::OpenAi { group, .. }) = self.sink.as_mut() {
+            let last = group.take();
+            self.write_group(last)?;
+        }
+        let errors = self.errors.take().expect("errors file open until finish");
+        let sink = self.sink.take().expect("sink open until finish");
+        let mut partials = vec![errors.partial.clone()];
+        // The output is renamed last: once it is in place, so are the others.
+        let (output, ids) = match sink {
+            Sink::Jsonl(out) | Sink::OpenAi { out, .. } => (out, None),
+            Sink::Npy { data, ids } => (data, Some(ids)),
+        };
+        partials.extend(ids.iter().map(|f| f.partial.clone()));
+        partials.push(output.partial.clone());
+        let header = (self.options.format == OutputFormat::Npy)
+            .then(|| npy_header(self.summary.records, self.summary.dimensions.unwrap_or(0)));
+        let result = (|| {
+            let mut closed = vec![errors.close(None)?];
+            if let Some(ids) = ids {
+                closed.push(ids.close(None)?);
+            }
+            closed.push(output.close(header.as_ref().map(|h| h.as_slice()))?);
+            for (partial, path) in &closed {
+                std::fs::rename(partial, path).map_err(|source| OutputError::Io { path: path.clone(), source })?;
+            }
+            Ok(())
+        })();
+        if result.is_err() {
+            for partial in partials {
+                let _ = std::fs::remove_file(partial);
+            }
+        }
+        result.map(|()| self.summary.clone())
+    }
+}
+
+impl Drop for OutputWriter {
+    /// An unfinished writer leaves no partial files behind.
+    fn drop(&mut self) {
+        let partials: Vec<PathBuf> = self
+            .errors
+            .iter()
+            .map(|f| f.partial.clone())
+            .chain(self.sink.iter().flat_map(|sink| match sink {
+                Sink::Jsonl(out) | Sink::OpenAi { out, .. } => vec![out.partial.clone()],
+                Sink::Npy { data, ids } => vec![data.partial.clone(), ids.partial.clone()],
+            }))
+            .collect();
+        self.errors = None;
+        self.sink = None;
+        for partial in partials {
+            let _ = std::fs::remove_file(partial);
+        }
+    }
+}
+
+fn widen(vector: &Vector) -> Cow<'_, [f32]> {
+    match vector {
+        Vector::F32(values) => Cow::Borrowed(values),
+        Vector::F16(_) => Cow::Owned(vector.to_f32()),
+    }
+}
+
+/// `<prefix><32 hex digits>`: SHA-256 over the prefix, the job id and `key`, so that ids are
+/// stable across re-writes of the same results and differ between jobs.
+fn derived_id(prefix: &str, job_id: &str, key: &str) -> String {
+    let mut hasher = Sha256::new();
+    for part in ["ephem-batch openai id", prefix, job_id, key] {
+        hasher.update((part.len() as u64).to_be_bytes());
+        hasher.update(part.as_bytes());
+    }
+    format!("{prefix}{}", hex::encode(&hasher.finalize()[..16]))
+}
+
+/// Total size of the npy preamble (magic, version, length, header dict, padding).
+pub const NPY_HEADER_LEN: usize = 128;
+
+/// A NumPy format 1.0 preamble for a C-order little-endian f32 matrix, padded with spaces to
+/// [`NPY_HEADER_LEN`] bytes (a multiple of 64, as the format asks) whatever the shape.
+pub fn npy_header(rows: u64, columns: usize) -> [u8; NPY_HEADER_LEN] {
+    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {columns}), }}");
+    let mut header = [b' '; NPY_HEADER_LEN];
+    header[..6].copy_from_slice(b"\x93NUMPY");
+    header[6..8].copy_from_slice(&[1, 0]);
+    header[8..10].copy_from_slice(&((NPY_HEADER_LEN - 10) as u16).to_le_bytes());
+    // The longest dict (u64::MAX rows, usize::MAX columns) is 104 bytes: it always fits.
+    header[10..10 + dict.len()].copy_from_slice(dict.as_bytes());
+    header[NPY_HEADER_LEN - 1] = b'\n';
+    header
+}
+
+#[derive(Serialize)]
+struct JsonlLine<'a> {
+    id: &'a str,
+    embedding: &'a [f32],
+    tokens: u32,
+}
+
+#[derive(Serialize)]
+struct ErrorLine<'a> {
+    id: Option<&'a str>,
+    code: &'a str,
+    message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct OpenAiLine<'a> {
+    id: String,
+    custom_id: Option<&'a str>,
+    response: OpenAiResponse<'a>,
+    /// Always null: failures are HTTP-style responses.
+    error: Option<()>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line: Option<u64>,
+}
+
+#[derive(Serialize)]
+struct OpenAiResponse<'a> {
+    status_code: u16,
+    request_id: String,
+    body: OpenAiBody<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OpenAiBody<'a> {
+    List { object: &'static str, data: Vec<OpenAiEmbedding<'a>>, model: &'a str, usage: Usage },
+    Error { error: OpenAiError<'a> },
+}
+
+#[derive(Serialize)]
+struct OpenAiEmbedding<'a> {
+    object: &'static str,
+    index: usize,
+    embedding: &'a [f32],
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: u64,
+    total_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct OpenAiError<'a> {
+    message: Cow<'a, str>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    param: Option<&'static str>,
+    code: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::corpus::{LineErrorCode, openai_record_id};
+    use protocol::records::f32_to_f16;
+    use serde_json::{Value, json};
+
+    const MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
+
+    fn options(format: OutputFormat) -> OutputOptions {
+        OutputOptions { format, model_id: MODEL.into(), job_id: "ab".repeat(16), dimensions: None }
+    }
+
+    fn embedding(id: &str, tokens: u32, values: &[f32]) -> OutputRecord {
+        OutputRecord::Embedding { id: id.into(), tokens, vector: Vector::F32(values.to_vec()) }
+    }
+
+    fn failure(id: &str, code: ErrorCode) -> OutputRecord {
+        OutputRecord::Error { id: id.into(), code, message: format!("{} happened", code.as_str()) }
+    }
+
+    fn json_lines(path: &Path) -> Vec<Value> {
+        std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    }
+
+    fn local_error() -> LineError {
+        LineError { line: 4, id: None, code: LineErrorCode::InvalidJson, message: "not valid JSON".into() }
+    }
+
+    #[test]
+    fn paths_sit_beside_the_output() {
+        let paths = OutputPaths::new(Path::new("out/vectors.npy"), OutputFormat::Npy).unwrap();
+        assert_eq!(paths.errors, Path::new("out/vectors.errors.jsonl"));
+        assert_eq!(paths.ids.as_deref(), Some(Path::new("out/vectors.ids.jsonl")));
+        let paths = OutputPaths::new(Path::new("result"), OutputFormat::Jsonl).unwrap();
+        assert_eq!((paths.errors.as_path(), paths.ids), (Path::new("result.errors.jsonl"), None));
+        let paths = OutputPaths::new(Path::new("x.errors.jsonl"), OutputFormat::Npy).unwrap();
+        assert_eq!(
+            (paths.errors.as_path(), paths.ids.as_deref()),
+            (Path::new("x.errors.errors.jsonl"), Some(Path::new("x.errors.ids.jsonl")))
+        );
+        assert!(matches!(OutputPaths::new(Path::new("/"), OutputFormat::Jsonl), Err(OutputError::NoFileName(_))));
+    }
+
+    #[test]
+    fn jsonl_embeddings_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("sub/embeddings.jsonl");
+        let mut writer = OutputWriter::create(&out, options(OutputFormat::Jsonl)).unwrap();
+        writer.line_error(&local_error()).unwrap();
+        writer.record(&embedding("a", 3, &[0.5, -0.25])).unwrap();
+        writer.record(&failure("b", ErrorCode::EmptyText)).unwrap();
+        let half = OutputRecord::Embedding {
+            id: "c".into(),
+            tokens: 2,
+            vector: Vector::F16(vec![f32_to_f16(1.5), f32_to_f16(-2.0)]),
+        };
+        writer.record(&half).unwrap();
+        assert!(!out.exists(), "nothing under the final name before finish");
+        let summary = writer.finish().unwrap();
+        assert_eq!(
+            summary,
+            OutputSummary {
+                records: 2,
+                errors: 2,
+                failed_records: 1,
+                local_errors: 1,
+                received: 3,
+                tokens: 5,
+                dimensions: Some(2)
+            }
+        );
+        assert_eq!(
+            json_lines(&out),
+            [
+                json!({"id": "a", "embedding": [0.5, -0.25], "tokens": 3}),
+                json!({"id": "c", "embedding": [1.5, -2.0], "tokens": 2})
+            ]
+        );
+        assert_eq!(
+            json_lines(&dir.path().join("sub/embeddings.errors.jsonl")),
+            [
+                json!({"id": null, "code": "invalid_json", "message": "not valid JSON", "line": 4}),
+                json!({"id": "b", "code": "empty_text", "message": "empty_text happened"}),
+            ]
+        );
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path().join("sub")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "no partial files left: {names:?}");
+    }
+
+    #[test]
+    fn dimensions_must_agree() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("e.jsonl");
+        let mut writer =
+            OutputWriter::create(&out, OutputOptions { dimensions: Some(2), ..options(OutputFormat::Jsonl) }).unwrap();
+        writer.record(&embedding("a", 1, &[1.0, 0.0])).unwrap();
+        assert!(matches!(
+            writer.record(&embedding("b", 1, &[1.0])),
+            Err(OutputError::Dimensions { expected: 2, found: 1, .. })
+        ));
+        drop(writer);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a dropped writer removes its partial files");
+    }
+
+    /// Parses an npy file (format 1.0, `<f4`) the way NumPy does: magic, version, header
+    /// length, the dict's fields, then the data.
+    fn parse_npy(bytes: &[u8]) -> ((usize, usize), Vec<f32>) {
+        assert_eq!(&bytes[..6], b"\x93NUMPY");
+        assert_eq!(&bytes[6..8], &[1, 0]);
+        let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+        assert_eq!((10 + header_len) % 64, 0, "data is 64-byte aligned");
+        let header = std::str::from_utf8(&bytes[10..10 + header_len]).unwrap();
+        assert!(header.ends_with('\n'));
+        assert!(header.contains("'descr': '<f4'") && header.contains("'fortran_order': False"), "{header}");
+        let shape = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
+        let dims: Vec<usize> = shape.split(',').map(|d| d.trim().parse().unwrap()).collect();
+        let data: Vec<f32> =
+            bytes[10 + header_len..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(data.len(), dims[0] * dims[1], "{header}");
+        ((dims[0], dims[1]), data)
+    }
+
+    #[test]
+    fn npy_streams_with_a_fixed_up_header_and_an_ids_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("vectors.npy");
+        let mut writer = OutputWriter::create(&out, options(OutputFormat::Npy)).unwrap();
+        let rows = 1000;
+        for i in 0..rows {
+            let id = format!("doc \"{i}\"");
+            if i % 100 == 7 {
+                writer.record(&failure(&id, ErrorCode::TooManyTokens)).unwrap();
+            } else {
+                writer.record(&embedding(&id, 1, &[i as f32, -(i as f32), 0.5])).unwrap();
+            }
+        }
+        let summary = writer.finish().unwrap();
+        assert_eq!((summary.records, summary.errors, summary.dimensions), (990, 10, Some(3)));
+        let ((n, d), data) = parse_npy(&std::fs::read(&out).unwrap());
+        assert_eq!((n, d), (990, 3));
+        let ids: Vec<String> = std::fs::read_to_string(dir.path().join("vectors.ids.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(ids.len(), 990);
+        for (row, id) in ids.iter().enumerate() {
+            let i: f32 = id.trim_start_matches("doc \"").trim_end_matches('"').parse().unwrap();
+            assert_eq!(&data[row * 3..row * 3 + 3], &[i, -i, 0.5]);
+        }
+        assert_eq!(json_lines(&dir.path().join("vectors.errors.jsonl")).len(), 10);
+    }
+
+    #[test]
+    fn npy_without_rows_is_still_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("none.npy");
+        let writer =
+            OutputWriter::create(&out, OutputOptions { dimensions: Some(384), ..options(OutputFormat::Npy) }).unwrap();
+        writer.finish().unwrap();
+        assert_eq!(parse_npy(&std::fs::read(&out).unwrap()).0, (0, 384));
+        assert_eq!(npy_header(u64::MAX, usize::MAX).len(), NPY_HEADER_LEN);
+    }
+
+    #[test]
+    fn openai_lines_regroup_strings_and_failed_lines_go_to_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("batch_output.jsonl");
+        let mut writer = OutputWriter::create(&out, options(OutputFormat::OpenAi)).unwrap();
+        writer
+            .line_error(&LineError {
+                line: 2,
+                id: Some("bad#1".into()),
+                code: LineErrorCode::ModelMismatch,
+                message: "other model".into(),
+            })
+            .unwrap();
+        writer.record(&embedding(&openai_record_id("q1", 0), 4, &[1.0, 0.0])).unwrap();
+        writer.record(&embedding(&openai_record_id("q#2", 0), 2, &[0.0, 1.0])).unwrap();
+        writer.record(&embedding(&openai_record_id("q#2", 1), 3, &[0.5, 0.5])).unwrap();
+        writer.record(&embedding(&openai_record_id("q3", 0), 1, &[0.1, 0.2])).unwrap();
+        writer.record(&failure(&openai_record_id("q3", 1), ErrorCode::EmptyText)).unwrap();
+        writer.record(&failure(&openai_record_id("q3", 2), ErrorCode::TooManyTokens)).unwrap();
+        writer.record(&embedding(&openai_record_id("q4", 0), 5, &[0.3, 0.4])).unwrap();
+        let summary = writer.finish().unwrap();
+        assert_eq!((summary.records, summary.errors, summary.failed_records, summary.tokens), (4, 2, 2, 15));
+
+        let lines = json_lines(&out);
+        assert_eq!(lines.len(), 3);
+        let q2 = &lines[1];
+        assert_eq!(q2["custom_id"], "q#2");
+        assert_eq!(q2["error"], Value::Null);
+        assert!(q2["id"].as_str().unwrap().starts_with("batch_req_"));
+        assert!(q2["response"]["request_id"].as_str().unwrap().starts_with("req_"));
+        assert_eq!(
+            q2["response"]["body"],
+            json!({
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": 0, "embedding": [0.0, 1.0]},
+                    {"object": "embedding", "index": 1, "embedding": [0.5, 0.5]},
+                ],
+                "model": MODEL,
+                "usage": {"prompt_tokens": 5, "total_tokens": 5},
+            })
+        );
+        assert_eq!(q2["response"]["status_code"], 200);
+        assert_eq!(lines.iter().map(|l| l["custom_id"].as_str().unwrap()).collect::<Vec<_>>(), ["q1", "q#2", "q4"]);
+
+        let errors = json_lines(&dir.path().join("batch_output.errors.jsonl"));
+        assert_eq!(errors.len(), 2);
+        assert_eq!(errors[0]["custom_id"], "bad#1");
+        assert_eq!(errors[0]["line"], 2);
+        assert_eq!(errors[0]["response"]["body"]["error"]["code"], "model_mismatch");
+        let q3 = &errors[1];
+        assert_eq!(q3["custom_id"], "q3");
+        assert_eq!(q3["error"], Value::Null);
+        assert_eq!(q3["response"]["status_code"], 400);
+        let error = &q3["response"]["body"]["error"];
+        assert_eq!(
+            (error["code"].as_str(), error["type"].as_str(), error["param"].as_str()),
+            (Some("empty_text"), Some("invalid_request_error"), Some("input"))
+        );
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains("input[1]: empty_text") && message.contains("input[2]: too_many_tokens"), "{message}");
+    }
+
+    #[test]
+    fn openai_ids_are_stable_and_per_job() {
+        let write = |job: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("o.jsonl");
+            let mut writer =
+                OutputWriter::create(&out, OutputOptions { job_id: job.into(), ..options(OutputFormat::OpenAi) })
+                    .unwrap();
+            writer.record(&embedding("r#0", 1, &[1.0])).unwrap();
+            writer.finish().unwrap();
+            std::fs::read(&out).unwrap()
+        };
+        assert_eq!(write("j1"), write("j1"));
+        assert_ne!(write("j1"), write("j2"));
+    }
+
+    #[test]
+    fn openai_format_refuses_foreign_ids_and_gaps() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = OutputWriter::create(&dir.path().join("o.jsonl"), options(OutputFormat::OpenAi)).unwrap();
+        assert!(matches!(writer.record(&embedding("plain-id", 1, &[1.0])), Err(OutputError::NotOpenAiId { .. })));
+        writer.record(&embedding("r#0", 1, &[1.0])).unwrap();
+        assert!(matches!(
+            writer.record(&embedding("r#2", 1, &[1.0])),
+            Err(OutputError::OpenAiOrder { expected: 1, found: 2, .. })
+        ));
+        assert!(matches!(
+            writer.record(&embedding("s#1", 1, &[1.0])),
+            Err(OutputError::OpenAiOrder { expected: 0, found: 1, .. })
+        ));
+    }
+}
