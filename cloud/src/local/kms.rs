@@ -1,1 +1,971 @@
-//! (in progress)
+//! [`LocalKms`]: a KMS stand-in that keeps its keys in SQLite and enforces what the real key
+//! policies enforce (DESIGN.md §3), including `Recipient`.
+//!
+//! * **Keys** are 32 random bytes each, with a [`LocalKeyPolicy`] (JSON) fixed at creation:
+//!   there is no way to edit a policy afterwards, as in the deployment. Key ids are ARNs,
+//!   `arn:aws:kms:local:000000000000:key/<uuid>`; aliases `alias/<name>` point to them.
+//! * **Ciphertext blobs** are this module's own versioned format (see [`blob`]): they name their
+//!   key, and an XChaCha20-Poly1305 AEAD binds the key id and the encryption context, so a blob
+//!   opens only under the same key and the same context.
+//! * **Recipient**: as KMS does, the attestation document is verified (signature, chain to the
+//!   pinned root, validity, freshness) with the project's verifier, the key policy's PCR
+//!   conditions are checked on the *verified* document, and the plaintext is returned only as
+//!   `CiphertextForRecipient` — a BER CMS EnvelopedData to the document's RSA `public_key`.
+//!   The root is read from its PEM file at each request, because the development CA only
+//!   appears when the enclave worker first boots.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use chacha20poly1305::aead::AeadInOut;
+use chacha20poly1305::{KeyInit, XChaCha20Poly1305, XNonce};
+use protocol::attestation::{TrustAnchor, VerifyOptions};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use super::sqlite;
+use crate::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext, Kms, KmsError, Recipient};
+use crate::now_ms;
+
+/// Key ARNs of the local KMS: a fixed pseudo-region and account.
+pub const KEY_ARN_PREFIX: &str = "arn:aws:kms:local:000000000000:key/";
+pub const ALIAS_ARN_PREFIX: &str = "arn:aws:kms:local:000000000000:";
+/// KMS's limit on `Encrypt` plaintext.
+pub const MAX_ENCRYPT_PLAINTEXT: usize = 4096;
+/// `GenerateDataKey` with key spec AES_256.
+pub const DATA_KEY_LEN: usize = 32;
+/// The length of a PCR (SHA-384).
+pub const PCR_LEN: usize = 48;
+
+/// How `Recipient` attestation documents are verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AttestationTrust {
+    /// The pinned root certificate (PEM), read at each `Recipient` request.
+    pub root_pem_path: PathBuf,
+    /// KMS accepts documents at most this old (five minutes on AWS).
+    pub max_document_age: Duration,
+}
+
+/// What a key's policy allows; the local form of the statements in DESIGN.md §3.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalKeyPolicy {
+    /// The `kms:RecipientAttestation:*` conditions: PCR index → required value (PCR0 is
+    /// `ImageSha384`). Checked on every `Recipient` document.
+    #[serde(with = "pcr_hex")]
+    pub recipient_pcrs: BTreeMap<u8, Vec<u8>>,
+    /// `Decrypt` and `GenerateDataKey` only with a `Recipient`: the explicit Deny when the
+    /// attestation condition is absent, so no caller ever gets plaintext.
+    pub require_recipient: bool,
+    /// `Encrypt` (the model publisher wraps a data key it generated itself).
+    pub allow_encrypt: bool,
+    /// `GenerateDataKey`.
+    pub allow_generate_data_key: bool,
+    /// `GenerateDataKeyPairWithoutPlaintext` (fleet-key rotation).
+    pub allow_generate_data_key_pair: bool,
+    /// Encryption-context keys every request must carry (the policies' `Null` conditions).
+    pub required_context_keys: Vec<String>,
+}
+
+impl LocalKeyPolicy {
+    /// The fleet key: `Decrypt` only to an enclave with these measurements; rotation may create
+    /// epoch key pairs under {epoch, not_after}.
+    pub fn fleet(pcr0: impl Into<Vec<u8>>, pcr8: Option<Vec<u8>>) -> LocalKeyPolicy {
+        LocalKeyPolicy {
+            recipient_pcrs: pcrs(pcr0.into(), pcr8),
+            require_recipient: true,
+            allow_encrypt: false,
+            allow_generate_data_key: false,
+            allow_generate_data_key_pair: true,
+            required_context_keys: vec!["epoch".into(), "not_after".into()],
+        }
+    }
+
+    /// The model key: `Decrypt` and `GenerateDataKey` only to an enclave with these
+    /// measurements; the publisher may `Encrypt` under {model_id, version}.
+    pub fn model(pcr0: impl Into<Vec<u8>>, pcr8: Option<Vec<u8>>) -> LocalKeyPolicy {
+        LocalKeyPolicy {
+            recipient_pcrs: pcrs(pcr0.into(), pcr8),
+            require_recipient: true,
+            allow_encrypt: true,
+            allow_generate_data_key: true,
+            allow_generate_data_key_pair: false,
+            required_context_keys: vec!["model_id".into(), "version".into()],
+        }
+    }
+
+    /// Every operation, plaintext to the caller allowed: for tests of other components only.
+    pub fn unrestricted() -> LocalKeyPolicy {
+        LocalKeyPolicy {
+            recipient_pcrs: BTreeMap::new(),
+            require_recipient: false,
+            allow_encrypt: true,
+            allow_generate_data_key: true,
+            allow_generate_data_key_pair: true,
+            required_context_keys: Vec::new(),
+        }
+    }
+
+    /// Refuses a policy that would not protect what it claims to.
+    pub fn validate(&self) -> Result<(), KmsError> {
+        if self.require_recipient && !self.recipient_pcrs.contains_key(&0) {
+            return Err(KmsError::Validation(
+                "a key policy that requires a Recipient must pin PCR0 (kms:RecipientAttestation:ImageSha384)".into(),
+            ));
+        }
+        for (index, value) in &self.recipient_pcrs {
+            if *index > 31 || value.len() != PCR_LEN {
+                return Err(KmsError::Validation(format!(
+                    "key policy PCR{index}: PCRs are 0..=31 with {PCR_LEN}-byte values, got {} bytes",
+                    value.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    pub fn from_json(text: &str) -> Result<LocalKeyPolicy, KmsError> {
+        serde_json::from_str(text).map_err(|e| KmsError::Validation(format!("key policy JSON: {e}")))
+    }
+}
+
+fn pcrs(pcr0: Vec<u8>, pcr8: Option<Vec<u8>>) -> BTreeMap<u8, Vec<u8>> {
+    let mut map = BTreeMap::from([(0, pcr0)]);
+    if let Some(pcr8) = pcr8 {
+        map.insert(8, pcr8);
+    }
+    map
+}
+
+/// The condition key KMS sets from a document's PCR.
+fn condition_key(index: u8) -> String {
+    match index {
+        0 => "kms:RecipientAttestation:ImageSha384".to_owned(),
+        n => format!("kms:RecipientAttestation:PCR{n}"),
+    }
+}
+
+/// PCR values as hex strings in JSON.
+mod pcr_hex {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(map: &BTreeMap<u8, Vec<u8>>, s: S) -> Result<S::Ok, S::Error> {
+        map.iter().map(|(k, v)| (*k, hex::encode(v))).collect::<BTreeMap<u8, String>>().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<u8, Vec<u8>>, D::Error> {
+        BTreeMap::<u8, String>::deserialize(d)?
+            .into_iter()
+            .map(|(k, v)| hex::decode(&v).map(|b| (k, b)).map_err(serde::de::Error::custom))
+            .collect()
+    }
+}
+
+/// The ciphertext blob, version 1:
+///
+/// ```text
+/// "eKMS" | 0x01 | key id length (u16 BE) | key id (UTF-8 ARN) | nonce (24) | ciphertext ‖ tag (16)
+/// ```
+///
+/// XChaCha20-Poly1305 under the key's material; AAD = everything before the nonce ‖ the
+/// canonical encoding of the encryption context. Random 192-bit nonces never repeat in practice.
+pub mod blob {
+    use super::*;
+
+    pub const MAGIC: &[u8; 4] = b"eKMS";
+    pub const VERSION: u8 = 1;
+    pub const NONCE_LEN: usize = 24;
+    pub const TAG_LEN: usize = 16;
+
+    /// A parsed (not yet authenticated) blob.
+    #[derive(Debug)]
+    pub struct Blob<'a> {
+        pub key_id: &'a str,
+        /// Magic, version and key id: authenticated as AAD.
+        header: &'a [u8],
+        nonce: &'a [u8],
+        sealed: &'a [u8],
+    }
+
+    impl<'a> Blob<'a> {
+        pub fn parse(bytes: &'a [u8]) -> Result<Blob<'a>, KmsError> {
+            let bad = |why: &str| KmsError::InvalidCiphertext(format!("not a local KMS ciphertext blob: {why}"));
+            if bytes.len() < 7 || &bytes[..4] != MAGIC {
+                return Err(bad("no eKMS header"));
+            }
+            if bytes[4] != VERSION {
+                return Err(bad(&format!("unknown version {}", bytes[4])));
+            }
+            let id_len = usize::from(u16::from_be_bytes([bytes[5], bytes[6]]));
+            let header_len = 7 + id_len;
+            if bytes.len() < header_len + NONCE_LEN + TAG_LEN {
+                return Err(bad("truncated"));
+            }
+            let key_id = std::str::from_utf8(&bytes[7..header_len]).map_err(|_| bad("key id is not UTF-8"))?;
+            Ok(Blob {
+                key_id,
+                header: &bytes[..header_len],
+                nonce: &bytes[header_len..header_len + NONCE_LEN],
+                sealed: &bytes[header_len + NONCE_LEN..],
+            })
+        }
+
+        pub fn open(&self, material: &[u8; 32], context: &EncryptionContext) -> Result<Zeroizing<Vec<u8>>, KmsError> {
+            let cipher = XChaCha20Poly1305::new(material.into());
+            let nonce = XNonce::try_from(self.nonce).map_err(|_| KmsError::InvalidCiphertext("bad nonce".into()))?;
+            let mut buffer = Zeroizing::new(self.sealed.to_vec());
+            cipher.decrypt_in_place(&nonce, &aad(self.header, context), &mut *buffer).map_err(|_| {
+                KmsError::InvalidCiphertext(format!(
+                    "the ciphertext does not authenticate under key {}: the encryption context differs or the blob was altered",
+                    self.key_id
+                ))
+            })?;
+            Ok(buffer)
+        }
+    }
+
+    pub fn seal(key_id: &str, material: &[u8; 32], plaintext: &[u8], context: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
+        let id_len = u16::try_from(key_id.len()).map_err(|_| KmsError::Validation("key id too long".into()))?;
+        let mut out = Vec::with_capacity(7 + key_id.len() + NONCE_LEN + plaintext.len() + TAG_LEN);
+        out.extend_from_slice(MAGIC);
+        out.push(VERSION);
+        out.extend_from_slice(&id_len.to_be_bytes());
+        out.extend_from_slice(key_id.as_bytes());
+        let header_len = out.len();
+        let nonce_bytes: [u8; NONCE_LEN] = random()?;
+        out.extend_from_slice(&nonce_bytes);
+        let mut sealed = plaintext.to_vec();
+        let cipher = XChaCha20Poly1305::new(material.into());
+        cipher
+            .encrypt_in_place(&XNonce::from(nonce_bytes), &aad(&out[..header_len], context), &mut sealed)
+            .map_err(|_| KmsError::Validation("plaintext too long".into()))?;
+        out.extend_from_slice(&sealed);
+        Ok(out)
+    }
+
+    /// header ‖ count (u32 BE) ‖ for each pair in key order: len ‖ key ‖ len ‖ value (u32 BE
+    /// lengths) — unambiguous, so no two contexts share an encoding.
+    fn aad(header: &[u8], context: &EncryptionContext) -> Vec<u8> {
+        let mut out = header.to_vec();
+        let len = |n: usize| u32::try_from(n).unwrap_or(u32::MAX).to_be_bytes();
+        out.extend_from_slice(&len(context.len()));
+        for (k, v) in context {
+            out.extend_from_slice(&len(k.len()));
+            out.extend_from_slice(k.as_bytes());
+            out.extend_from_slice(&len(v.len()));
+            out.extend_from_slice(v.as_bytes());
+        }
+        out
+    }
+}
+
+/// The local KMS (see the module documentation).
+pub struct LocalKms {
+    path: PathBuf,
+    trust: AttestationTrust,
+    conn: Mutex<Connection>,
+}
+
+impl std::fmt::Debug for LocalKms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalKms").field("path", &self.path).field("trust", &self.trust).finish()
+    }
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS keys (
+    key_id      TEXT PRIMARY KEY,
+    material    BLOB NOT NULL,
+    policy      TEXT NOT NULL,
+    description TEXT NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    enabled     INTEGER NOT NULL DEFAULT 1
+);
+CREATE TABLE IF NOT EXISTS aliases (
+    alias      TEXT PRIMARY KEY,
+    key_id     TEXT NOT NULL REFERENCES keys (key_id),
+    updated_ms INTEGER NOT NULL
+);
+";
+
+/// A key as loaded for one operation.
+struct KeyRecord {
+    key_id: String,
+    material: Zeroizing<[u8; 32]>,
+    policy: LocalKeyPolicy,
+    enabled: bool,
+}
+
+/// The operations a policy speaks about, for messages.
+#[derive(Clone, Copy)]
+enum Op {
+    Encrypt,
+    Decrypt,
+    GenerateDataKey,
+    GenerateDataKeyPair,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Encrypt => "Encrypt",
+            Op::Decrypt => "Decrypt",
+            Op::GenerateDataKey => "GenerateDataKey",
+            Op::GenerateDataKeyPair => "GenerateDataKeyPairWithoutPlaintext",
+        }
+    }
+}
+
+impl LocalKms {
+    /// Opens (creating if needed) the key database at `db_path`, readable by its owner only.
+    pub fn open(db_path: impl AsRef<Path>, trust: AttestationTrust) -> Result<LocalKms, KmsError> {
+        let path = db_path.as_ref().to_path_buf();
+        let mut conn = sqlite::open(&path, true).map_err(|e| db_error(&path, e))?;
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| db_error(&path, e))?;
+        tx.execute_batch(SCHEMA).map_err(|e| db_error(&path, e))?;
+        tx.commit().map_err(|e| db_error(&path, e))?;
+        Ok(LocalKms { path, trust, conn: Mutex::new(conn) })
+    }
+
+    pub fn trust(&self) -> &AttestationTrust {
+        &self.trust
+    }
+
+    /// Creates a key with a fixed policy; returns its ARN.
+    pub fn create_key(&self, policy: LocalKeyPolicy, description: &str) -> Result<String, KmsError> {
+        policy.validate()?;
+        let id = random_hex::<16>()?;
+        let key_id = format!("{KEY_ARN_PREFIX}{}-{}-{}-{}-{}", &id[..8], &id[8..12], &id[12..16], &id[16..20], &id[20..]);
+        let material = Zeroizing::new(random::<32>()?);
+        let conn = self.conn();
+        conn.execute(
+            "INSERT INTO keys (key_id, material, policy, description, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![key_id, &material[..], policy.to_json(), description, db_ms(now_ms())],
+        )
+        .map_err(|e| self.db(e))?;
+        Ok(key_id)
+    }
+
+    /// Creates `alias` (`alias/<name>`) or points it at another key.
+    pub fn set_alias(&self, alias: &str, key_id: &str) -> Result<(), KmsError> {
+        let name = alias.strip_prefix("alias/").unwrap_or_default();
+        let valid = !name.is_empty()
+            && alias.len() <= 256
+            && !name.starts_with("aws/")
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"/_-".contains(&b));
+        if !valid {
+            return Err(KmsError::Validation(format!(
+                "{alias:?} is not an alias name (alias/<name>, [A-Za-z0-9/_-], not alias/aws/…)"
+            )));
+        }
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| self.db(e))?;
+        let target = resolve_in(&tx, key_id).map_err(|e| self.db(e))?.ok_or_else(|| KmsError::NotFound { key_id: key_id.to_owned() })?;
+        tx.execute(
+            "INSERT INTO aliases (alias, key_id, updated_ms) VALUES (?1, ?2, ?3)
+             ON CONFLICT (alias) DO UPDATE SET key_id = ?2, updated_ms = ?3",
+            params![alias, target, db_ms(now_ms())],
+        )
+        .map_err(|e| self.db(e))?;
+        tx.commit().map_err(|e| self.db(e))
+    }
+
+    /// The key ARN named by a key id, key ARN, alias name or alias ARN.
+    pub fn resolve(&self, key_id_or_alias: &str) -> Result<String, KmsError> {
+        let conn = self.conn();
+        resolve_in(&conn, key_id_or_alias)
+            .map_err(|e| self.db(e))?
+            .ok_or_else(|| KmsError::NotFound { key_id: key_id_or_alias.to_owned() })
+    }
+
+    /// The key's policy (KMS `GetKeyPolicy`).
+    pub fn key_policy(&self, key_id: &str) -> Result<LocalKeyPolicy, KmsError> {
+        Ok(self.load(key_id)?.policy)
+    }
+
+    /// Every alias and the key ARN it points to, by alias.
+    pub fn aliases(&self) -> Result<Vec<(String, String)>, KmsError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT alias, key_id FROM aliases ORDER BY alias").map_err(|e| self.db(e))?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?))).map_err(|e| self.db(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
+    }
+
+    /// KMS `EnableKey` / `DisableKey`: a disabled key refuses every operation.
+    pub fn set_key_enabled(&self, key_id: &str, enabled: bool) -> Result<(), KmsError> {
+        let key_id = self.resolve(key_id)?;
+        self.conn()
+            .execute("UPDATE keys SET enabled = ?1 WHERE key_id = ?2", params![enabled, key_id])
+            .map_err(|e| self.db(e))?;
+        Ok(())
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn db(&self, e: rusqlite::Error) -> KmsError {
+        db_error(&self.path, e)
+    }
+
+    fn load(&self, key_id_or_alias: &str) -> Result<KeyRecord, KmsError> {
+        let conn = self.conn();
+        let not_found = || KmsError::NotFound { key_id: key_id_or_alias.to_owned() };
+        let key_id = resolve_in(&conn, key_id_or_alias).map_err(|e| self.db(e))?.ok_or_else(not_found)?;
+        let (material, policy, enabled): (Vec<u8>, String, bool) = conn
+            .query_row("SELECT material, policy, enabled FROM keys WHERE key_id = ?1", [&key_id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .optional()
+            .map_err(|e| self.db(e))?
+            .ok_or_else(not_found)?;
+        let material = Zeroizing::new(
+            <[u8; 32]>::try_from(material.as_slice())
+                .map_err(|_| KmsError::Unavailable(format!("key {key_id}: stored key material is not 32 bytes")))?,
+        );
+        let policy = LocalKeyPolicy::from_json(&policy)
+            .map_err(|e| KmsError::Unavailable(format!("key {key_id}: stored policy does not parse: {e}")))?;
+        Ok(KeyRecord { key_id, material, policy, enabled })
+    }
+
+    /// Loads a key for `op` and applies everything its policy says about the request.
+    /// Returns the key and, for a `Recipient` request, the verified RSA public key to seal to.
+    fn authorize(
+        &self,
+        key_id: &str,
+        op: Op,
+        context: &EncryptionContext,
+        recipient: Option<&Recipient>,
+    ) -> Result<(KeyRecord, Option<Vec<u8>>), KmsError> {
+        let key = self.load(key_id)?;
+        self.authorize_loaded(key, op, context, recipient)
+    }
+
+    fn authorize_loaded(
+        &self,
+        key: KeyRecord,
+        op: Op,
+        context: &EncryptionContext,
+        recipient: Option<&Recipient>,
+    ) -> Result<(KeyRecord, Option<Vec<u8>>), KmsError> {
+        if !key.enabled {
+            return Err(KmsError::Disabled { key_id: key.key_id });
+        }
+        let policy = &key.policy;
+        let allowed = match op {
+            Op::Encrypt => policy.allow_encrypt,
+            Op::Decrypt => true,
+            Op::GenerateDataKey => policy.allow_generate_data_key,
+            Op::GenerateDataKeyPair => policy.allow_generate_data_key_pair,
+        };
+        if !allowed {
+            return Err(KmsError::AccessDenied(format!("{} is not allowed by the key policy of {}", op.name(), key.key_id)));
+        }
+        if let Some(missing) = policy.required_context_keys.iter().find(|k| !context.contains_key(*k)) {
+            return Err(KmsError::AccessDenied(format!(
+                "{} without encryption context key `{missing}` is denied by the key policy of {}",
+                op.name(),
+                key.key_id
+            )));
+        }
+        let releases_plaintext = matches!(op, Op::Decrypt | Op::GenerateDataKey);
+        let public_key = match recipient {
+            None if releases_plaintext && policy.require_recipient => {
+                return Err(KmsError::AccessDenied(format!(
+                    "{} without a Recipient is denied by the key policy of {}",
+                    op.name(),
+                    key.key_id
+                )));
+            }
+            None => None,
+            Some(_) if !releases_plaintext => {
+                return Err(KmsError::Validation(format!("{} does not take a Recipient", op.name())));
+            }
+            Some(recipient) => Some(self.check_recipient(policy, recipient)?),
+        };
+        Ok((key, public_key))
+    }
+
+    /// Verifies the document as KMS does and checks the policy's PCR conditions on it; returns
+    /// the document's `public_key`.
+    fn check_recipient(&self, policy: &LocalKeyPolicy, recipient: &Recipient) -> Result<Vec<u8>, KmsError> {
+        let root_path = &self.trust.root_pem_path;
+        let pem = std::fs::read_to_string(root_path).map_err(|e| {
+            KmsError::AccessDenied(format!(
+                "attestation document: cannot read the trusted root {}: {e} (the development CA appears when the enclave worker first boots)",
+                root_path.display()
+            ))
+        })?;
+        let root = TrustAnchor::from_pem(&pem).map_err(|e| {
+            KmsError::AccessDenied(format!("attestation document: the trusted root {} is unusable: {e}", root_path.display()))
+        })?;
+        let mut options = VerifyOptions::new(root, now_ms());
+        options.max_age_s = self.trust.max_document_age.as_secs();
+        // KMS does not refuse debug-mode documents by itself: the PCR conditions below do
+        // (a debug enclave's PCRs are zero).
+        options.allow_debug = true;
+        let verified = protocol::attestation::verify(&recipient.attestation_document, &options).map_err(|e| {
+            KmsError::AccessDenied(format!("attestation document: check `{}` failed: {}", e.check().as_str(), e.reason()))
+        })?;
+        for (index, want) in &policy.recipient_pcrs {
+            match verified.document.pcr(*index) {
+                None => {
+                    return Err(KmsError::AccessDenied(format!(
+                        "PCR{index} is absent from the attestation document ({} is required by the key policy)",
+                        condition_key(*index)
+                    )));
+                }
+                Some(got) if got != want.as_slice() => {
+                    return Err(KmsError::AccessDenied(format!(
+                        "PCR{index} does not match the key policy ({}): the document has {}, the policy requires {}",
+                        condition_key(*index),
+                        hex::encode(got),
+                        hex::encode(want)
+                    )));
+                }
+                Some(_) => {}
+            }
+        }
+        verified
+            .document
+            .public_key
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| KmsError::Validation("the Recipient attestation document carries no public_key".into()))
+    }
+}
+
+/// What a release returns: `(plaintext, ciphertext_for_recipient)`, exactly one of them.
+type Released = (Option<Zeroizing<Vec<u8>>>, Option<Vec<u8>>);
+
+/// Either the plaintext (no Recipient) or the CMS envelope to the recipient's key.
+fn deliver(plaintext: Zeroizing<Vec<u8>>, recipient_key: Option<Vec<u8>>) -> Result<Released, KmsError> {
+    match recipient_key {
+        None => Ok((Some(plaintext), None)),
+        Some(spki) => {
+            let mut rng = getrandom::rand_core::UnwrapErr(getrandom::SysRng);
+            let envelope = protocol::cms::seal(&spki, &plaintext, &mut rng).map_err(|e| {
+                KmsError::Validation(format!("the attestation document's public_key is not a usable RSA key: {e}"))
+            })?;
+            Ok((None, Some(envelope)))
+        }
+    }
+}
+
+impl Kms for LocalKms {
+    fn encrypt(&self, key_id: &str, plaintext: &[u8], context: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
+        if plaintext.is_empty() || plaintext.len() > MAX_ENCRYPT_PLAINTEXT {
+            return Err(KmsError::Validation(format!(
+                "Encrypt takes 1..={MAX_ENCRYPT_PLAINTEXT} bytes of plaintext, not {}",
+                plaintext.len()
+            )));
+        }
+        let (key, _) = self.authorize(key_id, Op::Encrypt, context, None)?;
+        blob::seal(&key.key_id, &key.material, plaintext, context)
+    }
+
+    fn generate_data_key(
+        &self,
+        key_id: &str,
+        context: &EncryptionContext,
+        recipient: Option<&Recipient>,
+    ) -> Result<DataKey, KmsError> {
+        let (key, recipient_key) = self.authorize(key_id, Op::GenerateDataKey, context, recipient)?;
+        let data_key = Zeroizing::new(random::<DATA_KEY_LEN>()?.to_vec());
+        let ciphertext_blob = blob::seal(&key.key_id, &key.material, &data_key, context)?;
+        let (plaintext, ciphertext_for_recipient) = deliver(data_key, recipient_key)?;
+        Ok(DataKey { key_id: key.key_id, ciphertext_blob, plaintext, ciphertext_for_recipient })
+    }
+
+    fn generate_data_key_pair_without_plaintext(
+        &self,
+        key_id: &str,
+        context: &EncryptionContext,
+    ) -> Result<DataKeyPair, KmsError> {
+        use p256::pkcs8::{EncodePrivateKey, EncodePublicKey};
+        let (key, _) = self.authorize(key_id, Op::GenerateDataKeyPair, context, None)?;
+        let secret = p256_secret()?;
+        let pkcs8 = secret.to_pkcs8_der().map_err(|e| KmsError::Unavailable(format!("PKCS#8 encoding: {e}")))?;
+        let spki = secret
+            .public_key()
+            .to_public_key_der()
+            .map_err(|e| KmsError::Unavailable(format!("SPKI encoding: {e}")))?;
+        let private_key_ciphertext_blob = blob::seal(&key.key_id, &key.material, pkcs8.as_bytes(), context)?;
+        Ok(DataKeyPair { key_id: key.key_id, public_key_der: spki.as_bytes().to_vec(), private_key_ciphertext_blob })
+    }
+
+    fn decrypt(
+        &self,
+        key_id: Option<&str>,
+        ciphertext_blob: &[u8],
+        context: &EncryptionContext,
+        recipient: Option<&Recipient>,
+    ) -> Result<Decrypted, KmsError> {
+        let parsed = blob::Blob::parse(ciphertext_blob)?;
+        let key = self.load(parsed.key_id)?;
+        if let Some(named) = key_id {
+            let named = self.resolve(named)?;
+            if named != key.key_id {
+                return Err(KmsError::InvalidCiphertext(format!(
+                    "the ciphertext was encrypted under {}, not under {named}",
+                    key.key_id
+                )));
+            }
+        }
+        // Authorization first: nothing is decrypted for a caller the policy refuses.
+        let (key, recipient_key) = self.authorize_loaded(key, Op::Decrypt, context, recipient)?;
+        let plaintext = parsed.open(&key.material, context)?;
+        let (plaintext, ciphertext_for_recipient) = deliver(plaintext, recipient_key)?;
+        Ok(Decrypted { key_id: key.key_id, plaintext, ciphertext_for_recipient })
+    }
+}
+
+/// Key id, key ARN, alias name or alias ARN → key ARN, if it exists.
+fn resolve_in(conn: &Connection, name: &str) -> rusqlite::Result<Option<String>> {
+    let name = name.strip_prefix(ALIAS_ARN_PREFIX).filter(|n| n.starts_with("alias/")).unwrap_or(name);
+    if name.starts_with("alias/") {
+        return conn.query_row("SELECT key_id FROM aliases WHERE alias = ?1", [name], |r| r.get(0)).optional();
+    }
+    let arn = if name.starts_with(KEY_ARN_PREFIX) { name.to_owned() } else { format!("{KEY_ARN_PREFIX}{name}") };
+    conn.query_row("SELECT key_id FROM keys WHERE key_id = ?1", [&arn], |r| r.get(0)).optional()
+}
+
+fn db_ms(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+fn db_error(path: &Path, e: rusqlite::Error) -> KmsError {
+    KmsError::Unavailable(format!("key database {}: {e}", path.display()))
+}
+
+fn random<const N: usize>() -> Result<[u8; N], KmsError> {
+    let mut bytes = [0u8; N];
+    getrandom::fill(&mut bytes).map_err(|e| KmsError::Unavailable(format!("random number generator: {e}")))?;
+    Ok(bytes)
+}
+
+fn random_hex<const N: usize>() -> Result<String, KmsError> {
+    Ok(hex::encode(random::<N>()?))
+}
+
+fn p256_secret() -> Result<p256::SecretKey, KmsError> {
+    // A uniformly random scalar: retry the (astronomically rare) out-of-range draw.
+    for _ in 0..16 {
+        let bytes = Zeroizing::new(random::<32>()?);
+        if let Ok(key) = p256::SecretKey::from_slice(&bytes[..]) {
+            return Ok(key);
+        }
+    }
+    Err(KmsError::Unavailable("no valid P-256 scalar in 16 draws".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use protocol::attestation::{DevIssuer, DocumentRequest};
+    use rsa::RsaPrivateKey;
+    use rsa::pkcs8::EncodePublicKey;
+
+    use super::*;
+
+    const PCR0: [u8; PCR_LEN] = [0x11; PCR_LEN];
+    const PCR1: [u8; PCR_LEN] = [0x22; PCR_LEN];
+    const PCR2: [u8; PCR_LEN] = [0x33; PCR_LEN];
+    const PCR8: [u8; PCR_LEN] = [0x88; PCR_LEN];
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        kms: LocalKms,
+        issuer: DevIssuer,
+        root_pem: PathBuf,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let issuer = DevIssuer::generate(now_ms() - 60_000).unwrap();
+        let root_pem = dir.path().join("enclave").join("dev-root.pem");
+        std::fs::create_dir_all(root_pem.parent().unwrap()).unwrap();
+        std::fs::write(&root_pem, issuer.trust_anchor().unwrap().to_pem()).unwrap();
+        let trust = AttestationTrust { root_pem_path: root_pem.clone(), max_document_age: Duration::from_secs(300) };
+        let kms = LocalKms::open(dir.path().join("kms.sqlite"), trust).unwrap();
+        Fixture { _dir: dir, kms, issuer, root_pem }
+    }
+
+    fn rng() -> getrandom::rand_core::UnwrapErr<getrandom::SysRng> {
+        getrandom::rand_core::UnwrapErr(getrandom::SysRng)
+    }
+
+    /// A one-shot RSA-2048 key and a document carrying it, as the enclave makes them.
+    fn attested(issuer: &DevIssuer, pcr0: [u8; PCR_LEN], at_ms: u64) -> (RsaPrivateKey, Recipient) {
+        let key = RsaPrivateKey::new(&mut rng(), 2048).unwrap();
+        let spki = key.to_public_key().to_public_key_der().unwrap();
+        let mut request = DocumentRequest::new("i-local-enc0").with_pcr(0, pcr0).with_pcr(1, PCR1).with_pcr(2, PCR2);
+        request = request.with_pcr(8, PCR8);
+        request.public_key = Some(spki.as_bytes().to_vec());
+        let document = issuer.attest(&request, at_ms).unwrap();
+        (key, Recipient { attestation_document: document })
+    }
+
+    fn ctx(pairs: &[(&str, &str)]) -> EncryptionContext {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn denied(result: Result<impl std::fmt::Debug, KmsError>) -> String {
+        match result {
+            Err(KmsError::AccessDenied(m)) => m,
+            other => panic!("expected AccessDenied, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn keys_aliases_and_policies() {
+        let f = fixture();
+        let a = f.kms.create_key(LocalKeyPolicy::fleet(PCR0, Some(PCR8.to_vec())), "fleet").unwrap();
+        let b = f.kms.create_key(LocalKeyPolicy::unrestricted(), "other").unwrap();
+        let id = a.strip_prefix(KEY_ARN_PREFIX).unwrap();
+        assert_eq!(id.len(), 36);
+        assert_eq!(id.matches('-').count(), 4);
+        assert_eq!(f.kms.resolve(&a).unwrap(), a);
+        assert_eq!(f.kms.resolve(id).unwrap(), a);
+        assert!(matches!(f.kms.resolve("alias/ephem-fleet"), Err(KmsError::NotFound { .. })));
+        f.kms.set_alias("alias/ephem-fleet", &a).unwrap();
+        assert_eq!(f.kms.resolve("alias/ephem-fleet").unwrap(), a);
+        assert_eq!(f.kms.resolve("arn:aws:kms:local:000000000000:alias/ephem-fleet").unwrap(), a);
+        f.kms.set_alias("alias/ephem-fleet", &b).unwrap(); // repoint
+        assert_eq!(f.kms.resolve("alias/ephem-fleet").unwrap(), b);
+        assert_eq!(f.kms.aliases().unwrap(), vec![("alias/ephem-fleet".to_owned(), b.clone())]);
+        assert!(matches!(f.kms.set_alias("ephem", &a), Err(KmsError::Validation(_))));
+        assert!(matches!(f.kms.set_alias("alias/aws/x", &a), Err(KmsError::Validation(_))));
+        assert!(matches!(f.kms.set_alias("alias/x", "nope"), Err(KmsError::NotFound { .. })));
+
+        let policy = f.kms.key_policy(&a).unwrap();
+        assert_eq!(policy, LocalKeyPolicy::fleet(PCR0, Some(PCR8.to_vec())));
+        let json = policy.to_json();
+        assert!(json.contains(&hex::encode(PCR0)), "{json}");
+        assert_eq!(LocalKeyPolicy::from_json(&json).unwrap(), policy);
+
+        // A Recipient-only key must pin PCR0; PCRs are SHA-384 sized.
+        let mut no_pcr0 = LocalKeyPolicy::model(PCR0, None);
+        no_pcr0.recipient_pcrs.clear();
+        assert!(matches!(f.kms.create_key(no_pcr0, "x"), Err(KmsError::Validation(_))));
+        assert!(matches!(f.kms.create_key(LocalKeyPolicy::model(vec![1; 32], None), "x"), Err(KmsError::Validation(_))));
+    }
+
+    #[test]
+    fn encrypt_decrypt_round_trip_and_context_binding() {
+        let f = fixture();
+        let key = f.kms.create_key(LocalKeyPolicy::unrestricted(), "test").unwrap();
+        let other = f.kms.create_key(LocalKeyPolicy::unrestricted(), "test").unwrap();
+        let c = ctx(&[("model_id", "m"), ("version", "3")]);
+        let blob = f.kms.encrypt(&key, b"data key bytes", &c).unwrap();
+        let out = f.kms.decrypt(None, &blob, &c, None).unwrap();
+        assert_eq!(out.plaintext.as_deref().map(Vec::as_slice), Some(&b"data key bytes"[..]));
+        assert_eq!(out.key_id, key);
+        assert!(out.ciphertext_for_recipient.is_none());
+        assert!(f.kms.decrypt(Some(&key), &blob, &c, None).is_ok());
+
+        for wrong in [ctx(&[("model_id", "m"), ("version", "4")]), ctx(&[("model_id", "m")]), EncryptionContext::new()] {
+            assert!(matches!(f.kms.decrypt(None, &blob, &wrong, None), Err(KmsError::InvalidCiphertext(_))), "{wrong:?}");
+        }
+        // Context encoding is unambiguous: moving bytes between key and value changes it.
+        let shifted = ctx(&[("model_idm", ""), ("version", "3")]);
+        assert!(matches!(f.kms.decrypt(None, &blob, &shifted, None), Err(KmsError::InvalidCiphertext(_))));
+        // Every single-byte change is caught (header, key id, nonce, ciphertext, tag).
+        for at in 0..blob.len() {
+            let mut tampered = blob.clone();
+            tampered[at] ^= 0x01;
+            let result = f.kms.decrypt(None, &tampered, &c, None);
+            assert!(
+                matches!(result, Err(KmsError::InvalidCiphertext(_) | KmsError::NotFound { .. })),
+                "byte {at}: {result:?}"
+            );
+        }
+        assert!(matches!(f.kms.decrypt(None, &blob[..blob.len() - 1], &c, None), Err(KmsError::InvalidCiphertext(_))));
+        assert!(matches!(f.kms.decrypt(None, b"junk", &c, None), Err(KmsError::InvalidCiphertext(_))));
+        // Naming another key than the blob's is refused.
+        assert!(matches!(f.kms.decrypt(Some(&other), &blob, &c, None), Err(KmsError::InvalidCiphertext(_))));
+        assert!(matches!(f.kms.encrypt(&key, &[0; 4097], &c), Err(KmsError::Validation(_))));
+        assert!(matches!(f.kms.encrypt("alias/none", b"x", &c), Err(KmsError::NotFound { .. })));
+
+        f.kms.set_key_enabled(&key, false).unwrap();
+        assert!(matches!(f.kms.decrypt(None, &blob, &c, None), Err(KmsError::Disabled { .. })));
+        assert!(matches!(f.kms.encrypt(&key, b"x", &c), Err(KmsError::Disabled { .. })));
+    }
+
+    #[test]
+    fn data_keys_and_key_pairs_without_recipient() {
+        let f = fixture();
+        let key = f.kms.create_key(LocalKeyPolicy::unrestricted(), "test").unwrap();
+        let c = ctx(&[("epoch", "7"), ("not_after", "1900000000000")]);
+        let dk = f.kms.generate_data_key(&key, &c, None).unwrap();
+        let plain = dk.plaintext.unwrap();
+        assert_eq!(plain.len(), DATA_KEY_LEN);
+        assert_eq!(f.kms.decrypt(None, &dk.ciphertext_blob, &c, None).unwrap().plaintext.unwrap(), plain);
+
+        let pair = f.kms.generate_data_key_pair_without_plaintext(&key, &c).unwrap();
+        let pkcs8 = f.kms.decrypt(None, &pair.private_key_ciphertext_blob, &c, None).unwrap().plaintext.unwrap();
+        use p256::pkcs8::{DecodePrivateKey, DecodePublicKey};
+        let secret = p256::SecretKey::from_pkcs8_der(&pkcs8).unwrap();
+        let public = p256::PublicKey::from_public_key_der(&pair.public_key_der).unwrap();
+        assert_eq!(secret.public_key(), public);
+    }
+
+    #[test]
+    fn policies_deny_what_they_do_not_allow() {
+        let f = fixture();
+        let fleet = f.kms.create_key(LocalKeyPolicy::fleet(PCR0, None), "fleet").unwrap();
+        let model = f.kms.create_key(LocalKeyPolicy::model(PCR0, None), "model").unwrap();
+        let epoch = ctx(&[("epoch", "1"), ("not_after", "2")]);
+        let m = ctx(&[("model_id", "m"), ("version", "1")]);
+
+        // Rotation may create key pairs (only under {epoch, not_after}); nobody gets plaintext.
+        let pair = f.kms.generate_data_key_pair_without_plaintext(&fleet, &epoch).unwrap();
+        let msg = denied(f.kms.generate_data_key_pair_without_plaintext(&fleet, &ctx(&[("epoch", "1")])));
+        assert!(msg.contains("`not_after`"), "{msg}");
+        let msg = denied(f.kms.decrypt(None, &pair.private_key_ciphertext_blob, &epoch, None));
+        assert!(msg.starts_with("Decrypt without a Recipient is denied by the key policy"), "{msg}");
+        denied(f.kms.encrypt(&fleet, b"x", &epoch));
+        denied(f.kms.generate_data_key(&fleet, &epoch, None));
+
+        // The publisher may Encrypt under the model key; data keys go to enclaves only.
+        let wrapped = f.kms.encrypt(&model, &[9; 32], &m).unwrap();
+        let msg = denied(f.kms.decrypt(None, &wrapped, &m, None));
+        assert!(msg.contains("without a Recipient"), "{msg}");
+        let msg = denied(f.kms.generate_data_key(&model, &m, None));
+        assert!(msg.starts_with("GenerateDataKey without a Recipient is denied"), "{msg}");
+        denied(f.kms.generate_data_key_pair_without_plaintext(&model, &m));
+        denied(f.kms.encrypt(&model, b"x", &ctx(&[("model_id", "m")])));
+    }
+
+    #[test]
+    fn recipient_gets_a_cms_envelope_it_can_open() {
+        let f = fixture();
+        let model = f.kms.create_key(LocalKeyPolicy::model(PCR0, Some(PCR8.to_vec())), "model").unwrap();
+        f.kms.set_alias("alias/ephem-model", &model).unwrap();
+        let m = ctx(&[("model_id", "sentence-transformers/all-MiniLM-L6-v2"), ("version", "1")]);
+        let dek = [0x5a; 32];
+        let wrapped = f.kms.encrypt("alias/ephem-model", &dek, &m).unwrap();
+
+        let (rsa_key, recipient) = attested(&f.issuer, PCR0, now_ms());
+        let out = f.kms.decrypt(Some("alias/ephem-model"), &wrapped, &m, Some(&recipient)).unwrap();
+        assert!(out.plaintext.is_none(), "never plaintext with a Recipient");
+        assert_eq!(out.key_id, model);
+        let envelope = out.ciphertext_for_recipient.unwrap();
+        assert_eq!(&envelope[..2], &[0x30, 0x80], "BER, indefinite length, as KMS sends it");
+        assert_eq!(&*protocol::cms::open(&envelope, &rsa_key).unwrap(), &dek);
+
+        // GenerateDataKey with a Recipient: the blob and the envelope hold the same key.
+        let (rsa_key, recipient2) = attested(&f.issuer, PCR0, now_ms());
+        let dk = f.kms.generate_data_key(&model, &m, Some(&recipient2)).unwrap();
+        assert!(dk.plaintext.is_none());
+        let released = protocol::cms::open(&dk.ciphertext_for_recipient.unwrap(), &rsa_key).unwrap();
+        let (rsa_key3, recipient3) = attested(&f.issuer, PCR0, now_ms());
+        let again = f.kms.decrypt(None, &dk.ciphertext_blob, &m, Some(&recipient3)).unwrap();
+        assert_eq!(protocol::cms::open(&again.ciphertext_for_recipient.unwrap(), &rsa_key3).unwrap(), released);
+
+        // The fleet key releases a P-256 PKCS#8 the same way.
+        let fleet = f.kms.create_key(LocalKeyPolicy::fleet(PCR0, None), "fleet").unwrap();
+        let epoch = ctx(&[("epoch", "3"), ("not_after", "99")]);
+        let pair = f.kms.generate_data_key_pair_without_plaintext(&fleet, &epoch).unwrap();
+        let (rsa_key, recipient4) = attested(&f.issuer, PCR0, now_ms());
+        let out = f.kms.decrypt(None, &pair.private_key_ciphertext_blob, &epoch, Some(&recipient4)).unwrap();
+        let pkcs8 = protocol::cms::open(&out.ciphertext_for_recipient.unwrap(), &rsa_key).unwrap();
+        use p256::pkcs8::DecodePrivateKey;
+        let secret = p256::SecretKey::from_pkcs8_der(&pkcs8).unwrap();
+        use p256::pkcs8::EncodePublicKey as _;
+        assert_eq!(secret.public_key().to_public_key_der().unwrap().as_bytes(), pair.public_key_der.as_slice());
+
+        // A Recipient is verified even where the policy does not require one.
+        let open_key = f.kms.create_key(LocalKeyPolicy::unrestricted(), "open").unwrap();
+        let blob = f.kms.encrypt(&open_key, b"x", &m).unwrap();
+        let mut garbled = recipient.clone();
+        garbled.attestation_document[10] ^= 0xff;
+        denied(f.kms.decrypt(None, &blob, &m, Some(&garbled)));
+    }
+
+    #[test]
+    fn recipient_with_other_measurements_is_denied_naming_the_pcr() {
+        let f = fixture();
+        let model = f.kms.create_key(LocalKeyPolicy::model(PCR0, None), "model").unwrap();
+        let m = ctx(&[("model_id", "m"), ("version", "1")]);
+        let wrapped = f.kms.encrypt(&model, &[1; 32], &m).unwrap();
+        let (_, other_image) = attested(&f.issuer, [0x44; PCR_LEN], now_ms());
+        let msg = denied(f.kms.decrypt(None, &wrapped, &m, Some(&other_image)));
+        assert!(msg.starts_with("PCR0 does not match the key policy"), "{msg}");
+        assert!(msg.contains("ImageSha384"), "{msg}");
+        let msg = denied(f.kms.generate_data_key(&model, &m, Some(&other_image)));
+        assert!(msg.starts_with("PCR0 does not match"), "{msg}");
+
+        // PCR8 pinned: a document with another PCR8 is refused, naming PCR8.
+        let signed = f.kms.create_key(LocalKeyPolicy::model(PCR0, Some(vec![0x99; PCR_LEN])), "signed").unwrap();
+        let wrapped = f.kms.encrypt(&signed, &[1; 32], &m).unwrap();
+        let (_, right_image) = attested(&f.issuer, PCR0, now_ms());
+        let msg = denied(f.kms.decrypt(None, &wrapped, &m, Some(&right_image)));
+        assert!(msg.starts_with("PCR8 does not match"), "{msg}");
+    }
+
+    #[test]
+    fn bad_attestation_documents_are_denied_naming_the_check() {
+        let f = fixture();
+        let model = f.kms.create_key(LocalKeyPolicy::model(PCR0, None), "model").unwrap();
+        let m = ctx(&[("model_id", "m"), ("version", "1")]);
+        let wrapped = f.kms.encrypt(&model, &[1; 32], &m).unwrap();
+        let check = |recipient: &Recipient, name: &str| {
+            let msg = denied(f.kms.decrypt(None, &wrapped, &m, Some(recipient)));
+            assert!(msg.starts_with(&format!("attestation document: check `{name}` failed")), "{name}: {msg}");
+        };
+
+        // Older than the five minutes KMS accepts.
+        let (_, old) = attested(&f.issuer, PCR0, now_ms() - 6 * 60 * 1000);
+        check(&old, "freshness");
+        // A flipped signature byte.
+        let (_, mut tampered) = attested(&f.issuer, PCR0, now_ms());
+        let last = tampered.attestation_document.len() - 1;
+        tampered.attestation_document[last] ^= 0x01;
+        check(&tampered, "signature");
+        // Not CBOR at all.
+        check(&Recipient { attestation_document: b"not a document".to_vec() }, "cbor");
+        // Signed by another (development) CA than the pinned one.
+        let stranger = DevIssuer::generate(now_ms() - 60_000).unwrap();
+        let (_, foreign) = attested(&stranger, PCR0, now_ms());
+        check(&foreign, "root_pinned");
+
+        // No public key in the document: nothing to encrypt to.
+        let mut request = DocumentRequest::new("i-local-enc0").with_pcr(0, PCR0).with_pcr(1, PCR1).with_pcr(2, PCR2);
+        request.public_key = None;
+        let bare = Recipient { attestation_document: f.issuer.attest(&request, now_ms()).unwrap() };
+        assert!(matches!(f.kms.decrypt(None, &wrapped, &m, Some(&bare)), Err(KmsError::Validation(_))));
+
+        // The root file is read at each request: without it, nothing is trusted.
+        let (_, fine) = attested(&f.issuer, PCR0, now_ms());
+        std::fs::remove_file(&f.root_pem).unwrap();
+        let msg = denied(f.kms.decrypt(None, &wrapped, &m, Some(&fine)));
+        assert!(msg.contains("cannot read the trusted root"), "{msg}");
+        std::fs::write(&f.root_pem, f.issuer.trust_anchor().unwrap().to_pem()).unwrap();
+        assert!(f.kms.decrypt(None, &wrapped, &m, Some(&fine)).is_ok());
+    }
+
+    #[test]
+    fn a_second_handle_sees_the_same_keys() {
+        let f = fixture();
+        let key = f.kms.create_key(LocalKeyPolicy::unrestricted(), "shared").unwrap();
+        f.kms.set_alias("alias/shared", &key).unwrap();
+        let c = ctx(&[("k", "v")]);
+        let blob = f.kms.encrypt("alias/shared", b"secret", &c).unwrap();
+        let other = LocalKms::open(&f.kms.path, f.kms.trust().clone()).unwrap();
+        assert_eq!(other.resolve("alias/shared").unwrap(), key);
+        assert_eq!(other.decrypt(None, &blob, &c, None).unwrap().plaintext.unwrap().as_slice(), b"secret");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&f.kms.path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "the key database is private to its owner");
+        }
+    }
+}

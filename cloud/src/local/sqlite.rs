@@ -1,0 +1,50 @@
+//! Opening the SQLite files of the embedded default the same way everywhere: WAL (readers never
+//! block the writer), a busy timeout (several processes share one file), full sync (a message
+//! or a key that was acknowledged survives a crash).
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, ErrorCode};
+
+/// How long a statement waits for another process's write transaction.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Opens (creating if needed) a database file. `private`: create it readable by the owner only
+/// (SQLite gives its `-wal` and `-shm` files the same mode).
+pub fn open(path: &Path, private: bool) -> rusqlite::Result<Connection> {
+    if private {
+        create_private(path);
+    }
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    // Switching to WAL needs a moment of exclusive access, which another process opening the
+    // same new file may hold; the busy handler does not cover it everywhere, so retry.
+    let mut attempt = 0;
+    loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get::<_, String>(0)) {
+            Ok(_) => break,
+            Err(e) if is_busy(&e) && attempt < 100 => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    Ok(conn)
+}
+
+pub fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked))
+}
+
+#[cfg(unix)]
+fn create_private(path: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    // Best effort: if this fails, Connection::open reports the real problem.
+    let _ = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path);
+}
+
+#[cfg(not(unix))]
+fn create_private(_path: &Path) {}
