@@ -2,5 +2,6 @@
 //! The library half of `ephem-batch`: reading corpora, writing results, onboarding models.
 
 pub mod corpus;
+pub mod ledger;
 pub mod model;
 pub mod output;

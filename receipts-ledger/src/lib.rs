@@ -8,18 +8,22 @@ pub mod bundle;
 pub mod checkpoint;
 pub mod entry;
 pub mod ledger;
+pub mod local;
 pub mod merkle;
 pub mod note;
+pub mod receipt_check;
 pub mod store;
 pub mod testing;
 pub mod verify;
 
-pub use bundle::{prove, verify_bundle, BundleError, ProofBundle, VerifiedBundle};
+pub use bundle::{prove, verify_bundle, verify_bundle_and_receipt, BundleError, ProofBundle, VerifiedBundle};
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, ReceiptCheck};
 pub use ledger::{consistency, Ledger, LedgerError};
+pub use local::{LocalError, LocalLedger};
 pub use note::{NoteError, NoteSigner, SignerKey, VerifierKey};
+pub use receipt_check::{ProtocolReceipts, ReceiptCheckError, VerifiedReceipt};
 pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
 };
-pub use verify::{verify_ledger, Issue, VerifyReport};
+pub use verify::{verify_entry, verify_ledger, EntryVerdict, Issue, VerifyReport};

@@ -337,3 +337,124 @@ fn fill_gap(r: &mut Replay<'_>, index: u64) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+/// What one entry proves on its own: the verdict column of the compliance view.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum EntryVerdict {
+    /// The receipt and its attestation verify, the indexed fields are the receipt's, the
+    /// row is intact and links to the one before it, and the receipt is included in the
+    /// tree of the signed checkpoint of size `checkpoint`.
+    Verified { checkpoint: u64 },
+    /// All of the above but the inclusion: no signed checkpoint covers the entry yet.
+    NotCheckpointed,
+    /// The first thing found wrong.
+    Invalid { reason: String },
+}
+
+/// Checks one entry without replaying the ledger: its row hash and chain link, its
+/// attestation document, the receipt check and the indexed fields, then its inclusion
+/// under `checkpoint`, which the caller has opened with the pinned ledger key (so the
+/// verdict is only as good as that pin). O(log n) reads.
+pub fn verify_entry(
+    store: &dyn LedgerStore,
+    entry: &Entry,
+    check: &dyn ReceiptCheck,
+    checkpoint: Option<&Checkpoint>,
+) -> Result<EntryVerdict, StoreError> {
+    let invalid = |reason: String| Ok(EntryVerdict::Invalid { reason });
+    if entry.recompute_hash() != entry.entry_hash {
+        return invalid("entry hash does not match the row".into());
+    }
+    let prev = match entry.index.checked_sub(1) {
+        None => Some(GENESIS_PREV_HASH),
+        Some(i) => store.entry(i)?.map(|e| e.entry_hash),
+    };
+    if prev != Some(entry.prev_hash) {
+        return invalid(format!("prev_hash does not link to entry {}", entry.index.wrapping_sub(1)));
+    }
+    let Some(document) = store.attestation_document(&entry.attestation_sha256)? else {
+        return invalid("attestation document is missing".into());
+    };
+    if attestation_sha256(&document) != entry.attestation_sha256 {
+        return invalid("attestation document was altered".into());
+    }
+    match check.check(&entry.leaf, &document) {
+        Err(reason) => return invalid(reason),
+        Ok(actual) => {
+            if let Some(field) = entry.fields.first_difference(&actual) {
+                return invalid(format!("indexed field {field} differs from the receipt"));
+            }
+        }
+    }
+    let Some(cp) = checkpoint.filter(|cp| cp.size > entry.index) else {
+        return Ok(EntryVerdict::NotCheckpointed);
+    };
+    let included = crate::merkle::inclusion_proof(store, entry.index, cp.size)
+        .map_err(|e| e.to_string())
+        .and_then(|path| {
+            crate::merkle::verify_inclusion(entry.index, cp.size, &leaf_hash(&entry.leaf), &path, &cp.root)
+                .map_err(|e| e.to_string())
+        });
+    match included {
+        Ok(()) => Ok(EntryVerdict::Verified { checkpoint: cp.size }),
+        Err(e) => invalid(format!("not in the tree of signed checkpoint {}: {e}", cp.size)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::note::SignerKey;
+    use crate::store::{CheckpointPolicy, SqliteStore};
+    use crate::testing::{test_request, TestReceipts};
+
+    fn ledger() -> (SqliteStore, VerifierKey) {
+        let key = SignerKey::from_seed("ledger.test", &[1; 32]).unwrap();
+        let mut s = SqliteStore::open_in_memory().unwrap();
+        let batch: Vec<_> = (0..6).map(|j| test_request(j, 64)).collect();
+        s.append(&batch[..4], &key, &CheckpointPolicy { every_appends: 4, every_ms: u64::MAX }, 1).unwrap();
+        s.append(&batch[4..], &key, &CheckpointPolicy { every_appends: 4, every_ms: u64::MAX }, 2).unwrap();
+        (s, key.verifier())
+    }
+
+    fn verdicts(s: &SqliteStore, cp: Option<&Checkpoint>) -> Vec<EntryVerdict> {
+        (0..s.size().unwrap())
+            .map(|i| verify_entry(s, &s.entry(i).unwrap().unwrap(), &TestReceipts, cp).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn entry_verdicts() {
+        let (s, key) = ledger();
+        let cp = Checkpoint::open(s.latest_checkpoint().unwrap().unwrap().note.as_bytes(), &key).unwrap();
+        assert_eq!(cp.size, 4);
+        let v = verdicts(&s, Some(&cp));
+        assert!(v[..4].iter().all(|v| *v == EntryVerdict::Verified { checkpoint: 4 }), "{v:?}");
+        assert!(v[4..].iter().all(|v| *v == EntryVerdict::NotCheckpointed), "{v:?}");
+        assert!(verdicts(&s, None).iter().all(|v| *v == EntryVerdict::NotCheckpointed));
+
+        // A checkpoint over another tree (what a forked ledger would show).
+        let forged = Checkpoint { root: [7; 32], ..cp.clone() };
+        assert!(matches!(&verdicts(&s, Some(&forged))[1], EntryVerdict::Invalid { reason } if reason.starts_with("not in the tree")));
+
+        let c = s.connection();
+        c.execute("UPDATE entries SET ok_count = ok_count + 1 WHERE idx = 2", []).unwrap();
+        // A row rewritten consistently in itself no longer links to the one before.
+        let mut e3 = s.entry(3).unwrap().unwrap();
+        e3.prev_hash = [0; 32];
+        let h = e3.recompute_hash();
+        c.execute("UPDATE entries SET prev_hash = ?1, entry_hash = ?2 WHERE idx = 3", rusqlite::params![&e3.prev_hash[..], &h[..]])
+            .unwrap();
+        c.execute("UPDATE entries SET leaf = CAST('x' AS BLOB) WHERE idx = 5", []).unwrap();
+        let v = verdicts(&s, Some(&cp));
+        let reason = |i: usize| match &v[i] {
+            EntryVerdict::Invalid { reason } => reason.clone(),
+            other => panic!("entry {i}: {other:?}"),
+        };
+        assert_eq!(reason(2), "indexed field ok_count differs from the receipt");
+        assert_eq!(reason(3), "prev_hash does not link to entry 2");
+        assert_eq!(reason(5), "entry hash does not match the row");
+        assert_eq!(v[0], EntryVerdict::Verified { checkpoint: 4 });
+    }
+}
