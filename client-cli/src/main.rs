@@ -1,40 +1,245 @@
 //! `ephem-batch`: a thin command-line shell over the project's libraries.
 
-mod attest;
-mod policy;
-
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ephem_batch_client::{attest, dev, home::Home, keys, policy, results, status, submit, trust, verify};
 
 #[derive(Parser)]
 #[command(name = "ephem-batch", version, about = "Confidential bulk text embedding on AWS Nitro Enclaves")]
 struct Cli {
+    /// State directory of the embedded default and of this client's keys and jobs.
+    #[arg(long, global = true, env = "EPHEM_HOME", value_name = "DIR")]
+    home: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Attestation documents: verify them against a policy.
+    /// Seal a corpus to the attested fleet key and submit it.
+    Submit(submit::SubmitArgs),
+    /// Where a job stands.
+    Status {
+        job: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Download, open and check a job's results.
+    Results(ResultsArgs),
+    /// Check a job's receipt against what this client sealed and opened, and its ledger entry.
+    Verify {
+        job: String,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        trust: trust::TrustArgs,
+    },
+    /// Cancel a job no host has started.
+    Cancel { job: String },
+    /// Create this client's result key.
+    Keygen {
+        /// Replace an existing key (results sealed to it will no longer open).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Attestation documents: verify one, or fetch the fleet's.
     #[command(subcommand)]
     Attest(attest::AttestCommand),
     /// Attestation policy files: create a publisher key, sign, verify.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
+    /// Fleet keys.
+    #[command(subcommand)]
+    Fleet(FleetCommand),
+    /// Model onboarding: encrypt, sign, upload, verify.
+    #[command(subcommand)]
+    Model(ephem_batch_client::model_cli::ModelCommand),
+    /// The receipts ledger: compliance queries, verification, checkpoints, proofs.
+    #[command(subcommand)]
+    Ledger(ephem_batch_client::ledger::LedgerCommand),
+    /// The embedded default: the whole stack on this machine.
+    #[command(subcommand)]
+    Dev(dev::DevCommand),
+}
+
+#[derive(clap::Args)]
+struct ResultsArgs {
+    job: String,
+    /// Output file (default: beside the input, `<stem>.embeddings.<ext>`).
+    #[arg(short, long, value_name = "OUT")]
+    output: Option<PathBuf>,
+    #[arg(long, value_enum)]
+    format: Option<results::Format>,
+    #[command(flatten)]
+    trust: trust::TrustArgs,
+}
+
+#[derive(Subcommand)]
+enum FleetCommand {
+    /// Start a new fleet-key epoch (KMS GenerateDataKeyPairWithoutPlaintext).
+    Rotate {
+        /// How long the new epoch's key may be used.
+        #[arg(long, default_value_t = 7)]
+        validity_days: u64,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Attest(command) => attest::run(command),
-        Command::Policy(command) => policy::run(command),
-    };
-    match result {
+    // The local Lambda runtime is a service with a log file; commands only warn.
+    let service = matches!(cli.command, Command::Dev(dev::DevCommand::RunLambdas { .. }));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_max_level(if service { tracing::Level::INFO } else { tracing::Level::WARN })
+        .init();
+    match run(cli) {
         Ok(code) => code,
         Err(error) => {
             eprintln!("error: {error:#}");
             ExitCode::from(2)
         }
     }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let home = || Home::resolve(cli.home.as_deref());
+    match cli.command {
+        Command::Attest(attest::AttestCommand::Verify(args)) => attest::verify(args),
+        Command::Attest(attest::AttestCommand::Fetch(args)) => {
+            let home = home()?;
+            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            attest::fetch(&home, &services, &args)
+        }
+        Command::Policy(command) => policy::run(command),
+        Command::Keygen { force } => {
+            let home = home()?;
+            let key = keys::keygen(&home.result_key(), force)?;
+            println!("result key {} (key id {})", home.result_key().display(), hex::encode(key.public_key().key_id()));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Submit(args) => {
+            let home = home()?;
+            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let started = std::time::Instant::now();
+            let job = submit::run(&home, &services, &args)?;
+            if args.json && !args.wait {
+                println!("{}", serde_json::json!({"job_id": job.job_id, "records": job.records, "local_errors": job.local_errors}));
+            } else if !args.wait {
+                println!("job {}", job.job_id);
+            }
+            if !args.wait {
+                return Ok(ExitCode::SUCCESS);
+            }
+            eprintln!("job {} submitted: {} records ({} refused locally)", job.job_id, job.records, job.local_errors);
+            let trust = trust::ClientTrust::load(&home, &args.trust)?;
+            let id = status::parse_job(&job.job_id)?;
+            ephem_batch_client::wait::until_done(&services, &id, job.records)?;
+            let key = keys::load_result_key(&home.result_key(), false)?;
+            let written = results::run(&home, &services, &trust, &key, &id, args.output.as_deref(), args.format)?;
+            report_written(&job.job_id, &written, started.elapsed(), args.json)
+        }
+        Command::Status { job, json } => {
+            let home = home()?;
+            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let view = status::view(&services, &status::parse_job(&job)?)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else {
+                status::print(&view);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Results(args) => {
+            let home = home()?;
+            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let trust = trust::ClientTrust::load(&home, &args.trust)?;
+            trust.warn_if_development();
+            let key = keys::load_result_key(&home.result_key(), false)?;
+            let started = std::time::Instant::now();
+            let written = results::run(&home, &services, &trust, &key, &status::parse_job(&args.job)?, args.output.as_deref(), args.format)?;
+            report_written(&args.job, &written, started.elapsed(), false)
+        }
+        Command::Verify { job, json, trust } => {
+            let home = home()?;
+            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let trust = trust::ClientTrust::load(&home, &trust)?;
+            trust.warn_if_development();
+            let key = keys::load_result_key(&home.result_key(), false)?;
+            let outcome = verify::verify_job(&home, &services, &trust, &status::parse_job(&job)?, &key, None)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&outcome)?);
+            } else {
+                outcome.print();
+            }
+            Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Cancel { job } => {
+            let home = home()?;
+            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            status::cancel(&services, &status::parse_job(&job)?)?;
+            println!("cancelled {job}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Fleet(FleetCommand::Rotate { validity_days }) => {
+            let home = home()?;
+            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let record = lambdas::fleet_rotate::rotate(&services, validity_days * 24 * 3600 * 1000, cloud::now_ms())
+                .context("fleet rotation")?;
+            println!("fleet epoch {} valid until {}", record.epoch, protocol::attestation::format_ms(record.not_after_ms));
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Model(command) => {
+            let home = home()?;
+            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            ephem_batch_client::model_cli::run(command, &services)
+        }
+        Command::Ledger(command) => ephem_batch_client::ledger::run(command, &home()?.ledger_dir()),
+        Command::Dev(command) => {
+            let home = home()?;
+            match command {
+                dev::DevCommand::Up(args) => dev::up(&home, &args)?,
+                dev::DevCommand::Down => dev::down(&home)?,
+                dev::DevCommand::Status { json } => dev::status(&home, json)?,
+                dev::DevCommand::RunLambdas { input_retention_s } => {
+                    dev::run_lambdas(&home, std::time::Duration::from_secs(input_retention_s))?
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn report_written(job: &str, written: &results::Written, elapsed: std::time::Duration, json: bool) -> anyhow::Result<ExitCode> {
+    let s = &written.summary;
+    let ledger_ok = written.verification.checks.iter().any(|c| c.name == "ledger" && c.passed);
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "job_id": job,
+                "embedded": s.records,
+                "errors": s.errors,
+                "tokens": s.tokens,
+                "seconds": elapsed.as_secs_f64(),
+                "output": written.output,
+                "errors_file": written.errors,
+                "verified": true,
+                "in_ledger": ledger_ok,
+            })
+        );
+    } else {
+        println!("job {job}");
+        println!("  embedded  {} records, {} tokens, {} dimensions", s.records, s.tokens, s.dimensions.unwrap_or(0));
+        println!("  errors    {} ({})", s.errors, written.errors.display());
+        println!("  output    {}", written.output.display());
+        println!("  receipt   verified{}", if written.verification.development_root { " (DEVELOPMENT root)" } else { "" });
+        println!("  ledger    {}", if ledger_ok { "entry verified" } else { "not yet in the ledger (see `ephem-batch verify`)" });
+        println!("  seconds   {:.1}", elapsed.as_secs_f64());
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -58,6 +58,23 @@ pub fn attestation_current(host_id: &str) -> String {
 
 pub const ATTESTATIONS_CURRENT_PREFIX: &str = "attestations/current/";
 
+/// A client's request for a fresh document carrying its nonce (hex of the nonce).
+pub fn attestation_request(nonce: &[u8]) -> String {
+    format!("{ATTESTATION_REQUESTS_PREFIX}{}.json", hex::encode(nonce))
+}
+
+pub const ATTESTATION_REQUESTS_PREFIX: &str = "attestations/requests/";
+
+/// The answer to [`attestation_request`]: a document whose `nonce` is the client's.
+pub fn attestation_fresh(nonce: &[u8]) -> String {
+    format!("attestations/fresh/{}.cbor", hex::encode(nonce))
+}
+
+/// The nonce of a request key made by [`attestation_request`].
+pub fn nonce_of_request(key: &str) -> Option<Vec<u8>> {
+    hex::decode(key.strip_prefix(ATTESTATION_REQUESTS_PREFIX)?.strip_suffix(".json")?).ok()
+}
+
 pub const MODELS_PREFIX: &str = "models/";
 pub const MANIFEST_NAME: &str = "manifest.cose";
 

@@ -1,0 +1,449 @@
+//! `ephem-batch dev up | down | status`: the embedded default's stack under `$EPHEM_HOME`.
+//!
+//! `up` is idempotent: it creates what is missing — KMS keys bound to the local worker binary's
+//! measurement, a fleet-key epoch, the encrypted and signed default model, a development policy —
+//! and starts what is not running: `host-poller` (which starts and supervises `enclave-worker`)
+//! and the local Lambda runtime (`ephem-batch dev run-lambdas`: the ledger queue's event source
+//! for `ledger-append` and the input-expiry lifecycle rule). One pid file per process in `run/`,
+//! one log per process in `logs/`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use clap::{Args, Subcommand};
+use cloud::local::kms::{LocalKeyPolicy, LocalKms};
+use cloud::local::LocalCloud;
+use cloud::{layout, Services};
+use ed25519_dalek::SigningKey;
+use protocol::attestation::dev_issuer::development_pcrs;
+use protocol::attestation::{Policy, TrustAnchor};
+use sha2::{Digest, Sha384};
+
+use crate::home::{write_private, Home};
+use crate::submit::DEFAULT_MODEL;
+
+/// Fleet-key epochs the local stack creates are valid this long; a new one is made when less
+/// than a day is left.
+const EPOCH_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
+const EPOCH_MARGIN: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Subcommand, Debug)]
+pub enum DevCommand {
+    /// Start the local stack (idempotent: only what is missing is created or started).
+    Up(UpArgs),
+    /// Stop every process of the local stack (SIGTERM: in-flight jobs finish first).
+    Down,
+    /// What runs, what is queued, which epochs and models exist.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// The local Lambda runtime (started by `dev up`).
+    #[command(hide = true)]
+    RunLambdas {
+        /// Keep a sealed input this long after the ledger holds its receipt.
+        #[arg(long, default_value_t = 0)]
+        input_retention_s: u64,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Model directory (config.json, tokenizer.json, model.safetensors). Default:
+    /// `$EPHEM_MODEL_DIR`, else `$EPHEM_HOME/models/all-MiniLM-L6-v2` (scripts/setup-model.sh).
+    #[arg(long, env = "EPHEM_MODEL_DIR")]
+    pub model_dir: Option<PathBuf>,
+    /// Inference threads of the worker (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Jobs the host-poller runs at once.
+    #[arg(long, default_value_t = 2)]
+    pub concurrency: usize,
+    /// Keep a sealed input this long after the ledger holds its receipt.
+    #[arg(long, default_value_t = 0)]
+    pub input_retention_s: u64,
+}
+
+/// Where the project's binaries are: `$EPHEM_BIN_DIR`, else beside this executable.
+pub fn binary(name: &str) -> anyhow::Result<PathBuf> {
+    let dir = match std::env::var_os("EPHEM_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::current_exe()?.parent().ok_or_else(|| anyhow!("no directory for this executable"))?.to_path_buf(),
+    };
+    let path = dir.join(name);
+    if !path.is_file() {
+        bail!("{} not found (build it: cargo build --release --bins, or set EPHEM_BIN_DIR)", path.display());
+    }
+    Ok(path)
+}
+
+fn sha384_file(path: &Path) -> anyhow::Result<[u8; 48]> {
+    let mut file = std::fs::File::open(path).with_context(|| format!("measuring {}", path.display()))?;
+    let mut hasher = Sha384::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buffer).with_context(|| format!("measuring {}", path.display()))?;
+        if n == 0 {
+            return Ok(hasher.finalize().into());
+        }
+        hasher.update(&buffer[..n]);
+    }
+}
+
+// --- processes -------------------------------------------------------------------------------
+
+/// The pid in `run/<name>.pid` if that process is alive and is `name`.
+pub fn running(home: &Home, name: &str) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(home.pid_file(name)).ok()?.trim().parse().ok()?;
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // A zombie is not running.
+    let state = stat.rsplit(')').next()?.split_whitespace().next()?;
+    (state != "Z" && String::from_utf8_lossy(&cmdline).contains(name)).then_some(pid)
+}
+
+fn spawn(home: &Home, name: &str, program: &Path, args: &[String]) -> anyhow::Result<u32> {
+    use std::os::unix::process::CommandExt;
+    std::fs::create_dir_all(home.logs_dir())?;
+    std::fs::create_dir_all(home.run_dir())?;
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(home.log_file(name))?;
+    let child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        // Its own process group: a Ctrl-C in this terminal does not reach the stack.
+        .process_group(0)
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    std::fs::write(home.pid_file(name), format!("{}\n", child.id()))?;
+    Ok(child.id())
+}
+
+fn signal(pid: u32, signal: &str) {
+    let _ = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).stderr(Stdio::null()).status();
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| stat.rsplit(')').next().and_then(|s| s.split_whitespace().next()) != Some("Z"))
+        .unwrap_or(false)
+}
+
+/// SIGTERM, then up to `grace` for the process to finish its work, then SIGKILL.
+fn stop(home: &Home, name: &str, grace: Duration) -> bool {
+    let Some(pid) = running(home, name) else {
+        let _ = std::fs::remove_file(home.pid_file(name));
+        return false;
+    };
+    signal(pid, "TERM");
+    let deadline = Instant::now() + grace;
+    while alive(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if alive(pid) {
+        signal(pid, "KILL");
+    }
+    let _ = std::fs::remove_file(home.pid_file(name));
+    true
+}
+
+// --- keys, epochs, model, policy -------------------------------------------------------------
+
+/// The key behind `alias` if its policy binds `pcr0`; else a new key with that policy, and the
+/// alias moved to it. A key's policy is never edited: a new measurement means a new key.
+fn ensure_key(kms: &LocalKms, alias: &str, policy: LocalKeyPolicy, description: &str) -> anyhow::Result<String> {
+    if let Ok(key_id) = kms.resolve(alias) {
+        if kms.key_policy(&key_id).map(|p| p == policy).unwrap_or(false) {
+            return Ok(key_id);
+        }
+    }
+    let key_id = kms.create_key(policy, description)?;
+    kms.set_alias(alias, &key_id)?;
+    eprintln!("created KMS key {key_id} ({alias})");
+    Ok(key_id)
+}
+
+fn ensure_epoch(services: &Services, fleet_key: &str) -> anyhow::Result<u64> {
+    let now = cloud::now_ms();
+    let current = lambdas::fleet_rotate::epochs(services)?
+        .into_iter()
+        .filter(|r| r.kms_key_id == fleet_key && r.not_after_ms > now + EPOCH_MARGIN.as_millis() as u64)
+        .last();
+    if let Some(record) = current {
+        return Ok(record.epoch);
+    }
+    let record = lambdas::fleet_rotate::rotate(services, EPOCH_VALIDITY.as_millis() as u64, now)?;
+    eprintln!("fleet epoch {} created", record.epoch);
+    Ok(record.epoch)
+}
+
+fn ensure_model(services: &Services, model_key: &str, model_dir: &Path) -> anyhow::Result<String> {
+    let publisher = protocol::manifest::development_publisher();
+    let name = DEFAULT_MODEL.rsplit('/').next().unwrap_or(DEFAULT_MODEL);
+    let mut newest = 0;
+    for meta in services.models.list(&format!("{}{name}/", layout::MODELS_PREFIX))? {
+        let Some(version) = layout::manifest_version(&meta.key) else { continue };
+        newest = newest.max(version);
+        let bytes = services.models.get(&meta.key)?;
+        let signed = protocol::manifest::SignedManifest::decode(&bytes)?;
+        if signed.manifest.kms_key_id == model_key && signed.verify(&publisher.verifying_key()).is_ok() {
+            return Ok(meta.key);
+        }
+    }
+    for file in ["config.json", "tokenizer.json", "model.safetensors"] {
+        if !model_dir.join(file).is_file() {
+            bail!("{} has no {file}: run scripts/setup-model.sh (or pass --model-dir)", model_dir.display());
+        }
+    }
+    let published = crate::model::publish(
+        model_dir,
+        DEFAULT_MODEL,
+        newest + 1,
+        services.kms.as_ref(),
+        model_key,
+        &publisher,
+        services.models.as_ref(),
+    )?;
+    eprintln!("model {DEFAULT_MODEL} v{} encrypted and published", newest + 1);
+    Ok(published.manifest_key)
+}
+
+fn image_publisher(home: &Home) -> anyhow::Result<SigningKey> {
+    let path = home.dev_image_publisher_key();
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let bytes: [u8; 32] = hex::decode(text.trim()).ok().and_then(|b| b.try_into().ok()).ok_or_else(|| anyhow!("{} is damaged", path.display()))?;
+        return Ok(SigningKey::from_bytes(&bytes));
+    }
+    let mut seed = [0u8; 32];
+    getrandom::fill(&mut seed).map_err(|e| anyhow!("random: {e}"))?;
+    let key = SigningKey::from_bytes(&seed);
+    write_private(&path, hex::encode(seed).as_bytes())?;
+    std::fs::write(home.dev_image_publisher_pub(), hex::encode(key.verifying_key().to_bytes()))?;
+    Ok(key)
+}
+
+/// The development policy: the development root, the worker binary's PCRs, signed by the
+/// development image publisher.
+fn write_policy(home: &Home, pcr0: [u8; 48]) -> anyhow::Result<()> {
+    let pem = std::fs::read_to_string(home.dev_root_pem())?;
+    let root = TrustAnchor::from_pem(&pem)?;
+    let pcrs = development_pcrs(pcr0);
+    let mut policy = Policy::aws((0..3u8).map(|i| (i, pcrs[i as usize].to_vec())).collect());
+    policy.root = root;
+    let signed = policy.sign(&image_publisher(home)?)?;
+    std::fs::write(home.dev_policy(), signed.to_json())?;
+    Ok(())
+}
+
+fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !ready()? {
+        if Instant::now() > deadline {
+            bail!("timed out after {}s waiting for {what}", timeout.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+fn published_pcr0(services: &Services) -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut values = Vec::new();
+    for meta in services.attestations.list(layout::ATTESTATIONS_CURRENT_PREFIX)? {
+        if let Ok(bytes) = services.attestations.get(&meta.key) {
+            if let Ok(doc) = protocol::attestation::AttestationDocument::parse_unverified(&bytes) {
+                values.extend(doc.pcrs.get(&0).cloned());
+            }
+        }
+    }
+    Ok(values)
+}
+
+pub fn up(home: &Home, args: &UpArgs) -> anyhow::Result<()> {
+    let (services, local) = crate::backend::open_local(home)?;
+    let worker_bin = binary("enclave-worker")?;
+    let poller_bin = binary("host-poller")?;
+    let pcr0 = sha384_file(&worker_bin)?;
+
+    if running(home, "host-poller").is_some() {
+        let published = published_pcr0(&services)?;
+        if !published.is_empty() && !published.contains(&pcr0.to_vec()) {
+            bail!(
+                "the running enclave worker was built from another binary than {} (PCR0 differs): \
+                 run `ephem-batch dev down` first, then `ephem-batch dev up`",
+                worker_bin.display()
+            );
+        }
+    }
+    let kms = local.kms();
+    let fleet_key = ensure_key(&kms, cloud::local::FLEET_KEY_ALIAS, LocalKeyPolicy::fleet(pcr0.to_vec(), None), "ephem-batch fleet keys (local)")?;
+    let model_key = ensure_key(&kms, cloud::local::MODEL_KEY_ALIAS, LocalKeyPolicy::model(pcr0.to_vec(), None), "ephem-batch model keys (local)")?;
+    let epoch = ensure_epoch(&services, &fleet_key)?;
+    let model_dir = args.model_dir.clone().unwrap_or_else(|| home.default_model_dir());
+    let manifest_key = ensure_model(&services, &model_key, &model_dir)?;
+
+    let started = cloud::now_ms();
+    if running(home, "host-poller").is_none() {
+        let args: Vec<String> = vec![
+            "--backend".into(),
+            "local".into(),
+            "--home".into(),
+            home.root().display().to_string(),
+            "--spawn-worker".into(),
+            worker_bin.display().to_string(),
+            "--worker-threads".into(),
+            args.threads.to_string(),
+            "--concurrency".into(),
+            args.concurrency.to_string(),
+        ];
+        let pid = spawn(home, "host-poller", &poller_bin, &args)?;
+        eprintln!("started host-poller (pid {pid}), which starts enclave-worker");
+        wait_for("the enclave worker to publish its attestation document", Duration::from_secs(120), || {
+            if running(home, "host-poller").is_none() {
+                bail!("host-poller exited; see {}", home.log_file("host-poller").display());
+            }
+            Ok(services
+                .attestations
+                .list(layout::ATTESTATIONS_CURRENT_PREFIX)?
+                .iter()
+                .any(|m| m.modified_ms + 1000 >= started))
+        })?;
+    }
+    write_policy(home, pcr0)?;
+
+    if running(home, "lambdas").is_none() {
+        let me = std::env::current_exe()?;
+        let args: Vec<String> = vec![
+            "--home".into(),
+            home.root().display().to_string(),
+            "dev".into(),
+            "run-lambdas".into(),
+            "--input-retention-s".into(),
+            args.input_retention_s.to_string(),
+        ];
+        let pid = spawn(home, "lambdas", &me, &args)?;
+        eprintln!("started the local Lambda runtime (pid {pid})");
+    }
+    eprintln!(
+        "\nWARNING: this local stack attests with a DEVELOPMENT root ({}):\n\
+         it proves nothing about Nitro hardware, and this machine's owner can read everything.\n",
+        home.dev_root_pem().display()
+    );
+    println!("stack up in {}", home.root().display());
+    println!("  fleet epoch   {epoch}");
+    println!("  model         {manifest_key}");
+    println!("  PCR0          {}", hex::encode(pcr0));
+    println!("  policy        {}", home.dev_policy().display());
+    Ok(())
+}
+
+pub fn down(home: &Home) -> anyhow::Result<()> {
+    let mut stopped = Vec::new();
+    // The poller first: it finishes in-flight jobs and stops its worker itself.
+    for name in ["host-poller", "lambdas", "enclave-worker"] {
+        if stop(home, name, Duration::from_secs(120)) {
+            stopped.push(name);
+        }
+    }
+    if stopped.is_empty() {
+        println!("nothing was running");
+    } else {
+        println!("stopped {}", stopped.join(", "));
+    }
+    Ok(())
+}
+
+pub fn status(home: &Home, json: bool) -> anyhow::Result<()> {
+    let local = LocalCloud::open(home.root())?;
+    let services = local.services();
+    let processes: BTreeMap<&str, Option<u32>> =
+        ["host-poller", "enclave-worker", "lambdas"].into_iter().map(|n| (n, running(home, n))).collect();
+    let mut queues = BTreeMap::new();
+    for (name, queue) in [("jobs", &services.job_queue), ("ledger", &services.ledger_queue)] {
+        queues.insert(name.to_owned(), queue.stats()?);
+    }
+    queues.insert(cloud::local::JOB_DLQ.to_owned(), cloud::Queue::stats(local.job_dlq().as_ref())?);
+    queues.insert(cloud::local::LEDGER_DLQ.to_owned(), cloud::Queue::stats(local.ledger_dlq().as_ref())?);
+    let epochs = lambdas::fleet_rotate::epochs(&services)?;
+    let models: Vec<String> = services.models.list(layout::MODELS_PREFIX)?.into_iter().filter(|m| layout::manifest_version(&m.key).is_some()).map(|m| m.key).collect();
+    let published = services.attestations.list(layout::ATTESTATIONS_CURRENT_PREFIX)?;
+    if json {
+        let value = serde_json::json!({
+            "home": home.root(),
+            "processes": processes,
+            "queues": queues.iter().map(|(n, s)| (n.clone(), serde_json::json!({"visible": s.visible, "in_flight": s.in_flight, "delayed": s.delayed}))).collect::<serde_json::Map<_, _>>(),
+            "epochs": epochs.iter().map(|e| serde_json::json!({"epoch": e.epoch, "not_after_ms": e.not_after_ms})).collect::<Vec<_>>(),
+            "models": models,
+            "published_documents": published.iter().map(|m| &m.key).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    println!("home {}", home.root().display());
+    for (name, pid) in &processes {
+        match pid {
+            Some(pid) => println!("  {name:15} running (pid {pid})"),
+            None => println!("  {name:15} stopped"),
+        }
+    }
+    for (name, stats) in &queues {
+        println!("  queue {name:10} {} visible, {} in flight, {} delayed", stats.visible, stats.in_flight, stats.delayed);
+    }
+    for epoch in &epochs {
+        println!("  fleet epoch {} valid until {}", epoch.epoch, protocol::attestation::format_ms(epoch.not_after_ms));
+    }
+    for model in &models {
+        println!("  model {model}");
+    }
+    for meta in &published {
+        println!("  published {} ({})", meta.key, protocol::attestation::format_ms(meta.modified_ms));
+    }
+    Ok(())
+}
+
+/// The local Lambda runtime: the ledger queue's event source and the input-expiry rule, until
+/// SIGTERM.
+pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()> {
+    use receipts_ledger::local::LocalLedger;
+    use receipts_ledger::receipt_check::ProtocolReceipts;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let (services, _local) = crate::backend::open_local(home)?;
+    wait_for("the development root", Duration::from_secs(120), || Ok(home.dev_root_pem().is_file()))?;
+    let anchor = TrustAnchor::from_pem(&std::fs::read_to_string(home.dev_root_pem())?)?;
+    let (mut ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(ProtocolReceipts::new(anchor.clone())))?;
+    let check = ProtocolReceipts::new(anchor);
+    tracing::info!(ledger_key = %verifier, "local Lambda runtime started");
+    let mut last_expiry = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        match lambdas::local::pump_ledger_queue(&services, &mut ledger, &check, Duration::from_secs(1)) {
+            // Locally a checkpoint right away, so a proof is available as soon as the entry is.
+            Ok(n) if n > 0 => {
+                if let Err(error) = ledger.checkpoint_now(cloud::now_ms()) {
+                    tracing::warn!(%error, "checkpoint not signed");
+                }
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "ledger queue");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        if last_expiry.elapsed() > Duration::from_secs(5) {
+            if let Err(error) = lambdas::local::expire_inputs(&services, input_retention, cloud::now_ms()) {
+                tracing::warn!(%error, "input expiry");
+            }
+            last_expiry = Instant::now();
+        }
+    }
+    tracing::info!("local Lambda runtime stopped");
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! The client's result key (HPKE X25519): results are sealed to it, so only its holder opens
+//! them. `ephem-batch keygen` makes one; `submit` makes one on first use.
+
+use std::path::Path;
+
+use anyhow::{anyhow, Context};
+use protocol::envelope::ResultSecretKey;
+
+use crate::home::write_private;
+
+/// Loads the key, or creates it when `create` and the file does not exist.
+pub fn load_result_key(path: &Path, create: bool) -> anyhow::Result<ResultSecretKey> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let bytes = hex::decode(text.trim()).map_err(|_| anyhow!("{}: not a hex result key", path.display()))?;
+            ResultSecretKey::from_bytes(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && create => {
+            let key = ResultSecretKey::generate();
+            write_private(path, hex::encode(key.to_bytes().as_slice()).as_bytes())?;
+            eprintln!("created result key {} (key id {})", path.display(), hex::encode(key.public_key().key_id()));
+            Ok(key)
+        }
+        Err(error) => Err(error).with_context(|| format!("reading result key {}", path.display())),
+    }
+}
+
+/// `ephem-batch keygen`: refuses to overwrite an existing key (its results would be lost).
+pub fn keygen(path: &Path, force: bool) -> anyhow::Result<ResultSecretKey> {
+    if path.exists() && !force {
+        return Err(anyhow!("{} exists; results sealed to it open only with it (use --force to replace it)", path.display()));
+    }
+    let key = ResultSecretKey::generate();
+    write_private(path, hex::encode(key.to_bytes().as_slice()).as_bytes())?;
+    Ok(key)
+}

@@ -1,0 +1,117 @@
+//! `ephem-batch model encrypt | sign | upload | verify`: onboarding a model directory, step by
+//! step (the model owner signs offline; the upload needs only the models bucket). Signing keys
+//! are Ed25519 seeds as 64 hex digits (`ephem-batch policy keygen` makes one).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context};
+use clap::Subcommand;
+use cloud::Services;
+use ed25519_dalek::{SigningKey, VerifyingKey};
+
+use crate::model;
+
+#[derive(Subcommand, Debug)]
+pub enum ModelCommand {
+    /// Generate a data key, wrap it with KMS, seal every file of DIR into OUT_DIR and write the
+    /// unsigned manifest.
+    Encrypt {
+        dir: PathBuf,
+        #[arg(long)]
+        model_id: String,
+        #[arg(long)]
+        version: u64,
+        /// KMS key wrapping the data key (default: the deployment's model key).
+        #[arg(long)]
+        kms_key: Option<String>,
+        #[arg(short, long, value_name = "OUT_DIR")]
+        output: PathBuf,
+    },
+    /// Sign OUT_DIR's manifest with the model publisher's key.
+    Sign {
+        out_dir: PathBuf,
+        /// The publisher's Ed25519 seed (64 hex digits).
+        #[arg(long, value_name = "FILE", conflicts_with = "development")]
+        key: Option<PathBuf>,
+        /// Sign with the well-known development publisher (accepted only by development workers).
+        #[arg(long)]
+        development: bool,
+    },
+    /// Upload OUT_DIR's sealed files and signed manifest to the models store.
+    Upload { out_dir: PathBuf },
+    /// Check a signed manifest (a file, or `--published KEY` in the models store, with its files).
+    Verify {
+        #[arg(required_unless_present = "published")]
+        manifest: Option<PathBuf>,
+        #[arg(long, value_name = "KEY")]
+        published: Option<String>,
+        /// The publisher's Ed25519 public key (64 hex digits).
+        #[arg(long, value_name = "HEX", conflicts_with = "development")]
+        publisher_key: Option<String>,
+        #[arg(long)]
+        development: bool,
+    },
+}
+
+fn signing_key(key: Option<PathBuf>, development: bool) -> anyhow::Result<SigningKey> {
+    match (key, development) {
+        (_, true) => Ok(protocol::manifest::development_publisher()),
+        (Some(path), false) => {
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            let seed: [u8; 32] = hex::decode(text.trim())
+                .ok()
+                .and_then(|b| b.try_into().ok())
+                .ok_or_else(|| anyhow!("{}: expected an Ed25519 seed as 64 hex digits", path.display()))?;
+            Ok(SigningKey::from_bytes(&seed))
+        }
+        (None, false) => Err(anyhow!("pass --key FILE (or --development for the local stack)")),
+    }
+}
+
+fn verifying_key(hex_key: Option<String>, development: bool) -> anyhow::Result<VerifyingKey> {
+    match (hex_key, development) {
+        (_, true) => Ok(protocol::manifest::development_publisher().verifying_key()),
+        (Some(text), false) => {
+            let bytes: [u8; 32] =
+                hex::decode(text.trim()).ok().and_then(|b| b.try_into().ok()).ok_or_else(|| anyhow!("--publisher-key: 64 hex digits"))?;
+            VerifyingKey::from_bytes(&bytes).map_err(|_| anyhow!("--publisher-key is not an Ed25519 key"))
+        }
+        (None, false) => Err(anyhow!("pass --publisher-key HEX (or --development for the local stack)")),
+    }
+}
+
+pub fn run(command: ModelCommand, services: &Services) -> anyhow::Result<ExitCode> {
+    match command {
+        ModelCommand::Encrypt { dir, model_id, version, kms_key, output } => {
+            let key = kms_key.unwrap_or_else(|| services.keys.model.clone());
+            let manifest = model::encrypt(&dir, &model_id, version, services.kms.as_ref(), &key, &output)?;
+            println!("sealed {} v{} ({} files) into {}", manifest.model_id, manifest.version, manifest.files.len(), output.display());
+        }
+        ModelCommand::Sign { out_dir, key, development } => {
+            let signed = model::sign(&out_dir, &signing_key(key, development)?)?;
+            println!("signed manifest {}", hex::encode(signed.manifest_hash));
+        }
+        ModelCommand::Upload { out_dir } => {
+            let key = model::upload(&out_dir, services.models.as_ref())?;
+            println!("uploaded {key}");
+        }
+        ModelCommand::Verify { manifest, published, publisher_key, development } => {
+            let publisher = verifying_key(publisher_key, development)?;
+            let verified = match (&manifest, &published) {
+                (_, Some(key)) => {
+                    let bytes = services.models.get(key)?;
+                    model::verify(&bytes, &publisher, Some((services.models.as_ref(), key)))?
+                }
+                (Some(path), None) => {
+                    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+                    model::verify(&bytes, &publisher, None)?
+                }
+                (None, None) => unreachable!("clap requires one"),
+            };
+            let m = &verified.manifest;
+            println!("valid: {} v{}, {} dimensions, {} files, manifest {}", m.model_id, m.version, m.dimensions, m.files.len(), hex::encode(verified.manifest_hash));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

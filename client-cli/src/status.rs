@@ -1,0 +1,86 @@
+//! `ephem-batch status` and `ephem-batch cancel`.
+//!
+//! The status object is informative (hosts write it); the committed receipt and the ledger
+//! marker are facts, so `status` reports them beside it.
+
+use anyhow::{anyhow, bail};
+use cloud::messages::{JobState, JobStatus, Ledgered};
+use cloud::{layout, ObjectError, PutCondition, Services};
+use protocol::envelope::JobId;
+use serde::Serialize;
+
+pub fn parse_job(text: &str) -> anyhow::Result<JobId> {
+    JobId::from_hex(text.trim()).ok_or_else(|| anyhow!("{text:?} is not a job id (32 hex digits)"))
+}
+
+fn get_json<T: serde::de::DeserializeOwned>(services: &Services, key: &str) -> anyhow::Result<Option<T>> {
+    match services.jobs.get(key) {
+        Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(|e| anyhow!("{key}: {e}"))?)),
+        Err(ObjectError::NotFound { .. }) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
+}
+
+pub fn read_status(services: &Services, job: &JobId) -> anyhow::Result<Option<JobStatus>> {
+    get_json(services, &layout::job_status(job))
+}
+
+/// Everything the stores say about a job.
+#[derive(Debug, Serialize)]
+pub struct JobView {
+    pub job_id: String,
+    pub state: JobState,
+    pub status: Option<JobStatus>,
+    pub receipt_committed: bool,
+    pub ledger: Option<Ledgered>,
+}
+
+pub fn view(services: &Services, job: &JobId) -> anyhow::Result<JobView> {
+    let status = read_status(services, job)?;
+    let receipt_committed = services.jobs.head(&layout::job_receipt(job))?.is_some();
+    let ledger = get_json(services, &layout::job_ledgered(job))?;
+    let state = match (&status, receipt_committed) {
+        // The receipt is the truth, whatever a host last wrote.
+        (_, true) => JobState::Completed,
+        (Some(status), false) => status.state,
+        (None, false) if services.jobs.head(&layout::job_input(job))?.is_some() => JobState::Queued,
+        (None, false) => bail!("job {job} does not exist"),
+    };
+    Ok(JobView { job_id: job.to_hex(), state, status, receipt_committed, ledger })
+}
+
+pub fn print(view: &JobView) {
+    println!("job       {}", view.job_id);
+    println!("state     {}", view.state.as_str());
+    if let Some(status) = &view.status {
+        println!("records   {} done of {} sealed, {} tokens", status.records_done, status.records_total, status.tokens);
+        if let (Some(ok), Some(failed)) = (status.records_ok, status.records_failed) {
+            println!("results   {ok} embedded, {failed} failed");
+        }
+        if let Some(attempt) = status.attempt {
+            println!("attempt   {attempt}{}", status.host.as_deref().map(|h| format!(" on {h}")).unwrap_or_default());
+        }
+        if let Some(failure) = &status.failure {
+            println!("failure   check `{}`: {}", failure.check, failure.message);
+        }
+    }
+    println!("receipt   {}", if view.receipt_committed { "committed" } else { "not yet" });
+    match &view.ledger {
+        Some(ledgered) => println!("ledger    entry {}", ledgered.index),
+        None => println!("ledger    not yet"),
+    }
+}
+
+/// Cancels a job no host has started: the cancel marker is create-only and hosts check it
+/// before they start a job.
+pub fn cancel(services: &Services, job: &JobId) -> anyhow::Result<()> {
+    let view = view(services, job)?;
+    if view.state != JobState::Queued {
+        bail!("job {job} is {}: only a queued job can be cancelled", view.state.as_str());
+    }
+    let body = serde_json::json!({ "job_id": job.to_hex(), "requested_ms": cloud::now_ms() });
+    match services.jobs.put(&layout::job_cancel(job), body.to_string().as_bytes(), PutCondition::CreateOnly) {
+        Ok(_) | Err(ObjectError::AlreadyExists { .. }) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}

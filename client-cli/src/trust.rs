@@ -1,0 +1,151 @@
+//! What the client trusts, and the checks that turn a published attestation document into a
+//! fleet key to seal to (DESIGN.md §4, §5 step 1).
+//!
+//! Trust comes from a policy file signed by the enclave image's publisher, whose key the client
+//! pins. For the embedded default, `ephem-batch dev up` writes a development policy (development
+//! root, the local worker binary's PCR0) signed by a development publisher key; every command
+//! that relies on it says so loudly.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, Context};
+use clap::Args;
+use cloud::{layout, ObjectError, Services};
+use ed25519_dalek::VerifyingKey;
+use protocol::attestation::{self, AttestationDocument, Policy, SignedPolicy, UserDataBinding, VerifiedDocument, VerifyOptions};
+use protocol::envelope::FleetPublicKey;
+
+use crate::home::Home;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct TrustArgs {
+    /// Attestation policy file (JSON, signed by the image publisher). Default: the development
+    /// policy of `ephem-batch dev up`.
+    #[arg(long, value_name = "FILE", env = "EPHEM_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// The image publisher's Ed25519 public key (64 hex digits) the policy must be signed with.
+    #[arg(long, value_name = "HEX", env = "EPHEM_PUBLISHER_KEY")]
+    pub publisher_key: Option<String>,
+    /// The model publisher's Ed25519 public key (64 hex digits) manifests must be signed with.
+    /// Default: the development model publisher (embedded default only).
+    #[arg(long, value_name = "HEX", env = "EPHEM_MODEL_PUBLISHER_KEY")]
+    pub model_publisher_key: Option<String>,
+}
+
+/// The verified policy and the keys the client pins.
+pub struct ClientTrust {
+    pub policy: Policy,
+    pub policy_file: PathBuf,
+    pub model_publisher: VerifyingKey,
+    pub development: bool,
+}
+
+fn parse_key(hex_key: &str, what: &str) -> anyhow::Result<VerifyingKey> {
+    let bytes: [u8; 32] = hex::decode(hex_key.trim())
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| anyhow!("{what} must be 64 hex digits"))?;
+    VerifyingKey::from_bytes(&bytes).map_err(|_| anyhow!("{what} is not an Ed25519 public key"))
+}
+
+impl ClientTrust {
+    pub fn load(home: &Home, args: &TrustArgs) -> anyhow::Result<ClientTrust> {
+        let (policy_file, publisher_hex) = match (&args.policy, &args.publisher_key) {
+            (Some(file), Some(key)) => (file.clone(), key.clone()),
+            (Some(_), None) => return Err(anyhow!("--policy needs --publisher-key: a policy is only as good as its signer")),
+            (None, _) => {
+                let file = home.dev_policy();
+                let key = std::fs::read_to_string(home.dev_image_publisher_pub()).map_err(|_| {
+                    anyhow!("no attestation policy: pass --policy and --publisher-key, or run `ephem-batch dev up` for the embedded default")
+                })?;
+                (file, args.publisher_key.clone().unwrap_or(key))
+            }
+        };
+        let text = std::fs::read_to_string(&policy_file).with_context(|| format!("reading policy {}", policy_file.display()))?;
+        let signed = SignedPolicy::from_json(&text).with_context(|| format!("policy {}", policy_file.display()))?;
+        let publisher = parse_key(&publisher_hex, "the image publisher key")?;
+        let policy = signed.verify(&publisher).with_context(|| format!("policy {}", policy_file.display()))?.clone();
+        let development = policy.root.kind() != attestation::RootKind::AwsNitroG1;
+        let model_publisher = match &args.model_publisher_key {
+            Some(key) => parse_key(key, "--model-publisher-key")?,
+            None if development => protocol::manifest::development_publisher().verifying_key(),
+            None => return Err(anyhow!("--model-publisher-key is required with a production policy")),
+        };
+        Ok(ClientTrust { policy, policy_file, model_publisher, development })
+    }
+
+    /// Says loudly when the trust is only a development root.
+    pub fn warn_if_development(&self) {
+        if self.development {
+            eprintln!(
+                "WARNING: DEVELOPMENT attestation root ({}): the enclave is a local development worker, \
+                 not AWS Nitro hardware; nothing here is confidential from this machine's owner",
+                self.policy.root.label()
+            );
+        }
+    }
+
+    /// Options for a document a client is about to trust now.
+    pub fn options_now(&self, now_ms: u64) -> VerifyOptions {
+        let mut options = self.policy.verify_options(now_ms);
+        options.require_binding = true;
+        options
+    }
+
+    /// Options for the document a receipt names, checked at that document's own time (its
+    /// leaf certificate lives about three hours; the receipt is evidence for much longer).
+    pub fn options_at_document_time(&self, document: &[u8]) -> VerifyOptions {
+        let at = AttestationDocument::parse_unverified(document).map(|d| d.timestamp_ms).unwrap_or(0);
+        self.options_now(at)
+    }
+}
+
+/// A published document that verified, with the keys it binds.
+pub struct PublishedEnclave {
+    pub key: String,
+    pub document: Vec<u8>,
+    pub verified: VerifiedDocument,
+    pub binding: UserDataBinding,
+    pub fleet: FleetPublicKey,
+}
+
+/// The freshest published document that passes every check of the policy. When none does, the
+/// error names each document's failed check.
+pub fn current_enclave(services: &Services, trust: &ClientTrust, now_ms: u64) -> anyhow::Result<PublishedEnclave> {
+    let listed = services.attestations.list(layout::ATTESTATIONS_CURRENT_PREFIX)?;
+    if listed.is_empty() {
+        return Err(anyhow!("no enclave has published an attestation document yet (is the fleet running? `ephem-batch dev status`)"));
+    }
+    let mut best: Option<PublishedEnclave> = None;
+    let mut failures = Vec::new();
+    for meta in listed {
+        let document = match services.attestations.get(&meta.key) {
+            Ok(bytes) => bytes,
+            Err(ObjectError::NotFound { .. }) => continue,
+            Err(error) => return Err(error.into()),
+        };
+        match check_published(&document, trust, now_ms) {
+            Ok((verified, binding, fleet)) => {
+                let newer = best.as_ref().is_none_or(|b| verified.document.timestamp_ms > b.verified.document.timestamp_ms);
+                if newer {
+                    best = Some(PublishedEnclave { key: meta.key, document, verified, binding, fleet });
+                }
+            }
+            Err(error) => failures.push(format!("{}: {error}", meta.key)),
+        }
+    }
+    best.ok_or_else(|| anyhow!("no published attestation document passes the policy:\n  {}", failures.join("\n  ")))
+}
+
+fn check_published(document: &[u8], trust: &ClientTrust, now_ms: u64) -> anyhow::Result<(VerifiedDocument, UserDataBinding, FleetPublicKey)> {
+    let verified = attestation::verify(document, &trust.options_now(now_ms))?;
+    let binding = verified.binding.clone().ok_or_else(|| anyhow!("check `user_data_binding` failed: no binding"))?;
+    let fleet = FleetPublicKey::from_bytes(&binding.fleet_public_key).map_err(|e| anyhow!("bound fleet key: {e}"))?;
+    Ok((verified, binding, fleet))
+}
+
+/// Reads a file holding a verifying key in hex (development publisher keys).
+pub fn read_key_file(path: &Path) -> anyhow::Result<VerifyingKey> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    parse_key(&text, &path.display().to_string())
+}

@@ -1,0 +1,194 @@
+//! `ephem-batch verify JOB`: every claim of the job's receipt, checked against what this client
+//! sealed and opened. Each check is named; the first failures are what an operator needs.
+//!
+//! | check | what |
+//! |---|---|
+//! | `receipt` | the committed receipt exists and decodes |
+//! | `receipt_attestation` | the attestation document it names: chain to the policy's root at the document's own time, the policy's PCRs, the key binding, the receipt signature by the bound key, fleet key and PCRs consistent |
+//! | `job_id`, `model`, `options`, `result_key`, `fleet_key`, `records` | the receipt states what the client sealed |
+//! | `input_sha256` | the sealed input the enclave read is the one this client uploaded |
+//! | `output_sha256` | the sealed output this client downloaded is the one the enclave wrote |
+//! | `commitment` | the keyed plaintext commitment: the enclave saw exactly this plaintext and produced exactly this output |
+//! | `ledger` | the ledger holds this receipt, byte for byte, with an inclusion proof against a checkpoint signed by the ledger key |
+
+use anyhow::anyhow;
+use cloud::{layout, ObjectError, Services};
+use protocol::envelope::{JobId, ResultSecretKey};
+use protocol::receipt::{PlaintextCommitment, Receipt};
+use receipts_ledger::local::LocalLedger;
+use receipts_ledger::receipt_check::ProtocolReceipts;
+use serde::Serialize;
+
+use crate::home::Home;
+use crate::jobstate::{ClientJob, Downloaded, JobFiles};
+use crate::trust::ClientTrust;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub passed: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Verification {
+    pub job_id: String,
+    pub development_root: bool,
+    pub checks: Vec<Check>,
+}
+
+impl Verification {
+    pub fn passed(&self) -> bool {
+        !self.checks.is_empty() && self.checks.iter().all(|c| c.passed)
+    }
+
+    pub fn failures(&self) -> Vec<&Check> {
+        self.checks.iter().filter(|c| !c.passed).collect()
+    }
+
+    fn add(&mut self, name: &'static str, passed: bool, detail: impl Into<String>) -> bool {
+        self.checks.push(Check { name, passed, detail: detail.into() });
+        passed
+    }
+
+    pub fn print(&self) {
+        for check in &self.checks {
+            let mark = if check.passed { "ok  " } else { "FAIL" };
+            println!("{mark}  {:20} {}", check.name, check.detail);
+        }
+        if self.passed() {
+            let dev = if self.development_root { " (DEVELOPMENT root)" } else { "" };
+            println!("verified{dev}");
+        }
+    }
+}
+
+/// The receipt as committed, verified against the policy; `None` (with the failure recorded)
+/// when it cannot be.
+fn checked_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out: &mut Verification) -> anyhow::Result<Option<(Vec<u8>, Receipt)>> {
+    let bytes = match services.jobs.get(&layout::job_receipt(job)) {
+        Ok(bytes) => bytes,
+        Err(ObjectError::NotFound { .. }) => {
+            out.add("receipt", false, "no receipt committed (the job has not completed)");
+            return Ok(None);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let signed = match protocol::receipt::SignedReceipt::decode(&bytes) {
+        Ok(signed) => signed,
+        Err(error) => {
+            out.add("receipt", false, error.to_string());
+            return Ok(None);
+        }
+    };
+    out.add("receipt", true, format!("{} bytes, attempt {}", bytes.len(), signed.receipt.attempt));
+    let document_key = layout::attestation_by_hash(&signed.receipt.attestation_sha256);
+    let document = match services.attestations.get(&document_key) {
+        Ok(document) => document,
+        Err(ObjectError::NotFound { .. }) => {
+            out.add("receipt_attestation", false, format!("the attestation document it names is not published ({document_key})"));
+            return Ok(None);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let checker = ProtocolReceipts::new(trust.policy.root.clone())
+        .with_expected_pcrs(trust.policy.pcrs.clone())
+        .allow_debug(trust.policy.allow_debug);
+    match checker.verify(&bytes, &document) {
+        Ok(verified) => {
+            out.add(
+                "receipt_attestation",
+                true,
+                format!("signed by the receipt key bound in {} (PCR0 {}…)", verified.module_id, &verified.fields.pcr0[..16]),
+            );
+            Ok(Some((bytes, verified.receipt)))
+        }
+        Err(error) => {
+            out.add("receipt_attestation", false, format!("check `{}` failed: {error}", error.check()));
+            Ok(None)
+        }
+    }
+}
+
+/// Runs every check. `downloaded` comes from `results`; without it the output is downloaded and
+/// opened here (nothing written).
+pub fn verify_job(
+    home: &Home,
+    services: &Services,
+    trust: &ClientTrust,
+    job: &JobId,
+    result_key: &ResultSecretKey,
+    downloaded: Option<Downloaded>,
+) -> anyhow::Result<Verification> {
+    let files = JobFiles::new(home, &job.to_hex());
+    let state: ClientJob = files.load()?;
+    let mut out = Verification { job_id: job.to_hex(), development_root: trust.development, checks: Vec::new() };
+    let Some((receipt_bytes, receipt)) = checked_receipt(services, trust, job, &mut out)? else {
+        return Ok(out);
+    };
+    let hex = hex::encode;
+    out.add("job_id", receipt.job_id == *job, format!("receipt names {}", receipt.job_id));
+    out.add(
+        "model",
+        receipt.model_id == state.model_id && hex(receipt.manifest_hash) == state.manifest_hash,
+        format!("{} manifest {}", receipt.model_id, hex(receipt.manifest_hash)),
+    );
+    let options = receipt.options;
+    out.add(
+        "options",
+        options.truncate == state.truncate
+            && options.normalize == state.normalize
+            && options.dtype.as_str() == state.dtype
+            && options.precision.as_str() == state.precision,
+        format!("{} {} truncate={} normalize={}", options.precision.as_str(), options.dtype.as_str(), options.truncate, options.normalize),
+    );
+    out.add("result_key", hex(receipt.result_key_id) == state.result_key_id, format!("sealed to key {}", hex(receipt.result_key_id)));
+    out.add(
+        "fleet_key",
+        hex(receipt.fleet_key_id) == state.fleet_key_id && receipt.epoch == state.epoch,
+        format!("epoch {} key {}", receipt.epoch, hex(receipt.fleet_key_id)),
+    );
+    out.add(
+        "records",
+        receipt.records_ok + receipt.records_failed == state.records,
+        format!("{} embedded + {} failed of {} sealed, {} tokens", receipt.records_ok, receipt.records_failed, state.records, receipt.tokens),
+    );
+    out.add("input_sha256", hex(receipt.input_sha256) == state.sealed_sha256, format!("{}", hex(receipt.input_sha256)));
+
+    let downloaded = match downloaded.or(state.downloaded.clone()) {
+        Some(d) if d.attempt == receipt.attempt => d,
+        _ => crate::opening::open_output(services, job, receipt.attempt, result_key, Some(state.records), None, |_| Ok(()))?,
+    };
+    out.add("output_sha256", hex(receipt.output_sha256) == downloaded.sealed_sha256, format!("{}", hex(receipt.output_sha256)));
+    let commitment = match (decode32(&state.plaintext_sha256), decode32(&downloaded.plaintext_sha256), files.commitment_key()) {
+        (Some(input), Some(output), Ok(key)) => PlaintextCommitment::from_digests(&key, &input, &output) == receipt.commitment,
+        _ => false,
+    };
+    out.add("commitment", commitment, "keyed commitment to the input and output plaintext");
+    check_ledger(home, job, &receipt_bytes, &mut out);
+    Ok(out)
+}
+
+fn decode32(text: &str) -> Option<[u8; 32]> {
+    hex::decode(text).ok()?.try_into().ok()
+}
+
+/// The ledger holds the receipt, and an inclusion proof against a signed checkpoint verifies
+/// with the ledger key.
+fn check_ledger(home: &Home, job: &JobId, receipt: &[u8], out: &mut Verification) {
+    let dir = home.ledger_dir();
+    let result = (|| -> anyhow::Result<String> {
+        let store = LocalLedger::open_read_only(&dir)?;
+        let pinned = LocalLedger::verifier_key(&dir)?;
+        let bundle = receipts_ledger::prove(&store, &job.to_hex()).map_err(|e| anyhow!("{e}"))?;
+        let verified = receipts_ledger::verify_bundle(&bundle, &pinned).map_err(|e| anyhow!("{e}"))?;
+        if verified.receipt != receipt {
+            return Err(anyhow!("the ledger holds a different receipt for this job"));
+        }
+        Ok(format!("entry {} of {}, checkpoint signed by {}", verified.leaf_index, verified.checkpoint.size, pinned.name()))
+    })();
+    match result {
+        Ok(detail) => out.add("ledger", true, detail),
+        Err(error) => out.add("ledger", false, error.to_string()),
+    };
+}

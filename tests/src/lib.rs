@@ -1,0 +1,147 @@
+#![forbid(unsafe_code)]
+//! Support for the cross-component tests: a local stack in a temporary `$EPHEM_HOME`, driven
+//! through the real `ephem-batch`, `host-poller` and `enclave-worker` binaries.
+//!
+//! The binaries are the workspace's own build (`scripts/test-rust.sh` builds every binary
+//! before the tests run): `$EPHEM_BIN_DIR`, else the target directory this test runs from.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The directory holding the workspace's binaries.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("EPHEM_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    // target/<profile>/deps/<test> → target/<profile>
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(Path::parent).expect("target directory").to_path_buf();
+    for name in ["ephem-batch", "host-poller", "enclave-worker"] {
+        assert!(dir.join(name).is_file(), "{} is not built: run `cargo build --workspace --bins` first", dir.join(name).display());
+    }
+    dir
+}
+
+/// The model files (scripts/setup-model.sh installs them).
+pub fn model_dir() -> PathBuf {
+    std::env::var_os("EPHEM_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2").into())
+}
+
+/// A local stack under a temporary home; `dev down` when dropped.
+pub struct Stack {
+    pub home: tempfile::TempDir,
+    bin: PathBuf,
+}
+
+impl Stack {
+    /// `ephem-batch dev up` in a fresh home.
+    pub fn up() -> Stack {
+        let stack = Stack { home: tempfile::tempdir().expect("temporary home"), bin: bin_dir() };
+        let out = stack.cli(&["dev", "up", "--threads", "2", "--concurrency", "2"]);
+        assert!(out.status.success(), "dev up failed:\n{}", stack.describe(&out));
+        stack
+    }
+
+    pub fn home(&self) -> &Path {
+        self.home.path()
+    }
+
+    /// Runs `ephem-batch --home <home> ARGS…`.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(self.bin.join("ephem-batch"))
+            .arg("--home")
+            .arg(self.home())
+            .args(args)
+            .env("EPHEM_MODEL_DIR", model_dir())
+            .env("EPHEM_BIN_DIR", &self.bin)
+            .env_remove("EPHEM_HOME")
+            .output()
+            .expect("run ephem-batch")
+    }
+
+    /// Runs the CLI and insists on success.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(out.status.success(), "ephem-batch {args:?} failed:\n{}", self.describe(&out));
+        String::from_utf8(out.stdout).expect("UTF-8 output")
+    }
+
+    /// The command's output and the stack's logs, for a failure message.
+    pub fn describe(&self, out: &Output) -> String {
+        let mut text = format!(
+            "status {}\n--- stdout\n{}\n--- stderr\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for log in ["host-poller", "lambdas"] {
+            let path = self.home().join("logs").join(format!("{log}.log"));
+            if let Ok(content) = std::fs::read_to_string(&path) {
+                let tail: Vec<&str> = content.lines().rev().take(40).collect();
+                text.push_str(&format!("\n--- {log}.log (last lines)\n"));
+                for line in tail.into_iter().rev() {
+                    text.push_str(line);
+                    text.push('\n');
+                }
+            }
+        }
+        text
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let _ = self.cli(&["dev", "down"]);
+    }
+}
+
+/// Every file under `dir`, recursively.
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else if path.is_file() {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The forms a canary could leak in: plain, hex (either case) and base64.
+pub fn canary_forms(canary: &str) -> Vec<Vec<u8>> {
+    use base64::Engine as _;
+    let engines = [&base64::engine::general_purpose::STANDARD, &base64::engine::general_purpose::URL_SAFE_NO_PAD];
+    let mut forms = vec![canary.as_bytes().to_vec(), hex::encode(canary).into_bytes(), hex::encode_upper(canary).into_bytes()];
+    // In a base64 stream the canary starts at some offset mod 3: starting it at byte 0, 1 or 2
+    // puts a group boundary there, and its whole groups then encode to exactly these characters.
+    let bytes = canary.as_bytes();
+    for engine in engines {
+        for skip in 0..3 {
+            let whole = (bytes.len().saturating_sub(skip) / 3) * 3;
+            if whole >= 9 {
+                forms.push(engine.encode(&bytes[skip..skip + whole]).into_bytes());
+            }
+        }
+    }
+    forms
+}
+
+/// Files under `dir` containing any form of any canary: (file, canary).
+pub fn canary_hits(dir: &Path, canaries: &[String]) -> Vec<(PathBuf, String)> {
+    let forms: Vec<(String, Vec<Vec<u8>>)> = canaries.iter().map(|c| (c.clone(), canary_forms(c))).collect();
+    let mut hits = Vec::new();
+    for file in files_under(dir) {
+        let Ok(bytes) = std::fs::read(&file) else { continue };
+        for (canary, variants) in &forms {
+            if variants.iter().any(|v| bytes.windows(v.len()).any(|w| w == v.as_slice())) {
+                hits.push((file.clone(), canary.clone()));
+            }
+        }
+    }
+    hits
+}

@@ -1,0 +1,150 @@
+//! The local pipeline end to end, through the real binaries: `dev up` starts the host-poller
+//! (which supervises the enclave worker) and the local Lambda runtime; `submit --wait` seals,
+//! uploads, waits, downloads, opens and checks; `verify` checks the receipt and its ledger entry.
+
+use std::io::Write;
+use std::path::Path;
+
+use serde_json::Value;
+use tests::{canary_hits, Stack};
+
+const EXAMPLE_CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/corpus.jsonl");
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(json).collect()
+}
+
+fn unit_vector(value: &Value) -> Vec<f64> {
+    let vector: Vec<f64> = value.as_array().expect("an embedding array").iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(vector.len(), 384);
+    let norm = vector.iter().map(|v| v * v).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-3, "norm {norm}");
+    vector
+}
+
+#[test]
+fn local_pipeline_end_to_end() {
+    let stack = Stack::up();
+    let work = tempfile::tempdir().unwrap();
+
+    // --- the example corpus, with canaries that must never appear on the host side ----------
+    let canaries: Vec<String> = (0..3).map(|i| format!("zqxcanary{i}vexillology-pterodactyl-{i:04}")).collect();
+    let corpus = work.path().join("corpus.jsonl");
+    let mut text = std::fs::read_to_string(EXAMPLE_CORPUS).unwrap();
+    for (i, canary) in canaries.iter().enumerate() {
+        text.push_str(&serde_json::json!({"id": format!("canary-{i}"), "text": format!("A secret note: {canary}.")}).to_string());
+        text.push('\n');
+    }
+    std::fs::write(&corpus, &text).unwrap();
+    let expected_ids: Vec<String> = text.lines().map(|l| json(l)["id"].as_str().unwrap().to_owned()).collect();
+
+    let out = work.path().join("embeddings.jsonl");
+    let report = json(&stack.ok(&["submit", corpus.to_str().unwrap(), "--wait", "-o", out.to_str().unwrap(), "--json"]));
+    let job = report["job_id"].as_str().unwrap().to_owned();
+    assert_eq!(report["embedded"], expected_ids.len());
+    assert_eq!(report["errors"], 0);
+    assert_eq!(report["in_ledger"], true);
+    let results = lines(&out);
+    let ids: Vec<&str> = results.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, expected_ids, "results come back in input order");
+    for result in &results {
+        unit_vector(&result["embedding"]);
+        assert!(result["tokens"].as_u64().unwrap() > 2);
+    }
+    assert_eq!(std::fs::read_to_string(work.path().join("embeddings.errors.jsonl")).unwrap(), "");
+
+    let verification = json(&stack.ok(&["verify", &job, "--json"]));
+    let checks = verification["checks"].as_array().unwrap();
+    for name in ["receipt", "receipt_attestation", "input_sha256", "output_sha256", "commitment", "ledger"] {
+        let check = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no check {name}"));
+        assert_eq!(check["passed"], true, "{check}");
+    }
+    let status = json(&stack.ok(&["status", &job, "--json"]));
+    assert_eq!(status["state"], "completed");
+    assert!(status["ledger"]["index"].is_u64());
+
+    // --- blind host: no canary in anything the host side stored or logged ------------------
+    let host_side: Vec<_> = ["objects", "queues.sqlite", "queues.sqlite-wal", "kms.sqlite", "ledger", "logs", "enclave", "run"]
+        .iter()
+        .map(|p| stack.home().join(p))
+        .collect();
+    let mut hits = Vec::new();
+    for path in &host_side {
+        if path.is_dir() {
+            hits.extend(canary_hits(path, &canaries));
+        } else if path.is_file() {
+            hits.extend(canary_hits(path.parent().unwrap(), &canaries).into_iter().filter(|(f, _)| f == path));
+        }
+    }
+    assert!(hits.is_empty(), "plaintext on the host side: {hits:?}");
+    // The scan itself finds a canary where one is (the client's own corpus).
+    assert!(!canary_hits(work.path(), &canaries).is_empty());
+
+    // --- bad lines: each is a per-record error, every good record is embedded ---------------
+    let bad = work.path().join("bad.jsonl");
+    let mut file = std::fs::File::create(&bad).unwrap();
+    writeln!(file, r#"{{"id": "good-1", "text": "The first good record."}}"#).unwrap();
+    writeln!(file, r#"{{"id": "broken", "text": "unterminated"#).unwrap();
+    writeln!(file, r#"{{"id": "no-text"}}"#).unwrap();
+    writeln!(file, r#"{{"id": "empty", "text": ""}}"#).unwrap();
+    writeln!(file, "{}", serde_json::json!({"id": "huge", "text": "x".repeat(1 << 20)})).unwrap();
+    file.write_all(b"{\"id\": \"latin1\", \"text\": \"caf\xe9\"}\n").unwrap();
+    writeln!(file, r#"{{"id": "good-1", "text": "A duplicate id."}}"#).unwrap();
+    writeln!(file, r#"{{"id": 7, "text": "A numeric id is kept as text."}}"#).unwrap();
+    drop(file);
+    let bad_out = work.path().join("bad-embeddings.jsonl");
+    let report = json(&stack.ok(&["submit", bad.to_str().unwrap(), "--wait", "-o", bad_out.to_str().unwrap(), "--json"]));
+    let embedded: Vec<String> = lines(&bad_out).iter().map(|r| r["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(embedded, ["good-1", "7"]);
+    let errors = lines(&work.path().join("bad-embeddings.errors.jsonl"));
+    let codes: Vec<(Option<&str>, &str)> = errors.iter().map(|e| (e["id"].as_str(), e["code"].as_str().unwrap())).collect();
+    for expected in [
+        (None, "invalid_json"),
+        (Some("no-text"), "missing_text"),
+        (Some("empty"), "empty_text"),
+        (Some("huge"), "too_large"),
+        (None, "invalid_utf8"),
+        (Some("good-1"), "duplicate_id"),
+    ] {
+        assert!(codes.contains(&expected), "{expected:?} not in {codes:?}");
+    }
+    assert_eq!(report["errors"], 6, "{report}");
+    let bad_job = report["job_id"].as_str().unwrap().to_owned();
+    stack.ok(&["verify", &bad_job]);
+
+    // --- OpenAI Batch lines come back as OpenAI Batch output lines --------------------------
+    let openai = work.path().join("openai.jsonl");
+    let request = |id: &str, input: Value| {
+        serde_json::json!({"custom_id": id, "method": "POST", "url": "/v1/embeddings",
+                           "body": {"model": "all-MiniLM-L6-v2", "input": input}})
+        .to_string()
+    };
+    std::fs::write(
+        &openai,
+        format!("{}\n{}\n", request("one", "a single string".into()), request("two", serde_json::json!(["first", "second"]))),
+    )
+    .unwrap();
+    let openai_out = work.path().join("openai-out.jsonl");
+    stack.ok(&["submit", openai.to_str().unwrap(), "--wait", "-o", openai_out.to_str().unwrap()]);
+    let answers = lines(&openai_out);
+    assert_eq!(answers.len(), 2);
+    assert_eq!(answers[1]["custom_id"], "two");
+    let data = answers[1]["response"]["body"]["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    assert_eq!(data[1]["index"], 1);
+    unit_vector(&data[1]["embedding"]);
+
+    // --- a second client cannot open the first client's results -----------------------------
+    stack.ok(&["keygen", "--force"]);
+    let stolen = work.path().join("stolen.jsonl");
+    let out = stack.cli(&["results", &job, "-o", stolen.to_str().unwrap()]);
+    assert!(!out.status.success(), "another key opened the results:\n{}", stack.describe(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("result envelope"), "{stderr}");
+    assert!(!stolen.exists(), "nothing is written when the results do not open");
+}
