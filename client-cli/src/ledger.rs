@@ -18,9 +18,9 @@
 //! trust what that home holds: the ledger key in `ledger/ledger.pub` and, if the home
 //! has a development CA (`enclave/dev-root.pem`), its development root — announced
 //! loudly — else the AWS Nitro Enclaves root G1. `verify-bundle` trusts nothing it is
-//! not told: the ledger key is `--ledger-key` (never the key the bundle carries) and
-//! the root is the AWS Nitro Enclaves root G1 unless `--root` or `--development-root`
-//! names another.
+//! not told: the ledger key is `--ledger-key` or `$EPHEM_LEDGER_KEY` (never the key the
+//! bundle carries) and the root is the AWS Nitro Enclaves root G1 unless `--root` or
+//! `--development-root` names another.
 //!
 //! **Exit status.** 0: success. 1: a negative answer — a query row or the ledger does
 //! not verify, a bundle is invalid, a job is not in the ledger, no checkpoint verifies.

@@ -82,6 +82,8 @@ impl LocalLedger {
         Self::open_with(dir, check, &LocalOptions::default())
     }
 
+    /// [`LocalLedger::open`] with explicit options. The key name of `options` only
+    /// applies when this open creates the key.
     pub fn open_with(
         dir: &Path,
         check: Box<dyn ReceiptCheck>,
