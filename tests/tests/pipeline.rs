@@ -108,7 +108,7 @@ fn local_pipeline_end_to_end() {
         (Some("no-text"), "missing_text"),
         (Some("empty"), "empty_text"),
         (Some("huge"), "too_large"),
-        (None, "invalid_utf8"),
+        (Some("latin1"), "invalid_utf8"),
         (Some("good-1"), "duplicate_id"),
     ] {
         assert!(codes.contains(&expected), "{expected:?} not in {codes:?}");
