@@ -1,2 +1,36 @@
 #![forbid(unsafe_code)]
-//! The untrusted relay on each host: polls the job queue, streams sealed objects into and out of the enclave, proxies its KMS and object reads.
+//! The untrusted relay on each host (DESIGN.md §2, §5, §6): long-polls the job queue, streams
+//! each sealed input from the object store into the enclave worker and its sealed output back
+//! under the attempt's own key, commits the receipt create-only, tells the ledger, and proxies
+//! the worker's KMS calls and object reads on the control channel.
+//!
+//! It trusts nothing and holds nothing secret: every byte it moves is sealed or public, every
+//! check that matters happens in the enclave, and every step is idempotent by job id.
+//!
+//! ```no_run
+//! # fn services() -> cloud::Services { unimplemented!() }
+//! use host_poller::{Poller, PollerConfig, WorkerEndpoint, WorkerSource};
+//! let endpoint = WorkerEndpoint::parse("unix:.ephem/run/worker.sock").unwrap();
+//! let poller = Poller::new(services(), PollerConfig::new(WorkerSource::Connect(endpoint)));
+//! poller.shutdown_handle().on_signals().unwrap();
+//! poller.run().unwrap();
+//! ```
+
+mod control;
+mod delivery;
+mod heartbeat;
+mod job;
+mod pidfile;
+mod poller;
+mod relay;
+mod retry;
+mod shared;
+mod status;
+mod supervisor;
+pub mod worker_link;
+
+pub use delivery::{is_permanent, Disposition, LEDGER_GROUP};
+pub use poller::{default_host_id, valid_host_id, Poller, PollerConfig, PollerError, WorkerSource};
+pub use shared::ShutdownHandle;
+pub use supervisor::{SpawnConfig, SupervisorError};
+pub use worker_link::{EndpointError, LinkError, WorkerEndpoint, WorkerLink};

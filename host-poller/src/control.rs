@@ -1,0 +1,307 @@
+//! The control channel: tell the worker which fleet epochs and models to take up, and serve what
+//! it asks for meanwhile (objects, KMS calls, publishing its attestation). Runs on its own
+//! thread for the poller's life: reconnects and starts over when the worker is replaced, looks
+//! at the stores again periodically (a fleet-key rotation adds an epoch, a publisher a model
+//! version), and re-sends the newest epoch now and then so that the published document — whose
+//! certificate lives about three hours — stays fresh.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cloud::{layout, ObjectError, Services};
+use protocol::fleet::EpochRecord;
+use protocol::frame::{Channel, Message};
+
+use crate::relay::Relay;
+use crate::retry;
+use crate::shared::Shared;
+use crate::worker_link::{describe, LinkError, WorkerEndpoint, WorkerLink};
+
+#[derive(Debug, Clone)]
+pub(crate) struct ControlSettings {
+    pub rescan_interval: Duration,
+    pub republish_interval: Duration,
+    /// How long one control request may go without a frame from the worker.
+    pub request_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ControlError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    /// The worker answered the request with `Error` (e.g. `fleet_epoch_expired: …`).
+    #[error("the worker refused: {0}")]
+    Refused(String),
+    #[error("worker sent {0} on the control channel")]
+    Unexpected(&'static str),
+}
+
+/// What a control request is about, for the failure memory.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Target {
+    Epoch(u64),
+    Manifest(String),
+}
+
+/// A request the worker refused: not asked again before `next`, unless the object changed.
+struct Refusal {
+    etag: String,
+    next: Instant,
+    delay: Duration,
+}
+
+const FIRST_REFUSAL_DELAY: Duration = Duration::from_secs(30);
+const MAX_REFUSAL_DELAY: Duration = Duration::from_secs(15 * 60);
+const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+
+/// What the stores hold that the worker should have.
+struct Wanted {
+    /// Unexpired epochs, oldest first (so the newest is published last and stays "current").
+    epochs: BTreeMap<u64, (String, String)>,
+    /// Model directory (`models/<name>`) → (newest manifest key, etag).
+    manifests: BTreeMap<String, (String, String)>,
+}
+
+pub(crate) struct Control {
+    services: Services,
+    endpoint: WorkerEndpoint,
+    relay: Arc<Relay>,
+    shared: Arc<Shared>,
+    settings: ControlSettings,
+    /// Per connection: what the worker took up.
+    epochs: BTreeSet<u64>,
+    manifests: BTreeMap<String, String>,
+    refusals: HashMap<Target, Refusal>,
+    last_publication: Instant,
+}
+
+impl Control {
+    pub fn new(services: Services, endpoint: WorkerEndpoint, relay: Arc<Relay>, shared: Arc<Shared>, settings: ControlSettings) -> Self {
+        Self {
+            services,
+            endpoint,
+            relay,
+            shared,
+            settings,
+            epochs: BTreeSet::new(),
+            manifests: BTreeMap::new(),
+            refusals: HashMap::new(),
+            last_publication: Instant::now(),
+        }
+    }
+
+    /// Runs until the poller stops.
+    pub fn run(mut self) {
+        let mut link: Option<(WorkerLink, u64)> = None;
+        while !self.shared.is_stopping() {
+            let generation = self.shared.generation();
+            if link.as_ref().is_some_and(|(_, g)| *g != generation) {
+                tracing::info!("worker replaced: setting it up again");
+                link = None;
+            }
+            let (connection, generation) = match &mut link {
+                Some((connection, generation)) => (connection, *generation),
+                None => match self.endpoint.connect(Channel::Control) {
+                    Ok(connected) => {
+                        let _ = connected.set_read_timeout(Some(self.settings.request_timeout));
+                        tracing::info!(endpoint = %self.endpoint, "control channel open");
+                        self.epochs.clear();
+                        self.manifests.clear();
+                        self.refusals.clear();
+                        let (connection, generation) = link.insert((connected, generation));
+                        (connection, *generation)
+                    }
+                    Err(error) => {
+                        tracing::debug!(%error, "worker not reachable yet");
+                        self.shared.set_ready(generation, false);
+                        self.shared.sleep(RECONNECT_DELAY);
+                        continue;
+                    }
+                },
+            };
+            match self.configure(connection, generation) {
+                Err(error @ (ControlError::Link(_) | ControlError::Unexpected(_))) => {
+                    tracing::warn!(%error, "control channel lost");
+                    self.shared.set_ready(generation, false);
+                    link = None;
+                    self.shared.sleep(RECONNECT_DELAY);
+                    continue;
+                }
+                Err(ControlError::Refused(_)) | Ok(()) => {}
+            }
+            // An idle control connection shows a dead or restarted worker only when read.
+            if connection.is_broken() {
+                tracing::warn!("control channel closed by the worker");
+                self.shared.set_ready(generation, false);
+                link = None;
+                continue;
+            }
+            self.shared.wait_for_control(generation, self.settings.rescan_interval);
+        }
+        tracing::debug!("control stopped");
+    }
+
+    /// One pass: every epoch and newest manifest the worker does not have yet, then a fresh
+    /// publication if the last one is getting old.
+    fn configure(&mut self, link: &mut WorkerLink, generation: u64) -> Result<(), ControlError> {
+        let wanted = match self.wanted() {
+            Ok(wanted) => wanted,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list fleet keys or models");
+                return Ok(());
+            }
+        };
+        let mut ready = None;
+        for (epoch, (key, etag)) in &wanted.epochs {
+            if self.epochs.contains(epoch) || self.refused(&Target::Epoch(*epoch), etag) {
+                continue;
+            }
+            let request = Message::UseFleetEpoch { epoch: *epoch, object_key: key.clone() };
+            match self.request(link, &request) {
+                Ok(status_ready) => {
+                    tracing::info!(epoch, "worker took up fleet epoch");
+                    self.epochs.insert(*epoch);
+                    self.last_publication = Instant::now();
+                    ready = Some(status_ready);
+                }
+                Err(ControlError::Refused(message)) => self.refusal(Target::Epoch(*epoch), etag, &message),
+                Err(error) => return Err(error),
+            }
+        }
+        for (dir, (key, etag)) in &wanted.manifests {
+            if self.manifests.get(dir) == Some(key) || self.refused(&Target::Manifest(key.clone()), etag) {
+                continue;
+            }
+            match self.request(link, &Message::LoadModel { manifest_key: key.clone() }) {
+                Ok(status_ready) => {
+                    tracing::info!(manifest = key, "worker loaded model");
+                    self.manifests.insert(dir.clone(), key.clone());
+                    ready = Some(status_ready);
+                }
+                Err(ControlError::Refused(message)) => self.refusal(Target::Manifest(key.clone()), etag, &message),
+                Err(error) => return Err(error),
+            }
+        }
+        let newest = self.epochs.iter().copied().filter(|e| wanted.epochs.contains_key(e)).next_back();
+        if let Some(epoch) = newest
+            && self.last_publication.elapsed() >= self.settings.republish_interval
+        {
+            let key = wanted.epochs[&epoch].0.clone();
+            match self.request(link, &Message::UseFleetEpoch { epoch, object_key: key }) {
+                Ok(status_ready) => ready = Some(status_ready),
+                Err(ControlError::Refused(message)) => tracing::warn!(epoch, message, "re-publication refused"),
+                Err(error) => return Err(error),
+            }
+            self.last_publication = Instant::now();
+        }
+        if let Some(ready) = ready {
+            self.shared.set_ready(generation, ready);
+        } else if !self.epochs.is_empty() && !self.manifests.is_empty() {
+            self.shared.set_ready(generation, true);
+        }
+        Ok(())
+    }
+
+    fn refused(&mut self, target: &Target, etag: &str) -> bool {
+        match self.refusals.get(target) {
+            Some(refusal) if refusal.etag == etag => Instant::now() < refusal.next,
+            Some(_) => {
+                self.refusals.remove(target);
+                false
+            }
+            None => false,
+        }
+    }
+
+    fn refusal(&mut self, target: Target, etag: &str, message: &str) {
+        let delay = self.refusals.get(&target).map_or(FIRST_REFUSAL_DELAY, |r| (r.delay * 2).min(MAX_REFUSAL_DELAY));
+        tracing::warn!(?target, message, retry_in = ?delay, "worker refused");
+        self.refusals.insert(target, Refusal { etag: etag.to_owned(), next: Instant::now() + delay, delay });
+    }
+
+    /// Sends one request and serves the worker until it answers; `Ok(ready)` from its `Status`.
+    fn request(&self, link: &mut WorkerLink, request: &Message) -> Result<bool, ControlError> {
+        link.send(request)?;
+        loop {
+            match link.recv()? {
+                Message::FetchObject { request, key } => self.relay.fetch(link, request, &key)?,
+                Message::KmsDecrypt { request, key_id, ciphertext_blob, encryption_context, recipient_attestation } => self
+                    .relay
+                    .kms_decrypt(link, request, key_id.as_deref(), &ciphertext_blob, &encryption_context, recipient_attestation)?,
+                Message::PublishAttestation { document } => self.relay.publish(document),
+                Message::Status { ready, epochs, models, detail } => {
+                    tracing::debug!(ready, ?epochs, ?models, detail, "worker status");
+                    return Ok(ready);
+                }
+                Message::Error { message } => return Err(ControlError::Refused(message)),
+                other => return Err(ControlError::Unexpected(describe(&other))),
+            }
+        }
+    }
+
+    /// Reads what the stores hold now.
+    fn wanted(&self) -> Result<Wanted, ObjectError> {
+        let now = cloud::now_ms();
+        let mut epochs = BTreeMap::new();
+        let attestations = &self.services.attestations;
+        for meta in retry::transient("list fleet keys", || attestations.list(layout::FLEET_KEYS_PREFIX))? {
+            let bytes = match retry::transient("get fleet key", || attestations.get(&meta.key)) {
+                Ok(bytes) => bytes,
+                Err(ObjectError::NotFound { .. }) => continue,
+                Err(error) => return Err(error),
+            };
+            // The record is untrusted here as everywhere; the host only needs its epoch and
+            // expiry to decide what to ask for, and the worker checks both again.
+            match EpochRecord::from_json(&bytes) {
+                Ok(record) if record.not_after_ms > now => {
+                    epochs.insert(record.epoch, (meta.key.clone(), meta.etag.clone()));
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(key = meta.key, %error, "skipping fleet-key object"),
+            }
+        }
+        let mut manifests: BTreeMap<String, (u64, String, String)> = BTreeMap::new();
+        let models = &self.services.models;
+        for meta in retry::transient("list models", || models.list(layout::MODELS_PREFIX))? {
+            let Some(version) = layout::manifest_version(&meta.key) else { continue };
+            let Some(dir) = model_dir(&meta.key) else { continue };
+            if manifests.get(dir).is_none_or(|(newest, _, _)| version > *newest) {
+                manifests.insert(dir.to_owned(), (version, meta.key.clone(), meta.etag.clone()));
+            }
+        }
+        Ok(Wanted { epochs, manifests: manifests.into_iter().map(|(dir, (_, key, etag))| (dir, (key, etag))).collect() })
+    }
+}
+
+/// `models/<name>` of `models/<name>/v<N>/manifest.cose`.
+fn model_dir(manifest_key: &str) -> Option<&str> {
+    let (version_dir, _) = manifest_key.rsplit_once('/')?;
+    let (dir, _) = version_dir.rsplit_once('/')?;
+    Some(dir)
+}
+
+/// The newest manifest key of the model directory `manifest_key` belongs to, if the store holds
+/// one: a job that names a manifest newer than the worker runs waits for control to load it.
+pub(crate) fn newest_manifest(models: &dyn cloud::ObjectStore, model_id: &str) -> Result<Option<String>, ObjectError> {
+    let probe = layout::model_manifest(model_id, 0);
+    let Some(dir) = model_dir(&probe) else { return Ok(None) };
+    let prefix = format!("{dir}/");
+    let newest = retry::transient("list models", || models.list(&prefix))?
+        .into_iter()
+        .filter_map(|meta| layout::manifest_version(&meta.key).map(|v| (v, meta.key)))
+        .filter(|(_, key)| model_dir(key) == Some(dir))
+        .max();
+    Ok(newest.map(|(_, key)| key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_dirs() {
+        assert_eq!(model_dir("models/all-MiniLM-L6-v2/v3/manifest.cose"), Some("models/all-MiniLM-L6-v2"));
+        assert_eq!(model_dir("manifest.cose"), None);
+    }
+}

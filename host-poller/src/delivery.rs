@@ -1,0 +1,379 @@
+//! One delivery of a job message, from receive to delete (DESIGN.md §5 steps 4–7).
+//!
+//! Every step is idempotent by job id, because delivery is at-least-once: a committed receipt
+//! ends the job (a later delivery only makes sure the ledger heard of it), each attempt writes
+//! its own output object, and the receipt is written create-only, so the first finished attempt
+//! wins. The message is deleted only once output and receipt are durable; until then a crash
+//! anywhere just means another delivery.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use cloud::messages::{Failure, JobMessage, LedgerMessage};
+use cloud::{layout, ObjectError, ObjectWriter, PutCondition, QueueError, Received, SendOptions, Services};
+use protocol::envelope::JobId;
+use protocol::receipt::{Receipt, SignedReceipt};
+use sha2::{Digest, Sha256};
+
+use crate::control;
+use crate::heartbeat::Heartbeat;
+use crate::job::{Attempt, AttemptError, Verdict};
+use crate::relay::Relay;
+use crate::retry;
+use crate::shared::Shared;
+use crate::status::{self, StatusBoard};
+use crate::worker_link::WorkerEndpoint;
+
+/// Checks about the job's own bytes: another attempt would fail the same way.
+const PERMANENT_CHECKS: [&str; 7] =
+    ["job_id", "header_authentication", "envelope", "stream", "records", "options", "model_manifest"];
+
+/// Checks that fail because the worker is missing something control can give it.
+const CONTROL_CHECKS: [&str; 2] = ["fleet_key", "model"];
+
+/// The FIFO ledger queue's one message group.
+pub const LEDGER_GROUP: &str = "ledger";
+
+/// Whether a worker's `JobFailed` check condemns the job (as opposed to this attempt).
+pub fn is_permanent(check: &str) -> bool {
+    PERMANENT_CHECKS.contains(&check)
+}
+
+/// How a delivery ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// Receipt committed by this delivery, message deleted.
+    Completed,
+    /// The receipt was already committed: no rework.
+    Duplicate,
+    /// This attempt finished, but another one had committed its receipt first.
+    LostRace,
+    Cancelled,
+    /// Failed for good (`check` as the worker named it); message deleted.
+    Failed { check: String },
+    /// Left in the queue for another attempt.
+    Retry { check: String },
+    /// Failed on the queue's last allowed receive: the queue moves it to the dead-letter queue.
+    DeadLettered { check: String },
+    /// Handed back to the queue at once (shutdown).
+    Released,
+    /// The body is not a job message; left for the dead-letter queue.
+    Unreadable,
+}
+
+pub(crate) struct Settings {
+    pub host_id: String,
+    pub visibility: Duration,
+    pub max_receives: u32,
+    pub retry_base: Duration,
+    pub retry_max: Duration,
+    pub stall_timeout: Duration,
+}
+
+/// What every delivery needs.
+pub(crate) struct Context {
+    pub services: Services,
+    pub endpoint: WorkerEndpoint,
+    pub relay: Arc<Relay>,
+    pub shared: Arc<Shared>,
+    pub settings: Settings,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum LedgerSendError {
+    #[error("the attestation document the receipt names: {0}")]
+    Attestation(ObjectError),
+    #[error("ledger queue: {0}")]
+    Queue(QueueError),
+}
+
+/// Handles one received message to the end.
+pub(crate) fn handle(ctx: &Context, received: Received) -> Disposition {
+    let parsed = serde_json::from_str::<JobMessage>(&received.body)
+        .map_err(|e| e.to_string())
+        .and_then(|m| JobId::from_hex(&m.job_id).map(|job| (m, job)).ok_or_else(|| "job_id is not 32 hex digits".to_owned()));
+    let (message, job) = match parsed {
+        Ok(parsed) => parsed,
+        Err(reason) => {
+            // Nothing to attach a status to; the dead-letter queue is where an operator looks.
+            tracing::error!(message_id = received.message_id, reason, "unreadable job message");
+            let delay = retry::jittered(retry::exponential(ctx.settings.retry_base, received.receive_count, ctx.settings.retry_max));
+            set_visibility(ctx, &received, delay);
+            return Disposition::Unreadable;
+        }
+    };
+    let span = tracing::info_span!("job", job = %job, receive = received.receive_count);
+    let _entered = span.enter();
+    let heartbeat =
+        Heartbeat::start(Arc::clone(&ctx.services.job_queue), received.receipt_handle.clone(), job.to_hex(), ctx.settings.visibility);
+    let status = StatusBoard::new(Arc::clone(&ctx.services.jobs), &job, message.record_count, &ctx.settings.host_id);
+    let mut delivery = Delivery { ctx, received, message, job, heartbeat, status };
+    let disposition = delivery.run();
+    tracing::info!(?disposition, "delivery done");
+    disposition
+}
+
+struct Delivery<'a> {
+    ctx: &'a Context,
+    received: Received,
+    message: JobMessage,
+    job: JobId,
+    heartbeat: Heartbeat,
+    status: StatusBoard,
+}
+
+impl Delivery<'_> {
+    fn run(&mut self) -> Disposition {
+        let jobs = &self.ctx.services.jobs;
+        match retry::transient("get receipt", || jobs.get(&layout::job_receipt(&self.job))) {
+            Ok(receipt) => return self.duplicate(receipt, Disposition::Duplicate),
+            Err(ObjectError::NotFound { .. }) => {}
+            Err(error) => return self.retry("object_store", error.to_string()),
+        }
+        match retry::transient("head cancel", || jobs.head(&layout::job_cancel(&self.job))) {
+            Ok(Some(_)) => {
+                self.heartbeat.stop();
+                self.delete_message();
+                self.status.cancelled();
+                return Disposition::Cancelled;
+            }
+            Ok(None) => {}
+            Err(error) => return self.retry("object_store", error.to_string()),
+        }
+
+        let attempt = u64::from(self.received.receive_count);
+        self.status.in_progress(attempt);
+        let output_key = layout::job_output(&self.job, attempt);
+        let writer = match retry::transient("open output", || jobs.writer(&output_key, PutCondition::CreateOnly)) {
+            Ok(writer) => writer,
+            Err(error) => return self.retry("output", error.to_string()),
+        };
+        let runner = Attempt {
+            endpoint: &self.ctx.endpoint,
+            shared: &self.ctx.shared,
+            jobs,
+            input_key: &self.message.input_key,
+            job: &self.job,
+            attempt,
+            stall_timeout: self.ctx.settings.stall_timeout,
+        };
+        let status = &mut self.status;
+        let result = runner.run(writer, &mut |records, tokens| status.progress(records, tokens));
+        match result {
+            Ok(Verdict::Done { receipt, output, output_bytes }) => {
+                tracing::info!(output_bytes, "worker finished the job");
+                self.commit(receipt, output, attempt)
+            }
+            Ok(Verdict::Failed { check, message }) => self.refused(check, message),
+            Err(AttemptError::Aborted) => self.release(),
+            Err(error) => {
+                if matches!(error, AttemptError::Link(_) | AttemptError::Unexpected(_) | AttemptError::Stalled(_)) {
+                    // The worker may have been replaced: let control look.
+                    self.ctx.shared.request_rescan();
+                }
+                tracing::warn!(%error, "attempt lost");
+                self.retry(error.check(), error.to_string())
+            }
+        }
+    }
+
+    /// The worker refused the job.
+    fn refused(&mut self, check: String, message: String) -> Disposition {
+        tracing::warn!(check, message, "worker refused the job");
+        if CONTROL_CHECKS.contains(&check.as_str()) {
+            self.ctx.shared.request_rescan();
+            return self.retry(&check, message);
+        }
+        if check == "model_manifest" && self.manifest_not_loaded_yet() {
+            self.ctx.shared.request_rescan();
+            return self.retry(&check, format!("{message} (the newest manifest is not loaded yet)"));
+        }
+        if is_permanent(&check) {
+            self.heartbeat.stop();
+            self.delete_message();
+            self.status.failed(Failure { check: check.clone(), message });
+            return Disposition::Failed { check };
+        }
+        self.retry(&check, message)
+    }
+
+    /// A job naming the newest manifest in the store, refused by a worker that runs an older
+    /// one, waits for control to load the new one; any other manifest mismatch is final.
+    fn manifest_not_loaded_yet(&self) -> bool {
+        let models = &*self.ctx.services.models;
+        let Ok(Some(key)) = control::newest_manifest(models, &self.message.model_id) else { return false };
+        let Ok(bytes) = retry::transient("get manifest", || models.get(&key)) else { return false };
+        hex::encode(Sha256::digest(&bytes)) == self.message.manifest_hash.to_ascii_lowercase()
+    }
+
+    /// Commits output then receipt; on success, tells the ledger and deletes the message.
+    fn commit(&mut self, receipt_bytes: Vec<u8>, output: Box<dyn ObjectWriter>, attempt: u64) -> Disposition {
+        let receipt = match SignedReceipt::decode(&receipt_bytes) {
+            Ok(signed) if signed.receipt.job_id == self.job && signed.receipt.attempt == attempt => signed.receipt,
+            Ok(_) => return self.retry("receipt", "the worker's receipt names another job or attempt".into()),
+            Err(error) => return self.retry("receipt", format!("the worker's receipt does not decode: {error}")),
+        };
+        let jobs = &self.ctx.services.jobs;
+        let output_key = layout::job_output(&self.job, attempt);
+        if let Err(error) = output.commit() {
+            return self.retry("output", error.to_string());
+        }
+        let receipt_key = layout::job_receipt(&self.job);
+        match retry::transient("commit receipt", || jobs.put(&receipt_key, &receipt_bytes, PutCondition::CreateOnly)) {
+            Ok(_) => {}
+            Err(ObjectError::AlreadyExists { .. }) => match retry::transient("get receipt", || jobs.get(&receipt_key)) {
+                // A try of ours that timed out had in fact gone through.
+                Ok(existing) if existing == receipt_bytes => {}
+                Ok(existing) => {
+                    tracing::info!("another attempt committed its receipt first; discarding this one's output");
+                    if let Err(error) = retry::transient("delete output", || jobs.delete(&output_key)) {
+                        tracing::warn!(key = output_key, %error, "losing attempt's output not deleted");
+                    }
+                    return self.duplicate(existing, Disposition::LostRace);
+                }
+                Err(error) => return self.retry("receipt_commit", error.to_string()),
+            },
+            Err(error) => return self.retry("receipt_commit", error.to_string()),
+        }
+        tracing::info!(ok = receipt.records_ok, failed = receipt.records_failed, "receipt committed");
+        // Output and receipt are durable: the job is done whatever happens next.
+        match self.send_to_ledger(&receipt_bytes, &receipt) {
+            Ok(()) => {
+                self.heartbeat.stop();
+                self.delete_message();
+            }
+            Err(error) => self.ledger_pending(&error),
+        }
+        self.status.completed(&receipt, output_key);
+        Disposition::Completed
+    }
+
+    /// The receipt is committed already: make sure the ledger has it, delete the message, and
+    /// make the status say so. No rework.
+    fn duplicate(&mut self, receipt_bytes: Vec<u8>, disposition: Disposition) -> Disposition {
+        let receipt = match SignedReceipt::decode(&receipt_bytes) {
+            Ok(signed) => Some(signed.receipt),
+            Err(error) => {
+                tracing::error!(%error, "the committed receipt does not decode; nothing to redo");
+                None
+            }
+        };
+        let jobs = &self.ctx.services.jobs;
+        let ledgered = matches!(retry::transient("head ledgered", || jobs.head(&layout::job_ledgered(&self.job))), Ok(Some(_)));
+        if let (false, Some(receipt)) = (ledgered, &receipt) {
+            // The ledger deduplicates by job id: sending again is harmless, not sending could
+            // leave a processed job out of the ledger.
+            if let Err(error) = self.send_to_ledger(&receipt_bytes, receipt) {
+                self.ledger_pending(&error);
+                return disposition;
+            }
+        }
+        self.heartbeat.stop();
+        self.delete_message();
+        if let Some(receipt) = receipt {
+            let stored = status::read(&**jobs, &self.job);
+            if stored.is_none_or(|s| s.state != cloud::messages::JobState::Completed) {
+                self.status.completed(&receipt, layout::job_output(&self.job, receipt.attempt));
+            }
+        }
+        disposition
+    }
+
+    fn send_to_ledger(&self, receipt_bytes: &[u8], receipt: &Receipt) -> Result<(), LedgerSendError> {
+        let document = self.ctx.relay.attestation_document(&receipt.attestation_sha256).map_err(LedgerSendError::Attestation)?;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let message = LedgerMessage {
+            job_id: self.job.to_hex(),
+            receipt: b64.encode(receipt_bytes),
+            attestation_document: b64.encode(document.as_slice()),
+        };
+        let body = serde_json::to_string(&message).expect("a ledger message serialises");
+        let options = SendOptions {
+            group_id: Some(LEDGER_GROUP.to_owned()),
+            deduplication_id: Some(self.job.to_hex()),
+            delay: Duration::ZERO,
+        };
+        let queue = &self.ctx.services.ledger_queue;
+        retry::transient("send to ledger", || queue.send(&body, &options)).map_err(LedgerSendError::Queue)?;
+        tracing::info!("receipt sent to the ledger queue");
+        Ok(())
+    }
+
+    /// The receipt is committed but the ledger has not heard of it: keep the message, so that
+    /// its next delivery (a duplicate) sends the receipt again.
+    fn ledger_pending(&mut self, error: &LedgerSendError) {
+        self.heartbeat.stop();
+        if self.received.receive_count >= self.ctx.settings.max_receives {
+            tracing::error!(%error, "receipt committed but not sent to the ledger, and the message is on its last receive");
+        } else {
+            tracing::warn!(%error, "receipt committed but not sent to the ledger; the next delivery sends it");
+        }
+        set_visibility(self.ctx, &self.received, self.backoff());
+    }
+
+    /// Leaves the message for another attempt, or records the dead letter on the last one.
+    fn retry(&mut self, check: &str, message: String) -> Disposition {
+        self.heartbeat.stop();
+        let receives = self.received.receive_count;
+        let max = self.ctx.settings.max_receives;
+        if receives >= max {
+            let failure = Failure { check: "dead_letter".into(), message: format!("{check}: {message} (receive {receives} of {max})") };
+            tracing::error!(check, message, "job failed on its last allowed receive; the queue dead-letters it");
+            self.status.failed(failure);
+            // Visible at once: the queue moves it to the dead-letter queue at its next receive.
+            set_visibility(self.ctx, &self.received, Duration::ZERO);
+            return Disposition::DeadLettered { check: check.to_owned() };
+        }
+        self.status.retrying(Some(Failure { check: check.to_owned(), message }));
+        set_visibility(self.ctx, &self.received, self.backoff());
+        Disposition::Retry { check: check.to_owned() }
+    }
+
+    /// Hands the message back at once (the host is shutting down).
+    fn release(&mut self) -> Disposition {
+        self.heartbeat.stop();
+        set_visibility(self.ctx, &self.received, Duration::ZERO);
+        self.status.retrying(None);
+        Disposition::Released
+    }
+
+    fn backoff(&self) -> Duration {
+        let settings = &self.ctx.settings;
+        retry::jittered(retry::exponential(settings.retry_base, self.received.receive_count, settings.retry_max))
+    }
+
+    fn delete_message(&self) {
+        let queue = &self.ctx.services.job_queue;
+        match retry::transient("delete message", || queue.delete(&self.received.receipt_handle)) {
+            Ok(()) => {}
+            // Redelivered meanwhile: that delivery finds the receipt and deletes it.
+            Err(QueueError::InvalidReceiptHandle(_)) => tracing::info!("message was redelivered meanwhile; not deleted here"),
+            Err(error) => tracing::warn!(%error, "message not deleted; its next delivery will find the job done"),
+        }
+    }
+}
+
+/// Makes a received message visible again after `delay`.
+pub(crate) fn set_visibility(ctx: &Context, received: &Received, delay: Duration) {
+    let queue = &ctx.services.job_queue;
+    match retry::transient("change visibility", || queue.change_visibility(&received.receipt_handle, delay)) {
+        Ok(()) | Err(QueueError::InvalidReceiptHandle(_)) => {}
+        Err(error) => tracing::warn!(message_id = received.message_id, %error, "visibility not changed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_classes() {
+        for check in ["job_id", "header_authentication", "envelope", "stream", "records", "options", "model_manifest"] {
+            assert!(is_permanent(check), "{check}");
+        }
+        for check in ["fleet_key", "model", "connection", "protocol", "stalled", "input", "output", "dead_letter"] {
+            assert!(!is_permanent(check), "{check}");
+        }
+    }
+}

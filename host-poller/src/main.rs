@@ -1,0 +1,164 @@
+#![forbid(unsafe_code)]
+//! `host-poller`: the untrusted relay on each host. A thin shell over [`host_poller::Poller`]:
+//! flags (with environment fallbacks), logging, signals, the backend's services.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use host_poller::{Poller, PollerConfig, SpawnConfig, WorkerEndpoint, WorkerSource};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// Everything under `--home` on this machine (the embedded default).
+    Local,
+    /// S3, SQS and KMS (the deployment's environment, docs/operations.md §6).
+    Aws,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The untrusted relay between the job queue, the object stores, KMS and the enclave worker.
+#[derive(Debug, Parser)]
+#[command(name = "host-poller", version)]
+struct Args {
+    /// Where the queues, objects and keys are. Default: `aws` when EPHEM_JOB_QUEUE_URL is set
+    /// (as on a fleet host), else `local`.
+    #[arg(long, env = "EPHEM_BACKEND", value_enum)]
+    backend: Option<Backend>,
+
+    /// The local stack's directory (objects, queues, KMS, `run/` pid files and sockets).
+    #[arg(long, env = "EPHEM_HOME", default_value = ".ephem")]
+    home: PathBuf,
+
+    /// Start and supervise this `enclave-worker` on `<home>/run/worker.sock`.
+    #[arg(long, env = "EPHEM_SPAWN_WORKER", conflicts_with = "worker")]
+    spawn_worker: Option<PathBuf>,
+
+    /// The supervised worker's state directory (development CA). Default: `<home>/enclave`.
+    #[arg(long, env = "EPHEM_WORKER_STATE_DIR", requires = "spawn_worker")]
+    worker_state_dir: Option<PathBuf>,
+
+    /// The supervised worker's inference threads (0: one per core).
+    #[arg(long, env = "EPHEM_WORKER_THREADS", default_value_t = 0, requires = "spawn_worker")]
+    worker_threads: usize,
+
+    /// Append the supervised worker's output to this file instead of the poller's own.
+    #[arg(long, env = "EPHEM_WORKER_LOG", requires = "spawn_worker")]
+    worker_log: Option<PathBuf>,
+
+    /// A worker that runs already: unix:PATH, tcp:HOST:PORT, or vsock:CID:PORT (feature `nitro`).
+    #[arg(long, env = "EPHEM_WORKER")]
+    worker: Option<WorkerEndpoint>,
+
+    /// The enclave's vsock CID; with --enclave-port, the worker when --worker is not given.
+    #[arg(long, env = "EPHEM_ENCLAVE_CID")]
+    enclave_cid: Option<u32>,
+
+    #[arg(long, env = "EPHEM_ENCLAVE_PORT", default_value_t = 5000)]
+    enclave_port: u32,
+
+    /// Jobs in parallel.
+    #[arg(long, env = "EPHEM_CONCURRENCY", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=256))]
+    concurrency: u32,
+
+    /// Visibility timeout of a received job message, seconds (extended while the job runs).
+    #[arg(long, env = "EPHEM_VISIBILITY_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=43_200))]
+    visibility_s: u64,
+
+    /// Names this host's published attestation. Default: the host name.
+    #[arg(long, env = "EPHEM_HOST_ID")]
+    host_id: Option<String>,
+
+    /// The job queue's receive limit before it moves a message to the dead-letter queue.
+    #[arg(long, env = "EPHEM_MAX_RECEIVES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    max_receives: u32,
+
+    /// Long-poll wait of one receive, seconds.
+    #[arg(long, env = "EPHEM_POLL_WAIT_S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=20))]
+    poll_wait_s: u64,
+
+    /// How often to look for new fleet-key epochs and model versions, seconds.
+    #[arg(long, env = "EPHEM_RESCAN_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    rescan_s: u64,
+
+    #[arg(long, env = "EPHEM_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(args.log_format);
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!("{message}");
+            eprintln!("host-poller: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    let backend = args
+        .backend
+        .unwrap_or(if std::env::var_os("EPHEM_JOB_QUEUE_URL").is_some() { Backend::Aws } else { Backend::Local });
+    let services = match backend {
+        Backend::Local => local_services(&args.home)?,
+        Backend::Aws => {
+            return Err("the AWS backend (S3, SQS, KMS adapters) is not part of this build yet; use --backend local".into());
+        }
+    };
+    let worker = if let Some(binary) = &args.spawn_worker {
+        let mut spawn = SpawnConfig::local(&args.home, binary.clone());
+        if let Some(dir) = &args.worker_state_dir {
+            spawn.state_dir = dir.clone();
+        }
+        spawn.threads = args.worker_threads;
+        spawn.log_file = args.worker_log.clone();
+        WorkerSource::Spawn(spawn)
+    } else if let Some(endpoint) = &args.worker {
+        WorkerSource::Connect(endpoint.clone())
+    } else if let Some(cid) = args.enclave_cid {
+        let endpoint = WorkerEndpoint::parse(&format!("vsock:{cid}:{}", args.enclave_port)).map_err(|e| e.to_string())?;
+        WorkerSource::Connect(endpoint)
+    } else {
+        return Err("no worker: give --spawn-worker PATH, --worker ENDPOINT or --enclave-cid CID".into());
+    };
+
+    let mut config = PollerConfig::new(worker);
+    if let Some(host_id) = args.host_id {
+        config.host_id = host_id;
+    }
+    config.concurrency = args.concurrency as usize;
+    config.visibility = Duration::from_secs(args.visibility_s);
+    config.max_receives = args.max_receives;
+    config.poll_wait = Duration::from_secs(args.poll_wait_s);
+    config.rescan_interval = Duration::from_secs(args.rescan_s);
+    if backend == Backend::Local {
+        config.pid_file = Some(args.home.join("run").join("host-poller.pid"));
+    }
+
+    let poller = Poller::new(services, config);
+    poller.shutdown_handle().on_signals().map_err(|e| format!("cannot install signal handlers: {e}"))?;
+    poller.run().map_err(|e| e.to_string())
+}
+
+fn local_services(home: &std::path::Path) -> Result<cloud::Services, String> {
+    let local = cloud::local::LocalCloud::open(home).map_err(|e| format!("local stack under {}: {e}", home.display()))?;
+    Ok(local.services())
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.with_target(false).init(),
+        LogFormat::Json => builder.json().with_current_span(true).init(),
+    }
+}

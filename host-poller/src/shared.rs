@@ -1,0 +1,194 @@
+//! State the poller's threads share: shutdown (graceful, then hard), the worker's generation
+//! (bumped whenever the worker process is replaced) and readiness, requests for a control
+//! re-scan, and the job connections in flight (so a hard shutdown can cut them).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::worker_link::WorkerLink;
+
+#[derive(Default)]
+struct WorkerState {
+    /// Changes whenever the worker may have been replaced; control reconnects and sets it up.
+    generation: u64,
+    /// The worker reported a fleet key and a model in use (for this generation).
+    ready: bool,
+    /// A job hit a missing key or model: look at the stores again now.
+    rescan: bool,
+}
+
+#[derive(Default)]
+pub(crate) struct Shared {
+    stop: AtomicBool,
+    abort: AtomicBool,
+    worker: Mutex<WorkerState>,
+    changed: Condvar,
+    inflight: Mutex<HashMap<u64, WorkerLink>>,
+    next_inflight: AtomicU64,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, WorkerState> {
+        self.worker.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _guard = self.state();
+        self.changed.notify_all();
+    }
+
+    /// Stops and cuts every job connection in flight.
+    pub fn abort(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        self.stop();
+        for link in self.inflight.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            link.shutdown();
+        }
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    pub fn is_aborting(&self) -> bool {
+        self.abort.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps up to `duration`, less if the poller stops.
+    pub fn sleep(&self, duration: Duration) {
+        let deadline = Instant::now() + duration;
+        let mut state = self.state();
+        while !self.is_stopping() {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else { break };
+            state = self.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.state().generation
+    }
+
+    /// The worker process was (or may have been) replaced.
+    pub fn worker_replaced(&self) {
+        let mut state = self.state();
+        state.generation += 1;
+        state.ready = false;
+        self.changed.notify_all();
+    }
+
+    /// Control's verdict for the worker of `generation`.
+    pub fn set_ready(&self, generation: u64, ready: bool) {
+        let mut state = self.state();
+        if state.generation == generation && state.ready != ready {
+            state.ready = ready;
+            self.changed.notify_all();
+        }
+    }
+
+    /// Waits up to `timeout` for the worker to be ready; false if it is not (or the poller stops).
+    pub fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state();
+        loop {
+            if state.ready {
+                return true;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else { return false };
+            if self.is_stopping() {
+                return false;
+            }
+            state = self.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    pub fn request_rescan(&self) {
+        let mut state = self.state();
+        state.rescan = true;
+        self.changed.notify_all();
+    }
+
+    /// Control's idle wait: returns when `timeout` passes, a re-scan is requested, the worker's
+    /// generation moves past `seen`, or the poller stops. True if a re-scan was requested.
+    pub fn wait_for_control(&self, seen: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state();
+        loop {
+            if state.rescan {
+                state.rescan = false;
+                return true;
+            }
+            if state.generation != seen || self.is_stopping() {
+                return false;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else { return false };
+            state = self.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// Registers a job connection so that [`Shared::abort`] can cut it; unregistered on drop.
+    pub fn track(self: &Arc<Self>, link: WorkerLink) -> Inflight {
+        let id = self.next_inflight.fetch_add(1, Ordering::SeqCst);
+        let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_aborting() {
+            link.shutdown();
+        }
+        inflight.insert(id, link);
+        Inflight { shared: Arc::clone(self), id }
+    }
+}
+
+pub(crate) struct Inflight {
+    shared: Arc<Shared>,
+    id: u64,
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.shared.inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+    }
+}
+
+/// Stops a running [`crate::Poller`]: [`stop`](Self::stop) takes no new message and lets the jobs
+/// in flight finish; [`abort`](Self::abort) also hands those back to the queue at once.
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl ShutdownHandle {
+    pub fn stop(&self) {
+        self.shared.stop();
+    }
+
+    pub fn abort(&self) {
+        self.shared.abort();
+    }
+
+    pub fn is_stopping(&self) -> bool {
+        self.shared.is_stopping()
+    }
+
+    /// SIGTERM or SIGINT: the first stops gracefully, the second aborts.
+    pub fn on_signals(&self) -> std::io::Result<()> {
+        use signal_hook::consts::{SIGINT, SIGTERM};
+        let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+        let handle = self.clone();
+        std::thread::Builder::new().name("signals".into()).spawn(move || {
+            let mut seen = 0;
+            for signal in signals.forever() {
+                seen += 1;
+                if seen == 1 {
+                    tracing::info!(signal, "stopping: no new jobs, finishing the ones in flight (signal again to release them)");
+                    handle.stop();
+                } else {
+                    tracing::warn!(signal, "releasing the jobs in flight and exiting");
+                    handle.abort();
+                }
+            }
+        })?;
+        Ok(())
+    }
+}

@@ -1,0 +1,303 @@
+//! The poller against a scripted worker and an in-memory cloud: what it does on each outcome
+//! of a job, and what it serves on the control channel. Fast (no model, no real enclave); the
+//! real worker runs in `worker_process.rs`.
+
+mod support;
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use cloud::messages::{JobState, LedgerMessage};
+use cloud::{layout, ObjectStore, PutCondition, Queue};
+use host_poller::{PollerConfig, WorkerEndpoint, WorkerSource};
+use protocol::envelope::{FleetSecretKey, JobId};
+use protocol::fleet::{epoch_object_key, EpochRecord};
+use protocol::frame::Message;
+use protocol::receipt::SignedReceipt;
+use sha2::{Digest, Sha256};
+use support::fake_worker::{receipt_key, FakeWorker, JobMode};
+use support::memory::MemCloud;
+use support::{enqueue, status, wait_until, Running};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn epoch_record(epoch: u64, not_after_ms: u64) -> Vec<u8> {
+    EpochRecord {
+        epoch,
+        not_after_ms,
+        kms_key_id: "fleet".into(),
+        public_key: hex::encode(FleetSecretKey::generate().public_key().to_bytes()),
+        wrapped_private_key: hex::encode(format!("wrapped {epoch}")),
+    }
+    .to_json()
+    .into_bytes()
+}
+
+fn setup(mode: JobMode, max_receives: u32) -> (MemCloud, FakeWorker, PollerConfig) {
+    let cloud = MemCloud::new(max_receives);
+    let hour = 3_600_000;
+    cloud.attestations.put(&epoch_object_key(1), &epoch_record(1, cloud::now_ms() + hour), PutCondition::CreateOnly).unwrap();
+    cloud.models.put("models/all-MiniLM-L6-v2/v1/manifest.cose", b"manifest v1", PutCondition::CreateOnly).unwrap();
+    let worker = FakeWorker::start(mode);
+    let mut config = PollerConfig::new(WorkerSource::Connect(WorkerEndpoint::Unix(worker.socket.clone())));
+    config.host_id = "test-host".into();
+    config.max_receives = max_receives;
+    config.poll_wait = Duration::from_millis(100);
+    config.retry_base = Duration::from_millis(100);
+    config.retry_max = Duration::from_millis(400);
+    config.visibility = Duration::from_secs(3);
+    config.rescan_interval = Duration::from_millis(300);
+    config.stall_timeout = Duration::from_secs(10);
+    (cloud, worker, config)
+}
+
+/// A sealed-looking input of `len` bytes (the fake worker does not open it).
+fn put_job(cloud: &MemCloud, seed: u8, len: usize) -> (JobId, Vec<u8>) {
+    let job = JobId([seed; 16]);
+    let input: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ seed).collect();
+    cloud.jobs.put(&layout::job_input(&job), &input, PutCondition::CreateOnly).unwrap();
+    (job, input)
+}
+
+fn state(cloud: &MemCloud, job: &JobId) -> Option<JobState> {
+    status(&*cloud.jobs, job).map(|s| s.state)
+}
+
+#[test]
+fn a_job_streams_through_commits_and_reaches_the_ledger() {
+    let (cloud, worker, config) = setup(JobMode::Echo, 5);
+    let now = cloud::now_ms();
+    // An expired epoch is never offered; one KMS refuses is reported back by its AWS code.
+    cloud.attestations.put(&epoch_object_key(0), &epoch_record(0, now - 1), PutCondition::CreateOnly).unwrap();
+    cloud.attestations.put(&epoch_object_key(99), &epoch_record(99, now + 3_600_000), PutCondition::CreateOnly).unwrap();
+    // Only the newest manifest of a model is loaded.
+    cloud.models.put("models/all-MiniLM-L6-v2/v2/manifest.cose", b"manifest v2", PutCondition::CreateOnly).unwrap();
+    let (job, input) = put_job(&cloud, 0x11, 600_000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+
+    wait_until("the job to complete", WAIT, || state(&cloud, &job) == Some(JobState::Completed));
+    poller.stop();
+
+    let output = cloud.jobs.get(&layout::job_output(&job, 1)).unwrap();
+    assert_eq!(output, input.iter().map(|b| !b).collect::<Vec<u8>>(), "output streamed back whole, under attempt 1");
+    let receipt = cloud.jobs.get(&layout::job_receipt(&job)).unwrap();
+    let signed = SignedReceipt::decode(&receipt).unwrap();
+    signed.verify(&receipt_key().verifying_key()).unwrap();
+    assert_eq!(signed.receipt.attempt, 1);
+    assert!(cloud.job_queue.pending().is_empty(), "job message deleted");
+    assert_eq!(worker.job_starts(), [(job.to_hex(), 1)]);
+
+    let status = status(&*cloud.jobs, &job).unwrap();
+    assert_eq!((status.records_ok, status.records_failed, status.tokens), (Some(2), Some(1), 30));
+    assert_eq!(status.output_key.as_deref(), Some(layout::job_output(&job, 1).as_str()));
+    assert_eq!(status.host.as_deref(), Some("test-host"));
+
+    let sent = cloud.ledger_queue.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    let (body, options) = &sent[0];
+    assert_eq!(options.group_id.as_deref(), Some("ledger"));
+    assert_eq!(options.deduplication_id.as_deref(), Some(job.to_hex().as_str()));
+    let message: LedgerMessage = serde_json::from_str(body).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    assert_eq!(b64.decode(&message.receipt).unwrap(), receipt);
+    let document = b64.decode(&message.attestation_document).unwrap();
+    assert_eq!(document, b"document for epoch 1");
+
+    // Control: what the worker fetched and what KMS answered through the host.
+    let fake = worker.state.lock().unwrap();
+    let fetched: Vec<(&str, bool)> = fake.fetched.iter().map(|(k, r)| (k.as_str(), r.is_ok())).collect();
+    assert!(fetched.contains(&("fleet-keys/epoch-1.json", true)), "{fetched:?}");
+    assert!(fetched.contains(&("models/all-MiniLM-L6-v2/v2/manifest.cose", true)), "{fetched:?}");
+    assert!(fetched.contains(&("jobs/0123/input.sealed", false)), "job objects are not served on control: {fetched:?}");
+    assert!(!fetched.iter().any(|(k, _)| *k == "fleet-keys/epoch-0.json" || k.contains("/v1/")), "{fetched:?}");
+    assert_eq!(fake.epochs, [1]);
+    assert!(fake.kms_answers.iter().any(|m| matches!(m,
+        Message::KmsDecrypted { ciphertext_for_recipient, .. } if ciphertext_for_recipient == b"sealed:wrapped 1")));
+    assert!(fake.kms_answers.iter().any(|m| matches!(m,
+        Message::KmsFailed { code, .. } if code == "AccessDeniedException")));
+    let calls = cloud.kms.calls.lock().unwrap();
+    assert!(calls.iter().all(|(_, _, document)| document == b"one-shot document"), "the recipient document is the worker's");
+    // The published document, by hash and as this host's current one.
+    let by_hash = layout::attestation_by_hash(&Sha256::digest(&document).into());
+    assert_eq!(cloud.attestations.get(&by_hash).unwrap(), document);
+    assert_eq!(cloud.attestations.get(&layout::attestation_current("test-host")).unwrap(), document);
+}
+
+#[test]
+fn a_duplicate_delivery_is_not_reworked_and_tells_the_ledger_until_it_has_the_receipt() {
+    let (cloud, worker, config) = setup(JobMode::Echo, 5);
+    let (job, input) = put_job(&cloud, 0x22, 1000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the job to complete", WAIT, || state(&cloud, &job) == Some(JobState::Completed));
+
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    wait_until("the duplicate to be deleted", WAIT, || {
+        cloud.job_queue.pending().is_empty() && cloud.ledger_queue.sent.lock().unwrap().len() == 2
+    });
+    // Once the ledger has it, a duplicate is just deleted.
+    cloud.jobs.put(&layout::job_ledgered(&job), b"{}", PutCondition::CreateOnly).unwrap();
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    wait_until("the second duplicate to be deleted", WAIT, || cloud.job_queue.pending().is_empty());
+    poller.stop();
+
+    assert_eq!(worker.job_starts().len(), 1, "no second attempt");
+    assert_eq!(cloud.ledger_queue.sent.lock().unwrap().len(), 2);
+    assert_eq!(cloud.jobs.keys(&layout::job_attempts_prefix(&job)), [layout::job_output(&job, 1)]);
+}
+
+#[test]
+fn an_attempt_that_loses_the_receipt_race_discards_its_output() {
+    let (cloud, worker, config) = setup(JobMode::Slow(Duration::from_millis(800)), 5);
+    let (job, input) = put_job(&cloud, 0x33, 1000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the attempt to start", WAIT, || !worker.job_starts().is_empty());
+
+    // Meanwhile another host's attempt 7 commits first.
+    let document = worker.state.lock().unwrap().document.clone();
+    let mut other = SignedReceipt::decode(&fake_receipt(&job, 7, &document)).unwrap().receipt;
+    other.records_ok = 5;
+    let winner = other.sign(&receipt_key());
+    cloud.jobs.put(&layout::job_receipt(&job), &winner, PutCondition::CreateOnly).unwrap();
+
+    wait_until("the message to be deleted", WAIT, || cloud.job_queue.pending().is_empty());
+    wait_until("the status to name the winner", WAIT, || status(&*cloud.jobs, &job).is_some_and(|s| s.attempt == Some(7)));
+    poller.stop();
+    assert_eq!(cloud.jobs.get(&layout::job_receipt(&job)).unwrap(), winner, "the first receipt stands");
+    assert!(cloud.jobs.keys(&layout::job_attempts_prefix(&job)).is_empty(), "the losing output is deleted");
+    let status = status(&*cloud.jobs, &job).unwrap();
+    assert_eq!((status.state, status.records_ok), (JobState::Completed, Some(5)));
+}
+
+fn fake_receipt(job: &JobId, attempt: u64, document: &[u8]) -> Vec<u8> {
+    protocol::receipt::Receipt {
+        job_id: *job,
+        input_sha256: [0; 32],
+        output_sha256: [0; 32],
+        records_ok: 1,
+        records_failed: 0,
+        tokens: 1,
+        model_id: support::fake_worker::MODEL_ID.into(),
+        manifest_hash: [1; 32],
+        options: Default::default(),
+        result_key_id: [2; 32],
+        attempt,
+        attestation_sha256: Sha256::digest(document).into(),
+        pcrs: Default::default(),
+        fleet_key_id: [3; 32],
+        epoch: 1,
+        started_ms: 1,
+        finished_ms: 2,
+        commitment: [4; 32],
+    }
+    .sign(&receipt_key())
+}
+
+#[test]
+fn a_failure_of_the_jobs_own_bytes_is_final() {
+    let (cloud, worker, config) = setup(JobMode::Fail("stream".into()), 5);
+    let (job, input) = put_job(&cloud, 0x44, 700_000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the job to fail", WAIT, || state(&cloud, &job) == Some(JobState::Failed));
+    wait_until("the message to be deleted", WAIT, || cloud.job_queue.pending().is_empty());
+    poller.stop();
+    let failure = status(&*cloud.jobs, &job).unwrap().failure.unwrap();
+    assert_eq!(failure.check, "stream");
+    assert_eq!(worker.job_starts().len(), 1);
+    assert!(cloud.jobs.keys(&layout::job_attempts_prefix(&job)).is_empty(), "a failed attempt commits no output");
+    assert!(cloud.jobs.head(&layout::job_receipt(&job)).unwrap().is_none());
+    assert!(cloud.ledger_queue.sent.lock().unwrap().is_empty());
+}
+
+#[test]
+fn other_failures_are_retried_with_backoff_until_the_dead_letter() {
+    let (cloud, worker, mut config) = setup(JobMode::Fail("protocol".into()), 3);
+    config.retry_base = Duration::from_millis(600);
+    let (job, input) = put_job(&cloud, 0x55, 1000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+
+    wait_until("a first failed attempt", WAIT, || {
+        status(&*cloud.jobs, &job).is_some_and(|s| s.state == JobState::Queued && s.failure.is_some())
+    });
+    let shown = status(&*cloud.jobs, &job).unwrap().failure.unwrap();
+    assert_eq!(shown.check, "protocol", "the status shows the last error");
+    assert!(cloud.job_queue.hidden_for().unwrap() > 0.1, "hidden for a backoff, not retried at once");
+
+    wait_until("the dead letter", WAIT, || state(&cloud, &job) == Some(JobState::Failed));
+    wait_until("the queue to dead-letter it", WAIT, || cloud.job_queue.dead.lock().unwrap().len() == 1);
+    poller.stop();
+    let failure = status(&*cloud.jobs, &job).unwrap().failure.unwrap();
+    assert_eq!(failure.check, "dead_letter");
+    assert!(failure.message.starts_with("protocol: "), "{}", failure.message);
+    let attempts: Vec<u64> = worker.job_starts().into_iter().map(|(_, a)| a).collect();
+    assert_eq!(attempts, [1, 2, 3], "attempt = receive count");
+}
+
+#[test]
+fn a_worker_that_dies_mid_job_loses_only_that_attempt() {
+    let (cloud, worker, config) = setup(JobMode::Die, 5);
+    let (job, input) = put_job(&cloud, 0x66, 600_000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the first attempt", WAIT, || !worker.job_starts().is_empty());
+    worker.set_mode(JobMode::Echo);
+    wait_until("the job to complete", WAIT, || state(&cloud, &job) == Some(JobState::Completed));
+    poller.stop();
+    assert_eq!(worker.job_starts().iter().map(|(_, a)| *a).collect::<Vec<_>>(), [1, 2]);
+    assert_eq!(cloud.jobs.keys(&layout::job_attempts_prefix(&job)), [layout::job_output(&job, 2)], "attempt 1 left nothing");
+}
+
+#[test]
+fn a_cancelled_job_is_not_started() {
+    let (cloud, worker, config) = setup(JobMode::Echo, 5);
+    let (job, input) = put_job(&cloud, 0x77, 1000);
+    cloud.jobs.put(&layout::job_cancel(&job), b"{}", PutCondition::CreateOnly).unwrap();
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the job to be cancelled", WAIT, || state(&cloud, &job) == Some(JobState::Cancelled));
+    wait_until("the message to be deleted", WAIT, || cloud.job_queue.pending().is_empty());
+    poller.stop();
+    assert!(worker.job_starts().is_empty());
+}
+
+#[test]
+fn an_unreadable_message_is_left_for_the_dead_letter_queue() {
+    let (cloud, _worker, config) = setup(JobMode::Echo, 5);
+    cloud.job_queue.send("not json", &Default::default()).map(|_| ()).unwrap();
+    let poller = Running::start(cloud.services(), config);
+    wait_until("it to be received", WAIT, || cloud.job_queue.pending() == [1]);
+    std::thread::sleep(Duration::from_millis(100));
+    poller.stop();
+    assert_eq!(cloud.job_queue.pending().len(), 1, "not deleted");
+}
+
+#[test]
+fn a_graceful_stop_finishes_the_job_in_flight() {
+    let (cloud, worker, config) = setup(JobMode::Slow(Duration::from_millis(700)), 5);
+    let (job, input) = put_job(&cloud, 0x88, 1000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the attempt to start", WAIT, || !worker.job_starts().is_empty());
+    poller.stop();
+    assert_eq!(state(&cloud, &job), Some(JobState::Completed));
+    assert!(cloud.job_queue.pending().is_empty());
+}
+
+#[test]
+fn an_abort_hands_the_job_in_flight_back_at_once() {
+    let (cloud, worker, config) = setup(JobMode::Hang, 5);
+    let (job, input) = put_job(&cloud, 0x99, 1000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the attempt to start", WAIT, || !worker.job_starts().is_empty());
+    poller.handle.abort();
+    poller.join();
+    assert_eq!(cloud.job_queue.pending(), [1], "still in the queue");
+    assert!(cloud.job_queue.hidden_for().unwrap() <= 0.0, "visible again at once");
+    assert_eq!(state(&cloud, &job), Some(JobState::Queued));
+    assert!(cloud.jobs.keys(&layout::job_attempts_prefix(&job)).is_empty(), "no partial output committed");
+}

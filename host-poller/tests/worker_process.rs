@@ -1,0 +1,269 @@
+//! The poller with the real `enclave-worker` (started and supervised by the poller) and the
+//! local cloud in a temporary home: real key release through the local KMS, a real model, real
+//! sealed jobs. Set up the way `ephem-batch dev up` does: KMS keys bound to PCR0 = SHA-384 of the
+//! worker binary, a fleet epoch, an encrypted and signed model.
+//!
+//! Needs the worker binary (`cargo build -p enclave-worker`; `scripts/test-rust.sh` builds every
+//! binary first), found next to this test's directory or in `$EPHEM_BIN_DIR`, and the model
+//! files (`$EPHEM_MODEL_DIR`, default `.ephem/models/all-MiniLM-L6-v2`).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cloud::local::{LocalCloud, LocalKeyPolicy, FLEET_KEY_ALIAS, MODEL_KEY_ALIAS};
+use cloud::messages::{JobState, LedgerMessage};
+use cloud::{layout, Kms, ObjectStore, PutCondition, Queue};
+use ed25519_dalek::VerifyingKey;
+use host_poller::{PollerConfig, SpawnConfig, WorkerSource};
+use p256::pkcs8::DecodePublicKey;
+use protocol::attestation::{self, TrustAnchor, UserDataBinding, VerifyOptions};
+use protocol::envelope::{self, FleetPublicKey, JobHeader, JobId, JobOptions, Preamble, ResultSecretKey, StreamKind};
+use protocol::fleet::{encryption_context, epoch_object_key, EpochRecord};
+use protocol::manifest::{development_publisher, manifest_hash, Manifest, ModelFile, Pooling};
+use protocol::receipt::SignedReceipt;
+use protocol::records::{encode_input, InputRecord, OutputDecoder, OutputRecord};
+use sha2::{Digest, Sha256, Sha384};
+use support::{enqueue, status, wait_until, Running};
+
+const MODEL_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
+const WAIT: Duration = Duration::from_secs(120);
+
+fn worker_binary() -> PathBuf {
+    let dir = std::env::var_os("EPHEM_BIN_DIR").map(PathBuf::from).unwrap_or_else(|| {
+        // target/<profile>/deps/<this test> → target/<profile>
+        let exe = std::env::current_exe().unwrap();
+        exe.parent().and_then(Path::parent).unwrap().to_path_buf()
+    });
+    let binary = dir.join("enclave-worker");
+    assert!(
+        binary.is_file(),
+        "{} is missing: build it first (`cargo build -p enclave-worker`; scripts/test-rust.sh builds every binary)",
+        binary.display()
+    );
+    binary
+}
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("EPHEM_MODEL_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2").into())
+}
+
+/// What `ephem-batch dev up` puts in place: keys, epoch 1, the model. Returns the fleet public key
+/// and the manifest hash.
+fn provision(local: &LocalCloud, worker: &Path) -> (FleetPublicKey, [u8; 32]) {
+    let pcr0 = Sha384::digest(std::fs::read(worker).unwrap()).to_vec();
+    let kms = local.kms();
+    let fleet_key = kms.create_key(LocalKeyPolicy::fleet(pcr0.clone(), None), "fleet keys (test)").unwrap();
+    kms.set_alias(FLEET_KEY_ALIAS, &fleet_key).unwrap();
+    let model_key = kms.create_key(LocalKeyPolicy::model(pcr0, None), "model keys (test)").unwrap();
+    kms.set_alias(MODEL_KEY_ALIAS, &model_key).unwrap();
+
+    let not_after_ms = cloud::now_ms() + 3_600_000;
+    let pair = kms.generate_data_key_pair_without_plaintext(&fleet_key, &encryption_context(1, not_after_ms)).unwrap();
+    let public = p256::PublicKey::from_public_key_der(&pair.public_key_der).unwrap();
+    let point = p256::elliptic_curve::sec1::ToSec1Point::to_sec1_point(&public, false);
+    let fleet = FleetPublicKey::from_bytes(point.as_bytes()).unwrap();
+    let record = EpochRecord {
+        epoch: 1,
+        not_after_ms,
+        kms_key_id: pair.key_id,
+        public_key: hex::encode(fleet.to_bytes()),
+        wrapped_private_key: hex::encode(&pair.private_key_ciphertext_blob),
+    };
+    let attestations = local.attestations_store();
+    attestations.put(&epoch_object_key(1), record.to_json().as_bytes(), PutCondition::CreateOnly).unwrap();
+
+    let dir = model_dir();
+    let read = |name: &str| {
+        std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{}/{name}: {e} (run scripts/setup-model.sh)", dir.display()))
+    };
+    let files: Vec<(&str, Vec<u8>)> =
+        ["config.json", "model.safetensors", "tokenizer.json"].into_iter().map(|n| (n, read(n))).collect();
+    let mut dek = [0u8; 32];
+    getrandom::fill(&mut dek).unwrap();
+    let context = [("model_id".to_owned(), MODEL_ID.to_owned()), ("version".to_owned(), "1".to_owned())].into_iter().collect();
+    let wrapped_dek = kms.encrypt(&model_key, &dek, &context).unwrap();
+    let manifest = Manifest {
+        model_id: MODEL_ID.into(),
+        version: 1,
+        files: files
+            .iter()
+            .map(|(name, bytes)| ModelFile { name: (*name).into(), sha256: Sha256::digest(bytes).into(), size: bytes.len() as u64 })
+            .collect(),
+        dimensions: 384,
+        pooling: Pooling::Mean,
+        normalize: true,
+        max_tokens: 256,
+        kms_key_id: model_key,
+        wrapped_dek,
+        created_ms: cloud::now_ms(),
+    };
+    let manifest_key = layout::model_manifest(MODEL_ID, 1);
+    let models = local.models_store();
+    for (name, bytes) in &files {
+        let sealed = manifest.seal_file(&dek, name, bytes);
+        models.put(&Manifest::file_object_key(&manifest_key, name), &sealed, PutCondition::CreateOnly).unwrap();
+    }
+    let signed = manifest.sign(&development_publisher());
+    models.put(&manifest_key, &signed, PutCondition::CreateOnly).unwrap();
+    (fleet, manifest_hash(&signed))
+}
+
+struct Job {
+    id: JobId,
+    bytes: Vec<u8>,
+    records: u64,
+}
+
+/// Seals `records` texts as a client does and uploads the input.
+fn submit(local: &LocalCloud, fleet: &FleetPublicKey, client: &ResultSecretKey, manifest: [u8; 32], texts: &[String]) -> Job {
+    let header = JobHeader {
+        fleet_key_id: fleet.key_id(),
+        epoch: 1,
+        model_id: MODEL_ID.into(),
+        manifest_hash: manifest,
+        options: JobOptions::default(),
+        result_public_key: client.public_key().to_bytes(),
+        record_count: texts.len() as u64,
+        created_ms: cloud::now_ms(),
+    };
+    let mut sealed = envelope::seal_job(&header, fleet).unwrap();
+    let mut plaintext = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        encode_input(&InputRecord { id: format!("r{i}"), text: text.clone().into_bytes() }, &mut plaintext).unwrap();
+    }
+    let mut bytes = sealed.preamble.clone();
+    sealed.sealer.push(&plaintext, &mut bytes).unwrap();
+    sealed.sealer.finish(&mut bytes).unwrap();
+    let id = JobId(sealed.stream_id);
+    local.jobs_store().put(&layout::job_input(&id), &bytes, PutCondition::CreateOnly).unwrap();
+    Job { id, bytes, records: texts.len() as u64 }
+}
+
+fn send(local: &LocalCloud, job: &Job, manifest: [u8; 32]) {
+    enqueue(&*local.job_queue(), &job.id, job.bytes.len() as u64, job.records, manifest);
+}
+
+fn state(local: &LocalCloud, job: &JobId) -> Option<JobState> {
+    status(&*local.jobs_store(), job).map(|s| s.state)
+}
+
+fn queue_empty(local: &LocalCloud) -> bool {
+    local.job_queue().stats().map(|s| s.visible + s.in_flight + s.delayed == 0).unwrap_or(false)
+}
+
+fn texts(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("Document {i}: confidential embedding of sealed records inside an enclave, line {i}.")).collect()
+}
+
+#[test]
+fn the_poller_runs_sealed_jobs_through_the_real_worker() {
+    let home = tempfile::tempdir().unwrap();
+    let local = LocalCloud::open(home.path()).unwrap();
+    let binary = worker_binary();
+    let (fleet, manifest) = provision(&local, &binary);
+
+    let mut spawn = SpawnConfig::local(home.path(), binary);
+    spawn.threads = 2;
+    spawn.log_file = Some(home.path().join("logs").join("enclave-worker.log"));
+    let mut config = PollerConfig::new(WorkerSource::Spawn(spawn));
+    config.host_id = "test-host".into();
+    config.poll_wait = Duration::from_millis(200);
+    config.retry_base = Duration::from_millis(300);
+    config.retry_max = Duration::from_secs(2);
+    config.visibility = Duration::from_secs(10);
+    config.pid_file = Some(home.path().join("run").join("host-poller.pid"));
+    let started = Instant::now();
+    let poller = Running::start(local.services(), config);
+    let client = ResultSecretKey::generate();
+
+    // 1. A job completes: output under attempt 1, receipt committed, ledger told, message gone.
+    let job = submit(&local, &fleet, &client, manifest, &texts(3));
+    send(&local, &job, manifest);
+    wait_until("the first job to complete", WAIT, || state(&local, &job.id) == Some(JobState::Completed));
+    eprintln!("first job done {:?} after start (worker boot, key release, model load included)", started.elapsed());
+    wait_until("the message to be deleted", WAIT, || queue_empty(&local));
+    assert!(home.path().join("run/host-poller.pid").is_file() && home.path().join("run/enclave-worker.pid").is_file());
+
+    let jobs = local.jobs_store();
+    let output = jobs.get(&layout::job_output(&job.id, 1)).unwrap();
+    let receipt_bytes = jobs.get(&layout::job_receipt(&job.id)).unwrap();
+    let status1 = status(&*jobs, &job.id).unwrap();
+    assert_eq!((status1.attempt, status1.records_ok, status1.records_failed), (Some(1), Some(3), Some(0)));
+
+    // The receipt verifies with the receipt key the published document binds, and names the
+    // exact bytes that went in and came out.
+    let current = local.attestations_store().get(&layout::attestation_current("test-host")).unwrap();
+    let root = TrustAnchor::from_pem(&std::fs::read_to_string(local.dev_root_pem_path()).unwrap()).unwrap();
+    let verified = attestation::verify(&current, &VerifyOptions::new(root, cloud::now_ms())).unwrap();
+    let binding = UserDataBinding::decode(verified.document.user_data.as_deref().unwrap()).unwrap();
+    let signed = SignedReceipt::decode(&receipt_bytes).unwrap();
+    let receipt = signed.verify(&VerifyingKey::from_bytes(&binding.receipt_public_key).unwrap()).unwrap();
+    assert_eq!(receipt.input_sha256, <[u8; 32]>::from(Sha256::digest(&job.bytes)));
+    assert_eq!(receipt.output_sha256, <[u8; 32]>::from(Sha256::digest(&output)));
+    assert_eq!(receipt.attestation_sha256, <[u8; 32]>::from(Sha256::digest(&current)));
+
+    // The client opens the output.
+    let (preamble, used) = Preamble::parse_complete(&output, StreamKind::JobResult).unwrap();
+    let mut opened = envelope::open_result(&preamble, &client, Some(job.id)).unwrap();
+    let mut plain = Vec::new();
+    opened.opener.push(&output[used..], &mut plain).unwrap();
+    opened.opener.finish(&mut plain).unwrap();
+    let mut decoder = OutputDecoder::new();
+    decoder.push(&plain);
+    let mut vectors = 0;
+    while let Some(record) = decoder.next_record().unwrap() {
+        assert!(matches!(record, OutputRecord::Embedding { .. }), "{record:?}");
+        vectors += 1;
+    }
+    assert_eq!(vectors, 3);
+
+    // The ledger queue holds the receipt and the document it names.
+    let ledger = local.ledger_queue().receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap();
+    assert_eq!(ledger.len(), 1);
+    let message: LedgerMessage = serde_json::from_str(&ledger[0].body).unwrap();
+    assert_eq!(message.job_id, job.id.to_hex());
+
+    // 2. A duplicate delivery ends without a new attempt.
+    send(&local, &job, manifest);
+    wait_until("the duplicate to be deleted", WAIT, || queue_empty(&local));
+    assert_eq!(jobs.list(&layout::job_attempts_prefix(&job.id)).unwrap().len(), 1, "no second attempt");
+    assert_eq!(jobs.get(&layout::job_receipt(&job.id)).unwrap(), receipt_bytes);
+
+    // 3. A tampered input fails by name, for good.
+    let mut tampered = submit(&local, &fleet, &client, manifest, &texts(2));
+    let at = tampered.bytes.len() - 20;
+    tampered.bytes[at] ^= 1;
+    jobs.put(&layout::job_input(&tampered.id), &tampered.bytes, PutCondition::Overwrite).unwrap();
+    send(&local, &tampered, manifest);
+    wait_until("the tampered job to fail", WAIT, || state(&local, &tampered.id) == Some(JobState::Failed));
+    let failure = status(&*jobs, &tampered.id).unwrap().failure.unwrap();
+    assert_eq!(failure.check, "stream", "{failure:?}");
+    wait_until("its message to be deleted", WAIT, || queue_empty(&local));
+    assert!(jobs.head(&layout::job_receipt(&tampered.id)).unwrap().is_none());
+
+    // 4. The worker is killed mid-job: the supervisor restarts it, control sets it up again, and
+    // the redelivered message completes under a later attempt.
+    let long = submit(&local, &fleet, &client, manifest, &texts(300));
+    send(&local, &long, manifest);
+    wait_until("the long job to start", WAIT, || state(&local, &long.id) == Some(JobState::InProgress));
+    let pid = std::fs::read_to_string(home.path().join("run/enclave-worker.pid")).unwrap();
+    let killed = std::process::Command::new("kill").arg("-KILL").arg(pid.trim()).status().unwrap();
+    assert!(killed.success());
+    wait_until("the long job to complete", WAIT, || state(&local, &long.id) == Some(JobState::Completed));
+    let status4 = status(&*jobs, &long.id).unwrap();
+    assert!(status4.attempt.unwrap() >= 2, "{status4:?}");
+    assert_eq!(status4.records_ok, Some(300));
+    let new_pid = std::fs::read_to_string(home.path().join("run/enclave-worker.pid")).unwrap();
+    assert_ne!(new_pid, pid, "a new worker process");
+    let committed = SignedReceipt::decode(&jobs.get(&layout::job_receipt(&long.id)).unwrap()).unwrap();
+    assert_eq!(committed.receipt.attempt, status4.attempt.unwrap());
+    wait_until("its message to be deleted", WAIT, || queue_empty(&local));
+
+    let stopping = poller.stop();
+    eprintln!("stopped in {stopping:?}; whole test {:?}", started.elapsed());
+    assert!(!home.path().join("run/host-poller.pid").exists() && !home.path().join("run/enclave-worker.pid").exists());
+}
