@@ -68,6 +68,42 @@ fn local_pipeline_end_to_end() {
     assert_eq!(status["state"], "completed");
     assert!(status["ledger"]["index"].is_u64());
 
+    // --- the ledger: full replay, and an offline bundle checked against a pinned key ---------
+    stack.ok(&["ledger", "verify"]);
+    let bundle = work.path().join("bundle.json");
+    stack.ok(&["ledger", "prove", &job, "-o", bundle.to_str().unwrap()]);
+    let ledger_key = stack.home().join("ledger/ledger.pub");
+    let dev_root = stack.home().join("enclave/dev-root.pem");
+    let verify_bundle = |path: &Path, key: &Path| {
+        stack.cli(&[
+            "ledger",
+            "verify-bundle",
+            path.to_str().unwrap(),
+            "--ledger-key",
+            key.to_str().unwrap(),
+            "--development-root",
+            dev_root.to_str().unwrap(),
+            "--job",
+            &job,
+        ])
+    };
+    let out = verify_bundle(&bundle, &ledger_key);
+    assert!(out.status.success(), "{}", stack.describe(&out));
+    // One hex digit changed in the receipt breaks the bundle.
+    let mut tampered: Value = json(&std::fs::read_to_string(&bundle).unwrap());
+    let receipt_hex = tampered["receipt"].as_str().unwrap().to_owned();
+    let middle = receipt_hex.len() / 2;
+    let digit = if &receipt_hex[middle..=middle] == "0" { "1" } else { "0" };
+    tampered["receipt"] = format!("{}{digit}{}", &receipt_hex[..middle], &receipt_hex[middle + 1..]).into();
+    let tampered_path = work.path().join("tampered.json");
+    std::fs::write(&tampered_path, tampered.to_string()).unwrap();
+    assert!(!verify_bundle(&tampered_path, &ledger_key).status.success(), "a tampered bundle verified");
+    // A ledger key the auditor did not pin is refused, whatever the bundle says.
+    let other_key = work.path().join("other.pub");
+    let other = "ephem-batch.local/ledger+00000000+AWGtV4aJPr87AawaapmUMG/isbv/qqfxcww0x70jKRXL";
+    std::fs::write(&other_key, other).unwrap();
+    assert!(!verify_bundle(&bundle, &other_key).status.success(), "a bundle verified under another key");
+
     // --- blind host: no canary in anything the host side stored or logged ------------------
     let host_side: Vec<_> = ["objects", "queues.sqlite", "queues.sqlite-wal", "kms.sqlite", "ledger", "logs", "enclave", "run"]
         .iter()
