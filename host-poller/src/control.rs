@@ -2,14 +2,16 @@
 //! it asks for meanwhile (objects, KMS calls, publishing its attestation). Runs on its own
 //! thread for the poller's life: reconnects and starts over when the worker is replaced, looks
 //! at the stores again periodically (a fleet-key rotation adds an epoch, a publisher a model
-//! version), and re-sends the newest epoch now and then so that the published document — whose
-//! certificate lives about three hours — stays fresh.
+//! version), re-sends the newest epoch now and then so that the published document — whose
+//! certificate lives about three hours — stays fresh, and answers clients' requests for a fresh
+//! document carrying their nonce (`attestations/requests/<nonce>.json` →
+//! `attestations/fresh/<nonce>.cbor`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cloud::{layout, ObjectError, Services};
+use cloud::{layout, ObjectError, PutCondition, Services};
 use protocol::fleet::EpochRecord;
 use protocol::frame::{Channel, Message};
 
@@ -22,6 +24,8 @@ use crate::worker_link::{describe, LinkError, WorkerEndpoint, WorkerLink};
 pub(crate) struct ControlSettings {
     pub rescan_interval: Duration,
     pub republish_interval: Duration,
+    /// How often to look for clients' attestation requests.
+    pub attestation_poll: Duration,
     /// How long one control request may go without a frame from the worker.
     pub request_timeout: Duration,
 }
@@ -54,6 +58,18 @@ struct Refusal {
 const FIRST_REFUSAL_DELAY: Duration = Duration::from_secs(30);
 const MAX_REFUSAL_DELAY: Duration = Duration::from_secs(15 * 60);
 const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+/// A client waits about half a minute for its fresh document; older requests are dropped.
+const REQUEST_TTL_MS: u64 = 120_000;
+/// Requests answered per pass, so a flood of them cannot starve the rest of control.
+const MAX_REQUESTS_PER_PASS: usize = 16;
+
+/// What the worker answered a request with.
+struct Reply {
+    /// `Status.ready`: a fleet key and a model in use.
+    ready: bool,
+    /// `Attested`: the fresh document.
+    document: Option<Vec<u8>>,
+}
 
 /// What the stores hold that the worker should have.
 struct Wanted {
@@ -94,6 +110,7 @@ impl Control {
     /// Runs until the poller stops.
     pub fn run(mut self) {
         let mut link: Option<(WorkerLink, u64)> = None;
+        let mut next_scan = Instant::now();
         while !self.shared.is_stopping() {
             let generation = self.shared.generation();
             if link.as_ref().is_some_and(|(_, g)| *g != generation) {
@@ -109,6 +126,7 @@ impl Control {
                         self.epochs.clear();
                         self.manifests.clear();
                         self.refusals.clear();
+                        next_scan = Instant::now();
                         let (connection, generation) = link.insert((connected, generation));
                         (connection, *generation)
                     }
@@ -120,15 +138,20 @@ impl Control {
                     }
                 },
             };
-            match self.configure(connection, generation) {
-                Err(error @ (ControlError::Link(_) | ControlError::Unexpected(_))) => {
-                    tracing::warn!(%error, "control channel lost");
-                    self.shared.set_ready(generation, false);
-                    link = None;
-                    self.shared.sleep(RECONNECT_DELAY);
-                    continue;
-                }
-                Err(ControlError::Refused(_)) | Ok(()) => {}
+            let mut outcome = Ok(());
+            if Instant::now() >= next_scan {
+                outcome = self.configure(connection, generation);
+                next_scan = Instant::now() + self.settings.rescan_interval;
+            }
+            if outcome.is_ok() {
+                outcome = self.answer_attestation_requests(connection);
+            }
+            if let Err(error) = outcome {
+                tracing::warn!(%error, "control channel lost");
+                self.shared.set_ready(generation, false);
+                link = None;
+                self.shared.sleep(RECONNECT_DELAY);
+                continue;
             }
             // An idle control connection shows a dead or restarted worker only when read.
             if connection.is_broken() {
@@ -137,7 +160,10 @@ impl Control {
                 link = None;
                 continue;
             }
-            self.shared.wait_for_control(generation, self.settings.rescan_interval);
+            let until_scan = next_scan.saturating_duration_since(Instant::now());
+            if self.shared.wait_for_control(generation, until_scan.min(self.settings.attestation_poll)) {
+                next_scan = Instant::now();
+            }
         }
         tracing::debug!("control stopped");
     }
@@ -159,11 +185,11 @@ impl Control {
             }
             let request = Message::UseFleetEpoch { epoch: *epoch, object_key: key.clone() };
             match self.request(link, &request) {
-                Ok(status_ready) => {
+                Ok(reply) => {
                     tracing::info!(epoch, "worker took up fleet epoch");
                     self.epochs.insert(*epoch);
                     self.last_publication = Instant::now();
-                    ready = Some(status_ready);
+                    ready = Some(reply.ready);
                 }
                 Err(ControlError::Refused(message)) => self.refusal(Target::Epoch(*epoch), etag, &message),
                 Err(error) => return Err(error),
@@ -174,22 +200,22 @@ impl Control {
                 continue;
             }
             match self.request(link, &Message::LoadModel { manifest_key: key.clone() }) {
-                Ok(status_ready) => {
+                Ok(reply) => {
                     tracing::info!(manifest = key, "worker loaded model");
                     self.manifests.insert(dir.clone(), key.clone());
-                    ready = Some(status_ready);
+                    ready = Some(reply.ready);
                 }
                 Err(ControlError::Refused(message)) => self.refusal(Target::Manifest(key.clone()), etag, &message),
                 Err(error) => return Err(error),
             }
         }
-        let newest = self.epochs.iter().copied().filter(|e| wanted.epochs.contains_key(e)).next_back();
+        let newest = self.epochs.iter().copied().rfind(|e| wanted.epochs.contains_key(e));
         if let Some(epoch) = newest
             && self.last_publication.elapsed() >= self.settings.republish_interval
         {
             let key = wanted.epochs[&epoch].0.clone();
             match self.request(link, &Message::UseFleetEpoch { epoch, object_key: key }) {
-                Ok(status_ready) => ready = Some(status_ready),
+                Ok(reply) => ready = Some(reply.ready),
                 Err(ControlError::Refused(message)) => tracing::warn!(epoch, message, "re-publication refused"),
                 Err(error) => return Err(error),
             }
@@ -220,9 +246,67 @@ impl Control {
         self.refusals.insert(target, Refusal { etag: etag.to_owned(), next: Instant::now() + delay, delay });
     }
 
-    /// Sends one request and serves the worker until it answers; `Ok(ready)` from its `Status`.
-    fn request(&self, link: &mut WorkerLink, request: &Message) -> Result<bool, ControlError> {
+    /// Fresh documents for clients' nonces. A request is answered once (create-only: the first
+    /// host wins), then removed; a stale or refused one is removed unanswered.
+    fn answer_attestation_requests(&mut self, link: &mut WorkerLink) -> Result<(), ControlError> {
+        let store = &self.services.attestations;
+        let requests = match retry::transient("list attestation requests", || store.list(layout::ATTESTATION_REQUESTS_PREFIX)) {
+            Ok(requests) => requests,
+            Err(error) => {
+                tracing::warn!(%error, "cannot list attestation requests");
+                return Ok(());
+            }
+        };
+        let now = cloud::now_ms();
+        for meta in requests.into_iter().take(MAX_REQUESTS_PER_PASS) {
+            let remove = || {
+                if let Err(error) = store.delete(&meta.key) {
+                    tracing::debug!(key = meta.key, %error, "attestation request not removed");
+                }
+            };
+            let Some(nonce) = layout::nonce_of_request(&meta.key) else {
+                remove();
+                continue;
+            };
+            let answer = layout::attestation_fresh(&nonce);
+            if matches!(store.head(&answer), Ok(Some(_))) {
+                remove();
+                continue;
+            }
+            let requested_ms = store
+                .get(&meta.key)
+                .ok()
+                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
+                .and_then(|body| body.get("requested_ms")?.as_u64());
+            if requested_ms.is_none_or(|at| at + REQUEST_TTL_MS < now) {
+                remove();
+                continue;
+            }
+            match self.request(link, &Message::Attest { request: 1, nonce: nonce.clone() }) {
+                Ok(Reply { document: Some(document), .. }) => {
+                    match retry::transient("store fresh attestation", || store.put(&answer, &document, PutCondition::CreateOnly)) {
+                        Ok(_) | Err(ObjectError::AlreadyExists { .. }) => {
+                            tracing::info!(key = answer, "fresh attestation for a client nonce");
+                            remove();
+                        }
+                        Err(error) => tracing::warn!(key = answer, %error, "fresh attestation not stored"),
+                    }
+                }
+                Ok(Reply { document: None, .. }) => return Err(ControlError::Unexpected("Status without Attested")),
+                Err(ControlError::Refused(message)) => {
+                    tracing::warn!(message, "worker refused a fresh attestation");
+                    remove();
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one request and serves the worker until it answers with its `Status`.
+    fn request(&self, link: &mut WorkerLink, request: &Message) -> Result<Reply, ControlError> {
         link.send(request)?;
+        let mut document = None;
         loop {
             match link.recv()? {
                 Message::FetchObject { request, key } => self.relay.fetch(link, request, &key)?,
@@ -230,9 +314,10 @@ impl Control {
                     .relay
                     .kms_decrypt(link, request, key_id.as_deref(), &ciphertext_blob, &encryption_context, recipient_attestation)?,
                 Message::PublishAttestation { document } => self.relay.publish(document),
+                Message::Attested { document: fresh, .. } => document = Some(fresh),
                 Message::Status { ready, epochs, models, detail } => {
                     tracing::debug!(ready, ?epochs, ?models, detail, "worker status");
-                    return Ok(ready);
+                    return Ok(Reply { ready, document });
                 }
                 Message::Error { message } => return Err(ControlError::Refused(message)),
                 other => return Err(ControlError::Unexpected(describe(&other))),

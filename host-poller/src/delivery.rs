@@ -149,11 +149,16 @@ impl Delivery<'_> {
             Ok(writer) => writer,
             Err(error) => return self.retry("output", error.to_string()),
         };
+        // The key follows from the job id; the message's copy is informative (and untrusted).
+        let input_key = layout::job_input(&self.job);
+        if self.message.input_key != input_key {
+            tracing::warn!(claimed = self.message.input_key, "job message names another input key; using the job's own");
+        }
         let runner = Attempt {
             endpoint: &self.ctx.endpoint,
             shared: &self.ctx.shared,
             jobs,
-            input_key: &self.message.input_key,
+            input_key: &input_key,
             job: &self.job,
             attempt,
             stall_timeout: self.ctx.settings.stall_timeout,

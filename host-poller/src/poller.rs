@@ -60,6 +60,8 @@ pub struct PollerConfig {
     pub rescan_interval: Duration,
     /// How often the newest epoch is taken up again to publish a fresh attestation document.
     pub republish_interval: Duration,
+    /// How often to look for clients' requests for a fresh document (`attest fetch --nonce`).
+    pub attestation_poll: Duration,
     /// This process's pid file (`<home>/run/host-poller.pid`), removed on a clean exit.
     pub pid_file: Option<PathBuf>,
 }
@@ -78,6 +80,7 @@ impl PollerConfig {
             stall_timeout: Duration::from_secs(300),
             rescan_interval: Duration::from_secs(60),
             republish_interval: Duration::from_secs(30 * 60),
+            attestation_poll: Duration::from_secs(2),
             pid_file: None,
         }
     }
@@ -174,6 +177,7 @@ impl Poller {
             ControlSettings {
                 rescan_interval: config.rescan_interval,
                 republish_interval: config.republish_interval,
+                attestation_poll: config.attestation_poll,
                 request_timeout: config.stall_timeout,
             },
         );

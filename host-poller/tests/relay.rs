@@ -301,3 +301,21 @@ fn an_abort_hands_the_job_in_flight_back_at_once() {
     assert_eq!(state(&cloud, &job), Some(JobState::Queued));
     assert!(cloud.jobs.keys(&layout::job_attempts_prefix(&job)).is_empty(), "no partial output committed");
 }
+
+#[test]
+fn a_client_nonce_gets_a_fresh_document() {
+    let (cloud, _worker, config) = setup(JobMode::Echo, 5);
+    let nonce = b"client nonce 1".to_vec();
+    let body = format!(r#"{{"nonce":"{}","requested_ms":{}}}"#, hex::encode(&nonce), cloud::now_ms());
+    cloud.attestations.put(&layout::attestation_request(&nonce), body.as_bytes(), PutCondition::CreateOnly).unwrap();
+    let stale = b"stale".to_vec();
+    let old = format!(r#"{{"nonce":"{}","requested_ms":1}}"#, hex::encode(&stale));
+    cloud.attestations.put(&layout::attestation_request(&stale), old.as_bytes(), PutCondition::CreateOnly).unwrap();
+    let poller = Running::start(cloud.services(), config);
+    let answer = layout::attestation_fresh(&nonce);
+    wait_until("the fresh document", WAIT, || cloud.attestations.head(&answer).unwrap().is_some());
+    wait_until("the requests to be removed", WAIT, || cloud.attestations.keys(layout::ATTESTATION_REQUESTS_PREFIX).is_empty());
+    poller.stop();
+    assert_eq!(cloud.attestations.get(&answer).unwrap(), [b"fresh:".as_slice(), &nonce].concat());
+    assert!(cloud.attestations.head(&layout::attestation_fresh(&stale)).unwrap().is_none(), "a stale request is dropped");
+}

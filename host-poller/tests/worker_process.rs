@@ -227,6 +227,19 @@ fn the_poller_runs_sealed_jobs_through_the_real_worker() {
     let message: LedgerMessage = serde_json::from_str(&ledger[0].body).unwrap();
     assert_eq!(message.job_id, job.id.to_hex());
 
+    // A client's nonce comes back in a fresh document from the same enclave.
+    let nonce = b"a client's nonce".to_vec();
+    let request = format!(r#"{{"nonce":"{}","requested_ms":{}}}"#, hex::encode(&nonce), cloud::now_ms());
+    let attestations = local.attestations_store();
+    attestations.put(&layout::attestation_request(&nonce), request.as_bytes(), PutCondition::CreateOnly).unwrap();
+    wait_until("a fresh document", WAIT, || attestations.head(&layout::attestation_fresh(&nonce)).unwrap().is_some());
+    let fresh = attestations.get(&layout::attestation_fresh(&nonce)).unwrap();
+    let root = TrustAnchor::from_pem(&std::fs::read_to_string(local.dev_root_pem_path()).unwrap()).unwrap();
+    let mut options = VerifyOptions::new(root, cloud::now_ms());
+    options.expected_nonce = Some(nonce);
+    let fresh = attestation::verify(&fresh, &options).unwrap();
+    assert_eq!(fresh.document.user_data, verified.document.user_data, "same keys as the published document");
+
     // 2. A duplicate delivery ends without a new attempt.
     send(&local, &job, manifest);
     wait_until("the duplicate to be deleted", WAIT, || queue_empty(&local));

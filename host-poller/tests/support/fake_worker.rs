@@ -165,6 +165,12 @@ fn control(mut connection: UnixStream, state: &Mutex<FakeState>) {
                 s.models.push(manifest_key);
                 send(&mut connection, &status(&s));
             }
+            Message::Attest { request, nonce } => {
+                let mut document = b"fresh:".to_vec();
+                document.extend(&nonce);
+                send(&mut connection, &Message::Attested { request, document });
+                send(&mut connection, &status(&state.lock().unwrap()));
+            }
             other => panic!("fake worker: unexpected control message {other:?}"),
         }
     }
