@@ -17,7 +17,7 @@ use protocol::frame::{Channel, Message};
 
 use crate::relay::Relay;
 use crate::retry;
-use crate::shared::Shared;
+use crate::shared::{Inflight, Shared};
 use crate::worker_link::{describe, LinkError, WorkerEndpoint, WorkerLink};
 
 #[derive(Debug, Clone)]
@@ -58,6 +58,8 @@ struct Refusal {
 const FIRST_REFUSAL_DELAY: Duration = Duration::from_secs(30);
 const MAX_REFUSAL_DELAY: Duration = Duration::from_secs(15 * 60);
 const RECONNECT_DELAY: Duration = Duration::from_millis(200);
+/// Failed connection attempts between two warnings (30 s at [`RECONNECT_DELAY`]).
+const UNREACHABLE_REMINDER: u32 = 150;
 /// A client waits about half a minute for its fresh document; older requests are dropped.
 const REQUEST_TTL_MS: u64 = 120_000;
 /// Requests answered per pass, so a flood of them cannot starve the rest of control.
@@ -109,29 +111,40 @@ impl Control {
 
     /// Runs until the poller stops.
     pub fn run(mut self) {
-        let mut link: Option<(WorkerLink, u64)> = None;
+        // The connection, its worker generation, and its registration (so that shutdown can cut
+        // a request that waits on the worker, a model load say).
+        let mut link: Option<(WorkerLink, u64, Option<Inflight>)> = None;
         let mut next_scan = Instant::now();
+        let mut unreachable = 0u32;
         while !self.shared.is_stopping() {
             let generation = self.shared.generation();
-            if link.as_ref().is_some_and(|(_, g)| *g != generation) {
+            if link.as_ref().is_some_and(|(_, g, _)| *g != generation) {
                 tracing::info!("worker replaced: setting it up again");
                 link = None;
             }
             let (connection, generation) = match &mut link {
-                Some((connection, generation)) => (connection, *generation),
+                Some((connection, generation, _)) => (connection, *generation),
                 None => match self.endpoint.connect(Channel::Control) {
                     Ok(connected) => {
+                        unreachable = 0;
                         let _ = connected.set_read_timeout(Some(self.settings.request_timeout));
                         tracing::info!(endpoint = %self.endpoint, "control channel open");
                         self.epochs.clear();
                         self.manifests.clear();
                         self.refusals.clear();
                         next_scan = Instant::now();
-                        let (connection, generation) = link.insert((connected, generation));
+                        let tracked = connected.try_clone().ok().map(|clone| self.shared.track(clone));
+                        let (connection, generation, _) = link.insert((connected, generation, tracked));
                         (connection, *generation)
                     }
                     Err(error) => {
-                        tracing::debug!(%error, "worker not reachable yet");
+                        unreachable += 1;
+                        // Quiet while a worker boots; then a reminder every half minute.
+                        if unreachable % UNREACHABLE_REMINDER == UNREACHABLE_REMINDER / 3 {
+                            tracing::warn!(%error, "worker not reachable");
+                        } else {
+                            tracing::debug!(%error, "worker not reachable yet");
+                        }
                         self.shared.set_ready(generation, false);
                         self.shared.sleep(RECONNECT_DELAY);
                         continue;
@@ -147,6 +160,9 @@ impl Control {
                 outcome = self.answer_attestation_requests(connection);
             }
             if let Err(error) = outcome {
+                if self.shared.is_stopping() {
+                    break;
+                }
                 tracing::warn!(%error, "control channel lost");
                 self.shared.set_ready(generation, false);
                 link = None;

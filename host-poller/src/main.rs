@@ -2,6 +2,7 @@
 //! `host-poller`: the untrusted relay on each host. A thin shell over [`host_poller::Poller`]:
 //! flags (with environment fallbacks), logging, signals, the backend's services.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -97,8 +98,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            tracing::error!("{message}");
-            eprintln!("host-poller: {message}");
+            tracing::error!("host-poller: {message}");
             ExitCode::FAILURE
         }
     }
@@ -158,7 +158,8 @@ fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => builder.with_target(false).init(),
+        // Colours only on a terminal: `dev up` sends this output to a log file.
+        LogFormat::Text => builder.with_target(false).with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => builder.json().with_current_span(true).init(),
     }
 }

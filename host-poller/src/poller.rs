@@ -212,6 +212,8 @@ impl Poller {
 
         self.wait_for(jobs);
         self.shared.stop();
+        // No job needs the worker any more: a control request still waiting on it ends now.
+        self.shared.cut_links();
         if self.shared.is_aborting() {
             // A control request may be blocked on the worker; the process is ending anyway.
             drop(control_thread);

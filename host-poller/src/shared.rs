@@ -1,6 +1,6 @@
 //! State the poller's threads share: shutdown (graceful, then hard), the worker's generation
 //! (bumped whenever the worker process is replaced) and readiness, requests for a control
-//! re-scan, and the job connections in flight (so a hard shutdown can cut them).
+//! re-scan, and the open worker connections (so a shutdown can cut them).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,6 +44,11 @@ impl Shared {
     pub fn abort(&self) {
         self.abort.store(true, Ordering::SeqCst);
         self.stop();
+        self.cut_links();
+    }
+
+    /// Shuts down every tracked connection: whoever is blocked on one wakes with an error.
+    pub fn cut_links(&self) {
         for link in self.inflight.lock().unwrap_or_else(|p| p.into_inner()).values() {
             link.shutdown();
         }
@@ -128,7 +133,8 @@ impl Shared {
         }
     }
 
-    /// Registers a job connection so that [`Shared::abort`] can cut it; unregistered on drop.
+    /// Registers a connection so that [`Shared::abort`] (and, for control, the end of a
+    /// graceful stop) can cut it; unregistered on drop.
     pub fn track(self: &Arc<Self>, link: WorkerLink) -> Inflight {
         let id = self.next_inflight.fetch_add(1, Ordering::SeqCst);
         let mut inflight = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
