@@ -1,12 +1,13 @@
 #![forbid(unsafe_code)]
 //! The only code that talks to the cloud. Three small traits — [`ObjectStore`] (S3),
 //! [`Queue`] (SQS) and [`Kms`] (KMS) — with the local stand-ins of the embedded default in
-//! [`local`]; the AWS adapters implement the same traits. Every caller (host-poller, Lambda
-//! handlers, `ephem-batch`) holds a [`Services`] and never knows which backend it talks to.
+//! [`local`]; the AWS adapters in [`aws`] implement the same traits. Every caller (host-poller,
+//! Lambda handlers, `ephem-batch`) holds a [`Services`] and never knows which backend it talks to.
 //!
 //! The traits are blocking: the host-poller and the client move bytes with threads, and an AWS
 //! adapter drives its async SDK from its own runtime.
 
+pub mod aws;
 pub mod kms;
 pub mod layout;
 pub mod local;

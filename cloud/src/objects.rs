@@ -26,6 +26,12 @@ pub enum ObjectError {
     },
     #[error("object store unavailable for {key}: {message}")]
     Unavailable { key: String, message: String },
+    /// The bucket itself does not exist (a configuration error, not a missing object).
+    #[error("bucket {bucket} does not exist (reading or writing {key})")]
+    NoSuchBucket { bucket: String, key: String },
+    /// The store refused the request for a reason trying again will not change.
+    #[error("object store refused the request for {key}: {message}")]
+    Rejected { key: String, message: String },
 }
 
 impl ObjectError {

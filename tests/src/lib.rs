@@ -8,6 +8,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+pub mod aws;
+pub mod conformance;
+
 /// The directory holding the workspace's binaries.
 pub fn bin_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("EPHEM_BIN_DIR") {

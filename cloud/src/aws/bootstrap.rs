@@ -1,0 +1,239 @@
+//! The stack's storage, queues and keys in an emulator (or a scratch account), for
+//! `ephem-batch dev aws-bootstrap`: what `cdk deploy` creates that the binaries talk to, with
+//! the same names in the same outputs file. Idempotent: what exists is kept.
+//!
+//! One difference, on purpose: in AWS the jobs bucket notifies the `on-upload` Lambda; here it
+//! notifies an SQS queue (`UploadEventsQueueUrl`), because emulators run no Lambda without
+//! Docker. `ephem-batch dev aws-pump` feeds those events to the real handler.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_s3::types::{
+    BucketLocationConstraint, CreateBucketConfiguration, Event, FilterRule, FilterRuleName, NotificationConfiguration,
+    NotificationConfigurationFilter, QueueConfiguration, S3KeyFilter,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use serde_json::json;
+
+use super::error::Failure;
+use super::settings::{self, StackOutputs};
+use super::AwsClients;
+use crate::layout;
+
+/// What to create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootstrapOptions {
+    /// Every bucket and queue name starts with it (`<prefix>-jobs`, …).
+    pub name_prefix: String,
+    /// The redrive limit of both queues (the stack's is 5).
+    pub max_receives: u32,
+    /// The job queue's default visibility timeout, seconds (the stack's is 300).
+    pub job_visibility_s: u32,
+    /// Create the fleet and model keys in this KMS (skip when KMS is the local one).
+    pub kms_keys: bool,
+    /// The outputs file's stack name.
+    pub stack_name: String,
+}
+
+impl Default for BootstrapOptions {
+    fn default() -> Self {
+        BootstrapOptions {
+            name_prefix: "ephem".into(),
+            max_receives: 5,
+            job_visibility_s: 300,
+            kms_keys: true,
+            stack_name: settings::DEFAULT_STACK_NAME.into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{step}: {message}")]
+pub struct BootstrapError {
+    pub step: String,
+    pub message: String,
+}
+
+fn step_error(step: impl Into<String>, failure: Failure) -> BootstrapError {
+    BootstrapError { step: step.into(), message: failure.message }
+}
+
+/// Creates (or finds) the buckets, queues, notification and keys; returns the stack outputs.
+pub fn bootstrap(clients: &AwsClients, options: &BootstrapOptions) -> Result<StackOutputs, BootstrapError> {
+    let prefix = &options.name_prefix;
+    let mut out = BTreeMap::new();
+    out.insert(settings::REGION.output.to_owned(), clients.region().to_owned());
+    for (output, name, object_lock) in [
+        (settings::JOBS_BUCKET.output, "jobs", false),
+        (settings::MODELS_BUCKET.output, "models", false),
+        (settings::ATTESTATIONS_BUCKET.output, "attestations", false),
+        (settings::LEDGER_BUCKET.output, "ledger", true),
+        ("ArtifactsBucketName", "artifacts", false),
+    ] {
+        let bucket = format!("{prefix}-{name}");
+        create_bucket(clients, &bucket, object_lock)?;
+        out.insert(output.to_owned(), bucket);
+    }
+
+    let redrive = |dlq_arn: &str| json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": options.max_receives}).to_string();
+    let job_dlq = create_queue(clients, &format!("{prefix}-jobs-dlq"), &[(QueueAttributeName::MessageRetentionPeriod, "1209600")])?;
+    let job_queue = create_queue(
+        clients,
+        &format!("{prefix}-jobs"),
+        &[
+            (QueueAttributeName::VisibilityTimeout, &options.job_visibility_s.to_string()),
+            (QueueAttributeName::ReceiveMessageWaitTimeSeconds, "20"),
+            (QueueAttributeName::RedrivePolicy, &redrive(&job_dlq.1)),
+        ],
+    )?;
+    let ledger_dlq = create_queue(clients, &format!("{prefix}-ledger-dlq.fifo"), &[(QueueAttributeName::FifoQueue, "true")])?;
+    let ledger_queue = create_queue(
+        clients,
+        &format!("{prefix}-ledger.fifo"),
+        &[
+            (QueueAttributeName::FifoQueue, "true"),
+            (QueueAttributeName::ContentBasedDeduplication, "false"),
+            (QueueAttributeName::VisibilityTimeout, "360"),
+            (QueueAttributeName::RedrivePolicy, &redrive(&ledger_dlq.1)),
+        ],
+    )?;
+    let events = create_queue(clients, &format!("{prefix}-upload-events"), &[])?;
+    let jobs_bucket = out[settings::JOBS_BUCKET.output].clone();
+    allow_bucket_events(clients, &events, &jobs_bucket)?;
+    notify_uploads(clients, &jobs_bucket, &events.1)?;
+    out.insert(settings::JOB_QUEUE.output.to_owned(), job_queue.0);
+    out.insert(settings::JOB_DLQ.output.to_owned(), job_dlq.0);
+    out.insert(settings::LEDGER_QUEUE.output.to_owned(), ledger_queue.0);
+    out.insert(settings::LEDGER_DLQ.output.to_owned(), ledger_dlq.0);
+    out.insert(settings::UPLOAD_EVENTS_QUEUE.output.to_owned(), events.0);
+
+    if options.kms_keys {
+        for (output, name) in [(settings::FLEET_KEY.output, "fleet"), (settings::MODEL_KEY.output, "model")] {
+            out.insert(output.to_owned(), symmetric_key(clients, &format!("alias/{prefix}-{name}"))?);
+        }
+    }
+    Ok(StackOutputs { stack: options.stack_name.clone(), values: out })
+}
+
+fn create_bucket(clients: &AwsClients, bucket: &str, object_lock: bool) -> Result<(), BootstrapError> {
+    let mut request = clients.s3.create_bucket().bucket(bucket).object_lock_enabled_for_bucket(object_lock);
+    // us-east-1 is the one region that takes no location constraint.
+    if clients.region() != "us-east-1" {
+        let location = BucketLocationConstraint::from(clients.region());
+        request = request.create_bucket_configuration(CreateBucketConfiguration::builder().location_constraint(location).build());
+    }
+    match clients.runtime.block_on(request.send()) {
+        Ok(_) => Ok(()),
+        Err(error) => {
+            let failure = Failure::of(&error);
+            if failure.is("BucketAlreadyOwnedByYou") { Ok(()) } else { Err(step_error(format!("S3 CreateBucket {bucket}"), failure)) }
+        }
+    }
+}
+
+/// (url, arn) of a queue created with these attributes, or of the existing one (whose
+/// attributes are then set to these).
+fn create_queue(clients: &AwsClients, name: &str, attributes: &[(QueueAttributeName, &str)]) -> Result<(String, String), BootstrapError> {
+    let map: std::collections::HashMap<QueueAttributeName, String> =
+        attributes.iter().map(|(k, v)| (k.clone(), (*v).to_owned())).collect();
+    let create = clients.sqs.create_queue().queue_name(name).set_attributes(Some(map.clone()));
+    let url = match clients.runtime.block_on(create.send()) {
+        Ok(output) => output.queue_url.unwrap_or_default(),
+        Err(error) => {
+            let failure = Failure::of(&error);
+            if !(failure.is("QueueAlreadyExists") || failure.is("QueueNameExists")) {
+                return Err(step_error(format!("SQS CreateQueue {name}"), failure));
+            }
+            let url = clients
+                .runtime
+                .block_on(clients.sqs.get_queue_url().queue_name(name).send())
+                .map_err(|e| step_error(format!("SQS GetQueueUrl {name}"), Failure::of(&e)))?
+                .queue_url
+                .unwrap_or_default();
+            // FifoQueue cannot be set after creation (and does not change).
+            let mut settable = map;
+            settable.remove(&QueueAttributeName::FifoQueue);
+            let set = clients.sqs.set_queue_attributes().queue_url(&url).set_attributes(Some(settable));
+            clients.runtime.block_on(set.send()).map_err(|e| step_error(format!("SQS SetQueueAttributes {name}"), Failure::of(&e)))?;
+            url
+        }
+    };
+    let arn = clients
+        .queue(&url)
+        .arn()
+        .map_err(|e| BootstrapError { step: format!("SQS GetQueueAttributes {name}"), message: e.to_string() })?;
+    Ok((url, arn))
+}
+
+/// The queue policy S3 needs to deliver the bucket's events (as in AWS; emulators do not check).
+fn allow_bucket_events(clients: &AwsClients, queue: &(String, String), bucket: &str) -> Result<(), BootstrapError> {
+    let policy = json!({
+        "Version": "2012-10-17",
+        "Statement": [{
+            "Sid": "S3UploadEvents",
+            "Effect": "Allow",
+            "Principal": {"Service": "s3.amazonaws.com"},
+            "Action": "sqs:SendMessage",
+            "Resource": queue.1,
+            "Condition": {"ArnLike": {"aws:SourceArn": format!("arn:aws:s3:::{bucket}")}}
+        }]
+    });
+    let request = clients.sqs.set_queue_attributes().queue_url(&queue.0).attributes(QueueAttributeName::Policy, policy.to_string());
+    clients.runtime.block_on(request.send()).map_err(|e| step_error("SQS SetQueueAttributes (policy)", Failure::of(&e)))?;
+    Ok(())
+}
+
+/// `jobs/…/input.sealed` created → the events queue: the stack's `JOB_INPUT_FILTER`.
+fn notify_uploads(clients: &AwsClients, bucket: &str, queue_arn: &str) -> Result<(), BootstrapError> {
+    let rule = |name: FilterRuleName, value: &str| FilterRule::builder().name(name).value(value).build();
+    let filter = NotificationConfigurationFilter::builder()
+        .key(
+            S3KeyFilter::builder()
+                .filter_rules(rule(FilterRuleName::Prefix, layout::JOBS_PREFIX))
+                .filter_rules(rule(FilterRuleName::Suffix, layout::INPUT_SUFFIX))
+                .build(),
+        )
+        .build();
+    let queue = QueueConfiguration::builder()
+        .id("on-upload")
+        .queue_arn(queue_arn)
+        .events(Event::S3ObjectCreated)
+        .filter(filter)
+        .build()
+        .map_err(|e| BootstrapError { step: "S3 notification".into(), message: e.to_string() })?;
+    let request = clients
+        .s3
+        .put_bucket_notification_configuration()
+        .bucket(bucket)
+        .notification_configuration(NotificationConfiguration::builder().queue_configurations(queue).build());
+    clients
+        .runtime
+        .block_on(request.send())
+        .map_err(|e| step_error(format!("S3 PutBucketNotificationConfiguration {bucket}"), Failure::of(&e)))?;
+    Ok(())
+}
+
+/// The ARN of the symmetric key behind `alias`, created if the alias does not exist.
+fn symmetric_key(clients: &AwsClients, alias: &str) -> Result<String, BootstrapError> {
+    match clients.runtime.block_on(clients.kms.describe_key().key_id(alias).send()) {
+        Ok(output) => {
+            if let Some(arn) = output.key_metadata.and_then(|m| m.arn) {
+                return Ok(arn);
+            }
+        }
+        Err(error) => {
+            let failure = Failure::of(&error);
+            if !failure.is("NotFoundException") {
+                return Err(step_error(format!("KMS DescribeKey {alias}"), failure));
+            }
+        }
+    }
+    let created = clients
+        .runtime
+        .block_on(clients.kms.create_key().description(format!("ephem-batch {alias} (bootstrap)")).send())
+        .map_err(|e| step_error("KMS CreateKey", Failure::of(&e)))?;
+    let metadata = created.key_metadata.ok_or_else(|| BootstrapError { step: "KMS CreateKey".into(), message: "no key metadata".into() })?;
+    let alias_request = clients.kms.create_alias().alias_name(alias).target_key_id(metadata.key_id.clone());
+    clients.runtime.block_on(alias_request.send()).map_err(|e| step_error(format!("KMS CreateAlias {alias}"), Failure::of(&e)))?;
+    Ok(metadata.arn.unwrap_or(metadata.key_id))
+}

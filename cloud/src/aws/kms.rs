@@ -1,0 +1,167 @@
+//! [`AwsKms`]: the pipeline's KMS operations on AWS KMS.
+//!
+//! `Recipient` is passed through exactly as the enclave built it (`RSAES_OAEP_SHA_256` and the
+//! attestation document); KMS checks the document and the key policy's
+//! `kms:RecipientAttestation:*` conditions and answers with `CiphertextForRecipient`. An answer
+//! to a `Recipient` request that carries plaintext instead is refused here, never passed on: a
+//! host must not see plaintext, and only an emulator that ignores `Recipient` answers that way.
+
+use aws_sdk_kms::config::http::HttpResponse;
+use aws_sdk_kms::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_kms::primitives::Blob;
+use aws_sdk_kms::types::{DataKeyPairSpec, DataKeySpec, KeyEncryptionMechanism, RecipientInfo};
+use zeroize::Zeroizing;
+
+use super::error::Failure;
+use super::runtime::AwsRuntime;
+use crate::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext, Kms, KmsError, Recipient};
+
+/// AWS KMS. Cheap to clone.
+#[derive(Clone)]
+pub struct AwsKms {
+    client: aws_sdk_kms::Client,
+    runtime: AwsRuntime,
+}
+
+impl std::fmt::Debug for AwsKms {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AwsKms")
+    }
+}
+
+fn context_map(context: &EncryptionContext) -> Option<std::collections::HashMap<String, String>> {
+    (!context.is_empty()).then(|| context.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+}
+
+fn recipient_info(recipient: Option<&Recipient>) -> Option<RecipientInfo> {
+    recipient.map(|r| {
+        RecipientInfo::builder()
+            .key_encryption_algorithm(KeyEncryptionMechanism::RsaesOaepSha256)
+            .attestation_document(Blob::new(r.attestation_document.clone()))
+            .build()
+    })
+}
+
+/// The plaintext and the recipient ciphertext of an answer, checked against the request.
+fn release(
+    op: &str,
+    recipient: Option<&Recipient>,
+    plaintext: Option<Blob>,
+    for_recipient: Option<Blob>,
+) -> Result<(Option<Zeroizing<Vec<u8>>>, Option<Vec<u8>>), KmsError> {
+    let plaintext = plaintext.map(|b| Zeroizing::new(b.into_inner()));
+    match (recipient, for_recipient) {
+        (Some(_), Some(ciphertext)) => Ok((None, Some(ciphertext.into_inner()))),
+        (Some(_), None) => Err(KmsError::Validation(format!(
+            "KMS {op}: the answer to a Recipient request has no CiphertextForRecipient{} — refused, \
+             so that no plaintext reaches the host (an emulator that ignores Recipient answers this way)",
+            if plaintext.is_some() { " but plaintext" } else { "" }
+        ))),
+        (None, _) => Ok((plaintext, None)),
+    }
+}
+
+impl AwsKms {
+    pub fn new(client: aws_sdk_kms::Client, runtime: AwsRuntime) -> AwsKms {
+        AwsKms { client, runtime }
+    }
+
+    fn check_key_id(op: &str, key_id: &str) -> Result<(), KmsError> {
+        if key_id.is_empty() {
+            return Err(KmsError::Validation(format!(
+                "KMS {op}: no key id — the deployment's key is not configured \
+                 (FleetKeyArn / ModelKeyArn in the stack outputs, or EPHEM_FLEET_KEY_ARN / EPHEM_MODEL_KEY_ARN)"
+            )));
+        }
+        Ok(())
+    }
+
+    fn error<E>(&self, op: &str, key_id: Option<&str>, error: SdkError<E, HttpResponse>) -> KmsError
+    where
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+    {
+        let failure = Failure::of(&error);
+        let key = key_id.unwrap_or("(named by the ciphertext)");
+        let message = format!("KMS {op} {key}: {}", failure.message);
+        match failure.code.as_str() {
+            "NotFoundException" => KmsError::NotFound { key_id: key.to_owned() },
+            "AccessDeniedException" => KmsError::AccessDenied(message),
+            "InvalidCiphertextException" | "IncorrectKeyException" => KmsError::InvalidCiphertext(message),
+            "DisabledException" | "KMSInvalidStateException" => KmsError::Disabled { key_id: key.to_owned() },
+            _ if failure.status_is(403) => KmsError::AccessDenied(message),
+            _ if failure.transient => KmsError::Unavailable(message),
+            _ => KmsError::Validation(message),
+        }
+    }
+}
+
+impl Kms for AwsKms {
+    fn encrypt(&self, key_id: &str, plaintext: &[u8], context: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
+        Self::check_key_id("Encrypt", key_id)?;
+        let request = self
+            .client
+            .encrypt()
+            .key_id(key_id)
+            .plaintext(Blob::new(plaintext.to_vec()))
+            .set_encryption_context(context_map(context));
+        let output = self.runtime.block_on(request.send()).map_err(|e| self.error("Encrypt", Some(key_id), e))?;
+        output.ciphertext_blob.map(Blob::into_inner).ok_or_else(|| KmsError::Unavailable(format!("KMS Encrypt {key_id}: no ciphertext in the answer")))
+    }
+
+    fn generate_data_key(&self, key_id: &str, context: &EncryptionContext, recipient: Option<&Recipient>) -> Result<DataKey, KmsError> {
+        Self::check_key_id("GenerateDataKey", key_id)?;
+        let request = self
+            .client
+            .generate_data_key()
+            .key_id(key_id)
+            .key_spec(DataKeySpec::Aes256)
+            .set_encryption_context(context_map(context))
+            .set_recipient(recipient_info(recipient));
+        let output = self.runtime.block_on(request.send()).map_err(|e| self.error("GenerateDataKey", Some(key_id), e))?;
+        let (plaintext, ciphertext_for_recipient) =
+            release("GenerateDataKey", recipient, output.plaintext, output.ciphertext_for_recipient)?;
+        Ok(DataKey {
+            key_id: output.key_id.unwrap_or_else(|| key_id.to_owned()),
+            ciphertext_blob: output.ciphertext_blob.map(Blob::into_inner).unwrap_or_default(),
+            plaintext,
+            ciphertext_for_recipient,
+        })
+    }
+
+    fn generate_data_key_pair_without_plaintext(&self, key_id: &str, context: &EncryptionContext) -> Result<DataKeyPair, KmsError> {
+        let op = "GenerateDataKeyPairWithoutPlaintext";
+        Self::check_key_id(op, key_id)?;
+        let request = self
+            .client
+            .generate_data_key_pair_without_plaintext()
+            .key_id(key_id)
+            .key_pair_spec(DataKeyPairSpec::EccNistP256)
+            .set_encryption_context(context_map(context));
+        let output = self.runtime.block_on(request.send()).map_err(|e| self.error(op, Some(key_id), e))?;
+        let missing = |what: &str| KmsError::Unavailable(format!("KMS {op} {key_id}: no {what} in the answer"));
+        Ok(DataKeyPair {
+            key_id: output.key_id.unwrap_or_else(|| key_id.to_owned()),
+            public_key_der: output.public_key.map(Blob::into_inner).ok_or_else(|| missing("PublicKey"))?,
+            private_key_ciphertext_blob: output.private_key_ciphertext_blob.map(Blob::into_inner).ok_or_else(|| missing("PrivateKeyCiphertextBlob"))?,
+        })
+    }
+
+    fn decrypt(
+        &self,
+        key_id: Option<&str>,
+        ciphertext_blob: &[u8],
+        context: &EncryptionContext,
+        recipient: Option<&Recipient>,
+    ) -> Result<Decrypted, KmsError> {
+        let request = self
+            .client
+            .decrypt()
+            .set_key_id(key_id.map(str::to_owned))
+            .ciphertext_blob(Blob::new(ciphertext_blob.to_vec()))
+            .set_encryption_context(context_map(context))
+            .set_recipient(recipient_info(recipient));
+        let output = self.runtime.block_on(request.send()).map_err(|e| self.error("Decrypt", key_id, e))?;
+        let (plaintext, ciphertext_for_recipient) = release("Decrypt", recipient, output.plaintext, output.ciphertext_for_recipient)?;
+        Ok(Decrypted { key_id: output.key_id.unwrap_or_default(), plaintext, ciphertext_for_recipient })
+    }
+}
