@@ -2,7 +2,8 @@
 //! The append-only receipts ledger: a hash chain of receipts that is also an
 //! RFC 9162 Merkle tree, C2SP signed checkpoints, inclusion and consistency
 //! proofs, offline proof bundles, full replay verification, and compliance
-//! queries over SQLite.
+//! queries over SQLite; in AWS, the same ledger in an object store in the C2SP
+//! tlog-tiles layout ([`store::tiles`]).
 
 pub mod bundle;
 pub mod checkpoint;
@@ -21,9 +22,10 @@ pub use checkpoint::{Checkpoint, CheckpointError};
 pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, ReceiptCheck};
 pub use ledger::{consistency, Ledger, LedgerError};
 pub use local::{LocalError, LocalLedger};
-pub use note::{NoteError, NoteSigner, SignerKey, VerifierKey};
+pub use note::{NoteError, NoteSigner, RemoteSigner, SignerKey, VerifierKey};
 pub use receipt_check::{ProtocolReceipts, ReceiptCheckError, VerifiedReceipt};
 pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
+    TileError, TileStore,
 };
 pub use verify::{verify_entry, verify_ledger, EntryVerdict, Issue, VerifyReport};

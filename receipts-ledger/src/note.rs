@@ -246,6 +246,51 @@ impl NoteSigner for SignerKey {
     }
 }
 
+/// Signs with a key held elsewhere (a KMS Ed25519 key): `sign` returns the raw signature.
+/// Every signature is verified with the known public key before it is used, so a wrong key
+/// or a wrong algorithm fails at once instead of producing checkpoints nobody can verify.
+pub struct RemoteSigner {
+    verifier: VerifierKey,
+    sign: Box<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync>,
+}
+
+impl RemoteSigner {
+    /// `public` is the Ed25519 public key of the remote key (KMS `GetPublicKey`).
+    pub fn new(
+        name: &str,
+        public: &[u8; 32],
+        sign: Box<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync>,
+    ) -> Result<Self, NoteError> {
+        let public = VerifyingKey::from_bytes(public).map_err(|_| NoteError::BadPublicKey)?;
+        Ok(Self { verifier: VerifierKey::new(name, public)?, sign })
+    }
+}
+
+impl fmt::Debug for RemoteSigner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RemoteSigner({})", self.verifier)
+    }
+}
+
+impl NoteSigner for RemoteSigner {
+    fn key_name(&self) -> &str {
+        self.verifier.name()
+    }
+    fn key_id(&self) -> u32 {
+        self.verifier.id()
+    }
+    fn sign(&self, msg: &[u8]) -> Result<Vec<u8>, NoteError> {
+        let signature = (self.sign)(msg).map_err(NoteError::Signer)?;
+        if !self.verifier.verify(msg, &signature) {
+            return Err(NoteError::Signer(format!("the remote key's signature does not verify under {}", self.verifier)));
+        }
+        Ok(signature)
+    }
+    fn verifier(&self) -> VerifierKey {
+        self.verifier.clone()
+    }
+}
+
 /// One signature line of a note.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NoteSignature {
@@ -381,6 +426,22 @@ pub fn sign(text: &str, signers: &[&dyn NoteSigner]) -> Result<String, NoteError
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn remote_signatures_are_checked_before_use() {
+        let local = SignerKey::from_seed("ledger.example/remote", &[3; 32]).unwrap();
+        let public = local.verifier().public_key().to_bytes();
+        let good = RemoteSigner::new("ledger.example/remote", &public, Box::new(move |m| Ok(local.sign(m).unwrap()))).unwrap();
+        assert_eq!(good.key_id(), key_id("ledger.example/remote", good.verifier().public_key()));
+        let signed = sign("text\n", &[&good]).unwrap();
+        open(signed.as_bytes(), &[good.verifier()]).unwrap();
+
+        let other = SignerKey::from_seed("x", &[4; 32]).unwrap();
+        let wrong = RemoteSigner::new("ledger.example/remote", &public, Box::new(move |m| Ok(other.sign(m).unwrap()))).unwrap();
+        assert!(matches!(wrong.sign(b"m"), Err(NoteError::Signer(_))));
+        let failing = RemoteSigner::new("ledger.example/remote", &public, Box::new(|_| Err("throttled".into()))).unwrap();
+        assert_eq!(failing.sign(b"m"), Err(NoteError::Signer("throttled".into())));
+    }
+
     use super::*;
     use crate::merkle::fixtures;
 

@@ -2,8 +2,10 @@
 //! behind one trait; SQLite is the embedded implementation.
 
 mod sqlite;
+pub mod tiles;
 
-pub use sqlite::{SqliteOptions, SqliteStore};
+pub use sqlite::{ImportedEntry, Pending, SqliteOptions, SqliteStore};
+pub use tiles::{TileError, TileStore};
 
 use crate::checkpoint::CheckpointError;
 use crate::entry::{AppendRequest, Entry, FieldError};
@@ -100,6 +102,12 @@ pub enum StoreError {
     NotWal { mode: String },
     #[error("ledger schema version {found:?} is not supported (want {want})")]
     SchemaVersion { found: String, want: &'static str },
+    #[error("import starts at entry {start}, but the ledger has {size} entries")]
+    ImportGap { size: u64, start: u64 },
+    #[error("imported entry {index}: the {what} differs from the rebuilt ledger's")]
+    ImportMismatch { index: u64, what: &'static str },
+    #[error(transparent)]
+    Tiles(#[from] Box<TileError>),
 }
 
 /// The ledger's storage. Every `append` is one atomic, serialised write

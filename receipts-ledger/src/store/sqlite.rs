@@ -350,6 +350,157 @@ impl SqliteStore {
     }
 }
 
+/// An append that is written but not yet committed: what [`SqliteStore::append_publishing`]
+/// shows the caller before it decides whether the transaction commits.
+pub struct Pending<'t> {
+    tx: &'t Connection,
+    /// Tree size before the batch.
+    pub from: u64,
+    /// Tree size after it.
+    pub to: u64,
+    /// The checkpoint of the new tree, signed inside the transaction.
+    pub checkpoint: StoredCheckpoint,
+}
+
+impl Pending<'_> {
+    /// An entry, as the transaction sees it (old or new).
+    pub fn entry(&self, index: u64) -> Result<Entry, StoreError> {
+        let mut stmt = self.tx.prepare_cached(&format!("SELECT {ENTRY_COLUMNS} FROM entries WHERE idx = ?1"))?;
+        let mut rows = stmt.query([to_i64("index", index)?])?;
+        match rows.next()? {
+            Some(row) => entry_from_row(row),
+            None => Err(StoreError::CorruptRow { table: "entries", index: index as i64, what: "missing inside the tree" }),
+        }
+    }
+
+    pub fn attestation_document(&self, sha256: &Hash) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self
+            .tx
+            .prepare_cached("SELECT document FROM attestation_documents WHERE sha256 = ?1")?
+            .query_row([&sha256[..]], |r| r.get(0))
+            .optional()?)
+    }
+}
+
+impl TreeReader for Pending<'_> {
+    fn node_hashes(&self, ids: &[NodeId]) -> Result<Vec<Hash>, TreeReadError> {
+        SqlTree(self.tx).node_hashes(ids)
+    }
+}
+
+/// An entry copied from another copy of the ledger (the object store): the leaf, the fields
+/// and the document as they were appended, and the chain hash the copy claims.
+#[derive(Clone, Debug)]
+pub struct ImportedEntry {
+    pub request: AppendRequest,
+    pub appended_ms: u64,
+    pub entry_hash: Hash,
+}
+
+impl SqliteStore {
+    /// Appends `batch` and signs a checkpoint of the new tree inside one write transaction,
+    /// then lets `publish` see the result: the transaction commits if `publish` returns
+    /// `Ok(true)` and rolls back otherwise (`Ok(None)` for `Ok(false)`). A batch that adds
+    /// nothing (every job already present) commits without calling `publish`.
+    ///
+    /// This is how a copy elsewhere (the tiles in an object store) stays the source of truth:
+    /// the local rows exist only if the remote commit happened.
+    pub fn append_publishing<E: From<StoreError>>(
+        &mut self,
+        batch: &[AppendRequest],
+        signer: &dyn NoteSigner,
+        now_ms: u64,
+        publish: impl FnOnce(&Pending<'_>) -> Result<bool, E>,
+    ) -> Result<Option<Vec<AppendOutcome>>, E> {
+        let tx = self.write_txn()?;
+        let mut next = tip(&tx)?;
+        let from = next.0;
+        let mut out = Vec::with_capacity(batch.len());
+        for req in batch {
+            out.push(Self::append_one(&tx, req, now_ms, &mut next)?);
+        }
+        if next.0 == from {
+            tx.commit().map_err(StoreError::from)?;
+            return Ok(Some(out));
+        }
+        bind_key(&tx, signer)?;
+        let policy = CheckpointPolicy { every_appends: 1, every_ms: 0 };
+        let checkpoint = checkpoint_in(&tx, signer, &policy, now_ms, true)?
+            .ok_or(StoreError::CorruptRow { table: "checkpoints", index: next.0 as i64, what: "not signed" })?;
+        if let Some(AppendOutcome::Appended { checkpoint: cp, .. }) =
+            out.iter_mut().rev().find(|o| matches!(o, AppendOutcome::Appended { .. }))
+        {
+            *cp = Some(checkpoint.size);
+        }
+        let pending = Pending { tx: &tx, from, to: next.0, checkpoint };
+        if !publish(&pending)? {
+            return Ok(None); // dropping the transaction rolls it back
+        }
+        tx.commit().map_err(StoreError::from)?;
+        Ok(Some(out))
+    }
+
+    /// Adds entries copied from elsewhere, starting at index `start` (the current size), and
+    /// the checkpoints that cover them, in one transaction. Every chain hash must equal the
+    /// one the copy claims and every checkpoint's root the rebuilt tree's, else nothing is
+    /// kept. `ledger_key` is recorded as the ledger's key (it must match a recorded one).
+    pub fn import(
+        &mut self,
+        start: u64,
+        entries: &[ImportedEntry],
+        checkpoints: &[StoredCheckpoint],
+        ledger_key: &str,
+    ) -> Result<u64, StoreError> {
+        let tx = self.write_txn()?;
+        let mut next = tip(&tx)?;
+        if next.0 != start {
+            return Err(StoreError::ImportGap { size: next.0, start });
+        }
+        match meta(&tx, "ledger_key")? {
+            Some(stored) if stored != ledger_key => {
+                return Err(StoreError::KeyMismatch { stored, given: ledger_key.to_owned() });
+            }
+            Some(_) => {}
+            None => {
+                tx.execute("INSERT INTO meta (key, value) VALUES ('ledger_key', ?1)", [ledger_key])?;
+            }
+        }
+        let mut checkpoints = checkpoints.iter().peekable();
+        for e in entries {
+            let index = next.0;
+            match Self::append_one(&tx, &e.request, e.appended_ms, &mut next)? {
+                AppendOutcome::Appended { entry_hash, .. } if entry_hash == e.entry_hash => {}
+                AppendOutcome::Appended { .. } => return Err(StoreError::ImportMismatch { index, what: "chain hash" }),
+                AppendOutcome::Existing { .. } => return Err(StoreError::ImportMismatch { index, what: "duplicate job id" }),
+            }
+            while let Some(cp) = checkpoints.next_if(|cp| cp.size <= next.0) {
+                insert_checkpoint(&tx, cp)?;
+            }
+        }
+        for cp in checkpoints {
+            insert_checkpoint(&tx, cp)?;
+        }
+        tx.commit()?;
+        Ok(next.0)
+    }
+}
+
+/// Stores a checkpoint whose root must be the tree's at its size.
+fn insert_checkpoint(tx: &Connection, cp: &StoredCheckpoint) -> Result<(), StoreError> {
+    let (size, _) = tip(tx)?;
+    if cp.size > size {
+        return Err(StoreError::ImportMismatch { index: cp.size, what: "checkpoint beyond the imported entries" });
+    }
+    if root_at(&SqlTree(tx), cp.size)? != cp.root {
+        return Err(StoreError::ImportMismatch { index: cp.size, what: "checkpoint root" });
+    }
+    tx.execute(
+        "INSERT OR IGNORE INTO checkpoints (tree_size, root, note, created_ms) VALUES (?1, ?2, ?3, ?4)",
+        params![to_i64("tree size", cp.size)?, &cp.root[..], &cp.note, to_i64("created_ms", cp.created_ms)?],
+    )?;
+    Ok(())
+}
+
 impl TreeReader for SqliteStore {
     fn node_hashes(&self, ids: &[NodeId]) -> Result<Vec<Hash>, TreeReadError> {
         SqlTree(&self.conn).node_hashes(ids)

@@ -1,0 +1,342 @@
+use std::sync::{Arc, Mutex};
+
+use cloud::local::DirObjectStore;
+use cloud::{ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+
+use super::layout::{Layout, TileId};
+use super::*;
+use crate::merkle::{inclusion_proof, leaf_hash, verify_inclusion, MemoryTree};
+use crate::note::SignerKey;
+use crate::testing::{test_request, TestReceipts};
+use crate::Ledger;
+
+fn key() -> SignerKey {
+    SignerKey::from_seed("ledger.test/tiles", &[9; 32]).unwrap()
+}
+
+fn objects() -> (tempfile::TempDir, Arc<DirObjectStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = DirObjectStore::open(dir.path().join("bucket")).unwrap();
+    (dir, Arc::new(store))
+}
+
+fn appender(objects: Arc<dyn ObjectStore>) -> TileStore {
+    TileStore::open(objects, Layout::new(""), Cache::Memory, key().verifier(), TileOptions::appender()).unwrap()
+}
+
+fn append(store: &mut TileStore, jobs: std::ops::Range<u64>, now_ms: u64) -> Vec<AppendOutcome> {
+    let batch: Vec<AppendRequest> = jobs.map(|j| test_request(j, 200)).collect();
+    store.append(&batch, &key(), &CheckpointPolicy::default(), now_ms).unwrap()
+}
+
+/// Every entry, as the index holds it.
+fn all_entries(store: &dyn LedgerStore) -> Vec<Entry> {
+    let mut out = Vec::new();
+    store.scan_entries(&mut |e| {
+        out.push(e.unwrap());
+        true
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn tiles_round_trip() {
+    let (_dir, objects) = objects();
+    let mut store = appender(objects.clone());
+    // Batches that cross a full tile (256) and land on odd widths.
+    let mut next = 0;
+    for (n, size) in [1u64, 2, 250, 10, 300].into_iter().enumerate() {
+        append(&mut store, next..next + size, 1_000 + n as u64);
+        next += size;
+    }
+    assert_eq!(store.size().unwrap(), 563);
+
+    let mut mem = MemoryTree::new();
+    for j in 0..next {
+        mem.push(&test_request(j, 200).leaf);
+    }
+    let head = read_head(objects.as_ref(), &Layout::new(""), &key().verifier()).unwrap().unwrap();
+    assert_eq!((head.size, head.root), (563, root_at(&mem, 563).unwrap()));
+
+    // The published objects are the spec's: full tiles, partial right edges, entry bundles.
+    let layout = Layout::new("");
+    let full0 = TileId { level: 0, index: 0, width: 256 };
+    let edge0 = TileId { level: 0, index: 2, width: 51 };
+    let edge1 = TileId { level: 1, index: 0, width: 2 };
+    for t in [full0, TileId { level: 0, index: 1, width: 256 }, edge0, edge1] {
+        assert_eq!(objects.get(&layout.tile(t)).unwrap(), tile_bytes(&mem, t).unwrap(), "{}", layout.tile(t));
+    }
+    let bundle = objects.get(&layout.entries(edge0)).unwrap();
+    let leaves = bundle::decode_entries(&bundle, 51).unwrap();
+    for (i, leaf) in leaves.iter().enumerate() {
+        assert_eq!(leaf, &test_request(512 + i as u64, 200).leaf);
+        assert_eq!(leaf_hash(leaf), mem.node_hashes(&[NodeId::new(0, 512 + i as u64)]).unwrap()[0]);
+    }
+    // Partial tiles of earlier checkpoints stay (1, 3, 253 and 263 entries).
+    for width in [1u16, 3, 253] {
+        assert!(objects.head(&layout.tile(TileId { level: 0, index: 0, width })).unwrap().is_some());
+    }
+    // Every commit's checkpoint is archived and verifies.
+    let archived: Vec<u64> =
+        objects.list(&layout.archive_prefix()).unwrap().iter().filter_map(|m| layout.archived_size(&m.key)).collect();
+    assert_eq!(archived.len(), 5);
+
+    // An inclusion proof from the cache verifies against the signed checkpoint.
+    let cp = Checkpoint::open(head.note.as_bytes(), &key().verifier()).unwrap();
+    let proof = inclusion_proof(&store, 400, cp.size).unwrap();
+    verify_inclusion(400, cp.size, &leaf_hash(&test_request(400, 200).leaf), &proof, &cp.root).unwrap();
+
+    // A re-delivered receipt is not appended twice.
+    let again = append(&mut store, 5..6, 9_999);
+    assert!(matches!(again[0], AppendOutcome::Existing { index: 5, same_leaf: true }));
+    assert_eq!(read_head(objects.as_ref(), &layout, &key().verifier()).unwrap().unwrap().size, 563);
+}
+
+#[test]
+fn a_rebuild_from_the_objects_equals_the_original() {
+    let (dir, objects) = objects();
+    let mut original = appender(objects.clone());
+    for (n, start) in [0u64, 3, 40, 290].into_iter().enumerate() {
+        append(&mut original, start..start + [3, 37, 250, 5][n], 10_000 + n as u64 * 7);
+    }
+    // A cache on disk, rebuilt from nothing by a new appender...
+    let path = dir.path().join("cache/ledger-cache.sqlite");
+    let mut rebuilt =
+        TileStore::open(objects.clone(), Layout::new(""), Cache::File(path.clone()), key().verifier(), TileOptions::auditor())
+            .unwrap();
+    let report = sync(&mut rebuilt).unwrap();
+    assert_eq!((report.from, report.size, report.checkpoints), (0, 295, 4));
+    assert_eq!(all_entries(&rebuilt), all_entries(&original));
+    assert_eq!(rebuilt.checkpoints().unwrap(), original.checkpoints().unwrap());
+    assert_eq!(copy_root(&rebuilt).unwrap(), copy_root(&original).unwrap());
+    assert_eq!(rebuilt.ledger_key().unwrap(), Some(key().verifier().to_string()));
+    for e in all_entries(&original) {
+        assert_eq!(
+            rebuilt.attestation_document(&e.attestation_sha256).unwrap(),
+            original.attestation_document(&e.attestation_sha256).unwrap()
+        );
+    }
+    let audit = audit(&rebuilt).unwrap();
+    assert!(audit.ok(), "{audit:?}");
+    assert!(audit.hash_tiles >= 4 && audit.entry_bundles >= 4 && audit.meta_bundles >= 4, "{audit:?}");
+
+    // ... catches up incrementally, and the whole ledger verifies as a ledger.
+    append(&mut original, 295..300, 20_000);
+    let report = sync(&mut rebuilt).unwrap();
+    assert_eq!((report.from, report.size, report.checkpoints), (295, 300, 5));
+    assert_eq!(all_entries(&rebuilt), all_entries(&original));
+    let verified = crate::verify_ledger(&rebuilt, &key().verifier(), Some(&TestReceipts)).unwrap();
+    assert!(verified.issues.is_empty(), "{verified:?}");
+
+    // An appender whose cache file is gone rebuilds it before appending.
+    drop(rebuilt);
+    std::fs::remove_file(&path).unwrap();
+    let mut fresh =
+        TileStore::open(objects.clone(), Layout::new(""), Cache::File(path), key().verifier(), TileOptions::appender()).unwrap();
+    append(&mut fresh, 300..302, 30_000);
+    append(&mut original, 302..303, 30_001);
+    assert_eq!(original.size().unwrap(), 303);
+    assert_eq!(copy_root(&original).unwrap(), {
+        fresh.refresh().unwrap();
+        copy_root(&fresh).unwrap()
+    });
+}
+
+/// An object store that lets a second appender commit just before the first one's
+/// compare-and-swap of the checkpoint.
+struct Interleaved {
+    inner: Arc<dyn ObjectStore>,
+    before_swap: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    swaps_refused: Mutex<u32>,
+}
+
+impl ObjectStore for Interleaved {
+    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
+        if key == "checkpoint" {
+            if let Some(other) = self.before_swap.lock().unwrap().take() {
+                other();
+            }
+        }
+        let result = self.inner.put(key, bytes, condition);
+        if key == "checkpoint" && matches!(result, Err(ObjectError::PreconditionFailed { .. })) {
+            *self.swaps_refused.lock().unwrap() += 1;
+        }
+        result
+    }
+    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
+        self.inner.writer(key, condition)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
+        self.inner.get(key)
+    }
+    fn reader(&self, key: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
+        self.inner.reader(key)
+    }
+    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+        self.inner.read_range(key, offset, len)
+    }
+    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
+        self.inner.head(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, key: &str) -> Result<(), ObjectError> {
+        self.inner.delete(key)
+    }
+}
+
+#[test]
+fn a_concurrent_appender_loses_the_swap_and_retries() {
+    let (_dir, objects) = objects();
+    let mut first = appender(objects.clone());
+    append(&mut first, 0..3, 1);
+
+    let other = Arc::new(Mutex::new(appender(objects.clone())));
+    let racing = other.clone();
+    let interleaved = Arc::new(Interleaved {
+        inner: objects.clone(),
+        before_swap: Mutex::new(Some(Box::new(move || {
+            append(&mut racing.lock().unwrap(), 100..102, 2);
+        }))),
+        swaps_refused: Mutex::new(0),
+    });
+    let mut loser = appender(interleaved.clone());
+    let out = append(&mut loser, 3..5, 3);
+
+    assert_eq!(*interleaved.swaps_refused.lock().unwrap(), 1, "the first swap must lose");
+    // The loser's entries land after the winner's, nothing is lost or duplicated.
+    assert_eq!(out.iter().map(AppendOutcome::index).collect::<Vec<_>>(), vec![5, 6]);
+    let jobs: Vec<String> = all_entries(&loser).iter().map(|e| e.fields.job_id.clone()).collect();
+    let want: Vec<String> = [0u64, 1, 2, 100, 101, 3, 4].iter().map(|j| format!("{j:032x}")).collect();
+    assert_eq!(jobs, want);
+    // Both see the same tree, and the lost attempt left no signed checkpoint behind.
+    let mut check = appender(objects.clone());
+    check.refresh().unwrap();
+    assert_eq!(copy_root(&check).unwrap(), copy_root(&loser).unwrap());
+    let sizes: Vec<u64> = objects
+        .list(&Layout::new("").archive_prefix())
+        .unwrap()
+        .iter()
+        .filter_map(|m| Layout::new("").archived_size(&m.key))
+        .collect();
+    assert_eq!({ let mut s = sizes; s.sort(); s }, vec![3, 5, 7]);
+    assert!(audit(&check).unwrap().ok());
+}
+
+#[test]
+fn tampering_is_detected() {
+    let (_dir, objects) = objects();
+    let mut store = appender(objects.clone());
+    append(&mut store, 0..260, 5);
+    append(&mut store, 260..270, 6);
+    let layout = Layout::new("");
+
+    // A hash tile rewritten: the audit names it.
+    let t = TileId { level: 0, index: 0, width: 256 };
+    let mut bytes = objects.get(&layout.tile(t)).unwrap();
+    bytes[40] ^= 1;
+    objects.put(&layout.tile(t), &bytes, PutCondition::Overwrite).unwrap();
+    let mut auditor = TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    sync(&mut auditor).unwrap();
+    let report = audit(&auditor).unwrap();
+    assert_eq!(report.problems.len(), 1, "{report:?}");
+    assert_eq!(report.problems[0].key, "tile/0/000");
+
+    // A receipt swapped inside an entry bundle: a fresh copy no longer reaches the signed root.
+    let edge = TileId { level: 0, index: 1, width: 14 };
+    let mut leaves = bundle::decode_entries(&objects.get(&layout.entries(edge)).unwrap(), 14).unwrap();
+    leaves[3] = test_request(9_999, 200).leaf;
+    let forged = bundle::encode_entries(leaves.iter().map(|l| (0, l.as_slice()))).unwrap();
+    objects.put(&layout.entries(edge), &forged, PutCondition::Overwrite).unwrap();
+    let mut fresh = TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    // The chain hash in the metadata no longer matches the receipt it follows.
+    match sync(&mut fresh) {
+        Err(TileError::Store(StoreError::ImportMismatch { index: 259, what: "chain hash" })) => {}
+        other => panic!("entry bundle forgery not detected: {other:?}"),
+    }
+    // Forging the metadata to match still cannot reach the signed root.
+    let t = TileId { level: 0, index: 1, width: 14 };
+    let mut meta = bundle::decode_meta(&objects.get(&layout.meta(t)).unwrap(), 256, 14).unwrap();
+    let mut prev = fresh_prev(&auditor, 258);
+    for m in meta.iter_mut().skip(3) {
+        let leaf = &leaves[(m.index - 256) as usize];
+        let h = crate::entry::entry_hash(m.index, &prev, &leaf_hash(leaf), &m.attestation_hash().unwrap());
+        m.entry_hash = hex::encode(h);
+        prev = h;
+    }
+    meta[3].fields = crate::testing::test_fields(9_999);
+    objects.put(&layout.meta(t), &bundle::encode_meta(&meta), PutCondition::Overwrite).unwrap();
+    let mut fresh = TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    assert!(matches!(sync(&mut fresh), Err(TileError::RootMismatch { size: 260, .. })), "forged bundle reached the signed root");
+    // The earlier copy still audits the forged bundle as different.
+    let report = audit(&auditor).unwrap();
+    assert!(report.problems.iter().any(|p| p.key == "tile/entries/001.p/14"), "{report:?}");
+
+    // A checkpoint signed by another key is refused outright.
+    let other = SignerKey::from_seed("ledger.test/tiles", &[8; 32]).unwrap();
+    let note = Checkpoint::new("ledger.test/tiles", 270, copy_root(&auditor).unwrap()).sign(&other).unwrap();
+    objects.put(&layout.checkpoint(), note.as_bytes(), PutCondition::Overwrite).unwrap();
+    assert!(matches!(sync(&mut auditor), Err(TileError::Checkpoint { .. })));
+}
+
+/// The chain hash of entry `index` in a copy.
+fn fresh_prev(store: &TileStore, index: u64) -> crate::merkle::Hash {
+    store.entry(index).unwrap().unwrap().entry_hash
+}
+
+#[test]
+fn an_unfinished_commit_is_completed_from_its_staging_record() {
+    let (_dir, objects) = objects();
+    let mut store = appender(objects.clone());
+    append(&mut store, 0..4, 1);
+    append(&mut store, 4..9, 2);
+    let layout = Layout::new("");
+    // The second commit's appender died right after its checkpoint swap: nothing published.
+    for t in super::layout::tiles_of(9, 4) {
+        objects.delete(&layout.tile(t)).unwrap();
+        if t.level == 0 {
+            objects.delete(&layout.entries(t)).unwrap();
+            objects.delete(&layout.meta(t)).unwrap();
+        }
+    }
+    objects.delete(&layout.archived_checkpoint(9)).unwrap();
+
+    // A reader rebuilds from the staging record...
+    let mut reader = TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    assert_eq!(sync(&mut reader).unwrap().size, 9);
+    // ... and the next appender publishes the missing objects before its own commit.
+    let mut next = appender(objects.clone());
+    append(&mut next, 9..10, 3);
+    assert!(objects.head(&layout.entries(TileId { level: 0, index: 0, width: 9 })).unwrap().is_some());
+    assert!(objects.head(&layout.archived_checkpoint(9)).unwrap().is_some());
+    let mut auditor = TileStore::open(objects.clone(), layout, Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    sync(&mut auditor).unwrap();
+    assert!(audit(&auditor).unwrap().ok());
+}
+
+#[test]
+fn receipts_too_large_for_a_bundle_are_refused_before_anything_is_written() {
+    let (_dir, objects) = objects();
+    let mut store = appender(objects.clone());
+    let big = test_request(1, MAX_BUNDLED_ENTRY + 10);
+    let err = store.append(&[big], &key(), &CheckpointPolicy::default(), 1).unwrap_err();
+    assert!(matches!(err, StoreError::Tiles(ref e) if matches!(**e, TileError::EntryTooLarge { index: 0, .. })), "{err}");
+    assert_eq!(store.size().unwrap(), 0);
+    assert!(objects.list("").unwrap().is_empty());
+}
+
+#[test]
+fn the_ledger_appends_through_the_tiles() {
+    let (_dir, objects) = objects();
+    let store = appender(objects.clone());
+    let mut ledger = Ledger::new(store, Box::new(TestReceipts), Box::new(key()), CheckpointPolicy::default());
+    for j in 0..3 {
+        ledger.append(test_request(j, 100), 50 + j).unwrap();
+    }
+    assert_eq!(ledger.tick(100).unwrap(), None, "every commit is already a checkpoint");
+    let head = read_head(objects.as_ref(), &Layout::new(""), &key().verifier()).unwrap().unwrap();
+    assert_eq!(head.size, 3);
+    assert_eq!(ledger.store().latest_checkpoint().unwrap().unwrap().note, head.note);
+}
