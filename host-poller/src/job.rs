@@ -69,7 +69,7 @@ pub(crate) struct Attempt<'a> {
 impl Attempt<'_> {
     /// Runs the attempt, writing output into `output`; `progress` sees (records, tokens).
     pub fn run(&self, mut output: Box<dyn ObjectWriter>, progress: &mut dyn FnMut(u64, u64)) -> Result<Verdict, AttemptError> {
-        let input = self.jobs.reader(self.input_key).map_err(AttemptError::Input)?;
+        let input = crate::retry::transient("open input", || self.jobs.reader(self.input_key)).map_err(AttemptError::Input)?;
         let mut link = self.endpoint.connect(Channel::Job)?;
         link.set_read_timeout(Some(self.stall_timeout)).map_err(|e| AttemptError::Link(LinkError::Frame(e.into())))?;
         link.send(&Message::JobStart { job_id: self.job.to_hex(), attempt: self.attempt })?;

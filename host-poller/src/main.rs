@@ -14,7 +14,8 @@ use host_poller::{Poller, PollerConfig, SpawnConfig, WorkerEndpoint, WorkerSourc
 enum Backend {
     /// Everything under `--home` on this machine (the embedded default).
     Local,
-    /// S3, SQS and KMS (the deployment's environment, docs/operations.md §6).
+    /// S3, SQS and KMS (the deployment's environment, docs/operations.md §6; EPHEM_KMS=local:DIR
+    /// for an emulator).
     Aws,
 }
 
@@ -110,9 +111,10 @@ fn run(args: Args) -> Result<(), String> {
         .unwrap_or(if std::env::var_os("EPHEM_JOB_QUEUE_URL").is_some() { Backend::Aws } else { Backend::Local });
     let services = match backend {
         Backend::Local => local_services(&args.home)?,
-        Backend::Aws => {
-            return Err("the AWS backend (S3, SQS, KMS adapters) is not part of this build yet; use --backend local".into());
-        }
+        // Names from EPHEM_* (as user data writes them) or EPHEM_STACK_OUTPUTS; KMS from EPHEM_KMS.
+        Backend::Aws => cloud::aws::AwsSettings::from_env()
+            .map_err(|e| e.to_string())
+            .and_then(|settings| cloud::aws::AwsCloud::from_config(&settings).map_err(|e| format!("AWS backend: {e}")))?,
     };
     let worker = if let Some(binary) = &args.spawn_worker {
         let mut spawn = SpawnConfig::local(&args.home, binary.clone());
