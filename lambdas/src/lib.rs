@@ -3,14 +3,21 @@
 //! (`aws_lambda_events`) and the [`cloud::Services`] it needs, so the same function runs in a
 //! `lambda_runtime` binary in AWS and in-process on events of the same shape locally.
 //!
-//! - [`on_upload`]: S3 object created under `jobs/…/input.sealed` → checked job message. The
-//!   only way a job is created.
+//! - [`on_upload`]: S3 object created under `jobs/…/input.sealed` → checked job message (the
+//!   only way a job is created); a sealed shard under a store prefix → its job input.
 //! - [`ledger_append`]: ledger queue batch → verified receipts appended to the ledger.
 //! - [`fleet_rotate`]: a new fleet-key epoch, wrapped by KMS.
+//! - [`bulk`]: the bulk workflow's steps (list the shards, aggregate verified receipts).
 //! - [`local`]: what AWS would run around the handlers, for the embedded default (an event
 //!   source for the ledger queue, the input-expiry lifecycle rule).
 
+pub mod bulk;
 pub mod fleet_rotate;
 pub mod ledger_append;
 pub mod local;
 pub mod on_upload;
+
+#[cfg(test)]
+mod asl_walk;
+#[cfg(test)]
+mod testing;

@@ -1,4 +1,8 @@
-//! `on-upload`: S3 `ObjectCreated` on `jobs/<job_id>/input.sealed` → a job message.
+//! `on-upload`: S3 `ObjectCreated` on `jobs/<job_id>/input.sealed` → a job message; on a
+//! sealed shard under a store prefix (`<prefix>….sealed`) → that shard copied to
+//! `jobs/<job_id>/input.sealed`, whose own event then creates the job (one path creates every
+//! job). The job id of a shard is read from its preamble — derived from the client's
+//! ephemeral key and header — never from its name, so a shard cannot claim someone else's id.
 //!
 //! The handler reads only the sealed object's clear preamble (the authenticated header, never
 //! the body) and refuses, by name, an upload that cannot become a job:
@@ -34,26 +38,122 @@ pub enum OnUploadError {
     Queue(#[from] QueueError),
 }
 
+/// Where sealed shards become jobs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Store prefixes (`EPHEM_STORE_PREFIXES`), each ending in `/`.
+    pub store_prefixes: Vec<String>,
+}
+
+impl Config {
+    /// Parses `EPHEM_STORE_PREFIXES`: comma-separated, blanks ignored, `/` appended if missing.
+    pub fn from_list(list: &str) -> Self {
+        let store_prefixes = list
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| if p.ends_with('/') { p.to_owned() } else { format!("{p}/") })
+            .collect();
+        Self { store_prefixes }
+    }
+
+    /// The store prefix `key` is a shard under, if any.
+    pub fn shard_prefix(&self, key: &str) -> Option<&str> {
+        if !key.ends_with(SHARD_SUFFIX) {
+            return None;
+        }
+        self.store_prefixes.iter().map(String::as_str).find(|p| key.starts_with(p) && key.len() > p.len())
+    }
+}
+
+/// Sealed shards under a store prefix end in this (the S3 notification's suffix filter).
+pub const SHARD_SUFFIX: &str = ".sealed";
+
 /// What happened to one record of the event.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// Not an input object (another key in the bucket).
     Ignored { key: String },
+    /// A shard under a store prefix became (or already was) the input of job `job_id`.
+    Copied { key: String, job_id: String, input_key: String, already: bool },
     /// A job message was sent.
     Queued { job_id: String, message_id: String },
     /// The upload cannot become a job; `check` names why.
     Refused { key: String, check: &'static str, message: String },
 }
 
+/// Handles every record of an S3 event on job inputs only (no store prefixes).
+pub fn handle(event: &S3Event, services: &Services) -> Result<Vec<Outcome>, OnUploadError> {
+    handle_with(event, services, &Config::default())
+}
+
 /// Handles every record of an S3 event. Errors are infrastructure failures (the invocation is
 /// retried); a bad upload is an [`Outcome::Refused`], not an error.
-pub fn handle(event: &S3Event, services: &Services) -> Result<Vec<Outcome>, OnUploadError> {
+pub fn handle_with(event: &S3Event, services: &Services, config: &Config) -> Result<Vec<Outcome>, OnUploadError> {
     let mut outcomes = Vec::new();
     for record in &event.records {
         let Some(raw) = record.s3.object.key.as_deref() else { continue };
-        outcomes.push(handle_key(&url_decode(raw), services)?);
+        let key = url_decode(raw);
+        let outcome = match config.shard_prefix(&key) {
+            Some(_) => handle_shard(&key, services)?,
+            None => handle_key(&key, services)?,
+        };
+        outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// The job id a sealed object's preamble derives, read with one ranged GET.
+pub fn derived_job_id(objects: &dyn ObjectStore, key: &str) -> Result<Result<JobId, String>, ObjectError> {
+    let head = objects.read_range(key, 0, PREAMBLE_READ)?;
+    Ok(match Preamble::parse(&head, StreamKind::JobInput) {
+        Ok(Some((preamble, _))) => Ok(JobId(preamble.stream_id())),
+        Ok(None) => Err("the object ends inside the envelope preamble".into()),
+        Err(error) => Err(error.to_string()),
+    })
+}
+
+/// A shard under a store prefix → `jobs/<derived id>/input.sealed`, create-only. A second
+/// event for the same shard (or a second copy of it) finds the input there and stops.
+fn handle_shard(key: &str, services: &Services) -> Result<Outcome, OnUploadError> {
+    let jobs = services.jobs.as_ref();
+    let job = match derived_job_id(jobs, key) {
+        Ok(Ok(job)) => job,
+        Ok(Err(message)) => {
+            tracing::warn!(%key, %message, "sealed shard refused");
+            return Ok(Outcome::Refused { key: key.to_owned(), check: "header", message });
+        }
+        Err(ObjectError::NotFound { .. }) => {
+            return Ok(Outcome::Refused { key: key.to_owned(), check: "key", message: "the object is gone".into() });
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let input_key = layout::job_input(&job);
+    let copied = |already| Outcome::Copied { key: key.to_owned(), job_id: job.to_hex(), input_key: input_key.clone(), already };
+    if jobs.head(&input_key)?.is_some() {
+        tracing::info!(%key, job = %job, "shard is already a job");
+        return Ok(copied(true));
+    }
+    match copy_object(jobs, key, &input_key) {
+        Ok(size) => {
+            tracing::info!(%key, job = %job, size, "shard copied to its job input");
+            Ok(copied(false))
+        }
+        Err(ObjectError::AlreadyExists { .. }) => Ok(copied(true)),
+        Err(ObjectError::NotFound { .. }) => {
+            Ok(Outcome::Refused { key: key.to_owned(), check: "key", message: "the object is gone".into() })
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Streams `from` to `to` (create-only) in constant memory; returns the bytes copied.
+fn copy_object(objects: &dyn ObjectStore, from: &str, to: &str) -> Result<u64, ObjectError> {
+    let mut reader = objects.reader(from)?;
+    let mut writer = objects.writer(to, PutCondition::CreateOnly)?;
+    let size = std::io::copy(&mut reader, &mut writer).map_err(|e| ObjectError::io(from, e))?;
+    writer.commit()?;
+    Ok(size)
 }
 
 fn handle_key(key: &str, services: &Services) -> Result<Outcome, OnUploadError> {
@@ -244,5 +344,87 @@ mod tests {
         }
         assert_eq!(url_decode("in%2Fx.json"), "in/x.json");
         assert_eq!(url_decode("bad%zzend%4"), "bad%zzend%4");
+    }
+}
+
+#[cfg(test)]
+mod shard_tests {
+    use super::*;
+    use crate::testing::Fixture;
+    use cloud::messages::JobMessage;
+    use std::time::Duration;
+
+    fn event(key: &str) -> S3Event {
+        object_created_event("jobs", key, 1, "e")
+    }
+
+    fn config() -> Config {
+        Config::from_list("stores/acme/incoming/, tenants/globex")
+    }
+
+    #[test]
+    fn store_prefixes_parse() {
+        let c = config();
+        assert_eq!(c.store_prefixes, vec!["stores/acme/incoming/", "tenants/globex/"]);
+        assert_eq!(c.shard_prefix("stores/acme/incoming/a/b.sealed"), Some("stores/acme/incoming/"));
+        assert_eq!(c.shard_prefix("stores/acme/incoming/b.json"), None);
+        assert_eq!(c.shard_prefix("stores/acme/b.sealed"), None);
+        assert_eq!(Config::from_list(" ,").store_prefixes, Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_shard_becomes_the_job_its_preamble_names() {
+        let f = Fixture::new();
+        let (bytes, job) = f.sealed(12);
+        let key = "stores/acme/incoming/2026/part-0001.sealed";
+        f.services.jobs.put(key, &bytes, PutCondition::CreateOnly).unwrap();
+
+        let out = handle_with(&event(key), &f.services, &config()).unwrap();
+        let input_key = layout::job_input(&job);
+        assert_eq!(
+            out,
+            vec![Outcome::Copied { key: key.into(), job_id: job.to_hex(), input_key: input_key.clone(), already: false }]
+        );
+        assert_eq!(f.services.jobs.get(&input_key).unwrap(), bytes);
+
+        // The input's own event creates the job, through the same checks as any upload.
+        let out = handle_with(&event(&input_key), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Queued { job_id, .. } if *job_id == job.to_hex()), "{out:?}");
+        let received = f.services.job_queue.receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap();
+        let message: JobMessage = serde_json::from_str(&received[0].body).unwrap();
+        assert_eq!((message.input_key.as_str(), message.record_count), (input_key.as_str(), 12));
+
+        // The same shard dropped again (or the event re-delivered) is the same job.
+        f.services.jobs.put("stores/acme/incoming/copy.sealed", &bytes, PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event("stores/acme/incoming/copy.sealed"), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Copied { already: true, .. }), "{out:?}");
+    }
+
+    #[test]
+    fn shards_that_cannot_be_jobs_are_refused_by_name() {
+        let f = Fixture::new();
+        f.services.jobs.put("tenants/globex/junk.sealed", b"not an envelope at all", PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event("tenants/globex/junk.sealed"), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Refused { check: "header", .. }), "{out:?}");
+        let out = handle_with(&event("tenants/globex/gone.sealed"), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Refused { check: "key", .. }), "{out:?}");
+        // Outside every store prefix nothing happens, even with a valid shard.
+        let (bytes, _) = f.sealed(1);
+        f.services.jobs.put("elsewhere/x.sealed", &bytes, PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event("elsewhere/x.sealed"), &f.services, &config()).unwrap();
+        assert_eq!(out, vec![Outcome::Ignored { key: "elsewhere/x.sealed".into() }]);
+        assert!(f.services.jobs.list(layout::JOBS_PREFIX).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_job_input_under_another_jobs_id_is_refused() {
+        let f = Fixture::new();
+        let (bytes, _) = f.sealed(1);
+        let (_, victim) = f.sealed(1);
+        let key = layout::job_input(&victim);
+        f.services.jobs.put(&key, &bytes, PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event(&key), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Refused { check: "job_id", .. }), "{out:?}");
+        assert_eq!(f.services.job_queue.stats().unwrap().visible, 0);
     }
 }

@@ -1,0 +1,310 @@
+//! The bulk workflow's two Lambda steps (`lambdas/asl/bulk-workflow.asl.json`,
+//! docs/operations.md §6): `bulk-list-shards` lists the sealed shards under a store prefix and
+//! derives each one's job id; after the state machine has waited for every receipt,
+//! `bulk-aggregate` verifies each receipt itself — a host completing a job proves nothing —
+//! and writes `bulk/<bulk_id>/manifest.json`, which lists them and signs nothing.
+
+use cloud::{layout, ObjectError, ObjectStore, PutCondition};
+use protocol::envelope::JobId;
+use receipts_ledger::{ProtocolReceipts, ReceiptCheckError};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::on_upload::{derived_job_id, Config, SHARD_SUFFIX};
+
+/// Shards one run takes: the list travels in the execution state (256 KiB), twice (the
+/// listing and the Map's results).
+pub const MAX_SHARDS: usize = 1000;
+/// Bytes the listing may take in the execution state.
+pub const MAX_LISTING_BYTES: usize = 96 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BulkError {
+    #[error("bulk id {0:?} is not 1 to 128 characters of A-Z a-z 0-9 . _ -")]
+    BulkId(String),
+    #[error("prefix {prefix:?} is not under a store prefix ({allowed})")]
+    NotAStorePrefix { prefix: String, allowed: String },
+    #[error("{count} shards under {prefix} ({bytes} bytes of listing): one run takes at most {MAX_SHARDS} and {MAX_LISTING_BYTES} bytes; split the prefix")]
+    TooManyShards { prefix: String, count: usize, bytes: usize },
+    #[error("result {index} names job {job_id:?}, which is not 32 hex digits")]
+    JobId { index: usize, job_id: String },
+    #[error("{refused} of {total} receipts failed verification (see {manifest_key}): {first}")]
+    ReceiptsRefused { refused: usize, total: usize, manifest_key: String, first: String },
+    #[error("jobs store: {0}")]
+    Object(#[from] ObjectError),
+}
+
+/// `bulk-list-shards` input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListInput {
+    pub bulk_id: String,
+    pub bucket: String,
+    pub prefix: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    pub key: String,
+    pub job_id: String,
+}
+
+/// `bulk-list-shards` output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListOutput {
+    pub shards: Vec<Shard>,
+    pub shard_count: usize,
+}
+
+/// Lists the sealed shards under `input.prefix` (which must lie under a store prefix) and
+/// reads each one's job id from its preamble. A shard whose preamble does not parse can never
+/// be a job and is left out (logged with the reason); `on-upload` refuses it the same way.
+pub fn list_shards(input: &ListInput, jobs: &dyn ObjectStore, config: &Config) -> Result<ListOutput, BulkError> {
+    check_bulk_id(&input.bulk_id)?;
+    let prefix = &input.prefix;
+    if !config.store_prefixes.iter().any(|p| prefix.starts_with(p.as_str())) {
+        return Err(BulkError::NotAStorePrefix { prefix: prefix.clone(), allowed: config.store_prefixes.join(",") });
+    }
+    let mut shards = Vec::new();
+    for meta in jobs.list(prefix)? {
+        if !meta.key.ends_with(SHARD_SUFFIX) {
+            continue;
+        }
+        match derived_job_id(jobs, &meta.key) {
+            Ok(Ok(job)) => shards.push(Shard { key: meta.key, job_id: job.to_hex() }),
+            Ok(Err(reason)) => tracing::warn!(key = %meta.key, %reason, "not a sealed shard; left out of the bulk run"),
+            Err(ObjectError::NotFound { .. }) => {}
+            Err(error) => return Err(error.into()),
+        }
+    }
+    let bytes = serde_json::to_vec(&shards).expect("shards serialise").len();
+    if shards.len() > MAX_SHARDS || bytes > MAX_LISTING_BYTES {
+        return Err(BulkError::TooManyShards { prefix: prefix.clone(), count: shards.len(), bytes });
+    }
+    tracing::info!(bulk_id = %input.bulk_id, %prefix, shards = shards.len(), "shards listed");
+    Ok(ListOutput { shard_count: shards.len(), shards })
+}
+
+/// How the state machine left a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShardStatus {
+    Committed,
+    TimedOut,
+}
+
+/// One item of the Map state's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardResult {
+    pub key: String,
+    pub job_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt_key: Option<String>,
+    pub status: ShardStatus,
+}
+
+/// `bulk-aggregate` input.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggregateInput {
+    pub bulk_id: String,
+    pub bucket: String,
+    pub prefix: String,
+    pub results: Vec<ShardResult>,
+}
+
+/// `bulk-aggregate` output: the execution's output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AggregateOutput {
+    pub manifest_key: String,
+    pub committed: usize,
+    pub timed_out: usize,
+}
+
+/// `bulk/<bulk_id>/manifest.json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    pub bulk_id: String,
+    pub bucket: String,
+    pub prefix: String,
+    pub created_ms: u64,
+    pub note: String,
+    /// Hex SHA-256 of the attestation root the receipts were verified under.
+    pub attestation_root: String,
+    pub shards: Vec<ManifestShard>,
+    pub committed: usize,
+    pub timed_out: usize,
+    pub refused: usize,
+    pub records_ok: u64,
+    pub records_failed: u64,
+    pub tokens: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum ManifestStatus {
+    /// The receipt verified; what it says.
+    Committed {
+        receipt_key: String,
+        receipt_sha256: String,
+        input_sha256: String,
+        output_sha256: String,
+        attempt: u64,
+        model_id: String,
+        manifest_hash: String,
+        attestation_sha256: String,
+        pcr0: String,
+        records_ok: u64,
+        records_failed: u64,
+        tokens: u64,
+        started_ms: u64,
+        finished_ms: u64,
+    },
+    /// No receipt within the workflow's wait.
+    TimedOut,
+    /// A receipt is there but does not verify; `check` names the failed check.
+    Refused { receipt_key: String, check: String, message: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestShard {
+    pub key: String,
+    pub job_id: String,
+    #[serde(flatten)]
+    pub status: ManifestStatus,
+}
+
+const MANIFEST_NOTE: &str = "This manifest signs nothing. Each committed shard's receipt (jobs/<job_id>/receipt.cose) \
+     is signed by the enclave that ran it and verifies on its own: `ephem-batch verify <job_id>`.";
+
+/// `bulk/<bulk_id>/manifest.json`.
+pub fn manifest_key(bulk_id: &str) -> String {
+    format!("bulk/{bulk_id}/manifest.json")
+}
+
+/// Verifies the receipt of every committed shard — read from `jobs/<job_id>/receipt.cose`
+/// whatever key the input names, checked with `check` against the attestation document it
+/// names in `attestations` — and writes the manifest. A receipt that does not verify is
+/// listed as `refused` and fails the step after the manifest is written, so the run fails
+/// loudly (the `BulkRunsFailed` alarm) with the evidence in place.
+pub fn aggregate(
+    input: &AggregateInput,
+    jobs: &dyn ObjectStore,
+    attestations: &dyn ObjectStore,
+    check: &ProtocolReceipts,
+    now_ms: u64,
+) -> Result<AggregateOutput, BulkError> {
+    check_bulk_id(&input.bulk_id)?;
+    let mut shards = Vec::with_capacity(input.results.len());
+    for (index, r) in input.results.iter().enumerate() {
+        let job = JobId::from_hex(&r.job_id).ok_or_else(|| BulkError::JobId { index, job_id: r.job_id.clone() })?;
+        let status = match r.status {
+            ShardStatus::TimedOut => ManifestStatus::TimedOut,
+            ShardStatus::Committed => verify_shard(&job, jobs, attestations, check)?,
+        };
+        shards.push(ManifestShard { key: r.key.clone(), job_id: job.to_hex(), status });
+    }
+    let mut m = Manifest {
+        version: 1,
+        bulk_id: input.bulk_id.clone(),
+        bucket: input.bucket.clone(),
+        prefix: input.prefix.clone(),
+        created_ms: now_ms,
+        note: MANIFEST_NOTE.into(),
+        attestation_root: hex::encode(check.root().sha256()),
+        committed: 0,
+        timed_out: 0,
+        refused: 0,
+        records_ok: 0,
+        records_failed: 0,
+        tokens: 0,
+        shards,
+    };
+    for s in &m.shards {
+        match &s.status {
+            ManifestStatus::Committed { records_ok, records_failed, tokens, .. } => {
+                m.committed += 1;
+                m.records_ok += records_ok;
+                m.records_failed += records_failed;
+                m.tokens += tokens;
+            }
+            ManifestStatus::TimedOut => m.timed_out += 1,
+            ManifestStatus::Refused { .. } => m.refused += 1,
+        }
+    }
+    let key = manifest_key(&input.bulk_id);
+    // A retried step rewrites the same content (but for its time).
+    jobs.put(&key, &serde_json::to_vec_pretty(&m).expect("a manifest serialises"), PutCondition::Overwrite)?;
+    tracing::info!(bulk_id = %m.bulk_id, committed = m.committed, timed_out = m.timed_out, refused = m.refused, "bulk manifest written");
+    if let Some(first) = m.shards.iter().find_map(|s| match &s.status {
+        ManifestStatus::Refused { check, message, .. } => Some(format!("job {}: {check}: {message}", s.job_id)),
+        _ => None,
+    }) {
+        return Err(BulkError::ReceiptsRefused { refused: m.refused, total: m.shards.len(), manifest_key: key, first });
+    }
+    Ok(AggregateOutput { manifest_key: key, committed: m.committed, timed_out: m.timed_out })
+}
+
+fn verify_shard(
+    job: &JobId,
+    jobs: &dyn ObjectStore,
+    attestations: &dyn ObjectStore,
+    check: &ProtocolReceipts,
+) -> Result<ManifestStatus, BulkError> {
+    let receipt_key = layout::job_receipt(job);
+    let refused = |check: &str, message: String| ManifestStatus::Refused { receipt_key: receipt_key.clone(), check: check.into(), message };
+    let leaf = match jobs.get(&receipt_key) {
+        Ok(leaf) => leaf,
+        Err(ObjectError::NotFound { .. }) => return Ok(refused("receipt", "the workflow saw a receipt, the store has none".into())),
+        Err(e) => return Err(e.into()),
+    };
+    // The receipt names its document; read it unverified only to know which one to fetch.
+    let named = match protocol::receipt::SignedReceipt::decode(&leaf) {
+        Ok(signed) => signed.receipt.attestation_sha256,
+        Err(e) => return Ok(refused("receipt", e.to_string())),
+    };
+    let document = match attestations.get(&layout::attestation_by_hash(&named)) {
+        Ok(doc) => doc,
+        Err(ObjectError::NotFound { .. }) => {
+            return Ok(refused("attestation", format!("document {} is not published", hex::encode(named))));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let verified = match check.verify(&leaf, &document) {
+        Ok(v) => v,
+        Err(e) => return Ok(refused(e.check(), strip_check(&e))),
+    };
+    let r = &verified.receipt;
+    if r.job_id != *job {
+        return Ok(refused("job_id", format!("the receipt at {receipt_key} is job {}'s", r.job_id)));
+    }
+    Ok(ManifestStatus::Committed {
+        receipt_sha256: hex::encode(Sha256::digest(&leaf)),
+        receipt_key,
+        input_sha256: hex::encode(r.input_sha256),
+        output_sha256: hex::encode(r.output_sha256),
+        attempt: r.attempt,
+        model_id: r.model_id.clone(),
+        manifest_hash: hex::encode(r.manifest_hash),
+        attestation_sha256: hex::encode(r.attestation_sha256),
+        pcr0: verified.fields.pcr0.clone(),
+        records_ok: r.records_ok,
+        records_failed: r.records_failed,
+        tokens: r.tokens,
+        started_ms: r.started_ms,
+        finished_ms: r.finished_ms,
+    })
+}
+
+/// The error text without its leading `<check>: `.
+fn strip_check(e: &ReceiptCheckError) -> String {
+    let text = e.to_string();
+    text.strip_prefix(&format!("{}: ", e.check())).map(str::to_owned).unwrap_or(text)
+}
+
+fn check_bulk_id(id: &str) -> Result<(), BulkError> {
+    let ok = (1..=128).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && id != "."
+        && id != "..";
+    if ok { Ok(()) } else { Err(BulkError::BulkId(id.to_owned())) }
+}
