@@ -10,12 +10,15 @@
 //! - [`bulk`]: the bulk workflow's steps (list the shards, aggregate verified receipts).
 //! - [`local`]: what AWS would run around the handlers, for the embedded default (an event
 //!   source for the ledger queue, the input-expiry lifecycle rule).
+//! - [`shell`]: what the `lambda_runtime` binaries (`src/bin/`) share.
 
 pub mod bulk;
 pub mod fleet_rotate;
 pub mod ledger_append;
+pub mod ledger_signer;
 pub mod local;
 pub mod on_upload;
+pub mod shell;
 
 #[cfg(test)]
 mod asl_walk;

@@ -38,11 +38,21 @@ pub enum OnUploadError {
     Queue(#[from] QueueError),
 }
 
-/// Where sealed shards become jobs.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Where sealed shards become jobs, and which checks run.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Store prefixes (`EPHEM_STORE_PREFIXES`), each ending in `/`.
     pub store_prefixes: Vec<String>,
+    /// Check the header's fleet epoch (needs the attestations store).
+    pub check_epoch: bool,
+    /// Check that the header's model manifest is published (needs the models store).
+    pub check_manifest: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { store_prefixes: Vec::new(), check_epoch: true, check_manifest: true }
+    }
 }
 
 impl Config {
@@ -54,7 +64,7 @@ impl Config {
             .filter(|p| !p.is_empty())
             .map(|p| if p.ends_with('/') { p.to_owned() } else { format!("{p}/") })
             .collect();
-        Self { store_prefixes }
+        Self { store_prefixes, ..Self::default() }
     }
 
     /// The store prefix `key` is a shard under, if any.
@@ -96,7 +106,7 @@ pub fn handle_with(event: &S3Event, services: &Services, config: &Config) -> Res
         let key = url_decode(raw);
         let outcome = match config.shard_prefix(&key) {
             Some(_) => handle_shard(&key, services)?,
-            None => handle_key(&key, services)?,
+            None => handle_key(&key, services, config)?,
         };
         outcomes.push(outcome);
     }
@@ -156,14 +166,14 @@ fn copy_object(objects: &dyn ObjectStore, from: &str, to: &str) -> Result<u64, O
     Ok(size)
 }
 
-fn handle_key(key: &str, services: &Services) -> Result<Outcome, OnUploadError> {
+fn handle_key(key: &str, services: &Services, config: &Config) -> Result<Outcome, OnUploadError> {
     if !(key.starts_with(layout::JOBS_PREFIX) && key.ends_with(layout::INPUT_SUFFIX)) {
         return Ok(Outcome::Ignored { key: key.to_owned() });
     }
     let Some(job) = layout::job_of_input_key(key) else {
         return Ok(Outcome::Refused { key: key.to_owned(), check: "key", message: "the key does not name a job id".into() });
     };
-    match check_upload(key, &job, services)? {
+    match check_upload(key, &job, services, config)? {
         Ok((header, size)) => {
             let message = JobMessage {
                 job_id: job.to_hex(),
@@ -179,7 +189,7 @@ fn handle_key(key: &str, services: &Services) -> Result<Outcome, OnUploadError> 
             let status = JobStatus::new(&job.to_hex(), JobState::Queued, header.record_count);
             match services.jobs.put(&layout::job_status(&job), &status_json(&status), PutCondition::CreateOnly) {
                 Ok(_) | Err(ObjectError::AlreadyExists { .. }) => {}
-                Err(error) => return Err(error.into()),
+                Err(error) => status_not_written(&job, error)?,
             }
             let body = serde_json::to_string(&message).expect("a job message serialises");
             let message_id = services.job_queue.send(&body, &SendOptions::default())?;
@@ -190,7 +200,9 @@ fn handle_key(key: &str, services: &Services) -> Result<Outcome, OnUploadError> 
             tracing::warn!(job = %job, check, %message, "upload refused");
             let mut status = JobStatus::new(&job.to_hex(), JobState::Failed, 0);
             status.failure = Some(Failure { check: check.to_owned(), message: message.clone() });
-            services.jobs.put(&layout::job_status(&job), &status_json(&status), PutCondition::Overwrite)?;
+            if let Err(error) = services.jobs.put(&layout::job_status(&job), &status_json(&status), PutCondition::Overwrite) {
+                status_not_written(&job, error)?;
+            }
             Ok(Outcome::Refused { key: key.to_owned(), check, message })
         }
     }
@@ -198,7 +210,19 @@ fn handle_key(key: &str, services: &Services) -> Result<Outcome, OnUploadError> 
 
 type Verdict = Result<(JobHeader, u64), (&'static str, String)>;
 
-fn check_upload(key: &str, job: &JobId, services: &Services) -> Result<Verdict, OnUploadError> {
+/// `status.json` is informative: a deployment that does not let this function write it (access
+/// denied) loses nothing but the status; any other failure is retried.
+fn status_not_written(job: &JobId, error: ObjectError) -> Result<(), OnUploadError> {
+    match error {
+        ObjectError::AccessDenied { .. } => {
+            tracing::warn!(job = %job, %error, "status.json not written");
+            Ok(())
+        }
+        other => Err(other.into()),
+    }
+}
+
+fn check_upload(key: &str, job: &JobId, services: &Services, config: &Config) -> Result<Verdict, OnUploadError> {
     let Some(meta) = services.jobs.head(key)? else {
         return Ok(Err(("key", "the object is gone".into())));
     };
@@ -216,10 +240,12 @@ fn check_upload(key: &str, job: &JobId, services: &Services) -> Result<Verdict, 
         Ok(header) => header,
         Err(error) => return Ok(Err(("header", error.to_string()))),
     };
-    if let Err(message) = check_epoch(&header, services)? {
+    if config.check_epoch
+        && let Err(message) = check_epoch(&header, services)?
+    {
         return Ok(Err(("fleet_epoch", message)));
     }
-    if !manifest_published(&header, services.models.as_ref())? {
+    if config.check_manifest && !manifest_published(&header, services.models.as_ref())? {
         return Ok(Err((
             "model_manifest",
             format!("no published manifest of {} has hash {}", header.model_id, hex::encode(header.manifest_hash)),

@@ -1,0 +1,42 @@
+#![forbid(unsafe_code)]
+//! `bulk-aggregate`: the bulk workflow's last step (`lambdas::bulk::aggregate`): verifies
+//! every committed shard's receipt and writes `bulk/<bulk_id>/manifest.json`. Input
+//! `{bulk_id, bucket, prefix, results}`, output `{manifest_key, committed, timed_out}`.
+//!
+//! Environment: `EPHEM_JOBS_BUCKET`; `EPHEM_ATTESTATIONS_BUCKET` (the documents receipts
+//! name); `EPHEM_ATTESTATION_ROOT_PEM` only to trust another root than AWS Nitro G1.
+
+use lambdas::bulk::{self, AggregateInput};
+use lambdas::shell::{self, ShellError};
+use receipts_ledger::ProtocolReceipts;
+
+struct App {
+    bucket: String,
+    jobs: cloud::aws::S3ObjectStore,
+    attestations: cloud::aws::S3ObjectStore,
+    check: ProtocolReceipts,
+}
+
+fn init() -> Result<App, ShellError> {
+    let bucket = shell::var("EPHEM_JOBS_BUCKET")?;
+    let attestations = shell::var("EPHEM_ATTESTATIONS_BUCKET")?;
+    let clients = shell::aws()?;
+    Ok(App {
+        jobs: clients.object_store(&bucket, ""),
+        attestations: clients.object_store(&attestations, ""),
+        bucket,
+        check: ProtocolReceipts::new(shell::attestation_root()?),
+    })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), lambda_runtime::Error> {
+    shell::init_logging();
+    shell::serve("EphemBatch.BulkError", init, |app: &App, input: AggregateInput| {
+        if input.bucket != app.bucket {
+            return Err(format!("bucket {} is not this deployment's jobs bucket {}", input.bucket, app.bucket));
+        }
+        bulk::aggregate(&input, &app.jobs, &app.attestations, &app.check, cloud::now_ms()).map_err(|e| e.to_string())
+    })
+    .await
+}
