@@ -8,7 +8,12 @@
 //! ledger prove JOB -o BUNDLE.json
 //! ledger verify-bundle BUNDLE.json --ledger-key FILE|TEXT [--job ID] [--json]
 //! ledger consistency OLD_SIZE NEW_SIZE [--json]
+//! ledger sync --from s3://BUCKET[/PREFIX]|DIR --ledger-key FILE|TEXT [--no-audit] [--json]
 //! ```
+//!
+//! `sync` copies the ledger of a deployment (its bucket, in the C2SP tlog-tiles layout) into
+//! this home's ledger directory, so that every command above runs on the copy. Use a home of
+//! its own for an audit copy: a home's own ledger has another key and is refused.
 //!
 //! `query`, `verify` and `verify-bundle` also take the attestation trust options
 //! `--root aws-nitro-g1|PEM`, `--development-root [PEM]`, `--expect-pcr N=HEX`,
@@ -41,6 +46,7 @@ use receipts_ledger::{
     BundleError, Checkpoint, EntryVerdict, IndexedFields, LedgerStore, LocalLedger, ProofBundle, ProtocolReceipts,
     Query, ReceiptCheckError, SqliteStore, VerifierKey, consistency, prove, verify_bundle, verify_entry, verify_ledger,
 };
+use receipts_ledger::store::tiles;
 use serde::Serialize;
 
 /// Where an `$EPHEM_HOME` keeps its development root (the enclave worker's state).
@@ -110,6 +116,23 @@ pub enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Copy a deployment's ledger (tlog-tiles in a bucket) into this home's ledger directory,
+    /// checking every checkpoint against the pinned key, that the copy only grows, and every
+    /// published tile and bundle against the rebuilt tree.
+    Sync {
+        /// `s3://BUCKET[/PREFIX]` (the AWS configuration chain; `AWS_ENDPOINT_URL` for an
+        /// emulator), or a directory holding a copy of the bucket.
+        #[arg(long, value_name = "s3://BUCKET[/PREFIX]|DIR")]
+        from: String,
+        /// The ledger's verifier key to trust: the key string or a file holding it.
+        #[arg(long, value_name = "FILE|TEXT", env = "EPHEM_LEDGER_KEY")]
+        ledger_key: String,
+        /// Skip comparing the published tiles and bundles with the copy.
+        #[arg(long)]
+        no_audit: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the consistency proof between two tree sizes (hex hashes, one per line).
     Consistency {
         old_size: u64,
@@ -172,7 +195,90 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
         LedgerCommand::Consistency { old_size, new_size, json } => {
             consistency_command(ledger_dir, old_size, new_size, json)
         }
+        LedgerCommand::Sync { from, ledger_key, no_audit, json } => {
+            sync_command(ledger_dir, &from, &ledger_key, !no_audit, json)
+        }
     }
+}
+
+// ---- sync ------------------------------------------------------------------------------
+
+/// Where `--from` points: a bucket (and prefix) or a directory.
+fn ledger_objects(from: &str) -> anyhow::Result<(std::sync::Arc<dyn cloud::ObjectStore>, String)> {
+    if let Some(rest) = from.strip_prefix("s3://") {
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(anyhow!("--from {from:?} names no bucket"));
+        }
+        let clients = cloud::aws::AwsClients::connect(None, None).context("connecting to S3")?;
+        return Ok((std::sync::Arc::new(clients.object_store(bucket, "")), prefix.to_owned()));
+    }
+    let dir = Path::new(from);
+    if !dir.is_dir() {
+        return Err(anyhow!("--from {from:?} is neither s3://BUCKET[/PREFIX] nor a directory"));
+    }
+    let store = cloud::local::DirObjectStore::open(dir).with_context(|| format!("opening {from}"))?;
+    Ok((std::sync::Arc::new(store), String::new()))
+}
+
+#[derive(Serialize)]
+struct SyncJson<'a> {
+    ok: bool,
+    ledger_key: String,
+    copy: String,
+    sync: &'a tiles::SyncReport,
+    audit: Option<&'a tiles::AuditReport>,
+}
+
+fn sync_command(dir: &Path, from: &str, ledger_key: &str, audit: bool, json: bool) -> anyhow::Result<ExitCode> {
+    let pinned = parse_ledger_key(ledger_key)?;
+    let (objects, prefix) = ledger_objects(from)?;
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let db = dir.join(receipts_ledger::local::LEDGER_DB);
+    let mut store = tiles::TileStore::open(
+        objects,
+        tiles::layout::Layout::new(&prefix),
+        tiles::Cache::File(db.clone()),
+        pinned.key.clone(),
+        tiles::TileOptions::auditor(),
+    )
+    .with_context(|| format!("opening the copy {}", db.display()))?;
+    let report = match tiles::sync(&mut store) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("sync refused: {e}");
+            return Ok(ExitCode::from(1));
+        }
+    };
+    // The copy's commands trust the key it was synced under.
+    let pub_path = dir.join(receipts_ledger::local::LEDGER_PUB);
+    std::fs::write(&pub_path, format!("{}\n", pinned.key)).with_context(|| format!("writing {}", pub_path.display()))?;
+    let audit = if audit { Some(tiles::audit(&store)?) } else { None };
+    let ok = audit.as_ref().is_none_or(tiles::AuditReport::ok);
+    if json {
+        let out = SyncJson { ok, ledger_key: pinned.key.to_string(), copy: db.display().to_string(), sync: &report, audit: audit.as_ref() };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!(
+            "synced {from} into {}: {} -> {} entries, {} checkpoint(s), root {}",
+            db.display(),
+            report.from,
+            report.size,
+            report.checkpoints,
+            report.root.as_deref().unwrap_or("(empty ledger)")
+        );
+        println!("ledger key {} ({})", pinned.key, pinned.source);
+        if let Some(a) = &audit {
+            println!(
+                "audit: {} hash tile(s), {} entry bundle(s), {} metadata bundle(s) match; {} newer object(s) not checked",
+                a.hash_tiles, a.entry_bundles, a.meta_bundles, a.beyond
+            );
+            for p in &a.problems {
+                println!("  MISMATCH {}: {}", p.key, p.problem);
+            }
+        }
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 // ---- trust -----------------------------------------------------------------------------
@@ -782,6 +888,52 @@ fn parse_pcr(s: &str) -> Result<(u8, Vec<u8>), String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn sync_copies_a_bucket_ledger_and_audits_it() {
+        use cloud::{ObjectStore, PutCondition};
+        use receipts_ledger::testing::{TestReceipts, test_request};
+        use receipts_ledger::{CheckpointPolicy, Ledger, SignerKey};
+
+        let tmp = tempfile::tempdir().unwrap();
+        let bucket = tmp.path().join("bucket");
+        let objects = std::sync::Arc::new(cloud::local::DirObjectStore::open(&bucket).unwrap());
+        let signer = SignerKey::from_seed("ledger.example/bucket", &[7; 32]).unwrap();
+        let key = signer.verifier();
+        let store = tiles::TileStore::open(
+            objects.clone(),
+            tiles::layout::Layout::new(""),
+            tiles::Cache::Memory,
+            key.clone(),
+            tiles::TileOptions::appender(),
+        )
+        .unwrap();
+        let mut ledger = Ledger::new(store, Box::new(TestReceipts), Box::new(signer), CheckpointPolicy::default());
+        for j in 0..5 {
+            ledger.append(test_request(j, 100), 10 + j).unwrap();
+        }
+        let home_ledger = tmp.path().join("audit-home/ledger");
+        let from = bucket.to_str().unwrap();
+        let code = sync_command(&home_ledger, from, &key.to_string(), true, true).unwrap();
+        assert_eq!(code, ExitCode::SUCCESS);
+        let copy = LocalLedger::open_read_only(&home_ledger).unwrap();
+        assert_eq!(copy.size().unwrap(), 5);
+        assert_eq!(LocalLedger::verifier_key(&home_ledger).unwrap(), key);
+        let cp = copy.latest_checkpoint().unwrap().unwrap();
+        assert_eq!(Checkpoint::open(cp.note.as_bytes(), &key).unwrap().size, 5);
+        drop(copy);
+
+        // A rewritten tile is reported, and the exit status says so.
+        let tile = "tile/0/000.p/5";
+        let mut bytes = objects.get(tile).unwrap();
+        bytes[0] ^= 0xff;
+        objects.put(tile, &bytes, PutCondition::Overwrite).unwrap();
+        assert_eq!(sync_command(&home_ledger, from, &key.to_string(), true, true).unwrap(), ExitCode::from(1));
+        // Another key is refused before anything is copied.
+        let other = SignerKey::from_seed("ledger.example/bucket", &[8; 32]).unwrap().verifier();
+        let elsewhere = tmp.path().join("other/ledger");
+        assert_eq!(sync_command(&elsewhere, from, &other.to_string(), false, true).unwrap(), ExitCode::from(1));
+    }
+
     use super::*;
     use clap::Parser;
     use receipts_ledger::local::{LEDGER_DB, LocalOptions};
