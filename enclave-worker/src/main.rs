@@ -40,7 +40,11 @@ fn parse_args() -> Result<Args, String> {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let args = match parse_args() {
         Ok(args) => args,
         Err(message) => {
