@@ -140,16 +140,17 @@ fn handle_shard(key: &str, services: &Services) -> Result<Outcome, OnUploadError
     };
     let input_key = layout::job_input(&job);
     let copied = |already| Outcome::Copied { key: key.to_owned(), job_id: job.to_hex(), input_key: input_key.clone(), already };
-    if jobs.head(&input_key)?.is_some() {
-        tracing::info!(%key, job = %job, "shard is already a job");
-        return Ok(copied(true));
-    }
+    // No HEAD first: without s3:ListBucket, S3 answers a HEAD of a missing key with 403. The
+    // create-only commit says whether the input was there.
     match copy_object(jobs, key, &input_key) {
         Ok(size) => {
             tracing::info!(%key, job = %job, size, "shard copied to its job input");
             Ok(copied(false))
         }
-        Err(ObjectError::AlreadyExists { .. }) => Ok(copied(true)),
+        Err(ObjectError::AlreadyExists { .. }) => {
+            tracing::info!(%key, job = %job, "shard is already a job");
+            Ok(copied(true))
+        }
         Err(ObjectError::NotFound { .. }) => {
             Ok(Outcome::Refused { key: key.to_owned(), check: "key", message: "the object is gone".into() })
         }
