@@ -89,3 +89,75 @@ fn append_one<S: LedgerStore>(
     tracing::info!(job = %job, index = outcome.index(), "receipt in the ledger");
     Ok(outcome.index())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use cloud::local::DirObjectStore;
+    use receipts_ledger::store::tiles::{layout::Layout, read_head, Cache, TileOptions};
+    use receipts_ledger::testing::DevEnclave;
+    use receipts_ledger::{CheckpointPolicy, ProtocolReceipts, SignerKey, TileStore};
+
+    const T: u64 = 1_761_955_200_000;
+
+    fn message(id: &str, body: &str) -> serde_json::Value {
+        serde_json::json!({
+            "messageId": id, "receiptHandle": format!("h-{id}"), "body": body,
+            "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1", "MessageGroupId": "ledger",
+                           "MessageDeduplicationId": id},
+            "messageAttributes": {}, "md5OfBody": "", "eventSource": "aws:sqs",
+            "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:ledger.fifo", "awsRegion": "us-east-1"
+        })
+    }
+
+    fn body(job_id: &str, receipt: &[u8], document: &[u8]) -> String {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        serde_json::to_string(&LedgerMessage {
+            job_id: job_id.into(),
+            receipt: b64.encode(receipt),
+            attestation_document: b64.encode(document),
+        })
+        .unwrap()
+    }
+
+    /// The Lambda's path: a real-shaped SQS batch into the tlog-tiles ledger in a bucket.
+    #[test]
+    fn a_batch_lands_in_the_bucket_ledger_with_failures_reported_by_message() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
+        let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
+        let e = DevEnclave::new(2, T);
+        let signer = SignerKey::from_seed("ledger.example", &[1; 32]).unwrap();
+        let store = TileStore::open(bucket.clone(), Layout::new(""), Cache::Memory, signer.verifier(), TileOptions::appender())
+            .unwrap();
+        let mut ledger =
+            Ledger::new(store, Box::new(ProtocolReceipts::new(e.anchor())), Box::new(signer), CheckpointPolicy::default());
+        let check = ProtocolReceipts::new(e.anchor());
+
+        let leaf = |j: u64| e.sign(&e.receipt(j));
+        let id = |j: u64| format!("{j:032x}");
+        let mut forged = leaf(3);
+        forged[20] ^= 1;
+        let records = vec![
+            message("m1", &body(&id(1), &leaf(1), &e.document)),
+            message("m2", "not json"),
+            message("m3", &body(&id(3), &forged, &e.document)),
+            message("m4", &body(&id(9), &leaf(4), &e.document)), // names another job
+            message("m5", &body(&id(5), &leaf(5), &e.document)),
+            message("m6", &body(&id(1), &leaf(1), &e.document)), // re-delivered: no second entry
+        ];
+        let event: SqsEvent = serde_json::from_value(serde_json::json!({ "Records": records })).unwrap();
+        let response = handle(&event, &mut ledger, &check, &jobs, T + 1);
+        let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+        assert_eq!(failed, vec!["m2", "m3", "m4"]);
+        let response = serde_json::to_value(&response).unwrap();
+        assert_eq!(response["batchItemFailures"][0]["itemIdentifier"], "m2");
+
+        let head = read_head(bucket.as_ref(), &Layout::new(""), &ledger.verifier()).unwrap().unwrap();
+        assert_eq!(head.size, 2);
+        let marker: Ledgered = serde_json::from_slice(&jobs.get(&layout::job_ledgered(&JobId::from_hex(&id(5)).unwrap())).unwrap()).unwrap();
+        assert_eq!(marker.index, 1);
+    }
+}

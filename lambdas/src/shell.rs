@@ -216,3 +216,25 @@ pub fn attestation_root() -> Result<protocol::attestation::TrustAnchor, ShellErr
 pub fn store_prefixes() -> crate::on_upload::Config {
     crate::on_upload::Config::from_list(&optional("EPHEM_STORE_PREFIXES").unwrap_or_default())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn handler_results_become_lambda_answers() {
+        assert_eq!(invoke("T", || Ok::<_, String>(7)).await.unwrap(), 7);
+        let err = invoke("EphemBatch.TestError", || Err::<(), _>("the jobs bucket is gone")).await.unwrap_err();
+        assert_eq!((err.error_type.as_str(), err.error_message.as_str()), ("EphemBatch.TestError", "the jobs bucket is gone"));
+        let err = invoke("EphemBatch.TestError", || -> Result<(), String> { panic!("boom") }).await.unwrap_err();
+        assert!(err.error_message.contains("panicked"), "{}", err.error_message);
+    }
+
+    #[test]
+    fn an_unconfigured_store_names_its_variable() {
+        let store = Unconfigured("EPHEM_MODELS_BUCKET");
+        let err = store.get("models/x").unwrap_err();
+        assert!(err.to_string().contains("this function has no EPHEM_MODELS_BUCKET"), "{err}");
+        assert!(matches!(err, ObjectError::AccessDenied { .. }));
+    }
+}
