@@ -221,21 +221,43 @@ impl TileStore {
             }
             return Ok(());
         }
-        let entries = load_entries(self.objects.as_ref(), &self.layout, have, head)?;
         let mut checkpoints = if have == 0 || self.options.full_history {
             archived_checkpoints(self.objects.as_ref(), &self.layout, &self.verifier, have, head.size)?
         } else {
             Vec::new()
         };
         if checkpoints.last().is_none_or(|c| c.size != head.size) {
-            let created_ms = entries.last().map_or(0, |e| e.appended_ms);
-            checkpoints.push(StoredCheckpoint { size: head.size, root: head.root, note: head.note.clone(), created_ms });
+            checkpoints.push(StoredCheckpoint { size: head.size, root: head.root, note: head.note.clone(), created_ms: 0 });
         }
-        fill_created_ms(&mut checkpoints, have, &entries);
-        match self.cache.import(have, &entries, &checkpoints, &self.verifier.to_string()) {
-            Err(StoreError::ImportMismatch { index, what: "checkpoint root" }) => Err(TileError::RootMismatch { size: index }),
-            other => other.map(drop).map_err(Into::into),
+        // One bundle at a time, so a rebuild holds at most 256 entries in memory; past what is
+        // published (an unfinished commit), the rest comes from the staging record at once.
+        let mut documents = Documents::default();
+        let mut at = have;
+        while at < head.size {
+            let end = ((at / layout::TILE_WIDTH + 1) * layout::TILE_WIDTH).min(head.size);
+            let entries = match load_published(self.objects.as_ref(), &self.layout, at, end, &mut documents) {
+                Ok(entries) => entries,
+                Err(TileError::Objects(ObjectError::NotFound { .. })) => {
+                    load_entries(self.objects.as_ref(), &self.layout, at, head, &mut documents)?
+                }
+                Err(e) => return Err(e),
+            };
+            if entries.is_empty() {
+                return Err(mismatch(at, "entries missing below the checkpoint's size"));
+            }
+            let next = at + entries.len() as u64;
+            let covered = checkpoints.iter().take_while(|c| c.size <= next).count();
+            let mut now: Vec<StoredCheckpoint> = checkpoints.drain(..covered).collect();
+            fill_created_ms(&mut now, at, &entries);
+            match self.cache.import(at, &entries, &now, &self.verifier.to_string()) {
+                Err(StoreError::ImportMismatch { index, what: "checkpoint root" }) => {
+                    return Err(TileError::RootMismatch { size: index });
+                }
+                other => other?,
+            };
+            at = next;
         }
+        Ok(())
     }
 
     fn reset_cache(&mut self) -> Result<(), TileError> {
@@ -496,9 +518,14 @@ fn fill_created_ms(checkpoints: &mut [StoredCheckpoint], start: u64, entries: &[
 
 /// Entries `[start, head.size)` with their documents: from the published bundles, or, past
 /// what is published, from the head commit's staging record.
-fn load_entries(objects: &dyn ObjectStore, layout: &Layout, start: u64, head: &Head) -> Result<Vec<ImportedEntry>, TileError> {
-    let mut documents = Documents::default();
-    match load_published(objects, layout, start, head.size, &mut documents) {
+fn load_entries(
+    objects: &dyn ObjectStore,
+    layout: &Layout,
+    start: u64,
+    head: &Head,
+    documents: &mut Documents,
+) -> Result<Vec<ImportedEntry>, TileError> {
+    match load_published(objects, layout, start, head.size, documents) {
         Ok(entries) => Ok(entries),
         Err(TileError::Objects(ObjectError::NotFound { .. })) => {
             let key = layout.staging(head.size, &head.root);
@@ -508,13 +535,13 @@ fn load_entries(objects: &dyn ObjectStore, layout: &Layout, start: u64, head: &H
                 Err(e) => return Err(e.into()),
             };
             let mut entries = if start < staging.from {
-                load_published(objects, layout, start, staging.from, &mut documents)?
+                load_published(objects, layout, start, staging.from, documents)?
             } else {
                 Vec::new()
             };
             for s in staging.entries.iter().filter(|s| s.meta.index >= start) {
                 let leaf = s.leaf().map_err(|error| TileError::Format { key: key.clone(), error })?;
-                entries.push(imported(objects, layout, leaf, &s.meta, &key, &mut documents)?);
+                entries.push(imported(objects, layout, leaf, &s.meta, &key, documents)?);
             }
             Ok(entries)
         }
