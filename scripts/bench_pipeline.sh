@@ -6,15 +6,17 @@
 #   python3 scripts/build_corpus.py --count 10000 --out /tmp/corpus-10000.jsonl
 #   scripts/bench_pipeline.sh /tmp/corpus-10000.jsonl [THREADS]
 #
-# Uses release builds (cargo build --release); the stack runs in a temporary EPHEM_HOME.
+# Uses release builds (EPHEM_BENCH_PROFILE=dev for the dev profile, whose worker and protocol
+# code is optimised too); the stack runs in a temporary EPHEM_HOME.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=$(realpath "$1")
 threads=${2:-2}
 export EPHEM_MODEL_DIR="${EPHEM_MODEL_DIR:-$PWD/.ephem/models/all-MiniLM-L6-v2}"
-cargo build --release --locked --bins -p client-cli -p host-poller -p enclave-worker
-cargo build --release --locked -p enclave-worker --example bench_inference
-bin=$PWD/target/release
+profile=${EPHEM_BENCH_PROFILE:-release}
+cargo build --profile "$profile" --locked --bins -p client-cli -p host-poller -p enclave-worker
+cargo build --profile "$profile" --locked -p enclave-worker --example bench_inference
+bin=$PWD/target/$([ "$profile" = dev ] && echo debug || echo "$profile")
 home=$(mktemp -d)
 trap '"$bin/ephem-batch" --home "$home" dev down >/dev/null 2>&1 || true; rm -rf "$home"' EXIT
 docs=$(wc -l < "$corpus")
