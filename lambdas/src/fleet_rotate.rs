@@ -67,5 +67,5 @@ pub fn rotate(services: &Services, validity_ms: u64, now_ms: u64) -> Result<Epoc
 
 /// The newest epoch still valid `margin_ms` from now.
 pub fn current_epoch(services: &Services, now_ms: u64, margin_ms: u64) -> Result<Option<EpochRecord>, ObjectError> {
-    Ok(epochs(services)?.into_iter().filter(|r| r.not_after_ms > now_ms + margin_ms).last())
+    Ok(epochs(services)?.into_iter().rfind(|r| r.not_after_ms > now_ms + margin_ms))
 }

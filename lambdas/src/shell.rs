@@ -5,7 +5,6 @@
 //! `spawn_blocking`; the adapters drive the AWS SDK on their own runtime.
 
 use std::fmt::Display;
-use std::future::Future;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
@@ -115,20 +114,18 @@ where
     .await
 }
 
-fn invoke<O: Send + 'static, E: Display>(
+async fn invoke<O: Send + 'static, E: Display>(
     error_type: &'static str,
     call: impl FnOnce() -> Result<O, E> + Send + 'static,
-) -> impl Future<Output = Result<O, Diagnostic>> {
-    async move {
-        let failed = |message: String| {
-            tracing::error!(error = %message, "invocation failed");
-            Diagnostic { error_type: error_type.to_owned(), error_message: message }
-        };
-        match tokio::task::spawn_blocking(move || call().map_err(|e| e.to_string())).await {
-            Ok(Ok(out)) => Ok(out),
-            Ok(Err(message)) => Err(failed(message)),
-            Err(join) => Err(failed(format!("the handler panicked: {join}"))),
-        }
+) -> Result<O, Diagnostic> {
+    let failed = |message: String| {
+        tracing::error!(error = %message, "invocation failed");
+        Diagnostic { error_type: error_type.to_owned(), error_message: message }
+    };
+    match tokio::task::spawn_blocking(move || call().map_err(|e| e.to_string())).await {
+        Ok(Ok(out)) => Ok(out),
+        Ok(Err(message)) => Err(failed(message)),
+        Err(join) => Err(failed(format!("the handler panicked: {join}"))),
     }
 }
 

@@ -251,15 +251,18 @@ impl NoteSigner for SignerKey {
 /// or a wrong algorithm fails at once instead of producing checkpoints nobody can verify.
 pub struct RemoteSigner {
     verifier: VerifierKey,
-    sign: Box<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync>,
+    sign: SignFn,
 }
+
+/// The remote signing call: message in, raw signature (or what went wrong) out.
+pub type SignFn = Box<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync>;
 
 impl RemoteSigner {
     /// `public` is the Ed25519 public key of the remote key (KMS `GetPublicKey`).
     pub fn new(
         name: &str,
         public: &[u8; 32],
-        sign: Box<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync>,
+        sign: SignFn,
     ) -> Result<Self, NoteError> {
         let public = VerifyingKey::from_bytes(public).map_err(|_| NoteError::BadPublicKey)?;
         Ok(Self { verifier: VerifierKey::new(name, public)?, sign })

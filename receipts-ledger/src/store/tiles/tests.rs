@@ -153,10 +153,10 @@ struct Interleaved {
 
 impl ObjectStore for Interleaved {
     fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-        if key == "checkpoint" {
-            if let Some(other) = self.before_swap.lock().unwrap().take() {
-                other();
-            }
+        if key == "checkpoint"
+            && let Some(other) = self.before_swap.lock().unwrap().take()
+        {
+            other();
         }
         let result = self.inner.put(key, bytes, condition);
         if key == "checkpoint" && matches!(result, Err(ObjectError::PreconditionFailed { .. })) {
