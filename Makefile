@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-rust test-cdk
+.PHONY: demo test test-rust test-cdk test-aws
 
 demo:
 	bash scripts/demo.sh
@@ -8,6 +8,10 @@ test: test-rust test-cdk
 
 test-rust:
 	bash scripts/test-rust.sh
+
+# Only the tests against the AWS emulator (moto, started and stopped by the script).
+test-aws:
+	bash scripts/test-rust.sh --aws
 
 test-cdk:
 	bash cdk/scripts/test.sh

@@ -1,11 +1,31 @@
 #!/usr/bin/env bash
-# Runs every Rust test in the workspace against the shared fixtures.
+# Runs every Rust test in the workspace against the shared fixtures, with an AWS emulator (moto,
+# scripts/moto.sh) for the AWS-path tests. `--aws` runs only the AWS emulator tests (`make test-aws`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+only_aws=false
+[ "${1:-}" = "--aws" ] && only_aws=true
 export EPHEM_FIXTURES="${EPHEM_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
 # Tests that run the model read it from here.
 bash scripts/setup-model.sh
 export EPHEM_MODEL_DIR="${EPHEM_MODEL_DIR:-${EPHEM_HOME:-$PWD/.ephem}/models/all-MiniLM-L6-v2}"
+
+# The emulator: started here (and stopped on exit) unless one of ours already runs.
+if endpoint="$(bash scripts/moto.sh endpoint 2>/dev/null)"; then
+    echo "moto: using the running server at $endpoint"
+else
+    started=$(date +%s)
+    endpoint="$(bash scripts/moto.sh start)"
+    trap 'bash scripts/moto.sh stop' EXIT
+    echo "moto: started at $endpoint in $(( $(date +%s) - started ))s"
+fi
+export EPHEM_TEST_AWS_ENDPOINT="$endpoint"
+
 # The cross-component tests run the real binaries: build them first.
 cargo build --workspace --bins --locked
-cargo test --workspace --locked
+if $only_aws; then
+    cargo test --locked -p cloud --lib aws::
+    cargo test --locked -p tests --test aws_conformance --test aws_pipeline -- aws_
+else
+    cargo test --workspace --locked
+fi

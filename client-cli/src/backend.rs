@@ -1,14 +1,97 @@
-//! Which cloud the client talks to. The embedded default is the local cloud under
-//! `$EPHEM_HOME`, with the `on-upload` handler wired to the jobs store the way an S3 bucket
-//! notification wires it to the Lambda.
+//! Which cloud the client talks to (`--backend`).
+//!
+//! * `local` (the embedded default): the local cloud under `$EPHEM_HOME`, with the `on-upload`
+//!   handler wired to the jobs store the way an S3 bucket notification wires it to the Lambda.
+//! * `aws`: S3, SQS and KMS, named by the `cdk deploy --outputs-file` JSON (`--stack-outputs`)
+//!   or `EPHEM_*` variables, reached through the standard AWS credential, region and endpoint
+//!   settings. Nothing runs in-process on upload: the bucket notification and the Lambdas do
+//!   it (against an emulator, `ephem-batch dev aws-pump` stands in for them).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
+use clap::{Args, ValueEnum};
+use cloud::aws::{AwsCloud, AwsSettings};
 use cloud::local::LocalCloud;
 use cloud::{layout, Services};
 
 use crate::home::Home;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// Everything on this machine, under --home (the embedded default).
+    #[default]
+    Local,
+    /// S3, SQS and KMS of a deployment (or an emulator: AWS_ENDPOINT_URL).
+    Aws,
+}
+
+/// The global flags that choose the backend.
+#[derive(Args, Debug, Clone, Default)]
+pub struct BackendArgs {
+    /// Where the queues, objects and keys are.
+    #[arg(long, global = true, env = "EPHEM_BACKEND", value_enum, default_value_t = Backend::Local)]
+    pub backend: Backend,
+    /// With --backend aws: the JSON file `cdk deploy --outputs-file` wrote (buckets, queues,
+    /// keys, region). Single names can be given as EPHEM_* variables instead.
+    #[arg(long, global = true, env = "EPHEM_STACK_OUTPUTS", value_name = "FILE")]
+    pub stack_outputs: Option<PathBuf>,
+    /// With --backend aws: `aws` (default), or `local` / `local:DIR` for the local KMS under
+    /// --home / DIR — for AWS emulators, whose KMS cannot answer Recipient requests.
+    #[arg(long, global = true, env = "EPHEM_KMS", value_name = "aws|local[:DIR]")]
+    pub kms: Option<String>,
+}
+
+impl BackendArgs {
+    /// The KMS setting with `local` resolved to the home, and paths made absolute (child
+    /// processes get them as they are).
+    pub fn kms_setting(&self, home: &Home) -> anyhow::Result<Option<String>> {
+        Ok(match self.kms.as_deref() {
+            Some("local") => Some(format!("local:{}", home.root().display())),
+            Some(text) => match text.strip_prefix("local:") {
+                Some(dir) => Some(format!("local:{}", std::path::absolute(dir).with_context(|| format!("--kms {text}"))?.display())),
+                None => Some(text.to_owned()),
+            },
+            None => None,
+        })
+    }
+
+    pub fn stack_outputs_absolute(&self) -> anyhow::Result<Option<PathBuf>> {
+        self.stack_outputs
+            .as_deref()
+            .map(|p| std::path::absolute(p).with_context(|| format!("--stack-outputs {}", p.display())))
+            .transpose()
+    }
+
+    /// The AWS settings these flags and the environment give.
+    pub fn aws_settings(&self, home: &Home) -> anyhow::Result<AwsSettings> {
+        let kms = self.kms_setting(home)?;
+        Ok(AwsSettings::resolve(self.stack_outputs.as_deref(), kms.as_deref())?)
+    }
+}
+
+/// The opened backend: the services every command uses, and the backend's own handle.
+pub struct Opened {
+    pub services: Services,
+    pub local: Option<LocalCloud>,
+    pub aws: Option<AwsCloud>,
+}
+
+/// Opens the backend the flags name.
+pub fn open(home: &Home, args: &BackendArgs) -> anyhow::Result<Opened> {
+    match args.backend {
+        Backend::Local => {
+            let (services, local) = open_local(home)?;
+            Ok(Opened { services, local: Some(local), aws: None })
+        }
+        Backend::Aws => {
+            let settings = args.aws_settings(home)?;
+            let aws = AwsCloud::connect(&settings).context("connecting to AWS")?;
+            Ok(Opened { services: aws.services(), local: None, aws: Some(aws) })
+        }
+    }
+}
 
 /// Opens the local cloud and subscribes `on-upload` to `jobs/…/input.sealed`.
 pub fn open_local(home: &Home) -> anyhow::Result<(Services, LocalCloud)> {

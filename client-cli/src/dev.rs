@@ -6,6 +6,13 @@
 //! and the local Lambda runtime (`ephem-batch dev run-lambdas`: the ledger queue's event source
 //! for `ledger-append` and the input-expiry lifecycle rule). One pid file per process in `run/`,
 //! one log per process in `logs/`.
+//!
+//! With `--backend aws` (against an emulator: see [`aws`]) `up` does the same over S3 and SQS:
+//! the host-poller runs in aws mode, `ephem-batch dev aws-pump` stands in for the bucket
+//! notification and the Lambdas, and KMS is the local one (`--kms local`), because the
+//! development worker's attestation is one only the local KMS can check.
+
+pub mod aws;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +31,7 @@ use protocol::attestation::dev_issuer::development_pcrs;
 use protocol::attestation::{Policy, TrustAnchor};
 use sha2::{Digest, Sha384};
 
+use crate::backend::{Backend, BackendArgs};
 use crate::home::{write_private, Home};
 use crate::submit::DEFAULT_MODEL;
 
@@ -50,6 +58,13 @@ pub enum DevCommand {
         #[arg(long, default_value_t = 0)]
         input_retention_s: u64,
     },
+    /// Create the stack's buckets, queues, upload notification and keys in an AWS emulator
+    /// (AWS_ENDPOINT_URL) and write its outputs file, as `cdk deploy --outputs-file` would.
+    AwsBootstrap(aws::BootstrapArgs),
+    /// Against an emulator: feed S3 upload events to `on-upload` and the ledger queue to
+    /// `ledger-append`, as the bucket notification and the Lambdas do in AWS (started by
+    /// `dev up --backend aws`).
+    AwsPump(aws::PumpArgs),
 }
 
 #[derive(Args, Debug)]
@@ -107,13 +122,14 @@ pub fn running(home: &Home, name: &str) -> Option<u32> {
     (state != "Z" && String::from_utf8_lossy(&cmdline).contains(name)).then_some(pid)
 }
 
-fn spawn(home: &Home, name: &str, program: &Path, args: &[String]) -> anyhow::Result<u32> {
+fn spawn(home: &Home, name: &str, program: &Path, args: &[String], env: &[(&str, String)]) -> anyhow::Result<u32> {
     use std::os::unix::process::CommandExt;
     std::fs::create_dir_all(home.logs_dir())?;
     std::fs::create_dir_all(home.run_dir())?;
     let log = std::fs::OpenOptions::new().create(true).append(true).open(home.log_file(name))?;
     let child = Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -264,8 +280,9 @@ fn published_pcr0(services: &Services) -> anyhow::Result<Vec<Vec<u8>>> {
     Ok(values)
 }
 
-pub fn up(home: &Home, args: &UpArgs) -> anyhow::Result<()> {
-    let (services, local) = crate::backend::open_local(home)?;
+pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<()> {
+    let opened = crate::backend::open(home, backend)?;
+    let services = opened.services.clone();
     let worker_bin = binary("enclave-worker")?;
     let poller_bin = binary("host-poller")?;
     let pcr0 = sha384_file(&worker_bin)?;
@@ -280,7 +297,11 @@ pub fn up(home: &Home, args: &UpArgs) -> anyhow::Result<()> {
             );
         }
     }
-    let kms = local.kms();
+    let kms = match (&opened.local, &opened.aws) {
+        (Some(local), _) => local.kms(),
+        (None, Some(cloud)) => Arc::new(aws::local_kms_of(cloud)?),
+        (None, None) => unreachable!("a backend is always opened"),
+    };
     let fleet_key = ensure_key(&kms, cloud::local::FLEET_KEY_ALIAS, LocalKeyPolicy::fleet(pcr0.to_vec(), None), "ephem-batch fleet keys (local)")?;
     let model_key = ensure_key(&kms, cloud::local::MODEL_KEY_ALIAS, LocalKeyPolicy::model(pcr0.to_vec(), None), "ephem-batch model keys (local)")?;
     let epoch = ensure_epoch(&services, &fleet_key)?;
@@ -289,9 +310,15 @@ pub fn up(home: &Home, args: &UpArgs) -> anyhow::Result<()> {
 
     let started = cloud::now_ms();
     if running(home, "host-poller").is_none() {
+        let (backend_name, env, max_receives) = match &opened.aws {
+            None => ("local", Vec::new(), cloud::local::MAX_RECEIVES),
+            Some(cloud) => ("aws", aws::child_env(home, backend)?, aws::max_receives(cloud)?),
+        };
         let args: Vec<String> = vec![
             "--backend".into(),
-            "local".into(),
+            backend_name.into(),
+            "--max-receives".into(),
+            max_receives.to_string(),
             "--home".into(),
             home.root().display().to_string(),
             "--spawn-worker".into(),
@@ -301,10 +328,11 @@ pub fn up(home: &Home, args: &UpArgs) -> anyhow::Result<()> {
             "--concurrency".into(),
             args.concurrency.to_string(),
         ];
-        let pid = spawn(home, "host-poller", &poller_bin, &args)?;
+        let pid = spawn(home, "host-poller", &poller_bin, &args, &env)?;
         eprintln!("started host-poller (pid {pid}), which starts enclave-worker");
         wait_for("the enclave worker to publish its attestation document", Duration::from_secs(120), || {
-            if running(home, "host-poller").is_none() {
+            // By pid: until the child has exec'd, its command line is still this program's.
+            if !alive(pid) {
                 bail!("host-poller exited; see {}", home.log_file("host-poller").display());
             }
             Ok(services
@@ -316,7 +344,9 @@ pub fn up(home: &Home, args: &UpArgs) -> anyhow::Result<()> {
     }
     write_policy(home, pcr0)?;
 
-    if running(home, "lambdas").is_none() {
+    if opened.aws.is_some() {
+        aws::start_pump(home, backend)?;
+    } else if running(home, "lambdas").is_none() {
         let me = std::env::current_exe()?;
         let args: Vec<String> = vec![
             "--home".into(),
@@ -326,7 +356,7 @@ pub fn up(home: &Home, args: &UpArgs) -> anyhow::Result<()> {
             "--input-retention-s".into(),
             args.input_retention_s.to_string(),
         ];
-        let pid = spawn(home, "lambdas", &me, &args)?;
+        let pid = spawn(home, "lambdas", &me, &args, &[])?;
         eprintln!("started the local Lambda runtime (pid {pid})");
     }
     eprintln!(
@@ -345,7 +375,7 @@ pub fn up(home: &Home, args: &UpArgs) -> anyhow::Result<()> {
 pub fn down(home: &Home) -> anyhow::Result<()> {
     let mut stopped = Vec::new();
     // The poller first: it finishes in-flight jobs and stops its worker itself.
-    for name in ["host-poller", "lambdas", "enclave-worker"] {
+    for name in ["host-poller", "lambdas", aws::PUMP, "enclave-worker"] {
         if stop(home, name, Duration::from_secs(120)) {
             stopped.push(name);
         }
@@ -358,17 +388,34 @@ pub fn down(home: &Home) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub fn status(home: &Home, json: bool) -> anyhow::Result<()> {
-    let local = LocalCloud::open(home.root())?;
-    let services = local.services();
+pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<()> {
+    let (services, dead_letters): (Services, Vec<(String, Arc<dyn cloud::Queue>)>) = match backend.backend {
+        Backend::Local => {
+            let local = LocalCloud::open(home.root())?;
+            let dlqs: Vec<(String, Arc<dyn cloud::Queue>)> = vec![
+                (cloud::local::JOB_DLQ.to_owned(), local.job_dlq()),
+                (cloud::local::LEDGER_DLQ.to_owned(), local.ledger_dlq()),
+            ];
+            (local.services(), dlqs)
+        }
+        Backend::Aws => {
+            let cloud = crate::backend::open(home, backend)?.aws.expect("the aws backend");
+            let dlqs = [("jobs-dlq", cloud.job_dlq()), ("ledger-dlq", cloud.ledger_dlq())]
+                .into_iter()
+                .filter_map(|(name, q)| q.map(|q| (name.to_owned(), Arc::new(q) as Arc<dyn cloud::Queue>)))
+                .collect();
+            (cloud.services(), dlqs)
+        }
+    };
     let processes: BTreeMap<&str, Option<u32>> =
-        ["host-poller", "enclave-worker", "lambdas"].into_iter().map(|n| (n, running(home, n))).collect();
+        ["host-poller", "enclave-worker", "lambdas", aws::PUMP].into_iter().map(|n| (n, running(home, n))).collect();
     let mut queues = BTreeMap::new();
     for (name, queue) in [("jobs", &services.job_queue), ("ledger", &services.ledger_queue)] {
         queues.insert(name.to_owned(), queue.stats()?);
     }
-    queues.insert(cloud::local::JOB_DLQ.to_owned(), cloud::Queue::stats(local.job_dlq().as_ref())?);
-    queues.insert(cloud::local::LEDGER_DLQ.to_owned(), cloud::Queue::stats(local.ledger_dlq().as_ref())?);
+    for (name, queue) in &dead_letters {
+        queues.insert(name.clone(), queue.stats()?);
+    }
     let epochs = lambdas::fleet_rotate::epochs(&services)?;
     let models: Vec<String> = services.models.list(layout::MODELS_PREFIX)?.into_iter().filter(|m| layout::manifest_version(&m.key).is_some()).map(|m| m.key).collect();
     let published = services.attestations.list(layout::ATTESTATIONS_CURRENT_PREFIX)?;

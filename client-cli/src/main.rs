@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use ephem_batch_client::backend::{self, BackendArgs};
 use ephem_batch_client::{attest, dev, home::Home, keys, policy, results, status, submit, trust, verify};
 
 #[derive(Parser)]
@@ -13,6 +14,8 @@ struct Cli {
     /// State directory of the embedded default and of this client's keys and jobs.
     #[arg(long, global = true, env = "EPHEM_HOME", value_name = "DIR")]
     home: Option<PathBuf>,
+    #[command(flatten)]
+    backend: BackendArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -90,7 +93,7 @@ enum FleetCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The local Lambda runtime is a service with a log file; commands only warn.
-    let service = matches!(cli.command, Command::Dev(dev::DevCommand::RunLambdas { .. }));
+    let service = matches!(cli.command, Command::Dev(dev::DevCommand::RunLambdas { .. } | dev::DevCommand::AwsPump(_)));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -112,7 +115,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Attest(attest::AttestCommand::Verify(args)) => attest::verify(args),
         Command::Attest(attest::AttestCommand::Fetch(args)) => {
             let home = home()?;
-            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let services = backend::open(&home, &cli.backend)?.services;
             attest::fetch(&home, &services, &args)
         }
         Command::Policy(command) => policy::run(command),
@@ -124,7 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Submit(args) => {
             let home = home()?;
-            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let services = backend::open(&home, &cli.backend)?.services;
             let started = std::time::Instant::now();
             let job = submit::run(&home, &services, &args)?;
             if args.json && !args.wait {
@@ -145,7 +148,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Status { job, json } => {
             let home = home()?;
-            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let services = backend::open(&home, &cli.backend)?.services;
             let view = status::view(&services, &status::parse_job(&job)?)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&view)?);
@@ -156,7 +159,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Results(args) => {
             let home = home()?;
-            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let services = backend::open(&home, &cli.backend)?.services;
             let trust = trust::ClientTrust::load(&home, &args.trust)?;
             trust.warn_if_development();
             let key = keys::load_result_key(&home.result_key(), false)?;
@@ -166,7 +169,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Verify { job, json, trust } => {
             let home = home()?;
-            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let services = backend::open(&home, &cli.backend)?.services;
             let trust = trust::ClientTrust::load(&home, &trust)?;
             trust.warn_if_development();
             let key = keys::load_result_key(&home.result_key(), false)?;
@@ -180,14 +183,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Cancel { job } => {
             let home = home()?;
-            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let services = backend::open(&home, &cli.backend)?.services;
             status::cancel(&services, &status::parse_job(&job)?)?;
             println!("cancelled {job}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Fleet(FleetCommand::Rotate { validity_days }) => {
             let home = home()?;
-            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let services = backend::open(&home, &cli.backend)?.services;
             let record = lambdas::fleet_rotate::rotate(&services, validity_days * 24 * 3600 * 1000, cloud::now_ms())
                 .context("fleet rotation")?;
             println!("fleet epoch {} valid until {}", record.epoch, protocol::attestation::format_ms(record.not_after_ms));
@@ -195,19 +198,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Model(command) => {
             let home = home()?;
-            let (services, _) = ephem_batch_client::backend::open_local(&home)?;
+            let services = backend::open(&home, &cli.backend)?.services;
             ephem_batch_client::model_cli::run(command, &services)
         }
         Command::Ledger(command) => ephem_batch_client::ledger::run(command, &home()?.ledger_dir()),
         Command::Dev(command) => {
             let home = home()?;
             match command {
-                dev::DevCommand::Up(args) => dev::up(&home, &args)?,
+                dev::DevCommand::Up(args) => dev::up(&home, &args, &cli.backend)?,
                 dev::DevCommand::Down => dev::down(&home)?,
-                dev::DevCommand::Status { json } => dev::status(&home, json)?,
+                dev::DevCommand::Status { json } => dev::status(&home, &cli.backend, json)?,
                 dev::DevCommand::RunLambdas { input_retention_s } => {
                     dev::run_lambdas(&home, std::time::Duration::from_secs(input_retention_s))?
                 }
+                dev::DevCommand::AwsBootstrap(args) => dev::aws::bootstrap(&home, &cli.backend, &args)?,
+                dev::DevCommand::AwsPump(args) => dev::aws::pump(&home, &cli.backend, &args)?,
             }
             Ok(ExitCode::SUCCESS)
         }

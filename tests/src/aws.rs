@@ -165,13 +165,25 @@ impl AwsStack {
         text
     }
 
+    /// [`wait_until`], with the stack's logs in the failure message.
+    pub fn wait_until<T>(&self, what: &str, timeout: Duration, mut done: impl FnMut() -> Option<T>) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(value) = done() {
+                return value;
+            }
+            assert!(Instant::now() < deadline, "timed out after {}s waiting for {what}{}", timeout.as_secs(), self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// The last lines of the host-poller's and the pump's logs.
     pub fn logs(&self) -> String {
         let mut text = String::new();
         for log in ["host-poller", "aws-pump"] {
             let path = self.home().join("logs").join(format!("{log}.log"));
             if let Ok(content) = std::fs::read_to_string(&path) {
-                let tail: Vec<&str> = content.lines().rev().take(40).collect();
+                let tail: Vec<&str> = content.lines().rev().take(60).collect();
                 text.push_str(&format!("\n--- {log}.log (last lines)\n"));
                 for line in tail.into_iter().rev() {
                     text.push_str(line);

@@ -120,8 +120,13 @@ impl AwsClients {
         }
         let shared = runtime.block_on(loader.load());
         let region = shared.region().ok_or(AwsError::NoRegion)?.to_string();
-        let s3_config =
-            aws_sdk_s3::config::Builder::from(&shared).force_path_style(s3_endpoint_configured(endpoint_url)).build();
+        // Uploads carry checksums S3 verifies. Downloads are not checked against S3's stored
+        // checksum: a multipart object has only a per-part one, which the SDK cannot check (and
+        // warns about), and everything the pipeline reads is sealed or signed end to end.
+        let s3_config = aws_sdk_s3::config::Builder::from(&shared)
+            .force_path_style(s3_endpoint_configured(endpoint_url))
+            .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired)
+            .build();
         Ok(AwsClients {
             s3: aws_sdk_s3::Client::from_conf(s3_config),
             sqs: aws_sdk_sqs::Client::new(&shared),

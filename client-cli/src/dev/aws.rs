@@ -1,0 +1,274 @@
+//! The AWS flow on one machine, against an emulator (moto: `scripts/moto.sh start`, then
+//! `AWS_ENDPOINT_URL=http://127.0.0.1:PORT`):
+//!
+//! ```text
+//! ephem-batch dev aws-bootstrap --kms local          # buckets, queues + DLQs, upload notification → <home>/aws-outputs.json
+//! export EPHEM_STACK_OUTPUTS=.ephem/aws-outputs.json EPHEM_KMS=local
+//! ephem-batch --backend aws dev up                   # keys, epoch, model; host-poller (aws mode) + aws-pump
+//! ephem-batch --backend aws submit corpus.jsonl --wait
+//! ephem-batch --backend aws verify <JOB>
+//! ```
+//!
+//! What stands in for what AWS runs: the jobs bucket notifies an SQS queue instead of the
+//! `on-upload` Lambda, and [`pump`] calls the real handlers — `on-upload` with the S3 event
+//! the emulator delivered, `ledger-append` with the SQS event Lambda's event source would
+//! build from the ledger queue. KMS is the local one: the emulator's KMS ignores `Recipient`
+//! and has no `GenerateDataKeyPair*`. The ledger is the local ledger under `<home>/ledger`.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use cloud::aws::bootstrap::BootstrapOptions;
+use cloud::aws::{AwsClients, AwsCloud, KmsBackend, SqsQueue};
+use cloud::local::LocalKms;
+use cloud::{Queue, Services};
+use protocol::attestation::TrustAnchor;
+use receipts_ledger::local::LocalLedger;
+use receipts_ledger::receipt_check::ProtocolReceipts;
+use serde_json::Value;
+
+use crate::backend::BackendArgs;
+use crate::home::Home;
+
+/// The pump's process name (`run/aws-pump.pid`, `logs/aws-pump.log`).
+pub const PUMP: &str = "aws-pump";
+/// How long a message the handler could not take stays hidden before it is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Lambda's batch size for a FIFO event source is at most 10.
+const BATCH: usize = 10;
+
+#[derive(Args, Debug)]
+pub struct BootstrapArgs {
+    /// Every bucket and queue name starts with this.
+    #[arg(long, default_value = "ephem")]
+    pub name_prefix: String,
+    /// Receives before a message goes to its dead-letter queue (the stack's: 5).
+    #[arg(long, default_value_t = 5)]
+    pub max_receives: u32,
+    /// The job queue's visibility timeout, seconds (the stack's: 300).
+    #[arg(long, default_value_t = 300)]
+    pub job_visibility_s: u32,
+    /// Where to write the outputs file. Default: `<home>/aws-outputs.json`.
+    #[arg(long, value_name = "FILE")]
+    pub outputs: Option<PathBuf>,
+    /// The outputs file's stack name.
+    #[arg(long, default_value = cloud::aws::settings::DEFAULT_STACK_NAME)]
+    pub stack_name: String,
+}
+
+#[derive(Args, Debug)]
+pub struct PumpArgs {
+    /// Handle what is there and stop (default: until SIGTERM).
+    #[arg(long)]
+    pub once: bool,
+    /// Long-poll wait of each receive, seconds.
+    #[arg(long, default_value_t = 1)]
+    pub wait_s: u64,
+}
+
+/// `dev aws-bootstrap`: the stack's storage, queues and (unless KMS is local) keys.
+pub fn bootstrap(home: &Home, backend: &BackendArgs, args: &BootstrapArgs) -> anyhow::Result<()> {
+    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
+        eprintln!("note: AWS_ENDPOINT_URL is not set: creating the resources in the real AWS account of your credentials");
+    }
+    let kms_keys = !matches!(backend.kms_setting(home)?, Some(text) if text.starts_with("local:"));
+    let clients = AwsClients::connect(None, None)?;
+    let options = BootstrapOptions {
+        name_prefix: args.name_prefix.clone(),
+        max_receives: args.max_receives,
+        job_visibility_s: args.job_visibility_s,
+        kms_keys,
+        stack_name: args.stack_name.clone(),
+    };
+    let outputs = cloud::aws::bootstrap::bootstrap(&clients, &options)?;
+    let path = args.outputs.clone().unwrap_or_else(|| home.root().join("aws-outputs.json"));
+    outputs.write(&path).with_context(|| format!("writing {}", path.display()))?;
+    println!("{}", path.display());
+    eprintln!("stack outputs written; use them with --stack-outputs {} (or EPHEM_STACK_OUTPUTS)", path.display());
+    if !kms_keys {
+        eprintln!("no KMS keys created: KMS is the local one (--kms local); `dev up --backend aws` creates its keys");
+    }
+    Ok(())
+}
+
+/// The local KMS `dev up --backend aws` administers (keys bound to the worker's measurement).
+pub fn local_kms_of(cloud: &AwsCloud) -> anyhow::Result<LocalKms> {
+    match &cloud.settings().kms {
+        KmsBackend::Local(dir) => Ok(cloud::aws::open_local_kms(dir)?),
+        KmsBackend::Aws => bail!(
+            "`dev up --backend aws` runs the development enclave worker, whose attestation only the local KMS \
+             can check (AWS KMS trusts Nitro hardware only, and emulators ignore Recipient): add --kms local"
+        ),
+    }
+}
+
+/// The job queue's redrive limit, which the host-poller must know to record dead letters.
+pub fn max_receives(cloud: &AwsCloud) -> anyhow::Result<u32> {
+    Ok(cloud.job_queue().max_receives()?.unwrap_or(cloud::local::MAX_RECEIVES))
+}
+
+/// The settings a child process (host-poller, pump) needs, as absolute values.
+pub fn child_env(home: &Home, backend: &BackendArgs) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let mut env = Vec::new();
+    if let Some(path) = backend.stack_outputs_absolute()? {
+        env.push((cloud::aws::settings::ENV_STACK_OUTPUTS, path.display().to_string()));
+    }
+    if let Some(kms) = backend.kms_setting(home)? {
+        env.push((cloud::aws::settings::ENV_KMS, kms));
+    }
+    Ok(env)
+}
+
+/// Starts [`pump`] in the background unless it runs.
+pub fn start_pump(home: &Home, backend: &BackendArgs) -> anyhow::Result<()> {
+    if super::running(home, PUMP).is_some() {
+        return Ok(());
+    }
+    let me = std::env::current_exe()?;
+    let args: Vec<String> =
+        vec!["--home".into(), home.root().display().to_string(), "--backend".into(), "aws".into(), "dev".into(), PUMP.into()];
+    let pid = super::spawn(home, PUMP, &me, &args, &child_env(home, backend)?)?;
+    eprintln!("started the upload-event and ledger pump (pid {pid}), standing in for the Lambdas");
+    Ok(())
+}
+
+/// `dev aws-pump`: until SIGTERM (or once), S3 upload events → `on-upload`, ledger queue →
+/// `ledger-append`.
+pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(signal, Arc::clone(&stop))?;
+    }
+    let cloud = crate::backend::open(home, backend)?.aws.ok_or_else(|| anyhow!("dev aws-pump needs --backend aws"))?;
+    let events = cloud.upload_events().ok_or_else(|| {
+        anyhow!(
+            "no upload-event queue ({} in the outputs of `ephem-batch dev aws-bootstrap`, or EPHEM_UPLOAD_EVENTS_QUEUE_URL); \
+             in AWS the bucket notifies the on-upload Lambda and nothing needs pumping",
+            cloud::aws::settings::UPLOAD_EVENTS_OUTPUT
+        )
+    })?;
+    let services = cloud.services();
+    super::wait_for("the development root", Duration::from_secs(120), || Ok(home.dev_root_pem().is_file()))?;
+    let anchor = TrustAnchor::from_pem(&std::fs::read_to_string(home.dev_root_pem())?)?;
+    let (mut ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(ProtocolReceipts::new(anchor.clone())))?;
+    let check = ProtocolReceipts::new(anchor);
+    tracing::info!(ledger_key = %verifier, "pump started");
+    let wait = Duration::from_secs(args.wait_s.min(20));
+    loop {
+        let round = Instant::now();
+        let uploads = pump_uploads(&events, &services, wait).unwrap_or_else(|error| {
+            tracing::warn!(error = format!("{error:#}"), "upload events");
+            0
+        });
+        let appended = match pump_ledger(cloud.ledger_queue(), &services, &mut ledger, &check, wait) {
+            Ok(n) => n,
+            Err(error) => {
+                tracing::warn!(error = format!("{error:#}"), "ledger queue");
+                0
+            }
+        };
+        // Locally a checkpoint right away, so a proof is available as soon as the entry is.
+        if appended > 0 {
+            if let Err(error) = ledger.checkpoint_now(cloud::now_ms()) {
+                tracing::warn!(%error, "checkpoint not signed");
+            }
+        }
+        if stop.load(Ordering::Relaxed) || (args.once && uploads == 0 && appended == 0) {
+            break;
+        }
+        if round.elapsed() < Duration::from_millis(100) {
+            std::thread::sleep(Duration::from_millis(100)); // errors without waiting: do not spin
+        }
+    }
+    tracing::info!("pump stopped");
+    Ok(())
+}
+
+/// One receive from the upload-event queue: each S3 event goes to `on-upload` as delivered
+/// (moto sends an `s3:TestEvent` first, and URL-encodes keys, as S3 does). Returns the number
+/// of events handled.
+pub fn pump_uploads(events: &SqsQueue, services: &Services, wait: Duration) -> anyhow::Result<usize> {
+    let mut handled = 0;
+    for message in events.receive(BATCH, wait, Duration::from_secs(60))? {
+        let body: Value = match serde_json::from_str(&message.body) {
+            Ok(body) => body,
+            Err(error) => {
+                tracing::error!(message = message.message_id, %error, "not an S3 event; dropped");
+                events.delete(&message.receipt_handle)?;
+                continue;
+            }
+        };
+        if body.get("Event").and_then(Value::as_str) == Some("s3:TestEvent") {
+            events.delete(&message.receipt_handle)?;
+            continue;
+        }
+        let event = match serde_json::from_value(with_s3_record_fields(body)) {
+            Ok(event) => event,
+            Err(error) => {
+                tracing::error!(message = message.message_id, %error, "not an S3 event; dropped");
+                events.delete(&message.receipt_handle)?;
+                continue;
+            }
+        };
+        match lambdas::on_upload::handle(&event, services) {
+            Ok(outcomes) => {
+                for outcome in outcomes {
+                    tracing::info!(?outcome, "on-upload");
+                }
+                events.delete(&message.receipt_handle)?;
+                handled += 1;
+            }
+            // An infrastructure failure: the invocation is retried, as Lambda retries it.
+            Err(error) => {
+                tracing::warn!(%error, "on-upload failed; retrying");
+                events.change_visibility(&message.receipt_handle, RETRY_AFTER)?;
+            }
+        }
+    }
+    Ok(handled)
+}
+
+/// S3 always sends `userIdentity` and `requestParameters` in an event record; moto leaves
+/// them out. They are added empty (nothing reads them) so the event has S3's shape.
+fn with_s3_record_fields(mut event: Value) -> Value {
+    if let Some(records) = event.get_mut("Records").and_then(Value::as_array_mut) {
+        for record in records.iter_mut().filter_map(Value::as_object_mut) {
+            record.entry("userIdentity").or_insert_with(|| serde_json::json!({}));
+            record.entry("requestParameters").or_insert_with(|| serde_json::json!({}));
+        }
+    }
+    event
+}
+
+/// One batch of the ledger queue through `ledger-append`, as Lambda's event source runs it:
+/// the real SQS event payload in, partial batch failures out; what succeeded is deleted, what
+/// failed returns after a short delay (and after the redrive limit, to the dead-letter queue).
+pub fn pump_ledger<S: receipts_ledger::LedgerStore>(
+    queue: &SqsQueue,
+    services: &Services,
+    ledger: &mut receipts_ledger::Ledger<S>,
+    check: &dyn receipts_ledger::ReceiptCheck,
+    wait: Duration,
+) -> anyhow::Result<usize> {
+    let batch = queue.receive_lambda_batch(BATCH, wait, Duration::from_secs(60))?;
+    if batch.messages.is_empty() {
+        return Ok(0);
+    }
+    let event = serde_json::from_value(batch.event).context("the SQS event shape")?;
+    let response = lambdas::ledger_append::handle(&event, ledger, check, services.jobs.as_ref(), cloud::now_ms());
+    let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+    let mut appended = 0;
+    for message in &batch.messages {
+        if failed.contains(&message.message_id.as_str()) {
+            queue.change_visibility(&message.receipt_handle, RETRY_AFTER)?;
+        } else {
+            queue.delete(&message.receipt_handle)?;
+            appended += 1;
+        }
+    }
+    Ok(appended)
+}

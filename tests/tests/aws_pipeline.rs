@@ -1,0 +1,158 @@
+//! The pipeline with `--backend aws` against an AWS emulator (moto), through the real binaries:
+//! resources from `ephem-batch dev aws-bootstrap`; `ephem-batch --backend aws dev up` starts the
+//! host-poller in aws mode (spawning the local enclave worker with its development NSM) and the
+//! pump that stands in for the Lambdas — S3's upload event, as moto delivers it to an SQS queue,
+//! goes to the real `on-upload` handler, and the ledger queue's messages go to the real
+//! `ledger-append` handler as the SQS event Lambda would build.
+//!
+//! **KMS is the project's local KMS here (`--kms local`), not moto's**: moto's KMS accepts
+//! `Recipient` and ignores it (it would hand the host plaintext) and has no
+//! `GenerateDataKeyPair*`, and only the local KMS can check the development worker's
+//! attestation. S3 and SQS — objects, conditional writes, multipart, notifications,
+//! visibility, redrive, FIFO — are the emulator's.
+//!
+//! One stack, three phases: a job end to end (`verify` exits 0); a job whose first delivery is
+//! abandoned, redelivered after its visibility timeout; messages that fail on every delivery,
+//! dead-lettered by the queue's redrive policy after three receives.
+
+use std::path::Path;
+use std::time::Duration;
+
+use cloud::messages::JobMessage;
+use cloud::{layout, ObjectStore, Queue, SendOptions};
+use serde_json::Value;
+use tests::aws::{endpoint, AwsStack};
+use tests::canary_hits;
+
+const EXAMPLE_CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/corpus.jsonl");
+/// The stack's redrive limit: small, so dead letters come quickly.
+const MAX_RECEIVES: u32 = 3;
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+fn exists(store: &dyn ObjectStore, key: &str) -> bool {
+    store.head(key).unwrap().is_some()
+}
+
+/// Copies every object of `store` under `dir` (for the canary scan).
+fn dump(store: &dyn ObjectStore, dir: &Path) {
+    for meta in store.list("").unwrap() {
+        let path = dir.join(meta.key.replace('/', "__"));
+        std::fs::write(path, store.get(&meta.key).unwrap()).unwrap();
+    }
+}
+
+#[test]
+fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
+    let Some(endpoint) = endpoint() else { return };
+    let stack = AwsStack::bootstrap(&endpoint, MAX_RECEIVES);
+    stack.up();
+    let cloud = stack.cloud();
+    let services = cloud.services();
+    let work = tempfile::tempdir().unwrap();
+
+    // --- 1. a job end to end ------------------------------------------------------------------
+    let canaries: Vec<String> = (0..2).map(|i| format!("zqxcanary{i}aws-ornithopter-{i:04}")).collect();
+    let corpus = work.path().join("corpus.jsonl");
+    let mut text: String = std::fs::read_to_string(EXAMPLE_CORPUS).unwrap().lines().take(60).map(|l| format!("{l}\n")).collect();
+    for (i, canary) in canaries.iter().enumerate() {
+        text.push_str(&serde_json::json!({"id": format!("canary-{i}"), "text": format!("A secret note: {canary}.")}).to_string());
+        text.push('\n');
+    }
+    std::fs::write(&corpus, &text).unwrap();
+    let expected_ids: Vec<String> = text.lines().map(|l| json(l)["id"].as_str().unwrap().to_owned()).collect();
+    let out = work.path().join("embeddings.jsonl");
+    let report = json(&stack.ok(&["submit", corpus.to_str().unwrap(), "--wait", "-o", out.to_str().unwrap(), "--json"]));
+    let job = report["job_id"].as_str().unwrap().to_owned();
+    assert_eq!(report["embedded"], expected_ids.len(), "{report}");
+    assert_eq!(report["errors"], 0);
+    assert_eq!(report["in_ledger"], true, "{report}");
+    let ids: Vec<String> =
+        std::fs::read_to_string(&out).unwrap().lines().map(|l| json(l)["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(ids, expected_ids, "results in input order");
+
+    let verification = json(&stack.ok(&["verify", &job, "--json"]));
+    for check in verification["checks"].as_array().unwrap() {
+        assert_eq!(check["passed"], true, "{check}");
+    }
+    let status = json(&stack.ok(&["status", &job, "--json"]));
+    assert_eq!(status["state"], "completed", "{status}");
+    assert_eq!(status["status"]["attempt"], 1, "{status}");
+    assert!(status["ledger"]["index"].is_u64(), "{status}");
+    // What the pipeline left in the emulator's S3: the receipt, the attempt's output, the marker
+    // ledger-append writes after it appended the receipt from the ledger queue's SQS event.
+    let job_id = tests_job_id(&job);
+    for key in [layout::job_receipt(&job_id), layout::job_output(&job_id, 1), layout::job_ledgered(&job_id)] {
+        assert!(exists(services.jobs.as_ref(), &key), "{key} is not in S3\n{}", stack.logs());
+    }
+    assert_eq!(cloud.ledger_queue().stats().unwrap().in_flight + cloud.ledger_queue().stats().unwrap().visible, 0);
+
+    // Blind host: no canary in anything stored in S3 or logged on the host side.
+    let dumped = work.path().join("s3");
+    std::fs::create_dir_all(&dumped).unwrap();
+    dump(services.jobs.as_ref(), &dumped);
+    dump(services.attestations.as_ref(), &dumped);
+    let mut hits = canary_hits(&dumped, &canaries);
+    hits.extend(canary_hits(&stack.home().join("logs"), &canaries));
+    assert!(hits.is_empty(), "plaintext on the host side: {hits:?}");
+
+    // --- 2. redelivery after a visibility timeout ----------------------------------------------
+    // The host stops; a job is submitted; its message is taken by a "host" that dies with it
+    // (received, never deleted); a new host gets it again once the visibility timeout ends.
+    stack.stop_host_poller();
+    let small = work.path().join("small.jsonl");
+    std::fs::write(&small, "{\"id\": \"r1\", \"text\": \"Redelivered after a host died.\"}\n").unwrap();
+    let second = json(&stack.ok(&["submit", small.to_str().unwrap(), "--json"]))["job_id"].as_str().unwrap().to_owned();
+    let taken = stack.wait_until("the job message from on-upload", Duration::from_secs(60), || {
+        cloud.job_queue().receive(1, Duration::from_secs(1), Duration::from_secs(3)).unwrap().into_iter().next()
+    });
+    let message: JobMessage = serde_json::from_str(&taken.body).unwrap();
+    assert_eq!((message.job_id.as_str(), taken.receive_count), (second.as_str(), 1));
+    stack.up();
+    let done = stack.wait_until("the redelivered job to complete", Duration::from_secs(180), || {
+        let status = json(&stack.ok(&["status", &second, "--json"]));
+        (status["state"] == "completed" && status["ledger"]["index"].is_u64()).then_some(status)
+    });
+    assert_eq!(done["status"]["attempt"], 2, "the second delivery did the work: {done}");
+    let second_id = tests_job_id(&second);
+    assert!(exists(services.jobs.as_ref(), &layout::job_output(&second_id, 2)));
+    assert!(!exists(services.jobs.as_ref(), &layout::job_output(&second_id, 1)), "the dead host wrote nothing");
+    stack.ok(&["verify", &second]);
+
+    // --- 3. dead letters after N failed deliveries --------------------------------------------
+    // A job message whose input does not exist (every attempt fails to read it), and a body
+    // that is not a job message at all.
+    let ghost = "9".repeat(32);
+    let ghost_message = JobMessage {
+        job_id: ghost.clone(),
+        input_key: format!("jobs/{ghost}/input.sealed"),
+        input_size: 100,
+        model_id: message.model_id.clone(),
+        manifest_hash: message.manifest_hash.clone(),
+        epoch: message.epoch,
+        record_count: 1,
+        created_ms: cloud::now_ms(),
+    };
+    services.job_queue.send(&serde_json::to_string(&ghost_message).unwrap(), &SendOptions::default()).unwrap();
+    services.job_queue.send("not a job message", &SendOptions::default()).unwrap();
+    let dlq = cloud.job_dlq().expect("the job DLQ is in the outputs");
+    let mut dead = Vec::new();
+    stack.wait_until("both messages in the dead-letter queue", Duration::from_secs(120), || {
+        dead.extend(dlq.receive(10, Duration::from_secs(1), Duration::from_secs(300)).unwrap());
+        (dead.len() >= 2).then_some(())
+    });
+    let mut bodies: Vec<&str> = dead.iter().map(|m| m.body.as_str()).collect();
+    bodies.sort();
+    assert_eq!(bodies, ["not a job message", serde_json::to_string(&ghost_message).unwrap().as_str()]);
+    let ghost_status = json(&String::from_utf8(services.jobs.get(&format!("jobs/{ghost}/status.json")).unwrap()).unwrap());
+    assert_eq!(ghost_status["state"], "failed", "{ghost_status}");
+    assert_eq!(ghost_status["failure"]["check"], "dead_letter", "{ghost_status}");
+    let ledger_dlq = cloud.ledger_dlq().expect("the ledger DLQ is in the outputs");
+    assert!(ledger_dlq.receive(10, Duration::ZERO, Duration::ZERO).unwrap().is_empty(), "a receipt was dead-lettered");
+}
+
+fn tests_job_id(hex: &str) -> protocol::envelope::JobId {
+    protocol::envelope::JobId::from_hex(hex).expect("a job id")
+}
