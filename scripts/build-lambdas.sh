@@ -28,21 +28,26 @@ cargo_lambda() {
   [[ -x "$VENV/bin/cargo-lambda" ]]
 }
 
+# Both ways build for the explicit target, so they share target/x86_64-unknown-linux-gnu/.
+TARGET=x86_64-unknown-linux-gnu
+
 plain() {
-  cargo build --release --locked -p lambdas --bins
+  cargo build --release --locked -p lambdas --bins --target "$TARGET"
   for name in "${NAMES[@]}"; do
     dir="$OUT/$name"
     rm -rf "$dir" && mkdir -p "$dir"
-    cp "target/release/$name" "$dir/bootstrap"
+    cp "target/$TARGET/release/$name" "$dir/bootstrap"
+    # Symbols are half the binary; cargo-lambda strips them too.
+    if command -v strip >/dev/null; then strip "$dir/bootstrap"; fi
     # The runtime starts the executable named `bootstrap` at the root of the zip.
     (cd "$dir" && python3 -m zipfile -c bootstrap.zip bootstrap && rm bootstrap)
   done
 }
 
 if [[ "$mode" != "--plain" ]] && cargo_lambda; then
-  echo "building with cargo-lambda $("$VENV/bin/cargo-lambda" --version 2>/dev/null | head -1)"
-  PATH="$PWD/$VENV/bin:$PATH" cargo lambda build --release --locked --compiler cargo --output-format zip -p lambdas \
-    --lambda-dir "$OUT"
+  echo "building with $("$VENV/bin/cargo-lambda" lambda --version 2>/dev/null | head -1)"
+  PATH="$PWD/$VENV/bin:$PATH" cargo lambda build --release --locked --compiler cargo --target "$TARGET" \
+    --output-format zip -p lambdas --lambda-dir "$OUT"
 else
   [[ "$mode" == "--plain" ]] || echo "cargo-lambda not available: plain cargo build + zip"
   plain
