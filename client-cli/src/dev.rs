@@ -389,10 +389,11 @@ pub fn down(home: &Home) -> anyhow::Result<()> {
 }
 
 pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<()> {
-    let (services, dead_letters): (Services, Vec<(String, Arc<dyn cloud::Queue>)>) = match backend.backend {
+    type DeadLetters = Vec<(String, Arc<dyn cloud::Queue>)>;
+    let (services, dead_letters): (Services, DeadLetters) = match backend.backend {
         Backend::Local => {
             let local = LocalCloud::open(home.root())?;
-            let dlqs: Vec<(String, Arc<dyn cloud::Queue>)> = vec![
+            let dlqs: DeadLetters = vec![
                 (cloud::local::JOB_DLQ.to_owned(), local.job_dlq()),
                 (cloud::local::LEDGER_DLQ.to_owned(), local.ledger_dlq()),
             ];

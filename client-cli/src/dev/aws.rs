@@ -172,10 +172,10 @@ pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Resu
             }
         };
         // Locally a checkpoint right away, so a proof is available as soon as the entry is.
-        if appended > 0 {
-            if let Err(error) = ledger.checkpoint_now(cloud::now_ms()) {
-                tracing::warn!(%error, "checkpoint not signed");
-            }
+        if appended > 0
+            && let Err(error) = ledger.checkpoint_now(cloud::now_ms())
+        {
+            tracing::warn!(%error, "checkpoint not signed");
         }
         if stop.load(Ordering::Relaxed) || (args.once && uploads == 0 && appended == 0) {
             break;

@@ -42,13 +42,16 @@ fn recipient_info(recipient: Option<&Recipient>) -> Option<RecipientInfo> {
     })
 }
 
+/// What an answer releases: the plaintext, or the ciphertext for the recipient.
+type Released = (Option<Zeroizing<Vec<u8>>>, Option<Vec<u8>>);
+
 /// The plaintext and the recipient ciphertext of an answer, checked against the request.
 fn release(
     op: &str,
     recipient: Option<&Recipient>,
     plaintext: Option<Blob>,
     for_recipient: Option<Blob>,
-) -> Result<(Option<Zeroizing<Vec<u8>>>, Option<Vec<u8>>), KmsError> {
+) -> Result<Released, KmsError> {
     let plaintext = plaintext.map(|b| Zeroizing::new(b.into_inner()));
     match (recipient, for_recipient) {
         (Some(_), Some(ciphertext)) => Ok((None, Some(ciphertext.into_inner()))),
