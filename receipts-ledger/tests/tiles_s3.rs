@@ -1,0 +1,125 @@
+//! The tlog-tiles ledger on S3 itself (an emulator: moto, started by `scripts/test-rust.sh`,
+//! endpoint in `EPHEM_TEST_AWS_ENDPOINT`): create-only tiles are `If-None-Match: *` puts, the
+//! checkpoint swap an `If-Match` put, and both must hold on the real S3 protocol. Skipped, with
+//! a note, when no emulator is configured.
+
+use std::io::Read;
+use std::sync::{Arc, Mutex};
+
+use cloud::aws::AwsClients;
+use cloud::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+use receipts_ledger::store::tiles::layout::Layout;
+use receipts_ledger::store::tiles::{audit, copy_root, read_head, sync, Cache, TileOptions};
+use receipts_ledger::testing::test_request;
+use receipts_ledger::{CheckpointPolicy, LedgerStore, SignerKey, TileStore};
+
+fn emulator() -> Option<AwsClients> {
+    let Some(endpoint) = std::env::var("EPHEM_TEST_AWS_ENDPOINT").ok().filter(|v| !v.is_empty()) else {
+        eprintln!("\n*** SKIPPED: EPHEM_TEST_AWS_ENDPOINT is not set; `make test-aws` starts moto and runs this. ***\n");
+        return None;
+    };
+    Some(AwsClients::connect_emulator(&endpoint, "us-east-1").expect("emulator clients"))
+}
+
+fn bucket(clients: &AwsClients) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+    let name = format!("ledger-tiles-{}-{nanos:x}", std::process::id());
+    clients.runtime.block_on(clients.s3.create_bucket().bucket(&name).send()).expect("create bucket");
+    name
+}
+
+fn key() -> SignerKey {
+    SignerKey::from_seed("ledger.test/s3", &[4; 32]).unwrap()
+}
+
+fn append(store: &mut TileStore, jobs: std::ops::Range<u64>, now: u64) {
+    let batch: Vec<_> = jobs.map(|j| test_request(j, 300)).collect();
+    store.append(&batch, &key(), &CheckpointPolicy::default(), now).unwrap();
+}
+
+/// Runs `other` just before the first checkpoint swap goes out.
+struct Interleaved {
+    inner: Arc<dyn ObjectStore>,
+    before_swap: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    refused: Mutex<u32>,
+}
+
+impl ObjectStore for Interleaved {
+    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
+        if key == "checkpoint"
+            && let Some(other) = self.before_swap.lock().unwrap().take()
+        {
+            other();
+        }
+        let result = self.inner.put(key, bytes, condition);
+        if key == "checkpoint" && matches!(result, Err(ObjectError::PreconditionFailed { .. })) {
+            *self.refused.lock().unwrap() += 1;
+        }
+        result
+    }
+    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
+        self.inner.writer(key, condition)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
+        self.inner.get(key)
+    }
+    fn reader(&self, key: &str) -> Result<Box<dyn Read + Send>, ObjectError> {
+        self.inner.reader(key)
+    }
+    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+        self.inner.read_range(key, offset, len)
+    }
+    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
+        self.inner.head(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, key: &str) -> Result<(), ObjectError> {
+        self.inner.delete(key)
+    }
+}
+
+#[test]
+fn aws_tiles_on_s3_swap_rebuild_and_audit() {
+    let Some(clients) = emulator() else { return };
+    let name = bucket(&clients);
+    let s3: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&name, ""));
+    let open = |objects: Arc<dyn ObjectStore>, options| {
+        TileStore::open(objects, Layout::new(""), Cache::Memory, key().verifier(), options).unwrap()
+    };
+
+    let mut first = open(s3.clone(), TileOptions::appender());
+    append(&mut first, 0..3, 1);
+    append(&mut first, 3..260, 2); // crosses a full tile
+
+    // A second appender commits between the first one's read and its swap: the swap fails on
+    // S3's If-Match, and the retry lands on top.
+    let racing = Arc::new(Mutex::new(open(s3.clone(), TileOptions::appender())));
+    let other = racing.clone();
+    let interleaved = Arc::new(Interleaved {
+        inner: s3.clone(),
+        before_swap: Mutex::new(Some(Box::new(move || append(&mut other.lock().unwrap(), 1000..1002, 3)))),
+        refused: Mutex::new(0),
+    });
+    let mut loser = open(interleaved.clone(), TileOptions::appender());
+    append(&mut loser, 260..263, 4);
+    assert_eq!(*interleaved.refused.lock().unwrap(), 1, "S3 accepted a stale If-Match");
+    assert_eq!(loser.size().unwrap(), 265);
+
+    // Create-only really is create-only on S3.
+    let tile = "tile/0/000";
+    assert!(matches!(s3.put(tile, b"x", PutCondition::CreateOnly), Err(ObjectError::AlreadyExists { .. })));
+
+    // An auditor's copy from the bucket alone equals the appender's, and every object checks out.
+    let mut copy = open(s3.clone(), TileOptions::auditor());
+    let report = sync(&mut copy).unwrap();
+    assert_eq!((report.size, report.checkpoints), (265, 4));
+    assert_eq!(copy_root(&copy).unwrap(), copy_root(&loser).unwrap());
+    assert_eq!(
+        read_head(s3.as_ref(), &Layout::new(""), &key().verifier()).unwrap().unwrap().root,
+        copy_root(&copy).unwrap()
+    );
+    let audited = audit(&copy).unwrap();
+    assert!(audited.ok() && audited.hash_tiles >= 5, "{audited:?}");
+}
