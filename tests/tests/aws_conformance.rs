@@ -182,7 +182,10 @@ fn aws_sqs_lambda_event_shape() {
     assert!(record["attributes"]["SentTimestamp"].is_string());
     assert_eq!(record["md5OfBody"].as_str().map(str::len), Some(32));
     assert_eq!(batch.messages[0].receipt_handle, record["receiptHandle"].as_str().unwrap());
-    ledger.delete(&batch.messages[0].receipt_handle).unwrap();
+    let handles = vec![batch.messages[0].receipt_handle.clone()];
+    assert_eq!(ledger.delete_batch(&handles).unwrap(), []);
+    let stats = ledger.stats().unwrap();
+    assert_eq!((stats.visible, stats.in_flight), (0, 0), "deleted");
 }
 
 // --- KMS --------------------------------------------------------------------------------------

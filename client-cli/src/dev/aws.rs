@@ -261,14 +261,17 @@ pub fn pump_ledger<S: receipts_ledger::LedgerStore>(
     let event = serde_json::from_value(batch.event).context("the SQS event shape")?;
     let response = lambdas::ledger_append::handle(&event, ledger, check, services.jobs.as_ref(), cloud::now_ms());
     let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
-    let mut appended = 0;
+    let mut done = Vec::new();
     for message in &batch.messages {
         if failed.contains(&message.message_id.as_str()) {
             queue.change_visibility(&message.receipt_handle, RETRY_AFTER)?;
         } else {
-            queue.delete(&message.receipt_handle)?;
-            appended += 1;
+            done.push(message.receipt_handle.clone());
         }
     }
-    Ok(appended)
+    for (_, why) in queue.delete_batch(&done)? {
+        // Appended already; the redelivery is a no-op for the ledger (one entry per job).
+        tracing::warn!(why, "ledger message not deleted");
+    }
+    Ok(done.len())
 }

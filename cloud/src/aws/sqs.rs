@@ -6,6 +6,7 @@
 //! messages per receive, a long poll of at most 20 s, visibility of at most 12 h (longer
 //! requests are clamped, not refused).
 //!
+//! [`SqsQueue::delete_batch`] deletes up to ten messages a request.
 //! [`SqsQueue::receive_lambda_batch`] receives the way Lambda's SQS event source does and
 //! returns the event Lambda would deliver, so tests and the emulator pump call the real
 //! handlers with real payloads.
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use aws_sdk_sqs::config::http::HttpResponse;
 use aws_sdk_sqs::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_sqs::types::{Message, MessageSystemAttributeName, QueueAttributeName};
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, Message, MessageSystemAttributeName, QueueAttributeName};
 use serde_json::{json, Value};
 
 use super::error::Failure;
@@ -153,6 +154,27 @@ impl SqsQueue {
             .message_attribute_names("All");
         let output = self.runtime.block_on(request.send()).map_err(|e| self.error("ReceiveMessage", e))?;
         Ok(output.messages.unwrap_or_default())
+    }
+
+    /// `DeleteMessageBatch`, ten handles per request; returns the handles SQS did not delete,
+    /// each with SQS's reason.
+    pub fn delete_batch(&self, receipt_handles: &[String]) -> Result<Vec<(String, String)>, QueueError> {
+        let mut failed = Vec::new();
+        for chunk in receipt_handles.chunks(MAX_RECEIVE_BATCH) {
+            let entries = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, handle)| DeleteMessageBatchRequestEntry::builder().id(i.to_string()).receipt_handle(handle).build())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| QueueError::InvalidReceiptHandle(format!("SQS DeleteMessageBatch {}: {e}", self.name)))?;
+            let request = self.client.delete_message_batch().queue_url(&self.url).set_entries(Some(entries));
+            let output = self.runtime.block_on(request.send()).map_err(|e| self.error("DeleteMessageBatch", e))?;
+            for entry in output.failed {
+                let handle = entry.id.parse::<usize>().ok().and_then(|i| chunk.get(i)).cloned().unwrap_or(entry.id);
+                failed.push((handle, format!("{}: {}", entry.code, entry.message.unwrap_or_default())));
+            }
+        }
+        Ok(failed)
     }
 
     /// Receives like Lambda's event source and builds the event it would deliver.
