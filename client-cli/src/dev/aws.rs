@@ -40,6 +40,8 @@ pub const PUMP: &str = "aws-pump";
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 /// Lambda's batch size for a FIFO event source is at most 10.
 const BATCH: usize = 10;
+/// Lambda tries an asynchronous invocation (an S3 notification) three times in all.
+const UPLOAD_EVENT_TRIES: u32 = 3;
 
 #[derive(Args, Debug)]
 pub struct BootstrapArgs {
@@ -222,7 +224,12 @@ pub fn pump_uploads(events: &SqsQueue, services: &Services, wait: Duration) -> a
                 events.delete(&message.receipt_handle)?;
                 handled += 1;
             }
-            // An infrastructure failure: the invocation is retried, as Lambda retries it.
+            // An infrastructure failure: tried again, as Lambda retries an asynchronous
+            // invocation twice and then drops the event.
+            Err(error) if message.receive_count >= UPLOAD_EVENT_TRIES => {
+                tracing::error!(%error, tries = UPLOAD_EVENT_TRIES, "on-upload failed; event dropped");
+                events.delete(&message.receipt_handle)?;
+            }
             Err(error) => {
                 tracing::warn!(%error, "on-upload failed; retrying");
                 events.change_visibility(&message.receipt_handle, RETRY_AFTER)?;
