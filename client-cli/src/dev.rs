@@ -232,9 +232,8 @@ fn ensure_model(services: &Services, model_key: &str, model_dir: &Path) -> anyho
 
 fn image_publisher(home: &Home) -> anyhow::Result<SigningKey> {
     let path = home.dev_image_publisher_key();
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let bytes: [u8; 32] = hex::decode(text.trim()).ok().and_then(|b| b.try_into().ok()).ok_or_else(|| anyhow!("{} is damaged", path.display()))?;
-        return Ok(SigningKey::from_bytes(&bytes));
+    if path.exists() {
+        return crate::keys::read_signing_key(&path);
     }
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| anyhow!("random: {e}"))?;

@@ -34,3 +34,13 @@ pub fn keygen(path: &Path, force: bool) -> anyhow::Result<ResultSecretKey> {
     write_private(path, hex::encode(key.to_bytes().as_slice()).as_bytes())?;
     Ok(key)
 }
+
+/// An Ed25519 signing key stored as its seed, 64 hex digits (`ephem-batch policy keygen`).
+pub fn read_signing_key(path: &Path) -> anyhow::Result<ed25519_dalek::SigningKey> {
+    let text = zeroize::Zeroizing::new(std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?);
+    let seed: [u8; 32] = hex::decode(text.trim())
+        .ok()
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| anyhow!("{}: expected an Ed25519 seed as 64 hex digits", path.display()))?;
+    Ok(ed25519_dalek::SigningKey::from_bytes(&seed))
+}

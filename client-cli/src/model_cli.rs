@@ -57,14 +57,7 @@ pub enum ModelCommand {
 fn signing_key(key: Option<PathBuf>, development: bool) -> anyhow::Result<SigningKey> {
     match (key, development) {
         (_, true) => Ok(protocol::manifest::development_publisher()),
-        (Some(path), false) => {
-            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-            let seed: [u8; 32] = hex::decode(text.trim())
-                .ok()
-                .and_then(|b| b.try_into().ok())
-                .ok_or_else(|| anyhow!("{}: expected an Ed25519 seed as 64 hex digits", path.display()))?;
-            Ok(SigningKey::from_bytes(&seed))
-        }
+        (Some(path), false) => crate::keys::read_signing_key(&path),
         (None, false) => Err(anyhow!("pass --key FILE (or --development for the local stack)")),
     }
 }
@@ -72,11 +65,7 @@ fn signing_key(key: Option<PathBuf>, development: bool) -> anyhow::Result<Signin
 fn verifying_key(hex_key: Option<String>, development: bool) -> anyhow::Result<VerifyingKey> {
     match (hex_key, development) {
         (_, true) => Ok(protocol::manifest::development_publisher().verifying_key()),
-        (Some(text), false) => {
-            let bytes: [u8; 32] =
-                hex::decode(text.trim()).ok().and_then(|b| b.try_into().ok()).ok_or_else(|| anyhow!("--publisher-key: 64 hex digits"))?;
-            VerifyingKey::from_bytes(&bytes).map_err(|_| anyhow!("--publisher-key is not an Ed25519 key"))
-        }
+        (Some(text), false) => crate::trust::parse_key(&text, "--publisher-key"),
         (None, false) => Err(anyhow!("pass --publisher-key HEX (or --development for the local stack)")),
     }
 }

@@ -44,14 +44,10 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         PolicyCommand::Sign { key, out, unsigned } => {
-            let seed = std::fs::read_to_string(&key).with_context(|| format!("reading {}", key.display()))?;
-            let seed: [u8; 32] = hex::decode(seed.trim())
-                .ok()
-                .and_then(|b| b.try_into().ok())
-                .with_context(|| format!("{}: expected an Ed25519 seed as 64 hex digits", key.display()))?;
+            let signing_key = crate::keys::read_signing_key(&key)?;
             let text = std::fs::read_to_string(&unsigned).with_context(|| format!("reading {}", unsigned.display()))?;
             let policy = Policy::from_unsigned_json(&text).with_context(|| format!("{}", unsigned.display()))?;
-            let signed = policy.sign(&SigningKey::from_bytes(&seed))?;
+            let signed = policy.sign(&signing_key)?;
             std::fs::write(&out, signed.to_json()).with_context(|| format!("writing {}", out.display()))?;
             eprintln!("signed policy written to {}", out.display());
             Ok(ExitCode::SUCCESS)

@@ -6,7 +6,7 @@
 //! root, the local worker binary's PCR0) signed by a development publisher key; every command
 //! that relies on it says so loudly.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{anyhow, Context};
 use clap::Args;
@@ -40,7 +40,8 @@ pub struct ClientTrust {
     pub development: bool,
 }
 
-fn parse_key(hex_key: &str, what: &str) -> anyhow::Result<VerifyingKey> {
+/// An Ed25519 public key given as 64 hex digits; `what` names it in errors.
+pub fn parse_key(hex_key: &str, what: &str) -> anyhow::Result<VerifyingKey> {
     let bytes: [u8; 32] = hex::decode(hex_key.trim())
         .ok()
         .and_then(|b| b.try_into().ok())
@@ -142,10 +143,4 @@ fn check_published(document: &[u8], trust: &ClientTrust, now_ms: u64) -> anyhow:
     let binding = verified.binding.clone().ok_or_else(|| anyhow!("check `user_data_binding` failed: no binding"))?;
     let fleet = FleetPublicKey::from_bytes(&binding.fleet_public_key).map_err(|e| anyhow!("bound fleet key: {e}"))?;
     Ok((verified, binding, fleet))
-}
-
-/// Reads a file holding a verifying key in hex (development publisher keys).
-pub fn read_key_file(path: &Path) -> anyhow::Result<VerifyingKey> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_key(&text, &path.display().to_string())
 }

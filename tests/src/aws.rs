@@ -179,19 +179,7 @@ impl AwsStack {
 
     /// The last lines of the host-poller's and the pump's logs.
     pub fn logs(&self) -> String {
-        let mut text = String::new();
-        for log in ["host-poller", "aws-pump"] {
-            let path = self.home().join("logs").join(format!("{log}.log"));
-            if let Ok(content) = std::fs::read_to_string(&path) {
-                let tail: Vec<&str> = content.lines().rev().take(60).collect();
-                text.push_str(&format!("\n--- {log}.log (last lines)\n"));
-                for line in tail.into_iter().rev() {
-                    text.push_str(line);
-                    text.push('\n');
-                }
-            }
-        }
-        text
+        crate::log_tails(self.home(), &["host-poller", "aws-pump"], 60)
     }
 }
 

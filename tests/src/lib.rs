@@ -79,17 +79,7 @@ impl Stack {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        for log in ["host-poller", "lambdas"] {
-            let path = self.home().join("logs").join(format!("{log}.log"));
-            if let Ok(content) = std::fs::read_to_string(&path) {
-                let tail: Vec<&str> = content.lines().rev().take(40).collect();
-                text.push_str(&format!("\n--- {log}.log (last lines)\n"));
-                for line in tail.into_iter().rev() {
-                    text.push_str(line);
-                    text.push('\n');
-                }
-            }
-        }
+        text.push_str(&log_tails(self.home(), &["host-poller", "lambdas"], 40));
         text
     }
 }
@@ -98,6 +88,36 @@ impl Drop for Stack {
     fn drop(&mut self) {
         let _ = self.cli(&["dev", "down"]);
     }
+}
+
+/// The last `lines` lines of each named log in `<home>/logs/`, for failure messages.
+pub fn log_tails(home: &Path, logs: &[&str], lines: usize) -> String {
+    let mut text = String::new();
+    for log in logs {
+        let path = home.join("logs").join(format!("{log}.log"));
+        if let Ok(content) = std::fs::read_to_string(&path) {
+            let tail: Vec<&str> = content.lines().rev().take(lines).collect();
+            text.push_str(&format!("\n--- {log}.log (last lines)\n"));
+            for line in tail.into_iter().rev() {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+    }
+    text
+}
+
+/// The example corpus (its first `lines` lines, or all), followed by one record per canary
+/// (`canary-<i>`, a sentence carrying the canary), written to `path`. Returns the text written.
+pub fn corpus_with_canaries(path: &Path, lines: Option<usize>, canaries: &[String]) -> String {
+    let example = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/corpus.jsonl")).expect("examples/corpus.jsonl");
+    let mut text: String = example.lines().take(lines.unwrap_or(usize::MAX)).map(|l| format!("{l}\n")).collect();
+    for (i, canary) in canaries.iter().enumerate() {
+        text.push_str(&serde_json::json!({"id": format!("canary-{i}"), "text": format!("A secret note: {canary}.")}).to_string());
+        text.push('\n');
+    }
+    std::fs::write(path, &text).expect("write the corpus");
+    text
 }
 
 /// Every file under `dir`, recursively.

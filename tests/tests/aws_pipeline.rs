@@ -22,9 +22,8 @@ use cloud::messages::JobMessage;
 use cloud::{layout, ObjectStore, Queue, SendOptions};
 use serde_json::Value;
 use tests::aws::{endpoint, AwsStack};
-use tests::canary_hits;
+use tests::{canary_hits, corpus_with_canaries};
 
-const EXAMPLE_CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/corpus.jsonl");
 /// The stack's redrive limit: small, so dead letters come quickly.
 const MAX_RECEIVES: u32 = 3;
 
@@ -56,12 +55,7 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
     // --- 1. a job end to end ------------------------------------------------------------------
     let canaries: Vec<String> = (0..2).map(|i| format!("zqxcanary{i}aws-ornithopter-{i:04}")).collect();
     let corpus = work.path().join("corpus.jsonl");
-    let mut text: String = std::fs::read_to_string(EXAMPLE_CORPUS).unwrap().lines().take(60).map(|l| format!("{l}\n")).collect();
-    for (i, canary) in canaries.iter().enumerate() {
-        text.push_str(&serde_json::json!({"id": format!("canary-{i}"), "text": format!("A secret note: {canary}.")}).to_string());
-        text.push('\n');
-    }
-    std::fs::write(&corpus, &text).unwrap();
+    let text = corpus_with_canaries(&corpus, Some(60), &canaries);
     let expected_ids: Vec<String> = text.lines().map(|l| json(l)["id"].as_str().unwrap().to_owned()).collect();
     let out = work.path().join("embeddings.jsonl");
     let report = json(&stack.ok(&["submit", corpus.to_str().unwrap(), "--wait", "-o", out.to_str().unwrap(), "--json"]));

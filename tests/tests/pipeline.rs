@@ -6,9 +6,7 @@ use std::io::Write;
 use std::path::Path;
 
 use serde_json::Value;
-use tests::{canary_hits, Stack};
-
-const EXAMPLE_CORPUS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/corpus.jsonl");
+use tests::{canary_hits, corpus_with_canaries, Stack};
 
 fn json(text: &str) -> Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
@@ -35,12 +33,7 @@ fn local_pipeline_end_to_end() {
     // --- the example corpus, with canaries that must never appear on the host side ----------
     let canaries: Vec<String> = (0..3).map(|i| format!("zqxcanary{i}vexillology-pterodactyl-{i:04}")).collect();
     let corpus = work.path().join("corpus.jsonl");
-    let mut text = std::fs::read_to_string(EXAMPLE_CORPUS).unwrap();
-    for (i, canary) in canaries.iter().enumerate() {
-        text.push_str(&serde_json::json!({"id": format!("canary-{i}"), "text": format!("A secret note: {canary}.")}).to_string());
-        text.push('\n');
-    }
-    std::fs::write(&corpus, &text).unwrap();
+    let text = corpus_with_canaries(&corpus, None, &canaries);
     let expected_ids: Vec<String> = text.lines().map(|l| json(l)["id"].as_str().unwrap().to_owned()).collect();
 
     let out = work.path().join("embeddings.jsonl");
