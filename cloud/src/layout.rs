@@ -37,6 +37,17 @@ pub fn job_ledgered(job: &JobId) -> String {
     format!("jobs/{job}/ledgered.json")
 }
 
+/// The task token of the bulk run waiting for this job (`cloud::workflow::BulkTask`): written
+/// by the workflow's `bulk-await-shard` step, read by the host that ends the job.
+pub fn job_bulk_task(job: &JobId) -> String {
+    format!("jobs/{job}/bulk-task.json")
+}
+
+/// A bulk run's manifest (written by `bulk-aggregate`; it signs nothing).
+pub fn bulk_manifest(bulk_id: &str) -> String {
+    format!("bulk/{bulk_id}/manifest.json")
+}
+
 pub const JOBS_PREFIX: &str = "jobs/";
 pub const INPUT_SUFFIX: &str = "/input.sealed";
 
@@ -104,6 +115,8 @@ mod tests {
         assert_eq!(job_of_input_key(&job_input(&job)), Some(job));
         assert_eq!(job_of_input_key("jobs/zz/input.sealed"), None);
         assert_eq!(job_of_input_key(&job_output(&job, 1)), None);
+        assert_eq!(job_bulk_task(&job), format!("jobs/{}/bulk-task.json", "ab".repeat(16)));
+        assert_eq!(bulk_manifest("run-1"), "bulk/run-1/manifest.json");
         let key = model_manifest("sentence-transformers/all-MiniLM-L6-v2", 3);
         assert_eq!(key, "models/all-MiniLM-L6-v2/v3/manifest.cose");
         assert_eq!(manifest_version(&key), Some(3));

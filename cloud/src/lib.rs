@@ -1,7 +1,7 @@
 #![forbid(unsafe_code)]
-//! The only code that talks to the cloud. Three small traits — [`ObjectStore`] (S3),
-//! [`Queue`] (SQS) and [`Kms`] (KMS) — with the local stand-ins of the embedded default in
-//! [`local`]; the AWS adapters in [`aws`] implement the same traits. Every caller (host-poller,
+//! The only code that talks to the cloud. Small traits — [`ObjectStore`] (S3), [`Queue`] (SQS),
+//! [`Kms`] (KMS), [`TaskTokens`] and [`Executions`] (Step Functions) — with the local stand-ins
+//! of the embedded default in [`local`]; the AWS adapters in [`aws`] implement the same traits. Every caller (host-poller,
 //! Lambda handlers, `ephem-batch`) holds a [`Services`] and never knows which backend it talks to.
 //!
 //! The traits are blocking: the host-poller and the client move bytes with threads, and an AWS
@@ -14,12 +14,14 @@ pub mod local;
 pub mod messages;
 pub mod objects;
 pub mod queue;
+pub mod workflow;
 
 use std::sync::Arc;
 
 pub use kms::{DataKey, DataKeyPair, Decrypted, Kms, KmsError, Recipient};
 pub use objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
 pub use queue::{Queue, QueueError, QueueStats, Received, SendOptions};
+pub use workflow::{Completion, Execution, ExecutionStatus, Executions, TaskTokens, WorkflowError};
 
 /// Everything a component of the pipeline reaches in the cloud.
 #[derive(Clone)]
@@ -35,6 +37,12 @@ pub struct Services {
     /// Receipts on their way to the ledger (FIFO, deduplicated by job id).
     pub ledger_queue: Arc<dyn Queue>,
     pub kms: Arc<dyn Kms>,
+    /// Completes bulk-workflow task tokens (hosts, `bulk-await-shard`); `None` where no workflow
+    /// runs.
+    pub task_tokens: Option<Arc<dyn TaskTokens>>,
+    /// Starts and follows bulk-workflow executions (the client); `None` where the deployment
+    /// names no bulk state machine.
+    pub bulk_workflow: Option<Arc<dyn Executions>>,
     /// KMS key ids (or aliases) of the deployment.
     pub keys: KeyNames,
 }

@@ -5,13 +5,19 @@
 //! its own output object, and the receipt is written create-only, so the first finished attempt
 //! wins. The message is deleted only once output and receipt are durable; until then a crash
 //! anywhere just means another delivery.
+//!
+//! When a job ends (receipt committed, failed for good, dead-lettered, cancelled) and a bulk
+//! run waits for it (`jobs/<id>/bulk-task.json`), the host completes that run's task token
+//! after writing the end (`cloud::workflow`): the workflow's await step writes the token before
+//! it looks for the end, so one of the two always completes it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use cloud::messages::{Failure, JobMessage, LedgerMessage};
-use cloud::{layout, ObjectError, ObjectWriter, PutCondition, QueueError, Received, SendOptions, Services};
+use cloud::workflow::JobEnd;
+use cloud::{layout, Completion, ObjectError, ObjectWriter, PutCondition, QueueError, Received, SendOptions, Services};
 use protocol::envelope::JobId;
 use protocol::receipt::{Receipt, SignedReceipt};
 use sha2::{Digest, Sha256};
@@ -136,6 +142,7 @@ impl Delivery<'_> {
                 self.heartbeat.stop();
                 self.delete_message();
                 self.status.cancelled();
+                self.complete_bulk_task(&JobEnd::Failed { reason: "cancelled: the client cancelled the job before it started".into() });
                 return Disposition::Cancelled;
             }
             Ok(None) => {}
@@ -197,7 +204,9 @@ impl Delivery<'_> {
         if is_permanent(&check) {
             self.heartbeat.stop();
             self.delete_message();
+            let reason = format!("{check}: {message}");
             self.status.failed(Failure { check: check.clone(), message });
+            self.complete_bulk_task(&JobEnd::Failed { reason });
             return Disposition::Failed { check };
         }
         self.retry(&check, message)
@@ -243,10 +252,16 @@ impl Delivery<'_> {
         }
         tracing::info!(ok = receipt.records_ok, failed = receipt.records_failed, "receipt committed");
         // Output and receipt are durable: the job is done whatever happens next.
+        let task_done = self.complete_bulk_task(&JobEnd::Committed);
         match self.send_to_ledger(&receipt_bytes, &receipt) {
-            Ok(()) => {
+            Ok(()) if task_done => {
                 self.heartbeat.stop();
                 self.delete_message();
+            }
+            Ok(()) => {
+                // The next delivery (a duplicate: no rework) completes the bulk run's token.
+                self.heartbeat.stop();
+                set_visibility(self.ctx, &self.received, self.backoff());
             }
             Err(error) => self.ledger_pending(&error),
         }
@@ -264,6 +279,8 @@ impl Delivery<'_> {
                 None
             }
         };
+        // A delivery that committed and then died may not have completed the token.
+        self.complete_bulk_task(&JobEnd::Committed);
         let jobs = &self.ctx.services.jobs;
         let ledgered = matches!(retry::transient("head ledgered", || jobs.head(&layout::job_ledgered(&self.job))), Ok(Some(_)));
         if let (false, Some(receipt)) = (ledgered, &receipt) {
@@ -283,6 +300,29 @@ impl Delivery<'_> {
             }
         }
         disposition
+    }
+
+    /// After the job's end is written: completes the token of a bulk run waiting for the job,
+    /// if any. `false` only when that failed and another try may succeed.
+    fn complete_bulk_task(&self, end: &JobEnd) -> bool {
+        let Some(tokens) = &self.ctx.services.task_tokens else { return true };
+        let jobs = &*self.ctx.services.jobs;
+        let outcome = retry::transient("complete bulk task", || cloud::workflow::complete_bulk_task(jobs, tokens.as_ref(), &self.job, end));
+        match outcome {
+            Ok(None) => true,
+            Ok(Some(Completion::Completed)) => {
+                tracing::info!(?end, "bulk run's task completed");
+                true
+            }
+            Ok(Some(Completion::AlreadyClosed { code })) => {
+                tracing::info!(code, "bulk run's task was already closed");
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, "bulk run's task not completed");
+                !error.is_transient()
+            }
+        }
     }
 
     fn send_to_ledger(&self, receipt_bytes: &[u8], receipt: &Receipt) -> Result<(), LedgerSendError> {
@@ -325,7 +365,9 @@ impl Delivery<'_> {
         if receives >= max {
             let failure = Failure { check: "dead_letter".into(), message: format!("{check}: {message} (receive {receives} of {max})") };
             tracing::error!(check, message, "job failed on its last allowed receive; the queue dead-letters it");
+            let reason = format!("dead_letter: {}", failure.message);
             self.status.failed(failure);
+            self.complete_bulk_task(&JobEnd::Failed { reason });
             // Visible at once: the queue moves it to the dead-letter queue at its next receive.
             set_visibility(self.ctx, &self.received, Duration::ZERO);
             return Disposition::DeadLettered { check: check.to_owned() };

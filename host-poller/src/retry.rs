@@ -28,6 +28,12 @@ impl Transient for cloud::KmsError {
     }
 }
 
+impl Transient for cloud::workflow::BulkTaskError {
+    fn is_transient(&self) -> bool {
+        cloud::workflow::BulkTaskError::is_transient(self)
+    }
+}
+
 /// Tries of one operation before a transient error is given up on.
 const TRIES: u32 = 5;
 const FIRST_DELAY: Duration = Duration::from_millis(100);

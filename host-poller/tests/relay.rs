@@ -264,6 +264,59 @@ fn a_cancelled_job_is_not_started() {
     assert!(worker.job_starts().is_empty());
 }
 
+/// What a bulk run's await step leaves for the host: its task token under the job.
+fn await_in_bulk_run(cloud: &MemCloud, job: &JobId, token: &str) {
+    cloud::workflow::write_bulk_task(&*cloud.jobs, job, "run-1", token, cloud::now_ms()).unwrap();
+}
+
+#[test]
+fn a_bulk_runs_token_is_completed_after_the_receipt_is_committed() {
+    let (cloud, _worker, config) = setup(JobMode::Echo, 5);
+    let (job, input) = put_job(&cloud, 0x81, 1000);
+    let (plain, plain_input) = put_job(&cloud, 0x82, 1000);
+    await_in_bulk_run(&cloud, &job, "token-1");
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    enqueue(&*cloud.job_queue, &plain, plain_input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config.clone());
+    wait_until("both jobs to complete", WAIT, || {
+        state(&cloud, &job) == Some(JobState::Completed) && state(&cloud, &plain) == Some(JobState::Completed)
+    });
+    wait_until("the messages to be deleted", WAIT, || cloud.job_queue.pending().is_empty());
+    poller.stop();
+    assert!(cloud.jobs.head(&layout::job_receipt(&job)).unwrap().is_some());
+    let completed = cloud.tokens.completed.lock().unwrap().clone();
+    assert_eq!(completed.len(), 1, "only the job a run waits for: {completed:?}");
+    let (token, result) = &completed[0];
+    assert_eq!(token, "token-1");
+    let output: serde_json::Value = serde_json::from_str(result.as_ref().unwrap()).unwrap();
+    assert_eq!(output, serde_json::json!({"job_id": job.to_hex(), "receipt_key": layout::job_receipt(&job)}));
+
+    // A duplicate delivery completes it again; the service answers that it is closed.
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the duplicate to be deleted", WAIT, || cloud.job_queue.pending().is_empty());
+    poller.stop();
+    assert_eq!(cloud.tokens.late.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+#[test]
+fn a_bulk_runs_token_is_failed_with_the_reason_when_the_job_fails() {
+    let (cloud, _worker, config) = setup(JobMode::Fail("stream".into()), 5);
+    let (job, input) = put_job(&cloud, 0x83, 1000);
+    await_in_bulk_run(&cloud, &job, "token-2");
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the token to be failed", WAIT, || !cloud.tokens.completed.lock().unwrap().is_empty());
+    poller.stop();
+    let completed = cloud.tokens.completed.lock().unwrap().clone();
+    let (token, result) = &completed[0];
+    assert_eq!(token, "token-2");
+    let (error, cause) = result.as_ref().unwrap_err();
+    assert_eq!(error, "EphemBatch.JobFailed");
+    assert!(cause.starts_with("stream: "), "{cause}");
+    assert_eq!(state(&cloud, &job), Some(JobState::Failed), "the status was written before the token was failed");
+}
+
 #[test]
 fn an_unreadable_message_is_left_for_the_dead_letter_queue() {
     let (cloud, _worker, config) = setup(JobMode::Echo, 5);

@@ -80,6 +80,8 @@ pub fn services(clients: &AwsClients) -> Services {
         job_queue: queue("EPHEM_JOB_QUEUE_URL"),
         ledger_queue: queue("EPHEM_LEDGER_QUEUE_URL"),
         kms: Arc::new(clients.kms()) as Arc<dyn Kms>,
+        task_tokens: Some(Arc::new(clients.step_functions(None))),
+        bulk_workflow: None,
         keys: KeyNames { fleet: optional("EPHEM_FLEET_KEY_ARN").unwrap_or_default(), model: String::new() },
     }
 }

@@ -1,5 +1,5 @@
-//! The AWS backend: [`S3ObjectStore`], [`SqsQueue`] and [`AwsKms`] behind the same traits as
-//! the local stand-ins, and [`AwsCloud`], which builds a [`Services`] from [`AwsSettings`].
+//! The AWS backend: [`S3ObjectStore`], [`SqsQueue`], [`AwsKms`] and [`SfnWorkflow`] behind the
+//! same traits as the local stand-ins, and [`AwsCloud`], which builds a [`Services`] from [`AwsSettings`].
 //!
 //! ```no_run
 //! let settings = cloud::aws::AwsSettings::from_env()?; // EPHEM_* / EPHEM_STACK_OUTPUTS
@@ -26,6 +26,7 @@ mod s3;
 mod s3_read;
 mod s3_write;
 pub mod settings;
+mod sfn;
 mod sqs;
 
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub use kms::AwsKms;
 pub use runtime::AwsRuntime;
 pub use s3::{S3ObjectStore, DEFAULT_PART_SIZE, MIN_PART_SIZE};
 pub use settings::{AwsSettings, KmsBackend, SettingsError, StackOutputs};
+pub use sfn::SfnWorkflow;
 pub use sqs::{LambdaBatch, SqsQueue};
 
 use crate::local::{AttestationTrust, LocalKms};
@@ -63,13 +65,14 @@ pub enum AwsError {
     },
 }
 
-/// SDK clients for S3, SQS and KMS on one runtime, configured the AWS way (see
+/// SDK clients for S3, SQS, KMS and Step Functions on one runtime, configured the AWS way (see
 /// [`settings`]). Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct AwsClients {
     pub s3: aws_sdk_s3::Client,
     pub sqs: aws_sdk_sqs::Client,
     pub kms: aws_sdk_kms::Client,
+    pub sfn: aws_sdk_sfn::Client,
     pub runtime: AwsRuntime,
     region: String,
 }
@@ -131,6 +134,7 @@ impl AwsClients {
             s3: aws_sdk_s3::Client::from_conf(s3_config),
             sqs: aws_sdk_sqs::Client::new(&shared),
             kms: aws_sdk_kms::Client::new(&shared),
+            sfn: aws_sdk_sfn::Client::new(&shared),
             runtime,
             region,
         })
@@ -150,6 +154,11 @@ impl AwsClients {
 
     pub fn kms(&self) -> AwsKms {
         AwsKms::new(self.kms.clone(), self.runtime.clone())
+    }
+
+    /// Step Functions: task tokens always; executions of `state_machine_arn` when given.
+    pub fn step_functions(&self, state_machine_arn: Option<&str>) -> SfnWorkflow {
+        SfnWorkflow::new(self.sfn.clone(), self.runtime.clone(), state_machine_arn.map(str::to_owned))
     }
 }
 
@@ -205,6 +214,12 @@ impl AwsCloud {
             job_queue: Arc::new(job_queue.clone()),
             ledger_queue: Arc::new(ledger_queue.clone()),
             kms,
+            // Completing a token needs no ARN: the token names its execution.
+            task_tokens: Some(Arc::new(clients.step_functions(None))),
+            bulk_workflow: settings
+                .bulk_state_machine_arn
+                .as_deref()
+                .map(|arn| Arc::new(clients.step_functions(Some(arn))) as Arc<dyn crate::Executions>),
             keys,
         };
         Ok(AwsCloud { clients, settings: settings.clone(), job_queue, ledger_queue, services })

@@ -43,6 +43,8 @@ pub const LEDGER_DLQ: Name = Name { output: "LedgerDlqUrl", env: "EPHEM_LEDGER_D
 pub const UPLOAD_EVENTS_QUEUE: Name = Name { output: UPLOAD_EVENTS_OUTPUT, env: "EPHEM_UPLOAD_EVENTS_QUEUE_URL" };
 pub const FLEET_KEY: Name = Name { output: "FleetKeyArn", env: "EPHEM_FLEET_KEY_ARN" };
 pub const MODEL_KEY: Name = Name { output: "ModelKeyArn", env: "EPHEM_MODEL_KEY_ARN" };
+pub const BULK_STATE_MACHINE: Name = Name { output: "BulkStateMachineArn", env: "EPHEM_BULK_STATE_MACHINE_ARN" };
+pub const STORE_PREFIXES: Name = Name { output: "StorePrefixes", env: "EPHEM_STORE_PREFIXES" };
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -94,6 +96,10 @@ pub struct AwsSettings {
     pub upload_events_queue_url: Option<String>,
     pub fleet_key: Option<String>,
     pub model_key: Option<String>,
+    /// The bulk workflow (`submit --bulk`); hosts complete its task tokens without it.
+    pub bulk_state_machine_arn: Option<String>,
+    /// Where sealed shards become jobs (comma-separated, as the stack outputs them).
+    pub store_prefixes: Option<String>,
     pub kms: KmsBackend,
 }
 
@@ -159,6 +165,8 @@ impl AwsSettings {
             upload_events_queue_url: value(UPLOAD_EVENTS_QUEUE),
             fleet_key: value(FLEET_KEY),
             model_key: value(MODEL_KEY),
+            bulk_state_machine_arn: value(BULK_STATE_MACHINE),
+            store_prefixes: value(STORE_PREFIXES),
             kms,
         })
     }
@@ -224,7 +232,8 @@ mod tests {
             serde_json::json!({"EphemBatch": {
                 "Region": "eu-west-1", "JobsBucketName": "jobs-b", "ModelsBucketName": "models-b",
                 "AttestationsBucketName": "att-b", "JobQueueUrl": "https://sqs/q", "LedgerQueueUrl": "https://sqs/l.fifo",
-                "FleetKeyArn": "arn:fleet", "ModelKeyArn": "arn:model", "JobDlqUrl": "https://sqs/dlq", "ImageSha384": "ab"
+                "FleetKeyArn": "arn:fleet", "ModelKeyArn": "arn:model", "JobDlqUrl": "https://sqs/dlq", "ImageSha384": "ab",
+                "BulkStateMachineArn": "arn:aws:states:eu-west-1:1:stateMachine:bulk", "StorePrefixes": "stores/"
             }}),
         );
         let settings = AwsSettings::resolve_with(Some(&path), None, env_of(&[("EPHEM_JOBS_BUCKET", "override")])).unwrap();
@@ -235,6 +244,8 @@ mod tests {
         assert_eq!(settings.job_dlq_url.as_deref(), Some("https://sqs/dlq"));
         assert_eq!(settings.ledger_dlq_url, None);
         assert_eq!(settings.kms, KmsBackend::Aws);
+        assert_eq!(settings.bulk_state_machine_arn.as_deref(), Some("arn:aws:states:eu-west-1:1:stateMachine:bulk"));
+        assert_eq!(settings.store_prefixes.as_deref(), Some("stores/"));
 
         // AWS_REGION is the SDK's to read; the file does not override it.
         let with_region = AwsSettings::resolve_with(Some(&path), Some("local:/h"), env_of(&[("AWS_REGION", "us-east-2")])).unwrap();
@@ -268,6 +279,7 @@ mod tests {
         let settings = AwsSettings::resolve_with(None, None, env).unwrap();
         assert_eq!(settings.attestations_bucket, "a");
         assert_eq!(settings.fleet_key, None);
+        assert_eq!(settings.bulk_state_machine_arn, None);
         for bad in ["", "local", "local:", "kms"] {
             assert!(bad.parse::<KmsBackend>().is_err(), "{bad:?}");
         }

@@ -4,6 +4,7 @@
 //! $EPHEM_HOME/objects/{jobs,models,attestations}/   object stores (DirObjectStore)
 //! $EPHEM_HOME/queues.sqlite                          job + ledger queues and their DLQs (SqliteQueue)
 //! $EPHEM_HOME/kms.sqlite                             local KMS keys and policies (LocalKms)
+//! $EPHEM_HOME/workflows.sqlite                       bulk-workflow executions and task tokens (LocalWorkflows)
 //! $EPHEM_HOME/enclave/dev-root.pem                   the development CA root (written by the enclave worker)
 //! ```
 //!
@@ -18,6 +19,7 @@ pub mod kms;
 pub mod objects;
 pub mod queue;
 mod sqlite;
+pub mod workflows;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,8 +28,9 @@ use std::time::Duration;
 pub use kms::{AttestationTrust, LocalKeyPolicy, LocalKms};
 pub use objects::{CreatedHook, DirObjectStore};
 pub use queue::{MessageState, QueueConfig, QueuedMessage, SqliteQueue};
+pub use workflows::{LocalWorkflows, TokenOutcome};
 
-use crate::{KeyNames, KmsError, ObjectError, QueueError, Services};
+use crate::{KeyNames, KmsError, ObjectError, QueueError, Services, WorkflowError};
 
 pub const OBJECTS_DIR: &str = "objects";
 pub const JOBS_STORE: &str = "jobs";
@@ -35,6 +38,9 @@ pub const MODELS_STORE: &str = "models";
 pub const ATTESTATIONS_STORE: &str = "attestations";
 pub const QUEUES_DB: &str = "queues.sqlite";
 pub const KMS_DB: &str = "kms.sqlite";
+pub const WORKFLOWS_DB: &str = "workflows.sqlite";
+/// The embedded default's store prefix: sealed shards under it become jobs (`submit --bulk`).
+pub const STORE_PREFIX: &str = "stores/";
 /// The development root the enclave worker writes on its first boot (relative to the home).
 pub const DEV_ROOT_PEM: &str = "enclave/dev-root.pem";
 
@@ -72,6 +78,8 @@ pub enum LocalError {
     },
     #[error("local KMS: {0}")]
     Kms(#[from] KmsError),
+    #[error("local Step Functions: {0}")]
+    Workflows(#[from] WorkflowError),
 }
 
 /// Every local service under one home directory.
@@ -86,6 +94,7 @@ pub struct LocalCloud {
     ledger_queue: Arc<SqliteQueue>,
     ledger_dlq: Arc<SqliteQueue>,
     kms: Arc<LocalKms>,
+    workflows: Arc<LocalWorkflows>,
 }
 
 impl std::fmt::Debug for LocalCloud {
@@ -119,6 +128,7 @@ impl LocalCloud {
         )?;
         let trust = AttestationTrust { root_pem_path: home.join(DEV_ROOT_PEM), max_document_age: MAX_DOCUMENT_AGE };
         let kms = Arc::new(LocalKms::open(home.join(KMS_DB), trust)?);
+        let workflows = Arc::new(LocalWorkflows::open(home.join(WORKFLOWS_DB))?);
         Ok(LocalCloud {
             home: home.to_path_buf(),
             jobs: store(JOBS_STORE)?,
@@ -129,6 +139,7 @@ impl LocalCloud {
             ledger_queue,
             ledger_dlq,
             kms,
+            workflows,
         })
     }
 
@@ -141,8 +152,15 @@ impl LocalCloud {
             job_queue: self.job_queue.clone(),
             ledger_queue: self.ledger_queue.clone(),
             kms: self.kms.clone(),
+            task_tokens: Some(self.workflows.clone()),
+            bulk_workflow: Some(self.workflows.clone()),
             keys: KeyNames { fleet: FLEET_KEY_ALIAS.to_owned(), model: MODEL_KEY_ALIAS.to_owned() },
         }
+    }
+
+    /// Step Functions with the runner's functions (claim, issue and await tokens).
+    pub fn workflows(&self) -> Arc<LocalWorkflows> {
+        self.workflows.clone()
     }
 
     pub fn home(&self) -> &Path {

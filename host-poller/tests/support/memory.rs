@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext, Kms, KmsError, Recipient};
+use cloud::workflow::{Completion, TaskTokens, WorkflowError};
 use cloud::{KeyNames, ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition, Queue, QueueError, QueueStats, Received, SendOptions, Services};
 
 #[derive(Default)]
@@ -276,6 +277,36 @@ impl Kms for FakeKms {
     }
 }
 
+/// Task-token completions as Step Functions sees them: the first closes a token, later ones
+/// answer `TaskTimedOut`.
+#[derive(Default)]
+pub struct RecordedTokens {
+    /// (token, Ok(output) | Err((error, cause))), in call order, the closing ones only.
+    pub completed: Mutex<Vec<(String, Result<String, (String, String)>)>>,
+    pub late: AtomicU64,
+}
+
+impl RecordedTokens {
+    fn close(&self, token: &str, result: Result<String, (String, String)>) -> Result<Completion, WorkflowError> {
+        let mut completed = self.completed.lock().unwrap();
+        if completed.iter().any(|(t, _)| t == token) {
+            self.late.fetch_add(1, Ordering::SeqCst);
+            return Ok(Completion::AlreadyClosed { code: "TaskTimedOut".into() });
+        }
+        completed.push((token.to_owned(), result));
+        Ok(Completion::Completed)
+    }
+}
+
+impl TaskTokens for RecordedTokens {
+    fn succeed(&self, token: &str, output: &str) -> Result<Completion, WorkflowError> {
+        self.close(token, Ok(output.to_owned()))
+    }
+    fn fail(&self, token: &str, error: &str, cause: &str) -> Result<Completion, WorkflowError> {
+        self.close(token, Err((error.to_owned(), cause.to_owned())))
+    }
+}
+
 pub struct MemCloud {
     pub jobs: Arc<MemStore>,
     pub models: Arc<MemStore>,
@@ -283,6 +314,7 @@ pub struct MemCloud {
     pub job_queue: Arc<MemQueue>,
     pub ledger_queue: Arc<MemQueue>,
     pub kms: Arc<FakeKms>,
+    pub tokens: Arc<RecordedTokens>,
 }
 
 impl MemCloud {
@@ -294,6 +326,7 @@ impl MemCloud {
             job_queue: MemQueue::new("jobs", max_receives),
             ledger_queue: MemQueue::new("ledger", 100),
             kms: Arc::new(FakeKms::default()),
+            tokens: Arc::new(RecordedTokens::default()),
         }
     }
 
@@ -305,6 +338,8 @@ impl MemCloud {
             job_queue: self.job_queue.clone(),
             ledger_queue: self.ledger_queue.clone(),
             kms: self.kms.clone(),
+            task_tokens: Some(self.tokens.clone()),
+            bulk_workflow: None,
             keys: KeyNames { fleet: "fleet".into(), model: "model".into() },
         }
     }
