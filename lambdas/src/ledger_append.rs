@@ -13,7 +13,7 @@ use cloud::layout;
 use cloud::messages::{LedgerMessage, Ledgered};
 use cloud::{ObjectStore, PutCondition};
 use protocol::envelope::JobId;
-use receipts_ledger::{AppendRequest, Ledger, LedgerStore, ReceiptCheck};
+use receipts_ledger::{AppendOutcome, AppendRequest, IndexedFields, Ledger, LedgerStore, ReceiptCheck};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
@@ -44,9 +44,22 @@ pub fn handle<S: LedgerStore>(
     jobs: &dyn ObjectStore,
     now_ms: u64,
 ) -> SqsBatchResponse {
+    handle_with(event, ledger, check, jobs, now_ms, &mut |_| {})
+}
+
+/// [`handle`], calling `appended` with the fields of each receipt it newly appends (not for one
+/// the ledger already held): what the Lambda counts in its metrics.
+pub fn handle_with<S: LedgerStore>(
+    event: &SqsEvent,
+    ledger: &mut Ledger<S>,
+    check: &dyn ReceiptCheck,
+    jobs: &dyn ObjectStore,
+    now_ms: u64,
+    appended: &mut dyn FnMut(&IndexedFields),
+) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
     for message in &event.records {
-        if let Err(error) = append_one(message, ledger, check, jobs, now_ms) {
+        if let Err(error) = append_one(message, ledger, check, jobs, now_ms, appended) {
             let id = message.message_id.clone().unwrap_or_default();
             tracing::warn!(message = %id, %error, "receipt not appended");
             let mut failure = BatchItemFailure::default();
@@ -66,6 +79,7 @@ fn append_one<S: LedgerStore>(
     check: &dyn ReceiptCheck,
     jobs: &dyn ObjectStore,
     now_ms: u64,
+    appended: &mut dyn FnMut(&IndexedFields),
 ) -> Result<u64, AppendError> {
     let body = message.body.as_deref().ok_or(AppendError::NoBody)?;
     let parsed: LedgerMessage = serde_json::from_str(body).map_err(|e| AppendError::Body(e.to_string()))?;
@@ -77,7 +91,10 @@ fn append_one<S: LedgerStore>(
     if fields.job_id != job.to_hex() {
         return Err(AppendError::JobMismatch { message: job.to_hex(), receipt: fields.job_id });
     }
-    let outcome = ledger.append(AppendRequest { leaf, fields, attestation_document: document }, now_ms)?;
+    let outcome = ledger.append(AppendRequest { leaf, fields: fields.clone(), attestation_document: document }, now_ms)?;
+    if matches!(outcome, AppendOutcome::Appended { .. }) {
+        appended(&fields);
+    }
     let marker = Ledgered { job_id: job.to_hex(), index: outcome.index(), appended_ms: now_ms };
     match jobs.put(&layout::job_ledgered(&job), &serde_json::to_vec_pretty(&marker).expect("serialises"), PutCondition::Overwrite) {
         Ok(_) => {}
@@ -149,9 +166,12 @@ mod tests {
             message("m6", &body(&id(1), &leaf(1), &e.document)), // re-delivered: no second entry
         ];
         let event: SqsEvent = serde_json::from_value(serde_json::json!({ "Records": records })).unwrap();
-        let response = handle(&event, &mut ledger, &check, &jobs, T + 1);
+        let mut appended = Vec::new();
+        let response = handle_with(&event, &mut ledger, &check, &jobs, T + 1, &mut |f| appended.push(f.job_id.clone()));
         let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
         assert_eq!(failed, vec!["m2", "m3", "m4"]);
+        // The metrics count each job once: the re-delivered m6 appended nothing.
+        assert_eq!(appended, vec![id(1), id(5)]);
         let response = serde_json::to_value(&response).unwrap();
         assert_eq!(response["batchItemFailures"][0]["itemIdentifier"], "m2");
 

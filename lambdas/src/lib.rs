@@ -10,6 +10,7 @@
 //! - [`bulk`]: the bulk workflow's steps (list the shards, aggregate verified receipts).
 //! - [`local`]: what AWS would run around the handlers, for the embedded default (an event
 //!   source for the ledger queue, the input-expiry lifecycle rule).
+//! - [`metrics`]: the deployment's metrics as CloudWatch Embedded Metric Format lines.
 //! - [`shell`]: what the `lambda_runtime` binaries (`src/bin/`) share.
 
 pub mod bulk;
@@ -17,6 +18,7 @@ pub mod fleet_rotate;
 pub mod ledger_append;
 pub mod ledger_signer;
 pub mod local;
+pub mod metrics;
 pub mod on_upload;
 pub mod shell;
 

@@ -2,7 +2,8 @@
 //! `ledger-append`: the ledger FIFO queue → `lambdas::ledger_append` → the ledger in its
 //! bucket (C2SP tlog-tiles, `receipts_ledger::store::tiles`), with partial batch failures.
 //! Reserved concurrency 1 keeps it the only writer; the checkpoint's compare-and-swap keeps
-//! the ledger whole even if two ever ran.
+//! the ledger whole even if two ever ran. Each receipt newly appended also prints one CloudWatch
+//! EMF line (`lambdas::metrics`): `JobsLedgered`, `Documents`, `DocumentsFailed`.
 //!
 //! Environment: `EPHEM_LEDGER_BUCKET`, `EPHEM_LEDGER_KEY_ARN` (or, on an emulator,
 //! `EPHEM_LEDGER_SIGNING_KEY`), `EPHEM_JOBS_BUCKET`; optional `EPHEM_LEDGER_ORIGIN`,
@@ -13,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
-use lambdas::ledger_append;
+use lambdas::{ledger_append, metrics};
 use lambdas::shell::{self, ShellError};
 use receipts_ledger::store::tiles::{cache_file, layout::Layout, TileOptions};
 use receipts_ledger::{CheckpointPolicy, Ledger, ProtocolReceipts, TileStore};
@@ -47,8 +48,12 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         // A panic in an earlier invocation cannot leave the ledger half-written: every append
         // is a transaction and the bucket is the truth.
         let mut ledger = app.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        let now = cloud::now_ms();
+        // One EMF line per receipt newly appended: the dashboard's jobs/min and documents/s.
         let response: SqsBatchResponse =
-            ledger_append::handle(&event, &mut ledger, &app.check, app.jobs.as_ref(), cloud::now_ms());
+            ledger_append::handle_with(&event, &mut ledger, &app.check, app.jobs.as_ref(), now, &mut |fields| {
+                metrics::emit_ledgered(now, fields.ok_count, fields.failed_count)
+            });
         Ok::<_, std::convert::Infallible>(response)
     })
     .await
