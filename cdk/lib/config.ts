@@ -28,15 +28,13 @@ export interface DeployConfig {
   readonly maxAzs: number;
   /** Object Lock (compliance mode) retention of every ledger object, in days. */
   readonly ledgerRetentionDays: number;
-  /** Days a sealed input is kept after its receipt reached the ledger. */
-  readonly inputRetentionDays: number;
-  /** Days anything under jobs/ is kept at all (outputs, receipts, status). */
+  /** Days anything under jobs/ is kept (sealed inputs, outputs, receipts, status). */
   readonly jobsRetentionDays: number;
   /** Prefixes of the jobs bucket where data owners drop sealed shards (S3-event-triggered jobs). */
   readonly storePrefixes: string[];
   /** Days between fleet-key rotations (a new epoch each time). */
   readonly rotationDays: number;
-  /** Directory holding `<name>/bootstrap.zip` for each Lambda, as `cargo lambda build --output-format zip` writes them. */
+  /** Directory holding `<name>/bootstrap.zip` for each Lambda, as scripts/build-lambdas.sh writes them. */
   readonly lambdaAssetsDir: string;
 }
 
@@ -69,6 +67,13 @@ export function repoRoot(): string {
 }
 
 export function loadConfig(read: ContextReader): DeployConfig {
+  if (read('inputRetentionDays') !== undefined) {
+    // Refused rather than ignored: a retention setting must not silently do nothing.
+    throw new ConfigError(
+      'inputRetentionDays is no longer a setting: an S3 lifecycle rule cannot pick out jobs/<id>/input.sealed, ' +
+        'so sealed inputs expire with the rest of their job after jobsRetentionDays',
+    );
+  }
   const storePrefixes = stringList(read, 'storePrefixes', ['store/']);
   checkPrefixes(storePrefixes);
   const lambdaAssetsDir = str(read, 'lambdaAssetsDir', path.join(repoRoot(), 'target', 'lambda'));
@@ -82,7 +87,6 @@ export function loadConfig(read: ContextReader): DeployConfig {
     jobsPerHost: int(read, 'jobsPerHost', 2, 1, 1000),
     maxAzs: int(read, 'maxAzs', 2, 1, 2),
     ledgerRetentionDays: int(read, 'ledgerRetentionDays', 365, 1, 36500),
-    inputRetentionDays: int(read, 'inputRetentionDays', 1, 1, 3650),
     jobsRetentionDays: int(read, 'jobsRetentionDays', 30, 1, 3650),
     storePrefixes,
     rotationDays: int(read, 'rotationDays', 7, 1, 365),
@@ -93,9 +97,6 @@ export function loadConfig(read: ContextReader): DeployConfig {
   }
   if (cfg.enclaveCpuCount % 2 !== 0) {
     throw new ConfigError(`enclaveCpuCount must be even (an enclave takes whole cores, two vCPUs each): got ${cfg.enclaveCpuCount}`);
-  }
-  if (cfg.inputRetentionDays > cfg.jobsRetentionDays) {
-    throw new ConfigError('inputRetentionDays cannot exceed jobsRetentionDays');
   }
   return cfg;
 }

@@ -38,7 +38,6 @@ export class EphemBatchStack extends Stack {
     this.identities = new Identities(this, 'Identities');
     this.storage = new Storage(this, 'Storage', {
       ledgerRetentionDays: cfg.ledgerRetentionDays,
-      inputRetentionDays: cfg.inputRetentionDays,
       jobsRetentionDays: cfg.jobsRetentionDays,
     });
     this.queues = new Queues(this, 'Queues');
@@ -78,6 +77,7 @@ export class EphemBatchStack extends Stack {
       aggregate: this.lambdas.bulkAggregate,
     });
     this.grantModelPublisher();
+    this.grantHostBulkTasks();
     this.observability = new Observability(this, 'Observability', {
       queues: this.queues,
       hosts: this.fleet.hosts,
@@ -95,6 +95,16 @@ export class EphemBatchStack extends Stack {
     allow(role, 'UploadModels', ['s3:PutObject', 's3:GetObject', 's3:AbortMultipartUpload'], [models.arnForObjects('models/*')], {
       why: 'The publisher uploads models/<model_id>/<version>/... for models it names; everything there is encrypted or signed.',
     });
+  }
+
+  /**
+   * A host that ends a job a bulk run waits for (jobs/<id>/bulk-task.json names the run's task
+   * token) completes that task: SendTaskSuccess or SendTaskFailure, never a heartbeat.
+   */
+  private grantHostBulkTasks(): void {
+    allow(this.identities.hostRole, 'CompleteBulkTasks', ['states:SendTaskSuccess', 'states:SendTaskFailure'], [
+      this.workflow.stateMachine.stateMachineArn,
+    ]);
   }
 
   /**

@@ -10,7 +10,7 @@ import * as logs from 'aws-cdk-lib/aws-logs';
 import { Construct } from 'constructs';
 import { allow } from './identities';
 import { justifyWildcardResources } from './nag';
-import { DRAIN_HOOK_NAME, ENCLAVE_CID, HOST_POLLER_KEY, ENCLAVE_EIF_KEY, METRICS_NAMESPACE, hostUserData } from './host-user-data';
+import { DRAIN_HOOK_NAME, DRAIN_TIMEOUT_S, ENCLAVE_CID, HOST_POLLER_KEY, ENCLAVE_EIF_KEY, hostUserData } from './host-user-data';
 import { Queues } from './queues';
 import { Storage } from './storage';
 
@@ -69,8 +69,6 @@ export class Fleet extends Construct {
           EPHEM_MODELS_BUCKET: props.storage.models.bucketName,
           EPHEM_ATTESTATIONS_BUCKET: props.storage.attestations.bucketName,
           EPHEM_ENCLAVE_CID: String(ENCLAVE_CID),
-          EPHEM_LIFECYCLE_HOOK: DRAIN_HOOK_NAME,
-          EPHEM_METRICS_NAMESPACE: METRICS_NAMESPACE,
         },
       }),
     );
@@ -84,7 +82,7 @@ export class Fleet extends Construct {
       nitroEnclaveEnabled: true,
       requireImdsv2: true,
       httpPutResponseHopLimit: 1,
-      // The poller reads its group's name from the instance tags (aws:autoscaling:groupName)
+      // The drain watcher reads its group's name from the instance tags (aws:autoscaling:groupName)
       // to complete the drain hook; passing it in user data would be a dependency cycle.
       instanceMetadataTags: true,
       detailedMonitoring: true,
@@ -164,17 +162,42 @@ export class Fleet extends Construct {
     }
   }
 
-  /** What host-poller may do: exactly the calls of DESIGN.md §5 steps 4-7 (docs/operations.md has the table). */
+  /**
+   * What host-poller may do: exactly the calls it makes (docs/operations.md §5 lists them, with
+   * the Sid of each statement here).
+   *
+   * S3 answers a GET or HEAD of an absent key with 404 only to a caller allowed s3:ListBucket on
+   * the bucket, else 403, which the poller takes for "access denied". For that decision S3
+   * evaluates s3:ListBucket with the requested key as s3:prefix, so a condition naming the few
+   * key patterns whose absence the poller must see grants the 404 without letting it list
+   * anything else (the KnowAbsent* statements; docs/operations.md §5 gives the evidence for
+   * this behaviour, which AWS's reference leaves unsaid, and the fallback).
+   */
   private grantHostPermissions(p: FleetProps): void {
     const { jobs, models, attestations, artifacts } = p.storage;
     const role = p.hostRole;
     const perJob = 'Job ids are derived from each sealed header and only known at run time; the pattern admits one kind of object per job.';
+    const prefixes = (...patterns: string[]) => ({ StringLike: { 's3:prefix': patterns } });
     allow(role, 'ReceiveJobs', ['sqs:ReceiveMessage', 'sqs:DeleteMessage', 'sqs:ChangeMessageVisibility', 'sqs:GetQueueAttributes'], [
       p.queues.jobs.queueArn,
     ]);
     allow(role, 'SendReceiptsToLedger', ['sqs:SendMessage'], [p.queues.ledger.queueArn]);
+
+    // Jobs bucket.
     allow(role, 'ReadSealedInputsAndReceipts', ['s3:GetObject'], [jobs.arnForObjects('jobs/*/input.sealed'), jobs.arnForObjects('jobs/*/receipt.cose')], {
       why: perJob,
+    });
+    allow(role, 'ReadJobMarkers', ['s3:GetObject'], [
+      jobs.arnForObjects('jobs/*/cancel.json'),
+      jobs.arnForObjects('jobs/*/ledgered.json'),
+      jobs.arnForObjects('jobs/*/status.json'),
+      jobs.arnForObjects('jobs/*/bulk-task.json'),
+    ], {
+      why: `${perJob} The poller checks for a cancellation, the ledger's marker, the status it is about to replace and a bulk run waiting for the job.`,
+    });
+    // Normally absent: the receipt before the job is done, a cancellation, a bulk run's task.
+    allow(role, 'KnowAbsentJobObjects', ['s3:ListBucket'], [jobs.bucketArn], {
+      conditions: prefixes('jobs/*/receipt.cose', 'jobs/*/cancel.json', 'jobs/*/bulk-task.json'),
     });
     allow(role, 'WriteAttemptOutputsAndStatus', ['s3:PutObject', 's3:AbortMultipartUpload'], [
       jobs.arnForObjects('jobs/*/attempts/*'),
@@ -185,23 +208,45 @@ export class Fleet extends Construct {
       conditions: { Null: { 's3:if-none-match': 'false' } },
       why: `${perJob} The write must be conditional (If-None-Match).`,
     });
+    allow(role, 'DeleteLosingAttemptOutputs', ['s3:DeleteObject'], [jobs.arnForObjects('jobs/*/attempts/*')], {
+      why: `${perJob} Only the output of an attempt that lost the race to commit its receipt is deleted.`,
+    });
+
+    // Models bucket.
     allow(role, 'ReadModels', ['s3:GetObject'], [models.arnForObjects('*')], {
       why: 'A host streams whichever model a job names into the enclave; weights are encrypted under the model key, which only the measured enclave can unwrap.',
     });
+    allow(role, 'ListModels', ['s3:ListBucket'], [models.bucketArn], { conditions: prefixes('models/*') });
+
+    // Attestations bucket: fleet-key epochs, published documents, clients' requests for fresh ones.
     allow(role, 'ReadFleetKeys', ['s3:GetObject'], [attestations.arnForObjects('fleet-keys/*')], {
       why: 'Fleet-key epochs are named at run time; their private halves are wrapped under the fleet key and useless outside the enclave.',
     });
-    allow(role, 'ListFleetKeys', ['s3:ListBucket'], [attestations.bucketArn], { conditions: { StringLike: { 's3:prefix': ['fleet-keys/*'] } } });
+    allow(role, 'ListFleetKeys', ['s3:ListBucket'], [attestations.bucketArn], { conditions: prefixes('fleet-keys/*') });
     allow(role, 'PublishAttestations', ['s3:PutObject'], [attestations.arnForObjects('attestations/*')], {
       why: 'Each enclave boot publishes fresh attestation documents under names chosen at run time; clients verify them, so a forged one gains nothing.',
     });
-    allow(role, 'FetchArtifacts', ['s3:GetObject'], [artifacts.arnForObjects(ENCLAVE_EIF_KEY), artifacts.arnForObjects(HOST_POLLER_KEY)]);
-    allow(role, 'PublishFleetMetrics', ['cloudwatch:PutMetricData'], ['*'], {
-      conditions: { StringEquals: { 'cloudwatch:namespace': METRICS_NAMESPACE } },
-      why: `cloudwatch:PutMetricData has no resource-level permissions; a condition limits it to the ${METRICS_NAMESPACE} namespace.`,
+    allow(role, 'ReadAttestationDocumentsAndRequests', ['s3:GetObject'], [
+      attestations.arnForObjects('attestations/by-hash/*'),
+      attestations.arnForObjects('attestations/requests/*'),
+      attestations.arnForObjects('attestations/fresh/*'),
+    ], {
+      why: 'Documents are named by their hash, requests and answers by a client nonce: all chosen at run time, all public to the clients anyway.',
     });
+    allow(role, 'ListAttestationRequests', ['s3:ListBucket'], [attestations.bucketArn], { conditions: prefixes('attestations/requests/*') });
+    // A receipt's document found missing (a failed publish) is stored again.
+    allow(role, 'KnowAbsentAttestationDocuments', ['s3:ListBucket'], [attestations.bucketArn], {
+      conditions: prefixes('attestations/by-hash/*'),
+    });
+    allow(role, 'DeleteAnsweredAttestationRequests', ['s3:DeleteObject'], [attestations.arnForObjects('attestations/requests/*')], {
+      why: 'A client request for a fresh document is removed once answered (or stale); requests are named by the client nonce.',
+    });
+
+    allow(role, 'FetchArtifacts', ['s3:GetObject'], [artifacts.arnForObjects(ENCLAVE_EIF_KEY), artifacts.arnForObjects(HOST_POLLER_KEY)]);
     // KMS: nothing here. The fleet and model key policies name this role directly, and only
-    // for requests that carry the enclave's attestation (keys.ts).
+    // for requests that carry the enclave's attestation (keys.ts). CloudWatch: nothing either;
+    // the dashboard's job counts come from ledger-append (lambdas.ts). Step Functions: the
+    // stack grants the bulk run's task completion once the state machine exists.
   }
 
   /**
@@ -253,15 +298,16 @@ export class Fleet extends Construct {
   }
 
   /**
-   * A terminating host stays in Terminating:Wait until its poller has finished (or handed back)
-   * the job it holds and calls CompleteLifecycleAction, or until the heartbeat timeout.
+   * A terminating host stays in Terminating:Wait until its drain watcher (host-user-data.ts) has
+   * stopped the poller, which finishes or hands back the jobs it holds, and called
+   * CompleteLifecycleAction; or until the heartbeat timeout.
    */
   private drainBeforeTermination(hostRole: iam.Role): void {
     this.hosts.addLifecycleHook('Drain', {
       lifecycleHookName: DRAIN_HOOK_NAME,
       lifecycleTransition: autoscaling.LifecycleTransition.INSTANCE_TERMINATING,
       defaultResult: autoscaling.DefaultResult.CONTINUE,
-      heartbeatTimeout: Duration.minutes(30),
+      heartbeatTimeout: Duration.seconds(DRAIN_TIMEOUT_S),
     });
     // A separate policy: the group depends on the role, so the role's own default policy
     // cannot name the group without a dependency cycle.
@@ -276,7 +322,7 @@ export class Fleet extends Construct {
       statements: [
         new iam.PolicyStatement({
           sid: 'CompleteOwnDrainHook',
-          actions: ['autoscaling:CompleteLifecycleAction', 'autoscaling:RecordLifecycleActionHeartbeat'],
+          actions: ['autoscaling:CompleteLifecycleAction'],
           resources: [groupArn],
         }),
       ],

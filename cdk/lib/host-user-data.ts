@@ -1,18 +1,22 @@
 // The boot script of a fleet host (Amazon Linux 2023): install nitro-cli, reserve the
 // enclave's CPUs and memory, fetch the enclave image and the host-poller from the artifacts
-// bucket, refuse an image whose PCR0 is not the deployed measurement, then run the enclave
-// and the poller as systemd services. The host is untrusted: this script only saves time
-// (a wrong image could not obtain keys anyway, the KMS key policies see to that).
+// bucket, refuse an image whose PCR0 is not the deployed measurement, then run the enclave,
+// the poller and the drain watcher as systemd services. The host is untrusted: this script
+// only saves time (a wrong image could not obtain keys anyway, the KMS key policies see to that).
 
 /** Artifact keys in the artifacts bucket (uploaded as in docs/operations.md). */
 export const ENCLAVE_EIF_KEY = 'artifacts/enclave.eif';
 export const HOST_POLLER_KEY = 'artifacts/host-poller';
 /** The enclave's vsock context id on every host. */
 export const ENCLAVE_CID = 16;
-/** Name of the termination lifecycle hook the poller completes after draining. */
+/** Name of the termination lifecycle hook that the host's drain watcher completes. */
 export const DRAIN_HOOK_NAME = 'ephem-drain';
-/** CloudWatch namespace of the fleet's own metrics (documents/s, job outcomes). */
-export const METRICS_NAMESPACE = 'EphemBatch';
+/** How long Auto Scaling waits for the drain hook (its heartbeat timeout), in seconds. */
+export const DRAIN_TIMEOUT_S = 1800;
+/** The poller finishes the jobs it holds for up to this long; a second SIGTERM then releases the rest. */
+const FINISH_S = DRAIN_TIMEOUT_S - 300;
+/** systemd's last resort (SIGKILL), still before the hook would time out. */
+const STOP_TIMEOUT_S = DRAIN_TIMEOUT_S - 120;
 
 export interface HostUserDataProps {
   readonly region: string;
@@ -88,9 +92,10 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'ExecStart=/opt/ephem-batch/host-poller',
     'Restart=always',
     'RestartSec=5',
-    '# On stop the poller takes no new message and finishes the one it holds.',
+    '# On SIGTERM the poller takes no new message and finishes the ones it holds (a second SIGTERM',
+    '# releases them); the drain watcher sends both before the lifecycle hook times out.',
     'KillSignal=SIGTERM',
-    'TimeoutStopSec=1800',
+    `TimeoutStopSec=${STOP_TIMEOUT_S}`,
     'NoNewPrivileges=yes',
     'ProtectSystem=strict',
     'ProtectHome=yes',
@@ -99,7 +104,50 @@ export function hostUserData(p: HostUserDataProps): string[] {
     '[Install]',
     'WantedBy=multi-user.target',
     'EOF',
+    ...drainWatcher(),
     'systemctl daemon-reload',
-    'systemctl enable --now ephem-enclave.service ephem-host-poller.service',
+    'systemctl enable --now ephem-enclave.service ephem-host-poller.service ephem-drain.service',
+  ];
+}
+
+/**
+ * 6. The drain watcher: when Auto Scaling decides to terminate this host (IMDSv2
+ * `autoscaling/target-lifecycle-state` becomes `Terminated`; the instance then waits in
+ * Terminating:Wait on the drain hook), stop the poller and complete the hook with the AWS CLI
+ * (part of Amazon Linux 2023). Quoted heredoc: the script's `$` are its own.
+ */
+function drainWatcher(): string[] {
+  return [
+    "cat > /opt/ephem-batch/drain-watch <<'EOF'",
+    '#!/bin/bash',
+    'set -uo pipefail',
+    'imds() {',
+    "  local token; token=$(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token) &&",
+    '    curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"',
+    '}',
+    'until [ "$(imds autoscaling/target-lifecycle-state)" = Terminated ]; do sleep 5; done',
+    'echo "this host is terminating: draining the poller"',
+    '# SIGTERM: no new job, finish the ones held; if that takes too long, a second SIGTERM releases them.',
+    `if ! timeout ${FINISH_S} systemctl stop ephem-host-poller.service; then`,
+    '  systemctl kill --signal=SIGTERM ephem-host-poller.service',
+    '  systemctl stop ephem-host-poller.service',
+    'fi',
+    `exec aws autoscaling complete-lifecycle-action --lifecycle-hook-name ${DRAIN_HOOK_NAME} --lifecycle-action-result CONTINUE \\`,
+    '  --instance-id "$(imds instance-id)" --auto-scaling-group-name "$(imds tags/instance/aws:autoscaling:groupName)"',
+    'EOF',
+    'chmod 0755 /opt/ephem-batch/drain-watch',
+    'cat > /etc/systemd/system/ephem-drain.service <<EOF',
+    '[Unit]',
+    'Description=ephem-batch drain watcher (completes the termination lifecycle hook after the poller stopped)',
+    'After=ephem-host-poller.service',
+    '[Service]',
+    '# AWS_REGION for the AWS CLI.',
+    'EnvironmentFile=/etc/ephem-batch/host-poller.env',
+    'ExecStart=/opt/ephem-batch/drain-watch',
+    'Restart=on-failure',
+    'RestartSec=10',
+    '[Install]',
+    'WantedBy=multi-user.target',
+    'EOF',
   ];
 }

@@ -1,6 +1,6 @@
-// Where each Rust Lambda's code comes from: the `bootstrap.zip` that
-// `cargo lambda build --release --output-format zip` writes to target/lambda/<name>/.
-// Synth never builds anything, needs no Docker and no network.
+// Where each Rust Lambda's code comes from: the `bootstrap.zip` that scripts/build-lambdas.sh
+// writes to target/lambda/<name>/ (cargo-lambda with `--compiler cargo`: a native x86_64 build,
+// no Zig; or plain cargo and zip). Synth never builds anything, needs no Docker and no network.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Stack } from 'aws-cdk-lib';
@@ -11,7 +11,7 @@ import { Construct } from 'constructs';
 export const LAMBDA_NAMES = ['on-upload', 'ledger-append', 'fleet-rotate', 'bulk-list-shards', 'bulk-aggregate'] as const;
 export type LambdaName = (typeof LAMBDA_NAMES)[number];
 
-export const LAMBDA_BUILD_COMMAND = 'cargo lambda build --release --output-format zip -p lambdas';
+export const LAMBDA_BUILD_COMMAND = 'scripts/build-lambdas.sh';
 
 /** Placeholder code used only when the stack is synthesized with bundling skipped (tests). */
 const PLACEHOLDER_DIR = path.join(__dirname, '..', '..', 'assets', 'lambda-placeholder');

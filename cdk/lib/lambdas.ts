@@ -14,7 +14,7 @@ import { Identities, allow } from './identities';
 import { Keys } from './keys';
 import { LambdaName, lambdaCode } from './lambda-code';
 import { LEDGER_APPEND_TIMEOUT, Queues } from './queues';
-import { LEDGERED_TAG, SHARD_SUFFIX, Storage } from './storage';
+import { SHARD_SUFFIX, Storage } from './storage';
 
 export interface LambdasProps {
   readonly identities: Identities;
@@ -42,9 +42,10 @@ export class Lambdas extends Construct {
     const { identities: ids, storage, queues, keys } = props;
     const storePrefixes = props.storePrefixes.join(',');
 
-    // on-upload: S3 event -> check the sealed header (no decryption) -> job message.
-    // A shard dropped under a store prefix is first copied to jobs/<job_id>/input.sealed, whose
-    // own event then creates the job: one path creates every job (DESIGN.md §5 step 3).
+    // on-upload: S3 event -> check the sealed header (no decryption), its fleet epoch and its
+    // model manifest -> status.json and a job message. A shard dropped under a store prefix is
+    // first copied to jobs/<job_id>/input.sealed, whose own event then creates the job: one
+    // path creates every job (DESIGN.md §5 step 3).
     this.onUpload = this.rustFunction('on-upload', ids.onUploadRole, {
       timeout: Duration.seconds(60),
       memorySize: 256,
@@ -52,6 +53,9 @@ export class Lambdas extends Construct {
         EPHEM_JOBS_BUCKET: storage.jobs.bucketName,
         EPHEM_JOB_QUEUE_URL: queues.jobs.queueUrl,
         EPHEM_STORE_PREFIXES: storePrefixes,
+        // With these two the epoch and the manifest are checked (the enclave checks both again).
+        EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName,
+        EPHEM_MODELS_BUCKET: storage.models.bucketName,
       },
     });
     const shardObjects = props.storePrefixes.map((p) => storage.jobs.arnForObjects(`${p}*${SHARD_SUFFIX}`));
@@ -61,10 +65,29 @@ export class Lambdas extends Construct {
     allow(ids.onUploadRole, 'CopyShardsToJobInputs', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/input.sealed')], {
       why: 'A shard becomes the input of the job whose id its header determines, known only at run time.',
     });
+    allow(ids.onUploadRole, 'WriteJobStatus', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/status.json')], {
+      why: 'Writes the status of the job an upload creates (queued) or why it was refused; job ids are known at run time.',
+    });
+    allow(ids.onUploadRole, 'ReadFleetKeyEpochs', ['s3:GetObject'], [storage.attestations.arnForObjects('fleet-keys/*')], {
+      why: 'Reads the fleet-key epoch a sealed header names, by its number; public keys and wrapped private keys only.',
+    });
+    // An epoch that does not exist is a refusal ("fleet_epoch"), not an access error: S3 says
+    // 404 only to a caller allowed s3:ListBucket, evaluated with the key as s3:prefix (fleet.ts).
+    allow(ids.onUploadRole, 'KnowAbsentEpochs', ['s3:ListBucket'], [storage.attestations.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['fleet-keys/*'] } },
+    });
+    allow(ids.onUploadRole, 'ReadModelManifests', ['s3:GetObject'], [storage.models.arnForObjects('models/*/manifest.cose')], {
+      why: 'Reads the signed manifests of the model a header names, to find the manifest hash it carries; model names are known at run time.',
+    });
+    allow(ids.onUploadRole, 'ListModelManifests', ['s3:ListBucket'], [storage.models.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['models/*'] } },
+    });
     allow(ids.onUploadRole, 'SendJobMessages', ['sqs:SendMessage'], [queues.jobs.queueArn]);
 
     // ledger-append: the ledger's single writer. FIFO-fed, reserved concurrency 1, and every
-    // write is conditional (If-None-Match for new objects, If-Match for the checkpoint).
+    // ledger write is conditional (If-None-Match for new objects, If-Match for the checkpoint).
+    // The attestation document travels in the message; it reads no other bucket. Each receipt
+    // newly appended is also one CloudWatch EMF log line (the dashboard's job and document counts).
     this.ledgerAppend = this.rustFunction('ledger-append', ids.ledgerRole, {
       timeout: LEDGER_APPEND_TIMEOUT,
       memorySize: 512,
@@ -73,8 +96,6 @@ export class Lambdas extends Construct {
         EPHEM_LEDGER_BUCKET: storage.ledger.bucketName,
         EPHEM_LEDGER_KEY_ARN: keys.ledgerSigningKey.attrArn,
         EPHEM_JOBS_BUCKET: storage.jobs.bucketName,
-        EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName,
-        EPHEM_LEDGERED_TAG: `${LEDGERED_TAG.key}=${LEDGERED_TAG.value}`,
       },
     });
     this.ledgerAppend.addEventSource(new SqsEventSource(queues.ledger, { batchSize: 10, reportBatchItemFailures: true }));
@@ -89,11 +110,8 @@ export class Lambdas extends Construct {
       conditions: { Null: { 's3:if-match': 'false' } },
       why: ledgerObjects,
     });
-    allow(ids.ledgerRole, 'ReadAttestationDocuments', ['s3:GetObject'], [storage.attestations.arnForObjects('attestations/*')], {
-      why: 'A receipt names the attestation document it was made under; ledger-append stores that document once.',
-    });
-    allow(ids.ledgerRole, 'MarkInputsLedgered', ['s3:PutObjectTagging'], [storage.jobs.arnForObjects('jobs/*/input.sealed')], {
-      why: 'Tags the sealed input of the job just appended, so the lifecycle rule can expire it; job ids are known at run time.',
+    allow(ids.ledgerRole, 'MarkJobsLedgered', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/ledgered.json')], {
+      why: 'Writes jobs/<id>/ledgered.json (the entry index) for the job just appended, which clients read; job ids are known at run time.',
     });
 
     // fleet-rotate: a new fleet key pair per epoch; KMS returns only the wrapped private key.
@@ -134,10 +152,17 @@ export class Lambdas extends Construct {
     this.bulkAggregate = this.rustFunction('bulk-aggregate', ids.bulkAggregateRole, {
       timeout: Duration.minutes(5),
       memorySize: 512,
-      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName },
+      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName, EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName },
     });
     allow(ids.bulkAggregateRole, 'ReadReceipts', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/receipt.cose')], {
       why: 'Reads the receipt of each job of the bulk run; job ids are known at run time.',
+    });
+    allow(ids.bulkAggregateRole, 'ReadAttestationDocuments', ['s3:GetObject'], [storage.attestations.arnForObjects('attestations/by-hash/*')], {
+      why: 'Verifies each receipt against the attestation document it names by hash; documents are public.',
+    });
+    // A document that was never published is a refused shard in the manifest, not an access error.
+    allow(ids.bulkAggregateRole, 'KnowAbsentAttestationDocuments', ['s3:ListBucket'], [storage.attestations.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['attestations/by-hash/*'] } },
     });
     allow(ids.bulkAggregateRole, 'WriteBulkManifests', ['s3:PutObject'], [storage.jobs.arnForObjects('bulk/*')], {
       why: 'Writes bulk/<bulk_id>/manifest.json; bulk ids are chosen per run.',

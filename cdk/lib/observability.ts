@@ -7,15 +7,18 @@ import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
-import { METRICS_NAMESPACE } from './host-user-data';
 import { Queues } from './queues';
 
-/** Metrics host-poller publishes in METRICS_NAMESPACE (docs/operations.md lists them). */
-export const FLEET_METRICS = {
-  documentsEmbedded: 'DocumentsEmbedded',
-  jobsCompleted: 'JobsCompleted',
-  jobsFailed: 'JobsFailed',
-  recordsFailed: 'RecordsFailed',
+/**
+ * The metrics ledger-append prints as CloudWatch Embedded Metric Format lines, one per receipt
+ * newly in the ledger, without dimensions (lambdas/src/metrics.rs). Counting at the ledger counts
+ * each job once, however often its receipt was delivered; the hosts publish no metrics.
+ */
+export const METRICS_NAMESPACE = 'EphemBatch';
+export const LEDGER_METRICS = {
+  jobsLedgered: 'JobsLedgered',
+  documents: 'Documents',
+  documentsFailed: 'DocumentsFailed',
 } as const;
 
 export interface ObservabilityProps {
@@ -34,7 +37,7 @@ export class Observability extends Construct {
     super(scope, id);
     const minute = Duration.minutes(1);
     const { jobs, jobsDlq, ledger, ledgerDlq } = p.queues;
-    const fleetMetric = (metricName: string, label: string) =>
+    const ledgerMetric = (metricName: string, label: string) =>
       new cloudwatch.Metric({ namespace: METRICS_NAMESPACE, metricName, statistic: 'Sum', period: minute, label });
     const groupMetric = (metricName: string, label: string) =>
       new cloudwatch.Metric({
@@ -48,7 +51,7 @@ export class Observability extends Construct {
 
     const docsPerSecond = new cloudwatch.MathExpression({
       expression: 'docs / PERIOD(docs)',
-      usingMetrics: { docs: fleetMetric(FLEET_METRICS.documentsEmbedded, 'documents') },
+      usingMetrics: { docs: ledgerMetric(LEDGER_METRICS.documents, 'documents') },
       label: 'documents/s',
       period: minute,
     });
@@ -74,8 +77,7 @@ export class Observability extends Construct {
         title: 'Jobs per minute',
         left: [
           jobs.metricNumberOfMessagesDeleted({ period: minute, statistic: 'Sum', label: 'finished (message deleted)' }),
-          fleetMetric(FLEET_METRICS.jobsCompleted, 'completed'),
-          fleetMetric(FLEET_METRICS.jobsFailed, 'failed'),
+          ledgerMetric(LEDGER_METRICS.jobsLedgered, 'in the ledger'),
         ],
       }),
       new cloudwatch.GraphWidget({ title: 'Documents per second', left: [docsPerSecond] }),
@@ -85,7 +87,7 @@ export class Observability extends Construct {
         title: 'Errors',
         left: p.functions.map((fn) => fn.metricErrors({ period: minute, label: fn.node.id })),
         right: [
-          fleetMetric(FLEET_METRICS.recordsFailed, 'records failed'),
+          ledgerMetric(LEDGER_METRICS.documentsFailed, 'documents failed'),
           p.stateMachine.metricFailed({ period: minute, label: 'bulk runs failed' }),
         ],
       }),

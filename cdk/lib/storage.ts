@@ -5,6 +5,7 @@
 // Key layout (DESIGN.md §5):
 //   jobs bucket         jobs/<job_id>/input.sealed, jobs/<job_id>/attempts/<n>/output.sealed,
 //                       jobs/<job_id>/receipt.cose, jobs/<job_id>/status.json,
+//                       jobs/<job_id>/cancel.json, jobs/<job_id>/ledgered.json, jobs/<job_id>/bulk-task.json,
 //                       <store prefix><...>.sealed (sealed shards dropped by data owners),
 //                       bulk/<bulk_id>/manifest.json (bulk workflow aggregates)
 //   models bucket       models/<model_id>/<version>/... (encrypted weights + signed manifest)
@@ -20,12 +21,8 @@ import { Construct } from 'constructs';
 
 export interface StorageProps {
   readonly ledgerRetentionDays: number;
-  readonly inputRetentionDays: number;
   readonly jobsRetentionDays: number;
 }
-
-/** Object tag that ledger-append puts on a sealed input once its receipt is in the ledger. */
-export const LEDGERED_TAG = { key: 'ephem-ledgered', value: 'true' };
 
 /** The S3 event filter of direct job submissions (DESIGN.md §5 step 3). */
 export const JOB_INPUT_FILTER = { prefix: 'jobs/', suffix: '/input.sealed' };
@@ -53,19 +50,16 @@ export class Storage extends Construct {
     });
 
     // Jobs: transient, high-volume, unversioned. The truth about a job is its receipt in the
-    // ledger, so everything here expires; sealed inputs go early once the ledger holds the receipt.
+    // ledger, so everything here expires by age, sealed inputs with the rest of their job: a
+    // lifecycle rule selects by prefix, tag or size, so it can neither pick out
+    // jobs/<id>/input.sealed nor see jobs/<id>/ledgered.json (the embedded default's earlier,
+    // ledger-gated input expiry has no counterpart here).
     this.jobs = new s3.Bucket(this, 'Jobs', {
       ...secureDefaults(),
       serverAccessLogsBucket: this.accessLogs,
       serverAccessLogsPrefix: 'jobs/',
       lifecycleRules: [
         { id: 'abort-incomplete-uploads', abortIncompleteMultipartUploadAfter: Duration.days(1) },
-        {
-          id: 'expire-ledgered-inputs',
-          prefix: 'jobs/',
-          tagFilters: { [LEDGERED_TAG.key]: LEDGERED_TAG.value },
-          expiration: Duration.days(props.inputRetentionDays),
-        },
         { id: 'expire-jobs', prefix: 'jobs/', expiration: Duration.days(props.jobsRetentionDays) },
       ],
     });

@@ -78,6 +78,11 @@ describe('deploy configuration', () => {
     assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, enclaveCpuCount: '3' })), /even/);
   });
 
+  it('refuses the former inputRetentionDays instead of ignoring it (inputs expire with their job)', () => {
+    assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, inputRetentionDays: '1' })), (e: Error) => e instanceof ConfigError && /jobsRetentionDays/.test(e.message));
+    assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, jobsRetentionDays: '7' })).jobsRetentionDays, 7);
+  });
+
   it('store prefixes must not overlap each other or jobs/', () => {
     assert.doesNotThrow(() => checkPrefixes(['store/', 'tenants/acme/', 'tenants/globex/']));
     assert.throws(() => checkPrefixes(['tenants/', 'tenants/acme/']), /overlap/);

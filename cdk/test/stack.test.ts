@@ -5,7 +5,9 @@ import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { Match } from 'aws-cdk-lib/assertions';
 import { repoRoot } from '../lib/config';
+import { DRAIN_TIMEOUT_S } from '../lib/host-user-data';
 import { LAMBDA_NAMES } from '../lib/lambda-code';
+import { LEDGER_METRICS, METRICS_NAMESPACE } from '../lib/observability';
 import { ASL_FILE, readAsl } from '../lib/workflow';
 import { TEST_PCR0, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
 
@@ -43,11 +45,33 @@ describe('fleet', () => {
       'nitro-cli describe-eif',
       'nitro-cli run-enclave',
       'ephem-host-poller.service',
-      'systemctl enable --now ephem-enclave.service ephem-host-poller.service',
+      'systemctl enable --now ephem-enclave.service ephem-host-poller.service ephem-drain.service',
     ]) {
       assert.ok(userData.includes(needle), `user data contains ${needle}`);
     }
     assert.ok(!userData.includes('--debug-mode'));
+    // Variables nothing reads are not written.
+    for (const unused of ['EPHEM_METRICS_NAMESPACE', 'EPHEM_LIFECYCLE_HOOK']) assert.ok(!userData.includes(unused), unused);
+  });
+
+  it('a drain watcher stops the poller and completes the hook before the hook times out', () => {
+    const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
+    const userData = JSON.stringify(lt.Properties?.LaunchTemplateData?.UserData);
+    for (const needle of [
+      'imds autoscaling/target-lifecycle-state',
+      'X-aws-ec2-metadata-token',
+      'systemctl stop ephem-host-poller.service',
+      'systemctl kill --signal=SIGTERM ephem-host-poller.service',
+      'aws autoscaling complete-lifecycle-action --lifecycle-hook-name ephem-drain --lifecycle-action-result CONTINUE',
+      'tags/instance/aws:autoscaling:groupName',
+      'ExecStart=/opt/ephem-batch/drain-watch',
+    ]) {
+      assert.ok(userData.includes(needle), `user data contains ${needle}`);
+    }
+    const seconds = (re: RegExp) => Number(re.exec(userData)?.[1]);
+    const finish = seconds(/timeout (\d+) systemctl stop/);
+    const stop = seconds(/TimeoutStopSec=(\d+)/);
+    assert.ok(finish > 0 && finish < stop && stop < DRAIN_TIMEOUT_S, `finish ${finish} < TimeoutStopSec ${stop} < hook ${DRAIN_TIMEOUT_S}`);
   });
 
   it('scales on backlog per host with target tracking on a metric-math custom metric', () => {
@@ -69,11 +93,12 @@ describe('fleet', () => {
     });
   });
 
-  it('drains a host before termination (lifecycle hook) and lets it complete only its own group hook', () => {
+  it('drains a host before termination (lifecycle hook)', () => {
     template.hasResourceProperties('AWS::AutoScaling::LifecycleHook', {
       LifecycleHookName: 'ephem-drain',
       LifecycleTransition: 'autoscaling:EC2_INSTANCE_TERMINATING',
       DefaultResult: 'CONTINUE',
+      HeartbeatTimeout: DRAIN_TIMEOUT_S,
     });
   });
 
@@ -160,6 +185,17 @@ describe('storage', () => {
       { prefix: 'store/', suffix: '.sealed' },
     ]);
     for (const c of configs) assert.equal(c.Events[0], 's3:ObjectCreated:*');
+  });
+
+  it('everything under jobs/ expires by age; no lifecycle rule depends on a tag', () => {
+    const [[, jobsBucket]] = buckets.filter(([id]) => id.startsWith('StorageJobs'));
+    assert.deepEqual(jobsBucket.Properties?.LifecycleConfiguration?.Rules, [
+      { Id: 'abort-incomplete-uploads', AbortIncompleteMultipartUpload: { DaysAfterInitiation: 1 }, Status: 'Enabled' },
+      { Id: 'expire-jobs', Prefix: 'jobs/', ExpirationInDays: 30, Status: 'Enabled' },
+    ]);
+    for (const [id, b] of buckets) {
+      for (const rule of asArray<any>(b.Properties?.LifecycleConfiguration?.Rules)) assert.equal(rule.TagFilters, undefined, `${id} ${rule.Id}`);
+    }
   });
 
   it('versioning protects the evidence buckets (attestations, ledger, models, artifacts)', () => {
@@ -249,13 +285,10 @@ describe('IAM', () => {
     }
   });
 
-  it('hosts commit receipts only with If-None-Match and can delete nothing', () => {
+  it('hosts commit receipts only with If-None-Match', () => {
     const host = statements.filter(({ owner }) => owner.startsWith('IdentitiesHostRole'));
     const receipt = host.find(({ statement: s }) => s.Sid === 'CommitReceiptOnlyIfAbsent')!;
     assert.deepEqual(receipt.statement.Condition, { Null: { 's3:if-none-match': 'false' } });
-    for (const { statement: s } of host) {
-      for (const a of asArray<string>(s.Action)) assert.ok(!a.startsWith('s3:Delete'), a);
-    }
   });
 
   it('only CDK\'s bucket-notification handler uses an AWS managed policy', () => {
@@ -287,9 +320,18 @@ describe('observability', () => {
     const dlqAlarms = alarms.filter(([id]) => id.includes('DlqNotEmpty'));
     assert.equal(dlqAlarms.length, 2);
     const body = resolve(resourcesOfType(json, 'AWS::CloudWatch::Dashboard')[0][1].Properties?.DashboardBody);
-    for (const metric of ['ApproximateNumberOfMessagesVisible', 'ApproximateAgeOfOldestMessage', 'NumberOfMessagesDeleted', 'DocumentsEmbedded', 'Errors', 'GroupInServiceInstances']) {
+    for (const metric of ['ApproximateNumberOfMessagesVisible', 'ApproximateAgeOfOldestMessage', 'NumberOfMessagesDeleted', 'Errors', 'GroupInServiceInstances']) {
       assert.ok(body.includes(metric), `dashboard shows ${metric}`);
     }
+    for (const metric of Object.values(LEDGER_METRICS)) {
+      assert.match(body, new RegExp(`${METRICS_NAMESPACE}\\W+${metric}\\W`), `dashboard shows ${METRICS_NAMESPACE}/${metric}`);
+    }
+  });
+
+  it('the dashboard\'s job and document counts are the ones ledger-append prints (lambdas/src/metrics.rs)', () => {
+    const emf = fs.readFileSync(path.join(repoRoot(), 'lambdas', 'src', 'metrics.rs'), 'utf8');
+    assert.ok(emf.includes(`pub const NAMESPACE: &str = "${METRICS_NAMESPACE}";`));
+    for (const metric of Object.values(LEDGER_METRICS)) assert.ok(emf.includes(`metric("${metric}")`), metric);
   });
 });
 

@@ -1,0 +1,202 @@
+// Each component may make exactly the calls its binary makes (docs/operations.md §5): the S3 and
+// SQS grants of the hosts and the Lambdas, statement by statement, and the rules every grant keeps.
+import assert from 'node:assert/strict';
+import * as fs from 'node:fs';
+import * as path from 'node:path';
+import { describe, it } from 'node:test';
+import { repoRoot } from '../lib/config';
+import { flattenForNag } from '../lib/nag';
+import { asArray, defaultStack, identityStatements, resourcesOfType } from './helpers';
+
+const { json } = defaultStack();
+const statements = identityStatements(json);
+
+/** A resource as the docs write it: `JOBS/jobs/*`, `ATTESTATIONS` (bucket logical ids → names). */
+function resourceName(resource: unknown): string {
+  return flattenForNag(resource)
+    .replace(/<Storage(Jobs|Models|Attestations|Artifacts|Ledger)[0-9A-F]{8}\.Arn>/g, (_m, b: string) => b.toUpperCase())
+    .replace(/<Queues(\w+?)[0-9A-F]{8}\.Arn>/g, (_m, q: string) => `queue:${q}`);
+}
+
+interface Grant {
+  actions: string[];
+  resources: string[];
+  condition?: unknown;
+}
+
+/** The statements of the policies of `owner` (a logical id prefix), by Sid. */
+function grantsOf(owner: string): Record<string, Grant> {
+  const out: Record<string, Grant> = {};
+  for (const { owner: o, statement: s } of statements) {
+    if (!o.startsWith(owner) || !s.Sid) continue;
+    assert.equal(out[s.Sid], undefined, `${owner}: Sid ${s.Sid} appears twice`);
+    out[s.Sid] = { actions: asArray<string>(s.Action), resources: asArray(s.Resource).map(resourceName), ...(s.Condition ? { condition: s.Condition } : {}) };
+  }
+  return out;
+}
+
+/** Only the S3 statements of `grants`. */
+function s3Only(grants: Record<string, Grant>): Record<string, Grant> {
+  return Object.fromEntries(Object.entries(grants).filter(([, g]) => g.actions.some((a) => a.startsWith('s3:'))));
+}
+
+const prefix = (...patterns: string[]) => ({ StringLike: { 's3:prefix': patterns } });
+
+function lambdaEnvironment(name: string): Record<string, unknown> {
+  const [[, f]] = resourcesOfType(json, 'AWS::Lambda::Function').filter(([, x]) => x.Properties?.Description === `ephem-batch ${name}`);
+  return f.Properties?.Environment?.Variables ?? {};
+}
+
+describe('host-poller (HostRole)', () => {
+  const host = grantsOf('IdentitiesHostRole');
+
+  it('S3: exactly the reads, writes, lists and deletes host-poller makes', () => {
+    assert.deepEqual(s3Only(host), {
+      ReadSealedInputsAndReceipts: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/jobs/*/receipt.cose'] },
+      ReadJobMarkers: {
+        actions: ['s3:GetObject'],
+        resources: ['JOBS/jobs/*/cancel.json', 'JOBS/jobs/*/ledgered.json', 'JOBS/jobs/*/status.json', 'JOBS/jobs/*/bulk-task.json'],
+      },
+      KnowAbsentJobObjects: {
+        actions: ['s3:ListBucket'],
+        resources: ['JOBS'],
+        condition: prefix('jobs/*/receipt.cose', 'jobs/*/cancel.json', 'jobs/*/bulk-task.json'),
+      },
+      WriteAttemptOutputsAndStatus: { actions: ['s3:PutObject', 's3:AbortMultipartUpload'], resources: ['JOBS/jobs/*/attempts/*', 'JOBS/jobs/*/status.json'] },
+      CommitReceiptOnlyIfAbsent: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/receipt.cose'], condition: { Null: { 's3:if-none-match': 'false' } } },
+      DeleteLosingAttemptOutputs: { actions: ['s3:DeleteObject'], resources: ['JOBS/jobs/*/attempts/*'] },
+      ReadModels: { actions: ['s3:GetObject'], resources: ['MODELS/*'] },
+      ListModels: { actions: ['s3:ListBucket'], resources: ['MODELS'], condition: prefix('models/*') },
+      ReadFleetKeys: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/fleet-keys/*'] },
+      ListFleetKeys: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('fleet-keys/*') },
+      PublishAttestations: { actions: ['s3:PutObject'], resources: ['ATTESTATIONS/attestations/*'] },
+      ReadAttestationDocumentsAndRequests: {
+        actions: ['s3:GetObject'],
+        resources: ['ATTESTATIONS/attestations/by-hash/*', 'ATTESTATIONS/attestations/requests/*', 'ATTESTATIONS/attestations/fresh/*'],
+      },
+      ListAttestationRequests: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/requests/*') },
+      KnowAbsentAttestationDocuments: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/by-hash/*') },
+      DeleteAnsweredAttestationRequests: { actions: ['s3:DeleteObject'], resources: ['ATTESTATIONS/attestations/requests/*'] },
+      FetchArtifacts: { actions: ['s3:GetObject'], resources: ['ARTIFACTS/artifacts/enclave.eif', 'ARTIFACTS/artifacts/host-poller'] },
+    });
+  });
+
+  it('Step Functions: complete the task of a bulk run waiting for a job, on the bulk state machine only', () => {
+    assert.deepEqual(host.CompleteBulkTasks.actions, ['states:SendTaskSuccess', 'states:SendTaskFailure']);
+    assert.match(host.CompleteBulkTasks.resources[0], /^<BulkWorkflowStateMachine[0-9A-F]{8}>$/);
+  });
+
+  it('SQS: receive jobs, send receipts to the ledger', () => {
+    assert.deepEqual(host.ReceiveJobs, {
+      actions: ['sqs:ReceiveMessage', 'sqs:DeleteMessage', 'sqs:ChangeMessageVisibility', 'sqs:GetQueueAttributes'],
+      resources: ['queue:Jobs'],
+    });
+    assert.deepEqual(host.SendReceiptsToLedger, { actions: ['sqs:SendMessage'], resources: ['queue:Ledger'] });
+  });
+
+  it('publishes no metrics and completes only its own group\'s drain hook (no heartbeat: nothing sends one)', () => {
+    const all = statements.filter(({ owner }) => owner.startsWith('IdentitiesHostRole') || owner.startsWith('FleetHostDrainPolicy'));
+    assert.ok(!all.some(({ statement: s }) => asArray<string>(s.Action).some((a) => a.startsWith('cloudwatch:'))));
+    const drain = grantsOf('FleetHostDrainPolicy');
+    assert.deepEqual(Object.keys(drain), ['CompleteOwnDrainHook']);
+    assert.deepEqual(drain.CompleteOwnDrainHook.actions, ['autoscaling:CompleteLifecycleAction']);
+    assert.match(drain.CompleteOwnDrainHook.resources[0], /:autoScalingGroup:\*:autoScalingGroupName\/<FleetHostsASG[0-9A-F]{8}>$/);
+  });
+});
+
+describe('Lambdas', () => {
+  it('on-upload reads headers, epochs and manifests, writes status.json, copies shards, queues jobs', () => {
+    assert.deepEqual(s3Only(grantsOf('IdentitiesOnUploadRole')), {
+      ReadSealedHeaders: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/store/*.sealed'] },
+      CopyShardsToJobInputs: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/input.sealed'] },
+      WriteJobStatus: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/status.json'] },
+      ReadFleetKeyEpochs: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/fleet-keys/*'] },
+      KnowAbsentEpochs: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('fleet-keys/*') },
+      ReadModelManifests: { actions: ['s3:GetObject'], resources: ['MODELS/models/*/manifest.cose'] },
+      ListModelManifests: { actions: ['s3:ListBucket'], resources: ['MODELS'], condition: prefix('models/*') },
+    });
+    const env = lambdaEnvironment('on-upload');
+    assert.ok(env.EPHEM_ATTESTATIONS_BUCKET && env.EPHEM_MODELS_BUCKET, 'the epoch and manifest checks are on');
+  });
+
+  it('ledger-append writes ledgered.json (no object tags) and reads no attestations bucket', () => {
+    const ledger = s3Only(grantsOf('IdentitiesLedgerAppendRole'));
+    assert.deepEqual(ledger.MarkJobsLedgered, { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/ledgered.json'] });
+    assert.deepEqual(
+      Object.entries(ledger).filter(([, g]) => g.resources.some((r) => !r.startsWith('LEDGER'))).map(([sid]) => sid),
+      ['MarkJobsLedgered'],
+    );
+    const env = lambdaEnvironment('ledger-append');
+    assert.equal(env.EPHEM_LEDGERED_TAG, undefined);
+    assert.equal(env.EPHEM_ATTESTATIONS_BUCKET, undefined);
+  });
+
+  it('bulk-aggregate reads receipts and the attestation documents they name, writes bulk manifests', () => {
+    assert.deepEqual(s3Only(grantsOf('IdentitiesBulkAggregateRole')), {
+      ReadReceipts: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/receipt.cose'] },
+      ReadAttestationDocuments: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/attestations/by-hash/*'] },
+      KnowAbsentAttestationDocuments: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/by-hash/*') },
+      WriteBulkManifests: { actions: ['s3:PutObject'], resources: ['JOBS/bulk/*'] },
+    });
+    assert.ok(lambdaEnvironment('bulk-aggregate').EPHEM_ATTESTATIONS_BUCKET, 'the binary refuses to start without it');
+  });
+});
+
+describe('rules every grant keeps', () => {
+  it('no IAM statement grants any kms: action (key policies alone do)', () => {
+    for (const { owner, statement } of statements) {
+      for (const a of asArray<string>(statement.Action)) assert.ok(!a.toLowerCase().startsWith('kms:'), `${owner} grants ${a}`);
+    }
+  });
+
+  it('no Allow on a data bucket has a wildcard action, in identity or bucket policies', () => {
+    const bucketIds = resourcesOfType(json, 'AWS::S3::Bucket').map(([id]) => id);
+    const bucketPolicies = resourcesOfType(json, 'AWS::S3::BucketPolicy').flatMap(([id, p]) =>
+      asArray<any>(p.Properties?.PolicyDocument?.Statement).map((statement) => ({ owner: id, statement })),
+    );
+    let checked = 0;
+    for (const { owner, statement } of [...statements, ...bucketPolicies]) {
+      if (statement.Effect !== 'Allow') continue;
+      const resources = JSON.stringify(statement.Resource);
+      if (!bucketIds.some((id) => resources.includes(`"${id}"`))) continue;
+      checked++;
+      for (const a of asArray<string>(statement.Action)) assert.ok(!a.includes('*'), `${owner} allows ${a} on a bucket`);
+    }
+    assert.ok(checked > 20, `checked ${checked} statements`);
+  });
+
+  it('every s3:ListBucket names the prefixes it may list, but the ledger writer\'s on its own bucket', () => {
+    for (const { owner, statement } of statements) {
+      if (!asArray<string>(statement.Action).includes('s3:ListBucket')) continue;
+      if (owner.startsWith('IdentitiesLedgerAppendRole') && statement.Sid === 'ListLedger') continue;
+      assert.ok(statement.Condition?.StringLike?.['s3:prefix'], `${owner} ${statement.Sid}: ListBucket without an s3:prefix condition`);
+    }
+  });
+
+  it('nothing tags objects, and only hosts delete (losing attempt outputs, answered attestation requests)', () => {
+    for (const { owner, statement } of statements) {
+      const actions = asArray<string>(statement.Action);
+      assert.ok(!actions.some((a) => a.includes('Tagging')), `${owner}: ${actions.join(',')}`);
+      if (actions.some((a) => a.startsWith('s3:Delete'))) {
+        assert.ok(owner.startsWith('IdentitiesHostRole'), `${owner} deletes`);
+        assert.ok(['DeleteLosingAttemptOutputs', 'DeleteAnsweredAttestationRequests'].includes(statement.Sid), statement.Sid);
+      }
+    }
+  });
+});
+
+describe('docs/operations.md §5', () => {
+  const doc = fs.readFileSync(path.join(repoRoot(), 'docs', 'operations.md'), 'utf8');
+  const section = doc.slice(doc.indexOf('## 5. What each component may do'), doc.indexOf('## 6. '));
+
+  it('names every Sid the stack grants to its components', () => {
+    for (const { owner, statement } of statements) {
+      if (!statement.Sid || !owner.startsWith('Identities') && !owner.startsWith('FleetHostDrain')) continue;
+      assert.ok(section.includes(`\`${statement.Sid}\``), `§5 names ${statement.Sid} (${owner})`);
+    }
+  });
+
+  it('leaves no call ungranted', () => {
+    assert.ok(!/not granted/i.test(section), 'a "not granted" row remains in §5');
+  });
+});
