@@ -8,6 +8,8 @@
 #   CARGO_TARGET_DIR              default <repo>/target
 #   BUILD_PACKAGE, BUILD_BIN      default enclave-worker, enclave-worker (another binary of the
 #                                 workspace can be built the same way, e.g. to test this script)
+#   BUILD_FEATURES                default `nitro` for enclave-worker (the real NSM and vsock: an
+#                                 image without it could neither attest nor be reached), else none
 # Prints the SHA-384 of the binary. The same commit, toolchain and inputs give the same bytes
 # from any directory: enclave-image/check-reproducible.sh checks exactly that.
 set -eu
@@ -41,7 +43,9 @@ export CARGO_PROFILE_RELEASE_STRIP=symbols
 cd "$root"
 package="${BUILD_PACKAGE:-enclave-worker}"
 bin="${BUILD_BIN:-enclave-worker}"
-cargo build --release --locked --target "$target" -p "$package" --bin "$bin"
+if [ "$package" = enclave-worker ]; then default_features=nitro; else default_features=; fi
+features="${BUILD_FEATURES-$default_features}"
+cargo build --release --locked --target "$target" -p "$package" --bin "$bin" ${features:+--features "$features"}
 
 built="${CARGO_TARGET_DIR:-$root/target}/$target/release/$bin"
 mkdir -p "$(dirname "$out")"
