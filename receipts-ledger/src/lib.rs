@@ -26,6 +26,7 @@ pub use note::{NoteError, NoteSigner, RemoteSigner, SignerKey, VerifierKey};
 pub use receipt_check::{ProtocolReceipts, ReceiptCheckError, VerifiedReceipt};
 pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
-    TileError, TileStore,
 };
+#[cfg(feature = "tiles")]
+pub use store::{TileError, TileStore};
 pub use verify::{verify_entry, verify_ledger, EntryVerdict, Issue, VerifyReport};

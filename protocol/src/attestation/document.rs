@@ -73,6 +73,13 @@ impl AttestationDocument {
     pub fn pcr(&self, index: u8) -> Option<&[u8]> {
         self.pcrs.get(&index).map(Vec::as_slice)
     }
+
+    /// The payload encoded as the NSM encodes it (nine text keys in NSM order, absent optional
+    /// fields as null): what the development issuer signs, and what a parse of such a payload
+    /// gives back field for field.
+    pub fn to_payload(&self) -> Vec<u8> {
+        encode_payload(self)
+    }
 }
 
 /// The three CBOR layers of a document, each decoded (the `cbor` check).
