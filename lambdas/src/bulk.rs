@@ -1,9 +1,15 @@
-//! The bulk workflow's two Lambda steps (`lambdas/asl/bulk-workflow.asl.json`,
+//! The bulk workflow's Lambda steps (`lambdas/asl/bulk-workflow.asl.json`,
 //! docs/operations.md §6): `bulk-list-shards` lists the sealed shards under a store prefix and
-//! derives each one's job id; after the state machine has waited for every receipt,
-//! `bulk-aggregate` verifies each receipt itself — a host completing a job proves nothing —
-//! and writes `bulk/<bulk_id>/manifest.json`, which lists them and signs nothing.
+//! derives each one's job id; for each shard, `bulk-await-shard` runs as a
+//! `lambda:invoke.waitForTaskToken` task — it writes the task token to
+//! `jobs/<job_id>/bulk-task.json`, then completes the token itself if the job already ended
+//! (the host that ends the job later completes it otherwise: `cloud::workflow`); once every
+//! shard's task is closed, `bulk-aggregate` verifies each receipt itself — a host completing a
+//! token proves nothing — and writes `bulk/<bulk_id>/manifest.json`, which lists them and signs
+//! nothing.
 
+use cloud::messages::{JobState, JobStatus};
+use cloud::workflow::{self, BulkTask, BulkTaskError, Completion, JobEnd, TaskTokens};
 use cloud::{layout, ObjectError, ObjectStore, PutCondition};
 use protocol::envelope::JobId;
 use receipts_ledger::{ProtocolReceipts, ReceiptCheckError};
@@ -32,6 +38,8 @@ pub enum BulkError {
     ReceiptsRefused { refused: usize, total: usize, manifest_key: String, first: String },
     #[error("jobs store: {0}")]
     Object(#[from] ObjectError),
+    #[error("{0}")]
+    Task(#[from] BulkTaskError),
 }
 
 /// `bulk-list-shards` input.
@@ -84,12 +92,86 @@ pub fn list_shards(input: &ListInput, jobs: &dyn ObjectStore, config: &Config) -
     Ok(ListOutput { shard_count: shards.len(), shards })
 }
 
-/// How the state machine left a shard.
+/// `bulk-await-shard` input: one Map item, with the task's token (`$$.Task.Token`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwaitInput {
+    pub bulk_id: String,
+    pub bucket: String,
+    pub key: String,
+    pub job_id: String,
+    pub task_token: String,
+}
+
+/// What `bulk-await-shard` found after writing the token (the workflow ignores it: with
+/// `.waitForTaskToken` the task's result is what completes the token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AwaitState {
+    /// The job has not ended: its host completes the token.
+    Waiting,
+    /// The job had ended; this step completed the token.
+    Completed,
+    /// The job had ended and the token was already closed (its host was first).
+    AlreadyClosed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AwaitOutput {
+    pub job_id: String,
+    pub state: AwaitState,
+}
+
+/// Writes the token a shard's task waits on, **then** looks for the job's end (the committed
+/// receipt, else a failed or cancelled status) and completes the token itself if it finds one.
+/// A host writes the end before it reads the token, so whichever order the two run in, one of
+/// them completes it.
+pub fn await_shard(input: &AwaitInput, jobs: &dyn ObjectStore, tokens: &dyn TaskTokens, now_ms: u64) -> Result<AwaitOutput, BulkError> {
+    check_bulk_id(&input.bulk_id)?;
+    let job = JobId::from_hex(&input.job_id).ok_or_else(|| BulkError::JobId { index: 0, job_id: input.job_id.clone() })?;
+    workflow::write_bulk_task(jobs, &job, &input.bulk_id, &input.task_token, now_ms)?;
+    let end = match jobs.head(&layout::job_receipt(&job))? {
+        Some(_) => Some(JobEnd::Committed),
+        None => failed_status(jobs, &job)?.map(|reason| JobEnd::Failed { reason }),
+    };
+    let state = match end {
+        None => AwaitState::Waiting,
+        Some(end) => {
+            let task = BulkTask { version: 1, bulk_id: input.bulk_id.clone(), task_token: input.task_token.clone(), written_ms: now_ms };
+            match workflow::complete_task(tokens, &task, &job, &end)? {
+                Completion::Completed => AwaitState::Completed,
+                Completion::AlreadyClosed { .. } => AwaitState::AlreadyClosed,
+            }
+        }
+    };
+    tracing::info!(bulk_id = %input.bulk_id, job = %job, key = %input.key, ?state, "shard awaited");
+    Ok(AwaitOutput { job_id: job.to_hex(), state })
+}
+
+/// The recorded reason if the job's (informative) status says it failed or was cancelled.
+fn failed_status(jobs: &dyn ObjectStore, job: &JobId) -> Result<Option<String>, BulkError> {
+    let bytes = match jobs.get(&layout::job_status(job)) {
+        Ok(bytes) => bytes,
+        Err(ObjectError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let Ok(status) = serde_json::from_slice::<JobStatus>(&bytes) else { return Ok(None) };
+    let reason = |default: &str| status.failure.as_ref().map_or_else(|| default.to_owned(), |f| format!("{}: {}", f.check, f.message));
+    Ok(match status.state {
+        JobState::Failed => Some(reason("failed (no reason recorded)")),
+        JobState::Cancelled => Some("cancelled: the client cancelled the job before it started".to_owned()),
+        _ => None,
+    })
+}
+
+/// How the state machine left a shard: its task completed successfully, timed out, or failed
+/// (a host's `SendTaskFailure`, or a step that kept failing). The aggregate step trusts none
+/// of these: it looks for every shard's receipt itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardStatus {
     Committed,
     TimedOut,
+    Failed,
 }
 
 /// One item of the Map state's output.
@@ -100,6 +182,9 @@ pub struct ShardResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt_key: Option<String>,
     pub status: ShardStatus,
+    /// A failed task's error name (`EphemBatch.JobFailed`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `bulk-aggregate` input.
@@ -117,6 +202,7 @@ pub struct AggregateOutput {
     pub manifest_key: String,
     pub committed: usize,
     pub timed_out: usize,
+    pub failed: usize,
 }
 
 /// `bulk/<bulk_id>/manifest.json`.
@@ -133,6 +219,8 @@ pub struct Manifest {
     pub shards: Vec<ManifestShard>,
     pub committed: usize,
     pub timed_out: usize,
+    #[serde(default)]
+    pub failed: usize,
     pub refused: usize,
     pub records_ok: u64,
     pub records_failed: u64,
@@ -161,6 +249,13 @@ pub enum ManifestStatus {
     },
     /// No receipt within the workflow's wait.
     TimedOut,
+    /// No receipt; the shard's task failed with `error`. `reason`: what the job's status
+    /// records (informative, written by hosts).
+    Failed {
+        error: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
     /// A receipt is there but does not verify; `check` names the failed check.
     Refused { receipt_key: String, check: String, message: String },
 }
@@ -178,14 +273,19 @@ const MANIFEST_NOTE: &str = "This manifest signs nothing. Each committed shard's
 
 /// `bulk/<bulk_id>/manifest.json`.
 pub fn manifest_key(bulk_id: &str) -> String {
-    format!("bulk/{bulk_id}/manifest.json")
+    layout::bulk_manifest(bulk_id)
 }
 
-/// Verifies the receipt of every committed shard — read from `jobs/<job_id>/receipt.cose`
-/// whatever key the input names, checked with `check` against the attestation document it
-/// names in `attestations` — and writes the manifest. A receipt that does not verify is
-/// listed as `refused` and fails the step after the manifest is written, so the run fails
-/// loudly (the `BulkRunsFailed` alarm) with the evidence in place.
+/// A reason recorded by a host is kept to this many characters in the manifest.
+const MAX_REASON_CHARS: usize = 512;
+
+/// Looks for every shard's receipt at `jobs/<job_id>/receipt.cose` — whatever key the input
+/// names and however its task ended — verifies each with `check` against the attestation
+/// document it names in `attestations`, and writes the manifest. A receipt that verifies makes
+/// the shard committed even if its task failed or timed out; a task completed as committed
+/// without a receipt is `refused`, as is a receipt that does not verify; either fails the step
+/// after the manifest is written, so the run fails loudly (the `BulkRunsFailed` alarm) with the
+/// evidence in place.
 pub fn aggregate(
     input: &AggregateInput,
     jobs: &dyn ObjectStore,
@@ -197,9 +297,18 @@ pub fn aggregate(
     let mut shards = Vec::with_capacity(input.results.len());
     for (index, r) in input.results.iter().enumerate() {
         let job = JobId::from_hex(&r.job_id).ok_or_else(|| BulkError::JobId { index, job_id: r.job_id.clone() })?;
-        let status = match r.status {
-            ShardStatus::TimedOut => ManifestStatus::TimedOut,
-            ShardStatus::Committed => verify_shard(&job, jobs, attestations, check)?,
+        let status = match (verify_shard(&job, jobs, attestations, check)?, r.status) {
+            (Some(found), _) => found,
+            (None, ShardStatus::Committed) => ManifestStatus::Refused {
+                receipt_key: layout::job_receipt(&job),
+                check: "receipt".into(),
+                message: "the shard's task was completed as committed, but the store has no receipt".into(),
+            },
+            (None, ShardStatus::TimedOut) => ManifestStatus::TimedOut,
+            (None, ShardStatus::Failed) => ManifestStatus::Failed {
+                error: r.error.clone().unwrap_or_else(|| "States.TaskFailed".into()),
+                reason: failed_status(jobs, &job)?.map(|reason| reason.chars().take(MAX_REASON_CHARS).collect()),
+            },
         };
         shards.push(ManifestShard { key: r.key.clone(), job_id: job.to_hex(), status });
     }
@@ -213,6 +322,7 @@ pub fn aggregate(
         attestation_root: hex::encode(check.root().sha256()),
         committed: 0,
         timed_out: 0,
+        failed: 0,
         refused: 0,
         records_ok: 0,
         records_failed: 0,
@@ -228,37 +338,49 @@ pub fn aggregate(
                 m.tokens += tokens;
             }
             ManifestStatus::TimedOut => m.timed_out += 1,
+            ManifestStatus::Failed { .. } => m.failed += 1,
             ManifestStatus::Refused { .. } => m.refused += 1,
         }
     }
     let key = manifest_key(&input.bulk_id);
     // A retried step rewrites the same content (but for its time).
     jobs.put(&key, &serde_json::to_vec_pretty(&m).expect("a manifest serialises"), PutCondition::Overwrite)?;
-    tracing::info!(bulk_id = %m.bulk_id, committed = m.committed, timed_out = m.timed_out, refused = m.refused, "bulk manifest written");
+    tracing::info!(bulk_id = %m.bulk_id, committed = m.committed, timed_out = m.timed_out, failed = m.failed, refused = m.refused, "bulk manifest written");
     if let Some(first) = m.shards.iter().find_map(|s| match &s.status {
         ManifestStatus::Refused { check, message, .. } => Some(format!("job {}: {check}: {message}", s.job_id)),
         _ => None,
     }) {
         return Err(BulkError::ReceiptsRefused { refused: m.refused, total: m.shards.len(), manifest_key: key, first });
     }
-    Ok(AggregateOutput { manifest_key: key, committed: m.committed, timed_out: m.timed_out })
+    Ok(AggregateOutput { manifest_key: key, committed: m.committed, timed_out: m.timed_out, failed: m.failed })
 }
 
+/// The shard's receipt, verified (`Committed` or `Refused`); `None` when there is none.
 fn verify_shard(
     job: &JobId,
     jobs: &dyn ObjectStore,
     attestations: &dyn ObjectStore,
     check: &ProtocolReceipts,
-) -> Result<ManifestStatus, BulkError> {
+) -> Result<Option<ManifestStatus>, BulkError> {
     let receipt_key = layout::job_receipt(job);
-    let refused = |check: &str, message: String| ManifestStatus::Refused { receipt_key: receipt_key.clone(), check: check.into(), message };
     let leaf = match jobs.get(&receipt_key) {
         Ok(leaf) => leaf,
-        Err(ObjectError::NotFound { .. }) => return Ok(refused("receipt", "the workflow saw a receipt, the store has none".into())),
+        Err(ObjectError::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
+    verify_leaf(job, &receipt_key, &leaf, attestations, check).map(Some)
+}
+
+fn verify_leaf(
+    job: &JobId,
+    receipt_key: &str,
+    leaf: &[u8],
+    attestations: &dyn ObjectStore,
+    check: &ProtocolReceipts,
+) -> Result<ManifestStatus, BulkError> {
+    let refused = |check: &str, message: String| ManifestStatus::Refused { receipt_key: receipt_key.to_owned(), check: check.into(), message };
     // The receipt names its document; read it unverified only to know which one to fetch.
-    let named = match protocol::receipt::SignedReceipt::decode(&leaf) {
+    let named = match protocol::receipt::SignedReceipt::decode(leaf) {
         Ok(signed) => signed.receipt.attestation_sha256,
         Err(e) => return Ok(refused("receipt", e.to_string())),
     };
@@ -269,7 +391,7 @@ fn verify_shard(
         }
         Err(e) => return Err(e.into()),
     };
-    let verified = match check.verify(&leaf, &document) {
+    let verified = match check.verify(leaf, &document) {
         Ok(v) => v,
         Err(e) => return Ok(refused(e.check(), strip_check(&e))),
     };
@@ -278,8 +400,8 @@ fn verify_shard(
         return Ok(refused("job_id", format!("the receipt at {receipt_key} is job {}'s", r.job_id)));
     }
     Ok(ManifestStatus::Committed {
-        receipt_sha256: hex::encode(Sha256::digest(&leaf)),
-        receipt_key,
+        receipt_sha256: hex::encode(Sha256::digest(leaf)),
+        receipt_key: receipt_key.to_owned(),
         input_sha256: hex::encode(r.input_sha256),
         output_sha256: hex::encode(r.output_sha256),
         attempt: r.attempt,

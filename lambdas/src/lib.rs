@@ -7,22 +7,25 @@
 //!   only way a job is created); a sealed shard under a store prefix → its job input.
 //! - [`ledger_append`]: ledger queue batch → verified receipts appended to the ledger.
 //! - [`fleet_rotate`]: a new fleet-key epoch, wrapped by KMS.
-//! - [`bulk`]: the bulk workflow's steps (list the shards, aggregate verified receipts).
+//! - [`bulk`]: the bulk workflow's steps (list the shards, await each shard on a task token,
+//!   aggregate verified receipts).
+//! - [`asl_walk`], [`local_workflow`]: the embedded default's stand-in for Step Functions — the
+//!   bulk workflow's own definition run by a small ASL interpreter, with the steps in-process.
 //! - [`local`]: what AWS would run around the handlers, for the embedded default (an event
 //!   source for the ledger queue, the input-expiry lifecycle rule).
 //! - [`metrics`]: the deployment's metrics as CloudWatch Embedded Metric Format lines.
 //! - [`shell`]: what the `lambda_runtime` binaries (`src/bin/`) share.
 
+pub mod asl_walk;
 pub mod bulk;
 pub mod fleet_rotate;
 pub mod ledger_append;
 pub mod ledger_signer;
 pub mod local;
+pub mod local_workflow;
 pub mod metrics;
 pub mod on_upload;
 pub mod shell;
 
-#[cfg(test)]
-mod asl_walk;
 #[cfg(test)]
 mod testing;

@@ -12,6 +12,7 @@ pub const EPOCH: u64 = 3;
 
 pub struct Fixture {
     _dir: tempfile::TempDir,
+    pub cloud: LocalCloud,
     pub services: Services,
     pub fleet: FleetSecretKey,
     pub manifest_hash: [u8; 32],
@@ -33,7 +34,7 @@ impl Fixture {
         services.attestations.put(&epoch_object_key(EPOCH), record.to_json().as_bytes(), PutCondition::CreateOnly).unwrap();
         let manifest = b"a signed manifest (only its hash matters here)".to_vec();
         services.models.put(&cloud::layout::model_manifest(MODEL, 1), &manifest, PutCondition::CreateOnly).unwrap();
-        Self { _dir: dir, services, fleet, manifest_hash: Sha256::digest(&manifest).into() }
+        Self { _dir: dir, cloud, services, fleet, manifest_hash: Sha256::digest(&manifest).into() }
     }
 
     /// A sealed job input (preamble and some body bytes) and its job id.

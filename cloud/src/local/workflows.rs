@@ -44,6 +44,9 @@ CREATE TABLE IF NOT EXISTS task_tokens (
 );
 ";
 
+/// A state and its output, error and cause, as stored.
+type Closing = (String, Option<String>, Option<String>, Option<String>);
+
 /// Not yet claimed by a runner; reported as `RUNNING`, as Step Functions would.
 const PENDING: &str = "PENDING";
 
@@ -138,7 +141,7 @@ impl LocalWorkflows {
 
     /// How `token` was closed; `None` while it is open.
     pub fn outcome(&self, token: &str) -> Result<Option<TokenOutcome>, WorkflowError> {
-        let row: Option<(String, Option<String>, Option<String>, Option<String>)> = self
+        let row: Option<Closing> = self
             .conn()
             .query_row("SELECT state, output, error, cause FROM task_tokens WHERE token = ?1", [token], |row| {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
@@ -246,7 +249,7 @@ impl Executions for LocalWorkflows {
 
     fn describe(&self, execution: &str) -> Result<Execution, WorkflowError> {
         let name = name_of(execution)?;
-        let row: Option<(String, Option<String>, Option<String>, Option<String>)> = self
+        let row: Option<Closing> = self
             .conn()
             .query_row("SELECT status, output, error, cause FROM executions WHERE name = ?1", [name], |row| {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))

@@ -277,12 +277,15 @@ impl Kms for FakeKms {
     }
 }
 
+/// A token and how it was closed: its output, or (error, cause).
+pub type Closed = (String, Result<String, (String, String)>);
+
 /// Task-token completions as Step Functions sees them: the first closes a token, later ones
 /// answer `TaskTimedOut`.
 #[derive(Default)]
 pub struct RecordedTokens {
     /// (token, Ok(output) | Err((error, cause))), in call order, the closing ones only.
-    pub completed: Mutex<Vec<(String, Result<String, (String, String)>)>>,
+    pub completed: Mutex<Vec<Closed>>,
     pub late: AtomicU64,
 }
 
