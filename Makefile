@@ -1,10 +1,12 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-rust test-cdk test-aws
+.PHONY: demo test test-rust test-cdk test-aws test-supply-chain deny fuzz
 
 demo:
 	bash scripts/demo.sh
 
-test: test-rust test-cdk
+# test-supply-chain: the cargo-deny policy and a short pass of every fuzz target
+# (docs/supply-chain.md, docs/fuzzing.md); EPHEM_CI_FUZZ=0 leaves the fuzz pass out.
+test: test-rust test-cdk test-supply-chain
 
 test-rust:
 	bash scripts/test-rust.sh
@@ -15,3 +17,13 @@ test-aws:
 
 test-cdk:
 	bash cdk/scripts/test.sh
+
+test-supply-chain: deny
+	@if [ "$${EPHEM_CI_FUZZ:-1}" = 0 ]; then echo "fuzz: skipped (EPHEM_CI_FUZZ=0)"; else bash scripts/fuzz.sh; fi
+
+deny:
+	bash scripts/deny.sh
+
+# Every fuzz target for EPHEM_FUZZ_SECONDS (default 15) s; `scripts/fuzz.sh --long SECONDS` for longer.
+fuzz:
+	bash scripts/fuzz.sh

@@ -81,5 +81,7 @@ printf '%s\n' "${summary[@]}"
 echo "fuzz: ${#targets[@]} target(s), ${seconds}s each, $(( $(now) - started ))s in all"
 if [ "${#failed[@]}" -gt 0 ]; then
     echo "fuzz: crashes or failures in: ${failed[*]} (inputs in fuzz/artifacts/<target>/)" >&2
-    exit 1
 fi
+# One line in the form test runners close with: a target passes when it ran its time out.
+echo "fuzz: $(( ${#targets[@]} - ${#failed[@]} )) passed, ${#failed[@]} failed"
+[ "${#failed[@]}" -eq 0 ]
