@@ -1,7 +1,8 @@
 //! Which cloud the client talks to (`--backend`).
 //!
 //! * `local` (the embedded default): the local cloud under `$EPHEM_HOME`, with the `on-upload`
-//!   handler wired to the jobs store the way an S3 bucket notification wires it to the Lambda.
+//!   handler wired to the jobs store the way an S3 bucket notification wires it to the Lambda
+//!   (job inputs, and sealed shards under `stores/`).
 //! * `aws`: S3, SQS and KMS, named by the `cdk deploy --outputs-file` JSON (`--stack-outputs`)
 //!   or `EPHEM_*` variables, reached through the standard AWS credential, region and endpoint
 //!   settings. Nothing runs in-process on upload: the bucket notification and the Lambdas do
@@ -93,18 +94,22 @@ pub fn open(home: &Home, args: &BackendArgs) -> anyhow::Result<Opened> {
     }
 }
 
-/// Opens the local cloud and subscribes `on-upload` to `jobs/…/input.sealed`.
+/// Opens the local cloud and subscribes `on-upload` to `jobs/…/input.sealed` and to sealed
+/// shards under the local store prefix (`stores/…`), as the deployment's two notifications do.
 pub fn open_local(home: &Home) -> anyhow::Result<(Services, LocalCloud)> {
     let local = LocalCloud::open(home.root()).with_context(|| format!("opening the local cloud in {}", home.root().display()))?;
     let services = local.services();
-    let for_handler = services.clone();
-    local.jobs_store().set_created_hook(
-        layout::JOBS_PREFIX,
-        layout::INPUT_SUFFIX,
-        Arc::new(move |meta: &cloud::ObjectMeta| {
-            let event = lambdas::on_upload::object_created_event("jobs", &meta.key, meta.size, &meta.etag);
-            lambdas::on_upload::handle(&event, &for_handler).map(drop).map_err(|e| e.to_string())
-        }),
-    );
+    let config = lambdas::on_upload::Config::from_list(cloud::local::STORE_PREFIX);
+    for (prefix, suffix) in [(layout::JOBS_PREFIX, layout::INPUT_SUFFIX), (cloud::local::STORE_PREFIX, lambdas::on_upload::SHARD_SUFFIX)] {
+        let (for_handler, config) = (services.clone(), config.clone());
+        local.jobs_store().set_created_hook(
+            prefix,
+            suffix,
+            Arc::new(move |meta: &cloud::ObjectMeta| {
+                let event = lambdas::on_upload::object_created_event("jobs", &meta.key, meta.size, &meta.etag);
+                lambdas::on_upload::handle_with(&event, &for_handler, &config).map(drop).map_err(|e| e.to_string())
+            }),
+        );
+    }
     Ok((services, local))
 }

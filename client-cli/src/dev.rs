@@ -4,8 +4,8 @@
 //! measurement, a fleet-key epoch, the encrypted and signed default model, a development policy —
 //! and starts what is not running: `host-poller` (which starts and supervises `enclave-worker`)
 //! and the local Lambda runtime (`ephem-batch dev run-lambdas`: the ledger queue's event source
-//! for `ledger-append` and the input-expiry lifecycle rule). One pid file per process in `run/`,
-//! one log per process in `logs/`.
+//! for `ledger-append`, the input-expiry lifecycle rule, and the bulk workflow's executions).
+//! One pid file per process in `run/`, one log per process in `logs/`.
 //!
 //! With `--backend aws` (against an emulator: see [`aws`]) `up` does the same over S3 and SQS:
 //! the host-poller runs in aws mode, `ephem-batch dev aws-pump` stands in for the bucket
@@ -453,8 +453,8 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
     Ok(())
 }
 
-/// The local Lambda runtime: the ledger queue's event source and the input-expiry rule, until
-/// SIGTERM.
+/// The local Lambda runtime: the ledger queue's event source, the input-expiry rule, and the
+/// stand-in for Step Functions that runs bulk workflows, until SIGTERM.
 pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()> {
     use receipts_ledger::local::LocalLedger;
     use receipts_ledger::receipt_check::ProtocolReceipts;
@@ -463,9 +463,24 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
-    let (services, _local) = crate::backend::open_local(home)?;
+    let (services, local) = crate::backend::open_local(home)?;
     wait_for("the development root", Duration::from_secs(120), || Ok(home.dev_root_pem().is_file()))?;
     let anchor = TrustAnchor::from_pem(&std::fs::read_to_string(home.dev_root_pem())?)?;
+    let runner = Arc::new(lambdas::local_workflow::Runner {
+        services: services.clone(),
+        workflows: local.workflows(),
+        config: lambdas::on_upload::Config::from_list(cloud::local::STORE_PREFIX),
+        root: anchor.clone(),
+        poll: Duration::from_millis(250),
+    });
+    let workflows = {
+        let stop = Arc::clone(&stop);
+        std::thread::Builder::new().name("bulk-workflows".into()).spawn(move || {
+            if let Err(error) = runner.serve(stop) {
+                tracing::error!(%error, "bulk workflows stopped");
+            }
+        })?
+    };
     let (mut ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(ProtocolReceipts::new(anchor.clone())))?;
     let check = ProtocolReceipts::new(anchor);
     tracing::info!(ledger_key = %verifier, "local Lambda runtime started");
@@ -491,6 +506,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
             last_expiry = Instant::now();
         }
     }
+    let _ = workflows.join();
     tracing::info!("local Lambda runtime stopped");
     Ok(())
 }

@@ -10,6 +10,7 @@
 //! dev/                                development image publisher key and signed policy
 //! client/result.key                   the client's X25519 result key (0600)
 //! client/jobs/<id>/                   per job: job.json, commitment.key, local-errors.jsonl
+//! client/bulks/<bulk_id>/bulk.json    per bulk submission: its shards (each a job above)
 //! models/                             model files installed by scripts/setup-model.sh
 //! ```
 
@@ -84,6 +85,10 @@ impl Home {
 
     pub fn job_dir(&self, job_id: &str) -> PathBuf {
         self.dir("client").join("jobs").join(job_id)
+    }
+
+    pub fn bulk_dir(&self, bulk_id: &str) -> PathBuf {
+        self.dir("client").join("bulks").join(bulk_id)
     }
 
     pub fn pid_file(&self, process: &str) -> PathBuf {

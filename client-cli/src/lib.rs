@@ -3,6 +3,7 @@
 
 pub mod attest;
 pub mod backend;
+pub mod bulk;
 pub mod corpus;
 pub mod dev;
 pub mod home;

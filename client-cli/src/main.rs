@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ephem_batch_client::backend::{self, BackendArgs};
-use ephem_batch_client::{attest, dev, home::Home, keys, policy, results, status, submit, trust, verify};
+use ephem_batch_client::{attest, bulk, dev, home::Home, keys, policy, results, status, submit, trust, verify};
 
 #[derive(Parser)]
 #[command(name = "ephem-batch", version, about = "Confidential bulk text embedding on AWS Nitro Enclaves")]
@@ -22,8 +22,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Seal a corpus to the attested fleet key and submit it.
+    /// Seal a corpus to the attested fleet key and submit it (as one job, or with --bulk as
+    /// shards run by the bulk workflow).
     Submit(submit::SubmitArgs),
+    /// Bulk runs (`submit --bulk`): status, results, verification.
+    #[command(subcommand)]
+    Bulk(bulk::BulkCommand),
     /// Where a job stands.
     Status {
         job: String,
@@ -125,6 +129,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("result key {} (key id {})", home.result_key().display(), hex::encode(key.public_key().key_id()));
             Ok(ExitCode::SUCCESS)
         }
+        Command::Submit(args) if args.bulk => submit_bulk(&home()?, &cli.backend, &args),
         Command::Submit(args) => {
             let home = home()?;
             let services = backend::open(&home, &cli.backend)?.services;
@@ -145,6 +150,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let key = keys::load_result_key(&home.result_key(), false)?;
             let written = results::run(&home, &services, &trust, &key, &id, args.output.as_deref(), args.format)?;
             report_written(&job.job_id, &written, started.elapsed(), args.json)
+        }
+        Command::Bulk(command) => {
+            let home = home()?;
+            let services = backend::open(&home, &cli.backend)?.services;
+            bulk::run(&home, &services, command)
         }
         Command::Status { job, json } => {
             let home = home()?;
@@ -217,6 +227,38 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+fn submit_bulk(home: &Home, backend_args: &backend::BackendArgs, args: &submit::SubmitArgs) -> anyhow::Result<ExitCode> {
+    let opened = backend::open(home, backend_args)?;
+    let started = std::time::Instant::now();
+    let record = bulk::submit(home, &opened, args)?;
+    if !args.wait {
+        if args.json {
+            println!("{}", serde_json::json!({"bulk_id": record.bulk_id, "prefix": record.prefix, "shards": record.shards.len(), "records": record.records, "local_errors": record.local_errors, "execution": record.execution}));
+        } else {
+            println!("bulk {}", record.bulk_id);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "bulk {} submitted: {} records in {} shards under {} ({} refused locally)",
+        record.bulk_id,
+        record.records,
+        record.shards.len(),
+        record.prefix,
+        record.local_errors
+    );
+    let services = &opened.services;
+    let trust = trust::ClientTrust::load(home, &args.trust)?;
+    let (execution, manifest) = bulk::wait(services, &record)?;
+    bulk::check_execution(&record, &execution, manifest.as_ref())?;
+    bulk::wait_for_ledger(services, &record, manifest.as_ref().expect("checked"))?;
+    let key = keys::load_result_key(&home.result_key(), false)?;
+    let choice = bulk::OutputChoice { output: args.output.clone(), format: args.format, partial: args.partial };
+    let written = bulk::results(home, services, &trust, &key, &record.bulk_id, &choice)?;
+    bulk::report(&record.bulk_id, &written, started.elapsed(), args.json);
+    Ok(if written.shards_missing.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
 }
 
 fn report_written(job: &str, written: &results::Written, elapsed: std::time::Duration, json: bool) -> anyhow::Result<ExitCode> {

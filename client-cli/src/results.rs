@@ -28,7 +28,7 @@ pub enum Format {
 }
 
 impl Format {
-    fn output(self) -> OutputFormat {
+    pub fn output(self) -> OutputFormat {
         match self {
             Format::Jsonl => OutputFormat::Jsonl,
             Format::Openai => OutputFormat::OpenAi,
@@ -67,9 +67,57 @@ pub fn run(
     format: Option<Format>,
 ) -> anyhow::Result<Written> {
     let files = JobFiles::new(home, &job.to_hex());
-    let mut state = files.load()?;
+    let state = files.load()?;
     let format = format.unwrap_or_else(|| default_format(&state));
     let output = output.map(Path::to_path_buf).unwrap_or_else(|| default_output(&state, format));
+    let mut writer = OutputWriter::create(
+        &output,
+        OutputOptions { format: format.output(), model_id: state.model_id.clone(), job_id: job.to_hex(), dimensions: dimensions(services, &state) },
+    )?;
+    let appended = append_job(home, services, trust, key, job, &mut writer)?;
+    let paths = writer.paths().clone();
+    let summary = writer.finish()?;
+    let verification = appended.save(home)?;
+    Ok(Written { summary, output: paths.output, errors: paths.errors, verification })
+}
+
+/// The model's dimensions, from the manifest the job names (if it can be read).
+pub fn dimensions(services: &Services, state: &ClientJob) -> Option<usize> {
+    services
+        .models
+        .get(&state.manifest_key)
+        .ok()
+        .and_then(|b| protocol::manifest::SignedManifest::decode(&b).ok())
+        .map(|m| m.manifest.dimensions as usize)
+}
+
+/// One job's results written to `writer`, verified.
+pub struct Appended {
+    pub verification: Verification,
+    state: ClientJob,
+}
+
+impl Appended {
+    /// Remembers what was downloaded (call once the output is in place).
+    pub fn save(self, home: &Home) -> anyhow::Result<Verification> {
+        JobFiles::new(home, &self.state.job_id).save(&self.state)?;
+        Ok(self.verification)
+    }
+}
+
+/// Writes a job's locally refused lines and its records to `writer`, then checks the receipt
+/// against what was uploaded and downloaded. On any failed check (but the ledger's) it fails:
+/// the caller then drops the writer unfinished, so no file appears under its final name.
+pub fn append_job(
+    home: &Home,
+    services: &Services,
+    trust: &ClientTrust,
+    key: &ResultSecretKey,
+    job: &JobId,
+    writer: &mut OutputWriter,
+) -> anyhow::Result<Appended> {
+    let files = JobFiles::new(home, &job.to_hex());
+    let mut state = files.load()?;
     let receipt = match services.jobs.get(&layout::job_receipt(job)) {
         Ok(bytes) => SignedReceipt::decode(&bytes).context("the committed receipt")?.receipt,
         Err(cloud::ObjectError::NotFound { .. }) => {
@@ -78,19 +126,7 @@ pub fn run(
         }
         Err(error) => return Err(error.into()),
     };
-    let dimensions = services
-        .models
-        .get(&state.manifest_key)
-        .ok()
-        .and_then(|b| protocol::manifest::SignedManifest::decode(&b).ok())
-        .map(|m| m.manifest.dimensions as usize);
-    let mut writer = OutputWriter::create(
-        &output,
-        OutputOptions { format: format.output(), model_id: state.model_id.clone(), job_id: job.to_hex(), dimensions },
-    )?;
-    for error in read_local_errors(&files.local_errors())? {
-        writer.line_error(&error)?;
-    }
+    append_local_errors(home, job, writer)?;
     let size = services.jobs.head(&layout::job_output(job, receipt.attempt))?.map_or(0, |m| m.size);
     let progress = crate::submit::bar(size, "download");
     let downloaded = crate::opening::open_output(services, job, receipt.attempt, key, Some(state.records), Some(&progress), |record| {
@@ -102,14 +138,18 @@ pub fn run(
     let fatal: Vec<String> =
         verification.failures().into_iter().filter(|c| c.name != "ledger").map(|c| format!("{}: {}", c.name, c.detail)).collect();
     if !fatal.is_empty() {
-        // The writer is dropped unfinished: no file appears under its final name.
-        return Err(anyhow!("the results do not verify; nothing written:\n  {}", fatal.join("\n  ")));
+        return Err(anyhow!("the results of job {job} do not verify; nothing written:\n  {}", fatal.join("\n  ")));
     }
-    let paths = writer.paths().clone();
-    let summary = writer.finish()?;
     state.downloaded = Some(downloaded);
-    files.save(&state)?;
-    Ok(Written { summary, output: paths.output, errors: paths.errors, verification })
+    Ok(Appended { verification, state })
+}
+
+/// The lines of `job`'s corpus refused at submission, to `writer`'s errors file.
+pub fn append_local_errors(home: &Home, job: &JobId, writer: &mut OutputWriter) -> anyhow::Result<()> {
+    for error in read_local_errors(&JobFiles::new(home, &job.to_hex()).local_errors())? {
+        writer.line_error(&error)?;
+    }
+    Ok(())
 }
 
 fn read_local_errors(path: &Path) -> anyhow::Result<Vec<LineError>> {

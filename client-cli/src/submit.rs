@@ -13,17 +13,22 @@ use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use cloud::{layout, ObjectStore, PutCondition, Services};
 use indicatif::{ProgressBar, ProgressStyle};
-use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype};
+use cloud::ObjectWriter;
+use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype, ResultSecretKey};
 use protocol::manifest::{Manifest, SignedManifest};
 use protocol::records::encode_input;
 use sha2::{Digest, Sha256};
 
-use crate::corpus::{count_records, CorpusItem, CorpusOptions, CorpusReader};
+use crate::corpus::{count_records, CorpusForm, CorpusItem, CorpusOptions, CorpusReader};
 use crate::home::Home;
 use crate::jobstate::{ClientJob, JobFiles};
-use crate::trust::{current_enclave, ClientTrust, TrustArgs};
+use crate::trust::{current_enclave, ClientTrust, PublishedEnclave, TrustArgs};
 
 pub const DEFAULT_MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
+/// Records per shard of `submit --bulk`: each shard is one job, so this is the unit one host
+/// embeds (a few minutes of work) and the unit retried.
+pub const DEFAULT_SHARD_RECORDS: u64 = 10_000;
+pub const DEFAULT_STORE: &str = "default";
 /// Plaintext is sealed in pieces of this size (the STREAM chunk size is 64 KiB).
 const SEAL_PIECE: usize = 256 * 1024;
 
@@ -55,6 +60,21 @@ pub struct SubmitArgs {
     /// Print the job as JSON on stdout.
     #[arg(long)]
     pub json: bool,
+    /// Seal the corpus into shards of `--shard-records` records, each an ordinary job, upload
+    /// them under the store prefix `stores/<store>/incoming/<bulk_id>/` (each shard becomes a
+    /// job there) and start the bulk workflow over them (`ephem-batch bulk …`).
+    #[arg(long)]
+    pub bulk: bool,
+    /// With --bulk: records per shard (an OpenAI request line is never split across shards).
+    #[arg(long, default_value_t = DEFAULT_SHARD_RECORDS, value_name = "N")]
+    pub shard_records: u64,
+    /// With --bulk: the store the shards go to (`stores/<store>/incoming/`).
+    #[arg(long, default_value = DEFAULT_STORE, value_name = "NAME")]
+    pub store: String,
+    /// With --bulk --wait: write the committed shards' results even if some shard did not
+    /// commit (by default nothing is written then).
+    #[arg(long)]
+    pub partial: bool,
     #[command(flatten)]
     pub trust: TrustArgs,
 }
@@ -137,73 +157,106 @@ pub fn bar(len: u64, message: &str) -> ProgressBar {
     bar
 }
 
+/// What every job of one submission shares: the attested fleet key, the checked model, the
+/// client's result key, the options.
+pub struct Sealing {
+    pub trust: ClientTrust,
+    pub enclave: PublishedEnclave,
+    pub model: CheckedModel,
+    pub result_key: ResultSecretKey,
+    pub corpus_options: CorpusOptions,
+    pub options: JobOptions,
+    pub now_ms: u64,
+}
+
+impl Sealing {
+    /// Verifies the published attestation against the policy and the model's manifest.
+    pub fn prepare(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Result<Sealing> {
+        let trust = ClientTrust::load(home, &args.trust)?;
+        trust.warn_if_development();
+        let now_ms = cloud::now_ms();
+        let enclave = current_enclave(services, &trust, now_ms)?;
+        let model = newest_model(services.models.as_ref(), &args.model, &trust)?;
+        let result_key = crate::keys::load_result_key(&home.result_key(), true)?;
+        let mut corpus_options = CorpusOptions::new(args.model.clone());
+        corpus_options.dimensions = Some(model.manifest.dimensions);
+        let options = JobOptions {
+            truncate: !args.no_truncate,
+            normalize: !args.no_normalize,
+            dtype: if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 },
+            ..JobOptions::default()
+        };
+        Ok(Sealing { trust, enclave, model, result_key, corpus_options, options, now_ms })
+    }
+
+    /// A job header for `records` records, sealed to the fleet key; the job id derives from it.
+    fn seal(&self, records: u64) -> anyhow::Result<(envelope::Sealed, JobId)> {
+        let header = JobHeader {
+            fleet_key_id: self.enclave.fleet.key_id(),
+            epoch: self.enclave.binding.epoch,
+            model_id: self.corpus_options.model_id.clone(),
+            manifest_hash: self.model.hash,
+            options: self.options,
+            result_public_key: self.result_key.public_key().to_bytes(),
+            record_count: records,
+            created_ms: self.now_ms,
+        };
+        let sealed = envelope::seal_job(&header, &self.enclave.fleet)?;
+        let job_id = JobId(sealed.stream_id);
+        Ok((sealed, job_id))
+    }
+
+    /// What the client remembers about a job it sealed.
+    fn client_job(&self, job_id: &JobId, input_file: &Path, form: Option<CorpusForm>, records: u64, errors: u64, sealed: &SealOutcome) -> ClientJob {
+        ClientJob {
+            job_id: job_id.to_hex(),
+            submitted_ms: self.now_ms,
+            input_file: input_file.display().to_string(),
+            form: form.map(|f| f.as_str().to_owned()),
+            model_id: self.corpus_options.model_id.clone(),
+            manifest_key: self.model.key.clone(),
+            manifest_hash: hex::encode(self.model.hash),
+            epoch: self.enclave.binding.epoch,
+            fleet_key_id: hex::encode(self.enclave.fleet.key_id()),
+            result_key_id: hex::encode(self.result_key.public_key().key_id()),
+            attestation_sha256: hex::encode(Sha256::digest(&self.enclave.document)),
+            development: self.trust.development,
+            records,
+            local_errors: errors,
+            sealed_sha256: hex::encode(sealed.sealed_sha256),
+            sealed_size: sealed.sealed_size,
+            plaintext_sha256: hex::encode(sealed.plaintext_sha256),
+            truncate: self.options.truncate,
+            normalize: self.options.normalize,
+            dtype: self.options.dtype.as_str().to_owned(),
+            precision: self.options.precision.as_str().to_owned(),
+            downloaded: None,
+        }
+    }
+}
+
 pub fn run(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Result<ClientJob> {
-    let trust = ClientTrust::load(home, &args.trust)?;
-    trust.warn_if_development();
-    let now = cloud::now_ms();
-    let enclave = current_enclave(services, &trust, now)?;
-    let model = newest_model(services.models.as_ref(), &args.model, &trust)?;
-    let result_key = crate::keys::load_result_key(&home.result_key(), true)?;
-
-    let mut corpus_options = CorpusOptions::new(args.model.clone());
-    corpus_options.dimensions = Some(model.manifest.dimensions);
-    let summary = count_records(&args.file, &corpus_options).with_context(|| format!("reading {}", args.file.display()))?;
-
-    let options = JobOptions {
-        truncate: !args.no_truncate,
-        normalize: !args.no_normalize,
-        dtype: if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 },
-        ..JobOptions::default()
-    };
-    let header = JobHeader {
-        fleet_key_id: enclave.fleet.key_id(),
-        epoch: enclave.binding.epoch,
-        model_id: args.model.clone(),
-        manifest_hash: model.hash,
-        options,
-        result_public_key: result_key.public_key().to_bytes(),
-        record_count: summary.records,
-        created_ms: now,
-    };
-    let sealed = envelope::seal_job(&header, &enclave.fleet)?;
-    let job_id = JobId(sealed.stream_id);
+    let sealing = Sealing::prepare(home, services, args)?;
+    let summary = count_records(&args.file, &sealing.corpus_options).with_context(|| format!("reading {}", args.file.display()))?;
+    let (sealed, job_id) = sealing.seal(summary.records)?;
     let files = JobFiles::new(home, &job_id.to_hex());
     files.create_dir()?;
     files.save_commitment_key(&sealed.commitment_key)?;
 
     let size = std::fs::metadata(&args.file).map(|m| m.len()).unwrap_or(0);
     let progress = bar(size, "sealing");
-    let (sealed_sha256, sealed_size, plaintext_sha256, errors) =
-        seal_and_upload(services.jobs.as_ref(), &job_id, sealed, &args.file, corpus_options, &files.local_errors(), progress.clone())?;
-    progress.finish_and_clear();
-    if errors != summary.errors {
-        bail!("the corpus changed while it was being sealed ({} errors on the first pass, {errors} on the second)", summary.errors);
+    let input = open_corpus(&args.file, &progress)?;
+    let mut corpus = CorpusReader::new(input, sealing.corpus_options.clone());
+    let mut shard = ShardSealer::start(services.jobs.as_ref(), &layout::job_input(&job_id), sealed, &files.local_errors(), progress.clone())?;
+    while let Some(item) = corpus.next_item()? {
+        shard.item(item)?;
     }
-
-    let job = ClientJob {
-        job_id: job_id.to_hex(),
-        submitted_ms: now,
-        input_file: args.file.display().to_string(),
-        form: summary.form.map(|f| f.as_str().to_owned()),
-        model_id: args.model.clone(),
-        manifest_key: model.key,
-        manifest_hash: hex::encode(model.hash),
-        epoch: enclave.binding.epoch,
-        fleet_key_id: hex::encode(enclave.fleet.key_id()),
-        result_key_id: hex::encode(result_key.public_key().key_id()),
-        attestation_sha256: hex::encode(Sha256::digest(&enclave.document)),
-        development: trust.development,
-        records: summary.records,
-        local_errors: summary.errors,
-        sealed_sha256: hex::encode(sealed_sha256),
-        sealed_size,
-        plaintext_sha256: hex::encode(plaintext_sha256),
-        truncate: options.truncate,
-        normalize: options.normalize,
-        dtype: options.dtype.as_str().to_owned(),
-        precision: options.precision.as_str().to_owned(),
-        downloaded: None,
-    };
+    let outcome = shard.finish()?;
+    progress.finish_and_clear();
+    if outcome.errors != summary.errors {
+        bail!("the corpus changed while it was being sealed ({} errors on the first pass, {} on the second)", summary.errors, outcome.errors);
+    }
+    let job = sealing.client_job(&job_id, &args.file, summary.form, summary.records, summary.errors, &outcome);
     files.save(&job)?;
     check_accepted(services, &job_id)?;
     if summary.errors > 0 {
@@ -212,66 +265,243 @@ pub fn run(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Resul
     Ok(job)
 }
 
-type SealOutcome = ([u8; 32], u64, [u8; 32], u64);
-
-/// Second pass over the corpus: records into the sealer, sealed bytes into the object store.
-fn seal_and_upload(
-    jobs: &dyn ObjectStore,
-    job_id: &JobId,
-    mut sealed: envelope::Sealed,
-    file: &Path,
-    corpus_options: CorpusOptions,
-    local_errors: &Path,
-    progress: ProgressBar,
-) -> anyhow::Result<SealOutcome> {
+fn open_corpus(file: &Path, progress: &ProgressBar) -> anyhow::Result<BufReader<CountingReader<File>>> {
     let input = File::open(file).with_context(|| format!("opening {}", file.display()))?;
-    let reader = BufReader::with_capacity(1 << 20, CountingReader { inner: input, progress: progress.clone() });
-    let mut corpus = CorpusReader::new(reader, corpus_options);
-    let mut errors_out = BufWriter::new(File::create(local_errors).with_context(|| format!("creating {}", local_errors.display()))?);
-    let writer = jobs.writer(&layout::job_input(job_id), PutCondition::CreateOnly)?;
-    let mut out = HashingWriter { inner: BufWriter::with_capacity(1 << 20, writer), hasher: Sha256::new(), written: 0, progress };
-    out.write_all(&sealed.preamble)?;
+    Ok(BufReader::with_capacity(1 << 20, CountingReader { inner: input, progress: progress.clone() }))
+}
 
-    let mut plaintext_hash = Sha256::new();
-    let mut plain = Vec::with_capacity(SEAL_PIECE * 2);
-    let mut cipher = Vec::with_capacity(SEAL_PIECE * 2);
-    let mut errors = 0u64;
+/// One sealed shard as planned by the first pass over a bulk corpus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardPlan {
+    /// The corpus line its first record comes from (1-based).
+    pub first_line: u64,
+    pub records: u64,
+    /// Lines refused locally that travel with this shard's results.
+    pub errors: u64,
+}
+
+/// One line of a corpus, as the shard plan sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LineShape {
+    Records { line: u64, count: u64 },
+    Refused,
+}
+
+/// Splits a corpus into shards of about `per_shard` records: a shard closes once it holds that
+/// many and the next line yields records (a line's records are never split, so an OpenAI
+/// request line may take a shard a little over), and refused lines stay with the shard they
+/// follow (those before the first record, with the first shard). Every shard holds at least
+/// one record.
+pub fn plan_shards(lines: impl IntoIterator<Item = LineShape>, per_shard: u64) -> Vec<ShardPlan> {
+    let mut plans: Vec<ShardPlan> = Vec::new();
+    let mut leading_errors = 0;
+    for shape in lines {
+        match shape {
+            LineShape::Records { line, count } => {
+                let full = plans.last().is_none_or(|p| p.records >= per_shard);
+                if full {
+                    plans.push(ShardPlan { first_line: line, records: 0, errors: std::mem::take(&mut leading_errors) });
+                }
+                plans.last_mut().expect("a shard").records += count;
+            }
+            LineShape::Refused => match plans.last_mut() {
+                Some(plan) => plan.errors += 1,
+                None => leading_errors += 1,
+            },
+        }
+    }
+    plans
+}
+
+/// The sealed shards of a bulk submission, uploaded under `prefix`; each one is an ordinary
+/// job (its state saved like `submit`'s) that `on-upload` creates from the shard.
+pub struct BulkSealed {
+    pub sealing: Sealing,
+    pub form: Option<CorpusForm>,
+    /// (shard key, job) in shard order.
+    pub shards: Vec<(String, ClientJob)>,
+}
+
+/// Seals `args.file` into shards of `per_shard` records under `prefix` (`<prefix>part-NNNNN.sealed`).
+pub fn seal_bulk(home: &Home, services: &Services, args: &SubmitArgs, prefix: &str, per_shard: u64) -> anyhow::Result<BulkSealed> {
+    if per_shard == 0 {
+        bail!("--shard-records must be at least 1");
+    }
+    let sealing = Sealing::prepare(home, services, args)?;
+    // First pass: where each shard starts and how many records it announces.
+    let plans = plan_pass(&args.file, &sealing.corpus_options, per_shard)?;
+    if plans.is_empty() {
+        bail!("{} has no record to submit (every line was refused locally, or it is empty)", args.file.display());
+    }
+
+    // Second pass: one sealer per shard, switched where the plan says.
+    let size = std::fs::metadata(&args.file).map(|m| m.len()).unwrap_or(0);
+    let progress = bar(size, "sealing");
+    let mut corpus = CorpusReader::new(open_corpus(&args.file, &progress)?, sealing.corpus_options.clone());
+    let mut shards = Vec::with_capacity(plans.len());
+    let mut current: Option<(usize, ShardSealer, JobId, JobFiles)> = None;
+    let mut pending_errors = Vec::new();
+    let finish = |current: Option<(usize, ShardSealer, JobId, JobFiles)>, shards: &mut Vec<(String, ClientJob)>| -> anyhow::Result<()> {
+        let Some((index, sealer, job_id, files)) = current else { return Ok(()) };
+        let plan: &ShardPlan = &plans[index];
+        let outcome = sealer.finish()?;
+        if outcome.errors != plan.errors {
+            bail!("the corpus changed while it was being sealed (shard {index}: {} errors planned, {} found)", plan.errors, outcome.errors);
+        }
+        let job = sealing.client_job(&job_id, &args.file, None, plan.records, plan.errors, &outcome);
+        files.save(&job)?;
+        shards.push((shard_key(prefix, index), job));
+        Ok(())
+    };
     while let Some(item) = corpus.next_item()? {
+        let next = current.as_ref().map_or(0, |(i, ..)| i + 1);
+        let starts_next = matches!(&item, CorpusItem::Records { line, .. } if plans.get(next).is_some_and(|p| p.first_line == *line));
+        if starts_next {
+            finish(current.take(), &mut shards)?;
+            let (sealed, job_id) = sealing.seal(plans[next].records)?;
+            let files = JobFiles::new(home, &job_id.to_hex());
+            files.create_dir()?;
+            files.save_commitment_key(&sealed.commitment_key)?;
+            let mut sealer = ShardSealer::start(services.jobs.as_ref(), &shard_key(prefix, next), sealed, &files.local_errors(), progress.clone())?;
+            // Lines refused before the first record travel with the first shard.
+            for error in pending_errors.drain(..) {
+                sealer.item(error)?;
+            }
+            current = Some((next, sealer, job_id, files));
+            continue_with(&mut current, item)?;
+        } else if current.is_some() {
+            continue_with(&mut current, item)?;
+        } else {
+            pending_errors.push(item);
+        }
+    }
+    finish(current.take(), &mut shards)?;
+    progress.finish_and_clear();
+    if shards.len() != plans.len() {
+        bail!("the corpus changed while it was being sealed ({} shards planned, {} sealed)", plans.len(), shards.len());
+    }
+    let form = corpus.summary().form;
+    for (_, job) in &mut shards {
+        job.form = form.map(|f| f.as_str().to_owned());
+        JobFiles::new(home, &job.job_id).save(job)?;
+    }
+    Ok(BulkSealed { sealing, form, shards })
+}
+
+fn continue_with(current: &mut Option<(usize, ShardSealer, JobId, JobFiles)>, item: CorpusItem) -> anyhow::Result<()> {
+    let (_, sealer, ..) = current.as_mut().expect("a shard is open");
+    sealer.item(item)
+}
+
+/// The first pass of [`seal_bulk`]: the shard plan, reading the file once in constant memory.
+fn plan_pass(file: &Path, options: &CorpusOptions, per_shard: u64) -> anyhow::Result<Vec<ShardPlan>> {
+    let reading = || format!("reading {}", file.display());
+    let input = File::open(file).with_context(reading)?;
+    let mut corpus = CorpusReader::new(BufReader::with_capacity(1 << 20, input), options.clone());
+    // Only the shapes: the texts are dropped as the plan is made.
+    let shapes = std::iter::from_fn(|| match corpus.next_item() {
+        Ok(Some(CorpusItem::Records { line, records })) => Some(Ok(LineShape::Records { line, count: records.len() as u64 })),
+        Ok(Some(CorpusItem::Error(_))) => Some(Ok(LineShape::Refused)),
+        Ok(None) => None,
+        Err(e) => Some(Err(e)),
+    });
+    let mut failure = None;
+    let plans = plan_shards(shapes.map_while(|r| r.map_err(|e| failure = Some(e)).ok()), per_shard);
+    match failure {
+        Some(e) => Err(anyhow::Error::from(e).context(reading())),
+        None => Ok(plans),
+    }
+}
+
+/// `<prefix>part-00000.sealed`: in key order, as `bulk-list-shards` lists them.
+pub fn shard_key(prefix: &str, index: usize) -> String {
+    format!("{prefix}part-{index:05}.sealed")
+}
+
+/// What sealing one job's input gave.
+pub struct SealOutcome {
+    pub sealed_sha256: [u8; 32],
+    pub sealed_size: u64,
+    pub plaintext_sha256: [u8; 32],
+    /// Lines refused locally (written to the job's local errors file).
+    pub errors: u64,
+}
+
+/// One job's input being sealed and uploaded: records into the sealer, sealed bytes into the
+/// object store (create-only), refused lines into the job's local errors file.
+struct ShardSealer {
+    sealer: protocol::stream::StreamSealer,
+    out: HashingWriter<BufWriter<Box<dyn ObjectWriter>>>,
+    errors_out: BufWriter<File>,
+    errors: u64,
+    plaintext_hash: Sha256,
+    plain: Vec<u8>,
+    cipher: Vec<u8>,
+}
+
+impl ShardSealer {
+    fn start(jobs: &dyn ObjectStore, key: &str, sealed: envelope::Sealed, local_errors: &Path, progress: ProgressBar) -> anyhow::Result<ShardSealer> {
+        let errors_out = BufWriter::new(File::create(local_errors).with_context(|| format!("creating {}", local_errors.display()))?);
+        let writer = jobs.writer(key, PutCondition::CreateOnly)?;
+        let mut out = HashingWriter { inner: BufWriter::with_capacity(1 << 20, writer), hasher: Sha256::new(), written: 0, progress };
+        out.write_all(&sealed.preamble)?;
+        Ok(ShardSealer {
+            sealer: sealed.sealer,
+            out,
+            errors_out,
+            errors: 0,
+            plaintext_hash: Sha256::new(),
+            plain: Vec::with_capacity(SEAL_PIECE * 2),
+            cipher: Vec::with_capacity(SEAL_PIECE * 2),
+        })
+    }
+
+    fn item(&mut self, item: CorpusItem) -> anyhow::Result<()> {
         match item {
             CorpusItem::Records { records, .. } => {
                 for record in &records {
-                    encode_input(record, &mut plain)?;
+                    encode_input(record, &mut self.plain)?;
                 }
-                if plain.len() >= SEAL_PIECE {
-                    plaintext_hash.update(&plain);
-                    sealed.sealer.push(&plain, &mut cipher)?;
-                    out.write_all(&cipher)?;
-                    plain.clear();
-                    cipher.clear();
+                if self.plain.len() >= SEAL_PIECE {
+                    self.plaintext_hash.update(&self.plain);
+                    self.sealer.push(&self.plain, &mut self.cipher)?;
+                    self.out.write_all(&self.cipher)?;
+                    self.plain.clear();
+                    self.cipher.clear();
                 }
             }
             CorpusItem::Error(error) => {
-                errors += 1;
-                serde_json::to_writer(&mut errors_out, &error)?;
-                errors_out.write_all(b"\n")?;
+                self.errors += 1;
+                serde_json::to_writer(&mut self.errors_out, &error)?;
+                self.errors_out.write_all(b"\n")?;
             }
         }
+        Ok(())
     }
-    plaintext_hash.update(&plain);
-    sealed.sealer.push(&plain, &mut cipher)?;
-    sealed.sealer.finish(&mut cipher)?;
-    out.write_all(&cipher)?;
-    errors_out.flush()?;
-    out.flush()?;
-    let HashingWriter { inner, hasher, written, progress } = out;
-    progress.set_message("uploading");
-    let writer = inner.into_inner().map_err(|e| anyhow!("uploading the sealed input: {}", e.error()))?;
-    writer.commit().context("uploading the sealed input")?;
-    Ok((hasher.finalize().into(), written, plaintext_hash.finalize().into(), errors))
+
+    /// Seals the rest and commits the upload.
+    fn finish(mut self) -> anyhow::Result<SealOutcome> {
+        self.plaintext_hash.update(&self.plain);
+        self.sealer.push(&self.plain, &mut self.cipher)?;
+        self.sealer.finish(&mut self.cipher)?;
+        self.out.write_all(&self.cipher)?;
+        self.errors_out.flush()?;
+        self.out.flush()?;
+        let HashingWriter { inner, hasher, written, progress } = self.out;
+        progress.set_message("uploading");
+        let writer = inner.into_inner().map_err(|e| anyhow!("uploading the sealed input: {}", e.error()))?;
+        writer.commit().context("uploading the sealed input")?;
+        Ok(SealOutcome {
+            sealed_sha256: hasher.finalize().into(),
+            sealed_size: written,
+            plaintext_sha256: self.plaintext_hash.finalize().into(),
+            errors: self.errors,
+        })
+    }
 }
 
 /// The upload event ran `on-upload`; its verdict is in the status object.
-fn check_accepted(services: &Services, job_id: &JobId) -> anyhow::Result<()> {
+pub fn check_accepted(services: &Services, job_id: &JobId) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         match crate::status::read_status(services, job_id)? {
@@ -286,5 +516,39 @@ fn check_accepted(services: &Services, job_id: &JobId) -> anyhow::Result<()> {
             }
             None => std::thread::sleep(std::time::Duration::from_millis(100)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(line: u64, count: u64) -> LineShape {
+        LineShape::Records { line, count }
+    }
+
+    #[test]
+    fn shards_close_at_n_records_and_keep_lines_whole() {
+        let lines = [
+            LineShape::Refused,
+            records(2, 1),
+            records(3, 1),
+            LineShape::Refused,
+            records(5, 3),
+            records(6, 1),
+            LineShape::Refused,
+        ];
+        let plans = plan_shards(lines, 2);
+        assert_eq!(
+            plans,
+            [
+                ShardPlan { first_line: 2, records: 2, errors: 2 },
+                ShardPlan { first_line: 5, records: 3, errors: 0 },
+                ShardPlan { first_line: 6, records: 1, errors: 1 },
+            ]
+        );
+        assert!(plan_shards([LineShape::Refused], 2).is_empty(), "no record, no shard");
+        assert_eq!(plan_shards((1..=5).map(|l| records(l, 1)), 10).len(), 1);
+        assert_eq!(shard_key("stores/s/incoming/b/", 7), "stores/s/incoming/b/part-00007.sealed");
     }
 }

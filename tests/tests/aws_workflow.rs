@@ -1,0 +1,185 @@
+//! The Step Functions adapter (`cloud::aws::SfnWorkflow`) against the AWS emulator: executions
+//! started and described, task tokens completed with SendTaskSuccess / SendTaskFailure, a
+//! second completion reported as closed rather than failed, and the host's side of the
+//! bulk-task hand-off over the emulator's S3.
+//!
+//! What moto does and does not do here: its Step Functions execute states only after
+//! `POST /moto-api/config {"stepfunctions":{"execute_state_machine":true}}` (this test sends
+//! it), and a `.waitForTaskToken` task is tested on `sqs:sendMessage.waitForTaskToken`, which
+//! moto executes — its Lambda tasks need Docker, which these machines lack, so the bulk
+//! workflow's own definition is walked by `lambdas::asl_walk` instead. moto drops the `cause`
+//! of SendTaskFailure (only `error` reaches the execution), answers a SendTaskSuccess on a
+//! closed or timed-out token with `InvalidToken` (AWS also uses `TaskTimedOut`; both count as
+//! closed), and accepts a SendTaskFailure on a token that already succeeded (AWS refuses it),
+//! so the tests complete a closed token with SendTaskSuccess.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use cloud::aws::{AwsClients, SfnWorkflow};
+use cloud::workflow::{complete_bulk_task, write_bulk_task, JobEnd};
+use cloud::{Completion, ExecutionStatus, Executions, ObjectStore, Queue, TaskTokens, WorkflowError};
+use protocol::envelope::JobId;
+use serde_json::{json, Value};
+use tests::aws::{clients, endpoint, fresh_stack, unique_prefix};
+
+/// moto's switch that makes state machines run.
+fn execute_state_machines(endpoint: &str) {
+    let host = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let body = r#"{"stepfunctions":{"execute_state_machine":true}}"#;
+    let mut stream = std::net::TcpStream::connect(host).expect("connect to the emulator");
+    write!(
+        stream,
+        "POST /moto-api/config HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 20"), "moto-api config: {answer}");
+}
+
+/// A queue, and a state machine whose one task sends `{token, input}` to it and waits on the
+/// token (a timeout is caught, so it ends SUCCEEDED with the error in its output).
+fn waiting_machine(clients: &AwsClients, tag: &str, timeout_s: u32) -> (String, String) {
+    let name = unique_prefix(tag);
+    let queue = clients.runtime.block_on(clients.sqs.create_queue().queue_name(&name).send()).unwrap();
+    let queue_url = queue.queue_url().unwrap().to_owned();
+    let definition = json!({
+        "StartAt": "Wait",
+        "States": {
+            "Wait": {
+                "Type": "Task",
+                "Resource": "arn:aws:states:::sqs:sendMessage.waitForTaskToken",
+                "Parameters": {"QueueUrl": queue_url, "MessageBody": {"token.$": "$$.Task.Token", "input.$": "$"}},
+                "TimeoutSeconds": timeout_s,
+                "Catch": [{"ErrorEquals": ["States.Timeout"], "ResultPath": "$.error", "Next": "TimedOut"}],
+                "End": true
+            },
+            "TimedOut": {"Type": "Pass", "End": true}
+        }
+    });
+    let call = clients
+        .sfn
+        .create_state_machine()
+        .name(&name)
+        .definition(definition.to_string())
+        .role_arn("arn:aws:iam::123456789012:role/ephem-test-workflow")
+        .send();
+    let machine = clients.runtime.block_on(call).unwrap();
+    (machine.state_machine_arn().to_owned(), queue_url)
+}
+
+/// The token the waiting task sent for the execution whose input is `input`.
+fn token_for(clients: &AwsClients, queue_url: &str, input: &Value) -> String {
+    let queue = clients.queue(queue_url);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        for message in queue.receive(10, Duration::from_secs(1), Duration::from_secs(30)).unwrap() {
+            let body: Value = serde_json::from_str(&message.body).unwrap();
+            if &body["input"] == input {
+                queue.delete(&message.receipt_handle).unwrap();
+                return body["token"].as_str().unwrap().to_owned();
+            }
+        }
+        assert!(Instant::now() < deadline, "no task token for {input} on the queue");
+    }
+}
+
+fn ended(workflow: &SfnWorkflow, execution: &str) -> cloud::Execution {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let described = workflow.describe(execution).unwrap();
+        if described.status.is_done() {
+            return described;
+        }
+        assert!(Instant::now() < deadline, "{execution} still running");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn aws_task_tokens_complete_waiting_executions() {
+    let Some(endpoint) = endpoint() else { return };
+    execute_state_machines(&endpoint);
+    let clients = clients(&endpoint);
+    let (machine, queue_url) = waiting_machine(&clients, "sfn", 300);
+    let workflow = clients.step_functions(Some(&machine));
+
+    // SendTaskSuccess: the execution succeeds with that output.
+    let input = json!({"bulk_id": "b-ok", "prefix": "stores/x/"});
+    let execution = workflow.start(&unique_prefix("ok"), &input.to_string()).unwrap();
+    assert_eq!(workflow.describe(&execution).unwrap().status, ExecutionStatus::Running);
+    let token = token_for(&clients, &queue_url, &input);
+    let output = r#"{"job_id":"ab","receipt_key":"jobs/ab/receipt.cose"}"#;
+    assert_eq!(workflow.succeed(&token, output).unwrap(), Completion::Completed);
+    let done = ended(&workflow, &execution);
+    assert_eq!(done.status, ExecutionStatus::Succeeded);
+    assert_eq!(serde_json::from_str::<Value>(done.output.as_deref().unwrap()).unwrap(), serde_json::from_str::<Value>(output).unwrap());
+    // A second completion (the other side of the hand-off) is told the task is closed. (moto
+    // answers a SendTaskFailure on a succeeded token with success, so the second one here is a
+    // SendTaskSuccess; AWS closes both.)
+    assert!(matches!(workflow.succeed(&token, output).unwrap(), Completion::AlreadyClosed { .. }));
+
+    // SendTaskFailure: the execution fails with that error.
+    let input = json!({"bulk_id": "b-fail", "prefix": "stores/x/"});
+    let execution = workflow.start(&unique_prefix("fail"), &input.to_string()).unwrap();
+    let token = token_for(&clients, &queue_url, &input);
+    assert_eq!(workflow.fail(&token, "EphemBatch.JobFailed", "stream: chunk 3").unwrap(), Completion::Completed);
+    let done = ended(&workflow, &execution);
+    assert_eq!((done.status, done.error.as_deref()), (ExecutionStatus::Failed, Some("EphemBatch.JobFailed")));
+    // moto drops the cause; AWS keeps it.
+    assert!(done.cause.as_deref().is_none_or(|c| c == "stream: chunk 3"), "{:?}", done.cause);
+
+    assert!(matches!(workflow.succeed("not-a-token", "{}").unwrap(), Completion::AlreadyClosed { .. }));
+    let missing = execution.rsplit_once(':').map(|(head, _)| format!("{head}:no-such-execution")).unwrap();
+    assert!(matches!(workflow.describe(&missing), Err(WorkflowError::NotFound(_))), "{:?}", workflow.describe(&missing));
+    let err = clients.step_functions(None).start("x", "{}").unwrap_err();
+    assert!(matches!(err, WorkflowError::NotConfigured(_)), "{err}");
+}
+
+#[test]
+fn aws_a_host_completes_the_token_a_bulk_run_left_under_the_job() {
+    let Some(endpoint) = endpoint() else { return };
+    execute_state_machines(&endpoint);
+    let clients = clients(&endpoint);
+    let outputs = fresh_stack(&clients, "sfh", 5);
+    let jobs = clients.object_store(&outputs.values["JobsBucketName"], "");
+    let (machine, queue_url) = waiting_machine(&clients, "sfh", 300);
+    let workflow = clients.step_functions(Some(&machine));
+    // A host's client: it has no state machine ARN, only tokens.
+    let host = clients.step_functions(None);
+
+    let job = JobId([0x5c; 16]);
+    assert_eq!(complete_bulk_task(&jobs, &host, &job, &JobEnd::Committed).unwrap(), None, "no run waits: nothing to do");
+
+    let input = json!({"bulk_id": "b-host"});
+    let execution = workflow.start(&unique_prefix("host"), &input.to_string()).unwrap();
+    let token = token_for(&clients, &queue_url, &input);
+    write_bulk_task(&jobs, &job, "b-host", &token, cloud::now_ms()).unwrap();
+    assert!(jobs.head(&cloud::layout::job_bulk_task(&job)).unwrap().is_some());
+    assert_eq!(complete_bulk_task(&jobs, &host, &job, &JobEnd::Committed).unwrap(), Some(Completion::Completed));
+    let done = ended(&workflow, &execution);
+    assert_eq!(done.status, ExecutionStatus::Succeeded);
+    let output: Value = serde_json::from_str(done.output.as_deref().unwrap()).unwrap();
+    assert_eq!(output, json!({"job_id": job.to_hex(), "receipt_key": cloud::layout::job_receipt(&job)}));
+    // Again (a duplicate delivery): closed, not an error.
+    assert!(matches!(complete_bulk_task(&jobs, &host, &job, &JobEnd::Committed).unwrap(), Some(Completion::AlreadyClosed { .. })));
+}
+
+#[test]
+fn aws_a_token_nobody_completes_times_out_and_a_late_completion_is_closed() {
+    let Some(endpoint) = endpoint() else { return };
+    execute_state_machines(&endpoint);
+    let clients = clients(&endpoint);
+    let (machine, queue_url) = waiting_machine(&clients, "sft", 2);
+    let workflow = clients.step_functions(Some(&machine));
+    let input = json!({"bulk_id": "b-late"});
+    let execution = workflow.start(&unique_prefix("late"), &input.to_string()).unwrap();
+    let token = token_for(&clients, &queue_url, &input);
+    let done = ended(&workflow, &execution);
+    assert_eq!(done.status, ExecutionStatus::Succeeded, "the timeout is caught");
+    let output: Value = serde_json::from_str(done.output.as_deref().unwrap()).unwrap();
+    assert_eq!(output["error"]["Error"], "States.Timeout");
+    assert!(matches!(workflow.succeed(&token, "{}").unwrap(), Completion::AlreadyClosed { .. }));
+}
