@@ -558,6 +558,10 @@ mod tests {
     }
 
     impl Kms for MemKms {
+        fn enclave_access(&self) -> Result<cloud::EnclaveKmsAccess, KmsError> {
+            Err(KmsError::Validation("not in this test".into()))
+        }
+
         fn encrypt(&self, key_id: &str, plaintext: &[u8], context: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
             if key_id != KEY {
                 return Err(KmsError::NotFound { key_id: key_id.into() });

@@ -1,13 +1,15 @@
 //! The control connection: the host asks the worker to take up a fleet epoch, load a model or
 //! produce a fresh attestation document; the worker answers, asking the host in turn for objects
-//! and KMS calls. Whatever the host sends is checked: objects against the signed manifest and the
-//! AEAD, KMS answers by the one-shot key they must be sealed to.
+//! and the credentials for its own KMS calls. Whatever the host sends is checked: objects against
+//! the signed manifest and the AEAD; KMS answers come through the worker's own TLS session with
+//! KMS and open only with the one-shot key they are sealed to.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::sync::Arc;
 
 use protocol::fleet::EpochRecord;
+use protocol::kms_api::{self, DecryptRequest, RecipientInfo};
 use protocol::frame::{self, FrameIoError, Message};
 use protocol::manifest::{Manifest, SignedManifest};
 use protocol::stream::StreamOpener;
@@ -15,6 +17,7 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::inference::{Embedder, EmbedderSettings, Engine, ModelFiles};
+use crate::key_release::kms_https::{AwsCredentials, KmsHttps};
 use crate::key_release::{self, KmsTransport, KmsTransportError, RsaKeyPool};
 use crate::nsm::AttestationRequest;
 use crate::worker::{Epoch, LoadedModel, Worker};
@@ -66,6 +69,7 @@ impl ControlError {
 pub struct Control<'c, C> {
     connection: &'c mut C,
     next_request: u64,
+    kms: &'c KmsHttps,
 }
 
 impl<C: Read + Write> Control<'_, C> {
@@ -127,22 +131,30 @@ impl<C: Read + Write> KmsTransport for Control<'_, C> {
         encryption_context: BTreeMap<String, String>,
         recipient_attestation: Vec<u8>,
     ) -> Result<(String, Vec<u8>), KmsTransportError> {
+        let transport = |e: ControlError| KmsTransportError::new(KmsTransportError::TRANSPORT, e.to_string());
         let request = self.request_id();
-        let message = Message::KmsDecrypt { request, key_id, ciphertext_blob, encryption_context, recipient_attestation };
-        self.send(&message).map_err(|e| KmsTransportError::new("transport", e.to_string()))?;
-        match self.receive().map_err(|e| KmsTransportError::new("transport", e.to_string()))? {
-            Message::KmsDecrypted { request: r, key_id, ciphertext_for_recipient } if r == request => {
-                Ok((key_id, ciphertext_for_recipient))
+        self.send(&Message::KmsCredentialsRequest { request }).map_err(transport)?;
+        let credentials = match self.receive().map_err(transport)? {
+            Message::KmsCredentials { request: r, region, access_key_id, secret_access_key, session_token } if r == request => {
+                AwsCredentials { region, access_key_id, secret_access_key: Zeroizing::new(secret_access_key), session_token }
             }
-            Message::KmsFailed { request: r, code, message } if r == request => Err(KmsTransportError::new(code, message)),
-            other => Err(KmsTransportError::new("transport", format!("unexpected answer {other:?}"))),
-        }
+            Message::KmsFailed { request: r, code, message } if r == request => return Err(KmsTransportError::new(code, message)),
+            other => {
+                return Err(KmsTransportError::new(KmsTransportError::TRANSPORT, format!("unexpected answer {other:?}")));
+            }
+        };
+        let recipient = RecipientInfo {
+            key_encryption_algorithm: kms_api::RSAES_OAEP_SHA_256.into(),
+            attestation_document: recipient_attestation,
+        };
+        let request = DecryptRequest { ciphertext_blob, key_id, encryption_context, recipient: Some(recipient) };
+        self.kms.decrypt(&credentials, &request)
     }
 }
 
 /// Serves a control connection after its `Hello` until the host closes it.
 pub fn serve<C: Read + Write>(worker: &Worker, pool: &RsaKeyPool, connection: &mut C) -> Result<(), ControlError> {
-    let mut control = Control { connection, next_request: 0 };
+    let mut control = Control { connection, next_request: 0, kms: worker.kms() };
     loop {
         let Some(message) = frame::read_frame(control.connection)? else {
             return Ok(());

@@ -2,27 +2,43 @@
 //! beside the host-poller with the development NSM).
 //!
 //! ```text
-//! enclave-worker --listen unix:PATH|tcp:HOST:PORT|vsock:PORT [--state-dir DIR] [--threads N]
+//! enclave-worker --listen unix:PATH|tcp:HOST:PORT|vsock:PORT [--kms-relay ENDPOINT]
+//!                [--kms-tls-root PEM] [--state-dir DIR] [--threads N]
 //! ```
+//!
+//! `--kms-relay` is where a byte relay to KMS listens (in an enclave `vsock:3:8000`, the
+//! parent's `vsock-proxy`, the default there). `--kms-tls-root` replaces the compiled-in Amazon
+//! roots by a development root, and is refused unless the NSM is the development one.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use enclave_worker::inference::EngineSettings;
+use enclave_worker::key_release::kms_https::{KmsHttps, KmsRoots};
 use enclave_worker::key_release::RsaKeyPool;
 use enclave_worker::transport::{Endpoint, Listener};
 use enclave_worker::{serve_connection, Worker};
 
 struct Args {
     listen: Endpoint,
+    kms_relay: Option<Endpoint>,
+    kms_tls_root: Option<std::path::PathBuf>,
     state_dir: std::path::PathBuf,
     threads: usize,
 }
 
-const USAGE: &str = "usage: enclave-worker --listen unix:PATH|tcp:HOST:PORT [--state-dir DIR] [--threads N]";
+const USAGE: &str = "usage: enclave-worker --listen unix:PATH|tcp:HOST:PORT [--kms-relay ENDPOINT] [--kms-tls-root PEM] [--state-dir DIR] [--threads N]";
+
+/// The parent instance's `vsock-proxy` to KMS, as the host's user data starts it.
+#[cfg(feature = "nitro")]
+const DEFAULT_KMS_RELAY: Option<&str> = Some("vsock:3:8000");
+#[cfg(not(feature = "nitro"))]
+const DEFAULT_KMS_RELAY: Option<&str> = None;
 
 fn parse_args() -> Result<Args, String> {
     let mut listen = None;
+    let mut kms_relay = DEFAULT_KMS_RELAY.map(Endpoint::parse).transpose()?;
+    let mut kms_tls_root = None;
     let mut state_dir = std::path::PathBuf::from(".ephem/enclave");
     let mut threads = 0;
     let mut args = std::env::args().skip(1);
@@ -30,13 +46,31 @@ fn parse_args() -> Result<Args, String> {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value\n{USAGE}"));
         match arg.as_str() {
             "--listen" => listen = Some(Endpoint::parse(&value()?)?),
+            "--kms-relay" => kms_relay = Some(Endpoint::parse(&value()?)?),
+            "--kms-tls-root" => kms_tls_root = Some(value()?.into()),
             "--state-dir" => state_dir = value()?.into(),
             "--threads" => threads = value()?.parse().map_err(|_| "--threads takes a number".to_owned())?,
             "--help" | "-h" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
-    Ok(Args { listen: listen.ok_or_else(|| USAGE.to_owned())?, state_dir, threads })
+    Ok(Args { listen: listen.ok_or_else(|| USAGE.to_owned())?, kms_relay, kms_tls_root, state_dir, threads })
+}
+
+/// The worker's own KMS client. A development root is accepted only beside the development NSM:
+/// a production image trusts the Amazon roots it was measured with, whatever the host passes.
+fn kms_client(args: &Args, development_nsm: bool) -> Result<KmsHttps, String> {
+    let relay = args.kms_relay.clone().ok_or("--kms-relay is required (where the byte relay to KMS listens)")?;
+    let roots = match &args.kms_tls_root {
+        None => KmsRoots::Amazon,
+        Some(_) if !development_nsm => return Err("--kms-tls-root is only accepted with the development NSM".into()),
+        Some(path) => {
+            use rustls::pki_types::{pem::PemObject, CertificateDer};
+            let der = CertificateDer::from_pem_file(path).map_err(|e| format!("--kms-tls-root {}: {e}", path.display()))?;
+            KmsRoots::Development(der.to_vec())
+        }
+    };
+    KmsHttps::new(relay, &roots)
 }
 
 fn main() -> ExitCode {
@@ -67,7 +101,15 @@ fn main() -> ExitCode {
             "DEVELOPMENT NSM: attestation documents are signed by a local development CA, not AWS Nitro"
         );
     }
-    let worker = Arc::new(Worker::new(nsm, publisher, EngineSettings { threads: args.threads, ..EngineSettings::default() }));
+    let kms = match kms_client(&args, nsm.is_development()) {
+        Ok(kms) => kms,
+        Err(message) => {
+            eprintln!("enclave-worker: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let settings = EngineSettings { threads: args.threads, ..EngineSettings::default() };
+    let worker = Arc::new(Worker::new(nsm, publisher, settings, kms));
     let listener = match Listener::bind(&args.listen) {
         Ok(listener) => listener,
         Err(error) => {

@@ -10,6 +10,7 @@ use protocol::envelope::FleetSecretKey;
 use protocol::manifest::Manifest;
 
 use crate::inference::{Engine, EngineSettings};
+use crate::key_release::kms_https::KmsHttps;
 use crate::nsm::{Nsm, NsmError};
 
 /// The fleet key of one epoch and the document that publishes it.
@@ -33,19 +34,22 @@ pub struct Worker {
     receipt_key: SigningKey,
     publisher: VerifyingKey,
     engine_settings: EngineSettings,
+    kms: KmsHttps,
     epochs: RwLock<BTreeMap<u64, Arc<Epoch>>>,
     models: RwLock<BTreeMap<String, Arc<LoadedModel>>>,
 }
 
 impl Worker {
     /// A worker with a fresh receipt key, generated here and never exported.
-    pub fn new(nsm: Arc<dyn Nsm>, publisher: VerifyingKey, engine_settings: EngineSettings) -> Self {
+    /// `kms` is how the worker reaches KMS itself (the relay and the roots it trusts).
+    pub fn new(nsm: Arc<dyn Nsm>, publisher: VerifyingKey, engine_settings: EngineSettings, kms: KmsHttps) -> Self {
         let receipt_key = SigningKey::generate(&mut rand_core::UnwrapErr(getrandom::SysRng));
         Self {
             nsm,
             receipt_key,
             publisher,
             engine_settings,
+            kms,
             epochs: RwLock::new(BTreeMap::new()),
             models: RwLock::new(BTreeMap::new()),
         }
@@ -65,6 +69,10 @@ impl Worker {
 
     pub fn publisher(&self) -> &VerifyingKey {
         &self.publisher
+    }
+
+    pub fn kms(&self) -> &KmsHttps {
+        &self.kms
     }
 
     pub fn engine_settings(&self) -> EngineSettings {

@@ -1,14 +1,21 @@
 //! The worker as its own process on a local socket, with the development NSM. The test plays the
-//! host: it serves objects, answers KMS calls the way KMS does (verifying the attestation document
-//! and sealing a real CMS envelope to the one-shot key it carries), then sends sealed jobs as a
-//! client would and checks the sealed results and the receipt.
+//! host: it serves objects and credentials, runs a KMS endpoint (HTTPS, the KMS JSON API, a
+//! development TLS root the worker pins) that answers the way KMS does (verifying the attestation
+//! document and sealing a real CMS envelope to the one-shot key it carries), then sends sealed
+//! jobs as a client would and checks the sealed results and the receipt. A host that answers KMS
+//! calls itself is refused by the worker's TLS check.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext};
+use cloud::local::KmsEndpoint;
+use cloud::{EnclaveKmsAccess, Kms, KmsError, Recipient};
 
 use ed25519_dalek::VerifyingKey;
 use p256::pkcs8::EncodePrivateKey;
@@ -34,18 +41,100 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
-/// What the host side holds: objects and the plaintexts "KMS" releases for each blob.
+/// The plaintexts "KMS" releases for each blob, under their encryption context.
+type Released = BTreeMap<Vec<u8>, (BTreeMap<String, String>, Vec<u8>)>;
+
+/// KMS as far as an enclave uses it: `Decrypt` with `Recipient`, checked the way KMS checks it
+/// (the context must match, the document must verify) and answered with a CMS envelope to the
+/// document's key. Served over HTTPS by [`KmsEndpoint`].
+struct TestKms {
+    released: Mutex<Released>,
+    state_dir: PathBuf,
+}
+
+fn dev_root(state_dir: &Path) -> TrustAnchor {
+    let pem = std::fs::read_to_string(state_dir.join("dev-root.pem")).expect("dev-root.pem in the state dir");
+    TrustAnchor::from_pem(&pem).expect("development root")
+}
+
+impl Kms for TestKms {
+    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError> {
+        Ok(local_access())
+    }
+    fn encrypt(&self, _: &str, _: &[u8], _: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
+        Err(KmsError::Validation("not served".into()))
+    }
+    fn generate_data_key(&self, _: &str, _: &EncryptionContext, _: Option<&Recipient>) -> Result<DataKey, KmsError> {
+        Err(KmsError::Validation("not served".into()))
+    }
+    fn generate_data_key_pair_without_plaintext(&self, _: &str, _: &EncryptionContext) -> Result<DataKeyPair, KmsError> {
+        Err(KmsError::Validation("not served".into()))
+    }
+    fn decrypt(
+        &self,
+        _: Option<&str>,
+        blob: &[u8],
+        context: &EncryptionContext,
+        recipient: Option<&Recipient>,
+    ) -> Result<Decrypted, KmsError> {
+        let released = self.released.lock().unwrap();
+        let (expected_context, plaintext) =
+            released.get(blob).ok_or_else(|| KmsError::InvalidCiphertext("unknown ciphertext".into()))?;
+        if expected_context != context {
+            return Err(KmsError::InvalidCiphertext("encryption context mismatch".into()));
+        }
+        let document = &recipient.ok_or_else(|| KmsError::Validation("no recipient".into()))?.attestation_document;
+        let verified = attestation::verify(document, &VerifyOptions::new(dev_root(&self.state_dir), now_ms()))
+            .map_err(|e| KmsError::AccessDenied(e.to_string()))?;
+        let public_key = verified.document.public_key.as_deref().ok_or_else(|| KmsError::Validation("no public_key".into()))?;
+        let mut rng = rsa::rand_core::UnwrapErr(getrandom::SysRng);
+        let envelope = protocol::cms::seal(public_key, plaintext, &mut rng).unwrap();
+        Ok(Decrypted { key_id: "local:test".into(), plaintext: None, ciphertext_for_recipient: Some(envelope) })
+    }
+}
+
+fn local_access() -> EnclaveKmsAccess {
+    EnclaveKmsAccess {
+        region: "local".into(),
+        access_key_id: "local".into(),
+        secret_access_key: zeroize::Zeroizing::new("local".into()),
+        session_token: None,
+    }
+}
+
+/// What the host side holds: objects, the KMS it runs, the credentials it hands out, and the
+/// documents the worker published.
 struct Host {
     objects: BTreeMap<String, Vec<u8>>,
-    kms: BTreeMap<Vec<u8>, (BTreeMap<String, String>, Vec<u8>)>,
+    kms: Arc<TestKms>,
+    access: EnclaveKmsAccess,
     state_dir: PathBuf,
     published: Vec<Vec<u8>>,
 }
 
 impl Host {
+    fn new(dir: &Path) -> Host {
+        let state_dir = dir.join("state");
+        Host {
+            objects: BTreeMap::new(),
+            kms: Arc::new(TestKms { released: Mutex::new(BTreeMap::new()), state_dir: state_dir.clone() }),
+            access: local_access(),
+            state_dir,
+            published: Vec::new(),
+        }
+    }
+
     fn dev_root(&self) -> TrustAnchor {
-        let pem = std::fs::read_to_string(self.state_dir.join("dev-root.pem")).expect("dev-root.pem in the state dir");
-        TrustAnchor::from_pem(&pem).expect("development root")
+        dev_root(&self.state_dir)
+    }
+
+    /// Serves this host's KMS over HTTPS on `socket`, with the TLS identity under `dir`; returns
+    /// its root (PEM file).
+    fn serve_kms(&self, dir: &Path, socket: &Path) -> PathBuf {
+        let endpoint = KmsEndpoint::open(dir, self.kms.clone()).unwrap();
+        let root = endpoint.root_pem().to_path_buf();
+        endpoint.serve_unix(socket).unwrap();
+        root
     }
 
     /// Answers the worker's requests until it reports a status or an error.
@@ -69,9 +158,13 @@ impl Host {
                     }
                     None => Message::ObjectMissing { request, message: "no such object".into() },
                 },
-                Message::KmsDecrypt { request, ciphertext_blob, encryption_context, recipient_attestation, .. } => {
-                    self.kms_decrypt(request, &ciphertext_blob, &encryption_context, &recipient_attestation)
-                }
+                Message::KmsCredentialsRequest { request } => Message::KmsCredentials {
+                    request,
+                    region: self.access.region.clone(),
+                    access_key_id: self.access.access_key_id.clone(),
+                    secret_access_key: self.access.secret_access_key.to_string(),
+                    session_token: None,
+                },
                 Message::PublishAttestation { document } => {
                     self.published.push(document);
                     continue;
@@ -82,28 +175,6 @@ impl Host {
             write_frame(connection, &answer).unwrap();
             connection.flush().unwrap();
         }
-    }
-
-    /// As KMS does for `Decrypt` with `Recipient`: the context must match, the document must
-    /// verify, and the plaintext goes out only inside a CMS envelope to the document's key.
-    fn kms_decrypt(&self, request: u64, blob: &[u8], context: &BTreeMap<String, String>, document: &[u8]) -> Message {
-        let failed = |code: &str, message: &str| Message::KmsFailed { request, code: code.into(), message: message.into() };
-        let Some((expected_context, plaintext)) = self.kms.get(blob) else {
-            return failed("InvalidCiphertextException", "unknown ciphertext");
-        };
-        if expected_context != context {
-            return failed("InvalidCiphertextException", "encryption context mismatch");
-        }
-        let verified = match attestation::verify(document, &VerifyOptions::new(self.dev_root(), now_ms())) {
-            Ok(verified) => verified,
-            Err(error) => return failed("AccessDeniedException", &error.to_string()),
-        };
-        let Some(public_key) = verified.document.public_key.as_deref() else {
-            return failed("ValidationException", "attestation document has no public_key");
-        };
-        let mut rng = rsa::rand_core::UnwrapErr(getrandom::SysRng);
-        let envelope = protocol::cms::seal(public_key, plaintext, &mut rng).unwrap();
-        Message::KmsDecrypted { request, key_id: "local:test".into(), ciphertext_for_recipient: envelope }
     }
 }
 
@@ -119,11 +190,16 @@ impl Drop for WorkerProcess {
     }
 }
 
-fn spawn_worker(dir: &Path) -> WorkerProcess {
+/// Starts the worker; it reaches KMS through `kms_relay` and trusts `kms_root` there.
+fn spawn_worker(dir: &Path, kms_relay: &Path, kms_root: &Path) -> WorkerProcess {
     let socket = dir.join("worker.sock");
     let child = Command::new(env!("CARGO_BIN_EXE_enclave-worker"))
         .arg("--listen")
         .arg(format!("unix:{}", socket.display()))
+        .arg("--kms-relay")
+        .arg(format!("unix:{}", kms_relay.display()))
+        .arg("--kms-tls-root")
+        .arg(kms_root)
         .arg("--state-dir")
         .arg(dir.join("state"))
         .arg("--threads")
@@ -179,7 +255,7 @@ fn publish_model(host: &mut Host) -> [u8; 32] {
     let signed = manifest.sign(&development_publisher());
     host.objects.insert(MANIFEST_KEY.into(), signed.clone());
     let context = [("model_id".to_owned(), MODEL_ID.to_owned()), ("version".to_owned(), "1".to_owned())].into_iter().collect();
-    host.kms.insert(wrapped, (context, dek.to_vec()));
+    host.kms.released.lock().unwrap().insert(wrapped, (context, dek.to_vec()));
     manifest_hash(&signed)
 }
 
@@ -193,7 +269,7 @@ fn publish_epoch(host: &mut Host, epoch: u64, fleet: &FleetSecretKey, not_after_
         public_key: hex::encode(fleet.public_key().to_bytes()),
         wrapped_private_key: hex::encode(&blob),
     };
-    host.kms.insert(blob, (record.encryption_context(), der.as_bytes().to_vec()));
+    host.kms.released.lock().unwrap().insert(blob, (record.encryption_context(), der.as_bytes().to_vec()));
     host.objects.insert(epoch_object_key(epoch), record.to_json().into_bytes());
 }
 
@@ -264,8 +340,10 @@ fn run_job(socket: &Path, claimed: JobId, sealed: &[u8]) -> Result<(Vec<u8>, Vec
 #[test]
 fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     let dir = tempfile::tempdir().unwrap();
-    let worker = spawn_worker(dir.path());
-    let mut host = Host { objects: BTreeMap::new(), kms: BTreeMap::new(), state_dir: dir.path().join("state"), published: Vec::new() };
+    let mut host = Host::new(dir.path());
+    let kms_socket = dir.path().join("kms.sock");
+    let kms_root = host.serve_kms(dir.path(), &kms_socket);
+    let worker = spawn_worker(dir.path(), &kms_socket, &kms_root);
     let fleet = FleetSecretKey::generate();
     publish_epoch(&mut host, 1, &fleet, now_ms() + 3_600_000);
     let manifest = publish_model(&mut host);
@@ -373,10 +451,12 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
 }
 
 #[test]
-fn expired_epochs_and_forged_envelopes_are_refused_by_name() {
+fn expired_epochs_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
-    let worker = spawn_worker(dir.path());
-    let mut host = Host { objects: BTreeMap::new(), kms: BTreeMap::new(), state_dir: dir.path().join("state"), published: Vec::new() };
+    let mut host = Host::new(dir.path());
+    let kms_socket = dir.path().join("kms.sock");
+    let kms_root = host.serve_kms(dir.path(), &kms_socket);
+    let worker = spawn_worker(dir.path(), &kms_socket, &kms_root);
     let fleet = FleetSecretKey::generate();
     publish_epoch(&mut host, 1, &fleet, now_ms() - 1);
     let mut control = connect(&worker.socket, Channel::Control);
@@ -386,4 +466,59 @@ fn expired_epochs_and_forged_envelopes_are_refused_by_name() {
         other => panic!("an expired epoch was accepted: {other:?}"),
     }
     assert!(host.published.is_empty());
+}
+
+/// The forged-envelope attack: the host hands the worker a fleet key of its own (its own epoch
+/// record, its own "KMS" sealing that key to the worker's one-shot key — CMS carries no MAC and
+/// the one-shot key is public). Were the worker to accept, it would attest to a key the host
+/// holds and clients would seal their texts to it. The worker calls KMS over TLS and pins the
+/// root, so the host's KMS is refused (`kms_tls`), as is a region whose name the real endpoint's
+/// certificate does not carry; nothing is published.
+#[test]
+fn a_host_that_answers_kms_itself_gets_no_key_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let genuine = dir.path().join("genuine");
+    let forger = dir.path().join("forger");
+    let mut host = Host::new(dir.path());
+    let genuine_socket = dir.path().join("kms.sock");
+    let pinned_root = host.serve_kms(&genuine, &genuine_socket);
+    // The forger's endpoint answers for the very same blobs, with its own TLS identity.
+    let forged_socket = dir.path().join("forged-kms.sock");
+    let forged_root = host.serve_kms(&forger, &forged_socket);
+    assert_ne!(std::fs::read(&pinned_root).unwrap(), std::fs::read(&forged_root).unwrap());
+    let worker = spawn_worker(dir.path(), &forged_socket, &pinned_root);
+    let host_fleet_key = FleetSecretKey::generate();
+    publish_epoch(&mut host, 1, &host_fleet_key, now_ms() + 3_600_000);
+
+    let mut control = connect(&worker.socket, Channel::Control);
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    match host.serve(&mut control) {
+        Message::Error { message } => assert!(message.starts_with("kms_tls"), "{message}"),
+        other => panic!("a forged KMS answer was accepted: {other:?}"),
+    }
+    assert!(host.published.is_empty(), "no document binds a key the host chose");
+    drop(worker);
+
+    // The genuine endpoint, but the host names another region: the name the worker checks is
+    // kms.eu-west-1.amazonaws.com, which the local endpoint's certificate does not carry.
+    let worker = spawn_worker(dir.path(), &genuine_socket, &pinned_root);
+    host.access.region = "eu-west-1".into();
+    let mut control = connect(&worker.socket, Channel::Control);
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    match host.serve(&mut control) {
+        Message::Error { message } => assert!(message.starts_with("kms_tls"), "{message}"),
+        other => panic!("a certificate for another name was accepted: {other:?}"),
+    }
+    // A region that is no region name never reaches TLS.
+    host.access.region = "evil.example.com/".into();
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    match host.serve(&mut control) {
+        Message::Error { message } => assert!(message.starts_with("kms_http"), "{message}"),
+        other => panic!("a host-chosen server name was used: {other:?}"),
+    }
+    // And with the genuine endpoint and region the same worker releases the key.
+    host.access.region = "local".into();
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    assert!(matches!(host.serve(&mut control), Message::Status { .. }));
+    assert_eq!(host.published.len(), 1);
 }

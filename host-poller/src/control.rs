@@ -326,9 +326,7 @@ impl Control {
         loop {
             match link.recv()? {
                 Message::FetchObject { request, key } => self.relay.fetch(link, request, &key)?,
-                Message::KmsDecrypt { request, key_id, ciphertext_blob, encryption_context, recipient_attestation } => self
-                    .relay
-                    .kms_decrypt(link, request, key_id.as_deref(), &ciphertext_blob, &encryption_context, recipient_attestation)?,
+                Message::KmsCredentialsRequest { request } => self.relay.kms_credentials(link, request)?,
                 Message::PublishAttestation { document } => self.relay.publish(document),
                 Message::Attested { document: fresh, .. } => document = Some(fresh),
                 Message::Status { ready, epochs, models, detail } => {

@@ -109,13 +109,21 @@ fn run(args: Args) -> Result<(), String> {
     let backend = args
         .backend
         .unwrap_or(if std::env::var_os("EPHEM_JOB_QUEUE_URL").is_some() { Backend::Aws } else { Backend::Local });
-    let services = match backend {
-        Backend::Local => local_services(&args.home)?,
+    // The directory of a local KMS, if KMS is the local one: its HTTPS endpoint is served here.
+    let (services, local_kms_dir) = match backend {
+        Backend::Local => (local_services(&args.home)?, Some(args.home.clone())),
         // Names from EPHEM_* (as user data writes them) or EPHEM_STACK_OUTPUTS; KMS from EPHEM_KMS.
-        Backend::Aws => cloud::aws::AwsSettings::from_env()
-            .map_err(|e| e.to_string())
-            .and_then(|settings| cloud::aws::AwsCloud::from_config(&settings).map_err(|e| format!("AWS backend: {e}")))?,
+        Backend::Aws => {
+            let settings = cloud::aws::AwsSettings::from_env().map_err(|e| e.to_string())?;
+            let services = cloud::aws::AwsCloud::from_config(&settings).map_err(|e| format!("AWS backend: {e}"))?;
+            let local_kms = match &settings.kms {
+                cloud::aws::KmsBackend::Local(dir) => Some(dir.clone()),
+                cloud::aws::KmsBackend::Aws => None,
+            };
+            (services, local_kms)
+        }
     };
+
     let worker = if let Some(binary) = &args.spawn_worker {
         let mut spawn = SpawnConfig::local(&args.home, binary.clone());
         if let Some(dir) = &args.worker_state_dir {
@@ -123,6 +131,11 @@ fn run(args: Args) -> Result<(), String> {
         }
         spawn.threads = args.worker_threads;
         spawn.log_file = args.worker_log.clone();
+        // In AWS the worker reaches KMS through the parent's vsock-proxy (its default relay); a
+        // local KMS is served here, over TLS with a root only a development worker accepts.
+        if let Some(dir) = &local_kms_dir {
+            spawn.serve_local_kms(dir, services.kms.clone()).map_err(|e| e.to_string())?;
+        }
         WorkerSource::Spawn(spawn)
     } else if let Some(endpoint) = &args.worker {
         WorkerSource::Connect(endpoint.clone())

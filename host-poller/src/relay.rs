@@ -7,8 +7,7 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::sync::{Arc, Mutex};
 
-use cloud::kms::EncryptionContext;
-use cloud::{layout, ObjectError, ObjectStore, PutCondition, Recipient, Services};
+use cloud::{layout, ObjectError, ObjectStore, PutCondition, Services};
 use protocol::frame::{Message, MAX_DATA_LEN};
 use sha2::{Digest, Sha256};
 
@@ -80,33 +79,20 @@ impl Relay {
         }
     }
 
-    /// Relays `Decrypt` with `Recipient`: KMS checks the document and seals the plaintext to
-    /// its key; the host passes on the sealed answer or the error's AWS code.
-    pub fn kms_decrypt(
-        &self,
-        link: &mut WorkerLink,
-        request: u64,
-        key_id: Option<&str>,
-        blob: &[u8],
-        context: &EncryptionContext,
-        document: Vec<u8>,
-    ) -> Result<(), LinkError> {
-        let recipient = Recipient { attestation_document: document };
-        let answer = match retry::transient("kms decrypt", || self.services.kms.decrypt(key_id, blob, context, Some(&recipient))) {
-            Ok(decrypted) => match decrypted.ciphertext_for_recipient {
-                Some(ciphertext_for_recipient) => {
-                    Message::KmsDecrypted { request, key_id: decrypted.key_id, ciphertext_for_recipient }
-                }
-                // A KMS that ignores Recipient must not make the host hold a plaintext key
-                // on the worker's behalf: refuse, and drop what came back.
-                None => Message::KmsFailed {
-                    request,
-                    code: "ValidationException".into(),
-                    message: "KMS answered without CiphertextForRecipient".into(),
-                },
+    /// Gives the worker the region and credentials for its own KMS call. The worker calls KMS
+    /// over TLS that ends inside it; the host only relays its bytes (vsock-proxy in AWS, the
+    /// local KMS endpoint here), so it never sees or shapes KMS's answer.
+    pub fn kms_credentials(&self, link: &mut WorkerLink, request: u64) -> Result<(), LinkError> {
+        let answer = match retry::transient("KMS credentials", || self.services.kms.enclave_access()) {
+            Ok(access) => Message::KmsCredentials {
+                request,
+                region: access.region,
+                access_key_id: access.access_key_id,
+                secret_access_key: access.secret_access_key.to_string(),
+                session_token: access.session_token,
             },
             Err(error) => {
-                tracing::warn!(code = error.code(), %error, "KMS refused the worker's Decrypt");
+                tracing::warn!(code = error.code(), %error, "no KMS credentials for the worker");
                 Message::KmsFailed { request, code: error.code().into(), message: error.to_string() }
             }
         };

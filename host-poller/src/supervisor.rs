@@ -11,6 +11,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use cloud::local::KmsEndpoint;
+use cloud::Kms;
+
 use crate::pidfile::{self, PidFile};
 use crate::retry;
 use crate::shared::Shared;
@@ -31,6 +34,10 @@ pub struct SpawnConfig {
     pub pid_file: Option<PathBuf>,
     /// Where its stdout and stderr go (appended); `None`: the poller's own.
     pub log_file: Option<PathBuf>,
+    /// Where the worker reaches KMS (`--kms-relay`), and the development root it then pins
+    /// (`--kms-tls-root`): the local KMS endpoint of the embedded default.
+    pub kms_relay: Option<String>,
+    pub kms_tls_root: Option<PathBuf>,
 }
 
 impl SpawnConfig {
@@ -44,16 +51,36 @@ impl SpawnConfig {
             threads: 0,
             pid_file: Some(home.join("run").join("enclave-worker.pid")),
             log_file: None,
+            kms_relay: None,
+            kms_tls_root: None,
         }
     }
 
     pub fn endpoint(&self) -> WorkerEndpoint {
         WorkerEndpoint::Unix(self.socket.clone())
     }
+
+    /// Serves `kms` — a local KMS under `dir` — as its HTTPS endpoint on `<dir>/run/kms.sock`,
+    /// and has the worker reach KMS there with the endpoint's development root pinned. (In AWS
+    /// the worker reaches KMS through the parent's vsock-proxy and trusts the Amazon roots.)
+    pub fn serve_local_kms(&mut self, dir: &std::path::Path, kms: Arc<dyn Kms>) -> Result<(), SupervisorError> {
+        let failed = |e: &dyn std::fmt::Display| SupervisorError::KmsEndpoint(e.to_string());
+        let endpoint = KmsEndpoint::open(dir, kms).map_err(|e| failed(&e))?;
+        let run = dir.join("run");
+        std::fs::create_dir_all(&run).map_err(|source| SupervisorError::Files { path: run.clone(), source })?;
+        let socket = run.join("kms.sock");
+        self.kms_tls_root = Some(endpoint.root_pem().to_path_buf());
+        endpoint.serve_unix(&socket).map_err(|e| failed(&e))?;
+        tracing::info!(socket = %socket.display(), "local KMS endpoint serving (development TLS root)");
+        self.kms_relay = Some(format!("unix:{}", socket.display()));
+        Ok(())
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
+    #[error("local KMS endpoint: {0}")]
+    KmsEndpoint(String),
     #[error("cannot start the worker {binary}: {source}")]
     Spawn {
         binary: PathBuf,
@@ -194,6 +221,12 @@ fn spawn(config: &SpawnConfig) -> Result<Running, SupervisorError> {
         .arg("--threads")
         .arg(config.threads.to_string())
         .stdin(Stdio::null());
+    if let Some(relay) = &config.kms_relay {
+        command.arg("--kms-relay").arg(relay);
+    }
+    if let Some(root) = &config.kms_tls_root {
+        command.arg("--kms-tls-root").arg(root);
+    }
     if let Some(log) = &config.log_file {
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir).map_err(files_error(dir))?;

@@ -218,8 +218,8 @@ impl Write for WorkerLink {
 pub fn describe(message: &Message) -> &'static str {
     match message {
         Message::Hello { .. } => "Hello",
-        Message::KmsDecrypt { .. } => "KmsDecrypt",
-        Message::KmsDecrypted { .. } => "KmsDecrypted",
+        Message::KmsCredentialsRequest { .. } => "KmsCredentialsRequest",
+        Message::KmsCredentials { .. } => "KmsCredentials",
         Message::KmsFailed { .. } => "KmsFailed",
         Message::FetchObject { .. } => "FetchObject",
         Message::ObjectData { .. } => "ObjectData",

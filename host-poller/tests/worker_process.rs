@@ -169,6 +169,7 @@ fn the_poller_runs_sealed_jobs_through_the_real_worker() {
     let mut spawn = SpawnConfig::local(home.path(), binary);
     spawn.threads = 2;
     spawn.log_file = Some(home.path().join("logs").join("enclave-worker.log"));
+    spawn.serve_local_kms(home.path(), local.services().kms).unwrap();
     let mut config = PollerConfig::new(WorkerSource::Spawn(spawn));
     config.host_id = "test-host".into();
     config.poll_wait = Duration::from_millis(200);

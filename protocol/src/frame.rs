@@ -6,8 +6,6 @@
 //! The enclave trusts nothing a frame says: every byte that matters is authenticated by an
 //! envelope, a manifest or an attestation document, checked after the frame is decoded.
 
-use std::collections::BTreeMap;
-
 use serde::{Deserialize, Serialize};
 
 pub const VERSION: u8 = 1;
@@ -52,24 +50,20 @@ pub enum Message {
     Hello { role: Role, channel: Channel },
 
     // --- control connection ------------------------------------------------------------------
-    /// Enclave → host: call KMS `Decrypt` with `Recipient` = this attestation document.
-    KmsDecrypt {
+    /// Enclave → host: the AWS credentials and region to call KMS with. The enclave then calls
+    /// KMS itself, over TLS that ends inside the enclave, through a byte relay on the host
+    /// (`vsock-proxy` in AWS): a host can withhold KMS's answer but cannot forge it.
+    KmsCredentialsRequest { request: u64 },
+    /// Host → enclave: the host role's (temporary) credentials. They authorise the call; they
+    /// are not secret from the host and prove nothing to the enclave.
+    KmsCredentials {
         request: u64,
-        key_id: Option<String>,
-        #[serde(with = "serde_bytes")]
-        ciphertext_blob: Vec<u8>,
-        encryption_context: BTreeMap<String, String>,
-        #[serde(with = "serde_bytes")]
-        recipient_attestation: Vec<u8>,
+        region: String,
+        access_key_id: String,
+        secret_access_key: String,
+        session_token: Option<String>,
     },
-    /// Host → enclave: KMS's answer, the CMS envelope for the attested key.
-    KmsDecrypted {
-        request: u64,
-        key_id: String,
-        #[serde(with = "serde_bytes")]
-        ciphertext_for_recipient: Vec<u8>,
-    },
-    /// Host → enclave: a KMS call failed.
+    /// Host → enclave: the host has no credentials to give.
     KmsFailed { request: u64, code: String, message: String },
     /// Enclave → host: please read this object and send it as `ObjectData` frames.
     FetchObject { request: u64, key: String },
@@ -284,12 +278,12 @@ mod tests {
             Message::Hello { role: Role::Host, channel: Channel::Job },
             Message::JobStart { job_id: "ab".repeat(16), attempt: 2 },
             Message::Input { data: vec![7; MAX_DATA_LEN] },
-            Message::KmsDecrypt {
+            Message::KmsCredentials {
                 request: 9,
-                key_id: None,
-                ciphertext_blob: vec![1; 96],
-                encryption_context: [("epoch".to_owned(), "3".to_owned())].into_iter().collect(),
-                recipient_attestation: vec![2; 4000],
+                region: "eu-west-1".into(),
+                access_key_id: "AKIDEXAMPLE".into(),
+                secret_access_key: "s".repeat(40),
+                session_token: Some("t".repeat(900)),
             },
             Message::JobFailed { check: "envelope".into(), message: "bad".into() },
         ];

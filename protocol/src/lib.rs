@@ -12,6 +12,7 @@ pub mod envelope;
 pub mod fleet;
 pub mod frame;
 pub mod keys;
+pub mod kms_api;
 pub mod manifest;
 pub mod receipt;
 pub mod records;

@@ -7,6 +7,7 @@
 //! host must not see plaintext, and only an emulator that ignores `Recipient` answers that way.
 
 use aws_sdk_kms::config::http::HttpResponse;
+use aws_sdk_kms::config::SharedCredentialsProvider;
 use aws_sdk_kms::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::types::{DataKeyPairSpec, DataKeySpec, KeyEncryptionMechanism, RecipientInfo};
@@ -14,12 +15,14 @@ use zeroize::Zeroizing;
 
 use super::error::Failure;
 use super::runtime::AwsRuntime;
-use crate::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext, Kms, KmsError, Recipient};
+use crate::kms::{DataKey, DataKeyPair, Decrypted, EnclaveKmsAccess, EncryptionContext, Kms, KmsError, Recipient};
 
 /// AWS KMS. Cheap to clone.
 #[derive(Clone)]
 pub struct AwsKms {
     client: aws_sdk_kms::Client,
+    /// The SDK chain's credentials, handed to enclaves for their own calls.
+    credentials: Option<SharedCredentialsProvider>,
     runtime: AwsRuntime,
 }
 
@@ -65,8 +68,8 @@ fn release(
 }
 
 impl AwsKms {
-    pub fn new(client: aws_sdk_kms::Client, runtime: AwsRuntime) -> AwsKms {
-        AwsKms { client, runtime }
+    pub fn new(client: aws_sdk_kms::Client, credentials: Option<SharedCredentialsProvider>, runtime: AwsRuntime) -> AwsKms {
+        AwsKms { client, credentials, runtime }
     }
 
     fn check_key_id(op: &str, key_id: &str) -> Result<(), KmsError> {
@@ -99,6 +102,29 @@ impl AwsKms {
 }
 
 impl Kms for AwsKms {
+    /// The credentials of the SDK's chain (on a host, the instance role's, from IMDS) and the
+    /// client's region: the enclave calls `kms.<region>.amazonaws.com` itself through the
+    /// host's `vsock-proxy`.
+    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError> {
+        use aws_sdk_kms::config::ProvideCredentials;
+        let config = self.client.config();
+        let region = config.region().ok_or_else(|| KmsError::Validation("no AWS region for KMS".into()))?.to_string();
+        let provider = self
+            .credentials
+            .as_ref()
+            .ok_or_else(|| KmsError::AccessDenied("no AWS credentials to give the enclave".into()))?;
+        let credentials = self
+            .runtime
+            .block_on(provider.provide_credentials())
+            .map_err(|e| KmsError::AccessDenied(format!("AWS credentials for the enclave: {e}")))?;
+        Ok(EnclaveKmsAccess {
+            region,
+            access_key_id: credentials.access_key_id().to_owned(),
+            secret_access_key: Zeroizing::new(credentials.secret_access_key().to_owned()),
+            session_token: credentials.session_token().map(str::to_owned),
+        })
+    }
+
     fn encrypt(&self, key_id: &str, plaintext: &[u8], context: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
         Self::check_key_id("Encrypt", key_id)?;
         let request = self

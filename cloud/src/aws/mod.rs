@@ -74,6 +74,7 @@ pub struct AwsClients {
     pub kms: aws_sdk_kms::Client,
     pub sfn: aws_sdk_sfn::Client,
     pub runtime: AwsRuntime,
+    credentials: Option<aws_sdk_kms::config::SharedCredentialsProvider>,
     region: String,
 }
 
@@ -135,6 +136,7 @@ impl AwsClients {
             sqs: aws_sdk_sqs::Client::new(&shared),
             kms: aws_sdk_kms::Client::new(&shared),
             sfn: aws_sdk_sfn::Client::new(&shared),
+            credentials: shared.credentials_provider(),
             runtime,
             region,
         })
@@ -153,7 +155,7 @@ impl AwsClients {
     }
 
     pub fn kms(&self) -> AwsKms {
-        AwsKms::new(self.kms.clone(), self.runtime.clone())
+        AwsKms::new(self.kms.clone(), self.credentials.clone(), self.runtime.clone())
     }
 
     /// Step Functions: task tokens always; executions of `state_machine_arn` when given.

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use super::sqlite;
-use crate::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext, Kms, KmsError, Recipient};
+use crate::kms::{DataKey, DataKeyPair, Decrypted, EnclaveKmsAccess, EncryptionContext, Kms, KmsError, Recipient};
 use crate::now_ms;
 
 /// Key ARNs of the local KMS: a fixed pseudo-region and account.
@@ -35,6 +35,8 @@ pub const KEY_ARN_PREFIX: &str = "arn:aws:kms:local:000000000000:key/";
 pub const ALIAS_ARN_PREFIX: &str = "arn:aws:kms:local:000000000000:";
 /// KMS's limit on `Encrypt` plaintext.
 pub const MAX_ENCRYPT_PLAINTEXT: usize = 4096;
+/// Access key id (and secret) of the local KMS: the endpoint does not check SigV4.
+pub const LOCAL_ACCESS_KEY_ID: &str = "local";
 /// `GenerateDataKey` with key spec AES_256.
 pub const DATA_KEY_LEN: usize = 32;
 /// The length of a PCR (SHA-384).
@@ -560,6 +562,17 @@ fn deliver(plaintext: Zeroizing<Vec<u8>>, recipient_key: Option<Vec<u8>>) -> Res
 }
 
 impl Kms for LocalKms {
+    /// The local endpoint (`kms_endpoint`) authorises by the attestation document alone, as the
+    /// key policy does; these credentials only give the request its AWS shape.
+    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError> {
+        Ok(EnclaveKmsAccess {
+            region: protocol::kms_api::LOCAL_REGION.into(),
+            access_key_id: LOCAL_ACCESS_KEY_ID.into(),
+            secret_access_key: Zeroizing::new(LOCAL_ACCESS_KEY_ID.into()),
+            session_token: None,
+        })
+    }
+
     fn encrypt(&self, key_id: &str, plaintext: &[u8], context: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
         if plaintext.is_empty() || plaintext.len() > MAX_ENCRYPT_PLAINTEXT {
             return Err(KmsError::Validation(format!(

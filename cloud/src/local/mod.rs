@@ -16,6 +16,7 @@
 //! ([`DirObjectStore::set_created_hook`]).
 
 pub mod kms;
+pub mod kms_endpoint;
 pub mod objects;
 pub mod queue;
 mod sqlite;
@@ -26,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use kms::{AttestationTrust, LocalKeyPolicy, LocalKms};
+pub use kms_endpoint::KmsEndpoint;
 pub use objects::{CreatedHook, DirObjectStore};
 pub use queue::{MessageState, QueueConfig, QueuedMessage, SqliteQueue};
 pub use workflows::{LocalWorkflows, TokenOutcome};

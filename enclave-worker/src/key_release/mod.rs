@@ -6,9 +6,9 @@
 //!    [`RsaKeyPool`]);
 //! 2. ask the NSM for a document whose `public_key` is that key's SPKI
 //!    ([`AttestationRequest::key_release`]: nothing else goes into the request);
-//! 3. send KMS `Decrypt` with `Recipient` = that document through the host ([`KmsTransport`]:
-//!    the worker has no network; the control connection implements it with `KmsDecrypt` /
-//!    `KmsDecrypted` / `KmsFailed` frames);
+//! 3. send KMS `Decrypt` with `Recipient` = that document ([`KmsTransport`]: the worker has no
+//!    network; [`kms_https`] calls KMS over TLS that ends in the worker, through a byte relay on
+//!    the host, with credentials the host supplies on the control connection);
 //! 4. open the `CiphertextForRecipient` (BER CMS EnvelopedData) with the one-shot key, which is
 //!    destroyed by that one use.
 //!
@@ -18,9 +18,11 @@
 //! [`release_data_key`] releases a model's 32-byte DEK under {model_id, version}.
 //!
 //! CMS carries no MAC and the recipient key is public: anyone who sees the document can seal
-//! *something* to it. What comes out is authenticated by its use: the fleet key by the public key
-//! derived from it (checked against the published one) and by KMS having released it only under
-//! the epoch's context; a DEK by the AEAD and hashes of the model files it opens.
+//! *something* to it. That is why the answer must come through a TLS session with KMS that ends
+//! in the worker ([`kms_https`]): a host relaying frames could otherwise hand the worker a fleet
+//! key of its own, which the worker would then attest to. On top of that, the fleet key is
+//! checked against the public key the epoch publishes, and a DEK by the AEAD and hashes of the
+//! model files it opens.
 //!
 //! Every error names the check that failed ([`KeyReleaseError::check`]).
 
@@ -35,6 +37,7 @@ use zeroize::Zeroizing;
 
 use crate::nsm::{AttestationRequest, Nsm, NsmError};
 
+pub mod kms_https;
 mod one_shot;
 
 pub use one_shot::{OneShotKey, RSA_BITS, RsaKeyPool};
@@ -62,6 +65,12 @@ pub enum KeyReleaseError {
     /// The host did not deliver the call or KMS's answer.
     #[error("kms_transport: {0}")]
     KmsTransport(String),
+    /// The TLS session to KMS failed: the server did not prove to be KMS under the pinned roots.
+    #[error("kms_tls: {0}")]
+    KmsTls(String),
+    /// What came back through the TLS session is not a KMS answer.
+    #[error("kms_http: {0}")]
+    KmsHttp(String),
     /// The `CiphertextForRecipient` did not open with the one-shot key (wrong recipient,
     /// tampering, a replayed envelope, or not the KMS CMS profile).
     #[error("cms: {0}")]
@@ -98,6 +107,8 @@ impl KeyReleaseError {
             KeyReleaseError::AttestationPublicKey(_) => "attestation_public_key",
             KeyReleaseError::KmsFailed { .. } => "kms_failed",
             KeyReleaseError::KmsTransport(_) => "kms_transport",
+            KeyReleaseError::KmsTls(_) => "kms_tls",
+            KeyReleaseError::KmsHttp(_) => "kms_http",
             KeyReleaseError::Cms(_) => "cms",
             KeyReleaseError::WrongLength { .. } => "wrong_length",
             KeyReleaseError::EncryptionContext(_) => "encryption_context",
@@ -224,12 +235,11 @@ where
     }
     before_kms(&parsed)?;
     let (_kms_key_id, envelope) =
-        transport.decrypt(key_id, ciphertext_blob, encryption_context, document).map_err(|e| {
-            if e.code == KmsTransportError::TRANSPORT {
-                KeyReleaseError::KmsTransport(relayed(&e.message))
-            } else {
-                KeyReleaseError::KmsFailed { code: relayed(&e.code), message: relayed(&e.message) }
-            }
+        transport.decrypt(key_id, ciphertext_blob, encryption_context, document).map_err(|e| match e.code.as_str() {
+            KmsTransportError::TRANSPORT => KeyReleaseError::KmsTransport(relayed(&e.message)),
+            kms_https::TLS_CHECK => KeyReleaseError::KmsTls(relayed(&e.message)),
+            kms_https::HTTP_CHECK => KeyReleaseError::KmsHttp(relayed(&e.message)),
+            _ => KeyReleaseError::KmsFailed { code: relayed(&e.code), message: relayed(&e.message) },
         })?;
     // `open` consumes the key: it is zeroized whatever the outcome.
     Ok(key.open(&envelope)?)

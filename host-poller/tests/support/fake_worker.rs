@@ -130,22 +130,14 @@ fn control(mut connection: UnixStream, state: &Mutex<FakeState>) {
                     send(&mut connection, &Message::Error { message: format!("object: {message}") });
                     continue;
                 }
-                let blob = if epoch == 99 { b"refuse me".to_vec() } else { format!("wrapped {epoch}").into_bytes() };
-                send(
-                    &mut connection,
-                    &Message::KmsDecrypt {
-                        request: request + 1000,
-                        key_id: None,
-                        ciphertext_blob: blob,
-                        encryption_context: [("epoch".to_owned(), epoch.to_string())].into_iter().collect(),
-                        recipient_attestation: b"one-shot document".to_vec(),
-                    },
-                );
+                // The real worker now calls KMS itself over TLS with these credentials; this
+                // fake treats epoch 99 as one KMS refuses.
+                send(&mut connection, &Message::KmsCredentialsRequest { request: request + 1000 });
                 let answer = read_frame(&mut connection).unwrap().unwrap();
-                let refused = matches!(answer, Message::KmsFailed { .. });
+                let credentials = matches!(answer, Message::KmsCredentials { .. });
                 state.lock().unwrap().kms_answers.push(answer);
-                if refused {
-                    send(&mut connection, &Message::Error { message: "key_release: KMS refused".into() });
+                if !credentials || epoch == 99 {
+                    send(&mut connection, &Message::Error { message: "kms_failed: AccessDeniedException: policy says no".into() });
                     continue;
                 }
                 let document = format!("document for epoch {epoch}").into_bytes();

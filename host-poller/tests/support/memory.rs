@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext, Kms, KmsError, Recipient};
 use cloud::workflow::{Completion, TaskTokens, WorkflowError};
+use cloud::EnclaveKmsAccess;
 use cloud::{KeyNames, ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition, Queue, QueueError, QueueStats, Received, SendOptions, Services};
 
 #[derive(Default)]
@@ -258,6 +259,14 @@ pub struct FakeKms {
 }
 
 impl Kms for FakeKms {
+    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError> {
+        Ok(EnclaveKmsAccess {
+            region: "fake-region".into(),
+            access_key_id: "fake-key-id".into(),
+            secret_access_key: "fake-secret".to_owned().into(),
+            session_token: Some("fake-token".into()),
+        })
+    }
     fn encrypt(&self, _: &str, _: &[u8], _: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
         Err(KmsError::Validation("not in this fake".into()))
     }

@@ -39,7 +39,11 @@ use spki::{EncodePublicKey, SubjectPublicKeyInfoOwned, SubjectPublicKeyInfoRef};
 use x509_cert::builder::profile::BuilderProfile;
 use x509_cert::builder::{Builder, CertificateBuilder};
 use x509_cert::certificate::TbsCertificate;
-use x509_cert::ext::pkix::{AuthorityKeyIdentifier, BasicConstraints, KeyUsage, KeyUsages, SubjectKeyIdentifier};
+use der::asn1::{Ia5String, ObjectIdentifier};
+use x509_cert::ext::pkix::name::GeneralName;
+use x509_cert::ext::pkix::{
+    AuthorityKeyIdentifier, BasicConstraints, ExtendedKeyUsage, KeyUsage, KeyUsages, SubjectAltName, SubjectKeyIdentifier,
+};
 use x509_cert::ext::{Extension, ToExtension};
 use x509_cert::name::Name;
 use x509_cert::serial_number::SerialNumber;
@@ -189,13 +193,13 @@ impl DevIssuer {
         let intermediate_name = dev_name("ephem-batch development intermediate")?;
         let validity = validity(now_ms, CA_LIFETIME)?;
         let root_der = issue(
-            Profile { subject: root_name.clone(), issuer: None, kind: Kind::Root },
+            Profile { subject: root_name.clone(), issuer: None, kind: Kind::Root, dns_name: None },
             &root_key,
             &root_key,
             validity,
         )?;
         let intermediate_der = issue(
-            Profile { subject: intermediate_name, issuer: Some(root_name), kind: Kind::Intermediate },
+            Profile { subject: intermediate_name, issuer: Some(root_name), kind: Kind::Intermediate, dns_name: None },
             &intermediate_key,
             &root_key,
             validity,
@@ -310,12 +314,58 @@ impl DevIssuer {
     }
 }
 
+/// id-kp-serverAuth (RFC 5280 §4.2.1.12).
+const ID_KP_SERVER_AUTH: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.6.1.5.5.7.3.1");
+
+/// A development TLS identity: a self-signed root and, under it, a server certificate for one
+/// DNS name, both ECDSA P-384. The embedded default's local KMS endpoint serves with it and a
+/// development enclave pins its root, as a production enclave pins the Amazon roots.
+pub struct DevTlsIdentity {
+    pub root_der: Vec<u8>,
+    pub cert_der: Vec<u8>,
+    /// The server's private key, PKCS#8 DER.
+    pub key_pkcs8_der: Zeroizing<Vec<u8>>,
+}
+
+impl DevTlsIdentity {
+    pub fn generate(dns_name: &str, now_ms: u64) -> Result<DevTlsIdentity, DevIssuerError> {
+        let root_key = os_key()?;
+        let server_key = os_key()?;
+        let root_name = dev_name("ephem-batch development TLS root")?;
+        let validity = validity(now_ms, CA_LIFETIME)?;
+        let root_der = issue(
+            Profile { subject: root_name.clone(), issuer: None, kind: Kind::Root, dns_name: None },
+            &root_key,
+            &root_key,
+            validity.clone(),
+        )?;
+        let cert_der = issue(
+            Profile {
+                subject: dev_name(dns_name)?,
+                issuer: Some(root_name),
+                kind: Kind::TlsServer,
+                dns_name: Some(dns_name.to_owned()),
+            },
+            &server_key,
+            &root_key,
+            validity,
+        )?;
+        let key_pkcs8_der = server_key
+            .to_pkcs8_der()
+            .map_err(|e| DevIssuerError::Key(e.to_string()))?
+            .as_bytes()
+            .to_vec();
+        Ok(DevTlsIdentity { root_der, cert_der, key_pkcs8_der: Zeroizing::new(key_pkcs8_der) })
+    }
+}
+
 fn issue_leaf(module_id: &str, leaf_key: &SigningKey, intermediate_key: &SigningKey, now_ms: u64) -> Result<Vec<u8>, DevIssuerError> {
     issue(
         Profile {
             subject: dev_name(&format!("{module_id}.development.ephem-batch"))?,
             issuer: Some(dev_name("ephem-batch development intermediate")?),
             kind: Kind::Leaf,
+            dns_name: None,
         },
         leaf_key,
         intermediate_key,
@@ -415,12 +465,15 @@ enum Kind {
     Root,
     Intermediate,
     Leaf,
+    /// A TLS server certificate (subjectAltName dNSName, extendedKeyUsage serverAuth).
+    TlsServer,
 }
 
 struct Profile {
     subject: Name,
     issuer: Option<Name>,
     kind: Kind,
+    dns_name: Option<String>,
 }
 
 impl BuilderProfile for Profile {
@@ -443,15 +496,22 @@ impl BuilderProfile for Profile {
         let bc = match self.kind {
             Kind::Root => BasicConstraints { ca: true, path_len_constraint: None },
             Kind::Intermediate => BasicConstraints { ca: true, path_len_constraint: Some(0) },
-            Kind::Leaf => BasicConstraints { ca: false, path_len_constraint: None },
+            Kind::Leaf | Kind::TlsServer => BasicConstraints { ca: false, path_len_constraint: None },
         };
         out.push((&bc).to_extension(subject, &out)?);
         let ku = match self.kind {
             Kind::Root | Kind::Intermediate => KeyUsage(KeyUsages::KeyCertSign | KeyUsages::CRLSign),
-            Kind::Leaf => KeyUsage(KeyUsages::DigitalSignature.into()),
+            Kind::Leaf | Kind::TlsServer => KeyUsage(KeyUsages::DigitalSignature.into()),
         };
         out.push((&ku).to_extension(subject, &out)?);
-        if self.kind != Kind::Leaf {
+        if let Some(dns_name) = &self.dns_name {
+            let name = Ia5String::new(dns_name).map_err(x509_cert::builder::Error::from)?;
+            let san = SubjectAltName(vec![GeneralName::DnsName(name)]);
+            out.push((&san).to_extension(subject, &out)?);
+            let eku = ExtendedKeyUsage(vec![ID_KP_SERVER_AUTH]);
+            out.push((&eku).to_extension(subject, &out)?);
+        }
+        if matches!(self.kind, Kind::Root | Kind::Intermediate) {
             let ski = SubjectKeyIdentifier::try_from(spk)?;
             out.push((&ski).to_extension(subject, &out)?);
         }

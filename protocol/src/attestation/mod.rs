@@ -33,7 +33,7 @@ mod x509;
 
 pub use binding::{BindingError, UserDataBinding};
 pub use check::{Check, CheckName, Report, RootInfo, VerifiedDocument};
-pub use dev_issuer::{DevIssuer, DevIssuerError, DevIssuerKeys, DocumentRequest};
+pub use dev_issuer::{DevIssuer, DevIssuerError, DevIssuerKeys, DevTlsIdentity, DocumentRequest};
 pub use document::AttestationDocument;
 pub use error::AttestationError;
 pub use policy::{Policy, PolicyError, SignedPolicy};

@@ -1,0 +1,294 @@
+//! The local KMS as an HTTPS endpoint that speaks KMS's JSON API, for enclaves.
+//!
+//! An enclave calls KMS itself, over TLS that ends inside it (`protocol::kms_api`): in AWS
+//! through the host's `vsock-proxy` to `kms.<region>.amazonaws.com`; in the embedded default
+//! through a Unix socket to this endpoint, which answers as `kms.local.amazonaws.com` with a
+//! development certificate. The worker trusts that certificate's root only beside the
+//! development NSM, exactly as the local KMS trusts only the development attestation root.
+//!
+//! ```text
+//! <dir>/kms-tls/root.pem      the development root a development worker pins (--kms-tls-root)
+//! <dir>/kms-tls/server.pem    the endpoint's certificate (SAN kms.local.amazonaws.com)
+//! <dir>/kms-tls/server.key    its PKCS#8 key, mode 0600
+//! ```
+//!
+//! Only `Decrypt` with a `Recipient` is served: that is all an enclave asks. Requests are not
+//! checked for SigV4 — the local KMS authorises by the attestation document, as the key policy
+//! does in AWS.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use protocol::attestation::DevTlsIdentity;
+use protocol::kms_api::{self, DecryptRequest, DecryptResponse, ErrorResponse};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::kms::{Kms, Recipient};
+
+/// Directory of the TLS identity, under the local KMS's directory.
+pub const TLS_DIR: &str = "kms-tls";
+/// Largest request read (a `Decrypt` with an attestation document is a few KiB).
+const MAX_REQUEST_LEN: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("development TLS identity: {0}")]
+    Identity(String),
+    #[error("TLS configuration: {0}")]
+    Tls(String),
+}
+
+/// The endpoint: TLS identity plus the KMS it answers for.
+pub struct KmsEndpoint {
+    tls: Arc<rustls::ServerConfig>,
+    kms: Arc<dyn Kms>,
+    root_pem: PathBuf,
+}
+
+impl KmsEndpoint {
+    /// Loads the TLS identity under `dir/kms-tls/`, creating it on first use.
+    pub fn open(dir: &Path, kms: Arc<dyn Kms>) -> Result<KmsEndpoint, EndpointError> {
+        let tls_dir = dir.join(TLS_DIR);
+        let (root_pem, cert_pem, key_pem) = (tls_dir.join("root.pem"), tls_dir.join("server.pem"), tls_dir.join("server.key"));
+        if !key_pem.exists() {
+            create_identity(&tls_dir)?;
+        }
+        let pem = |path: &Path| {
+            let path = path.display().to_string();
+            move |e: rustls::pki_types::pem::Error| EndpointError::Identity(format!("{path}: {e}"))
+        };
+        let cert = CertificateDer::from_pem_file(&cert_pem).map_err(pem(&cert_pem))?;
+        let key = PrivateKeyDer::from_pem_file(&key_pem).map_err(pem(&key_pem))?;
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| EndpointError::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_single_cert(vec![cert], key)
+            .map_err(|e| EndpointError::Tls(e.to_string()))?;
+        Ok(KmsEndpoint { tls: Arc::new(config), kms, root_pem })
+    }
+
+    /// The root a development worker pins (`--kms-tls-root`).
+    pub fn root_pem(&self) -> &Path {
+        &self.root_pem
+    }
+
+    /// Serves connections on `socket` (replacing a stale socket file) on a background thread,
+    /// one thread per connection.
+    pub fn serve_unix(self, socket: &Path) -> Result<std::thread::JoinHandle<()>, EndpointError> {
+        let io = |source| EndpointError::Io { path: socket.to_path_buf(), source };
+        if socket.exists() {
+            std::fs::remove_file(socket).map_err(io)?;
+        }
+        let listener = UnixListener::bind(socket).map_err(io)?;
+        let endpoint = Arc::new(self);
+        Ok(std::thread::Builder::new()
+            .name("kms-endpoint".into())
+            .spawn(move || {
+                for stream in listener.incoming() {
+                    match stream {
+                        Ok(stream) => {
+                            let endpoint = Arc::clone(&endpoint);
+                            std::thread::spawn(move || endpoint.serve_connection(stream));
+                        }
+                        Err(error) => tracing::warn!(%error, "KMS endpoint: accept failed"),
+                    }
+                }
+            })
+            .map_err(io)?)
+    }
+
+    /// One TLS connection, one request.
+    pub fn serve_connection(&self, stream: UnixStream) {
+        let session = match rustls::ServerConnection::new(Arc::clone(&self.tls)) {
+            Ok(session) => session,
+            Err(error) => return tracing::warn!(%error, "KMS endpoint: TLS session"),
+        };
+        let mut tls = rustls::StreamOwned::new(session, stream);
+        let (status, body) = match read_request(&mut tls) {
+            Ok(request) => self.answer(&request),
+            // The client may not be an enclave at all (or not trust us): nothing to answer.
+            Err(RequestError::Io(error)) => return tracing::debug!(%error, "KMS endpoint: connection"),
+            Err(RequestError::Http(message)) => (400, error_body("SerializationException", &message)),
+        };
+        let head = format!(
+            "HTTP/1.1 {status} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            if status == 200 { "OK" } else { "Bad Request" },
+            kms_api::CONTENT_TYPE,
+            body.len()
+        );
+        let sent = tls.write_all(head.as_bytes()).and_then(|()| tls.write_all(&body)).and_then(|()| {
+            tls.conn.send_close_notify();
+            tls.flush()
+        });
+        if let Err(error) = sent {
+            tracing::debug!(%error, "KMS endpoint: answer not delivered");
+        }
+    }
+
+    fn answer(&self, request: &Request) -> (u16, Vec<u8>) {
+        let expected_host = kms_api::endpoint_host(kms_api::LOCAL_REGION).unwrap_or_default();
+        if request.header("host") != Some(expected_host.as_str()) {
+            return (400, error_body("ValidationException", &format!("this endpoint is {expected_host}")));
+        }
+        if request.header("x-amz-target") != Some(kms_api::DECRYPT_TARGET) {
+            return (400, error_body("UnknownOperationException", "the local KMS endpoint serves Decrypt only"));
+        }
+        if !request.header("authorization").is_some_and(|a| a.starts_with("AWS4-HMAC-SHA256 Credential=")) {
+            return (400, error_body("MissingAuthenticationTokenException", "the request is not signed (SigV4)"));
+        }
+        let decrypt: DecryptRequest = match kms_api::from_json(&request.body) {
+            Ok(decrypt) => decrypt,
+            Err(e) => return (400, error_body("SerializationException", &e.to_string())),
+        };
+        let Some(recipient) = decrypt.recipient else {
+            return (400, error_body("ValidationException", "the local KMS endpoint answers Recipient requests only"));
+        };
+        if recipient.key_encryption_algorithm != kms_api::RSAES_OAEP_SHA_256 {
+            return (400, error_body("ValidationException", "KeyEncryptionAlgorithm must be RSAES_OAEP_SHA_256"));
+        }
+        let recipient = Recipient { attestation_document: recipient.attestation_document };
+        match self.kms.decrypt(decrypt.key_id.as_deref(), &decrypt.ciphertext_blob, &decrypt.encryption_context, Some(&recipient)) {
+            Ok(decrypted) => {
+                let answer = DecryptResponse {
+                    key_id: decrypted.key_id,
+                    ciphertext_for_recipient: decrypted.ciphertext_for_recipient,
+                    plaintext: None,
+                };
+                (200, serde_json::to_vec(&answer).unwrap_or_default())
+            }
+            Err(error) => (400, error_body(error.code(), &error.to_string())),
+        }
+    }
+}
+
+fn error_body(code: &str, message: &str) -> Vec<u8> {
+    serde_json::to_vec(&ErrorResponse { kind: code.to_owned(), message: Some(message.to_owned()) }).unwrap_or_default()
+}
+
+fn create_identity(tls_dir: &Path) -> Result<(), EndpointError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| EndpointError::Io { path, source }
+    };
+    std::fs::create_dir_all(tls_dir).map_err(io(tls_dir))?;
+    let host = kms_api::endpoint_host(kms_api::LOCAL_REGION).map_err(|e| EndpointError::Identity(e.to_string()))?;
+    let identity = DevTlsIdentity::generate(&host, crate::now_ms()).map_err(|e| EndpointError::Identity(e.to_string()))?;
+    let write = |name: &str, text: String, mode: u32| -> Result<(), EndpointError> {
+        let path = tls_dir.join(name);
+        let partial = tls_dir.join(format!(".{name}.partial"));
+        std::fs::write(&partial, text).map_err(io(&partial))?;
+        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(mode)).map_err(io(&partial))?;
+        std::fs::rename(&partial, &path).map_err(io(&path))
+    };
+    write("root.pem", to_pem("CERTIFICATE", &identity.root_der)?, 0o644)?;
+    write("server.pem", to_pem("CERTIFICATE", &identity.cert_der)?, 0o644)?;
+    // Last: its presence means the identity is complete.
+    write("server.key", to_pem("PRIVATE KEY", &identity.key_pkcs8_der)?, 0o600)
+}
+
+fn to_pem(label: &str, der: &[u8]) -> Result<String, EndpointError> {
+    der::pem::encode_string(label, der::pem::LineEnding::LF, der).map_err(|e| EndpointError::Identity(e.to_string()))
+}
+
+struct Request {
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+enum RequestError {
+    Io(std::io::Error),
+    Http(String),
+}
+
+fn read_request(stream: &mut impl Read) -> Result<Request, RequestError> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&buffer) {
+            Ok(httparse::Status::Complete(head_len)) => {
+                if request.method != Some("POST") || request.path != Some("/") {
+                    return Err(RequestError::Http("KMS takes POST /".into()));
+                }
+                let headers: Vec<(String, String)> = request
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).trim().to_owned()))
+                    .collect();
+                let length = headers
+                    .iter()
+                    .find(|(n, _)| n == "content-length")
+                    .and_then(|(_, v)| v.parse::<usize>().ok())
+                    .ok_or_else(|| RequestError::Http("no Content-Length".into()))?;
+                if length > MAX_REQUEST_LEN {
+                    return Err(RequestError::Http(format!("a request of {length} bytes is too long")));
+                }
+                let mut body = buffer.split_off(head_len);
+                while body.len() < length {
+                    let n = stream.read(&mut chunk).map_err(RequestError::Io)?;
+                    if n == 0 {
+                        return Err(RequestError::Http("the request ended inside its body".into()));
+                    }
+                    body.extend_from_slice(&chunk[..n]);
+                }
+                body.truncate(length);
+                return Ok(Request { headers, body });
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(e) => return Err(RequestError::Http(format!("not HTTP: {e}"))),
+        }
+        if buffer.len() > MAX_REQUEST_LEN {
+            return Err(RequestError::Http("request headers too long".into()));
+        }
+        let n = stream.read(&mut chunk).map_err(RequestError::Io)?;
+        if n == 0 {
+            return Err(RequestError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_is_created_once_and_its_key_is_private() {
+        let dir = tempfile::tempdir().unwrap();
+        let kms: Arc<dyn Kms> = Arc::new(
+            crate::local::LocalKms::open(
+                dir.path().join("kms.sqlite"),
+                crate::local::AttestationTrust {
+                    root_pem_path: dir.path().join("root.pem"),
+                    max_document_age: std::time::Duration::from_secs(60),
+                },
+            )
+            .unwrap(),
+        );
+        let first = KmsEndpoint::open(dir.path(), Arc::clone(&kms)).unwrap();
+        let root = std::fs::read(first.root_pem()).unwrap();
+        let key = dir.path().join(TLS_DIR).join("server.key");
+        assert_eq!(std::fs::metadata(&key).unwrap().permissions().mode() & 0o777, 0o600);
+        KmsEndpoint::open(dir.path(), kms).unwrap();
+        assert_eq!(std::fs::read(dir.path().join(TLS_DIR).join("root.pem")).unwrap(), root);
+    }
+}

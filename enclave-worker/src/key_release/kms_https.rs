@@ -1,0 +1,349 @@
+//! KMS `Decrypt` with `Recipient`, called by the enclave itself over TLS that ends inside it.
+//!
+//! The host supplies two things it cannot abuse: a byte relay to KMS (`vsock-proxy` in AWS, a
+//! socket in the embedded default) and its role's credentials, which authorise the call but
+//! prove nothing. The enclave names the server itself (`kms.<region>.amazonaws.com`), checks
+//! its certificate against roots compiled into the image (the Amazon roots; the development
+//! root only next to the development NSM) and signs the request with SigV4. A host that wants
+//! to hand the enclave a key of its own choosing would have to answer as KMS inside that TLS
+//! session; it can only drop or delay the call.
+
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use hmac::{Hmac, KeyInit, Mac};
+use protocol::kms_api::{self, DecryptRequest, DecryptResponse, ErrorResponse};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use sha2::{Digest, Sha256};
+use zeroize::Zeroizing;
+
+use super::KmsTransportError;
+use crate::transport::Endpoint;
+
+/// The roots KMS's certificate may chain to in production: Amazon Root CA 1–4 and the Starfield
+/// Services root G2 that cross-signs them (the roots of Amazon Trust Services).
+const AMAZON_ROOTS_PEM: [&str; 5] = [
+    include_str!("../../roots/amazon-root-ca-1.pem"),
+    include_str!("../../roots/amazon-root-ca-2.pem"),
+    include_str!("../../roots/amazon-root-ca-3.pem"),
+    include_str!("../../roots/amazon-root-ca-4.pem"),
+    include_str!("../../roots/starfield-services-root-ca-g2.pem"),
+];
+
+/// Largest KMS answer read (a `Decrypt` answer for a recipient is a few KiB).
+const MAX_RESPONSE_LEN: usize = 256 * 1024;
+
+/// The error code of a failed TLS session: the server is not KMS as the roots know it.
+pub const TLS_CHECK: &str = "kms_tls";
+/// The error code of an answer that is not KMS's HTTP/JSON.
+pub const HTTP_CHECK: &str = "kms_http";
+
+/// Which roots KMS's certificate must chain to.
+#[derive(Clone, Debug)]
+pub enum KmsRoots {
+    /// The Amazon Trust Services roots compiled into this image.
+    Amazon,
+    /// A development root (DER): the embedded default's local KMS endpoint. Only for a worker
+    /// running the development NSM, whose documents no production policy accepts.
+    Development(Vec<u8>),
+}
+
+/// The host role's credentials for one call, and the region that names the endpoint.
+#[derive(Clone)]
+pub struct AwsCredentials {
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: Zeroizing<String>,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for AwsCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AwsCredentials").field("region", &self.region).field("access_key_id", &self.access_key_id).finish()
+    }
+}
+
+/// The enclave's KMS client: where the relay is and which roots to trust.
+pub struct KmsHttps {
+    relay: Endpoint,
+    tls: Arc<rustls::ClientConfig>,
+}
+
+impl KmsHttps {
+    pub fn new(relay: Endpoint, roots: &KmsRoots) -> Result<KmsHttps, String> {
+        let mut store = rustls::RootCertStore::empty();
+        match roots {
+            KmsRoots::Amazon => {
+                for pem in AMAZON_ROOTS_PEM {
+                    let der = CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| format!("compiled-in Amazon root: {e}"))?;
+                    store.add(der).map_err(|e| format!("compiled-in Amazon root: {e}"))?;
+                }
+            }
+            KmsRoots::Development(der) => {
+                store.add(CertificateDer::from(der.clone())).map_err(|e| format!("development KMS root: {e}"))?;
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS configuration: {e}"))?
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        Ok(KmsHttps { relay, tls: Arc::new(config) })
+    }
+
+    /// Sends `Decrypt` and returns KMS's key id and `CiphertextForRecipient`.
+    pub fn decrypt(
+        &self,
+        credentials: &AwsCredentials,
+        request: &DecryptRequest,
+    ) -> Result<(String, Vec<u8>), KmsTransportError> {
+        let host = kms_api::endpoint_host(&credentials.region).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))?;
+        let body = serde_json::to_vec(request).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))?;
+        let headers = [
+            ("content-type", kms_api::CONTENT_TYPE.to_owned()),
+            ("host", host.clone()),
+            ("x-amz-target", kms_api::DECRYPT_TARGET.to_owned()),
+        ];
+        let signed = sign_v4(credentials, kms_api::SERVICE, "POST", "/", &headers, &body, SystemTime::now());
+        let mut http = format!("POST / HTTP/1.1\r\ncontent-length: {}\r\nconnection: close\r\n", body.len());
+        for (name, value) in headers.iter().chain(signed.iter()) {
+            http.push_str(&format!("{name}: {value}\r\n"));
+        }
+        http.push_str("\r\n");
+
+        let socket = self.relay.connect().map_err(|e| KmsTransportError::new(KmsTransportError::TRANSPORT, format!("KMS relay {:?}: {e}", self.relay)))?;
+        let name = ServerName::try_from(host.clone()).map_err(|e| KmsTransportError::new(TLS_CHECK, e.to_string()))?;
+        let session = rustls::ClientConnection::new(Arc::clone(&self.tls), name).map_err(|e| KmsTransportError::new(TLS_CHECK, e.to_string()))?;
+        let mut tls = rustls::StreamOwned::new(session, socket);
+        let io = |e: std::io::Error| tls_or_transport(&host, e);
+        tls.write_all(http.as_bytes()).map_err(io)?;
+        tls.write_all(&body).map_err(io)?;
+        tls.flush().map_err(io)?;
+        let (status, body) = read_response(&mut tls).map_err(|e| match e {
+            ResponseError::Io(e) => tls_or_transport(&host, e),
+            ResponseError::Http(message) => KmsTransportError::new(HTTP_CHECK, message),
+        })?;
+        if status == 200 {
+            let answer: DecryptResponse = kms_api::from_json(&body).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))?;
+            return answer.into_recipient_answer().map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()));
+        }
+        match kms_api::from_json::<ErrorResponse>(&body) {
+            Ok(error) => Err(KmsTransportError::new(error.code(), error.message.clone().unwrap_or_default())),
+            Err(_) => Err(KmsTransportError::new(HTTP_CHECK, format!("HTTP {status} without a KMS error body"))),
+        }
+    }
+}
+
+/// A TLS failure (certificate, handshake, alert) names the `kms_tls` check; anything else is
+/// the relay failing to carry bytes.
+fn tls_or_transport(host: &str, error: std::io::Error) -> KmsTransportError {
+    let is_tls = error.get_ref().is_some_and(|inner| inner.is::<rustls::Error>());
+    if is_tls {
+        KmsTransportError::new(TLS_CHECK, format!("{host}: {error}"))
+    } else {
+        KmsTransportError::new(KmsTransportError::TRANSPORT, format!("{host}: {error}"))
+    }
+}
+
+enum ResponseError {
+    Io(std::io::Error),
+    Http(String),
+}
+
+/// Reads one HTTP/1.1 response with a `Content-Length` body.
+fn read_response(stream: &mut impl Read) -> Result<(u16, Vec<u8>), ResponseError> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut response = httparse::Response::new(&mut headers);
+        match response.parse(&buffer) {
+            Ok(httparse::Status::Complete(head_len)) => {
+                let status = response.code.unwrap_or(0);
+                let length = response
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok())
+                    .ok_or_else(|| ResponseError::Http("answer without a Content-Length".into()))?;
+                if length > MAX_RESPONSE_LEN {
+                    return Err(ResponseError::Http(format!("answer of {length} bytes is too long")));
+                }
+                let mut body = buffer.split_off(head_len);
+                while body.len() < length {
+                    let n = stream.read(&mut chunk).map_err(ResponseError::Io)?;
+                    if n == 0 {
+                        return Err(ResponseError::Http("the answer ended inside its body".into()));
+                    }
+                    body.extend_from_slice(&chunk[..n]);
+                }
+                body.truncate(length);
+                return Ok((status, body));
+            }
+            Ok(httparse::Status::Partial) => {}
+            Err(e) => return Err(ResponseError::Http(format!("answer is not HTTP: {e}"))),
+        }
+        if buffer.len() > MAX_RESPONSE_LEN {
+            return Err(ResponseError::Http("answer headers too long".into()));
+        }
+        let n = stream.read(&mut chunk).map_err(ResponseError::Io)?;
+        if n == 0 {
+            return Err(ResponseError::Http("the connection closed before an answer".into()));
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// AWS Signature Version 4 for a request without a query string: the headers to add
+/// (`x-amz-date`, `x-amz-security-token` when there is a session token, `authorization`).
+/// `headers` are lowercase names with trimmed values, sorted by name.
+pub fn sign_v4(
+    credentials: &AwsCredentials,
+    service: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+    now: SystemTime,
+) -> Vec<(&'static str, String)> {
+    let amz_date = amz_date(now);
+    let date = &amz_date[..8];
+    let mut signed_headers: Vec<(&str, String)> = headers.to_vec();
+    signed_headers.push(("x-amz-date", amz_date.clone()));
+    if let Some(token) = &credentials.session_token {
+        signed_headers.push(("x-amz-security-token", token.clone()));
+    }
+    signed_headers.sort_by(|a, b| a.0.cmp(b.0));
+    let canonical_headers: String = signed_headers.iter().map(|(n, v)| format!("{n}:{v}\n")).collect();
+    let names = signed_headers.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(";");
+    let canonical_request =
+        format!("{method}\n{path}\n\n{canonical_headers}\n{names}\n{}", hex::encode(Sha256::digest(body)));
+    let scope = format!("{date}/{}/{service}/aws4_request", credentials.region);
+    let string_to_sign =
+        format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical_request.as_bytes())));
+    let secret = Zeroizing::new(format!("AWS4{}", credentials.secret_access_key.as_str()));
+    let mut key = hmac_sha256(secret.as_bytes(), date.as_bytes());
+    for part in [credentials.region.as_str(), service, "aws4_request"] {
+        key = hmac_sha256(&key, part.as_bytes());
+    }
+    let signature = hex::encode(hmac_sha256(&key, string_to_sign.as_bytes()));
+    let mut out = vec![("x-amz-date", amz_date)];
+    if let Some(token) = &credentials.session_token {
+        out.push(("x-amz-security-token", token.clone()));
+    }
+    out.push((
+        "authorization",
+        format!(
+            "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={names}, Signature={signature}",
+            credentials.access_key_id
+        ),
+    ));
+    out
+}
+
+fn hmac_sha256(key: &[u8], data: &[u8]) -> Zeroizing<Vec<u8>> {
+    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(data);
+    Zeroizing::new(mac.finalize().into_bytes().to_vec())
+}
+
+/// `YYYYMMDDTHHMMSSZ` in UTC.
+fn amz_date(now: SystemTime) -> String {
+    let secs = now.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (year, month, day) = civil_from_days(days as i64);
+    format!("{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
+/// Proleptic Gregorian date of a day count since 1970-01-01 (H. Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn dates_are_utc_calendar_dates() {
+        assert_eq!(amz_date(at(0)), "19700101T000000Z");
+        assert_eq!(amz_date(at(1_369_353_600)), "20130524T000000Z");
+        assert_eq!(amz_date(at(951_782_400 + 3661)), "20000229T010101Z");
+        assert_eq!(amz_date(at(1_798_761_599)), "20261231T235959Z");
+    }
+
+    /// The GET Object example of AWS's Signature Version 4 documentation for S3 ("Authenticating
+    /// Requests: Using the Authorization Header"), with its published signature.
+    #[test]
+    fn signature_v4_known_answer() {
+        let credentials = AwsCredentials {
+            region: "us-east-1".into(),
+            access_key_id: "AKIAIOSFODNN7EXAMPLE".into(),
+            secret_access_key: Zeroizing::new("wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into()),
+            session_token: None,
+        };
+        let empty_hash = hex::encode(Sha256::digest(b""));
+        let headers = [
+            ("host", "examplebucket.s3.amazonaws.com".to_owned()),
+            ("range", "bytes=0-9".to_owned()),
+            ("x-amz-content-sha256", empty_hash),
+        ];
+        let signed = sign_v4(&credentials, "s3", "GET", "/test.txt", &headers, b"", at(1_369_353_600));
+        let authorization = &signed.iter().find(|(n, _)| *n == "authorization").unwrap().1;
+        assert_eq!(
+            authorization,
+            "AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, \
+             SignedHeaders=host;range;x-amz-content-sha256;x-amz-date, \
+             Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41"
+        );
+    }
+
+    #[test]
+    fn a_session_token_is_sent_and_signed() {
+        let credentials = AwsCredentials {
+            region: "eu-west-1".into(),
+            access_key_id: "AKID".into(),
+            secret_access_key: Zeroizing::new("secret".into()),
+            session_token: Some("token".into()),
+        };
+        let signed = sign_v4(&credentials, "kms", "POST", "/", &[("host", "kms.eu-west-1.amazonaws.com".into())], b"{}", at(0));
+        assert!(signed.contains(&("x-amz-security-token", "token".to_owned())));
+        let authorization = &signed.iter().find(|(n, _)| *n == "authorization").unwrap().1;
+        assert!(authorization.contains("SignedHeaders=host;x-amz-date;x-amz-security-token,"), "{authorization}");
+    }
+
+    #[test]
+    fn every_compiled_in_root_parses() {
+        KmsHttps::new(Endpoint::Tcp("127.0.0.1:9".into()), &KmsRoots::Amazon).unwrap();
+        assert!(KmsHttps::new(Endpoint::Tcp("127.0.0.1:9".into()), &KmsRoots::Development(vec![1, 2, 3])).is_err());
+    }
+
+    #[test]
+    fn responses_need_a_length_and_fit_the_bound() {
+        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}".to_vec();
+        assert_eq!(read_response(&mut ok.as_slice()).ok().unwrap(), (200, b"{}".to_vec()));
+        let no_length = b"HTTP/1.1 200 OK\r\n\r\n{}".to_vec();
+        assert!(matches!(read_response(&mut no_length.as_slice()), Err(ResponseError::Http(_))));
+        let cut = b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n{}".to_vec();
+        assert!(matches!(read_response(&mut cut.as_slice()), Err(ResponseError::Http(_))));
+        let huge = b"HTTP/1.1 200 OK\r\nContent-Length: 99999999\r\n\r\n".to_vec();
+        assert!(matches!(read_response(&mut huge.as_slice()), Err(ResponseError::Http(_))));
+    }
+}
