@@ -11,6 +11,9 @@ export const HOST_POLLER_KEY = 'artifacts/host-poller';
 export const ENCLAVE_CID = 16;
 /** Name of the termination lifecycle hook that the host's drain watcher completes. */
 export const DRAIN_HOOK_NAME = 'ephem-drain';
+/** The vsock port of the parent's byte relay to KMS (the enclave-worker's default `--kms-relay`). */
+export const KMS_PROXY_PORT = 8000;
+
 /** How long Auto Scaling waits for the drain hook (its heartbeat timeout), in seconds. */
 export const DRAIN_TIMEOUT_S = 1800;
 /** The poller finishes the jobs it holds for up to this long; a second SIGTERM then releases the rest. */
@@ -81,6 +84,20 @@ export function hostUserData(p: HostUserDataProps): string[] {
     '[Install]',
     'WantedBy=multi-user.target',
     'EOF',
+    '# The enclave calls KMS itself, over TLS that ends inside it; this relay only carries bytes',
+    '# (vsock-proxy allows only the hosts listed in vsock-proxy.yaml, KMS among them).',
+    'cat > /etc/systemd/system/ephem-kms-proxy.service <<EOF',
+    '[Unit]',
+    'Description=ephem-batch byte relay from the enclave to KMS',
+    'After=network-online.target',
+    '[Service]',
+    `ExecStart=/usr/bin/vsock-proxy ${KMS_PROXY_PORT} kms.${p.region}.amazonaws.com 443 --config /etc/nitro_enclaves/vsock-proxy.yaml`,
+    'Restart=always',
+    'RestartSec=2',
+    'DynamicUser=yes',
+    '[Install]',
+    'WantedBy=multi-user.target',
+    'EOF',
     'cat > /etc/systemd/system/ephem-host-poller.service <<EOF',
     '[Unit]',
     'Description=ephem-batch host-poller (untrusted relay between SQS/S3/KMS and the enclave)',
@@ -106,7 +123,7 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'EOF',
     ...drainWatcher(),
     'systemctl daemon-reload',
-    'systemctl enable --now ephem-enclave.service ephem-host-poller.service ephem-drain.service',
+    'systemctl enable --now ephem-kms-proxy.service ephem-enclave.service ephem-host-poller.service ephem-drain.service',
   ];
 }
 

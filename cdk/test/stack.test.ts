@@ -45,7 +45,10 @@ describe('fleet', () => {
       'nitro-cli describe-eif',
       'nitro-cli run-enclave',
       'ephem-host-poller.service',
-      'systemctl enable --now ephem-enclave.service ephem-host-poller.service ephem-drain.service',
+      'systemctl enable --now ephem-kms-proxy.service ephem-enclave.service ephem-host-poller.service ephem-drain.service',
+      // The enclave's own TLS to KMS goes through this relay (vsock port 8000, the worker's default).
+      '/usr/bin/vsock-proxy 8000 kms.',
+      '.amazonaws.com 443 --config /etc/nitro_enclaves/vsock-proxy.yaml',
     ]) {
       assert.ok(userData.includes(needle), `user data contains ${needle}`);
     }

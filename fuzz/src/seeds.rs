@@ -236,14 +236,14 @@ fn frame_seeds(w: &mut Writer<'_>) -> io::Result<()> {
     let messages = vec![
         Message::Hello { role: Role::Host, channel: Channel::Control },
         Message::Hello { role: Role::Enclave, channel: Channel::Job },
-        Message::KmsDecrypt {
+        Message::KmsCredentialsRequest { request: 1 },
+        Message::KmsCredentials {
             request: 1,
-            key_id: Some("arn:aws:kms:eu-west-1:111122223333:key/fuzz".into()),
-            ciphertext_blob: vec![1, 2, 3],
-            encryption_context: [("epoch".to_owned(), "7".to_owned())].into(),
-            recipient_attestation: fixed::enclave().document[..64].to_vec(),
+            region: "eu-west-1".into(),
+            access_key_id: "AKIAFUZZ".into(),
+            secret_access_key: "s".repeat(40),
+            session_token: Some("t".repeat(64)),
         },
-        Message::KmsDecrypted { request: 1, key_id: "k".into(), ciphertext_for_recipient: vec![0x30, 0x80, 0, 0] },
         Message::KmsFailed { request: 2, code: "AccessDeniedException".into(), message: "no".into() },
         Message::FetchObject { request: 3, key: "models/minilm/manifest.cose".into() },
         Message::ObjectData { request: 3, data: vec![0xab; 40], last: true },
