@@ -25,7 +25,7 @@ export EPHEM_TEST_AWS_ENDPOINT="$endpoint"
 cargo build --workspace --bins --locked
 if $only_aws; then
     cargo test --locked -p cloud --lib aws::
-    cargo test --locked -p tests --test aws_conformance --test aws_pipeline -- aws_
+    cargo test --locked -p tests --test aws_conformance --test aws_pipeline --test aws_workflow -- aws_
 else
     cargo test --workspace --locked
 fi
