@@ -16,7 +16,7 @@ export EPHEM_MODEL_DIR="${EPHEM_MODEL_DIR:-$PWD/.ephem/models/all-MiniLM-L6-v2}"
 profile=${EPHEM_BENCH_PROFILE:-release}
 cargo build --profile "$profile" --locked --bins -p client-cli -p host-poller -p enclave-worker
 cargo build --profile "$profile" --locked -p enclave-worker --example bench_inference
-bin=$PWD/target/$([ "$profile" = dev ] && echo debug || echo "$profile")
+bin=${CARGO_TARGET_DIR:-$PWD/target}/$([ "$profile" = dev ] && echo debug || echo "$profile")
 home=$(mktemp -d)
 trap '"$bin/ephem-batch" --home "$home" dev down >/dev/null 2>&1 || true; rm -rf "$home"' EXIT
 docs=$(wc -l < "$corpus")
