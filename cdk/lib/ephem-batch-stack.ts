@@ -74,6 +74,8 @@ export class EphemBatchStack extends Stack {
     this.workflow = new BulkWorkflow(this, 'BulkWorkflow', {
       jobsBucket: this.storage.jobs,
       listShards: this.lambdas.bulkListShards,
+      awaitShard: this.lambdas.bulkAwaitShard,
+      awaitShardRole: this.identities.bulkAwaitRole,
       aggregate: this.lambdas.bulkAggregate,
     });
     this.grantModelPublisher();

@@ -15,8 +15,9 @@ export class Identities extends Construct {
   readonly ledgerRole: iam.Role;
   /** on-upload Lambda: turns S3 upload events into job messages. */
   readonly onUploadRole: iam.Role;
-  /** bulk-list-shards and bulk-aggregate Lambdas (the bulk workflow's steps). */
+  /** bulk-list-shards, bulk-await-shard and bulk-aggregate Lambdas (the bulk workflow's steps). */
   readonly bulkListRole: iam.Role;
+  readonly bulkAwaitRole: iam.Role;
   readonly bulkAggregateRole: iam.Role;
   /**
    * Model publisher: uploads encrypted models and wraps their data keys with kms:Encrypt.
@@ -46,6 +47,10 @@ export class Identities extends Construct {
     this.bulkListRole = new iam.Role(this, 'BulkListShardsRole', {
       assumedBy: lambdaService,
       description: 'ephem-batch bulk-list-shards Lambda',
+    });
+    this.bulkAwaitRole = new iam.Role(this, 'BulkAwaitShardRole', {
+      assumedBy: lambdaService,
+      description: 'ephem-batch bulk-await-shard Lambda',
     });
     this.bulkAggregateRole = new iam.Role(this, 'BulkAggregateRole', {
       assumedBy: lambdaService,

@@ -1,7 +1,8 @@
 // The Rust Lambdas (crate lambdas/, one binary each, runtime provided.al2023) and what
 // triggers them: S3 uploads -> on-upload, the ledger FIFO queue -> ledger-append (one at a
-// time), a schedule -> fleet-rotate; the bulk workflow calls bulk-list-shards and
-// bulk-aggregate. Each runs under its own role with only the calls it makes.
+// time), a schedule -> fleet-rotate; the bulk workflow calls bulk-list-shards, bulk-await-shard
+// (once per shard, as a task that waits for its token) and bulk-aggregate. Each runs under its
+// own role with only the calls it makes.
 import { Duration } from 'aws-cdk-lib';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
@@ -31,6 +32,7 @@ export class Lambdas extends Construct {
   readonly ledgerAppend: lambda.Function;
   readonly fleetRotate: lambda.Function;
   readonly bulkListShards: lambda.Function;
+  readonly bulkAwaitShard: lambda.Function;
   readonly bulkAggregate: lambda.Function;
   readonly all: lambda.Function[];
 
@@ -149,6 +151,27 @@ export class Lambdas extends Construct {
       why: 'Reads the headers of the sealed shards under the store prefixes, whose names the data owners choose.',
     });
 
+    // bulk-await-shard: writes the task token a shard's Map item waits on, then completes it itself
+    // if the job has already ended. Its states:SendTask* grant is on the state machine, which
+    // names this function: workflow.ts grants it once both exist.
+    this.bulkAwaitShard = this.rustFunction('bulk-await-shard', ids.bulkAwaitRole, {
+      timeout: Duration.seconds(60),
+      memorySize: 256,
+      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName },
+    });
+    const perJob = 'Job ids are derived from each shard\'s header and only known at run time; the pattern admits one kind of object per job.';
+    allow(ids.bulkAwaitRole, 'WriteBulkTasks', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/bulk-task.json')], {
+      why: `${perJob} Writes the task token a bulk run waits on for that job.`,
+    });
+    allow(ids.bulkAwaitRole, 'ReadJobEnds', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/receipt.cose'), storage.jobs.arnForObjects('jobs/*/status.json')], {
+      why: `${perJob} Looks for the job's end: its committed receipt (HeadObject), else a failed or cancelled status.`,
+    });
+    // Normally absent: the receipt before the job is done, the status before on-upload has made
+    // the shard a job. A 403 would fail the step (fleet.ts, KnowAbsentJobObjects).
+    allow(ids.bulkAwaitRole, 'KnowAbsentJobEnds', ['s3:ListBucket'], [storage.jobs.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['jobs/*/receipt.cose', 'jobs/*/status.json'] } },
+    });
+
     this.bulkAggregate = this.rustFunction('bulk-aggregate', ids.bulkAggregateRole, {
       timeout: Duration.minutes(5),
       memorySize: 512,
@@ -156,6 +179,15 @@ export class Lambdas extends Construct {
     });
     allow(ids.bulkAggregateRole, 'ReadReceipts', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/receipt.cose')], {
       why: 'Reads the receipt of each job of the bulk run; job ids are known at run time.',
+    });
+    allow(ids.bulkAggregateRole, 'ReadJobStatus', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/status.json')], {
+      why: 'Reads the recorded reason of each failed shard of the bulk run from its job status; job ids are known at run time.',
+    });
+    // It looks for every shard's receipt, whatever its task reported: a timed-out or failed
+    // shard has none, and may have no status either. Both are outcomes in the manifest, not
+    // access errors.
+    allow(ids.bulkAggregateRole, 'KnowAbsentJobEnds', ['s3:ListBucket'], [storage.jobs.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['jobs/*/receipt.cose', 'jobs/*/status.json'] } },
     });
     allow(ids.bulkAggregateRole, 'ReadAttestationDocuments', ['s3:GetObject'], [storage.attestations.arnForObjects('attestations/by-hash/*')], {
       why: 'Verifies each receipt against the attestation document it names by hash; documents are public.',
@@ -168,7 +200,7 @@ export class Lambdas extends Construct {
       why: 'Writes bulk/<bulk_id>/manifest.json; bulk ids are chosen per run.',
     });
 
-    this.all = [this.onUpload, this.ledgerAppend, this.fleetRotate, this.bulkListShards, this.bulkAggregate];
+    this.all = [this.onUpload, this.ledgerAppend, this.fleetRotate, this.bulkListShards, this.bulkAwaitShard, this.bulkAggregate];
   }
 
   private rustFunction(

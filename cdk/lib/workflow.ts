@@ -1,6 +1,8 @@
 // The bulk workflow (DESIGN.md §5, last paragraph): a Standard state machine whose definition
 // is the single ASL file lambdas/asl/bulk-workflow.asl.json, shared with the Rust tests. The
-// deployment only fills its ${...} placeholders.
+// deployment only fills its ${...} placeholders. Each shard is awaited on a task token
+// (bulk-await-shard, lambda:invoke.waitForTaskToken), completed by the host that ends the job
+// or by bulk-await-shard itself; the state machine polls nothing.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Validations } from 'aws-cdk-lib';
@@ -18,6 +20,9 @@ export const ASL_FILE = path.join('lambdas', 'asl', 'bulk-workflow.asl.json');
 export interface WorkflowProps {
   readonly jobsBucket: s3.IBucket;
   readonly listShards: lambda.IFunction;
+  readonly awaitShard: lambda.IFunction;
+  /** bulk-await-shard's role: it completes the tasks of this state machine. */
+  readonly awaitShardRole: iam.Role;
   readonly aggregate: lambda.IFunction;
 }
 
@@ -25,6 +30,7 @@ export interface WorkflowProps {
 export function aslSubstitutions(p: WorkflowProps): Record<string, string> {
   return {
     BulkListShardsFunctionArn: p.listShards.functionArn,
+    BulkAwaitShardFunctionArn: p.awaitShard.functionArn,
     BulkAggregateFunctionArn: p.aggregate.functionArn,
     JobsBucketName: p.jobsBucket.bucketName,
   };
@@ -56,9 +62,24 @@ export class BulkWorkflow extends Construct {
     });
 
     // The calls the definition makes, and nothing else.
-    allow(role, 'InvokeBulkSteps', ['lambda:InvokeFunction'], [props.listShards.functionArn, props.aggregate.functionArn]);
-    allow(role, 'LookForReceipts', ['s3:ListBucket'], [props.jobsBucket.bucketArn], {
-      conditions: { StringLike: { 's3:prefix': ['jobs/*'] } },
+    allow(role, 'InvokeBulkSteps', ['lambda:InvokeFunction'], [
+      props.listShards.functionArn,
+      props.awaitShard.functionArn,
+      props.aggregate.functionArn,
+    ]);
+    // bulk-await-shard completes a shard's task itself when the job ended before the token was
+    // written. A separate policy: the state machine names the function, which depends on its
+    // role's default policy, so that policy cannot name the state machine without a dependency
+    // cycle; this one names it exactly, and nothing depends on it.
+    new iam.Policy(this, 'AwaitShardTaskPolicy', {
+      roles: [props.awaitShardRole],
+      statements: [
+        new iam.PolicyStatement({
+          sid: 'CompleteBulkTasks',
+          actions: ['states:SendTaskSuccess', 'states:SendTaskFailure'],
+          resources: [this.stateMachine.stateMachineArn],
+        }),
+      ],
     });
     // CDK adds the log-delivery and X-Ray statements that these two options require.
     Validations.of(role).acknowledge({

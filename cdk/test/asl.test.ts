@@ -1,6 +1,6 @@
 // The bulk workflow's ASL file is shared with the Rust tests, so check it on its own:
-// well-formed, every transition lands on a state, every state is reachable, and each task
-// calls only what the state machine's role allows.
+// well-formed, every transition lands on a state, every state is reachable, each task calls
+// only what the state machine's role allows, and each shard is awaited on a task token.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { readAsl } from '../lib/workflow';
@@ -47,17 +47,42 @@ describe('bulk workflow ASL', () => {
     });
   }
 
-  it('calls only the two bulk Lambdas and S3 ListObjectsV2', () => {
-    const resources = machines(asl).flatMap(([, m]) => Object.values(m.States).filter((s: any) => s.Type === 'Task').map((s: any) => s.Resource));
-    assert.deepEqual([...new Set(resources)].sort(), ['arn:aws:states:::aws-sdk:s3:listObjectsV2', 'arn:aws:states:::lambda:invoke']);
-    const functions = machines(asl).flatMap(([, m]) =>
-      Object.values(m.States).filter((s: any) => s.Resource === 'arn:aws:states:::lambda:invoke').map((s: any) => s.Parameters.FunctionName),
-    );
-    assert.deepEqual(functions.sort(), ['${BulkAggregateFunctionArn}', '${BulkListShardsFunctionArn}']);
+  const tasks = () => machines(asl).flatMap(([, m]) => Object.entries(m.States).filter(([, s]) => s.Type === 'Task'));
+
+  it('calls only the three bulk Lambdas (the await step waits for a task token), and nothing else', () => {
+    const resources = tasks().map(([, s]) => s.Resource);
+    assert.deepEqual([...new Set(resources)].sort(), ['arn:aws:states:::lambda:invoke', 'arn:aws:states:::lambda:invoke.waitForTaskToken']);
+    const functions = tasks().map(([name, s]) => `${name}: ${s.Parameters.FunctionName}`);
+    assert.deepEqual(functions.sort(), [
+      'Aggregate: ${BulkAggregateFunctionArn}',
+      'AwaitShard: ${BulkAwaitShardFunctionArn}',
+      'ListShards: ${BulkListShardsFunctionArn}',
+    ]);
+    const [[, awaitShard]] = tasks().filter(([, s]) => s.Resource.endsWith('.waitForTaskToken'));
+    assert.equal(awaitShard.Parameters.FunctionName, '${BulkAwaitShardFunctionArn}');
+  });
+
+  it('awaits each shard on its task token, for at most 24 h, and keeps nothing of what completes it', () => {
+    const waits = tasks().filter(([, s]) => s.Resource.endsWith('.waitForTaskToken'));
+    assert.equal(waits.length, 1);
+    const [[name, s]] = waits;
+    assert.equal(s.Parameters.Payload['task_token.$'], '$$.Task.Token', `${name} hands the function its token`);
+    assert.equal(s.TimeoutSeconds, 86400, `${name} TimeoutSeconds`);
+    assert.equal(s.HeartbeatSeconds, undefined, 'nothing sends heartbeats');
+    assert.equal(s.ResultPath, null, `${name}: the completer's output is dropped`);
+    const caught = (s.Catch as any[]).map((c) => c.ErrorEquals.join(','));
+    assert.deepEqual(caught, ['States.Timeout', 'States.ALL'], `${name}: a timeout and a failure end the shard, not the run`);
+  });
+
+  it('every Lambda task retries only Lambda service errors', () => {
+    for (const [name, s] of tasks()) {
+      const retried = (s.Retry as any[]).flatMap((r) => r.ErrorEquals as string[]);
+      assert.ok(retried.length > 0 && retried.every((e) => e.startsWith('Lambda.')), `${name}: ${retried.join(',')}`);
+    }
   });
 
   it('looks for receipts at jobs/<job_id>/receipt.cose', () => {
     const text = JSON.stringify(asl);
-    assert.ok(text.includes("States.Format('jobs/{}/receipt.cose', $.shard.job_id)"));
+    assert.ok(text.includes("States.Format('jobs/{}/receipt.cose', $.job_id)"));
   });
 });

@@ -6,7 +6,7 @@ import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { repoRoot } from '../lib/config';
 import { flattenForNag } from '../lib/nag';
-import { asArray, defaultStack, identityStatements, resourcesOfType } from './helpers';
+import { asArray, defaultStack, identityStatements, referencedId, resourcesOfType } from './helpers';
 
 const { json } = defaultStack();
 const statements = identityStatements(json);
@@ -131,9 +131,33 @@ describe('Lambdas', () => {
     assert.equal(env.EPHEM_ATTESTATIONS_BUCKET, undefined);
   });
 
-  it('bulk-aggregate reads receipts and the attestation documents they name, writes bulk manifests', () => {
+  it('bulk-await-shard writes bulk-task.json, looks for the job\'s end, and sees it absent', () => {
+    assert.deepEqual(s3Only(grantsOf('IdentitiesBulkAwaitShardRole')), {
+      WriteBulkTasks: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/bulk-task.json'] },
+      ReadJobEnds: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/receipt.cose', 'JOBS/jobs/*/status.json'] },
+      KnowAbsentJobEnds: { actions: ['s3:ListBucket'], resources: ['JOBS'], condition: prefix('jobs/*/receipt.cose', 'jobs/*/status.json') },
+    });
+    assert.deepEqual(Object.keys(grantsOf('IdentitiesBulkAwaitShardRole')).sort(), ['KnowAbsentJobEnds', 'ReadJobEnds', 'WriteBulkTasks', 'WriteOwnLogs']);
+    const [[jobsBucketId]] = resourcesOfType(json, 'AWS::S3::Bucket').filter(([id]) => id.startsWith('StorageJobs'));
+    assert.deepEqual(lambdaEnvironment('bulk-await-shard'), { EPHEM_JOBS_BUCKET: { Ref: jobsBucketId }, RUST_LOG: 'info' });
+  });
+
+  it('bulk-await-shard completes tasks of the bulk state machine only (a policy of its own: no dependency cycle)', () => {
+    const policies = resourcesOfType(json, 'AWS::IAM::Policy').filter(([id]) => id.startsWith('BulkWorkflowAwaitShardTaskPolicy'));
+    assert.equal(policies.length, 1);
+    const [[policyId, policy]] = policies;
+    assert.deepEqual(asArray(policy.Properties?.Roles).map(referencedId), [resourcesOfType(json, 'AWS::IAM::Role').find(([id]) => id.startsWith('IdentitiesBulkAwaitShardRole'))![0]]);
+    const [[stateMachineId]] = resourcesOfType(json, 'AWS::StepFunctions::StateMachine');
+    assert.deepEqual(grantsOf(policyId), {
+      CompleteBulkTasks: { actions: ['states:SendTaskSuccess', 'states:SendTaskFailure'], resources: [`<${stateMachineId}>`] },
+    });
+  });
+
+  it('bulk-aggregate looks for every shard\'s receipt (and a failed one\'s status), reads the documents receipts name, writes bulk manifests', () => {
     assert.deepEqual(s3Only(grantsOf('IdentitiesBulkAggregateRole')), {
       ReadReceipts: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/receipt.cose'] },
+      ReadJobStatus: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/status.json'] },
+      KnowAbsentJobEnds: { actions: ['s3:ListBucket'], resources: ['JOBS'], condition: prefix('jobs/*/receipt.cose', 'jobs/*/status.json') },
       ReadAttestationDocuments: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/attestations/by-hash/*'] },
       KnowAbsentAttestationDocuments: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/by-hash/*') },
       WriteBulkManifests: { actions: ['s3:PutObject'], resources: ['JOBS/bulk/*'] },
@@ -191,7 +215,7 @@ describe('docs/operations.md §5', () => {
 
   it('names every Sid the stack grants to its components', () => {
     for (const { owner, statement } of statements) {
-      if (!statement.Sid || !owner.startsWith('Identities') && !owner.startsWith('FleetHostDrain')) continue;
+      if (!statement.Sid || !['Identities', 'FleetHostDrain', 'BulkWorkflow'].some((p) => owner.startsWith(p))) continue;
       assert.ok(section.includes(`\`${statement.Sid}\``), `§5 names ${statement.Sid} (${owner})`);
     }
   });

@@ -237,7 +237,7 @@ describe('queues', () => {
 describe('lambdas', () => {
   const functions = resourcesOfType(json, 'AWS::Lambda::Function').filter(([, f]) => String(f.Properties?.Description ?? '').startsWith('ephem-batch '));
 
-  it('the five Rust functions exist, on provided.al2023', () => {
+  it('the six Rust functions exist, on provided.al2023', () => {
     const names = functions.map(([, f]) => String(f.Properties?.Description).replace('ephem-batch ', '')).sort();
     assert.deepEqual(names, [...LAMBDA_NAMES].sort());
     for (const [, f] of functions) {
@@ -309,6 +309,31 @@ describe('bulk workflow', () => {
     assert.deepEqual([...placeholders].sort(), Object.keys(sm.Properties?.DefinitionSubstitutions).sort());
     assert.equal(sm.Properties?.TracingConfiguration?.Enabled, true);
     assert.equal(sm.Properties?.LoggingConfiguration?.Level, 'ALL');
+  });
+
+  it('the state machine invokes exactly the three bulk Lambdas, and calls nothing else of the deployment', () => {
+    const [[smId, sm]] = resourcesOfType(json, 'AWS::StepFunctions::StateMachine');
+    const subs = sm.Properties?.DefinitionSubstitutions as Record<string, unknown>;
+    const functionIds = Object.fromEntries(resourcesOfType(json, 'AWS::Lambda::Function').map(([id, f]) => [id, String(f.Properties?.Description)]));
+    const substituted = (name: string) => functionIds[referencedId(subs[name])!];
+    assert.equal(substituted('BulkListShardsFunctionArn'), 'ephem-batch bulk-list-shards');
+    assert.equal(substituted('BulkAwaitShardFunctionArn'), 'ephem-batch bulk-await-shard');
+    assert.equal(substituted('BulkAggregateFunctionArn'), 'ephem-batch bulk-aggregate');
+
+    const roleId = referencedId(sm.Properties?.RoleArn)!;
+    const own = identityStatements(json).filter(({ owner }) => owner.startsWith(roleId.replace(/[0-9A-F]{8}$/, '')));
+    const bySid = own.filter(({ statement: s }) => s.Sid);
+    assert.deepEqual(bySid.map(({ statement: s }) => s.Sid), ['InvokeBulkSteps'], `${smId}'s role: only the invoke statement has a Sid`);
+    const invoke = bySid[0].statement;
+    assert.deepEqual(invoke.Action, 'lambda:InvokeFunction');
+    assert.deepEqual(
+      asArray(invoke.Resource).map((r) => functionIds[referencedId(r)!]).sort(),
+      ['ephem-batch bulk-aggregate', 'ephem-batch bulk-await-shard', 'ephem-batch bulk-list-shards'],
+    );
+    // The rest is CDK's log delivery and X-Ray; no S3 polling is left.
+    for (const { statement: s } of own) {
+      for (const a of asArray<string>(s.Action)) assert.ok(/^(lambda:InvokeFunction|logs:|xray:)/.test(a), `${smId}'s role grants ${a}`);
+    }
   });
 
   it('the ASL file exists where the Rust tests will look for it', () => {
