@@ -558,7 +558,7 @@ mod tests {
     }
 
     impl Kms for MemKms {
-        fn enclave_access(&self) -> Result<cloud::EnclaveKmsAccess, KmsError> {
+        fn enclave_access(&self) -> Result<cloud::AwsCredentials, KmsError> {
             Err(KmsError::Validation("not in this test".into()))
         }
 

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+pub use protocol::kms_api::AwsCredentials;
 use zeroize::Zeroizing;
 
 /// KMS `Recipient`: the key algorithm is always RSAES_OAEP_SHA_256.
@@ -82,26 +83,9 @@ pub struct Decrypted {
     pub ciphertext_for_recipient: Option<Vec<u8>>,
 }
 
-/// What an enclave needs to call KMS itself (DESIGN.md §3, `protocol::kms_api`): the region
-/// that names the endpoint (`kms.<region>.amazonaws.com`) and the caller's credentials. They
-/// authorise the call; the host owns them, so they are no secret from the host.
-#[derive(Clone)]
-pub struct EnclaveKmsAccess {
-    pub region: String,
-    pub access_key_id: String,
-    pub secret_access_key: Zeroizing<String>,
-    pub session_token: Option<String>,
-}
-
-impl std::fmt::Debug for EnclaveKmsAccess {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EnclaveKmsAccess").field("region", &self.region).field("access_key_id", &self.access_key_id).finish()
-    }
-}
-
 pub trait Kms: Send + Sync {
     /// The region and credentials an enclave signs its own `Decrypt` calls with.
-    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError>;
+    fn enclave_access(&self) -> Result<AwsCredentials, KmsError>;
     fn encrypt(&self, key_id: &str, plaintext: &[u8], context: &EncryptionContext) -> Result<Vec<u8>, KmsError>;
     fn generate_data_key(
         &self,

@@ -9,7 +9,7 @@ use std::io::{Read, Write};
 use std::sync::Arc;
 
 use protocol::fleet::EpochRecord;
-use protocol::kms_api::{self, DecryptRequest, RecipientInfo};
+use protocol::kms_api::{self, AwsCredentials, DecryptRequest, RecipientInfo};
 use protocol::frame::{self, FrameIoError, Message};
 use protocol::manifest::{Manifest, SignedManifest};
 use protocol::stream::StreamOpener;
@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::inference::{Embedder, EmbedderSettings, Engine, ModelFiles};
-use crate::key_release::kms_https::{AwsCredentials, KmsHttps};
+use crate::key_release::kms_https::KmsHttps;
 use crate::key_release::{self, KmsTransport, KmsTransportError, RsaKeyPool};
 use crate::nsm::AttestationRequest;
 use crate::worker::{Epoch, LoadedModel, Worker};

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext};
 use cloud::local::KmsEndpoint;
-use cloud::{EnclaveKmsAccess, Kms, KmsError, Recipient};
+use cloud::{AwsCredentials, Kms, KmsError, Recipient};
 
 use ed25519_dalek::VerifyingKey;
 use p256::pkcs8::EncodePrivateKey;
@@ -58,7 +58,7 @@ fn dev_root(state_dir: &Path) -> TrustAnchor {
 }
 
 impl Kms for TestKms {
-    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError> {
+    fn enclave_access(&self) -> Result<AwsCredentials, KmsError> {
         Ok(local_access())
     }
     fn encrypt(&self, _: &str, _: &[u8], _: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
@@ -93,8 +93,8 @@ impl Kms for TestKms {
     }
 }
 
-fn local_access() -> EnclaveKmsAccess {
-    EnclaveKmsAccess {
+fn local_access() -> AwsCredentials {
+    AwsCredentials {
         region: "local".into(),
         access_key_id: "local".into(),
         secret_access_key: zeroize::Zeroizing::new("local".into()),
@@ -107,7 +107,7 @@ fn local_access() -> EnclaveKmsAccess {
 struct Host {
     objects: BTreeMap<String, Vec<u8>>,
     kms: Arc<TestKms>,
-    access: EnclaveKmsAccess,
+    access: AwsCredentials,
     state_dir: PathBuf,
     published: Vec<Vec<u8>>,
 }

@@ -8,10 +8,12 @@
 //! nothing. Shared by the worker's client and the embedded default's local KMS endpoint.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
 
 /// `X-Amz-Target` of `Decrypt`.
 pub const DECRYPT_TARGET: &str = "TrentService.Decrypt";
@@ -34,6 +36,23 @@ pub enum KmsApiError {
     NoCiphertextForRecipient,
     #[error("KMS answer carries a plaintext where only a CiphertextForRecipient may be")]
     PlaintextInAnswer,
+}
+
+/// What an enclave signs its own KMS call with: the region that names the endpoint and the
+/// host role's credentials. They authorise the call; the host owns them, so they are no secret
+/// from the host and prove nothing to the enclave.
+#[derive(Clone)]
+pub struct AwsCredentials {
+    pub region: String,
+    pub access_key_id: String,
+    pub secret_access_key: Zeroizing<String>,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for AwsCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AwsCredentials").field("region", &self.region).field("access_key_id", &self.access_key_id).finish()
+    }
 }
 
 /// The host name of KMS in `region`: `kms.<region>.amazonaws.com`. The enclave puts exactly this
@@ -119,6 +138,100 @@ pub fn from_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, KmsApiErro
     serde_json::from_slice(body).map_err(|e| KmsApiError::Json(e.to_string()))
 }
 
+/// One HTTP/1.1 message as the two ends of an enclave's KMS call exchange it: one request and
+/// one answer per connection, each with a `Content-Length` body (KMS's JSON API uses no other).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpMessage {
+    /// `POST /` of a request, `200` of a response.
+    pub start: StartLine,
+    /// Names in lowercase, values trimmed.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartLine {
+    Request { method: String, path: String },
+    Response { status: u16 },
+}
+
+impl HttpMessage {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpReadError {
+    /// The connection failed (for a TLS stream: including the TLS checks).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    /// The bytes are not such a message.
+    #[error("{0}")]
+    Http(String),
+}
+
+/// Reads one request (`request = true`) or response of at most `max_len` bytes.
+pub fn read_http_message(stream: &mut impl Read, request: bool, max_len: usize) -> Result<HttpMessage, HttpReadError> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some((head_len, start, headers)) = parse_head(&buffer, request)? {
+            let length = headers
+                .iter()
+                .find(|(n, _)| n == "content-length")
+                .and_then(|(_, v)| v.parse::<usize>().ok())
+                .ok_or_else(|| HttpReadError::Http("no Content-Length".into()))?;
+            if length > max_len {
+                return Err(HttpReadError::Http(format!("a body of {length} bytes is too long")));
+            }
+            let mut body = buffer.split_off(head_len);
+            while body.len() < length {
+                let n = stream.read(&mut chunk)?;
+                if n == 0 {
+                    return Err(HttpReadError::Http("the connection closed inside the body".into()));
+                }
+                body.extend_from_slice(chunk.get(..n).unwrap_or_default());
+            }
+            body.truncate(length);
+            return Ok(HttpMessage { start, headers, body });
+        }
+        if buffer.len() > max_len {
+            return Err(HttpReadError::Http("headers too long".into()));
+        }
+        let n = stream.read(&mut chunk)?;
+        if n == 0 {
+            return Err(HttpReadError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        buffer.extend_from_slice(chunk.get(..n).unwrap_or_default());
+    }
+}
+
+type Head = (usize, StartLine, Vec<(String, String)>);
+
+fn parse_head(buffer: &[u8], request: bool) -> Result<Option<Head>, HttpReadError> {
+    let mut slots = [httparse::EMPTY_HEADER; 32];
+    let not_http = |e: httparse::Error| HttpReadError::Http(format!("not HTTP: {e}"));
+    let (head_len, start, headers) = if request {
+        let mut parsed = httparse::Request::new(&mut slots);
+        let httparse::Status::Complete(len) = parsed.parse(buffer).map_err(not_http)? else { return Ok(None) };
+        let start = StartLine::Request {
+            method: parsed.method.unwrap_or_default().to_owned(),
+            path: parsed.path.unwrap_or_default().to_owned(),
+        };
+        (len, start, owned(parsed.headers))
+    } else {
+        let mut parsed = httparse::Response::new(&mut slots);
+        let httparse::Status::Complete(len) = parsed.parse(buffer).map_err(not_http)? else { return Ok(None) };
+        (len, StartLine::Response { status: parsed.code.unwrap_or(0) }, owned(parsed.headers))
+    };
+    Ok(Some((head_len, start, headers)))
+}
+
+fn owned(headers: &[httparse::Header<'_>]) -> Vec<(String, String)> {
+    headers.iter().map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).trim().to_owned())).collect()
+}
+
 mod b64 {
     use super::*;
 
@@ -195,6 +308,21 @@ mod tests {
         assert_eq!(plain.into_recipient_answer(), Err(KmsApiError::PlaintextInAnswer));
         let none: DecryptResponse = from_json(br#"{"KeyId":"arn:k"}"#).unwrap();
         assert_eq!(none.into_recipient_answer(), Err(KmsApiError::NoCiphertextForRecipient));
+    }
+
+    #[test]
+    fn http_messages_need_a_length_and_fit_the_bound() {
+        let read = |bytes: &[u8], request| read_http_message(&mut &bytes[..], request, 64);
+        let ok = read(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", false).unwrap();
+        assert_eq!((ok.start, ok.body), (StartLine::Response { status: 200 }, b"{}".to_vec()));
+        let post = read(b"POST / HTTP/1.1\r\nX-Amz-Target: T\r\ncontent-length: 1\r\n\r\nab", true).unwrap();
+        assert_eq!(post.start, StartLine::Request { method: "POST".into(), path: "/".into() });
+        assert_eq!((post.header("x-amz-target"), post.body.as_slice()), (Some("T"), &b"a"[..]));
+        assert!(matches!(read(b"HTTP/1.1 200 OK\r\n\r\n{}", false), Err(HttpReadError::Http(_))));
+        assert!(matches!(read(b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n{}", false), Err(HttpReadError::Http(_))));
+        assert!(matches!(read(b"HTTP/1.1 200 OK\r\nContent-Length: 65\r\n\r\n", false), Err(HttpReadError::Http(_))));
+        assert!(matches!(read(b"\x16\x03\x01 not http", false), Err(HttpReadError::Http(_))));
+        assert!(matches!(read(b"HTTP/1.1 200", false), Err(HttpReadError::Io(_))));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use zeroize::Zeroizing;
 
 use super::error::Failure;
 use super::runtime::AwsRuntime;
-use crate::kms::{DataKey, DataKeyPair, Decrypted, EnclaveKmsAccess, EncryptionContext, Kms, KmsError, Recipient};
+use crate::kms::{DataKey, DataKeyPair, Decrypted, AwsCredentials, EncryptionContext, Kms, KmsError, Recipient};
 
 /// AWS KMS. Cheap to clone.
 #[derive(Clone)]
@@ -105,7 +105,7 @@ impl Kms for AwsKms {
     /// The credentials of the SDK's chain (on a host, the instance role's, from IMDS) and the
     /// client's region: the enclave calls `kms.<region>.amazonaws.com` itself through the
     /// host's `vsock-proxy`.
-    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError> {
+    fn enclave_access(&self) -> Result<AwsCredentials, KmsError> {
         use aws_sdk_kms::config::ProvideCredentials;
         let config = self.client.config();
         let region = config.region().ok_or_else(|| KmsError::Validation("no AWS region for KMS".into()))?.to_string();
@@ -117,7 +117,7 @@ impl Kms for AwsKms {
             .runtime
             .block_on(provider.provide_credentials())
             .map_err(|e| KmsError::AccessDenied(format!("AWS credentials for the enclave: {e}")))?;
-        Ok(EnclaveKmsAccess {
+        Ok(AwsCredentials {
             region,
             access_key_id: credentials.access_key_id().to_owned(),
             secret_access_key: Zeroizing::new(credentials.secret_access_key().to_owned()),

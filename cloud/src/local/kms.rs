@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
 use super::sqlite;
-use crate::kms::{DataKey, DataKeyPair, Decrypted, EnclaveKmsAccess, EncryptionContext, Kms, KmsError, Recipient};
+use crate::kms::{DataKey, DataKeyPair, Decrypted, AwsCredentials, EncryptionContext, Kms, KmsError, Recipient};
 use crate::now_ms;
 
 /// Key ARNs of the local KMS: a fixed pseudo-region and account.
@@ -564,8 +564,8 @@ fn deliver(plaintext: Zeroizing<Vec<u8>>, recipient_key: Option<Vec<u8>>) -> Res
 impl Kms for LocalKms {
     /// The local endpoint (`kms_endpoint`) authorises by the attestation document alone, as the
     /// key policy does; these credentials only give the request its AWS shape.
-    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError> {
-        Ok(EnclaveKmsAccess {
+    fn enclave_access(&self) -> Result<AwsCredentials, KmsError> {
+        Ok(AwsCredentials {
             region: protocol::kms_api::LOCAL_REGION.into(),
             access_key_id: LOCAL_ACCESS_KEY_ID.into(),
             secret_access_key: Zeroizing::new(LOCAL_ACCESS_KEY_ID.into()),

@@ -16,14 +16,14 @@
 //! checked for SigV4 — the local KMS authorises by the attestation document, as the key policy
 //! does in AWS.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use protocol::attestation::DevTlsIdentity;
-use protocol::kms_api::{self, DecryptRequest, DecryptResponse, ErrorResponse};
+use protocol::kms_api::{self, DecryptRequest, DecryptResponse, ErrorResponse, HttpMessage, HttpReadError, StartLine};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -116,11 +116,11 @@ impl KmsEndpoint {
             Err(error) => return tracing::warn!(%error, "KMS endpoint: TLS session"),
         };
         let mut tls = rustls::StreamOwned::new(session, stream);
-        let (status, body) = match read_request(&mut tls) {
+        let (status, body) = match kms_api::read_http_message(&mut tls, true, MAX_REQUEST_LEN) {
             Ok(request) => self.answer(&request),
             // The client may not be an enclave at all (or not trust us): nothing to answer.
-            Err(RequestError::Io(error)) => return tracing::debug!(%error, "KMS endpoint: connection"),
-            Err(RequestError::Http(message)) => (400, error_body("SerializationException", &message)),
+            Err(HttpReadError::Io(error)) => return tracing::debug!(%error, "KMS endpoint: connection"),
+            Err(HttpReadError::Http(message)) => (400, error_body("SerializationException", &message)),
         };
         let head = format!(
             "HTTP/1.1 {status} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
@@ -137,7 +137,10 @@ impl KmsEndpoint {
         }
     }
 
-    fn answer(&self, request: &Request) -> (u16, Vec<u8>) {
+    fn answer(&self, request: &HttpMessage) -> (u16, Vec<u8>) {
+        if request.start != (StartLine::Request { method: "POST".into(), path: "/".into() }) {
+            return (400, error_body("UnknownOperationException", "KMS takes POST /"));
+        }
         let expected_host = kms_api::endpoint_host(kms_api::LOCAL_REGION).unwrap_or_default();
         if request.header("host") != Some(expected_host.as_str()) {
             return (400, error_body("ValidationException", &format!("this endpoint is {expected_host}")));
@@ -200,71 +203,6 @@ fn create_identity(tls_dir: &Path) -> Result<(), EndpointError> {
 
 fn to_pem(label: &str, der: &[u8]) -> Result<String, EndpointError> {
     der::pem::encode_string(label, der::pem::LineEnding::LF, der).map_err(|e| EndpointError::Identity(e.to_string()))
-}
-
-struct Request {
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Request {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
-    }
-}
-
-enum RequestError {
-    Io(std::io::Error),
-    Http(String),
-}
-
-fn read_request(stream: &mut impl Read) -> Result<Request, RequestError> {
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut request = httparse::Request::new(&mut headers);
-        match request.parse(&buffer) {
-            Ok(httparse::Status::Complete(head_len)) => {
-                if request.method != Some("POST") || request.path != Some("/") {
-                    return Err(RequestError::Http("KMS takes POST /".into()));
-                }
-                let headers: Vec<(String, String)> = request
-                    .headers
-                    .iter()
-                    .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).trim().to_owned()))
-                    .collect();
-                let length = headers
-                    .iter()
-                    .find(|(n, _)| n == "content-length")
-                    .and_then(|(_, v)| v.parse::<usize>().ok())
-                    .ok_or_else(|| RequestError::Http("no Content-Length".into()))?;
-                if length > MAX_REQUEST_LEN {
-                    return Err(RequestError::Http(format!("a request of {length} bytes is too long")));
-                }
-                let mut body = buffer.split_off(head_len);
-                while body.len() < length {
-                    let n = stream.read(&mut chunk).map_err(RequestError::Io)?;
-                    if n == 0 {
-                        return Err(RequestError::Http("the request ended inside its body".into()));
-                    }
-                    body.extend_from_slice(&chunk[..n]);
-                }
-                body.truncate(length);
-                return Ok(Request { headers, body });
-            }
-            Ok(httparse::Status::Partial) => {}
-            Err(e) => return Err(RequestError::Http(format!("not HTTP: {e}"))),
-        }
-        if buffer.len() > MAX_REQUEST_LEN {
-            return Err(RequestError::Http("request headers too long".into()));
-        }
-        let n = stream.read(&mut chunk).map_err(RequestError::Io)?;
-        if n == 0 {
-            return Err(RequestError::Io(std::io::ErrorKind::UnexpectedEof.into()));
-        }
-        buffer.extend_from_slice(&chunk[..n]);
-    }
 }
 
 #[cfg(test)]

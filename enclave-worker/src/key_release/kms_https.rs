@@ -8,12 +8,12 @@
 //! to hand the enclave a key of its own choosing would have to answer as KMS inside that TLS
 //! session; it can only drop or delay the call.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, KeyInit, Mac};
-use protocol::kms_api::{self, DecryptRequest, DecryptResponse, ErrorResponse};
+use protocol::kms_api::{self, AwsCredentials, DecryptRequest, DecryptResponse, ErrorResponse, HttpReadError, StartLine};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use sha2::{Digest, Sha256};
@@ -48,21 +48,6 @@ pub enum KmsRoots {
     /// A development root (DER): the embedded default's local KMS endpoint. Only for a worker
     /// running the development NSM, whose documents no production policy accepts.
     Development(Vec<u8>),
-}
-
-/// The host role's credentials for one call, and the region that names the endpoint.
-#[derive(Clone)]
-pub struct AwsCredentials {
-    pub region: String,
-    pub access_key_id: String,
-    pub secret_access_key: Zeroizing<String>,
-    pub session_token: Option<String>,
-}
-
-impl std::fmt::Debug for AwsCredentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AwsCredentials").field("region", &self.region).field("access_key_id", &self.access_key_id).finish()
-    }
 }
 
 /// The enclave's KMS client: where the relay is and which roots to trust.
@@ -122,10 +107,14 @@ impl KmsHttps {
         tls.write_all(http.as_bytes()).map_err(io)?;
         tls.write_all(&body).map_err(io)?;
         tls.flush().map_err(io)?;
-        let (status, body) = read_response(&mut tls).map_err(|e| match e {
-            ResponseError::Io(e) => tls_or_transport(&host, e),
-            ResponseError::Http(message) => KmsTransportError::new(HTTP_CHECK, message),
+        let answer = kms_api::read_http_message(&mut tls, false, MAX_RESPONSE_LEN).map_err(|e| match e {
+            HttpReadError::Io(e) => tls_or_transport(&host, e),
+            HttpReadError::Http(message) => KmsTransportError::new(HTTP_CHECK, format!("answer: {message}")),
         })?;
+        let (status, body) = match answer.start {
+            StartLine::Response { status } => (status, answer.body),
+            StartLine::Request { .. } => return Err(KmsTransportError::new(HTTP_CHECK, "answer is a request")),
+        };
         if status == 200 {
             let answer: DecryptResponse = kms_api::from_json(&body).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))?;
             return answer.into_recipient_answer().map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()));
@@ -145,55 +134,6 @@ fn tls_or_transport(host: &str, error: std::io::Error) -> KmsTransportError {
         KmsTransportError::new(TLS_CHECK, format!("{host}: {error}"))
     } else {
         KmsTransportError::new(KmsTransportError::TRANSPORT, format!("{host}: {error}"))
-    }
-}
-
-enum ResponseError {
-    Io(std::io::Error),
-    Http(String),
-}
-
-/// Reads one HTTP/1.1 response with a `Content-Length` body.
-fn read_response(stream: &mut impl Read) -> Result<(u16, Vec<u8>), ResponseError> {
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let mut headers = [httparse::EMPTY_HEADER; 32];
-        let mut response = httparse::Response::new(&mut headers);
-        match response.parse(&buffer) {
-            Ok(httparse::Status::Complete(head_len)) => {
-                let status = response.code.unwrap_or(0);
-                let length = response
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
-                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse::<usize>().ok())
-                    .ok_or_else(|| ResponseError::Http("answer without a Content-Length".into()))?;
-                if length > MAX_RESPONSE_LEN {
-                    return Err(ResponseError::Http(format!("answer of {length} bytes is too long")));
-                }
-                let mut body = buffer.split_off(head_len);
-                while body.len() < length {
-                    let n = stream.read(&mut chunk).map_err(ResponseError::Io)?;
-                    if n == 0 {
-                        return Err(ResponseError::Http("the answer ended inside its body".into()));
-                    }
-                    body.extend_from_slice(&chunk[..n]);
-                }
-                body.truncate(length);
-                return Ok((status, body));
-            }
-            Ok(httparse::Status::Partial) => {}
-            Err(e) => return Err(ResponseError::Http(format!("answer is not HTTP: {e}"))),
-        }
-        if buffer.len() > MAX_RESPONSE_LEN {
-            return Err(ResponseError::Http("answer headers too long".into()));
-        }
-        let n = stream.read(&mut chunk).map_err(ResponseError::Io)?;
-        if n == 0 {
-            return Err(ResponseError::Http("the connection closed before an answer".into()));
-        }
-        buffer.extend_from_slice(&chunk[..n]);
     }
 }
 
@@ -333,17 +273,5 @@ mod tests {
     fn every_compiled_in_root_parses() {
         KmsHttps::new(Endpoint::Tcp("127.0.0.1:9".into()), &KmsRoots::Amazon).unwrap();
         assert!(KmsHttps::new(Endpoint::Tcp("127.0.0.1:9".into()), &KmsRoots::Development(vec![1, 2, 3])).is_err());
-    }
-
-    #[test]
-    fn responses_need_a_length_and_fit_the_bound() {
-        let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}".to_vec();
-        assert_eq!(read_response(&mut ok.as_slice()).ok().unwrap(), (200, b"{}".to_vec()));
-        let no_length = b"HTTP/1.1 200 OK\r\n\r\n{}".to_vec();
-        assert!(matches!(read_response(&mut no_length.as_slice()), Err(ResponseError::Http(_))));
-        let cut = b"HTTP/1.1 200 OK\r\nContent-Length: 20\r\n\r\n{}".to_vec();
-        assert!(matches!(read_response(&mut cut.as_slice()), Err(ResponseError::Http(_))));
-        let huge = b"HTTP/1.1 200 OK\r\nContent-Length: 99999999\r\n\r\n".to_vec();
-        assert!(matches!(read_response(&mut huge.as_slice()), Err(ResponseError::Http(_))));
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext, Kms, KmsError, Recipient};
 use cloud::workflow::{Completion, TaskTokens, WorkflowError};
-use cloud::EnclaveKmsAccess;
+use cloud::AwsCredentials;
 use cloud::{KeyNames, ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition, Queue, QueueError, QueueStats, Received, SendOptions, Services};
 
 #[derive(Default)]
@@ -259,8 +259,8 @@ pub struct FakeKms {
 }
 
 impl Kms for FakeKms {
-    fn enclave_access(&self) -> Result<EnclaveKmsAccess, KmsError> {
-        Ok(EnclaveKmsAccess {
+    fn enclave_access(&self) -> Result<AwsCredentials, KmsError> {
+        Ok(AwsCredentials {
             region: "fake-region".into(),
             access_key_id: "fake-key-id".into(),
             secret_access_key: "fake-secret".to_owned().into(),

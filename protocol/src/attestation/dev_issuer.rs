@@ -337,7 +337,7 @@ impl DevTlsIdentity {
             Profile { subject: root_name.clone(), issuer: None, kind: Kind::Root, dns_name: None },
             &root_key,
             &root_key,
-            validity.clone(),
+            validity,
         )?;
         let cert_der = issue(
             Profile {
