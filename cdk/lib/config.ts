@@ -74,7 +74,7 @@ export function loadConfig(read: ContextReader): DeployConfig {
         'so sealed inputs expire with the rest of their job after jobsRetentionDays',
     );
   }
-  const storePrefixes = stringList(read, 'storePrefixes', ['store/']);
+  const storePrefixes = stringList(read, 'storePrefixes', ['stores/']);
   checkPrefixes(storePrefixes);
   const lambdaAssetsDir = str(read, 'lambdaAssetsDir', path.join(repoRoot(), 'target', 'lambda'));
   const cfg: DeployConfig = {

@@ -66,7 +66,7 @@ describe('deploy configuration', () => {
     const c = loadConfig(ctx({ pcr0: TEST_PCR0 }));
     assert.equal(c.instanceType, 'm6i.xlarge');
     assert.equal(c.enclaveCpuCount, 2);
-    assert.deepEqual(c.storePrefixes, ['store/']);
+    assert.deepEqual(c.storePrefixes, ['stores/']);
     assert.equal(c.ledgerRetentionDays, 365);
     assert.ok(c.lambdaAssetsDir.endsWith(path.join('target', 'lambda')));
   });

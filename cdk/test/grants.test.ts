@@ -107,7 +107,7 @@ describe('host-poller (HostRole)', () => {
 describe('Lambdas', () => {
   it('on-upload reads headers, epochs and manifests, writes status.json, copies shards, queues jobs', () => {
     assert.deepEqual(s3Only(grantsOf('IdentitiesOnUploadRole')), {
-      ReadSealedHeaders: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/store/*.sealed'] },
+      ReadSealedHeaders: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/stores/*.sealed'] },
       CopyShardsToJobInputs: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/input.sealed'] },
       WriteJobStatus: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/status.json'] },
       ReadFleetKeyEpochs: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/fleet-keys/*'] },

@@ -185,7 +185,7 @@ describe('storage', () => {
     const filters = configs.map((c) => Object.fromEntries(c.Filter.Key.FilterRules.map((r: any) => [r.Name.toLowerCase(), r.Value])));
     assert.deepEqual(filters, [
       { prefix: 'jobs/', suffix: '/input.sealed' },
-      { prefix: 'store/', suffix: '.sealed' },
+      { prefix: 'stores/', suffix: '.sealed' },
     ]);
     for (const c of configs) assert.equal(c.Events[0], 's3:ObjectCreated:*');
   });
