@@ -378,5 +378,13 @@ fn jsonl_seeds(w: &mut Writer<'_>) -> io::Result<()> {
         w.put("jsonl", name, text.as_bytes())?;
     }
     // A line that is not UTF-8, with the id still readable.
-    w.put("jsonl", "invalid-utf8-bytes", b"{\"id\": \"bad\", \"text\": \"\xff\xfe\"}\n")
+    w.put("jsonl", "invalid-utf8-bytes", b"{\"id\": \"bad\", \"text\": \"\xff\xfe\"}\n")?;
+    // An id over the record limit (id_too_long) and a line over the target's 2 KiB line cap
+    // (too_large).
+    let long = format!(
+        "{{\"id\": \"{}\", \"text\": \"x\"}}\n{{\"id\": \"big\", \"text\": \"{}\"}}\n",
+        "i".repeat(600),
+        "t".repeat(2100)
+    );
+    w.put("jsonl", "long-id-long-line", long.as_bytes())
 }
