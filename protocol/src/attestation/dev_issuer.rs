@@ -192,12 +192,7 @@ impl DevIssuer {
         let root_name = dev_name("ephem-batch development root")?;
         let intermediate_name = dev_name("ephem-batch development intermediate")?;
         let validity = validity(now_ms, CA_LIFETIME)?;
-        let root_der = issue(
-            Profile { subject: root_name.clone(), issuer: None, kind: Kind::Root, dns_name: None },
-            &root_key,
-            &root_key,
-            validity,
-        )?;
+        let root_der = issue_root(&root_name, &root_key, validity)?;
         let intermediate_der = issue(
             Profile { subject: intermediate_name, issuer: Some(root_name), kind: Kind::Intermediate, dns_name: None },
             &intermediate_key,
@@ -333,12 +328,7 @@ impl DevTlsIdentity {
         let server_key = os_key()?;
         let root_name = dev_name("ephem-batch development TLS root")?;
         let validity = validity(now_ms, CA_LIFETIME)?;
-        let root_der = issue(
-            Profile { subject: root_name.clone(), issuer: None, kind: Kind::Root, dns_name: None },
-            &root_key,
-            &root_key,
-            validity,
-        )?;
+        let root_der = issue_root(&root_name, &root_key, validity)?;
         let cert_der = issue(
             Profile {
                 subject: dev_name(dns_name)?,
@@ -521,6 +511,11 @@ impl BuilderProfile for Profile {
         }
         Ok(out)
     }
+}
+
+/// A self-signed CA root.
+fn issue_root(name: &Name, key: &SigningKey, validity: Validity) -> Result<Vec<u8>, DevIssuerError> {
+    issue(Profile { subject: name.clone(), issuer: None, kind: Kind::Root, dns_name: None }, key, key, validity)
 }
 
 fn issue(profile: Profile, subject_key: &SigningKey, issuer_key: &SigningKey, validity: Validity) -> Result<Vec<u8>, DevIssuerError> {
