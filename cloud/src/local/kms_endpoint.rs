@@ -17,7 +17,7 @@
 //! does in AWS.
 
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -93,7 +93,7 @@ impl KmsEndpoint {
         }
         let listener = UnixListener::bind(socket).map_err(io)?;
         let endpoint = Arc::new(self);
-        Ok(std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("kms-endpoint".into())
             .spawn(move || {
                 for stream in listener.incoming() {
@@ -106,7 +106,7 @@ impl KmsEndpoint {
                     }
                 }
             })
-            .map_err(io)?)
+            .map_err(io)
     }
 
     /// One TLS connection, one request.
@@ -191,8 +191,14 @@ fn create_identity(tls_dir: &Path) -> Result<(), EndpointError> {
     let write = |name: &str, text: String, mode: u32| -> Result<(), EndpointError> {
         let path = tls_dir.join(name);
         let partial = tls_dir.join(format!(".{name}.partial"));
-        std::fs::write(&partial, text).map_err(io(&partial))?;
-        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(mode)).map_err(io(&partial))?;
+        // Created with its final mode: the private key is never readable by others, not even
+        // between the write and a chmod. A partial file left by a crash goes first.
+        match std::fs::remove_file(&partial) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&partial)(e)),
+            _ => {}
+        }
+        let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(mode).open(&partial).map_err(io(&partial))?;
+        file.write_all(text.as_bytes()).and_then(|()| file.sync_all()).map_err(io(&partial))?;
         std::fs::rename(&partial, &path).map_err(io(&path))
     };
     write("root.pem", to_pem("CERTIFICATE", &identity.root_der)?, 0o644)?;
@@ -208,6 +214,7 @@ fn to_pem(label: &str, der: &[u8]) -> Result<String, EndpointError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn identity_is_created_once_and_its_key_is_private() {
