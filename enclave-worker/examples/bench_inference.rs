@@ -25,7 +25,7 @@ use enclave_worker::inference::{
     Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles,
     candle_thread_settings,
 };
-use protocol::envelope::OutputDtype;
+use protocol::envelope::{OutputDtype, Precision};
 use protocol::records::{InputRecord, OutputRecord};
 
 /// all-MiniLM-L6-v2 cost model (issue 8): 21.2 MFLOP per token for the dense layers, plus
@@ -43,6 +43,7 @@ struct Args {
     window: usize,
     json: Option<PathBuf>,
     backend: Backend,
+    precision: Precision,
     child: bool,
 }
 
@@ -56,6 +57,7 @@ fn parse_args() -> Args {
         window: EngineSettings::default().window_records,
         json: None,
         backend: Backend::Fused,
+        precision: Precision::Fp32,
         child: false,
     };
     let mut it = std::env::args().skip(1);
@@ -79,6 +81,13 @@ fn parse_args() -> Args {
                     _ => usage("--backend fused|candle"),
                 }
             }
+            "--precision" => {
+                args.precision = match value().as_str() {
+                    "fp32" => Precision::Fp32,
+                    "bf16" => Precision::Bf16,
+                    _ => usage("--precision fp32|bf16"),
+                }
+            }
             "--child" => args.child = true,
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
@@ -94,7 +103,7 @@ fn parse_args() -> Args {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 2048] \
-         [--max-batch 128] [--window 1024] [--backend fused|candle] [--json OUT]"
+         [--max-batch 128] [--window 1024] [--backend fused|candle] [--precision fp32|bf16] [--json OUT]"
     );
     std::process::exit(2)
 }
@@ -170,6 +179,12 @@ fn gemm_peak(pool: &rayon::ThreadPool) -> f64 {
     })
 }
 
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = values.len();
@@ -207,7 +222,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
     let load_before = load_average();
     let peak_before = gemm_peak(&pool);
-    let options = EmbedOptions::default();
+    let options = EmbedOptions { precision: args.precision, ..EmbedOptions::default() };
 
     // Warm-up (thread pools, allocator, caches).
     let warm: Vec<InputRecord> = records.iter().take(64).cloned().collect();
@@ -261,6 +276,23 @@ fn run_child(args: &Args) -> serde_json::Value {
         }
         median(&mut times)
     };
+    // Reduced precision: its worst cosine to the fp32 vectors over the whole corpus.
+    let min_cosine_to_fp32 = (args.precision != Precision::Fp32).then(|| {
+        let vectors = |options: &EmbedOptions| {
+            let mut out = Vec::with_capacity(records.len());
+            engine
+                .embed_stream(records.iter().cloned(), options, OutputDtype::F32, |record| {
+                    if let OutputRecord::Embedding { vector, .. } = record {
+                        out.push(vector.to_f32());
+                    }
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            out
+        };
+        let (reduced, full) = (vectors(&options), vectors(&EmbedOptions::default()));
+        reduced.iter().zip(&full).map(|(a, b)| cosine(a, b)).fold(1.0f64, f64::min)
+    });
     let short_ms = latency(&case("capital_of_france"));
     let ms_128 = latency(&case("tokens_128"));
 
@@ -272,6 +304,8 @@ fn run_child(args: &Args) -> serde_json::Value {
     serde_json::json!({
         "threads": threads,
         "backend": format!("{:?}", args.backend),
+        "precision": args.precision.as_str(),
+        "min_cosine_to_fp32": min_cosine_to_fp32,
         "candle_gemm_tasks": candle.gemm_tasks,
         "candle_elementwise_threads": candle.elementwise_threads,
         "documents": delta.documents,
@@ -324,6 +358,7 @@ fn main() {
             .args(["--budget", &args.budget.to_string(), "--max-batch", &args.max_batch.to_string()])
             .args(["--window", &args.window.to_string()])
             .args(["--backend", if args.backend == Backend::Fused { "fused" } else { "candle" }])
+            .args(["--precision", args.precision.as_str()])
             .arg("--corpus")
             .arg(&args.corpus)
             .env("RAYON_NUM_THREADS", threads.to_string())
@@ -338,7 +373,7 @@ fn main() {
         let r: serde_json::Value = serde_json::from_str(line.trim()).expect("child output");
         println!(
             "threads {:>2}: {:>7.1} docs/s  {:>8.0} tokens/s  {:>6.1} GFLOP/s ({:.0}% of GEMM peak {:.0})  padded {:>4.1}%  \
-             (mean {:.1} tokens, {} batches)  latency 9-tok {:.2} ms, 128-tok {:.2} ms  load {:.0} ms  peak RSS {:.0} MiB  load avg {} → {}  [{:.0?}]",
+             (mean {:.1} tokens, {} batches)  latency 9-tok {:.2} ms, 128-tok {:.2} ms  load {:.0} ms  peak RSS {:.0} MiB  load avg {} → {}  [{:.0?}]{}",
             threads,
             r["documents_per_s"].as_f64().unwrap(),
             r["real_tokens_per_s"].as_f64().unwrap(),
@@ -355,6 +390,10 @@ fn main() {
             r["loadavg_before_after"][0].as_str().unwrap_or(""),
             r["loadavg_before_after"][1].as_str().unwrap_or(""),
             Duration::from_secs_f64(started.elapsed().as_secs_f64()),
+            r["min_cosine_to_fp32"]
+                .as_f64()
+                .map(|c| format!("  {} min cosine to fp32 {c:.6}", r["precision"].as_str().unwrap_or("")))
+                .unwrap_or_default(),
         );
         results.push(r);
     }

@@ -235,7 +235,8 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
             loaded: hex::encode(model.manifest_hash),
         });
     }
-    let options = EmbedOptions::from_job(&header.options).map_err(|e| JobError::Options(e.to_string()))?;
+    let options = EmbedOptions::for_job(&header.options, model.engine.embedder())
+        .map_err(|e| JobError::Options(e.to_string()))?;
     let client = ResultPublicKey::from_bytes(&header.result_public_key)?;
     let job_id = JobId(opened.stream_id);
     let result_header =

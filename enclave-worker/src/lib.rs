@@ -1,4 +1,6 @@
-#![forbid(unsafe_code)]
+// No unsafe code, with one exception: the bf16 kernels (`inference::bf16`), SIMD intrinsics behind
+// a safe API.
+#![deny(unsafe_code)]
 //! Everything that runs inside the Nitro enclave: NSM access, key release, model loading,
 //! inference, sealing results, signing receipts.
 //!

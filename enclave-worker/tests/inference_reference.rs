@@ -248,7 +248,7 @@ fn truncation_off_refuses_long_texts() {
     let long = reference.cases.iter().find(|c| c.truncated).expect("a truncated case");
     let exact = reference.cases.iter().find(|c| c.tokens == 128).expect("a 128-token case");
     let job = JobOptions { truncate: false, ..Default::default() };
-    let options = EmbedOptions::from_job(&job).unwrap();
+    let options = EmbedOptions::for_job(&job, engine().embedder()).unwrap();
     let results = engine().embed_window(&[long.text.as_str(), exact.text.as_str()], &options);
     let failure = results[0].as_ref().unwrap_err();
     assert_eq!(failure.code, ErrorCode::TooManyTokens, "{failure}");
@@ -258,16 +258,48 @@ fn truncation_off_refuses_long_texts() {
 }
 
 #[test]
-fn reduced_precision_is_refused_not_faked() {
-    for precision in [Precision::Bf16, Precision::Int8] {
-        let job = JobOptions { precision, ..Default::default() };
-        assert!(EmbedOptions::from_job(&job).is_err());
+fn int8_is_refused_not_faked() {
+    let job = JobOptions { precision: Precision::Int8, ..Default::default() };
+    for (name, engine) in engines() {
+        let refused = EmbedOptions::for_job(&job, engine.embedder()).unwrap_err();
+        assert!(refused.to_string().contains("int8"), "{name}: {refused}");
     }
+    let job = JobOptions { precision: Precision::Bf16, ..Default::default() };
+    assert!(EmbedOptions::for_job(&job, candle_engine().embedder()).is_err(), "bf16 on the candle backend");
+}
+
+/// bf16 (AVX-512 BF16 kernels in the dense layers) stays at cosine ≥ 0.999 to the
+/// sentence-transformers reference on every reference text, and to our own fp32 vectors.
+#[test]
+fn bf16_stays_within_its_bound_on_every_reference_text() {
+    let job = JobOptions { precision: Precision::Bf16, ..Default::default() };
+    let Ok(options) = EmbedOptions::for_job(&job, engine().embedder()) else {
+        assert!(!std::arch::is_x86_feature_detected!("avx512bf16"), "bf16 refused on a CPU that has it");
+        eprintln!("skipped: this CPU has no AVX-512 BF16, so bf16 jobs are refused");
+        return;
+    };
+    let reference = reference();
+    let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
+    let bf16 = engine().embed_window(&texts, &options);
+    let fp32 = engine().embed_window(&texts, &EmbedOptions::default());
+    let mut worst = (1.0f64, "");
+    for ((case, bf16), fp32) in reference.cases.iter().zip(&bf16).zip(&fp32) {
+        let (bf16, fp32) = (bf16.as_ref().unwrap(), fp32.as_ref().unwrap());
+        assert_eq!(bf16.tokens, case.tokens, "{}", case.name);
+        for c in [cosine(&bf16.vector, &case.vector), cosine(&bf16.vector, &fp32.vector)] {
+            if c < worst.0 {
+                worst = (c, &case.name);
+            }
+        }
+        assert_ne!(bf16.vector, fp32.vector, "{}: bf16 computed exactly the fp32 vector", case.name);
+    }
+    eprintln!("bf16: minimum cosine {:.6} ({})", worst.0, worst.1);
+    assert!(worst.0 >= 0.999, "bf16 minimum cosine {:.6} on {}", worst.0, worst.1);
 }
 
 #[test]
 fn unnormalised_vectors_are_the_mean_pooled_states() {
-    let options = EmbedOptions { truncate: true, normalize: false };
+    let options = EmbedOptions { truncate: true, normalize: false, ..Default::default() };
     let raw = engine().embed_window(&["What is the capital of France?"], &options).remove(0).unwrap();
     let norm: f64 = raw.vector.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
     assert!((norm - 1.0).abs() > 1e-3, "expected an unnormalised vector, norm {norm}");

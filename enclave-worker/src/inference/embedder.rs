@@ -3,6 +3,7 @@
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
+use protocol::envelope::Precision;
 use protocol::manifest::{Manifest, Pooling};
 use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
@@ -165,6 +166,15 @@ impl Embedder {
     }
 
     /// The backend actually in use (the fused one falls back for configs it does not implement).
+    /// Whether this model computes at `precision` here: fp32 always; bf16 with the fused encoder
+    /// on a CPU with AVX-512 BF16.
+    pub fn supports_precision(&self, precision: Precision) -> bool {
+        match self.model {
+            Model::Fused(_) => Encoder::supports_precision(precision),
+            Model::Candle(_) => precision == Precision::Fp32,
+        }
+    }
+
     pub fn backend(&self) -> Backend {
         match self.model {
             Model::Fused(_) => Backend::Fused,
@@ -220,7 +230,15 @@ impl Embedder {
     /// with the fused backend; right-padded with an attention mask and zero token types with
     /// CandleBert), then mean (or CLS) pooling over each member's real tokens and, if `normalize`,
     /// L2 normalisation. Runs on the calling thread's rayon pool (see the module docs).
-    pub fn embed_batch(&self, batch: &[&Tokenized], normalize: bool) -> Result<Vec<Vec<f32>>, InferenceError> {
+    pub fn embed_batch(
+        &self,
+        batch: &[&Tokenized],
+        normalize: bool,
+        precision: Precision,
+    ) -> Result<Vec<Vec<f32>>, InferenceError> {
+        if !self.supports_precision(precision) {
+            return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
+        }
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -229,7 +247,7 @@ impl Embedder {
         match &self.model {
             Model::Fused(encoder) => {
                 let sequences: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
-                let states = encoder.forward(&sequences)?;
+                let states = encoder.forward(&sequences, precision)?;
                 let mut start = 0;
                 for tokenized in batch {
                     let n = tokenized.ids.len();

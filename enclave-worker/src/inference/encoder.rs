@@ -14,12 +14,16 @@
 //!   per sequence (its two products, all heads at once, through gemm too), element-wise kernels
 //!   one task per block of rows.
 
+use std::sync::OnceLock;
+
 use candle_core::{Device, Storage, Tensor};
+use protocol::envelope::Precision;
 use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::InferenceError;
+use super::bf16::{self, PackedWeights};
 use super::kernels;
 
 /// Rows per element-wise task.
@@ -44,6 +48,14 @@ struct Layer {
     ff_ln: LayerNorm,
 }
 
+/// A layer's dense weights in bf16 panels (`precision: bf16`).
+struct Bf16Layer {
+    qkv: PackedWeights,
+    out: PackedWeights,
+    ff1: PackedWeights,
+    ff2: PackedWeights,
+}
+
 pub(crate) struct Encoder {
     word: Vec<f32>,
     position: Vec<f32>,
@@ -57,6 +69,9 @@ pub(crate) struct Encoder {
     vocab: usize,
     max_positions: usize,
     eps: f32,
+    /// Packed on the first bf16 job, so that fp32-only workers neither pay for it at boot nor
+    /// hold it in memory.
+    bf16: OnceLock<Result<Vec<Bf16Layer>, InferenceError>>,
 }
 
 fn weights_err(e: impl std::fmt::Display) -> InferenceError {
@@ -175,6 +190,7 @@ impl Encoder {
             vocab: config.vocab_size,
             max_positions: config.max_position_embeddings,
             eps: config.layer_norm_eps as f32,
+            bf16: OnceLock::new(),
         })
     }
 
@@ -184,9 +200,44 @@ impl Encoder {
             .is_ok_and(|f| f.iter().all(|(_, v)| v.dtype() == Dtype::F32 || v.dtype() == Dtype::I64))
     }
 
+    /// Whether this encoder computes at `precision` on this CPU.
+    pub(crate) fn supports_precision(precision: Precision) -> bool {
+        match precision {
+            Precision::Fp32 => true,
+            Precision::Bf16 => bf16::supported(),
+            Precision::Int8 => false,
+        }
+    }
+
+    /// The dense weights in bf16 panels, packed once.
+    fn bf16_layers(&self) -> Result<&[Bf16Layer], InferenceError> {
+        let packed = self.bf16.get_or_init(|| {
+            let pack = |w: &Tensor| {
+                let (k, n) = w.dims2().map_err(forward_err)?;
+                with_slice(w, |values| PackedWeights::pack(values, k, n))
+            };
+            self.layers
+                .iter()
+                .map(|l| {
+                    Ok(Bf16Layer { qkv: pack(&l.qkv_w)?, out: pack(&l.out_w)?, ff1: pack(&l.ff1_w)?, ff2: pack(&l.ff2_w)? })
+                })
+                .collect()
+        });
+        packed.as_deref().map_err(Clone::clone)
+    }
+
     /// Final hidden states of the given sequences, packed: `(Σ lengths, hidden)`, sequence after
-    /// sequence. Runs on the current rayon pool.
-    pub(crate) fn forward(&self, sequences: &[&[u32]]) -> Result<Vec<f32>, InferenceError> {
+    /// sequence, computed at `precision` (the dense layers' inputs rounded to bf16 for
+    /// [`Precision::Bf16`]; attention, element-wise work and accumulation stay f32). Runs on the
+    /// current rayon pool.
+    pub(crate) fn forward(&self, sequences: &[&[u32]], precision: Precision) -> Result<Vec<f32>, InferenceError> {
+        if !Self::supports_precision(precision) {
+            return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
+        }
+        let bf16_layers = match precision {
+            Precision::Bf16 => Some(self.bf16_layers()?),
+            _ => None,
+        };
         let h = self.hidden;
         let mut offsets = Vec::with_capacity(sequences.len() + 1);
         offsets.push(0usize);
@@ -212,7 +263,7 @@ impl Encoder {
         let mut x = vec![0f32; total * h];
         x.par_chunks_mut(h * ROWS_PER_TASK).zip(positions.par_chunks(ROWS_PER_TASK)).for_each(|(rows, pos)| {
             let mut sum = vec![0f32; h];
-            for (row, &(id, p)) in rows.chunks_exact_mut(h).zip(pos) {
+            kernels::vectorized(|| for (row, &(id, p)) in rows.chunks_exact_mut(h).zip(pos) {
                 let word = &self.word[id * h..(id + 1) * h];
                 let position = &self.position[p * h..(p + 1) * h];
                 for (((s, &w), &q), &t) in sum.iter_mut().zip(word).zip(position).zip(&self.token_type) {
@@ -227,27 +278,27 @@ impl Encoder {
                     &self.embedding_ln.beta,
                     self.eps,
                 );
-            }
+            });
         });
         let mut hidden = tensor(x, total, h)?;
 
-        for layer in &self.layers {
-            hidden = self.layer(layer, hidden, &offsets)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            hidden = self.layer(layer, bf16_layers.map(|l| &l[i]), hidden, &offsets)?;
         }
         let out = with_slice(&hidden, |s| s.to_vec())?;
         Ok(out)
     }
 
-    fn layer(&self, layer: &Layer, x: Tensor, offsets: &[usize]) -> Result<Tensor, InferenceError> {
+    fn layer(&self, layer: &Layer, bf16: Option<&Bf16Layer>, x: Tensor, offsets: &[usize]) -> Result<Tensor, InferenceError> {
         let h = self.hidden;
         let total = offsets[offsets.len() - 1];
 
         // Self-attention.
-        let qkv = x.matmul(&layer.qkv_w).map_err(forward_err)?;
+        let qkv = dense(&x, &layer.qkv_w, bf16.map(|b| &b.qkv))?;
         let context = with_slice(&qkv, |qkv| self.attention(qkv, &layer.qkv_b, offsets))??;
         drop(qkv);
         let context = tensor(context, total, h)?;
-        let projected = context.matmul(&layer.out_w).map_err(forward_err)?;
+        let projected = dense(&context, &layer.out_w, bf16.map(|b| &b.out))?;
         drop(context);
         let mut h1 = vec![0f32; total * h];
         with_slice(&projected, |proj| {
@@ -270,7 +321,7 @@ impl Encoder {
         let h1 = tensor(h1, total, h)?;
 
         // Feed-forward.
-        let ff = h1.matmul(&layer.ff1_w).map_err(forward_err)?;
+        let ff = dense(&h1, &layer.ff1_w, bf16.map(|b| &b.ff1))?;
         let inter = layer.ff1_b.len();
         let mut activated = vec![0f32; total * inter];
         with_slice(&ff, |ff| {
@@ -280,7 +331,7 @@ impl Encoder {
         })?;
         drop(ff);
         let activated = tensor(activated, total, inter)?;
-        let ff2 = activated.matmul(&layer.ff2_w).map_err(forward_err)?;
+        let ff2 = dense(&activated, &layer.ff2_w, bf16.map(|b| &b.ff2))?;
         drop(activated);
         let mut out = vec![0f32; total * h];
         with_slice(&ff2, |ff2| {
@@ -335,7 +386,7 @@ impl Encoder {
         let mut q = vec![0f32; heads * n * d];
         let mut k = vec![0f32; heads * n * d];
         let mut v = vec![0f32; heads * n * d];
-        for (j, row) in qkv.chunks_exact(3 * h).enumerate() {
+        kernels::vectorized(|| for (j, row) in qkv.chunks_exact(3 * h).enumerate() {
             for head in 0..heads {
                 let at = (head * n + j) * d;
                 let (q0, k0, v0) = (head * d, h + head * d, 2 * h + head * d);
@@ -349,7 +400,7 @@ impl Encoder {
                     *dst = x + b;
                 }
             }
-        }
+        });
         let cpu = &Device::Cpu;
         let q = Tensor::from_vec(q, (heads, n, d), cpu).map_err(forward_err)?;
         let k = Tensor::from_vec(k, (heads, n, d), cpu).map_err(forward_err)?;
@@ -358,9 +409,11 @@ impl Encoder {
         drop((q, k));
         let mut probs = vec![0f32; heads * n * n];
         with_slice(&scores, |scores| {
-            for (dst, src) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)) {
-                kernels::softmax_into(dst, src);
-            }
+            kernels::vectorized(|| {
+                for (dst, src) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)) {
+                    kernels::softmax_into(dst, src);
+                }
+            })
         })?;
         drop(scores);
         let probs = Tensor::from_vec(probs, (heads, n, n), cpu).map_err(forward_err)?;
@@ -368,6 +421,20 @@ impl Encoder {
         let context = probs.matmul(&v).map_err(forward_err)?;
         with_slice(&context, |c| c.to_vec())
     }
+}
+
+/// `x · w`: candle's f32 gemm, or the bf16 kernels with `w`'s packed copy.
+fn dense(x: &Tensor, w: &Tensor, packed: Option<&PackedWeights>) -> Result<Tensor, InferenceError> {
+    let Some(packed) = packed else {
+        return x.matmul(w).map_err(forward_err);
+    };
+    let (m, k) = x.dims2().map_err(forward_err)?;
+    if k != packed.rows() {
+        return Err(InferenceError::Forward(format!("({m}, {k}) · ({}, {})", packed.rows(), packed.cols())));
+    }
+    let mut out = vec![0f32; m * packed.cols()];
+    with_slice(x, |x| bf16::matmul(x, m, packed, &mut out))?;
+    tensor(out, m, packed.cols())
 }
 
 fn forward_err(e: candle_core::Error) -> InferenceError {
@@ -394,8 +461,10 @@ fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, Inference
 /// Fills `out` row by row (`row_len` values each) in parallel blocks: `f(row_index, row)`.
 fn fused_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     out.par_chunks_mut(row_len * ROWS_PER_TASK).enumerate().for_each(|(block, rows)| {
-        for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
-            f(block * ROWS_PER_TASK + i, row);
-        }
+        kernels::vectorized(|| {
+            for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
+                f(block * ROWS_PER_TASK + i, row);
+            }
+        })
     });
 }

@@ -40,22 +40,25 @@ pub struct EmbedOptions {
     pub truncate: bool,
     /// L2-normalise the vectors.
     pub normalize: bool,
+    /// Compute precision of the dense layers; anything but fp32 is the client's explicit choice,
+    /// recorded in the receipt.
+    pub precision: Precision,
 }
 
 impl Default for EmbedOptions {
     fn default() -> Self {
-        Self { truncate: true, normalize: true }
+        Self { truncate: true, normalize: true, precision: Precision::Fp32 }
     }
 }
 
 impl EmbedOptions {
-    /// The inference part of a job's options. Only full precision is implemented; a job asking for
-    /// bf16 or int8 is refused rather than silently served in fp32 (the receipt records precision).
-    pub fn from_job(options: &JobOptions) -> Result<Self, InferenceError> {
-        match options.precision {
-            Precision::Fp32 => Ok(Self { truncate: options.truncate, normalize: options.normalize }),
-            other => Err(InferenceError::UnsupportedPrecision(other.as_str())),
+    /// The inference part of a job's options, for this embedder. A precision it cannot compute at
+    /// is refused rather than silently served in another (the receipt records precision).
+    pub fn for_job(options: &JobOptions, embedder: &Embedder) -> Result<Self, InferenceError> {
+        if !embedder.supports_precision(options.precision) {
+            return Err(InferenceError::UnsupportedPrecision(options.precision.as_str()));
         }
+        Ok(Self { truncate: options.truncate, normalize: options.normalize, precision: options.precision })
     }
 }
 
@@ -176,7 +179,7 @@ impl Engine {
         for batch in plan_batches(&lengths, self.settings.limits) {
             let members: Vec<&Tokenized> = batch.members.iter().map(|&m| ready[m].1).collect();
             let started = Instant::now();
-            match self.embedder.embed_batch(&members, options.normalize) {
+            match self.embedder.embed_batch(&members, options.normalize, options.precision) {
                 Ok(vectors) => {
                     let real: usize = members.iter().map(|t| t.tokens()).sum();
                     let processed = if self.embedder.pads_batches() { batch.padded_tokens() } else { real };

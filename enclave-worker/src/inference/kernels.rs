@@ -1,7 +1,16 @@
 //! Element-wise kernels of the fused encoder, in plain safe Rust written so that LLVM vectorises
 //! them (branch-free bodies, independent accumulator lanes instead of serial float reductions).
-//! Without `-C target-feature` they compile to the x86-64 baseline (SSE2); the heavy lifting
-//! (matrix products) goes through candle's gemm with its AVX-512 kernels.
+//! Callers run them inside [`vectorized`], which compiles them once per SIMD level and picks the
+//! widest this CPU has at run time (the binary itself targets the x86-64 baseline, SSE2). The
+//! heavy lifting (matrix products) goes through candle's gemm with its AVX-512 kernels.
+
+/// Runs `f` compiled for the widest SIMD level of this CPU (AVX-512, AVX2 + FMA, or the
+/// baseline), chosen at run time. The kernels below are `#[inline(always)]` so that they are
+/// compiled into `f` for that level.
+#[inline(always)]
+pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(f)
+}
 
 /// Independent accumulator lanes for reductions (a serial float sum does not vectorise).
 const LANES: usize = 16;

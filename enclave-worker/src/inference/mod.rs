@@ -65,6 +65,7 @@
 
 mod batching;
 mod embedder;
+mod bf16;
 mod encoder;
 mod engine;
 mod kernels;
@@ -147,7 +148,7 @@ impl std::fmt::Display for RecordFailure {
 
 /// Failures of the engine itself (bad model files, bad settings, unsupported options): these fail
 /// model loading or the job, not a record.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum InferenceError {
     #[error("config.json: {0}")]
     Config(String),
@@ -157,7 +158,7 @@ pub enum InferenceError {
     Weights(String),
     #[error("settings: {0}")]
     Settings(String),
-    #[error("precision {0} is not supported by this worker")]
+    #[error("precision {0} is not supported by this worker (bf16 needs the fused encoder and a CPU with AVX-512 BF16; int8 is not implemented)")]
     UnsupportedPrecision(&'static str),
     #[error("thread pool: {0}")]
     ThreadPool(String),
