@@ -14,7 +14,7 @@ use clap::Args;
 use cloud::{layout, ObjectStore, PutCondition, Services};
 use indicatif::{ProgressBar, ProgressStyle};
 use cloud::ObjectWriter;
-use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype, ResultSecretKey};
+use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype, Precision, ResultSecretKey};
 use protocol::manifest::{Manifest, SignedManifest};
 use protocol::records::encode_input;
 use sha2::{Digest, Sha256};
@@ -31,6 +31,13 @@ pub const DEFAULT_SHARD_RECORDS: u64 = 10_000;
 pub const DEFAULT_STORE: &str = "default";
 /// Plaintext is sealed in pieces of this size (the STREAM chunk size is 64 KiB).
 const SEAL_PIECE: usize = 256 * 1024;
+
+/// The precisions a worker computes at (`--precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PrecisionArg {
+    Fp32,
+    Bf16,
+}
 
 #[derive(Args, Debug, Clone)]
 pub struct SubmitArgs {
@@ -57,6 +64,11 @@ pub struct SubmitArgs {
     /// Do not L2-normalise the vectors.
     #[arg(long)]
     pub no_normalize: bool,
+    /// Compute precision of the model's dense layers. `bf16` is faster on CPUs with AVX-512 BF16
+    /// and stays at cosine ≥ 0.999 to fp32 (docs/benchmarks.md); the receipt records it, and a
+    /// worker that cannot compute at it refuses the job rather than serving another precision.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
+    pub precision: PrecisionArg,
     /// Print the job as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -184,7 +196,10 @@ impl Sealing {
             truncate: !args.no_truncate,
             normalize: !args.no_normalize,
             dtype: if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 },
-            ..JobOptions::default()
+            precision: match args.precision {
+                PrecisionArg::Fp32 => Precision::Fp32,
+                PrecisionArg::Bf16 => Precision::Bf16,
+            },
         };
         Ok(Sealing { trust, enclave, model, result_key, corpus_options, options, now_ms })
     }

@@ -20,7 +20,9 @@ use cloud::{AwsCredentials, Kms, KmsError, Recipient};
 use ed25519_dalek::VerifyingKey;
 use p256::pkcs8::EncodePrivateKey;
 use protocol::attestation::{self, TrustAnchor, UserDataBinding, VerifyOptions};
-use protocol::envelope::{self, FleetSecretKey, JobHeader, JobId, JobOptions, Preamble, ResultSecretKey, StreamKind};
+use protocol::envelope::{
+    self, FleetSecretKey, JobHeader, JobId, JobOptions, Precision, Preamble, ResultSecretKey, StreamKind,
+};
 use protocol::fleet::{epoch_object_key, EpochRecord};
 use protocol::frame::{read_frame, write_frame, Channel, Message, Role, MAX_DATA_LEN};
 use protocol::manifest::{development_publisher, manifest_hash, Manifest, ModelFile, Pooling};
@@ -291,12 +293,22 @@ fn raw_record(id: &str, text: &[u8], out: &mut Vec<u8>) {
 }
 
 fn seal_job(fleet: &FleetSecretKey, client: &ResultSecretKey, manifest: [u8; 32], records: &[(&str, &[u8])]) -> SealedJob {
+    seal_job_with(fleet, client, manifest, records, JobOptions::default())
+}
+
+fn seal_job_with(
+    fleet: &FleetSecretKey,
+    client: &ResultSecretKey,
+    manifest: [u8; 32],
+    records: &[(&str, &[u8])],
+    options: JobOptions,
+) -> SealedJob {
     let header = JobHeader {
         fleet_key_id: fleet.public_key().key_id(),
         epoch: 1,
         model_id: MODEL_ID.into(),
         manifest_hash: manifest,
-        options: JobOptions::default(),
+        options,
         result_public_key: client.public_key().to_bytes(),
         record_count: records.len() as u64,
         created_ms: now_ms(),
@@ -314,6 +326,23 @@ fn seal_job(fleet: &FleetSecretKey, client: &ResultSecretKey, manifest: [u8; 32]
     sealed.sealer.push(&plaintext, &mut bytes).unwrap();
     sealed.sealer.finish(&mut bytes).unwrap();
     SealedJob { job_id: JobId(sealed.stream_id), bytes, plaintext, commitment_key: sealed.commitment_key }
+}
+
+/// Opens a sealed result stream: its plaintext and its records (`count` of them).
+fn open_output(client: &ResultSecretKey, job_id: JobId, output: &[u8], count: usize) -> (Vec<u8>, Vec<OutputRecord>) {
+    let (preamble, used) = Preamble::parse_complete(output, StreamKind::JobResult).unwrap();
+    let mut opened = envelope::open_result(&preamble, client, Some(job_id)).unwrap();
+    let mut plain = Vec::new();
+    opened.opener.push(&output[used..], &mut plain).unwrap();
+    opened.opener.finish(&mut plain).unwrap();
+    let mut decoder = OutputDecoder::new();
+    decoder.push(&plain);
+    let mut outputs = Vec::new();
+    while let Some(record) = decoder.next_record().unwrap() {
+        outputs.push(record);
+    }
+    decoder.finish(Some(count as u64)).unwrap();
+    (plain, outputs)
 }
 
 /// Sends a sealed job; returns the sealed output and the receipt, or the failure the worker named.
@@ -383,19 +412,7 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     ];
     let job = seal_job(&fleet, &client, manifest, &records);
     let (output, receipt_bytes) = run_job(&worker.socket, job.job_id, &job.bytes).unwrap();
-
-    let (preamble, used) = Preamble::parse_complete(&output, StreamKind::JobResult).unwrap();
-    let mut opened = envelope::open_result(&preamble, &client, Some(job.job_id)).unwrap();
-    let mut plain = Vec::new();
-    opened.opener.push(&output[used..], &mut plain).unwrap();
-    opened.opener.finish(&mut plain).unwrap();
-    let mut decoder = OutputDecoder::new();
-    decoder.push(&plain);
-    let mut outputs = Vec::new();
-    while let Some(record) = decoder.next_record().unwrap() {
-        outputs.push(record);
-    }
-    decoder.finish(Some(6)).unwrap();
+    let (plain, outputs) = open_output(&client, job.job_id, &output, records.len());
     let ids: Vec<&str> = outputs.iter().map(OutputRecord::id).collect();
     assert_eq!(ids, ["a", "b", "c", "d", "e", "f"], "results come back in input order");
     assert!(matches!(&outputs[1], OutputRecord::Error { code: ErrorCode::EmptyText, .. }));
@@ -434,6 +451,33 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     commitment.input(&job.plaintext);
     commitment.output(&plain);
     assert_eq!(receipt.commitment, commitment.finish(&job.commitment_key), "keyed plaintext commitment");
+    assert_eq!(receipt.options.precision, Precision::Fp32);
+
+    // bf16 is the client's explicit choice: computed as asked where the CPU has AVX-512 BF16 (close
+    // to, but not bit-equal with, fp32) and recorded in the receipt; refused by name elsewhere.
+    let bf16 = JobOptions { precision: Precision::Bf16, ..JobOptions::default() };
+    let job = seal_job_with(&fleet, &client, manifest, &records, bf16);
+    match run_job(&worker.socket, job.job_id, &job.bytes) {
+        Ok((output, receipt_bytes)) => {
+            let signed = SignedReceipt::decode(&receipt_bytes).unwrap();
+            assert_eq!(signed.verify(&receipt_key).unwrap().options.precision, Precision::Bf16);
+            let (_, reduced) = open_output(&client, job.job_id, &output, records.len());
+            for i in [0, 2, 3] {
+                let (OutputRecord::Embedding { vector: full, .. }, OutputRecord::Embedding { vector: half, .. }) =
+                    (&outputs[i], &reduced[i])
+                else {
+                    panic!("record {i}: {:?}", reduced[i]);
+                };
+                let (full, half) = (full.to_f32(), half.to_f32());
+                let cosine: f32 = full.iter().zip(&half).map(|(a, b)| a * b).sum();
+                assert!(cosine >= 0.999 && full != half, "record {i}: cosine {cosine}");
+            }
+        }
+        Err((check, message)) => {
+            assert!(!std::arch::is_x86_feature_detected!("avx512bf16"), "bf16 refused on a CPU that has it: {message}");
+            assert_eq!(check, "options", "{message}");
+        }
+    }
 
     // The job id is derived: presenting the job under another id is refused by name.
     let (check, _) = run_job(&worker.socket, JobId([7; 16]), &job.bytes).unwrap_err();
