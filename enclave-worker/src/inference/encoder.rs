@@ -263,7 +263,7 @@ impl Encoder {
         let mut x = vec![0f32; total * h];
         x.par_chunks_mut(h * ROWS_PER_TASK).zip(positions.par_chunks(ROWS_PER_TASK)).for_each(|(rows, pos)| {
             let mut sum = vec![0f32; h];
-            kernels::vectorized(|| for (row, &(id, p)) in rows.chunks_exact_mut(h).zip(pos) {
+            kernels::vectorized(#[inline(always)] || for (row, &(id, p)) in rows.chunks_exact_mut(h).zip(pos) {
                 let word = &self.word[id * h..(id + 1) * h];
                 let position = &self.position[p * h..(p + 1) * h];
                 for (((s, &w), &q), &t) in sum.iter_mut().zip(word).zip(position).zip(&self.token_type) {
@@ -303,7 +303,7 @@ impl Encoder {
         let mut h1 = vec![0f32; total * h];
         with_slice(&projected, |proj| {
             with_slice(&x, |x| {
-                fused_rows(&mut h1, h, |i, out| {
+                fused_rows(&mut h1, h, #[inline(always)] |i, out| {
                     let row = i * h..(i + 1) * h;
                     kernels::add_layer_norm(
                         out,
@@ -325,7 +325,7 @@ impl Encoder {
         let inter = layer.ff1_b.len();
         let mut activated = vec![0f32; total * inter];
         with_slice(&ff, |ff| {
-            fused_rows(&mut activated, inter, |i, o| {
+            fused_rows(&mut activated, inter, #[inline(always)] |i, o| {
                 kernels::bias_gelu(o, &ff[i * inter..(i + 1) * inter], &layer.ff1_b)
             })
         })?;
@@ -336,7 +336,7 @@ impl Encoder {
         let mut out = vec![0f32; total * h];
         with_slice(&ff2, |ff2| {
             with_slice(&h1, |h1| {
-                fused_rows(&mut out, h, |i, o| {
+                fused_rows(&mut out, h, #[inline(always)] |i, o| {
                     let row = i * h..(i + 1) * h;
                     kernels::add_layer_norm(
                         o,
@@ -386,7 +386,7 @@ impl Encoder {
         let mut q = vec![0f32; heads * n * d];
         let mut k = vec![0f32; heads * n * d];
         let mut v = vec![0f32; heads * n * d];
-        kernels::vectorized(|| for (j, row) in qkv.chunks_exact(3 * h).enumerate() {
+        kernels::vectorized(#[inline(always)] || for (j, row) in qkv.chunks_exact(3 * h).enumerate() {
             for head in 0..heads {
                 let at = (head * n + j) * d;
                 let (q0, k0, v0) = (head * d, h + head * d, 2 * h + head * d);
@@ -409,7 +409,7 @@ impl Encoder {
         drop((q, k));
         let mut probs = vec![0f32; heads * n * n];
         with_slice(&scores, |scores| {
-            kernels::vectorized(|| {
+            kernels::vectorized(#[inline(always)] || {
                 for (dst, src) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)) {
                     kernels::softmax_into(dst, src);
                 }
@@ -461,7 +461,7 @@ fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, Inference
 /// Fills `out` row by row (`row_len` values each) in parallel blocks: `f(row_index, row)`.
 fn fused_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     out.par_chunks_mut(row_len * ROWS_PER_TASK).enumerate().for_each(|(block, rows)| {
-        kernels::vectorized(|| {
+        kernels::vectorized(#[inline(always)] || {
             for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
                 f(block * ROWS_PER_TASK + i, row);
             }

@@ -5,8 +5,8 @@
 //! heavy lifting (matrix products) goes through candle's gemm with its AVX-512 kernels.
 
 /// Runs `f` compiled for the widest SIMD level of this CPU (AVX-512, AVX2 + FMA, or the
-/// baseline), chosen at run time. The kernels below are `#[inline(always)]` so that they are
-/// compiled into `f` for that level.
+/// baseline), chosen at run time. `f` must be `#[inline(always)]` (a closure can be), like the
+/// kernels below, so that it is compiled into the dispatcher's code for each level.
 #[inline(always)]
 pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     pulp::Arch::new().dispatch(f)
@@ -26,15 +26,18 @@ pub(crate) fn exp(x: f32) -> f32 {
     // 1.5 · 2^23: adding and subtracting it rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let k = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + ROUND;
+    let k = t - ROUND;
     let r = x - k * LN2_HI - k * LN2_LO;
     let r2 = r * r;
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
         * r
         + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
     let e_r = p * r2 + r + 1.0;
-    let bits = ((k as i32 + 127) as u32) << 23;
-    e_r * f32::from_bits(bits)
+    // `t`'s low mantissa bits hold k (two's complement, |k| < 2^22): 2^k's exponent field is
+    // k + 127, taken with integer operations only (a float-to-int cast would not vectorise).
+    let biased = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127);
+    e_r * f32::from_bits(biased << 23)
 }
 
 /// `erf(x)` for f32: the odd/even rational approximation on [-4, 4] used by Eigen and XLA
