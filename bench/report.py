@@ -1,0 +1,203 @@
+#!/usr/bin/env python3
+"""Markdown table, plot and docs update from one results JSON of the benchmark suite.
+
+  python bench/report.py bench/results/<name>.json [--docs docs/benchmarks.md]
+
+(bench/suite.py calls the same functions at the end of a run.)
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+LABELS = {
+    "ours": "ephem-batch worker, fp32",
+    "ort-fp32": "ONNX Runtime fp32 (batch 32, length-sorted)",
+    "ort-int8": "ONNX Runtime dynamic int8 (per-channel)",
+    "st": "sentence-transformers, PyTorch CPU (batch 32)",
+}
+ORDER = ["ours", "ort-fp32", "ort-int8", "st"]
+BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
+
+
+def fmt(value, digits=1):
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def ratio(a, b):
+    return None if not a or not b else a / b
+
+
+def markdown(doc):
+    threads = [str(t) for t in doc["settings"]["threads"]]
+    top = threads[-1]
+    tp = doc["throughput"]
+    m = doc["machine"]
+    out = []
+    kind = "QUICK validation run (small corpus, 1 repeat): not figures to quote" if doc.get("quick") else "full run"
+    out.append(f"**{doc['date_utc']}**, {kind}. Machine: {m.get('cpu', '?')}, {m.get('cores')} cores "
+               f"({', '.join(m.get('cpu_flags', []))}), {m.get('memory_gib', '?')} GiB; load average "
+               f"{doc['loadavg_start']} at start, {doc['loadavg_end']} at end. Corpus: {doc['corpus']['documents']:,} "
+               f"Debian package descriptions; each figure is the median of {doc['settings']['repeats']} passes.")
+    out.append("")
+    head = "| engine | " + " | ".join(f"docs/s, {t} thr" for t in threads) + \
+        f" | 9-token text, {top} thr | 128-token text, {top} thr | min cosine to ST (corpus) |"
+    out += [head, "|---" * (len(threads) + 4) + "|"]
+    cos = doc.get("cosine_to_sentence_transformers", {})
+    for engine in ORDER:
+        row = [LABELS[engine]] + [fmt(tp[engine][t]["documents_per_s"]) for t in threads]
+        row += [fmt(tp[engine][top]["latency_9_tokens_ms"], 2) + " ms", fmt(tp[engine][top]["latency_128_tokens_ms"], 2) + " ms"]
+        row.append("reference" if engine == "st" else (fmt(cos[engine]["min"], 5) if engine in cos else "–"))
+        out.append("| " + " | ".join(row) + " |")
+    out.append("")
+    out.append("Ratios ours / peer (throughput: above 1 means we are faster; 128-token latency: below 1 means we are faster):")
+    out.append("")
+    out += ["| peer | " + " | ".join(f"throughput, {t} thr" for t in threads) + f" | 128-token latency, {top} thr |",
+            "|---" * (len(threads) + 2) + "|"]
+    for peer in ["ort-fp32", "ort-int8", "st"]:
+        cells = [fmt(ratio(tp["ours"][t]["documents_per_s"], tp[peer][t]["documents_per_s"]), 2) + "×" for t in threads]
+        cells.append(fmt(ratio(tp["ours"][top]["latency_128_tokens_ms"], tp[peer][top]["latency_128_tokens_ms"]), 2) + "×")
+        out.append(f"| {LABELS[peer]} | " + " | ".join(cells) + " |")
+    out.append("")
+    out.append("Our worker in detail:")
+    out.append("")
+    out += ["| threads | docs/s | real tokens/s | useful GFLOP/s | GEMM peak (same run) | fraction of peak | padded | model load | peak RSS |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for t in threads:
+        r = tp["ours"][t]
+        out.append(f"| {t} | {fmt(r['documents_per_s'])} | {fmt(r['real_tokens_per_s'], 0)} | {fmt(r['useful_gflop_per_s'])} | "
+                   f"{fmt(r['gemm_peak_gflop_per_s'], 0)} GFLOP/s | {100 * r['useful_gflop_per_s'] / r['gemm_peak_gflop_per_s']:.0f} % | "
+                   f"{100 * r['padded_fraction']:.1f} % | {fmt(r['model_load_ms'], 0)} ms | {fmt(r['peak_rss_mib'], 0)} MiB |")
+    out.append("")
+    if "throughput_by_size" in doc:
+        s = doc["throughput_by_size"]
+        out.append(f"Throughput against corpus size ({s['threads']} threads, docs/s):")
+        out.append("")
+        out += ["| documents | ours | ONNX Runtime fp32 | ours / ORT |", "|---|---|---|---|"]
+        for n in sorted(s["ours"], key=int):
+            out.append(f"| {int(n):,} | {fmt(s['ours'][n])} | {fmt(s['ort-fp32'][n])} | {fmt(ratio(s['ours'][n], s['ort-fp32'][n]), 2)}× |")
+        out.append("")
+    if "pipeline" in doc:
+        p = doc["pipeline"]
+        out.append(f"Whole local pipeline ({p['documents']:,} documents, {p['threads']} threads, submit to verified "
+                   f"results): {fmt(p['pipeline_documents_per_s'])} docs/s against {fmt(p['raw_documents_per_s'])} docs/s "
+                   f"of raw inference in the same run: **ratio {p['ratio']:.3f}** ({100 * (1 - p['ratio']):.1f} % overhead).")
+        out.append("")
+    if "cold_start" in doc:
+        c = doc["cold_start"]
+        s = c["summary"]
+        out.append(f"Cold start of the worker process ({c['boots']} boots, {c['threads']} threads, spawn to ready with "
+                   f"all-MiniLM-L6-v2): **p50 {fmt(s['total']['p50'], 0)} ms, p95 {fmt(s['total']['p95'], 0)} ms**.")
+        out.append("")
+        out += ["| phase | p50 | p95 | max |", "|---|---|---|---|"]
+        names = {"listen": "process start → listening", "fleet_key": "fleet-key release + publication",
+                 "model_key": "manifest check + DEK release", "stream_decrypt": "stream-decrypt + SHA-256 of the files",
+                 "load": "model load + engine start", "total": "**total**", "kms_fleet": "(KMS time, fleet key)",
+                 "kms_model": "(KMS time, DEK)"}
+        for key, label in names.items():
+            v = s[key]
+            out.append(f"| {label} | {fmt(v['p50'], 0)} ms | {fmt(v['p95'], 0)} ms | {fmt(v['max'], 0)} ms |")
+        out.append(f"| worker peak RSS when ready | {fmt(s['peak_rss_mib']['p50'], 0)} MiB | | {fmt(s['peak_rss_mib']['max'], 0)} MiB |")
+        out.append("")
+    out.append("Against issue 8's targets:")
+    out.append("")
+    out += ["| target | measured | met |", "|---|---|---|"]
+    o, f32, st = (tp[e][top] for e in ("ours", "ort-fp32", "st"))
+
+    def check(label, value, goal, shown):
+        met = "–" if value is None else ("yes" if value >= goal else "no")
+        out.append(f"| {label} | {shown} | {met} |")
+
+    r = ratio(o["documents_per_s"], f32["documents_per_s"])
+    check(f"throughput ≥ 1.2× ONNX Runtime fp32 ({top} threads)", r, 1.2, fmt(r, 2) + "×")
+    r = ratio(o["documents_per_s"], st["documents_per_s"])
+    check(f"throughput ≥ 2.5× sentence-transformers ({top} threads)", r, 2.5, fmt(r, 2) + "×")
+    r = ratio(f32["latency_128_tokens_ms"], o["latency_128_tokens_ms"])
+    check("one 128-token text ≤ ONNX Runtime fp32's latency", r, 1.0,
+          f"{fmt(o['latency_128_tokens_ms'], 2)} ms against {fmt(f32['latency_128_tokens_ms'], 2)} ms")
+    if "pipeline" in doc:
+        r = doc["pipeline"]["ratio"]
+        check("whole pipeline ≥ 95 % of raw inference", r, 0.95, f"{100 * r:.1f} %")
+    if "cold_start" in doc:
+        p95 = doc["cold_start"]["summary"]["total"]["p95"]
+        check("cold start ≤ 1 s at p95", 1000.0 - p95, 0.0, f"{p95:.0f} ms")
+    if "ours" in cos:
+        c = cos["ours"]["min"]
+        check("min cosine to sentence-transformers ≥ 0.9999 (corpus)", c, 0.9999, f"{c:.5f}")
+    out.append("")
+    return "\n".join(out) + "\n"
+
+
+def plot(doc, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    has_sizes = "throughput_by_size" in doc
+    fig, axes = plt.subplots(1, 2 if has_sizes else 1, figsize=(11 if has_sizes else 6, 4.2), squeeze=False)
+    ax = axes[0][0]
+    threads = doc["settings"]["threads"]
+    for engine in ORDER:
+        ys = [doc["throughput"][engine][str(t)]["documents_per_s"] for t in threads]
+        ax.plot(threads, ys, marker="o", label=LABELS[engine], linewidth=2.5 if engine == "ours" else 1.5)
+    ax.set_xticks(threads)
+    ax.set_xlabel("threads")
+    ax.set_ylabel("documents / s")
+    ax.set_title(f"Throughput vs threads ({doc['corpus']['documents']:,} documents)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if has_sizes:
+        ax = axes[0][1]
+        s = doc["throughput_by_size"]
+        for engine in ("ours", "ort-fp32"):
+            ns = sorted(s[engine], key=int)
+            ax.plot([int(n) for n in ns], [s[engine][n] for n in ns], marker="o", label=LABELS[engine],
+                    linewidth=2.5 if engine == "ours" else 1.5)
+        ax.set_xscale("log")
+        ax.set_xlabel("documents in the corpus")
+        ax.set_ylabel("documents / s")
+        ax.set_title(f"Throughput vs corpus size ({s['threads']} threads)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    note = "QUICK run: " if doc.get("quick") else ""
+    fig.suptitle(f"{note}all-MiniLM-L6-v2 on {doc['machine'].get('cpu', '?')}, {doc['date_utc'][:10]}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def update_docs(docs_md, table, png):
+    with open(docs_md, encoding="utf-8") as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        sys.exit(f"{docs_md}: no {BEGIN} … {END} section to put the results in")
+    block = f"{BEGIN}\n![throughput against threads and corpus size]({png})\n\n{table}{END}"
+    text = re.sub(re.escape(BEGIN) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    with open(docs_md, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results")
+    ap.add_argument("--docs", help="docs/benchmarks.md to update")
+    args = ap.parse_args()
+    with open(args.results) as f:
+        doc = json.load(f)
+    stem = args.results[: -len(".json")]
+    table = markdown(doc)
+    with open(stem + ".md", "w") as f:
+        f.write(table)
+    plot(doc, stem + ".png")
+    if args.docs:
+        update_docs(args.docs, table, os.path.relpath(stem + ".png", os.path.dirname(os.path.abspath(args.docs))))
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The benchmark suite: our worker's inference against sentence-transformers and ONNX Runtime
+# (fp32 and dynamic int8) on the same corpus, same thread counts, in the same run; agreement of
+# the vectors; throughput against corpus size; the whole local pipeline; cold start of the
+# worker process. Writes bench/results/<date>.json, .md and .png, and puts the table and plot
+# into docs/benchmarks.md. See docs/benchmarks.md.
+#
+#   bench/run.sh [--threads 1,2] [--docs 10000] [--repeats 3] [--sizes 1000,3000,10000]
+#                [--boots 20] [--skip pipeline,cold-start,sizes,cosine] [--quick]
+#
+# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots; results go to bench/results/quick/
+# (not committed) and docs/benchmarks.md is left alone. Use it to check the suite, not to quote.
+#
+# Needs: Rust, Python 3.11, the apt Translation-en indexes (apt-get update -o Acquire::Languages=en),
+# and the package registries (PyPI for the peers' environment, the first time). Everything else it
+# installs itself: the model (scripts/setup-model.sh), the peers' environment under
+# .ephem/bench-venv (bench/requirements.txt: PyTorch with its CUDA wheels, several GB, only here),
+# the ONNX export under .ephem/bench/onnx.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+threads=1,2
+docs=10000
+repeats=3
+sizes=1000,3000,10000
+boots=20
+skip=""
+quick=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --threads) threads=$2; shift 2 ;;
+        --docs) docs=$2; shift 2 ;;
+        --repeats) repeats=$2; shift 2 ;;
+        --sizes) sizes=$2; shift 2 ;;
+        --boots) boots=$2; shift 2 ;;
+        --skip) skip=$2; shift 2 ;;
+        --quick) quick=1; shift ;;
+        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+if [ "$quick" = 1 ]; then
+    docs=300; repeats=1; sizes=100,300; boots=5
+fi
+
+home="${EPHEM_HOME:-$root/.ephem}"
+work="$home/bench"
+venv="$home/bench-venv"
+model_dir="${EPHEM_MODEL_DIR:-$home/models/all-MiniLM-L6-v2}"
+onnx_dir="$work/onnx"
+target="${CARGO_TARGET_DIR:-$root/target}"
+mkdir -p "$work"
+
+say() { echo "==> $*"; }
+
+# 1. The corpus: the largest size asked, every smaller one is its prefix.
+max=$docs
+for n in ${sizes//,/ }; do [ "$n" -gt "$max" ] && max=$n; done
+corpus="$work/corpus-all-$max.jsonl"
+if [ ! -s "$corpus" ]; then
+    say "corpus: $max Debian package descriptions"
+    python3 scripts/build_corpus.py --count "$max" --out "$corpus.part"
+    mv "$corpus.part" "$corpus"
+fi
+
+# 2. The model, and the peers' environment (pinned; recreated when bench/requirements.txt changes).
+bash scripts/setup-model.sh
+stamp="$venv/.requirements.sha256"
+want=$(sha256sum bench/requirements.txt | cut -d' ' -f1)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    say "peers' environment: $venv (PyTorch with CUDA wheels from PyPI: several GB, the first time)"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --upgrade pip
+    "$venv/bin/pip" install --quiet -r bench/requirements.txt
+    echo "$want" > "$stamp"
+fi
+py="$venv/bin/python"
+
+# 3. Release builds of what is measured.
+say "release builds"
+cargo build --release --locked -p enclave-worker --bins \
+    --example bench_inference --example embed_corpus --example bench_cold_start
+case ",$skip," in
+    *,pipeline,*) ;;
+    *) cargo build --release --locked --bins -p client-cli -p host-poller -p enclave-worker ;;
+esac
+
+# 4. ONNX export of the same weights (fp32, then dynamic int8), checked against sentence-transformers.
+model_sum=$(sha256sum "$model_dir/model.safetensors" bench/peers.py bench/requirements.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$onnx_dir/.source.sha256" 2>/dev/null)" != "$model_sum" ]; then
+    say "ONNX export (fp32 + dynamic int8)"
+    rm -rf "$onnx_dir"
+    OMP_NUM_THREADS=2 "$py" bench/peers.py export --model-dir "$model_dir" --out-dir "$onnx_dir"
+    echo "$model_sum" > "$onnx_dir/.source.sha256"
+fi
+
+# 5. The measurements.
+name=$(date -u +%Y-%m-%d-%H%M)
+if [ "$quick" = 1 ]; then
+    out_dir=bench/results/quick
+    docs_md=()
+else
+    out_dir=bench/results
+    docs_md=(--docs-md docs/benchmarks.md)
+fi
+quick_flag=()
+[ "$quick" = 1 ] && quick_flag=(--quick)
+say "measuring (load average now: $(cut -d' ' -f1-3 /proc/loadavg))"
+"$py" bench/suite.py --corpus "$corpus" --docs "$docs" --threads "$threads" --repeats "$repeats" \
+    --sizes "$sizes" --boots "$boots" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \
+    --onnx-dir "$onnx_dir" --work-dir "$work" --out-dir "$out_dir" --name "$name" \
+    "${quick_flag[@]}" "${docs_md[@]}"

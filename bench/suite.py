@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Runs every measurement of the benchmark suite and writes the results; bench/run.sh prepares
+what it needs (corpus, environment, release builds, ONNX export) and calls it with the suite's
+Python. See docs/benchmarks.md for what each number means.
+
+Every measurement runs in its own process with its thread count set the same way for all
+engines: ours through RAYON_NUM_THREADS/CANDLE_NUM_THREADS (and the engine's own --threads),
+PyTorch through torch.set_num_threads(n) + set_num_interop_threads(1), ONNX Runtime through
+intra_op_num_threads=n + inter_op_num_threads=1, and OMP/MKL/OpenBLAS/Rayon variables = n for
+every process.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.join(ROOT, "bench", "peers.py")
+ENGINES = ["ours", "ort-fp32", "ort-int8", "st"]
+LABELS = {
+    "ours": "ephem-batch worker (fp32)",
+    "st": "sentence-transformers (PyTorch CPU)",
+    "ort-fp32": "ONNX Runtime fp32",
+    "ort-int8": "ONNX Runtime dynamic int8",
+}
+
+
+def log(message):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def loadavg():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def thread_env(threads):
+    env = dict(os.environ)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "RAYON_NUM_THREADS",
+                 "RAYON_RS_NUM_CPUS", "CANDLE_NUM_THREADS"):
+        env[name] = str(threads)
+    env["TOKENIZERS_PARALLELISM"] = "true"
+    return env
+
+
+def run(cmd, env=None, capture=False):
+    log(" ".join(os.path.relpath(c, ROOT) if os.path.isabs(c) and c.startswith(ROOT) else c for c in cmd))
+    if capture:
+        done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        return done.stdout
+    subprocess.run(cmd, env=env, check=True)
+    return None
+
+
+def machine():
+    info = {"cores": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
+    try:
+        with open("/proc/cpuinfo") as f:
+            text = f.read()
+        info["cpu"] = re.search(r"model name\s*:\s*(.*)", text).group(1).strip()
+        flags = set(re.search(r"flags\s*:\s*(.*)", text).group(1).split())
+        info["cpu_flags"] = sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in flags)
+        with open("/proc/meminfo") as f:
+            info["memory_gib"] = round(int(re.search(r"MemTotal:\s*(\d+)", f.read()).group(1)) / 2**20, 1)
+    except (OSError, AttributeError):
+        pass
+    return info
+
+
+def subset(corpus, count, work):
+    """The first `count` documents: build_corpus.py's order makes this the corpus of that size."""
+    path = os.path.join(work, f"corpus-{count}.jsonl")
+    with open(corpus, encoding="utf-8") as f:
+        lines = [line for line in f if line.strip()][:count]
+    if len(lines) < count:
+        sys.exit(f"{corpus} has only {len(lines)} documents, {count} asked")
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(lines)
+    return path
+
+
+class Suite:
+    def __init__(self, args):
+        self.args = args
+        self.work = args.work_dir
+        self.bin = args.bin_dir
+        self.python = sys.executable
+        os.makedirs(self.work, exist_ok=True)
+
+    def ours(self, corpus, threads, repeats, tag):
+        out = os.path.join(self.work, f"ours-{tag}-t{threads}.json")
+        run([os.path.join(self.bin, "examples", "bench_inference"), "--corpus", corpus, "--threads", str(threads),
+             "--repeats", str(repeats), "--json", out], env=thread_env(threads))
+        with open(out) as f:
+            result = json.load(f)["results"][0]
+        result["engine"] = "ours"
+        return result
+
+    def peer(self, engine, corpus, threads, repeats, tag, vectors=None):
+        out = os.path.join(self.work, f"{engine}-{tag}-t{threads}.json")
+        cmd = [self.python, PEERS, "measure", "--engine", engine, "--threads", str(threads), "--corpus", corpus,
+               "--repeats", str(repeats), "--model-dir", self.args.model_dir, "--onnx-dir", self.args.onnx_dir,
+               "--json", out]
+        if vectors:
+            cmd += ["--vectors", vectors]
+        run(cmd, env=thread_env(threads))
+        with open(out) as f:
+            return json.load(f)
+
+    def measure(self, engine, corpus, threads, repeats, tag, vectors=None):
+        if engine == "ours":
+            return self.ours(corpus, threads, repeats, tag)
+        return self.peer(engine, corpus, threads, repeats, tag, vectors)
+
+    def our_vectors(self, corpus, threads):
+        out = os.path.join(self.work, "vectors-ours.f32")
+        run([os.path.join(self.bin, "examples", "embed_corpus"), "--corpus", corpus, "--out", out,
+             "--threads", str(threads)], env=thread_env(threads))
+        return np.fromfile(out, dtype="<f4").reshape(-1, 384)
+
+    def pipeline(self, corpus, threads):
+        env = thread_env(threads)
+        env["CARGO_TARGET_DIR"] = os.path.dirname(self.bin)
+        env["EPHEM_MODEL_DIR"] = self.args.model_dir
+        text = run(["bash", os.path.join(ROOT, "scripts", "bench_pipeline.sh"), corpus, str(threads)], env=env, capture=True)
+        print(text, end="")
+        number = lambda label: float(re.search(rf"{label}\s+([\d.]+)", text).group(1))  # noqa: E731
+        seconds = float(re.search(r"\(([\d.]+) s, submit", text).group(1))
+        return {"threads": threads, "raw_documents_per_s": number("raw inference"),
+                "pipeline_documents_per_s": number("whole pipeline"), "ratio": number("ratio"), "pipeline_s": seconds}
+
+    def cold_start(self, threads, boots):
+        out = os.path.join(self.work, "cold-start.json")
+        env = thread_env(threads)
+        env["EPHEM_MODEL_DIR"] = self.args.model_dir
+        run([os.path.join(self.bin, "examples", "bench_cold_start"), "--boots", str(boots), "--threads", str(threads),
+             "--worker", os.path.join(self.bin, "enclave-worker"), "--json", out], env=env)
+        with open(out) as f:
+            return json.load(f)
+
+
+def min_cosine(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    ok = np.isfinite(a).all(axis=1) & np.isfinite(b).all(axis=1)
+    cos = np.sum(a[ok] * b[ok], axis=1) / (np.linalg.norm(a[ok], axis=1) * np.linalg.norm(b[ok], axis=1))
+    return {"min": float(cos.min()), "mean": float(cos.mean()), "below_0_999": int((cos < 0.999).sum()),
+            "compared": int(ok.sum()), "not_embedded": int((~ok).sum())}
+
+
+def clean(result):
+    """Drops what names this machine's paths from a sub-result."""
+    return {k: v for k, v in result.items() if k not in ("corpus",)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", required=True, help="JSONL from scripts/build_corpus.py, at least --docs lines")
+    ap.add_argument("--docs", type=int, required=True)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", default="1000,3000,10000")
+    ap.add_argument("--boots", type=int, default=20)
+    ap.add_argument("--pipeline-docs", type=int, default=None, help="corpus size of the pipeline run (default --docs)")
+    ap.add_argument("--skip", default="", help="comma list of: pipeline, cold-start, sizes, cosine")
+    ap.add_argument("--bin-dir", required=True, help="target/release")
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--onnx-dir", required=True)
+    ap.add_argument("--work-dir", required=True)
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--name", required=True, help="file name stem of the results")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--docs-md", default=None, help="docs/benchmarks.md to put the table into (full runs)")
+    args = ap.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+    top = max(threads)
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s})
+    skip = set(filter(None, args.skip.split(",")))
+    suite = Suite(args)
+    started = time.time()
+    doc = {
+        "suite": "ephem-batch bench/run.sh",
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "quick": args.quick,
+        "machine": machine(),
+        "loadavg_start": loadavg(),
+        "corpus": {"source": "Debian package descriptions (scripts/build_corpus.py)", "documents": args.docs},
+        "settings": {"threads": threads, "repeats": args.repeats, "batch_size_peers": 32, "sizes": sizes},
+    }
+    with open(os.path.join(args.onnx_dir, "export.json")) as f:
+        doc["export"] = json.load(f)
+    corpus = subset(args.corpus, args.docs, args.work_dir)
+
+    # 1. Throughput and latency, every engine at every thread count, same corpus.
+    throughput = {engine: {} for engine in ENGINES}
+    vectors = {}
+    for t in threads:
+        for engine in ENGINES:
+            path = os.path.join(args.work_dir, f"vectors-{engine}.npy") if t == top and engine != "ours" else None
+            throughput[engine][str(t)] = clean(suite.measure(engine, corpus, t, args.repeats, "main", path))
+            if path:
+                vectors[engine] = np.load(path)
+    doc["throughput"] = throughput
+
+    # 2. Agreement with the sentence-transformers vectors over the corpus.
+    if "cosine" not in skip:
+        reference = vectors["st"]
+        ours = suite.our_vectors(corpus, top)
+        doc["cosine_to_sentence_transformers"] = {
+            "ours": min_cosine(ours, reference),
+            "ort-fp32": min_cosine(vectors["ort-fp32"], reference),
+            "ort-int8": min_cosine(vectors["ort-int8"], reference),
+        }
+
+    # 3. Throughput against corpus size (ours and ONNX Runtime fp32) at the top thread count.
+    if "sizes" not in skip:
+        by_size = {"ours": {}, "ort-fp32": {}}
+        for n in sizes:
+            for engine in by_size:
+                if n == args.docs:
+                    result = throughput[engine][str(top)]
+                else:
+                    result = suite.measure(engine, subset(args.corpus, n, args.work_dir), top, args.repeats, f"n{n}")
+                by_size[engine][str(n)] = result["documents_per_s"]
+        doc["throughput_by_size"] = {"threads": top, **by_size}
+
+    # 4. The whole local pipeline against raw inference, same corpus, 2 threads.
+    if "pipeline" not in skip:
+        n = args.pipeline_docs or args.docs
+        doc["pipeline"] = suite.pipeline(subset(args.corpus, n, args.work_dir), top) | {"documents": n}
+
+    # 5. Cold start of the real worker process.
+    if "cold-start" not in skip:
+        cold = suite.cold_start(top, args.boots)
+        doc["cold_start"] = {k: cold[k] for k in ("boots", "threads", "first_boot_ms", "summary", "rsa2048_keygen_ms_median", "samples")}
+
+    doc["loadavg_end"] = loadavg()
+    doc["wall_s"] = round(time.time() - started, 1)
+    os.makedirs(args.out_dir, exist_ok=True)
+    stem = os.path.join(args.out_dir, args.name)
+    with open(stem + ".json", "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    import report  # bench/report.py, beside this file
+
+    table = report.markdown(doc)
+    with open(stem + ".md", "w") as f:
+        f.write(table)
+    report.plot(doc, stem + ".png")
+    log(f"wrote {stem}.json, .md, .png ({doc['wall_s']:.0f} s)")
+    if args.docs_md:
+        report.update_docs(args.docs_md, table, os.path.relpath(stem + ".png", os.path.dirname(args.docs_md)))
+        log(f"updated {args.docs_md}")
+    print()
+    print(table)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    main()
