@@ -158,6 +158,15 @@ impl BulkTaskError {
             BulkTaskError::Record { .. } => false,
         }
     }
+
+    /// The deployment does not allow this caller the read or the completion.
+    pub fn is_access_denied(&self) -> bool {
+        matches!(
+            self,
+            BulkTaskError::Object { source: ObjectError::AccessDenied { .. }, .. }
+                | BulkTaskError::Workflow { source: WorkflowError::AccessDenied(_), .. }
+        )
+    }
 }
 
 /// Writes the token a bulk run waits on for `job` (replacing a retried step's older token).

@@ -14,13 +14,15 @@
 //!   differs;
 //! - `model_manifest`: no published manifest of that model has the hash the header names.
 //!
-//! A refused upload gets `status.json` = failed with that check; an accepted one gets
+//! A refused upload gets `status.json` = failed with that check, and a bulk run waiting for that
+//! job on a task token gets `SendTaskFailure` with the check as its cause; an accepted one gets
 //! `status.json` = queued and one message on the job queue. The enclave checks everything again:
 //! this step only keeps garbage off the queue.
 
 use aws_lambda_events::s3::S3Event;
 use cloud::layout;
 use cloud::messages::{Failure, JobMessage, JobState, JobStatus};
+use cloud::workflow::{self, BulkTaskError, JobEnd};
 use cloud::{ObjectError, ObjectStore, PutCondition, QueueError, SendOptions, Services};
 use protocol::envelope::{JobHeader, JobId, Preamble, StreamKind, MAX_HEADER_LEN};
 use protocol::fleet::{epoch_object_key, EpochRecord};
@@ -36,6 +38,8 @@ pub enum OnUploadError {
     Object(#[from] ObjectError),
     #[error(transparent)]
     Queue(#[from] QueueError),
+    #[error("failing the bulk task of a refused upload: {0}")]
+    Task(#[from] BulkTaskError),
 }
 
 /// Where sealed shards become jobs, and which checks run.
@@ -204,12 +208,37 @@ fn handle_key(key: &str, services: &Services, config: &Config) -> Result<Outcome
             if let Err(error) = services.jobs.put(&layout::job_status(&job), &status_json(&status), PutCondition::Overwrite) {
                 status_not_written(&job, error)?;
             }
+            fail_waiting_task(&job, check, &message, services)?;
             Ok(Outcome::Refused { key: key.to_owned(), check, message })
         }
     }
 }
 
 type Verdict = Result<(JobHeader, u64), (&'static str, String)>;
+
+/// A refused upload is the end of its job, and no host will ever see it: if a bulk run waits
+/// for the job on a task token, this step completes it (`SendTaskFailure`
+/// `EphemBatch.JobFailed`, cause `<check>: <message>`), as a host does for a job it ends. The
+/// failed status is written first and the token read after, the order `bulk-await-shard`
+/// mirrors (token first, then the status), so one of the two completes it. A token already
+/// closed is fine; an error reading the token or reaching Step Functions fails the invocation
+/// (it is retried), except access denied, which only costs the run its prompt answer.
+fn fail_waiting_task(job: &JobId, check: &str, message: &str, services: &Services) -> Result<(), OnUploadError> {
+    let Some(tokens) = services.task_tokens.as_deref() else { return Ok(()) };
+    let end = JobEnd::Failed { reason: format!("{check}: {message}") };
+    match workflow::complete_bulk_task(services.jobs.as_ref(), tokens, job, &end) {
+        Ok(None) => Ok(()),
+        Ok(Some(completion)) => {
+            tracing::info!(job = %job, check, ?completion, "bulk task failed with the refusal");
+            Ok(())
+        }
+        Err(error) if error.is_access_denied() => {
+            tracing::warn!(job = %job, %error, "bulk task not completed; the run waits for its timeout");
+            Ok(())
+        }
+        Err(error) => Err(OnUploadError::Task(error)),
+    }
+}
 
 /// `status.json` is informative: a deployment that does not let this function write it (access
 /// denied) loses nothing but the status; any other failure is retried.
@@ -441,6 +470,68 @@ mod shard_tests {
         let out = handle_with(&event("elsewhere/x.sealed"), &f.services, &config()).unwrap();
         assert_eq!(out, vec![Outcome::Ignored { key: "elsewhere/x.sealed".into() }]);
         assert!(f.services.jobs.list(layout::JOBS_PREFIX).unwrap().is_empty());
+    }
+
+    /// A bulk run waits on a shard's token; the shard's job input is then refused. No host will
+    /// ever see the job, so the refusal itself fails the token, naming the check — and in the
+    /// other order, `bulk-await-shard` finds the failed status and fails the token itself.
+    #[test]
+    fn a_refused_upload_fails_the_bulk_task_waiting_for_it() {
+        use crate::bulk::{await_shard, AwaitInput, AwaitState};
+        use cloud::local::TokenOutcome;
+        let f = Fixture::new();
+        let workflows = f.cloud.workflows();
+        // The manifest the jobs name is withdrawn: every upload is refused as model_manifest.
+        f.services.models.delete(&layout::model_manifest(crate::testing::MODEL, 1)).unwrap();
+        let await_input = |job: &JobId, token: &str| AwaitInput {
+            bulk_id: "b-refused".into(),
+            bucket: "jobs".into(),
+            key: format!("stores/acme/incoming/{job}.sealed"),
+            job_id: job.to_hex(),
+            task_token: token.into(),
+        };
+
+        // The token is written first, the refusal comes later.
+        let (bytes, job) = f.sealed(3);
+        let token = workflows.issue_token("local:execution:b-refused").unwrap();
+        let awaited = await_shard(&await_input(&job, &token), f.services.jobs.as_ref(), workflows.as_ref(), 1).unwrap();
+        assert_eq!(awaited.state, AwaitState::Waiting);
+        let key = layout::job_input(&job);
+        f.services.jobs.put(&key, &bytes, PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event(&key), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Refused { check: "model_manifest", .. }), "{out:?}");
+        match workflows.outcome(&token).unwrap() {
+            Some(TokenOutcome::Failed { error, cause }) => {
+                assert_eq!(error, cloud::workflow::JOB_FAILED_ERROR);
+                assert!(cause.starts_with("model_manifest: no published manifest"), "{cause}");
+            }
+            other => panic!("the token is {other:?}, not failed"),
+        }
+        // The event delivered again: the token is closed already, which is no error.
+        handle_with(&event(&key), &f.services, &config()).unwrap();
+
+        // The refusal first, the token later: bulk-await-shard fails it from the status.
+        let (bytes, job) = f.sealed(3);
+        let key = layout::job_input(&job);
+        f.services.jobs.put(&key, &bytes, PutCondition::CreateOnly).unwrap();
+        handle_with(&event(&key), &f.services, &config()).unwrap();
+        let token = workflows.issue_token("local:execution:b-refused").unwrap();
+        let awaited = await_shard(&await_input(&job, &token), f.services.jobs.as_ref(), workflows.as_ref(), 2).unwrap();
+        assert_eq!(awaited.state, AwaitState::Completed);
+        assert!(
+            matches!(workflows.outcome(&token).unwrap(), Some(TokenOutcome::Failed { cause, .. }) if cause.starts_with("model_manifest: ")),
+        );
+
+        // An accepted upload completes nothing: its host will.
+        f.services.models.put(&layout::model_manifest(crate::testing::MODEL, 1), b"a signed manifest (only its hash matters here)", PutCondition::CreateOnly).unwrap();
+        let (bytes, job) = f.sealed(3);
+        let token = workflows.issue_token("local:execution:b-ok").unwrap();
+        await_shard(&await_input(&job, &token), f.services.jobs.as_ref(), workflows.as_ref(), 3).unwrap();
+        let key = layout::job_input(&job);
+        f.services.jobs.put(&key, &bytes, PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event(&key), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Queued { .. }), "{out:?}");
+        assert_eq!(workflows.outcome(&token).unwrap(), None, "the token stays open");
     }
 
     #[test]
