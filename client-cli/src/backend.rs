@@ -9,7 +9,7 @@
 //!   it (against an emulator, `ephem-batch dev aws-pump` stands in for them).
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -89,8 +89,49 @@ pub fn open(home: &Home, args: &BackendArgs) -> anyhow::Result<Opened> {
         Backend::Aws => {
             let settings = args.aws_settings(home)?;
             let aws = AwsCloud::connect(&settings).context("connecting to AWS")?;
+            let source = match &settings.ledger_bucket {
+                Some(bucket) => LedgerSource::Bucket {
+                    name: bucket.clone(),
+                    objects: Arc::new(aws.clients().object_store(bucket, "")),
+                    copy: aws_ledger_copy(home),
+                },
+                None => LedgerSource::Unnamed,
+            };
+            let _ = LEDGER.set(source);
             Ok(Opened { services: aws.services(), local: None, aws: Some(aws) })
         }
+    }
+}
+
+/// Where `verify` finds the ledger of the backend this process opened.
+pub enum LedgerSource {
+    /// The home's own ledger (the embedded default).
+    Home,
+    /// A deployment's ledger on S3 (tlog-tiles), read through a synced copy in `copy`.
+    Bucket { name: String, objects: Arc<dyn cloud::ObjectStore>, copy: PathBuf },
+    /// `--backend aws` without a ledger bucket in the settings.
+    Unnamed,
+}
+
+/// One backend per process (the global `--backend`), so one ledger: set by [`open`].
+static LEDGER: OnceLock<LedgerSource> = OnceLock::new();
+
+/// The ledger of the backend [`open`] opened (the home's when nothing else was opened).
+pub fn ledger_source() -> &'static LedgerSource {
+    LEDGER.get_or_init(|| LedgerSource::Home)
+}
+
+/// With `--backend aws`, the home's copy of the deployment's ledger (`ledger sync` fills it,
+/// `verify` brings it up to date), apart from the home's own ledger, whose key differs.
+pub fn aws_ledger_copy(home: &Home) -> PathBuf {
+    home.root().join("aws-ledger")
+}
+
+/// The ledger directory the `ledger` commands read with these flags.
+pub fn ledger_dir(home: &Home, args: &BackendArgs) -> PathBuf {
+    match args.backend {
+        Backend::Local => home.ledger_dir(),
+        Backend::Aws => aws_ledger_copy(home),
     }
 }
 

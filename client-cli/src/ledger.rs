@@ -13,7 +13,9 @@
 //!
 //! `sync` copies the ledger of a deployment (its bucket, in the C2SP tlog-tiles layout) into
 //! this home's ledger directory, so that every command above runs on the copy. Use a home of
-//! its own for an audit copy: a home's own ledger has another key and is refused.
+//! its own for an audit copy: a home's own ledger has another key and is refused. With
+//! `--backend aws` the directory is `<home>/aws-ledger/`, the copy of the deployment's ledger
+//! that `ephem-batch verify` also brings up to date, apart from the home's own ledger.
 //!
 //! `query`, `verify` and `verify-bundle` also take the attestation trust options
 //! `--root aws-nitro-g1|PEM`, `--development-root [PEM]`, `--expect-pcr N=HEX`,
@@ -230,29 +232,46 @@ struct SyncJson<'a> {
     audit: Option<&'a tiles::AuditReport>,
 }
 
-fn sync_command(dir: &Path, from: &str, ledger_key: &str, audit: bool, json: bool) -> anyhow::Result<ExitCode> {
-    let pinned = parse_ledger_key(ledger_key)?;
-    let (objects, prefix) = ledger_objects(from)?;
+/// The copy in `dir` (`ledger.sqlite`) of the tlog-tiles ledger in `objects` under `prefix`,
+/// brought up to the bucket's checkpoint, every checkpoint checked against `key`; `ledger.pub`
+/// then pins `key` for the copy's commands. `Ok(Err(..))`: the bucket's ledger was refused.
+pub fn sync_copy(
+    dir: &Path,
+    objects: std::sync::Arc<dyn cloud::ObjectStore>,
+    prefix: &str,
+    key: &VerifierKey,
+) -> anyhow::Result<Result<(tiles::TileStore, tiles::SyncReport), tiles::TileError>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let db = dir.join(receipts_ledger::local::LEDGER_DB);
     let mut store = tiles::TileStore::open(
         objects,
-        tiles::layout::Layout::new(&prefix),
+        tiles::layout::Layout::new(prefix),
         tiles::Cache::File(db.clone()),
-        pinned.key.clone(),
+        key.clone(),
         tiles::TileOptions::auditor(),
     )
     .with_context(|| format!("opening the copy {}", db.display()))?;
     let report = match tiles::sync(&mut store) {
         Ok(report) => report,
+        Err(e) => return Ok(Err(e)),
+    };
+    // The copy's commands trust the key it was synced under.
+    let pub_path = dir.join(receipts_ledger::local::LEDGER_PUB);
+    std::fs::write(&pub_path, format!("{key}\n")).with_context(|| format!("writing {}", pub_path.display()))?;
+    Ok(Ok((store, report)))
+}
+
+fn sync_command(dir: &Path, from: &str, ledger_key: &str, audit: bool, json: bool) -> anyhow::Result<ExitCode> {
+    let pinned = parse_ledger_key(ledger_key)?;
+    let (objects, prefix) = ledger_objects(from)?;
+    let db = dir.join(receipts_ledger::local::LEDGER_DB);
+    let (store, report) = match sync_copy(dir, objects, &prefix, &pinned.key)? {
+        Ok(synced) => synced,
         Err(e) => {
             eprintln!("sync refused: {e}");
             return Ok(ExitCode::from(1));
         }
     };
-    // The copy's commands trust the key it was synced under.
-    let pub_path = dir.join(receipts_ledger::local::LEDGER_PUB);
-    std::fs::write(&pub_path, format!("{}\n", pinned.key)).with_context(|| format!("writing {}", pub_path.display()))?;
     let audit = if audit { Some(tiles::audit(&store)?) } else { None };
     let ok = audit.as_ref().is_none_or(tiles::AuditReport::ok);
     if json {
@@ -284,13 +303,13 @@ fn sync_command(dir: &Path, from: &str, ledger_key: &str, audit: bool, json: boo
 // ---- trust -----------------------------------------------------------------------------
 
 /// The pinned ledger key and where it came from.
-struct PinnedKey {
-    key: VerifierKey,
-    source: String,
+pub struct PinnedKey {
+    pub key: VerifierKey,
+    pub source: String,
 }
 
 /// `--ledger-key`: a verifier key string, else a file holding one.
-fn parse_ledger_key(arg: &str) -> anyhow::Result<PinnedKey> {
+pub fn parse_ledger_key(arg: &str) -> anyhow::Result<PinnedKey> {
     if let Ok(key) = VerifierKey::parse(arg.trim()) {
         return Ok(PinnedKey { key, source: "--ledger-key".into() });
     }

@@ -211,7 +211,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let services = backend::open(&home, &cli.backend)?.services;
             ephem_batch_client::model_cli::run(command, &services)
         }
-        Command::Ledger(command) => ephem_batch_client::ledger::run(command, &home()?.ledger_dir()),
+        Command::Ledger(command) => ephem_batch_client::ledger::run(command, &backend::ledger_dir(&home()?, &cli.backend)),
         Command::Dev(command) => {
             let home = home()?;
             match command {

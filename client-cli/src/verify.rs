@@ -19,6 +19,7 @@ use receipts_ledger::local::LocalLedger;
 use receipts_ledger::receipt_check::ProtocolReceipts;
 use serde::Serialize;
 
+use crate::backend::LedgerSource;
 use crate::home::Home;
 use crate::jobstate::{ClientJob, Downloaded, JobFiles};
 use crate::trust::ClientTrust;
@@ -169,6 +170,26 @@ pub fn verify_job(
     Ok(out)
 }
 
+/// Brings the home's copy of a deployment's ledger up to its bucket, checking every checkpoint
+/// against the pinned ledger key: `EPHEM_LEDGER_KEY` (the key string or a file holding it), else
+/// the key the copy was synced under before (`ledger sync --ledger-key`, or the development key
+/// `dev aws-bootstrap` pinned). Never a key the bucket supplies.
+fn sync_deployment_ledger(bucket: &str, objects: std::sync::Arc<dyn cloud::ObjectStore>, copy: &std::path::Path) -> anyhow::Result<()> {
+    let key = match std::env::var("EPHEM_LEDGER_KEY").ok().filter(|v| !v.is_empty()) {
+        Some(arg) => crate::ledger::parse_ledger_key(&arg)?.key,
+        None => LocalLedger::verifier_key(copy).map_err(|e| {
+            anyhow!(
+                "no ledger key pinned for the ledger in {bucket} ({e}): set EPHEM_LEDGER_KEY, or run \
+                 `ephem-batch --backend aws ledger sync --from s3://{bucket} --ledger-key KEY` once"
+            )
+        })?,
+    };
+    match crate::ledger::sync_copy(copy, objects, "", &key)? {
+        Ok(_) => Ok(()),
+        Err(e) => Err(anyhow!("the ledger in {bucket} refused: {e}")),
+    }
+}
+
 fn decode32(text: &str) -> Option<[u8; 32]> {
     hex::decode(text).ok()?.try_into().ok()
 }
@@ -176,8 +197,17 @@ fn decode32(text: &str) -> Option<[u8; 32]> {
 /// The ledger holds the receipt, and an inclusion proof against a signed checkpoint verifies
 /// with the ledger key.
 fn check_ledger(home: &Home, job: &JobId, receipt: &[u8], out: &mut Verification) {
-    let dir = home.ledger_dir();
     let result = (|| -> anyhow::Result<String> {
+        let dir = match crate::backend::ledger_source() {
+            LedgerSource::Home => home.ledger_dir(),
+            LedgerSource::Bucket { name, objects, copy } => {
+                sync_deployment_ledger(name, objects.clone(), copy)?;
+                copy.clone()
+            }
+            LedgerSource::Unnamed => {
+                return Err(anyhow!("the AWS settings name no ledger bucket (EPHEM_LEDGER_BUCKET / LedgerBucketName)"));
+            }
+        };
         let store = LocalLedger::open_read_only(&dir)?;
         let pinned = LocalLedger::verifier_key(&dir)?;
         let bundle = receipts_ledger::prove(&store, &job.to_hex()).map_err(|e| anyhow!("{e}"))?;

@@ -6,14 +6,29 @@
 //! binding of the receipt key, and the receipt signature; the ledger holds at most one entry per
 //! job, so a re-delivered message is a no-op. After the append, `jobs/<id>/ledgered.json` records
 //! the index (the input-expiry rule keys off it).
+//!
+//! [`LedgerFunction`] is the whole function — the ledger on S3 (C2SP tlog-tiles, its SQLite
+//! index as a cache) behind [`handle_with`] and the metrics — which the `lambda_runtime` binary
+//! serves and `ephem-batch dev aws-pump` invokes against an emulator.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use base64::Engine as _;
+use cloud::aws::AwsClients;
 use cloud::layout;
 use cloud::messages::{LedgerMessage, Ledgered};
 use cloud::{ObjectStore, PutCondition};
+use protocol::attestation::TrustAnchor;
 use protocol::envelope::JobId;
-use receipts_ledger::{AppendOutcome, AppendRequest, IndexedFields, Ledger, LedgerStore, ReceiptCheck};
+use receipts_ledger::store::tiles::{cache_file, layout::Layout, TileOptions};
+use receipts_ledger::{
+    AppendOutcome, AppendRequest, CheckpointPolicy, IndexedFields, Ledger, LedgerStore, NoteSigner, ProtocolReceipts,
+    ReceiptCheck, TileStore, VerifierKey,
+};
+
+use crate::shell::{self, ShellError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
@@ -106,6 +121,89 @@ fn append_one<S: LedgerStore>(
     tracing::info!(job = %job, index = outcome.index(), "receipt in the ledger");
     Ok(outcome.index())
 }
+
+// ---- the function -------------------------------------------------------------------------
+
+/// What the function is given: its two buckets, its signer, its cache directory and the
+/// attestation root receipts must chain to.
+pub struct FunctionConfig {
+    /// The ledger's bucket (C2SP tlog-tiles at its root).
+    pub ledger: Arc<dyn ObjectStore>,
+    /// Where `jobs/<id>/ledgered.json` goes.
+    pub jobs: Arc<dyn ObjectStore>,
+    pub signer: Box<dyn NoteSigner>,
+    /// The SQLite cache (`ledger-cache.sqlite`), rebuilt from the bucket when missing or behind.
+    pub cache_dir: PathBuf,
+    pub root: TrustAnchor,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("ledger in {bucket}: {source}")]
+pub struct FunctionError {
+    pub bucket: String,
+    #[source]
+    pub source: receipts_ledger::TileError,
+}
+
+/// The `ledger-append` function as it lives between invocations: the ledger on S3 with its
+/// cache, and what checks receipts. The `lambda_runtime` binary serves it; against an emulator
+/// `ephem-batch dev aws-pump` invokes the same value with the SQS event Lambda would build.
+pub struct LedgerFunction {
+    ledger: Mutex<Ledger<TileStore>>,
+    check: ProtocolReceipts,
+    jobs: Arc<dyn ObjectStore>,
+}
+
+impl LedgerFunction {
+    /// Opens the ledger in its bucket and brings the cache up to the bucket's checkpoint.
+    pub fn open(config: FunctionConfig, bucket: &str) -> Result<LedgerFunction, FunctionError> {
+        let fail = |source| FunctionError { bucket: bucket.to_owned(), source };
+        let verifier = config.signer.verifier();
+        let mut store =
+            TileStore::open(config.ledger, Layout::new(""), cache_file(&config.cache_dir), verifier.clone(), TileOptions::appender())
+                .map_err(fail)?;
+        let head = store.refresh().map_err(fail)?;
+        tracing::info!(ledger_key = %verifier, size = head.map_or(0, |h| h.size), "ledger-append ready");
+        let ledger =
+            Ledger::new(store, Box::new(ProtocolReceipts::new(config.root.clone())), config.signer, CheckpointPolicy::default());
+        Ok(LedgerFunction { ledger: Mutex::new(ledger), check: ProtocolReceipts::new(config.root), jobs: config.jobs })
+    }
+
+    /// The Lambda's configuration from its environment (docs/operations.md §6):
+    /// `EPHEM_LEDGER_BUCKET`, `EPHEM_LEDGER_KEY_ARN` (or `EPHEM_LEDGER_SIGNING_KEY`),
+    /// `EPHEM_JOBS_BUCKET`, `EPHEM_LEDGER_CACHE_DIR`, `EPHEM_ATTESTATION_ROOT_PEM`.
+    pub fn from_env(clients: &AwsClients) -> Result<LedgerFunction, ShellError> {
+        let bucket = shell::var("EPHEM_LEDGER_BUCKET")?;
+        let jobs = shell::var("EPHEM_JOBS_BUCKET")?;
+        let config = FunctionConfig {
+            ledger: Arc::new(clients.object_store(&bucket, "")),
+            jobs: Arc::new(clients.object_store(&jobs, "")),
+            signer: crate::ledger_signer::from_env(clients, &bucket)?,
+            cache_dir: PathBuf::from(shell::optional("EPHEM_LEDGER_CACHE_DIR").unwrap_or_else(|| DEFAULT_CACHE_DIR.into())),
+            root: shell::attestation_root()?,
+        };
+        LedgerFunction::open(config, &bucket).map_err(|e| ShellError::Setup(e.to_string()))
+    }
+
+    /// One invocation: the batch appended, partial failures reported, and one CloudWatch EMF
+    /// line per receipt newly appended (the dashboard's jobs/min and documents/s).
+    pub fn invoke(&self, event: &SqsEvent, now_ms: u64) -> SqsBatchResponse {
+        // A panic in an earlier invocation cannot leave the ledger half-written: every append
+        // is a transaction and the bucket is the truth.
+        let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        handle_with(event, &mut ledger, &self.check, self.jobs.as_ref(), now_ms, &mut |fields| {
+            crate::metrics::emit_ledgered(now_ms, fields.ok_count, fields.failed_count)
+        })
+    }
+
+    /// The key the function's checkpoints verify under.
+    pub fn verifier(&self) -> VerifierKey {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).verifier()
+    }
+}
+
+/// Where the Lambda keeps its cache unless `EPHEM_LEDGER_CACHE_DIR` says otherwise.
+pub const DEFAULT_CACHE_DIR: &str = "/tmp/ephem-ledger";
 
 #[cfg(test)]
 mod tests {

@@ -2,8 +2,9 @@
 //! resources from `ephem-batch dev aws-bootstrap`; `ephem-batch --backend aws dev up` starts the
 //! host-poller in aws mode (spawning the local enclave worker with its development NSM) and the
 //! pump that stands in for the Lambdas — S3's upload event, as moto delivers it to an SQS queue,
-//! goes to the real `on-upload` handler, and the ledger queue's messages go to the real
-//! `ledger-append` handler as the SQS event Lambda would build.
+//! goes to the real `on-upload` handler, and the ledger queue's messages go to the
+//! `ledger-append` function the Lambda binary serves (the ledger in the S3 ledger bucket,
+//! tlog-tiles) as the SQS event Lambda would build.
 //!
 //! **KMS is the project's local KMS here (`--kms local`), not moto's**: moto's KMS accepts
 //! `Recipient` and ignores it (it would hand the host plaintext) and has no
@@ -82,6 +83,16 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
         assert!(exists(services.jobs.as_ref(), &key), "{key} is not in S3\n{}", stack.logs());
     }
     assert_eq!(cloud.ledger_queue().stats().unwrap().in_flight + cloud.ledger_queue().stats().unwrap().visible, 0);
+    // The ledger is the AWS one: tlog-tiles in the ledger bucket, written by the `ledger-append`
+    // function the pump invoked; `verify` read it through the home's synced copy.
+    let ledger_bucket = cloud.clients().object_store(cloud.settings().ledger_bucket.as_deref().unwrap(), "");
+    let ledger_keys: Vec<String> = ledger_bucket.list("").unwrap().into_iter().map(|m| m.key).collect();
+    for key in ["checkpoint", "tile/entries/000.p/1"] {
+        assert!(ledger_keys.iter().any(|k| k == key), "{key} is not in the ledger bucket: {ledger_keys:?}\n{}", stack.logs());
+    }
+    assert!(!stack.home().join("ledger/ledger.sqlite").exists(), "no local ledger stands in for the S3 one");
+    let ledger_check = json(&stack.ok(&["ledger", "verify", "--json"]));
+    assert_eq!(ledger_check["ok"], true, "{ledger_check}");
 
     // Blind host: no canary in anything stored in S3 or logged on the host side.
     let dumped = work.path().join("s3");

@@ -183,3 +183,79 @@ fn aws_a_token_nobody_completes_times_out_and_a_late_completion_is_closed() {
     assert_eq!(output["error"]["Error"], "States.Timeout");
     assert!(matches!(workflow.succeed(&token, "{}").unwrap(), Completion::AlreadyClosed { .. }));
 }
+
+/// `dev aws-bootstrap`'s state machine is the bulk workflow's one definition, placeholders
+/// filled as the CDK app fills them, and takes executions (its Lambda task states do not run in
+/// the emulator: moto's Lambda needs Docker).
+#[test]
+fn aws_bootstrap_creates_the_bulk_state_machine_from_the_one_definition() {
+    let Some(endpoint) = endpoint() else { return };
+    let clients = clients(&endpoint);
+    let options = cloud::aws::bootstrap::BootstrapOptions {
+        name_prefix: unique_prefix("sm"),
+        bulk_definition: Some(lambdas::local_workflow::DEFINITION.into()),
+        ..Default::default()
+    };
+    let outputs = cloud::aws::bootstrap::bootstrap(&clients, &options).unwrap();
+    let arn = outputs.values["BulkStateMachineArn"].clone();
+    assert_eq!(outputs.values["StorePrefixes"], "stores/");
+    let described = clients.runtime.block_on(clients.sfn.describe_state_machine().state_machine_arn(&arn).send()).unwrap();
+    let deployed: Value = serde_json::from_str(described.definition()).unwrap();
+    let jobs = &outputs.values["JobsBucketName"];
+    let await_step = &deployed["States"]["AwaitShards"]["ItemProcessor"]["States"]["AwaitShard"];
+    assert_eq!(await_step["Resource"], "arn:aws:states:::lambda:invoke.waitForTaskToken");
+    assert_eq!(await_step["Parameters"]["Payload"]["bucket"], jobs.as_str());
+    let function = deployed["States"]["ListShards"]["Parameters"]["FunctionName"].as_str().unwrap();
+    assert!(function.starts_with("arn:aws:lambda:us-east-1:") && function.ends_with("-bulk-list-shards"), "{function}");
+    // The same definition as the local runtime walks, function names aside.
+    let prefix = function.trim_end_matches("bulk-list-shards");
+    let renamed = described.definition().replace(prefix, "");
+    assert_eq!(serde_json::from_str::<Value>(&renamed).unwrap(), lambdas::local_workflow::definition(jobs));
+
+    // Idempotent: the same machine again.
+    let again = cloud::aws::bootstrap::bootstrap(&clients, &options).unwrap();
+    assert_eq!(again.values["BulkStateMachineArn"], arn);
+    // `submit --bulk` starts executions through the adapter (without the execute switch moto
+    // keeps them RUNNING).
+    let workflow = clients.step_functions(Some(&arn));
+    let execution = workflow.start(&unique_prefix("bulk"), r#"{"bulk_id":"b1","prefix":"stores/default/incoming/b1/"}"#).unwrap();
+    assert!(execution.contains(":execution:"), "{execution}");
+    workflow.describe(&execution).unwrap();
+}
+
+/// A bulk run waits on a token for a job whose input `on-upload` then refuses: no host will
+/// ever see that job, so the refusal completes the token with SendTaskFailure and the execution
+/// ends at once instead of after the task's timeout.
+#[test]
+fn aws_a_refused_upload_fails_the_waiting_task_with_send_task_failure() {
+    let Some(endpoint) = endpoint() else { return };
+    execute_state_machines(&endpoint);
+    let clients = clients(&endpoint);
+    let outputs = fresh_stack(&clients, "sfr", 5);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("outputs.json");
+    outputs.write(&path).unwrap();
+    let settings = cloud::aws::AwsSettings::resolve_with(Some(&path), Some("aws"), |_| None).unwrap();
+    let services = cloud::aws::AwsCloud::with_clients(clients.clone(), &settings).unwrap().services();
+    let (machine, queue_url) = waiting_machine(&clients, "sfr", 300);
+    let workflow = clients.step_functions(Some(&machine));
+
+    let job = JobId([0x7e; 16]);
+    let input = json!({"bulk_id": "b-refused"});
+    let execution = workflow.start(&unique_prefix("refused"), &input.to_string()).unwrap();
+    let token = token_for(&clients, &queue_url, &input);
+    write_bulk_task(services.jobs.as_ref(), &job, "b-refused", &token, cloud::now_ms()).unwrap();
+
+    // Not a sealed envelope at all: refused as `header`.
+    let key = cloud::layout::job_input(&job);
+    services.jobs.put(&key, b"not a sealed job", cloud::PutCondition::CreateOnly).unwrap();
+    let event = lambdas::on_upload::object_created_event(&outputs.values["JobsBucketName"], &key, 16, "e");
+    let outcomes = lambdas::on_upload::handle(&event, &services).unwrap();
+    assert!(matches!(&outcomes[0], lambdas::on_upload::Outcome::Refused { check: "header", .. }), "{outcomes:?}");
+    let done = ended(&workflow, &execution);
+    assert_eq!((done.status, done.error.as_deref()), (ExecutionStatus::Failed, Some(cloud::workflow::JOB_FAILED_ERROR)));
+    // moto drops the cause; AWS keeps it: the check's name first.
+    assert!(done.cause.as_deref().is_none_or(|c| c.starts_with("header: ")), "{:?}", done.cause);
+    // The event delivered again finds the token closed: no error.
+    lambdas::on_upload::handle(&event, &services).unwrap();
+}

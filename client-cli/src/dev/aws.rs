@@ -11,9 +11,12 @@
 //!
 //! What stands in for what AWS runs: the jobs bucket notifies an SQS queue instead of the
 //! `on-upload` Lambda, and [`pump`] calls the real handlers — `on-upload` with the S3 event
-//! the emulator delivered, `ledger-append` with the SQS event Lambda's event source would
-//! build from the ledger queue. KMS is the local one: the emulator's KMS ignores `Recipient`
-//! and has no `GenerateDataKeyPair*`. The ledger is the local ledger under `<home>/ledger`.
+//! the emulator delivered, and the `ledger-append` function the Lambda binary serves
+//! ([`LedgerFunction`]: the ledger on S3 in the tlog-tiles layout, its SQLite index a cache)
+//! with the SQS event Lambda's event source would build from the ledger queue. KMS is the local
+//! one: the emulator's KMS ignores `Recipient` and has no `GenerateDataKeyPair*`; for the same
+//! reason (no Ed25519 KMS keys) the ledger's checkpoints are signed by a development key that
+//! `dev aws-bootstrap` writes and pins.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,13 +29,13 @@ use cloud::aws::bootstrap::BootstrapOptions;
 use cloud::aws::{AwsClients, AwsCloud, KmsBackend, SqsQueue};
 use cloud::local::LocalKms;
 use cloud::{Queue, Services};
+use lambdas::ledger_append::{FunctionConfig, LedgerFunction};
 use protocol::attestation::TrustAnchor;
-use receipts_ledger::local::LocalLedger;
-use receipts_ledger::receipt_check::ProtocolReceipts;
+use receipts_ledger::{NoteSigner, SignerKey, VerifierKey};
 use serde_json::Value;
 
 use crate::backend::BackendArgs;
-use crate::home::Home;
+use crate::home::{write_private, Home};
 
 /// The pump's process name (`run/aws-pump.pid`, `logs/aws-pump.log`).
 pub const PUMP: &str = "aws-pump";
@@ -85,12 +88,21 @@ pub fn bootstrap(home: &Home, backend: &BackendArgs, args: &BootstrapArgs) -> an
         job_visibility_s: args.job_visibility_s,
         kms_keys,
         stack_name: args.stack_name.clone(),
+        store_prefixes: vec![cloud::aws::bootstrap::DEFAULT_STORE_PREFIX.into()],
+        // The one definition the CDK app deploys (lambdas/asl/bulk-workflow.asl.json).
+        bulk_definition: Some(lambdas::local_workflow::DEFINITION.into()),
     };
     let outputs = cloud::aws::bootstrap::bootstrap(&clients, &options)?;
     let path = args.outputs.clone().unwrap_or_else(|| home.root().join("aws-outputs.json"));
     outputs.write(&path).with_context(|| format!("writing {}", path.display()))?;
     println!("{}", path.display());
     eprintln!("stack outputs written; use them with --stack-outputs {} (or EPHEM_STACK_OUTPUTS)", path.display());
+    let ledger_bucket = &outputs.values[cloud::aws::settings::LEDGER_BUCKET.output];
+    let verifier = ensure_dev_ledger_key(home, ledger_bucket, clients.region())?;
+    eprintln!(
+        "ledger checkpoints in s3://{ledger_bucket} are signed by a DEVELOPMENT key ({}), pinned for this home: {verifier}",
+        dev_ledger_key_path(home).display()
+    );
     if !kms_keys {
         eprintln!("no KMS keys created: KMS is the local one (--kms local); `dev up --backend aws` creates its keys");
     }
@@ -156,29 +168,24 @@ pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Resu
     let services = cloud.services();
     super::wait_for("the development root", Duration::from_secs(120), || Ok(home.dev_root_pem().is_file()))?;
     let anchor = TrustAnchor::from_pem(&std::fs::read_to_string(home.dev_root_pem())?)?;
-    let (mut ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(ProtocolReceipts::new(anchor.clone())))?;
-    let check = ProtocolReceipts::new(anchor);
-    tracing::info!(ledger_key = %verifier, "pump started");
+    let ledger = ledger_function(home, &cloud, anchor)?;
+    // As the function's environment: the stack's store prefixes, both checks on.
+    let config = lambdas::on_upload::Config::from_list(cloud.settings().store_prefixes.as_deref().unwrap_or_default());
+    tracing::info!(ledger_key = %ledger.verifier(), "pump started");
     let wait = Duration::from_secs(args.wait_s.min(20));
     loop {
         let round = Instant::now();
-        let uploads = pump_uploads(&events, &services, wait).unwrap_or_else(|error| {
+        let uploads = pump_uploads(&events, &services, &config, wait).unwrap_or_else(|error| {
             tracing::warn!(error = format!("{error:#}"), "upload events");
             0
         });
-        let appended = match pump_ledger(cloud.ledger_queue(), &services, &mut ledger, &check, wait) {
+        let appended = match pump_ledger(cloud.ledger_queue(), &ledger, wait) {
             Ok(n) => n,
             Err(error) => {
                 tracing::warn!(error = format!("{error:#}"), "ledger queue");
                 0
             }
         };
-        // Locally a checkpoint right away, so a proof is available as soon as the entry is.
-        if appended > 0
-            && let Err(error) = ledger.checkpoint_now(cloud::now_ms())
-        {
-            tracing::warn!(%error, "checkpoint not signed");
-        }
         if stop.load(Ordering::Relaxed) || (args.once && uploads == 0 && appended == 0) {
             break;
         }
@@ -190,10 +197,16 @@ pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Resu
     Ok(())
 }
 
-/// One receive from the upload-event queue: each S3 event goes to `on-upload` as delivered
-/// (moto sends an `s3:TestEvent` first, and URL-encodes keys, as S3 does). Returns the number
+/// One receive from the upload-event queue: each S3 event (a job input, or a sealed shard under
+/// a store prefix) goes to `on-upload` as delivered (moto sends an `s3:TestEvent` first, and
+/// URL-encodes keys, as S3 does). Returns the number
 /// of events handled.
-pub fn pump_uploads(events: &SqsQueue, services: &Services, wait: Duration) -> anyhow::Result<usize> {
+pub fn pump_uploads(
+    events: &SqsQueue,
+    services: &Services,
+    config: &lambdas::on_upload::Config,
+    wait: Duration,
+) -> anyhow::Result<usize> {
     let mut handled = 0;
     for message in events.receive(BATCH, wait, Duration::from_secs(60))? {
         let body: Value = match serde_json::from_str(&message.body) {
@@ -216,7 +229,7 @@ pub fn pump_uploads(events: &SqsQueue, services: &Services, wait: Duration) -> a
                 continue;
             }
         };
-        match lambdas::on_upload::handle(&event, services) {
+        match lambdas::on_upload::handle_with(&event, services, config) {
             Ok(outcomes) => {
                 for outcome in outcomes {
                     tracing::info!(?outcome, "on-upload");
@@ -251,22 +264,47 @@ fn with_s3_record_fields(mut event: Value) -> Value {
     event
 }
 
-/// One batch of the ledger queue through `ledger-append`, as Lambda's event source runs it:
-/// the real SQS event payload in, partial batch failures out; what succeeded is deleted, what
-/// failed returns after a short delay (and after the redrive limit, to the dead-letter queue).
-pub fn pump_ledger<S: receipts_ledger::LedgerStore>(
-    queue: &SqsQueue,
-    services: &Services,
-    ledger: &mut receipts_ledger::Ledger<S>,
-    check: &dyn receipts_ledger::ReceiptCheck,
-    wait: Duration,
-) -> anyhow::Result<usize> {
+/// The `ledger-append` function the Lambda binary runs ([`LedgerFunction`]), on the ledger
+/// bucket of the settings: its cache under `<home>/aws-pump/`, checkpoints signed by the
+/// deployment's KMS key (`LedgerSigningKeyArn`) or, in an emulator without Ed25519 KMS keys, by
+/// the development key `dev aws-bootstrap` wrote.
+pub fn ledger_function(home: &Home, cloud: &AwsCloud, root: TrustAnchor) -> anyhow::Result<LedgerFunction> {
+    let bucket = cloud.settings().ledger_bucket.clone().ok_or_else(|| {
+        anyhow!("no ledger bucket (EPHEM_LEDGER_BUCKET / LedgerBucketName): ledger-append writes the ledger to S3")
+    })?;
+    let clients = cloud.clients();
+    let signer: Box<dyn NoteSigner> = match &cloud.settings().ledger_signing_key_arn {
+        Some(arn) => Box::new(lambdas::ledger_signer::kms_signer(clients, arn, &lambdas::ledger_signer::origin(&bucket, clients.region()))?),
+        None => {
+            let path = dev_ledger_key_path(home);
+            let text = std::fs::read_to_string(&path).with_context(|| {
+                format!("no LedgerSigningKeyArn and no development ledger key {} (run `ephem-batch dev aws-bootstrap`)", path.display())
+            })?;
+            tracing::warn!(key = %path.display(), "checkpoints are signed with a development key outside KMS");
+            Box::new(SignerKey::parse(text.trim()).with_context(|| format!("ledger key {}", path.display()))?)
+        }
+    };
+    let config = FunctionConfig {
+        ledger: Arc::new(clients.object_store(&bucket, "")),
+        jobs: cloud.services().jobs,
+        signer,
+        cache_dir: home.root().join("aws-pump"),
+        root,
+    };
+    Ok(LedgerFunction::open(config, &bucket)?)
+}
+
+/// One batch of the ledger queue through the `ledger-append` function, as Lambda's event source
+/// runs it: the real SQS event payload in, partial batch failures out; what succeeded is
+/// deleted, what failed returns after a short delay (and after the redrive limit, to the
+/// dead-letter queue).
+pub fn pump_ledger(queue: &SqsQueue, function: &LedgerFunction, wait: Duration) -> anyhow::Result<usize> {
     let batch = queue.receive_lambda_batch(BATCH, wait, Duration::from_secs(60))?;
     if batch.messages.is_empty() {
         return Ok(0);
     }
     let event = serde_json::from_value(batch.event).context("the SQS event shape")?;
-    let response = lambdas::ledger_append::handle(&event, ledger, check, services.jobs.as_ref(), cloud::now_ms());
+    let response = function.invoke(&event, cloud::now_ms());
     let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     let mut done = Vec::new();
     for message in &batch.messages {
@@ -281,4 +319,33 @@ pub fn pump_ledger<S: receipts_ledger::LedgerStore>(
         tracing::warn!(why, "ledger message not deleted");
     }
     Ok(done.len())
+}
+
+/// The development key that signs the emulator ledger's checkpoints (moto has no Ed25519 KMS
+/// keys); private, like the local ledger's.
+fn dev_ledger_key_path(home: &Home) -> PathBuf {
+    home.root().join("aws-ledger-signing.key")
+}
+
+/// A development ledger key named after the ledger bucket (the origin `ledger-append` would
+/// use), kept while the bucket stays the same; its verifier key is pinned for the home's copy of
+/// that ledger, which a new key starts afresh. Returns the verifier key.
+fn ensure_dev_ledger_key(home: &Home, bucket: &str, region: &str) -> anyhow::Result<VerifierKey> {
+    let name = lambdas::ledger_signer::origin(bucket, region);
+    let path = dev_ledger_key_path(home);
+    if let Ok(text) = std::fs::read_to_string(&path)
+        && let Ok(key) = SignerKey::parse(text.trim())
+        && key.verifier().name() == name
+    {
+        return Ok(key.verifier());
+    }
+    let key = SignerKey::generate(&name).map_err(|e| anyhow!("ledger key {name:?}: {e}"))?;
+    write_private(&path, key.to_secret_string().as_bytes())?;
+    // Another ledger: the old copy and the pump's cache belong to it.
+    let copy = crate::backend::aws_ledger_copy(home);
+    let _ = std::fs::remove_dir_all(&copy);
+    let _ = std::fs::remove_dir_all(home.root().join("aws-pump"));
+    std::fs::create_dir_all(&copy)?;
+    std::fs::write(copy.join(receipts_ledger::local::LEDGER_PUB), format!("{}\n", key.verifier()))?;
+    Ok(key.verifier())
 }

@@ -4,7 +4,10 @@
 //!
 //! One difference, on purpose: in AWS the jobs bucket notifies the `on-upload` Lambda; here it
 //! notifies an SQS queue (`UploadEventsQueueUrl`), because emulators run no Lambda without
-//! Docker. `ephem-batch dev aws-pump` feeds those events to the real handler.
+//! Docker. `ephem-batch dev aws-pump` feeds those events to the real handler. For the same
+//! reason the bulk workflow's state machine (created from the deployment's one ASL definition)
+//! names Lambda functions that do not exist in the emulator: executions start and can be
+//! described, but their Lambda task states do not run there.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +23,9 @@ use super::settings::{self, StackOutputs};
 use super::AwsClients;
 use crate::layout;
 
+/// The stack's default store prefix (`ephem-batch submit --bulk` writes under it).
+pub const DEFAULT_STORE_PREFIX: &str = "stores/";
+
 /// What to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootstrapOptions {
@@ -33,6 +39,12 @@ pub struct BootstrapOptions {
     pub kms_keys: bool,
     /// The outputs file's stack name.
     pub stack_name: String,
+    /// Prefixes whose sealed shards become jobs (`StorePrefixes`; the stack's default `stores/`).
+    pub store_prefixes: Vec<String>,
+    /// The bulk workflow's ASL definition with its `${…}` placeholders (the one file the CDK
+    /// app deploys): created as a state machine whose Lambda ARNs name functions the emulator
+    /// does not run. `None`: no state machine.
+    pub bulk_definition: Option<String>,
 }
 
 impl Default for BootstrapOptions {
@@ -43,6 +55,8 @@ impl Default for BootstrapOptions {
             job_visibility_s: 300,
             kms_keys: true,
             stack_name: settings::DEFAULT_STACK_NAME.into(),
+            store_prefixes: vec![DEFAULT_STORE_PREFIX.into()],
+            bulk_definition: None,
         }
     }
 }
@@ -100,12 +114,20 @@ pub fn bootstrap(clients: &AwsClients, options: &BootstrapOptions) -> Result<Sta
     let events = create_queue(clients, &format!("{prefix}-upload-events"), &[])?;
     let jobs_bucket = out[settings::JOBS_BUCKET.output].clone();
     allow_bucket_events(clients, &events, &jobs_bucket)?;
-    notify_uploads(clients, &jobs_bucket, &events.1)?;
+    notify_uploads(clients, &jobs_bucket, &events.1, &options.store_prefixes)?;
+    out.insert(settings::STORE_PREFIXES.output.to_owned(), options.store_prefixes.join(","));
     out.insert(settings::JOB_QUEUE.output.to_owned(), job_queue.0);
     out.insert(settings::JOB_DLQ.output.to_owned(), job_dlq.0);
     out.insert(settings::LEDGER_QUEUE.output.to_owned(), ledger_queue.0);
     out.insert(settings::LEDGER_DLQ.output.to_owned(), ledger_dlq.0);
     out.insert(settings::UPLOAD_EVENTS_QUEUE.output.to_owned(), events.0);
+
+    if let Some(definition) = &options.bulk_definition {
+        // The account the emulator (or the credentials) answers for, from a queue's ARN.
+        let account = job_dlq.1.split(':').nth(4).unwrap_or("000000000000").to_owned();
+        let arn = bulk_state_machine(clients, &format!("{prefix}-bulk"), definition, &account, &jobs_bucket, prefix)?;
+        out.insert(settings::BULK_STATE_MACHINE.output.to_owned(), arn);
+    }
 
     if options.kms_keys {
         for (output, name) in [(settings::FLEET_KEY.output, "fleet"), (settings::MODEL_KEY.output, "model")] {
@@ -183,34 +205,90 @@ fn allow_bucket_events(clients: &AwsClients, queue: &(String, String), bucket: &
     Ok(())
 }
 
-/// `jobs/…/input.sealed` created → the events queue: the stack's `JOB_INPUT_FILTER`.
-fn notify_uploads(clients: &AwsClients, bucket: &str, queue_arn: &str) -> Result<(), BootstrapError> {
+/// `jobs/…/input.sealed` created, and `<store prefix>….sealed` created → the events queue: the
+/// stack's `JOB_INPUT_FILTER` and one filter per store prefix (none of them overlap).
+fn notify_uploads(clients: &AwsClients, bucket: &str, queue_arn: &str, store_prefixes: &[String]) -> Result<(), BootstrapError> {
     let rule = |name: FilterRuleName, value: &str| FilterRule::builder().name(name).value(value).build();
-    let filter = NotificationConfigurationFilter::builder()
-        .key(
-            S3KeyFilter::builder()
-                .filter_rules(rule(FilterRuleName::Prefix, layout::JOBS_PREFIX))
-                .filter_rules(rule(FilterRuleName::Suffix, layout::INPUT_SUFFIX))
-                .build(),
-        )
-        .build();
-    let queue = QueueConfiguration::builder()
-        .id("on-upload")
-        .queue_arn(queue_arn)
-        .events(Event::S3ObjectCreated)
-        .filter(filter)
-        .build()
-        .map_err(|e| BootstrapError { step: "S3 notification".into(), message: e.to_string() })?;
-    let request = clients
-        .s3
-        .put_bucket_notification_configuration()
-        .bucket(bucket)
-        .notification_configuration(NotificationConfiguration::builder().queue_configurations(queue).build());
+    let mut filters = vec![("on-upload".to_owned(), layout::JOBS_PREFIX.to_owned(), layout::INPUT_SUFFIX)];
+    for (i, prefix) in store_prefixes.iter().enumerate() {
+        filters.push((format!("on-upload-store-{i}"), prefix.clone(), SHARD_SUFFIX));
+    }
+    let mut configuration = NotificationConfiguration::builder();
+    for (id, prefix, suffix) in filters {
+        let filter = NotificationConfigurationFilter::builder()
+            .key(
+                S3KeyFilter::builder()
+                    .filter_rules(rule(FilterRuleName::Prefix, &prefix))
+                    .filter_rules(rule(FilterRuleName::Suffix, suffix))
+                    .build(),
+            )
+            .build();
+        let queue = QueueConfiguration::builder()
+            .id(id)
+            .queue_arn(queue_arn)
+            .events(Event::S3ObjectCreated)
+            .filter(filter)
+            .build()
+            .map_err(|e| BootstrapError { step: "S3 notification".into(), message: e.to_string() })?;
+        configuration = configuration.queue_configurations(queue);
+    }
+    let request =
+        clients.s3.put_bucket_notification_configuration().bucket(bucket).notification_configuration(configuration.build());
     clients
         .runtime
         .block_on(request.send())
         .map_err(|e| step_error(format!("S3 PutBucketNotificationConfiguration {bucket}"), Failure::of(&e)))?;
     Ok(())
+}
+
+/// Sealed shards under a store prefix end in this (`lambdas::on_upload::SHARD_SUFFIX`).
+const SHARD_SUFFIX: &str = ".sealed";
+
+/// The state machine `name` running `definition` with its placeholders filled as the CDK app
+/// fills them (`cdk/lib/workflow.ts`), created if absent, its definition updated if present.
+fn bulk_state_machine(
+    clients: &AwsClients,
+    name: &str,
+    definition: &str,
+    account: &str,
+    jobs_bucket: &str,
+    prefix: &str,
+) -> Result<String, BootstrapError> {
+    let region = clients.region();
+    let function = |f: &str| format!("arn:aws:lambda:{region}:{account}:function:{prefix}-{f}");
+    let filled = definition
+        .replace("${BulkListShardsFunctionArn}", &function("bulk-list-shards"))
+        .replace("${BulkAwaitShardFunctionArn}", &function("bulk-await-shard"))
+        .replace("${BulkAggregateFunctionArn}", &function("bulk-aggregate"))
+        .replace("${JobsBucketName}", jobs_bucket);
+    // A placeholder is `${Name}` (the file's comment mentions `${...}`, which is none).
+    let unfilled = filled.match_indices("${").find(|(at, _)| filled[at + 2..].starts_with(|c: char| c.is_ascii_alphabetic()));
+    if let Some((left, _)) = unfilled {
+        return Err(BootstrapError { step: "bulk workflow definition".into(), message: format!("unfilled placeholder at byte {left}") });
+    }
+    let role = format!("arn:aws:iam::{account}:role/{prefix}-bulk-workflow");
+    let existing = clients
+        .runtime
+        .block_on(clients.sfn.list_state_machines().send())
+        .map_err(|e| step_error("Step Functions ListStateMachines", Failure::of(&e)))?
+        .state_machines
+        .into_iter()
+        .find(|m| m.name == name)
+        .map(|m| m.state_machine_arn);
+    if let Some(arn) = existing {
+        let update = clients.sfn.update_state_machine().state_machine_arn(&arn).definition(&filled).role_arn(&role);
+        clients
+            .runtime
+            .block_on(update.send())
+            .map_err(|e| step_error(format!("Step Functions UpdateStateMachine {name}"), Failure::of(&e)))?;
+        return Ok(arn);
+    }
+    let create = clients.sfn.create_state_machine().name(name).definition(&filled).role_arn(&role);
+    let created = clients
+        .runtime
+        .block_on(create.send())
+        .map_err(|e| step_error(format!("Step Functions CreateStateMachine {name}"), Failure::of(&e)))?;
+    Ok(created.state_machine_arn)
 }
 
 /// The ARN of the symmetric key behind `alias`, created if the alias does not exist.

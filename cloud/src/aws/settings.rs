@@ -45,6 +45,7 @@ pub const FLEET_KEY: Name = Name { output: "FleetKeyArn", env: "EPHEM_FLEET_KEY_
 pub const MODEL_KEY: Name = Name { output: "ModelKeyArn", env: "EPHEM_MODEL_KEY_ARN" };
 pub const BULK_STATE_MACHINE: Name = Name { output: "BulkStateMachineArn", env: "EPHEM_BULK_STATE_MACHINE_ARN" };
 pub const STORE_PREFIXES: Name = Name { output: "StorePrefixes", env: "EPHEM_STORE_PREFIXES" };
+pub const LEDGER_SIGNING_KEY: Name = Name { output: "LedgerSigningKeyArn", env: "EPHEM_LEDGER_KEY_ARN" };
 
 #[derive(Debug, thiserror::Error)]
 pub enum SettingsError {
@@ -100,6 +101,8 @@ pub struct AwsSettings {
     pub bulk_state_machine_arn: Option<String>,
     /// Where sealed shards become jobs (comma-separated, as the stack outputs them).
     pub store_prefixes: Option<String>,
+    /// The KMS key that signs the ledger's checkpoints (none in an emulator: no Ed25519 keys).
+    pub ledger_signing_key_arn: Option<String>,
     pub kms: KmsBackend,
 }
 
@@ -167,6 +170,7 @@ impl AwsSettings {
             model_key: value(MODEL_KEY),
             bulk_state_machine_arn: value(BULK_STATE_MACHINE),
             store_prefixes: value(STORE_PREFIXES),
+            ledger_signing_key_arn: value(LEDGER_SIGNING_KEY),
             kms,
         })
     }
