@@ -12,9 +12,10 @@
 //! (what `vcvtne2ps2bf16` does); products and sums are f32.
 //!
 //! Blocking: weights are packed once into panels of [`NR`] columns (k-pairs × 64 lanes, u32 each).
-//! Each task packs [`MC`] rows of activations into row tiles of [`MR`] and runs every
-//! `MR × NR` tile of its rows against every panel: 24 accumulators stay in registers for the
-//! whole depth, the panel comes from L1/L2 and is reused by all the task's row tiles.
+//! Each task converts [`MC`] rows of activations to bf16 pairs (row-major, so the conversion is
+//! one vectorised pass) and runs every `MR × NR` tile of its rows against every panel: 24
+//! accumulators stay in registers for the whole depth, the panel comes from L1/L2 and is reused
+//! by all the task's row tiles, and results are stored straight into the output rows.
 #![allow(unsafe_code)]
 
 use rayon::prelude::*;
@@ -110,74 +111,73 @@ pub(crate) fn matmul(x: &[f32], m: usize, w: &PackedWeights, out: &mut [f32]) {
     if m == 0 || n == 0 {
         return;
     }
+    let panels = n.div_ceil(NR);
     if m >= MC * rayon::current_num_threads() {
         out.par_chunks_mut(MC * n).zip(x.par_chunks(MC * k)).for_each(|(out, x)| {
             let rows = x.len() / k;
-            let packed = pack_rows(x, rows, w);
-            let mut tile_out = [0f32; MR * NR];
-            for panel in 0..w.panels.len() / (w.pairs * NR) {
-                run_panel(&packed, rows, w, panel, &mut tile_out, |row, col, values| {
-                    out[row * n + col..row * n + col + values.len()].copy_from_slice(values)
-                });
+            let a = to_pairs(x, rows, w);
+            for panel in 0..panels {
+                run_panel(&a, rows, w, panel, &mut out[panel * NR..], n);
             }
         });
     } else {
-        let packed = pack_rows(x, m, w);
-        let panels: Vec<(usize, Vec<f32>)> = (0..w.panels.len() / (w.pairs * NR))
+        let a = to_pairs(x, m, w);
+        let blocks: Vec<Vec<f32>> = (0..panels)
             .into_par_iter()
             .map(|panel| {
-                let width = NR.min(n - panel * NR);
-                let mut block = vec![0f32; m * width];
-                let mut tile_out = [0f32; MR * NR];
-                run_panel(&packed, m, w, panel, &mut tile_out, |row, _, values| {
-                    block[row * width..(row + 1) * width].copy_from_slice(values)
-                });
-                (panel, block)
+                let mut block = vec![0f32; m * NR];
+                run_panel(&a, m, w, panel, &mut block, NR);
+                block
             })
             .collect();
-        for (panel, block) in panels {
+        for (panel, block) in blocks.iter().enumerate() {
             let width = NR.min(n - panel * NR);
-            for (row, values) in block.chunks_exact(width).enumerate() {
-                out[row * n + panel * NR..row * n + panel * NR + width].copy_from_slice(values);
+            for (row, values) in block.chunks_exact(NR).enumerate() {
+                out[row * n + panel * NR..row * n + panel * NR + width].copy_from_slice(&values[..width]);
             }
         }
     }
 }
 
-/// `rows` rows of `x` as row tiles: tile after tile, `pairs × MR` lanes, each one row's k-pair
-/// (missing rows and the odd k's partner are zero).
-fn pack_rows(x: &[f32], rows: usize, w: &PackedWeights) -> Vec<u32> {
-    let k = w.k;
-    let tiles = rows.div_ceil(MR);
-    let mut packed = vec![0u32; tiles * w.pairs * MR];
-    for (tile, lanes) in packed.chunks_exact_mut(w.pairs * MR).enumerate() {
-        for r in 0..MR.min(rows - tile * MR) {
-            let row = &x[(tile * MR + r) * k..(tile * MR + r + 1) * k];
-            for p in 0..w.pairs {
-                let hi = if 2 * p + 1 < k { row[2 * p + 1] } else { 0.0 };
-                lanes[p * MR + r] = pair(row[2 * p], hi);
+/// `rows` rows of `x` as bf16 k-pairs, row after row (`pairs` lanes each), with zero rows up to
+/// a whole number of [`MR`] tiles and a zero partner for an odd `k`.
+fn to_pairs(x: &[f32], rows: usize, w: &PackedWeights) -> Vec<u32> {
+    let (k, pairs) = (w.k, w.pairs);
+    let mut a = vec![0u32; rows.div_ceil(MR) * MR * pairs];
+    super::kernels::vectorized(
+        #[inline(always)]
+        || {
+            for (lanes, row) in a.chunks_exact_mut(pairs).zip(x.chunks_exact(k)) {
+                for (lane, two) in lanes.iter_mut().zip(row.chunks_exact(2)) {
+                    *lane = pair(two[0], two[1]);
+                }
+                if k % 2 == 1 {
+                    lanes[pairs - 1] = pair(row[k - 1], 0.0);
+                }
             }
-        }
-    }
-    packed
+        },
+    );
+    a
 }
 
-/// Every row tile of `packed` against weight panel `panel`; `store(row, first column, values)`
-/// receives each row's (up to) `NR` results.
-fn run_panel(
-    packed: &[u32],
-    rows: usize,
-    w: &PackedWeights,
-    panel: usize,
-    tile_out: &mut [f32; MR * NR],
-    mut store: impl FnMut(usize, usize, &[f32]),
-) {
+/// Every row tile of `a` against weight panel `panel`, into `out` (row stride `ldc`, the panel's
+/// first column at `out[0]`). Rows past `rows` are not written; columns past the matrix's `n`
+/// are written only where `ldc` leaves room for a whole panel (the caller's scratch block).
+fn run_panel(a: &[u32], rows: usize, w: &PackedWeights, panel: usize, out: &mut [f32], ldc: usize) {
     let lanes = &w.panels[panel * w.pairs * NR..(panel + 1) * w.pairs * NR];
-    let (col, width) = (panel * NR, NR.min(w.n - panel * NR));
-    for (tile, a) in packed.chunks_exact(w.pairs * MR).enumerate() {
-        kernel::tile(a, lanes, w.pairs, tile_out);
-        for r in 0..MR.min(rows - tile * MR) {
-            store(tile * MR + r, col, &tile_out[r * NR..r * NR + width]);
+    let width = NR.min(w.n - panel * NR);
+    let mut scratch = [0f32; MR * NR];
+    for (tile, a) in a.chunks_exact(MR * w.pairs).enumerate() {
+        let valid = MR.min(rows - tile * MR);
+        let out = &mut out[tile * MR * ldc..];
+        if width == NR || ldc == NR {
+            kernel::tile(a, lanes, w.pairs, out, ldc, valid);
+        } else {
+            // The matrix's last, narrower panel: through scratch, then only its real columns.
+            kernel::tile(a, lanes, w.pairs, &mut scratch, NR, valid);
+            for r in 0..valid {
+                out[r * ldc..r * ldc + width].copy_from_slice(&scratch[r * NR..r * NR + width]);
+            }
         }
     }
 }
@@ -188,14 +188,16 @@ mod kernel {
 
     use super::{MR, NR};
 
-    /// One `MR × NR` tile over the whole depth: `out[r][j] = Σ_p a_pair(r, p) · b_pair(p, j)`.
-    pub(super) fn tile(a: &[u32], b: &[u32], pairs: usize, out: &mut [f32; MR * NR]) {
-        assert!(a.len() >= pairs * MR && b.len() >= pairs * NR);
+    /// One `MR × NR` tile over the whole depth: `out[r·ldc + j] = Σ_p a[r·pairs + p] ·
+    /// b[p·NR + j]` (k-pairs, f32 sums), for the first `rows` rows.
+    pub(super) fn tile(a: &[u32], b: &[u32], pairs: usize, out: &mut [f32], ldc: usize, rows: usize) {
+        assert!((1..=MR).contains(&rows) && ldc >= NR);
+        assert!(a.len() >= MR * pairs && b.len() >= pairs * NR && out.len() >= (rows - 1) * ldc + NR);
         assert!(super::supported());
-        // SAFETY: the CPU has AVX-512 F + BF16 (checked above); `a` holds `pairs × MR` and `b`
-        // `pairs × NR` lanes (checked above), which is all the kernel reads; it writes exactly
-        // `MR × NR` f32 into `out`.
-        unsafe { tile_avx512(a.as_ptr(), b.as_ptr(), pairs, out.as_mut_ptr()) }
+        // SAFETY: the CPU has AVX-512 F + BF16; `a` holds `MR × pairs` and `b` `pairs × NR`
+        // lanes, all the kernel reads; it writes `NR` f32 at `r·ldc` for `r < rows`, within `out`
+        // (all checked above).
+        unsafe { tile_avx512(a.as_ptr(), b.as_ptr(), pairs, out.as_mut_ptr(), ldc, rows) }
     }
 
     /// The 32 bf16 halves of 16 u32 lanes, as the type `vdpbf16ps` takes (same bits).
@@ -206,13 +208,13 @@ mod kernel {
     }
 
     #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn tile_avx512(a: *const u32, b: *const u32, pairs: usize, out: *mut f32) {
+    unsafe fn tile_avx512(a: *const u32, b: *const u32, pairs: usize, out: *mut f32, ldc: usize, rows: usize) {
         // 6 rows × 4 vectors of 16 columns = 24 accumulators, 4 panel vectors, 1 broadcast.
         let mut acc = [[_mm512_setzero_ps(); NR / 16]; MR];
         for p in 0..pairs {
-            // SAFETY: p < pairs, so every read stays within the lengths `tile` checked; the loads
-            // are unaligned ones.
-            let (bp, ap) = unsafe { (b.add(p * NR), a.add(p * MR)) };
+            // SAFETY: p < pairs and r < MR, so every read stays within the lengths `tile`
+            // checked; the loads are unaligned ones.
+            let bp = unsafe { b.add(p * NR) };
             let bv = unsafe {
                 [
                     as_bf16(_mm512_loadu_si512(bp.cast())),
@@ -222,16 +224,18 @@ mod kernel {
                 ]
             };
             for (r, acc_row) in acc.iter_mut().enumerate() {
-                let av = as_bf16(_mm512_set1_epi32(unsafe { *ap.add(r) } as i32));
+                let av = as_bf16(_mm512_set1_epi32(unsafe { *a.add(r * pairs + p) } as i32));
                 for (v, acc) in acc_row.iter_mut().enumerate() {
                     *acc = _mm512_dpbf16_ps(*acc, av, bv[v]);
                 }
             }
         }
         for (r, acc_row) in acc.iter().enumerate() {
-            for (v, acc) in acc_row.iter().enumerate() {
-                // SAFETY: r < MR, v < NR/16: within the MR × NR output.
-                unsafe { _mm512_storeu_ps(out.add(r * NR + v * 16), *acc) };
+            if r < rows {
+                for (v, acc) in acc_row.iter().enumerate() {
+                    // SAFETY: r < rows, v < NR/16: within the `out` length `tile` checked.
+                    unsafe { _mm512_storeu_ps(out.add(r * ldc + v * 16), *acc) };
+                }
             }
         }
     }
@@ -239,9 +243,7 @@ mod kernel {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod kernel {
-    use super::{MR, NR};
-
-    pub(super) fn tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32; MR * NR]) {
+    pub(super) fn tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize) {
         unreachable!("supported() is false off x86-64")
     }
 }
@@ -289,14 +291,16 @@ mod tests {
         assert!(((bf16_value(bf16_bits(x)) - x) / x).abs() <= 1.0 / 256.0);
     }
 
-    /// Every shape class: tile and panel edges, odd depth, a single row, the encoder's shapes.
+    /// Every shape class: tile and panel edges, odd depth, a single row, the encoder's shapes, both
+    /// ways of splitting the work (by rows from MC·threads rows on, by panels below).
     #[test]
     fn matches_the_rounded_product() {
         if !supported() {
             eprintln!("skipped: this CPU has no AVX-512 BF16");
             return;
         }
-        let shapes = [(1, 2, 1), (5, 7, 13), (6, 64, 64), (7, 383, 65), (97, 384, 1152), (200, 1536, 384), (13, 1, 130)];
+        let shapes =
+            [(1, 2, 1), (5, 7, 13), (6, 64, 64), (7, 383, 65), (97, 384, 1152), (200, 1536, 384), (13, 1, 130), (203, 7, 70)];
         for (seed, &(m, k, n)) in shapes.iter().enumerate() {
             let x = values(seed as u64, m * k);
             let w = values(100 + seed as u64, k * n);
