@@ -40,7 +40,7 @@ def markdown(doc):
     out.append(f"**{doc['date_utc']}**, {kind}. Machine: {m.get('cpu', '?')}, {m.get('cores')} cores "
                f"({', '.join(m.get('cpu_flags', []))}), {m.get('memory_gib', '?')} GiB; load average "
                f"{doc['loadavg_start']} at start, {doc['loadavg_end']} at end. Corpus: {doc['corpus']['documents']:,} "
-               f"Debian package descriptions; each figure is the median of {doc['settings']['repeats']} passes.")
+               f"Debian package descriptions; each figure is the median of {doc['settings']['repeats']} pass(es).")
     out.append("")
     head = "| engine | " + " | ".join(f"docs/s, {t} thr" for t in threads) + \
         f" | 9-token text, {top} thr | 128-token text, {top} thr | min cosine to ST (corpus) |"
@@ -49,7 +49,7 @@ def markdown(doc):
     for engine in ORDER:
         row = [LABELS[engine]] + [fmt(tp[engine][t]["documents_per_s"]) for t in threads]
         row += [fmt(tp[engine][top]["latency_9_tokens_ms"], 2) + " ms", fmt(tp[engine][top]["latency_128_tokens_ms"], 2) + " ms"]
-        row.append("reference" if engine == "st" else (fmt(cos[engine]["min"], 5) if engine in cos else "–"))
+        row.append("reference" if engine == "st" else (fmt(cos[engine]["min"], 6) if engine in cos else "–"))
         out.append("| " + " | ".join(row) + " |")
     out.append("")
     out.append("Ratios ours / peer (throughput: above 1 means we are faster; 128-token latency: below 1 means we are faster):")
@@ -125,7 +125,7 @@ def markdown(doc):
         check("cold start ≤ 1 s at p95", 1000.0 - p95, 0.0, f"{p95:.0f} ms")
     if "ours" in cos:
         c = cos["ours"]["min"]
-        check("min cosine to sentence-transformers ≥ 0.9999 (corpus)", c, 0.9999, f"{c:.5f}")
+        check("min cosine to sentence-transformers ≥ 0.9999 (corpus)", c, 0.9999, f"{c:.6f}")
     out.append("")
     return "\n".join(out) + "\n"
 
