@@ -80,6 +80,7 @@ export class EphemBatchStack extends Stack {
     });
     this.grantModelPublisher();
     this.grantHostBulkTasks();
+    this.grantOnUploadBulkTasks();
     this.observability = new Observability(this, 'Observability', {
       queues: this.queues,
       hosts: this.fleet.hosts,
@@ -107,6 +108,15 @@ export class EphemBatchStack extends Stack {
     allow(this.identities.hostRole, 'CompleteBulkTasks', ['states:SendTaskSuccess', 'states:SendTaskFailure'], [
       this.workflow.stateMachine.stateMachineArn,
     ]);
+  }
+
+  /**
+   * on-upload fails the task a bulk run waits on for a job whose input it refused (no host
+   * will ever end that job): SendTaskFailure only. The state machine does not name on-upload,
+   * so the role's own policy can name the state machine without a dependency cycle.
+   */
+  private grantOnUploadBulkTasks(): void {
+    allow(this.identities.onUploadRole, 'FailBulkTasks', ['states:SendTaskFailure'], [this.workflow.stateMachine.stateMachineArn]);
   }
 
   /**

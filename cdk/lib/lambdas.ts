@@ -85,6 +85,16 @@ export class Lambdas extends Construct {
       conditions: { StringLike: { 's3:prefix': ['models/*'] } },
     });
     allow(ids.onUploadRole, 'SendJobMessages', ['sqs:SendMessage'], [queues.jobs.queueArn]);
+    // A refused input ends its job, which no host will see: on-upload reads the token a bulk run
+    // may have left for that job and fails its task (states:SendTaskFailure, granted in
+    // ephem-batch-stack.ts once the state machine exists).
+    allow(ids.onUploadRole, 'ReadBulkTasks', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/bulk-task.json')], {
+      why: 'Reads the task token a bulk run left for the job whose input it refused; job ids are known at run time.',
+    });
+    // Normally absent: no bulk run waits for most jobs. A 403 would read as access denied (fleet.ts).
+    allow(ids.onUploadRole, 'KnowAbsentBulkTasks', ['s3:ListBucket'], [storage.jobs.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['jobs/*/bulk-task.json'] } },
+    });
 
     // ledger-append: the ledger's single writer. FIFO-fed, reserved concurrency 1, and every
     // ledger write is conditional (If-None-Match for new objects, If-Match for the checkpoint).

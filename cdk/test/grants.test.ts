@@ -105,7 +105,7 @@ describe('host-poller (HostRole)', () => {
 });
 
 describe('Lambdas', () => {
-  it('on-upload reads headers, epochs and manifests, writes status.json, copies shards, queues jobs', () => {
+  it('on-upload reads headers, epochs and manifests, writes status.json, copies shards, queues jobs, reads a refused job\'s bulk task', () => {
     assert.deepEqual(s3Only(grantsOf('IdentitiesOnUploadRole')), {
       ReadSealedHeaders: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/stores/*.sealed'] },
       CopyShardsToJobInputs: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/input.sealed'] },
@@ -114,9 +114,26 @@ describe('Lambdas', () => {
       KnowAbsentEpochs: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('fleet-keys/*') },
       ReadModelManifests: { actions: ['s3:GetObject'], resources: ['MODELS/models/*/manifest.cose'] },
       ListModelManifests: { actions: ['s3:ListBucket'], resources: ['MODELS'], condition: prefix('models/*') },
+      ReadBulkTasks: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/bulk-task.json'] },
+      KnowAbsentBulkTasks: { actions: ['s3:ListBucket'], resources: ['JOBS'], condition: prefix('jobs/*/bulk-task.json') },
     });
     const env = lambdaEnvironment('on-upload');
     assert.ok(env.EPHEM_ATTESTATIONS_BUCKET && env.EPHEM_MODELS_BUCKET, 'the epoch and manifest checks are on');
+  });
+
+  it('on-upload fails (never succeeds) tasks of the bulk state machine only, and makes no other call', () => {
+    const onUpload = grantsOf('IdentitiesOnUploadRole');
+    const [[stateMachineId]] = resourcesOfType(json, 'AWS::StepFunctions::StateMachine');
+    assert.deepEqual(onUpload.FailBulkTasks, { actions: ['states:SendTaskFailure'], resources: [`<${stateMachineId}>`] });
+    assert.deepEqual(onUpload.SendJobMessages, { actions: ['sqs:SendMessage'], resources: ['queue:Jobs'] });
+    assert.deepEqual(Object.keys(onUpload).sort(), [
+      'CopyShardsToJobInputs', 'FailBulkTasks', 'KnowAbsentBulkTasks', 'KnowAbsentEpochs', 'ListModelManifests', 'ReadBulkTasks',
+      'ReadFleetKeyEpochs', 'ReadModelManifests', 'ReadSealedHeaders', 'SendJobMessages', 'WriteJobStatus', 'WriteOwnLogs',
+    ]);
+    // Every policy attached to the role: its default policy alone (the state machine does not name on-upload).
+    const [[roleId]] = resourcesOfType(json, 'AWS::IAM::Role').filter(([id]) => id.startsWith('IdentitiesOnUploadRole'));
+    const attached = resourcesOfType(json, 'AWS::IAM::Policy').filter(([, p]) => asArray(p.Properties?.Roles).map(referencedId).includes(roleId));
+    assert.deepEqual(attached.map(([id]) => id.replace(/[0-9A-F]{8}$/, '')), ['IdentitiesOnUploadRoleDefaultPolicy']);
   });
 
   it('ledger-append writes ledgered.json (no object tags) and reads no attestations bucket', () => {
