@@ -106,20 +106,47 @@ impl Home {
 
 /// Writes a file only its owner can read (keys).
 pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = write_private_temp(path, bytes)?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display())).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+/// Creates `path` (mode 0600) holding `bytes` unless it exists: written under a temporary name
+/// of its own, then hard-linked into place, so of two processes creating it at once one wins
+/// and the other finds the winner's whole file. `false`: it existed, nothing was written.
+pub fn create_private(path: &Path, bytes: &[u8]) -> anyhow::Result<bool> {
+    let tmp = write_private_temp(path, bytes)?;
+    let linked = std::fs::hard_link(&tmp, path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(true),
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(error) => Err(error).with_context(|| format!("creating {}", path.display())),
+    }
+}
+
+/// `bytes`, synced, in a 0600 file beside `path` under a name no other writer uses (a shared
+/// temporary name would let concurrent writers rename each other's half-written files).
+fn write_private_temp(path: &Path, bytes: &[u8]) -> anyhow::Result<PathBuf> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
     }
-    let tmp = path.with_extension("tmp");
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let unique = format!("{}.{}", std::process::id(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let tmp = path.with_file_name(format!(".{name}.{unique}.tmp"));
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
         .open(&tmp)
         .with_context(|| format!("creating {}", tmp.display()))?;
-    file.write_all(bytes).and_then(|()| file.sync_all()).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-    Ok(())
+    if let Err(error) = file.write_all(bytes).and_then(|()| file.sync_all()) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(error).with_context(|| format!("writing {}", tmp.display()));
+    }
+    Ok(tmp)
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::{anyhow, Context};
 use protocol::envelope::ResultSecretKey;
 
-use crate::home::write_private;
+use crate::home::{create_private, write_private};
 
 /// Loads the key, or creates it when `create` and the file does not exist.
 pub fn load_result_key(path: &Path, create: bool) -> anyhow::Result<ResultSecretKey> {
@@ -16,8 +16,12 @@ pub fn load_result_key(path: &Path, create: bool) -> anyhow::Result<ResultSecret
             ResultSecretKey::from_bytes(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))
         }
         Err(error) if error.kind() == std::io::ErrorKind::NotFound && create => {
+            // Create-only: two first submissions at once must end with one key, the one both
+            // seal to, not each its own with the loser's overwritten (its results lost).
             let key = ResultSecretKey::generate();
-            write_private(path, hex::encode(key.to_bytes().as_slice()).as_bytes())?;
+            if !create_private(path, hex::encode(key.to_bytes().as_slice()).as_bytes())? {
+                return load_result_key(path, false);
+            }
             eprintln!("created result key {} (key id {})", path.display(), hex::encode(key.public_key().key_id()));
             Ok(key)
         }
@@ -43,4 +47,23 @@ pub fn read_signing_key(path: &Path) -> anyhow::Result<ed25519_dalek::SigningKey
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| anyhow!("{}: expected an Ed25519 seed as 64 hex digits", path.display()))?;
     Ok(ed25519_dalek::SigningKey::from_bytes(&seed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrent_first_uses_end_with_one_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("client").join("result.key");
+        let keys: Vec<Vec<u8>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..8).map(|_| scope.spawn(|| load_result_key(&path, true).unwrap().to_bytes().to_vec())).collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(keys.iter().all(|k| *k == keys[0]), "every submission seals to the same key");
+        assert_eq!(load_result_key(&path, false).unwrap().to_bytes().to_vec(), keys[0]);
+        let left: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, ["result.key"], "no temporary file left");
+    }
 }
