@@ -81,6 +81,15 @@ struct Args {
     #[arg(long, env = "EPHEM_MAX_RECEIVES", default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=1000))]
     max_receives: u32,
 
+    /// First delay before a failed attempt's job is received again, milliseconds; doubles per
+    /// receive, up to --retry-max-s.
+    #[arg(long, env = "EPHEM_RETRY_BASE_MS", default_value_t = 5_000, value_parser = clap::value_parser!(u64).range(1..))]
+    retry_base_ms: u64,
+
+    /// Longest delay between two attempts of a job, seconds.
+    #[arg(long, env = "EPHEM_RETRY_MAX_S", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    retry_max_s: u64,
+
     /// Long-poll wait of one receive, seconds.
     #[arg(long, env = "EPHEM_POLL_WAIT_S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=20))]
     poll_wait_s: u64,
@@ -154,6 +163,8 @@ fn run(args: Args) -> Result<(), String> {
     config.visibility = Duration::from_secs(args.visibility_s);
     config.max_receives = args.max_receives;
     config.poll_wait = Duration::from_secs(args.poll_wait_s);
+    config.retry_base = Duration::from_millis(args.retry_base_ms);
+    config.retry_max = Duration::from_secs(args.retry_max_s).max(config.retry_base);
     config.rescan_interval = Duration::from_secs(args.rescan_s);
     if backend == Backend::Local {
         config.pid_file = Some(args.home.join("run").join("host-poller.pid"));

@@ -237,6 +237,39 @@ fn other_failures_are_retried_with_backoff_until_the_dead_letter() {
     assert_eq!(attempts, [1, 2, 3], "attempt = receive count");
 }
 
+/// An object store that keeps failing (throttled, 5xx) on the job's input: each attempt tries
+/// the read a bounded number of times with backoff, each receive is delayed by the job's
+/// backoff, and after the receive limit the job is dead-lettered with the store's error named.
+#[test]
+fn a_store_that_keeps_failing_is_retried_a_bounded_number_of_times_then_dead_lettered() {
+    let (cloud, worker, mut config) = setup(JobMode::Echo, 3);
+    config.retry_base = Duration::from_millis(600);
+    let (job, input) = put_job(&cloud, 0x58, 1000);
+    cloud.jobs.fail_reads(&layout::job_input(&job));
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let started = std::time::Instant::now();
+    let poller = Running::start(cloud.services(), config);
+
+    wait_until("a first failed attempt", WAIT, || {
+        status(&*cloud.jobs, &job).is_some_and(|s| s.state == JobState::Queued && s.failure.is_some())
+    });
+    assert_eq!(status(&*cloud.jobs, &job).unwrap().failure.unwrap().check, "input");
+    assert!(cloud.job_queue.hidden_for().unwrap() > 0.1, "hidden for a backoff, not retried at once");
+    wait_until("the dead letter", WAIT, || state(&cloud, &job) == Some(JobState::Failed));
+    wait_until("the queue to dead-letter it", WAIT, || cloud.job_queue.dead.lock().unwrap().len() == 1);
+    poller.stop();
+
+    let failure = status(&*cloud.jobs, &job).unwrap().failure.unwrap();
+    assert_eq!(failure.check, "dead_letter");
+    assert!(failure.message.starts_with("input: ") && failure.message.contains("injected: 503 Slow Down"), "{}", failure.message);
+    assert!(failure.message.contains("receive 3 of 3"), "{}", failure.message);
+    // 5 tries per receive (100, 200, 400, 800 ms apart, jittered), 3 receives: bounded.
+    assert_eq!(cloud.jobs.failed_reads(), 15, "tries of the input read");
+    assert!(started.elapsed() > Duration::from_millis(2000), "the tries were spread by backoff: {:?}", started.elapsed());
+    assert!(worker.job_starts().is_empty(), "nothing reached the worker");
+    assert!(cloud.jobs.head(&layout::job_receipt(&job)).unwrap().is_none());
+}
+
 #[test]
 fn a_worker_that_dies_mid_job_loses_only_that_attempt() {
     let (cloud, worker, config) = setup(JobMode::Die, 5);

@@ -44,11 +44,34 @@ fn meta(key: &str, bytes: &[u8], version: u64) -> ObjectMeta {
 #[derive(Default)]
 pub struct MemStore {
     objects: Arc<Objects>,
+    /// An injected outage: reads of keys under this prefix fail as a throttled or 5xx store
+    /// answers (transient), counted in `failed_reads`.
+    outage: Mutex<Option<String>>,
+    failed_reads: AtomicU64,
 }
 
 impl MemStore {
     pub fn keys(&self, prefix: &str) -> Vec<String> {
         self.objects.map.lock().unwrap().keys().filter(|k| k.starts_with(prefix)).cloned().collect()
+    }
+
+    /// From now on every read of a key under `prefix` fails with `Unavailable`.
+    pub fn fail_reads(&self, prefix: &str) {
+        *self.outage.lock().unwrap() = Some(prefix.to_owned());
+    }
+
+    pub fn failed_reads(&self) -> u64 {
+        self.failed_reads.load(Ordering::SeqCst)
+    }
+
+    fn check_outage(&self, key: &str) -> Result<(), ObjectError> {
+        match &*self.outage.lock().unwrap() {
+            Some(prefix) if key.starts_with(prefix.as_str()) => {
+                self.failed_reads.fetch_add(1, Ordering::SeqCst);
+                Err(ObjectError::Unavailable { key: key.into(), message: "injected: 503 Slow Down".into() })
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -65,6 +88,7 @@ impl ObjectStore for MemStore {
     }
 
     fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
+        self.check_outage(key)?;
         self.objects.map.lock().unwrap().get(key).map(|(b, _)| b.clone()).ok_or_else(|| ObjectError::NotFound { key: key.into() })
     }
 
