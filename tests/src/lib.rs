@@ -5,11 +5,13 @@
 //! The binaries are the workspace's own build (`scripts/test-rust.sh` builds every binary
 //! before the tests run): `$EPHEM_BIN_DIR`, else the target directory this test runs from.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 pub mod aws;
 pub mod conformance;
+pub mod process;
 
 /// The directory holding the workspace's binaries.
 pub fn bin_dir() -> PathBuf {
@@ -36,15 +38,36 @@ pub fn model_dir() -> PathBuf {
 pub struct Stack {
     pub home: tempfile::TempDir,
     bin: PathBuf,
+    /// Environment of every command, and so of the processes `dev up` starts.
+    env: Vec<(OsString, OsString)>,
 }
 
 impl Stack {
     /// `ephem-batch dev up` in a fresh home.
     pub fn up() -> Stack {
-        let stack = Stack { home: tempfile::tempdir().expect("temporary home"), bin: bin_dir() };
-        let out = stack.cli(&["dev", "up", "--threads", "2", "--concurrency", "2"]);
-        assert!(out.status.success(), "dev up failed:\n{}", stack.describe(&out));
+        Stack::up_with(&[])
+    }
+
+    /// `dev up` in a fresh home with `env` set for every command and every process the stack
+    /// starts (the host-poller reads `EPHEM_*` settings from its environment; `TMPDIR`).
+    pub fn up_with(env: &[(&str, &std::ffi::OsStr)]) -> Stack {
+        let env = env.iter().map(|(k, v)| (OsString::from(k), v.to_os_string())).collect();
+        let stack = Stack { home: tempfile::tempdir().expect("temporary home"), bin: bin_dir(), env };
+        stack.start();
         stack
+    }
+
+    /// `dev up` (again): starts whatever of the stack is not running.
+    pub fn start(&self) {
+        let out = self.cli(&["dev", "up", "--threads", "2", "--concurrency", "2"]);
+        assert!(out.status.success(), "dev up failed:\n{}", self.describe(&out));
+    }
+
+    /// The pid of a live stack process (`host-poller`, `enclave-worker`, `lambdas`), from its
+    /// pid file in `run/`.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        let pid = std::fs::read_to_string(self.home().join("run").join(format!("{name}.pid"))).ok()?.trim().parse().ok()?;
+        process::is_running(pid).then_some(pid)
     }
 
     pub fn home(&self) -> &Path {
@@ -53,15 +76,32 @@ impl Stack {
 
     /// Runs `ephem-batch --home <home> ARGS…`.
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(self.bin.join("ephem-batch"))
+        self.command(args).output().expect("run ephem-batch")
+    }
+
+    /// `ephem-batch --home <home> ARGS…`, not yet run.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(self.bin.join("ephem-batch"));
+        command
             .arg("--home")
             .arg(self.home())
             .args(args)
             .env("EPHEM_MODEL_DIR", model_dir())
             .env("EPHEM_BIN_DIR", &self.bin)
             .env_remove("EPHEM_HOME")
-            .output()
-            .expect("run ephem-batch")
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        command
+    }
+
+    /// `status JOB --json`.
+    pub fn status(&self, job: &str) -> serde_json::Value {
+        json(&self.ok(&["status", job, "--json"]))
+    }
+
+    /// The ledger's own rows for `job` (`ledger query --job`, read from the ledger store).
+    pub fn ledger_rows(&self, job: &str) -> Vec<serde_json::Value> {
+        let rows = json(&self.ok(&["ledger", "query", "--job", job, "--json"]));
+        rows.as_array().unwrap_or_else(|| panic!("ledger query: not an array: {rows}")).clone()
     }
 
     /// Runs the CLI and insists on success.
@@ -87,6 +127,46 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         let _ = self.cli(&["dev", "down"]);
+    }
+}
+
+/// Parses one JSON value, naming the text on failure.
+pub fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// The JSON lines of a file.
+pub fn json_lines(path: &Path) -> Vec<serde_json::Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines().map(json).collect()
+}
+
+/// A corpus of `n` unique short records, `<tag>-<i>`, written to `path`; returns the ids.
+pub fn short_corpus(path: &Path, tag: &str, n: usize) -> Vec<String> {
+    const WORDS: [&str; 16] = [
+        "harbour", "lantern", "granite", "meadow", "copper", "falcon", "willow", "ember", "quartz", "tundra", "orchid",
+        "canyon", "saffron", "glacier", "pepper", "velvet",
+    ];
+    let mut text = String::new();
+    let mut ids = Vec::with_capacity(n);
+    for i in 0..n {
+        let id = format!("{tag}-{i}");
+        let words: Vec<&str> = (0..6).map(|k| WORDS[(i >> (k * 2)) % 16 ^ k]).collect();
+        let line = serde_json::json!({"id": id, "text": format!("Record {i} of {tag}: the {} {}.", words.join(" "), i * 7919 % 10007)});
+        text.push_str(&line.to_string());
+        text.push('\n');
+        ids.push(id);
+    }
+    std::fs::write(path, text).expect("write the corpus");
+    ids
+}
+
+/// Polls `done` every 100 ms until it holds; panics naming `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: std::time::Duration, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + timeout;
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
 
@@ -135,6 +215,26 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// Regular files under `dir` modified at or after `since`, not under any of `skip`; symbolic
+/// links are not followed (a shared temporary directory may hold anything).
+pub fn files_modified_since(dir: &Path, since: std::time::SystemTime, skip: &[&Path]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return out };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if skip.iter().any(|s| path.starts_with(s)) {
+            continue;
+        }
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_dir() {
+            out.extend(files_modified_since(&path, since, skip));
+        } else if kind.is_file() && entry.metadata().and_then(|m| m.modified()).is_ok_and(|t| t >= since) {
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// The forms a canary could leak in: plain, hex (either case) and base64.
 pub fn canary_forms(canary: &str) -> Vec<Vec<u8>> {
     use base64::Engine as _;
@@ -156,12 +256,20 @@ pub fn canary_forms(canary: &str) -> Vec<Vec<u8>> {
 
 /// Files under `dir` containing any form of any canary: (file, canary).
 pub fn canary_hits(dir: &Path, canaries: &[String]) -> Vec<(PathBuf, String)> {
+    canary_hits_in(files_under(dir), canaries)
+}
+
+/// Which of `files` contain any form of any canary: (file, canary).
+pub fn canary_hits_in(files: impl IntoIterator<Item = PathBuf>, canaries: &[String]) -> Vec<(PathBuf, String)> {
     let forms: Vec<(String, Vec<Vec<u8>>)> = canaries.iter().map(|c| (c.clone(), canary_forms(c))).collect();
     let mut hits = Vec::new();
-    for file in files_under(dir) {
+    for file in files {
         let Ok(bytes) = std::fs::read(&file) else { continue };
+        // Every form is ASCII, so a lossy UTF-8 view keeps each occurrence intact, and `str`'s
+        // substring search is linear (the model's objects are tens of megabytes).
+        let text = String::from_utf8_lossy(&bytes);
         for (canary, variants) in &forms {
-            if variants.iter().any(|v| bytes.windows(v.len()).any(|w| w == v.as_slice())) {
+            if variants.iter().any(|v| text.contains(std::str::from_utf8(v).expect("ASCII forms"))) {
                 hits.push((file.clone(), canary.clone()));
             }
         }
