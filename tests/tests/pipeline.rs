@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 
 use serde_json::Value;
-use tests::{canary_hits, corpus_with_canaries, Stack};
+use tests::{canary_hits, canary_hits_in, corpus_with_canaries, files_modified_since, process, Stack};
 
 fn json(text: &str) -> Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
@@ -27,11 +27,22 @@ fn unit_vector(value: &Value) -> Vec<f64> {
 
 #[test]
 fn local_pipeline_end_to_end() {
-    let stack = Stack::up();
+    // The stack's processes get a temporary directory of their own, scanned with the rest of
+    // the host side; the system's is scanned too, for anything that ignored TMPDIR.
+    let started = std::time::SystemTime::now();
+    let host_tmp = tempfile::tempdir().unwrap();
+    let stack = Stack::up_with(&[("TMPDIR", host_tmp.path().as_os_str())]);
     let work = tempfile::tempdir().unwrap();
+    for name in ["host-poller", "enclave-worker", "lambdas"] {
+        let pid = stack.pid(name).unwrap_or_else(|| panic!("{name} is not running"));
+        let tmpdir = process::environment_variable(pid, "TMPDIR");
+        assert_eq!(tmpdir.as_deref().map(Path::new), Some(host_tmp.path()), "{name}'s TMPDIR");
+    }
 
     // --- the example corpus, with canaries that must never appear on the host side ----------
-    let canaries: Vec<String> = (0..3).map(|i| format!("zqxcanary{i}vexillology-pterodactyl-{i:04}")).collect();
+    // Unique to this run, so a hit in a shared directory can only be this run's.
+    let nonce = format!("{:x}{:x}", std::process::id(), started.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos());
+    let canaries: Vec<String> = (0..3).map(|i| format!("zqxcanary{i}vexillology-{nonce}-{i:04}")).collect();
     let corpus = work.path().join("corpus.jsonl");
     let text = corpus_with_canaries(&corpus, None, &canaries);
     let expected_ids: Vec<String> = text.lines().map(|l| json(l)["id"].as_str().unwrap().to_owned()).collect();
@@ -109,6 +120,13 @@ fn local_pipeline_end_to_end() {
         } else if path.is_file() {
             hits.extend(canary_hits(path.parent().unwrap(), &canaries).into_iter().filter(|(f, _)| f == path));
         }
+    }
+    hits.extend(canary_hits(host_tmp.path(), &canaries));
+    // Anything written to the system's temporary directories during the run, but for this
+    // test's own directories (the client's corpus is in `work`).
+    let ours = [stack.home(), work.path(), host_tmp.path()];
+    for system_tmp in [std::env::temp_dir(), "/tmp".into(), "/var/tmp".into()] {
+        hits.extend(canary_hits_in(files_modified_since(&system_tmp, started, &ours), &canaries));
     }
     assert!(hits.is_empty(), "plaintext on the host side: {hits:?}");
     // The scan itself finds a canary where one is (the client's own corpus).
