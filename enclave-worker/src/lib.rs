@@ -1,4 +1,4 @@
-// No unsafe code, with one exception: the bf16 kernels (`inference::bf16`), SIMD intrinsics behind
+// No unsafe code, with one exception: the dense-layer kernels (`inference::dense`), SIMD intrinsics behind
 // a safe API.
 #![deny(unsafe_code)]
 //! Everything that runs inside the Nitro enclave: NSM access, key release, model loading,

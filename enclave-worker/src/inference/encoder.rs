@@ -5,13 +5,13 @@
 //!   `(total_tokens, hidden)` matrix ("varlen", as text-embeddings-inference does with flash
 //!   attention). Dense layers see only real tokens; attention runs per sequence over its own
 //!   tokens, so nothing is computed for, or masked out of, padding.
-//! * **Dense layers through candle's gemm** (AVX-512 kernels with gemm's `x86-v4`), with weights
-//!   transposed once at load time to contiguous `(in, out)` matrices and Q/K/V fused into one
-//!   `(hidden, 3·hidden)` product.
+//! * **Dense layers through our own AVX-512 kernels** ([`super::dense`]: f32, or bf16 inputs with
+//!   f32 sums when a job asks for it), with weights transposed and packed once at load time and
+//!   Q/K/V fused into one `(hidden, 3·hidden)` product; candle's gemm on a CPU without AVX-512.
 //! * **Fused element-wise work** in vectorisable safe Rust ([`super::kernels`]): bias + GELU(erf),
 //!   bias + residual + LayerNorm, softmax — one pass each instead of one tensor op per step.
 //! * Parallel over the engine's rayon pool: gemm splits its work there, attention runs one task
-//!   per sequence (its two products, all heads at once, through gemm too), element-wise kernels
+//!   per sequence (its two products, all heads at once, through candle's gemm), element-wise kernels
 //!   one task per block of rows.
 
 use std::sync::OnceLock;
@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::InferenceError;
-use super::bf16::{self, PackedWeights};
+use super::dense::{self, Packed};
 use super::kernels;
 
 /// Rows per element-wise task.
@@ -34,26 +34,43 @@ struct LayerNorm {
     beta: Vec<f32>,
 }
 
+/// A dense layer's `(in, out)` weights: packed for our AVX-512 kernel, or a candle tensor on a
+/// CPU without AVX-512.
+enum Weight {
+    Packed(Packed<f32>),
+    Candle(Tensor),
+}
+
+impl Weight {
+    fn new(values: Vec<f32>, rows: usize, cols: usize) -> Result<Self, InferenceError> {
+        if dense::f32_supported() {
+            Ok(Weight::Packed(Packed::f32(&values, rows, cols)))
+        } else {
+            Tensor::from_vec(values, (rows, cols), &Device::Cpu).map(Weight::Candle).map_err(weights_err)
+        }
+    }
+}
+
 struct Layer {
     /// `(hidden, 3·hidden)`: [Q | K | V] columns.
-    qkv_w: Tensor,
+    qkv_w: Weight,
     qkv_b: Vec<f32>,
-    out_w: Tensor,
+    out_w: Weight,
     out_b: Vec<f32>,
     attn_ln: LayerNorm,
-    ff1_w: Tensor,
+    ff1_w: Weight,
     ff1_b: Vec<f32>,
-    ff2_w: Tensor,
+    ff2_w: Weight,
     ff2_b: Vec<f32>,
     ff_ln: LayerNorm,
 }
 
 /// A layer's dense weights in bf16 panels (`precision: bf16`).
 struct Bf16Layer {
-    qkv: PackedWeights,
-    out: PackedWeights,
-    ff1: PackedWeights,
-    ff2: PackedWeights,
+    qkv: Packed<u32>,
+    out: Packed<u32>,
+    ff1: Packed<u32>,
+    ff2: Packed<u32>,
 }
 
 pub(crate) struct Encoder {
@@ -131,10 +148,10 @@ impl Encoder {
             }
             Ok::<(), InferenceError>(())
         };
-        let linear = |name: &str, out: usize, inp: usize| -> Result<Tensor, InferenceError> {
+        let linear = |name: &str, out: usize, inp: usize| -> Result<Weight, InferenceError> {
             let mut dst = vec![0f32; inp * out];
             transpose_into(name, out, inp, &mut dst, out, 0)?;
-            Tensor::from_vec(dst, (inp, out), &Device::Cpu).map_err(weights_err)
+            Weight::new(dst, inp, out)
         };
         let layer_norm = |prefix: &str, len: usize| -> Result<LayerNorm, InferenceError> {
             Ok(LayerNorm {
@@ -161,7 +178,7 @@ impl Encoder {
                 qkv_b.extend(values(&format!("{p}.attention.self.{name}.bias"), &[hidden])?);
             }
             layers.push(Layer {
-                qkv_w: Tensor::from_vec(qkv, (hidden, 3 * hidden), &Device::Cpu).map_err(weights_err)?,
+                qkv_w: Weight::new(qkv, hidden, 3 * hidden)?,
                 qkv_b,
                 out_w: linear(&format!("{p}.attention.output.dense.weight"), hidden, hidden)?,
                 out_b: values(&format!("{p}.attention.output.dense.bias"), &[hidden])?,
@@ -204,7 +221,7 @@ impl Encoder {
     pub(crate) fn supports_precision(precision: Precision) -> bool {
         match precision {
             Precision::Fp32 => true,
-            Precision::Bf16 => bf16::supported(),
+            Precision::Bf16 => dense::bf16_supported(),
             Precision::Int8 => false,
         }
     }
@@ -212,9 +229,9 @@ impl Encoder {
     /// The dense weights in bf16 panels, packed once.
     fn bf16_layers(&self) -> Result<&[Bf16Layer], InferenceError> {
         let packed = self.bf16.get_or_init(|| {
-            let pack = |w: &Tensor| {
-                let (k, n) = w.dims2().map_err(forward_err)?;
-                with_slice(w, |values| PackedWeights::pack(values, k, n))
+            let pack = |w: &Weight| match w {
+                Weight::Packed(w) => Ok(Packed::bf16(w)),
+                Weight::Candle(_) => Err(InferenceError::UnsupportedPrecision(Precision::Bf16.as_str())),
             };
             self.layers
                 .iter()
@@ -423,18 +440,25 @@ impl Encoder {
     }
 }
 
-/// `x · w`: candle's f32 gemm, or the bf16 kernels with `w`'s packed copy.
-fn dense(x: &Tensor, w: &Tensor, packed: Option<&PackedWeights>) -> Result<Tensor, InferenceError> {
-    let Some(packed) = packed else {
-        return x.matmul(w).map_err(forward_err);
-    };
+/// `x · w`: through our f32 kernel (candle's gemm on a CPU without AVX-512), or through the bf16
+/// kernel with `w`'s bf16 copy.
+fn dense(x: &Tensor, w: &Weight, bf16: Option<&Packed<u32>>) -> Result<Tensor, InferenceError> {
     let (m, k) = x.dims2().map_err(forward_err)?;
-    if k != packed.rows() {
-        return Err(InferenceError::Forward(format!("({m}, {k}) · ({}, {})", packed.rows(), packed.cols())));
+    let (rows, cols) = match (w, bf16) {
+        (Weight::Candle(w), None) => return x.matmul(w).map_err(forward_err),
+        (_, Some(packed)) => (packed.rows(), packed.cols()),
+        (Weight::Packed(packed), None) => (packed.rows(), packed.cols()),
+    };
+    if k != rows {
+        return Err(InferenceError::Forward(format!("({m}, {k}) · ({rows}, {cols})")));
     }
-    let mut out = vec![0f32; m * packed.cols()];
-    with_slice(x, |x| bf16::matmul(x, m, packed, &mut out))?;
-    tensor(out, m, packed.cols())
+    let mut out = vec![0f32; m * cols];
+    with_slice(x, |x| match (w, bf16) {
+        (_, Some(packed)) => dense::matmul_bf16(x, m, packed, &mut out),
+        (Weight::Packed(packed), None) => dense::matmul_f32(x, m, packed, &mut out),
+        (Weight::Candle(_), None) => unreachable!("handled above"),
+    })?;
+    tensor(out, m, cols)
 }
 
 fn forward_err(e: candle_core::Error) -> InferenceError {

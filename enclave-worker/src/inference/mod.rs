@@ -65,7 +65,7 @@
 
 mod batching;
 mod embedder;
-mod bf16;
+mod dense;
 mod encoder;
 mod engine;
 mod kernels;
