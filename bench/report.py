@@ -14,11 +14,12 @@ import sys
 
 LABELS = {
     "ours": "ephem-batch worker, fp32",
+    "ours-bf16": "ephem-batch worker, precision bf16",
     "ort-fp32": "ONNX Runtime fp32 (batch 32, length-sorted)",
     "ort-int8": "ONNX Runtime dynamic int8 (per-channel)",
     "st": "sentence-transformers, PyTorch CPU (batch 32)",
 }
-ORDER = ["ours", "ort-fp32", "ort-int8", "st"]
+ORDER = ["ours", "ours-bf16", "ort-fp32", "ort-int8", "st"]
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
 
 
@@ -46,10 +47,15 @@ def markdown(doc):
         f" | 9-token text, {top} thr | 128-token text, {top} thr | min cosine to ST (corpus) |"
     out += [head, "|---" * (len(threads) + 4) + "|"]
     cos = doc.get("cosine_to_sentence_transformers", {})
-    for engine in ORDER:
+    for engine in [e for e in ORDER if e in tp]:
         row = [LABELS[engine]] + [fmt(tp[engine][t]["documents_per_s"]) for t in threads]
         row += [fmt(tp[engine][top]["latency_9_tokens_ms"], 2) + " ms", fmt(tp[engine][top]["latency_128_tokens_ms"], 2) + " ms"]
-        row.append("reference" if engine == "st" else (fmt(cos[engine]["min"], 6) if engine in cos else "–"))
+        if engine == "st":
+            row.append("reference")
+        elif engine == "ours-bf16":
+            row.append(fmt(tp[engine][top].get("min_cosine_to_fp32"), 6) + " (to our fp32)")
+        else:
+            row.append(fmt(cos[engine]["min"], 6) if engine in cos else "–")
         out.append("| " + " | ".join(row) + " |")
     out.append("")
     out.append("Ratios ours / peer (throughput: above 1 means we are faster; 128-token latency: below 1 means we are faster):")
@@ -60,6 +66,11 @@ def markdown(doc):
         cells = [fmt(ratio(tp["ours"][t]["documents_per_s"], tp[peer][t]["documents_per_s"]), 2) + "×" for t in threads]
         cells.append(fmt(ratio(tp["ours"][top]["latency_128_tokens_ms"], tp[peer][top]["latency_128_tokens_ms"]), 2) + "×")
         out.append(f"| {LABELS[peer]} | " + " | ".join(cells) + " |")
+    if "ours-bf16" in tp:
+        b = tp["ours-bf16"]
+        cells = [fmt(ratio(b[t]["documents_per_s"], tp["ort-int8"][t]["documents_per_s"]), 2) + "×" for t in threads]
+        cells.append(fmt(ratio(b[top]["latency_128_tokens_ms"], tp["ort-int8"][top]["latency_128_tokens_ms"]), 2) + "×")
+        out.append(f"| ours at precision bf16 / {LABELS['ort-int8']} | " + " | ".join(cells) + " |")
     out.append("")
     out.append("Our worker in detail:")
     out.append("")
@@ -126,6 +137,12 @@ def markdown(doc):
     if "ours" in cos:
         c = cos["ours"]["min"]
         check("min cosine to sentence-transformers ≥ 0.9999 (corpus)", c, 0.9999, f"{c:.6f}")
+    if "ours-bf16" in tp:
+        b = tp["ours-bf16"][top]
+        r = ratio(b["documents_per_s"], tp["ort-int8"][top]["documents_per_s"])
+        check(f"stretch: precision bf16 ≥ 1.0× ONNX Runtime dynamic int8 ({top} threads)", r, 1.0, fmt(r, 2) + "×")
+        c = b.get("min_cosine_to_fp32")
+        check("stretch: bf16's min cosine to fp32 ≥ 0.999 (corpus)", c, 0.999, fmt(c, 6))
     out.append("")
     return "\n".join(out) + "\n"
 
@@ -140,7 +157,7 @@ def plot(doc, path):
     fig, axes = plt.subplots(1, 2 if has_sizes else 1, figsize=(11 if has_sizes else 6, 4.2), squeeze=False)
     ax = axes[0][0]
     threads = doc["settings"]["threads"]
-    for engine in ORDER:
+    for engine in [e for e in ORDER if e in doc["throughput"]]:
         ys = [doc["throughput"][engine][str(t)]["documents_per_s"] for t in threads]
         ax.plot(threads, ys, marker="o", label=LABELS[engine], linewidth=2.5 if engine == "ours" else 1.5)
     ax.set_xticks(threads)

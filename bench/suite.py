@@ -24,9 +24,10 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, "bench", "peers.py")
-ENGINES = ["ours", "ort-fp32", "ort-int8", "st"]
+ENGINES = ["ours", "ours-bf16", "ort-fp32", "ort-int8", "st"]
 LABELS = {
     "ours": "ephem-batch worker (fp32)",
+    "ours-bf16": "ephem-batch worker (precision bf16)",
     "st": "sentence-transformers (PyTorch CPU)",
     "ort-fp32": "ONNX Runtime fp32",
     "ort-int8": "ONNX Runtime dynamic int8",
@@ -95,13 +96,14 @@ class Suite:
         self.python = sys.executable
         os.makedirs(self.work, exist_ok=True)
 
-    def ours(self, corpus, threads, repeats, tag):
-        out = os.path.join(self.work, f"ours-{tag}-t{threads}.json")
+    def ours(self, corpus, threads, repeats, tag, precision="fp32"):
+        engine = "ours" if precision == "fp32" else f"ours-{precision}"
+        out = os.path.join(self.work, f"{engine}-{tag}-t{threads}.json")
         run([os.path.join(self.bin, "examples", "bench_inference"), "--corpus", corpus, "--threads", str(threads),
-             "--repeats", str(repeats), "--json", out], env=thread_env(threads))
+             "--repeats", str(repeats), "--precision", precision, "--json", out], env=thread_env(threads))
         with open(out) as f:
             result = json.load(f)["results"][0]
-        result["engine"] = "ours"
+        result["engine"] = engine
         return result
 
     def peer(self, engine, corpus, threads, repeats, tag, vectors=None):
@@ -118,6 +120,9 @@ class Suite:
     def measure(self, engine, corpus, threads, repeats, tag, vectors=None):
         if engine == "ours":
             return self.ours(corpus, threads, repeats, tag)
+        if engine == "ours-bf16":
+            # Also measures its minimum cosine to our fp32 vectors over the corpus.
+            return self.ours(corpus, threads, repeats, tag, precision="bf16")
         return self.peer(engine, corpus, threads, repeats, tag, vectors)
 
     def our_vectors(self, corpus, threads):
@@ -199,11 +204,12 @@ def main():
     corpus = subset(args.corpus, args.docs, args.work_dir)
 
     # 1. Throughput and latency, every engine at every thread count, same corpus.
-    throughput = {engine: {} for engine in ENGINES}
     vectors = {}
+    engines = [e for e in ENGINES if e != "ours-bf16" or "avx512_bf16" in doc["machine"].get("cpu_flags", [])]
+    throughput = {engine: {} for engine in engines}
     for t in threads:
-        for engine in ENGINES:
-            path = os.path.join(args.work_dir, f"vectors-{engine}.npy") if t == top and engine != "ours" else None
+        for engine in engines:
+            path = os.path.join(args.work_dir, f"vectors-{engine}.npy") if t == top and not engine.startswith("ours") else None
             throughput[engine][str(t)] = clean(suite.measure(engine, corpus, t, args.repeats, "main", path))
             if path:
                 vectors[engine] = np.load(path)
