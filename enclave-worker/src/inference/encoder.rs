@@ -297,77 +297,63 @@ impl Encoder {
                 );
             });
         });
-        let mut hidden = tensor(x, total, h)?;
-
+        let mut scratch = Scratch::default();
         for (i, layer) in self.layers.iter().enumerate() {
-            hidden = self.layer(layer, bf16_layers.map(|l| &l[i]), hidden, &offsets)?;
+            self.layer(layer, bf16_layers.map(|l| &l[i]), &mut x, &offsets, &mut scratch)?;
         }
-        let out = with_slice(&hidden, |s| s.to_vec())?;
-        Ok(out)
+        Ok(x)
     }
 
-    fn layer(&self, layer: &Layer, bf16: Option<&Bf16Layer>, x: Tensor, offsets: &[usize]) -> Result<Tensor, InferenceError> {
+    /// One encoder layer over the packed hidden states `x` (`(total, hidden)`), in place.
+    fn layer(
+        &self,
+        layer: &Layer,
+        bf16: Option<&Bf16Layer>,
+        x: &mut [f32],
+        offsets: &[usize],
+        scratch: &mut Scratch,
+    ) -> Result<(), InferenceError> {
         let h = self.hidden;
         let total = offsets[offsets.len() - 1];
+        let Scratch { qkv, proj, h1, ff } = scratch;
 
-        // Self-attention.
-        let qkv = dense(&x, &layer.qkv_w, bf16.map(|b| &b.qkv))?;
-        let context = with_slice(&qkv, |qkv| self.attention(qkv, &layer.qkv_b, offsets))??;
-        drop(qkv);
-        let context = tensor(context, total, h)?;
-        let projected = dense(&context, &layer.out_w, bf16.map(|b| &b.out))?;
+        // Self-attention, then LayerNorm(projection + bias + x) into h1.
+        dense(x, total, &layer.qkv_w, bf16.map(|b| &b.qkv), qkv)?;
+        let context = self.attention(qkv, &layer.qkv_b, offsets)?;
+        dense(&context, total, &layer.out_w, bf16.map(|b| &b.out), proj)?;
         drop(context);
-        let mut h1 = vec![0f32; total * h];
-        with_slice(&projected, |proj| {
-            with_slice(&x, |x| {
-                fused_rows(&mut h1, h, #[inline(always)] |i, out| {
-                    let row = i * h..(i + 1) * h;
-                    kernels::add_layer_norm(
-                        out,
-                        &proj[row.clone()],
-                        Some(&layer.out_b),
-                        Some(&x[row]),
-                        &layer.attn_ln.gamma,
-                        &layer.attn_ln.beta,
-                        self.eps,
-                    )
-                })
-            })
-        })??;
-        drop((projected, x));
-        let h1 = tensor(h1, total, h)?;
+        resize(h1, total * h);
+        fused_rows(h1, h, #[inline(always)] |i, out| {
+            let row = i * h..(i + 1) * h;
+            kernels::add_layer_norm(
+                out,
+                &proj[row.clone()],
+                Some(&layer.out_b),
+                Some(&x[row]),
+                &layer.attn_ln.gamma,
+                &layer.attn_ln.beta,
+                self.eps,
+            )
+        });
 
-        // Feed-forward.
-        let ff = dense(&h1, &layer.ff1_w, bf16.map(|b| &b.ff1))?;
+        // Feed-forward: GELU(h1 · W1 + b1) in place, then LayerNorm(· W2 + b2 + h1) into x.
+        dense(h1, total, &layer.ff1_w, bf16.map(|b| &b.ff1), ff)?;
         let inter = layer.ff1_b.len();
-        let mut activated = vec![0f32; total * inter];
-        with_slice(&ff, |ff| {
-            fused_rows(&mut activated, inter, #[inline(always)] |i, o| {
-                kernels::bias_gelu(o, &ff[i * inter..(i + 1) * inter], &layer.ff1_b)
-            })
-        })?;
-        drop(ff);
-        let activated = tensor(activated, total, inter)?;
-        let ff2 = dense(&activated, &layer.ff2_w, bf16.map(|b| &b.ff2))?;
-        drop(activated);
-        let mut out = vec![0f32; total * h];
-        with_slice(&ff2, |ff2| {
-            with_slice(&h1, |h1| {
-                fused_rows(&mut out, h, #[inline(always)] |i, o| {
-                    let row = i * h..(i + 1) * h;
-                    kernels::add_layer_norm(
-                        o,
-                        &ff2[row.clone()],
-                        Some(&layer.ff2_b),
-                        Some(&h1[row]),
-                        &layer.ff_ln.gamma,
-                        &layer.ff_ln.beta,
-                        self.eps,
-                    )
-                })
-            })
-        })??;
-        tensor(out, total, h)
+        fused_rows(ff, inter, #[inline(always)] |_, row| kernels::bias_gelu_in_place(row, &layer.ff1_b));
+        dense(ff, total, &layer.ff2_w, bf16.map(|b| &b.ff2), proj)?;
+        fused_rows(x, h, #[inline(always)] |i, out| {
+            let row = i * h..(i + 1) * h;
+            kernels::add_layer_norm(
+                out,
+                &proj[row.clone()],
+                Some(&layer.ff2_b),
+                Some(&h1[row]),
+                &layer.ff_ln.gamma,
+                &layer.ff_ln.beta,
+                self.eps,
+            )
+        });
+        Ok(())
     }
 
     /// Multi-head attention per sequence over its own tokens. `qkv`: `(total, 3·hidden)` without
@@ -440,25 +426,43 @@ impl Encoder {
     }
 }
 
-/// `x · w`: through our f32 kernel (candle's gemm on a CPU without AVX-512), or through the bf16
-/// kernel with `w`'s bf16 copy.
-fn dense(x: &Tensor, w: &Weight, bf16: Option<&Packed<u32>>) -> Result<Tensor, InferenceError> {
-    let (m, k) = x.dims2().map_err(forward_err)?;
+/// A forward pass's intermediate matrices, reused from layer to layer: same sizes every layer,
+/// so they are allocated (and zeroed) once per pass, not once per layer.
+#[derive(Default)]
+struct Scratch {
+    qkv: Vec<f32>,
+    proj: Vec<f32>,
+    h1: Vec<f32>,
+    ff: Vec<f32>,
+}
+
+/// `buffer` with exactly `len` values; what it held is left in place (every user overwrites it).
+fn resize(buffer: &mut Vec<f32>, len: usize) {
+    buffer.resize(len, 0.0);
+}
+
+/// `out ← x · w` (`x`: `m` rows): through our f32 kernel (candle's gemm on a CPU without
+/// AVX-512), or through the bf16 kernel with `w`'s bf16 copy.
+fn dense(x: &[f32], m: usize, w: &Weight, bf16: Option<&Packed<u32>>, out: &mut Vec<f32>) -> Result<(), InferenceError> {
+    let k = x.len() / m.max(1);
     let (rows, cols) = match (w, bf16) {
-        (Weight::Candle(w), None) => return x.matmul(w).map_err(forward_err),
         (_, Some(packed)) => (packed.rows(), packed.cols()),
         (Weight::Packed(packed), None) => (packed.rows(), packed.cols()),
+        (Weight::Candle(w), None) => w.dims2().map_err(forward_err)?,
     };
-    if k != rows {
+    if k != rows || x.len() != m * k {
         return Err(InferenceError::Forward(format!("({m}, {k}) · ({rows}, {cols})")));
     }
-    let mut out = vec![0f32; m * cols];
-    with_slice(x, |x| match (w, bf16) {
-        (_, Some(packed)) => dense::matmul_bf16(x, m, packed, &mut out),
-        (Weight::Packed(packed), None) => dense::matmul_f32(x, m, packed, &mut out),
-        (Weight::Candle(_), None) => unreachable!("handled above"),
-    })?;
-    tensor(out, m, cols)
+    resize(out, m * cols);
+    match (w, bf16) {
+        (_, Some(packed)) => dense::matmul_bf16(x, m, packed, out),
+        (Weight::Packed(packed), None) => dense::matmul_f32(x, m, packed, out),
+        (Weight::Candle(w), None) => {
+            let product = tensor(x.to_vec(), m, k)?.matmul(w).map_err(forward_err)?;
+            with_slice(&product, |values| out.copy_from_slice(values))?;
+        }
+    }
+    Ok(())
 }
 
 fn forward_err(e: candle_core::Error) -> InferenceError {
@@ -491,4 +495,34 @@ fn fused_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + S
             }
         })
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The two forms a dense weight takes (our kernel's panels where the CPU has AVX-512, a candle
+    /// tensor elsewhere) compute the same product.
+    #[test]
+    fn both_weight_forms_give_the_same_product() {
+        if !dense::f32_supported() {
+            eprintln!("skipped: this CPU has no AVX-512, so only the candle form exists here");
+            return;
+        }
+        let (m, k, n) = (11, 37, 70);
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
+        let w: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 97) as f32 / 48.0 - 1.0).collect();
+        let packed = Weight::Packed(Packed::f32(&w, k, n));
+        let candle = Weight::Candle(Tensor::from_vec(w, (k, n), &Device::Cpu).unwrap());
+        let (mut ours, mut theirs) = (Vec::new(), vec![1.0; 3]);
+        dense(&x, m, &packed, None, &mut ours).unwrap();
+        dense(&x, m, &candle, None, &mut theirs).unwrap();
+        assert_eq!(ours.len(), m * n);
+        assert_eq!(theirs.len(), m * n);
+        for (a, b) in ours.iter().zip(&theirs) {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+        let wrong = dense(&x[..k * 3], 4, &packed, None, &mut ours).unwrap_err();
+        assert!(wrong.to_string().contains("(4, "), "{wrong}");
+    }
 }
