@@ -323,37 +323,32 @@ impl Encoder {
         dense(&context, total, &layer.out_w, bf16.map(|b| &b.out), proj)?;
         drop(context);
         resize(h1, total * h);
-        fused_rows(h1, h, #[inline(always)] |i, out| {
-            let row = i * h..(i + 1) * h;
-            kernels::add_layer_norm(
-                out,
-                &proj[row.clone()],
-                Some(&layer.out_b),
-                Some(&x[row]),
-                &layer.attn_ln.gamma,
-                &layer.attn_ln.beta,
-                self.eps,
-            )
-        });
+        self.residual_layer_norm(h1, proj, &layer.out_b, x, &layer.attn_ln);
 
         // Feed-forward: GELU(h1 · W1 + b1) in place, then LayerNorm(· W2 + b2 + h1) into x.
         dense(h1, total, &layer.ff1_w, bf16.map(|b| &b.ff1), ff)?;
         let inter = layer.ff1_b.len();
         fused_rows(ff, inter, #[inline(always)] |_, row| kernels::bias_gelu_in_place(row, &layer.ff1_b));
         dense(ff, total, &layer.ff2_w, bf16.map(|b| &b.ff2), proj)?;
-        fused_rows(x, h, #[inline(always)] |i, out| {
+        self.residual_layer_norm(x, proj, &layer.ff2_b, h1, &layer.ff_ln);
+        Ok(())
+    }
+
+    /// `out ← LayerNorm(product + bias + residual)`, row by row.
+    fn residual_layer_norm(&self, out: &mut [f32], product: &[f32], bias: &[f32], residual: &[f32], norm: &LayerNorm) {
+        let h = self.hidden;
+        fused_rows(out, h, #[inline(always)] |i, out| {
             let row = i * h..(i + 1) * h;
             kernels::add_layer_norm(
                 out,
-                &proj[row.clone()],
-                Some(&layer.ff2_b),
-                Some(&h1[row]),
-                &layer.ff_ln.gamma,
-                &layer.ff_ln.beta,
+                &product[row.clone()],
+                Some(bias),
+                Some(&residual[row]),
+                &norm.gamma,
+                &norm.beta,
                 self.eps,
             )
         });
-        Ok(())
     }
 
     /// Multi-head attention per sequence over its own tokens. `qkv`: `(total, 3·hidden)` without
