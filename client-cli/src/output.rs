@@ -81,7 +81,8 @@ impl OutputFormat {
 
 #[derive(Debug, thiserror::Error)]
 pub enum OutputError {
-    #[error("writing {}: {source}", path.display())]
+    // The cause is the source: a chain printer (`{:#}`) shows it once, after the path.
+    #[error("writing {}", path.display())]
     Io {
         path: PathBuf,
         #[source]
