@@ -196,6 +196,13 @@ fn job_message(stack: &Stack, job: &str) -> String {
     serde_json::to_string(&message).unwrap()
 }
 
+/// Whether this machine lets us make a private user and mount namespace (to mount a small
+/// tmpfs); `EPHEM_TEST_NO_NAMESPACES=1` tests the fallbacks.
+fn namespaces() -> bool {
+    std::env::var_os("EPHEM_TEST_NO_NAMESPACES").is_none()
+        && std::process::Command::new("unshare").args(["-rm", "true"]).output().is_ok_and(|p| p.status.success())
+}
+
 /// Runs `ephem-batch results JOB -o DIR/out.jsonl` where writing fails with ENOSPC: in a
 /// private user and mount namespace with a 64 KiB tmpfs on DIR, or, where namespaces are not
 /// available, with the output's partial file a link to `/dev/full`. Returns the command's
@@ -206,8 +213,7 @@ fn results_on_a_full_disk(stack: &Stack, job: &str, dir: &Path) -> (std::process
 "$2" --home "$3" results "$4" -o "$1/out.jsonl"; rc=$?
 echo "--- left:"; ls -A "$1"; exit $rc"#;
     let mut namespaced = stack.command(&[]);
-    let probe = std::process::Command::new("unshare").args(["-rm", "true"]).output();
-    if probe.is_ok_and(|p| p.status.success()) {
+    if namespaces() {
         let out = std::mem::replace(&mut namespaced, std::process::Command::new("unshare"));
         let envs: Vec<_> = out.get_envs().map(|(k, v)| (k.to_owned(), v.map(|v| v.to_owned()))).collect();
         for (key, value) in envs {
@@ -250,6 +256,7 @@ fn results_on_a_full_disk_fail_cleanly_and_publish_nothing() {
     assert!(stderr.contains("No space left on device"), "the cause is named: {stderr}");
     assert!(stderr.contains("out.jsonl"), "the file is named: {stderr}");
     assert!(left.is_empty(), "nothing published and no partial file left: {left:?}");
+    eprintln!("results on a full disk: {}", stderr.lines().last().unwrap_or(""));
 
     assert_exactly_once(&stack, &job, &ids, work.path());
 }
@@ -260,7 +267,7 @@ fn results_on_a_full_disk_fail_cleanly_and_publish_nothing() {
 /// `failed` with it, and nothing of the output is committed (no attempt object, no receipt).
 #[test]
 fn a_full_jobs_store_fails_the_job_with_the_cause_and_commits_nothing() {
-    if !std::process::Command::new("unshare").args(["-rm", "true"]).output().is_ok_and(|p| p.status.success()) {
+    if !namespaces() {
         eprintln!("skipped: no user namespaces here to mount a small file system for the host's store");
         return;
     }
