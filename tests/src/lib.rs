@@ -38,7 +38,8 @@ pub fn model_dir() -> PathBuf {
 pub struct Stack {
     pub home: tempfile::TempDir,
     bin: PathBuf,
-    /// Environment of every command, and so of the processes `dev up` starts.
+    /// Environment of `dev up`, and so of the processes it starts (not of client commands:
+    /// the client's own temporary files are not the host's).
     env: Vec<(OsString, OsString)>,
 }
 
@@ -48,8 +49,8 @@ impl Stack {
         Stack::up_with(&[])
     }
 
-    /// `dev up` in a fresh home with `env` set for every command and every process the stack
-    /// starts (the host-poller reads `EPHEM_*` settings from its environment; `TMPDIR`).
+    /// `dev up` in a fresh home with `env` set for the processes the stack starts (the
+    /// host-poller reads `EPHEM_*` settings from its environment; `TMPDIR`).
     pub fn up_with(env: &[(&str, &std::ffi::OsStr)]) -> Stack {
         let env = env.iter().map(|(k, v)| (OsString::from(k), v.to_os_string())).collect();
         let stack = Stack { home: tempfile::tempdir().expect("temporary home"), bin: bin_dir(), env };
@@ -59,7 +60,8 @@ impl Stack {
 
     /// `dev up` (again): starts whatever of the stack is not running.
     pub fn start(&self) {
-        let out = self.cli(&["dev", "up", "--threads", "2", "--concurrency", "2"]);
+        let mut up = self.command(&["dev", "up", "--threads", "2", "--concurrency", "2"]);
+        let out = up.envs(self.env.iter().map(|(k, v)| (k, v))).output().expect("run ephem-batch dev up");
         assert!(out.status.success(), "dev up failed:\n{}", self.describe(&out));
     }
 
@@ -88,8 +90,7 @@ impl Stack {
             .args(args)
             .env("EPHEM_MODEL_DIR", model_dir())
             .env("EPHEM_BIN_DIR", &self.bin)
-            .env_remove("EPHEM_HOME")
-            .envs(self.env.iter().map(|(k, v)| (k, v)));
+            .env_remove("EPHEM_HOME");
         command
     }
 

@@ -212,17 +212,10 @@ fn results_on_a_full_disk(stack: &Stack, job: &str, dir: &Path) -> (std::process
     let script = r#"mount -t tmpfs -o size=64k tmpfs "$1" || exit 90
 "$2" --home "$3" results "$4" -o "$1/out.jsonl"; rc=$?
 echo "--- left:"; ls -A "$1"; exit $rc"#;
-    let mut namespaced = stack.command(&[]);
     if namespaces() {
-        let out = std::mem::replace(&mut namespaced, std::process::Command::new("unshare"));
-        let envs: Vec<_> = out.get_envs().map(|(k, v)| (k.to_owned(), v.map(|v| v.to_owned()))).collect();
-        for (key, value) in envs {
-            match value {
-                Some(value) => namespaced.env(key, value),
-                None => namespaced.env_remove(key),
-            };
-        }
+        let mut namespaced = std::process::Command::new("unshare");
         namespaced.args(["-rm", "sh", "-c", script, "sh"]).arg(dir).arg(&bin).arg(stack.home()).arg(job);
+        namespaced.env("EPHEM_BIN_DIR", tests::bin_dir()).env_remove("EPHEM_HOME");
         let output = namespaced.output().expect("run unshare");
         assert_ne!(output.status.code(), Some(90), "tmpfs mount failed:\n{}", String::from_utf8_lossy(&output.stderr));
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
