@@ -10,6 +10,7 @@ use std::io::Write;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,10 @@ type Released = BTreeMap<Vec<u8>, (BTreeMap<String, String>, Vec<u8>)>;
 struct TestKms {
     released: Mutex<Released>,
     state_dir: PathBuf,
+    /// `Decrypt` calls received.
+    calls: AtomicU32,
+    /// The next this many calls fail as KMS fails when it is down (`KMSInternalException`).
+    outage: AtomicU32,
 }
 
 fn dev_root(state_dir: &Path) -> TrustAnchor {
@@ -79,6 +84,10 @@ impl Kms for TestKms {
         context: &EncryptionContext,
         recipient: Option<&Recipient>,
     ) -> Result<Decrypted, KmsError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        if self.outage.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(KmsError::Unavailable("injected outage".into()));
+        }
         let released = self.released.lock().unwrap();
         let (expected_context, plaintext) =
             released.get(blob).ok_or_else(|| KmsError::InvalidCiphertext("unknown ciphertext".into()))?;
@@ -119,7 +128,12 @@ impl Host {
         let state_dir = dir.join("state");
         Host {
             objects: BTreeMap::new(),
-            kms: Arc::new(TestKms { released: Mutex::new(BTreeMap::new()), state_dir: state_dir.clone() }),
+            kms: Arc::new(TestKms {
+                released: Mutex::new(BTreeMap::new()),
+                state_dir: state_dir.clone(),
+                calls: AtomicU32::new(0),
+                outage: AtomicU32::new(0),
+            }),
             access: local_access(),
             state_dir,
             published: Vec::new(),
@@ -456,12 +470,13 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     // bf16 is the client's explicit choice: computed as asked where the CPU has AVX-512 BF16 (close
     // to, but not bit-equal with, fp32) and recorded in the receipt; refused by name elsewhere.
     let bf16 = JobOptions { precision: Precision::Bf16, ..JobOptions::default() };
-    let job = seal_job_with(&fleet, &client, manifest, &records, bf16);
-    match run_job(&worker.socket, job.job_id, &job.bytes) {
+    // (Its own job: the tampering below needs a job that every CPU runs.)
+    let bf16_job = seal_job_with(&fleet, &client, manifest, &records, bf16);
+    match run_job(&worker.socket, bf16_job.job_id, &bf16_job.bytes) {
         Ok((output, receipt_bytes)) => {
             let signed = SignedReceipt::decode(&receipt_bytes).unwrap();
             assert_eq!(signed.verify(&receipt_key).unwrap().options.precision, Precision::Bf16);
-            let (_, reduced) = open_output(&client, job.job_id, &output, records.len());
+            let (_, reduced) = open_output(&client, bf16_job.job_id, &output, records.len());
             for i in [0, 2, 3] {
                 let (OutputRecord::Embedding { vector: full, .. }, OutputRecord::Embedding { vector: half, .. }) =
                     (&outputs[i], &reduced[i])
@@ -565,4 +580,45 @@ fn a_host_that_answers_kms_itself_gets_no_key_released() {
     write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
     assert!(matches!(host.serve(&mut control), Message::Status { .. }));
     assert_eq!(host.published.len(), 1);
+}
+
+/// KMS down: a short outage is ridden out inside the worker (bounded retries with backoff); a
+/// long one ends the release with KMS's own error and the number of attempts, and publishes
+/// nothing — the host asks again later.
+#[test]
+fn a_kms_outage_is_retried_a_bounded_number_of_times_then_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = Host::new(dir.path());
+    let socket = dir.path().join("kms.sock");
+    let root = host.serve_kms(&dir.path().join("kms"), &socket);
+    let worker = spawn_worker(dir.path(), &socket, &root);
+    let mut control = connect(&worker.socket, Channel::Control);
+
+    publish_epoch(&mut host, 1, &FleetSecretKey::generate(), now_ms() + 3_600_000);
+    host.kms.outage.store(2, Ordering::SeqCst);
+    let started = Instant::now();
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    assert!(matches!(host.serve(&mut control), Message::Status { .. }), "released on the third call");
+    assert_eq!(host.kms.calls.load(Ordering::SeqCst), 3);
+    assert!(started.elapsed() >= Duration::from_millis(150), "two backoff delays (≥ 50 + 100 ms)");
+    assert_eq!(host.published.len(), 1);
+
+    publish_epoch(&mut host, 2, &FleetSecretKey::generate(), now_ms() + 3_600_000);
+    host.kms.outage.store(u32::MAX, Ordering::SeqCst);
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 2, object_key: epoch_object_key(2) }).unwrap();
+    match host.serve(&mut control) {
+        Message::Error { message } => {
+            assert!(message.starts_with("kms_failed: ") && message.contains("KMSInternalException: "), "{message}");
+            assert!(message.contains("gave up after 5 attempts"), "{message}");
+        }
+        other => panic!("released during an outage: {other:?}"),
+    }
+    assert_eq!(host.kms.calls.load(Ordering::SeqCst), 3 + 5, "five calls, no more");
+    assert_eq!(host.published.len(), 1, "nothing published for the epoch KMS did not release");
+
+    // KMS back: the same worker takes the epoch up when asked again.
+    host.kms.outage.store(0, Ordering::SeqCst);
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 2, object_key: epoch_object_key(2) }).unwrap();
+    assert!(matches!(host.serve(&mut control), Message::Status { .. }));
+    assert_eq!(host.published.len(), 2);
 }

@@ -24,6 +24,8 @@ use crate::worker_link::{describe, LinkError, WorkerEndpoint, WorkerLink};
 pub(crate) struct ControlSettings {
     pub rescan_interval: Duration,
     pub republish_interval: Duration,
+    /// First delay before a refused request is sent again (doubling up to [`MAX_REFUSAL_DELAY`]).
+    pub refusal_retry: Duration,
     /// How often to look for clients' attestation requests.
     pub attestation_poll: Duration,
     /// How long one control request may go without a frame from the worker.
@@ -55,7 +57,6 @@ struct Refusal {
     delay: Duration,
 }
 
-const FIRST_REFUSAL_DELAY: Duration = Duration::from_secs(30);
 const MAX_REFUSAL_DELAY: Duration = Duration::from_secs(15 * 60);
 const RECONNECT_DELAY: Duration = Duration::from_millis(200);
 /// Failed connection attempts between two warnings (30 s at [`RECONNECT_DELAY`]).
@@ -257,7 +258,8 @@ impl Control {
     }
 
     fn refusal(&mut self, target: Target, etag: &str, message: &str) {
-        let delay = self.refusals.get(&target).map_or(FIRST_REFUSAL_DELAY, |r| (r.delay * 2).min(MAX_REFUSAL_DELAY));
+        let first = self.settings.refusal_retry.min(MAX_REFUSAL_DELAY);
+        let delay = self.refusals.get(&target).map_or(first, |r| (r.delay * 2).min(MAX_REFUSAL_DELAY));
         tracing::warn!(?target, message, retry_in = ?delay, "worker refused");
         self.refusals.insert(target, Refusal { etag: etag.to_owned(), next: Instant::now() + delay, delay });
     }

@@ -90,6 +90,11 @@ struct Args {
     #[arg(long, env = "EPHEM_RETRY_MAX_S", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     retry_max_s: u64,
 
+    /// First delay before a fleet epoch or model the worker refused (KMS unavailable, a key
+    /// policy that does not match) is asked for again, seconds; doubles per refusal, up to 15 min.
+    #[arg(long, env = "EPHEM_REFUSAL_RETRY_S", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    refusal_retry_s: u64,
+
     /// Long-poll wait of one receive, seconds.
     #[arg(long, env = "EPHEM_POLL_WAIT_S", default_value_t = 10, value_parser = clap::value_parser!(u64).range(0..=20))]
     poll_wait_s: u64,
@@ -166,6 +171,7 @@ fn run(args: Args) -> Result<(), String> {
     config.retry_base = Duration::from_millis(args.retry_base_ms);
     config.retry_max = Duration::from_secs(args.retry_max_s).max(config.retry_base);
     config.rescan_interval = Duration::from_secs(args.rescan_s);
+    config.refusal_retry = Duration::from_secs(args.refusal_retry_s);
     if backend == Backend::Local {
         config.pid_file = Some(args.home.join("run").join("host-poller.pid"));
     }

@@ -60,6 +60,9 @@ pub struct PollerConfig {
     pub rescan_interval: Duration,
     /// How often the newest epoch is taken up again to publish a fresh attestation document.
     pub republish_interval: Duration,
+    /// First delay before a fleet epoch or model the worker refused (KMS down, a policy that
+    /// does not match) is asked for again; doubles per refusal, up to 15 minutes.
+    pub refusal_retry: Duration,
     /// How often to look for clients' requests for a fresh document (`attest fetch --nonce`).
     pub attestation_poll: Duration,
     /// This process's pid file (`<home>/run/host-poller.pid`), removed on a clean exit.
@@ -80,6 +83,7 @@ impl PollerConfig {
             stall_timeout: Duration::from_secs(300),
             rescan_interval: Duration::from_secs(60),
             republish_interval: Duration::from_secs(30 * 60),
+            refusal_retry: Duration::from_secs(30),
             attestation_poll: Duration::from_secs(2),
             pid_file: None,
         }
@@ -177,6 +181,7 @@ impl Poller {
             ControlSettings {
                 rescan_interval: config.rescan_interval,
                 republish_interval: config.republish_interval,
+                refusal_retry: config.refusal_retry,
                 attestation_poll: config.attestation_poll,
                 request_timeout: config.stall_timeout,
             },

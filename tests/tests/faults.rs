@@ -1,15 +1,20 @@
 //! Fault injection on the local stack, through the real binaries: a SIGKILL of the host-poller
 //! or of the enclave worker in the middle of a job, and of the ledger appender (the local Lambda
 //! runtime, `ephem-batch dev run-lambdas`) in the middle of a batch of appends; a duplicate
-//! delivery; disk full on the client's and on the host's results path. After `dev up`
+//! delivery; disk full on the client's and on the host's results path; KMS down while a worker
+//! needs its keys. After `dev up`
 //! again every job completes exactly once: one receipt, one ledger entry (read from the ledger
 //! itself), every input record back as an embedding or an error, and `verify` passes.
 
 use std::ffi::OsStr;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cloud::SendOptions;
+use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext};
+use cloud::local::KmsEndpoint;
+use cloud::{AwsCredentials, Kms, KmsError, Queue, Recipient, SendOptions};
 use protocol::envelope::JobId;
 use serde_json::Value;
 use tests::{json, json_lines, process, short_corpus, wait_until, Stack};
@@ -318,4 +323,93 @@ echo "--- files"; (cd "$H/objects/jobs" && find . -type f)
     assert!(!files.contains("/attempts/") && !files.contains("receipt"), "no output committed:\n{files}");
     assert!(!files.contains("./.tmp/"), "no temporary output left:\n{files}");
     eprintln!("full jobs store: dead-lettered with the cause in {:.1}s", started.elapsed().as_secs_f64());
+}
+
+/// KMS as it is while down: every call fails with `KMSInternalException`; calls are counted.
+#[derive(Default)]
+struct DownKms {
+    calls: AtomicU64,
+}
+
+impl DownKms {
+    fn down<T>(&self) -> Result<T, KmsError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Err(KmsError::Unavailable("injected outage: KMS is down".into()))
+    }
+}
+
+impl Kms for DownKms {
+    fn enclave_access(&self) -> Result<AwsCredentials, KmsError> {
+        self.down()
+    }
+    fn encrypt(&self, _: &str, _: &[u8], _: &EncryptionContext) -> Result<Vec<u8>, KmsError> {
+        self.down()
+    }
+    fn generate_data_key(&self, _: &str, _: &EncryptionContext, _: Option<&Recipient>) -> Result<DataKey, KmsError> {
+        self.down()
+    }
+    fn generate_data_key_pair_without_plaintext(&self, _: &str, _: &EncryptionContext) -> Result<DataKeyPair, KmsError> {
+        self.down()
+    }
+    fn decrypt(&self, _: Option<&str>, _: &[u8], _: &EncryptionContext, _: Option<&Recipient>) -> Result<Decrypted, KmsError> {
+        self.down()
+    }
+}
+
+/// KMS down while a worker needs its keys: the host's KMS endpoint socket is moved aside and
+/// an endpoint with the same TLS identity, in front of a KMS that fails every call, takes its
+/// place; then the worker is killed, so its replacement must have its fleet key and model key
+/// released again. The worker retries each release a bounded number of times with backoff and
+/// gives up naming KMS's error; the host logs that and asks again with a backoff of its own; a
+/// job submitted meanwhile waits in the queue (a host without keys receives nothing, so nothing
+/// is dead-lettered). When KMS is back the keys are released and the job completes exactly once.
+#[test]
+fn a_kms_outage_delays_jobs_and_loses_none() {
+    let started = Instant::now();
+    let stack = Stack::up_with(&[
+        ("EPHEM_VISIBILITY_S", OsStr::new(VISIBILITY_S)),
+        ("EPHEM_REFUSAL_RETRY_S", OsStr::new("1")),
+        ("EPHEM_RESCAN_S", OsStr::new("1")),
+    ]);
+    let work = tempfile::tempdir().unwrap();
+    let run = stack.home().join("run");
+    let (socket, genuine) = (run.join("kms.sock"), run.join("kms.sock.genuine"));
+    std::fs::rename(&socket, &genuine).unwrap();
+    let down = Arc::new(DownKms::default());
+    KmsEndpoint::open(stack.home(), down.clone()).unwrap().serve_unix(&socket).unwrap();
+    process::kill9(stack.pid("enclave-worker").expect("the worker runs"));
+
+    let poller_log = || std::fs::read_to_string(stack.home().join("logs/host-poller.log")).unwrap_or_default();
+    // The host's own line (the worker's output goes to the same log).
+    let refusals = || -> Vec<String> {
+        let log = poller_log();
+        log.lines().filter(|l| l.contains("worker refused") && l.contains("gave up after 5 attempts")).map(str::to_owned).collect()
+    };
+    wait_until("the host to log the replacement worker giving up on KMS", Duration::from_secs(90), || !refusals().is_empty());
+    let first = refusals().remove(0);
+    assert!(first.contains("kms_failed") && first.contains("KMSInternalException"), "named: {first}");
+    eprintln!("during the outage the host logs: {first}");
+
+    let corpus = work.path().join("corpus.jsonl");
+    let ids = short_corpus(&corpus, "kms-outage", 40);
+    let job = submit(&stack, &corpus);
+    let calls_at_submit = down.calls.load(Ordering::SeqCst);
+    assert!(calls_at_submit >= 5, "bounded retries reached KMS: {calls_at_submit} calls");
+    // Long enough for the host to ask again (refusal retry 1 s, doubling) and to have dead-
+    // lettered the job several times over, had it been received (visibility 6 s, 5 receives).
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(state(&stack.status(&job)), "queued", "the job waits for a host with keys");
+    let local = cloud::local::LocalCloud::open(stack.home()).expect("the local cloud");
+    let queued = local.services().job_queue.stats().unwrap();
+    assert_eq!((queued.visible, queued.in_flight), (1, 0), "never received while KMS is down: {queued:?}");
+    assert_eq!(local.job_dlq().stats().unwrap().visible, 0, "nothing dead-lettered");
+    let calls = down.calls.load(Ordering::SeqCst);
+    assert!(calls >= calls_at_submit + 5, "the host asked again, with backoff: {calls_at_submit} → {calls} calls");
+    let refusals = refusals().len();
+    assert!((2..=20).contains(&refusals), "asked again with a growing delay, not in a loop: {refusals} refusals");
+
+    std::fs::rename(&genuine, &socket).unwrap();
+    wait_completed_and_ledgered(&stack, &job, JOB_TIMEOUT);
+    assert_exactly_once(&stack, &job, &ids, work.path());
+    eprintln!("KMS outage: {calls} failed KMS calls, {refusals} refusals, job done exactly once in {:.1}s", started.elapsed().as_secs_f64());
 }

@@ -122,9 +122,13 @@ impl KmsEndpoint {
             Err(HttpReadError::Io(error)) => return tracing::debug!(%error, "KMS endpoint: connection"),
             Err(HttpReadError::Http(message)) => (400, error_body("SerializationException", &message)),
         };
+        let reason = match status {
+            200 => "OK",
+            500 => "Internal Server Error",
+            _ => "Bad Request",
+        };
         let head = format!(
-            "HTTP/1.1 {status} {}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-            if status == 200 { "OK" } else { "Bad Request" },
+            "HTTP/1.1 {status} {reason}\r\ncontent-type: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
             kms_api::CONTENT_TYPE,
             body.len()
         );
@@ -171,7 +175,8 @@ impl KmsEndpoint {
                 };
                 (200, serde_json::to_vec(&answer).unwrap_or_default())
             }
-            Err(error) => (400, error_body(error.code(), &error.to_string())),
+            // As KMS answers: its own failures are 500s (the client retries), the caller's 400s.
+            Err(error) => (if error.is_transient() { 500 } else { 400 }, error_body(error.code(), &error.to_string())),
         }
     }
 }

@@ -7,10 +7,17 @@
 //! root only next to the development NSM) and signs the request with SigV4. A host that wants
 //! to hand the enclave a key of its own choosing would have to answer as KMS inside that TLS
 //! session; it can only drop or delay the call.
+//!
+//! A call that fails in a way KMS documents as transient (throttling, an internal error, a
+//! dependency timeout, any 5xx, or the relay not carrying the bytes) is sent again, a bounded
+//! number of times with exponential backoff and jitter (`RetryPolicy`); the last failure is
+//! returned with the number of attempts. Sending the same request again is safe: the answer is
+//! sealed to the same one-shot key, which opens one envelope at most. TLS and HTTP failures are
+//! never retried — they say the other end is not KMS, not that KMS is busy.
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, KeyInit, Mac};
 use protocol::kms_api::{self, AwsCredentials, DecryptRequest, DecryptResponse, ErrorResponse, HttpReadError, StartLine};
@@ -50,10 +57,50 @@ pub enum KmsRoots {
     Development(Vec<u8>),
 }
 
+/// KMS error codes that mean "try again later" (KMS API reference, Decrypt errors).
+const TRANSIENT_CODES: [&str; 3] = ["ThrottlingException", "KMSInternalException", "DependencyTimeoutException"];
+
+/// How often, and how far apart, a transient failure is retried.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RetryPolicy {
+    /// Calls in all, the first included.
+    attempts: u32,
+    /// Delay before the second call; doubled for each later one, up to `max_delay`. Each delay
+    /// is drawn uniformly from its upper half (jitter), so that the enclaves of a fleet that
+    /// failed together do not retry together.
+    first_delay: Duration,
+    max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    /// Five calls over about 1.5 s at most: a blip is absorbed here; a longer outage is the
+    /// host's to retry (it asks again for the epoch or model with a backoff of its own).
+    fn default() -> Self {
+        RetryPolicy { attempts: 5, first_delay: Duration::from_millis(100), max_delay: Duration::from_secs(2) }
+    }
+}
+
+impl RetryPolicy {
+    /// The delay after the `failed`-th failed call (1-based), with its jitter drawn from `random`.
+    fn delay(&self, failed: u32, random: u32) -> Duration {
+        let full = self.first_delay.saturating_mul(1u32 << (failed - 1).min(16)).min(self.max_delay);
+        let half = full / 2;
+        half + half.mul_f64(f64::from(random) / f64::from(u32::MAX))
+    }
+}
+
+/// Whether a failed call may succeed if sent again.
+fn is_transient(status: Option<u16>, error: &KmsTransportError) -> bool {
+    error.code == KmsTransportError::TRANSPORT
+        || TRANSIENT_CODES.contains(&error.code.as_str())
+        || status.is_some_and(|status| status >= 500) && error.code != TLS_CHECK
+}
+
 /// The enclave's KMS client: where the relay is and which roots to trust.
 pub struct KmsHttps {
     relay: Endpoint,
     tls: Arc<rustls::ClientConfig>,
+    retry: RetryPolicy,
 }
 
 impl KmsHttps {
@@ -76,17 +123,46 @@ impl KmsHttps {
             .map_err(|e| format!("TLS configuration: {e}"))?
             .with_root_certificates(store)
             .with_no_client_auth();
-        Ok(KmsHttps { relay, tls: Arc::new(config) })
+        Ok(KmsHttps { relay, tls: Arc::new(config), retry: RetryPolicy::default() })
     }
 
-    /// Sends `Decrypt` and returns KMS's key id and `CiphertextForRecipient`.
+    /// Sends `Decrypt` and returns KMS's key id and `CiphertextForRecipient`; transient failures
+    /// are retried as the `RetryPolicy` says.
     pub fn decrypt(
         &self,
         credentials: &AwsCredentials,
         request: &DecryptRequest,
     ) -> Result<(String, Vec<u8>), KmsTransportError> {
-        let host = kms_api::endpoint_host(&credentials.region).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))?;
-        let body = serde_json::to_vec(request).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))?;
+        let mut failed = 0;
+        loop {
+            let (status, error) = match self.decrypt_once(credentials, request) {
+                Ok(answer) => return Ok(answer),
+                Err(failure) => failure,
+            };
+            failed += 1;
+            if !is_transient(status, &error) {
+                return Err(error);
+            }
+            if failed >= self.retry.attempts {
+                let message = format!("{} (gave up after {failed} attempts)", error.message);
+                return Err(KmsTransportError::new(error.code, message));
+            }
+            let delay = self.retry.delay(failed, getrandom::u32().unwrap_or(u32::MAX / 2));
+            tracing::warn!(code = error.code, message = error.message, attempt = failed, retry_in = ?delay, "KMS call failed; retrying");
+            std::thread::sleep(delay);
+        }
+    }
+
+    /// One call; a failure comes with the HTTP status, if an answer arrived.
+    fn decrypt_once(
+        &self,
+        credentials: &AwsCredentials,
+        request: &DecryptRequest,
+    ) -> Result<(String, Vec<u8>), (Option<u16>, KmsTransportError)> {
+        let no_status = |error| (None, error);
+        let host = kms_api::endpoint_host(&credentials.region)
+            .map_err(|e| no_status(KmsTransportError::new(HTTP_CHECK, e.to_string())))?;
+        let body = serde_json::to_vec(request).map_err(|e| no_status(KmsTransportError::new(HTTP_CHECK, e.to_string())))?;
         let headers = [
             ("content-type", kms_api::CONTENT_TYPE.to_owned()),
             ("host", host.clone()),
@@ -99,29 +175,34 @@ impl KmsHttps {
         }
         http.push_str("\r\n");
 
-        let socket = self.relay.connect().map_err(|e| KmsTransportError::new(KmsTransportError::TRANSPORT, format!("KMS relay {:?}: {e}", self.relay)))?;
-        let name = ServerName::try_from(host.clone()).map_err(|e| KmsTransportError::new(TLS_CHECK, e.to_string()))?;
-        let session = rustls::ClientConnection::new(Arc::clone(&self.tls), name).map_err(|e| KmsTransportError::new(TLS_CHECK, e.to_string()))?;
+        let socket = self.relay.connect().map_err(|e| {
+            no_status(KmsTransportError::new(KmsTransportError::TRANSPORT, format!("KMS relay {:?}: {e}", self.relay)))
+        })?;
+        let name = ServerName::try_from(host.clone()).map_err(|e| no_status(KmsTransportError::new(TLS_CHECK, e.to_string())))?;
+        let session = rustls::ClientConnection::new(Arc::clone(&self.tls), name)
+            .map_err(|e| no_status(KmsTransportError::new(TLS_CHECK, e.to_string())))?;
         let mut tls = rustls::StreamOwned::new(session, socket);
-        let io = |e: std::io::Error| tls_or_transport(&host, e);
+        let io = |e: std::io::Error| no_status(tls_or_transport(&host, e));
         tls.write_all(http.as_bytes()).map_err(io)?;
         tls.write_all(&body).map_err(io)?;
         tls.flush().map_err(io)?;
         let answer = kms_api::read_http_message(&mut tls, false, MAX_RESPONSE_LEN).map_err(|e| match e {
-            HttpReadError::Io(e) => tls_or_transport(&host, e),
-            HttpReadError::Http(message) => KmsTransportError::new(HTTP_CHECK, format!("answer: {message}")),
+            HttpReadError::Io(e) => no_status(tls_or_transport(&host, e)),
+            HttpReadError::Http(message) => no_status(KmsTransportError::new(HTTP_CHECK, format!("answer: {message}"))),
         })?;
         let (status, body) = match answer.start {
             StartLine::Response { status } => (status, answer.body),
-            StartLine::Request { .. } => return Err(KmsTransportError::new(HTTP_CHECK, "answer is a request")),
+            StartLine::Request { .. } => return Err(no_status(KmsTransportError::new(HTTP_CHECK, "answer is a request"))),
         };
+        let failed = |error| (Some(status), error);
         if status == 200 {
-            let answer: DecryptResponse = kms_api::from_json(&body).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))?;
-            return answer.into_recipient_answer().map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()));
+            let answer: DecryptResponse =
+                kms_api::from_json(&body).map_err(|e| failed(KmsTransportError::new(HTTP_CHECK, e.to_string())))?;
+            return answer.into_recipient_answer().map_err(|e| failed(KmsTransportError::new(HTTP_CHECK, e.to_string())));
         }
         match kms_api::from_json::<ErrorResponse>(&body) {
-            Ok(error) => Err(KmsTransportError::new(error.code(), error.message.clone().unwrap_or_default())),
-            Err(_) => Err(KmsTransportError::new(HTTP_CHECK, format!("HTTP {status} without a KMS error body"))),
+            Ok(error) => Err(failed(KmsTransportError::new(error.code(), error.message.clone().unwrap_or_default()))),
+            Err(_) => Err(failed(KmsTransportError::new(HTTP_CHECK, format!("HTTP {status} without a KMS error body")))),
         }
     }
 }
@@ -219,6 +300,33 @@ mod tests {
 
     fn at(secs: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    #[test]
+    fn retry_delays_double_within_their_jitter_up_to_the_cap() {
+        let policy = RetryPolicy::default();
+        for (failed, full_ms) in [(1, 100), (2, 200), (3, 400), (4, 800), (5, 1600), (6, 2000), (40, 2000)] {
+            let full = Duration::from_millis(full_ms);
+            assert_eq!(policy.delay(failed, 0), full / 2, "after failure {failed}");
+            assert_eq!(policy.delay(failed, u32::MAX), full, "after failure {failed}");
+            let middle = policy.delay(failed, u32::MAX / 2);
+            assert!(middle > full / 2 && middle < full, "after failure {failed}: {middle:?}");
+        }
+    }
+
+    #[test]
+    fn only_failures_that_say_kms_is_busy_are_retried() {
+        let error = |code: &str| KmsTransportError::new(code, "m");
+        for code in TRANSIENT_CODES {
+            assert!(is_transient(Some(400), &error(code)), "{code}");
+        }
+        assert!(is_transient(None, &error(KmsTransportError::TRANSPORT)));
+        assert!(is_transient(Some(503), &error(HTTP_CHECK)), "a 5xx without a KMS body");
+        assert!(is_transient(Some(500), &error("SomethingNew")));
+        for code in ["AccessDeniedException", "InvalidCiphertextException", "ValidationException", HTTP_CHECK, TLS_CHECK] {
+            assert!(!is_transient(Some(400), &error(code)), "{code}");
+            assert!(!is_transient(None, &error(code)), "{code}");
+        }
     }
 
     #[test]
