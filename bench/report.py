@@ -112,6 +112,19 @@ def markdown(doc):
             out.append(f"| {label} | {fmt(v['p50'], 0)} ms | {fmt(v['p95'], 0)} ms | {fmt(v['max'], 0)} ms |")
         out.append(f"| worker peak RSS when ready | {fmt(s['peak_rss_mib']['p50'], 0)} MiB | | {fmt(s['peak_rss_mib']['max'], 0)} MiB |")
         out.append("")
+    if "memory" in doc:
+        jobs = doc["memory"]["jobs"]
+        out.append(f"Peak RSS against the size of one job (short texts through the whole local stack, "
+                   f"{doc['memory']['threads']} threads; scripts/soak.sh, docs/soak.md):")
+        out.append("")
+        out += ["| documents | worker | host-poller | ledger appender | client submit | client results | every record back |",
+                "|---|---|---|---|---|---|---|"]
+        mib = lambda kb: fmt(kb / 1024, 1) + " MiB"  # noqa: E731
+        for j in jobs:
+            out.append(f"| {j['documents']:,} | {mib(j['worker_peak_rss_kb'])} | {mib(j['poller_peak_rss_kb'])} | "
+                       f"{mib(j['ledger_appender_peak_rss_kb'])} | {mib(j['client_submit_peak_rss_kb'])} | "
+                       f"{mib(j['client_results_peak_rss_kb'])} | {'yes' if j['all_accounted_for'] else 'NO'} |")
+        out.append("")
     out.append("Against issue 8's targets:")
     out.append("")
     out += ["| target | measured | met |", "|---|---|---|"]
@@ -134,6 +147,12 @@ def markdown(doc):
     if "cold_start" in doc:
         p95 = doc["cold_start"]["summary"]["total"]["p95"]
         check("cold start ≤ 1 s at p95", 1000.0 - p95, 0.0, f"{p95:.0f} ms")
+    if "memory" in doc and len(doc["memory"]["jobs"]) > 1:
+        jobs = sorted(doc["memory"]["jobs"], key=lambda j: j["documents"])
+        first, last = jobs[0], jobs[-1]
+        growth = max(last[k] / first[k] for k in ("worker_peak_rss_kb", "poller_peak_rss_kb"))
+        check(f"worker and poller peak RSS flat from {first['documents']:,} to {last['documents']:,} documents "
+              "(at most 1.25× the smallest)", 1.25 - growth, 0.0, f"{growth:.2f}× at most")
     if "ours" in cos:
         c = cos["ours"]["min"]
         check("min cosine to sentence-transformers ≥ 0.9999 (corpus)", c, 0.9999, f"{c:.6f}")

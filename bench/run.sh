@@ -6,9 +6,10 @@
 # into docs/benchmarks.md. See docs/benchmarks.md.
 #
 #   bench/run.sh [--threads 1,2] [--docs 10000] [--repeats 3] [--sizes 1000,3000,10000]
-#                [--boots 20] [--skip pipeline,cold-start,sizes,cosine] [--quick]
+#                [--boots 20] [--rss-sizes 1000,10000,100000]
+#                [--skip pipeline,cold-start,sizes,cosine,memory] [--quick]
 #
-# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots; results go to bench/results/quick/
+# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots, RSS sizes 100,1000; results go to bench/results/quick/
 # (not committed) and docs/benchmarks.md is left alone. Use it to check the suite, not to quote.
 #
 # Needs: Rust, Python 3.11, the apt Translation-en indexes (apt-get update -o Acquire::Languages=en),
@@ -25,6 +26,7 @@ docs=10000
 repeats=3
 sizes=1000,3000,10000
 boots=20
+rss_sizes=1000,10000,100000
 skip=""
 quick=0
 while [ $# -gt 0 ]; do
@@ -34,14 +36,15 @@ while [ $# -gt 0 ]; do
         --repeats) repeats=$2; shift 2 ;;
         --sizes) sizes=$2; shift 2 ;;
         --boots) boots=$2; shift 2 ;;
+        --rss-sizes) rss_sizes=$2; shift 2 ;;
         --skip) skip=$2; shift 2 ;;
         --quick) quick=1; shift ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 if [ "$quick" = 1 ]; then
-    docs=300; repeats=1; sizes=100,300; boots=5
+    docs=300; repeats=1; sizes=100,300; boots=5; rss_sizes=100,1000
 fi
 
 home="${EPHEM_HOME:-$root/.ephem}"
@@ -81,10 +84,8 @@ py="$venv/bin/python"
 say "release builds"
 cargo build --release --locked -p enclave-worker --bins \
     --example bench_inference --example embed_corpus --example bench_cold_start
-case ",$skip," in
-    *,pipeline,*) ;;
-    *) cargo build --release --locked --bins -p client-cli -p host-poller -p enclave-worker ;;
-esac
+# The stack's binaries, for the pipeline and memory steps.
+cargo build --release --locked --bins -p client-cli -p host-poller -p enclave-worker
 
 # 4. ONNX export of the same weights (fp32, then dynamic int8), checked against sentence-transformers.
 model_sum=$(sha256sum "$model_dir/model.safetensors" bench/peers.py bench/requirements.txt | sha256sum | cut -d' ' -f1)
@@ -108,6 +109,6 @@ quick_flag=()
 [ "$quick" = 1 ] && quick_flag=(--quick)
 say "measuring (load average now: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$py" bench/suite.py --corpus "$corpus" --docs "$docs" --threads "$threads" --repeats "$repeats" \
-    --sizes "$sizes" --boots "$boots" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \
+    --sizes "$sizes" --boots "$boots" --rss-sizes "$rss_sizes" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \
     --onnx-dir "$onnx_dir" --work-dir "$work" --out-dir "$out_dir" --name "$name" \
     "${quick_flag[@]}" "${docs_md[@]}"

@@ -152,6 +152,18 @@ class Suite:
             return json.load(f)
 
 
+    def memory(self, documents, threads):
+        """One job of `documents` short texts through the local stack (scripts/soak.sh): peak RSS
+        of every process on the way, and whether every record came back."""
+        out = os.path.join(self.work, f"soak-{documents}.json")
+        env = dict(os.environ, EPHEM_SOAK="1", EPHEM_BIN_DIR=self.bin, EPHEM_MODEL_DIR=self.args.model_dir,
+                   EPHEM_SOAK_THREADS=str(threads))
+        run(["bash", os.path.join(ROOT, "scripts", "soak.sh"), str(documents), out], env=env)
+        with open(out) as f:
+            result = json.load(f)
+        return {k: v for k, v in result.items() if k != "job_id"}
+
+
 def min_cosine(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     ok = np.isfinite(a).all(axis=1) & np.isfinite(b).all(axis=1)
@@ -174,7 +186,9 @@ def main():
     ap.add_argument("--sizes", default="1000,3000,10000")
     ap.add_argument("--boots", type=int, default=20)
     ap.add_argument("--pipeline-docs", type=int, default=None, help="corpus size of the pipeline run (default --docs)")
-    ap.add_argument("--skip", default="", help="comma list of: pipeline, cold-start, sizes, cosine")
+    ap.add_argument("--rss-sizes", default="1000,10000,100000",
+                    help="job sizes (documents) of the memory step: peak RSS against corpus size")
+    ap.add_argument("--skip", default="", help="comma list of: pipeline, cold-start, sizes, cosine, memory")
     ap.add_argument("--bin-dir", required=True, help="target/release")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--onnx-dir", required=True)
@@ -246,6 +260,10 @@ def main():
     if "cold-start" not in skip:
         cold = suite.cold_start(top, args.boots)
         doc["cold_start"] = {k: cold[k] for k in ("boots", "threads", "first_boot_ms", "summary", "rsa2048_keygen_ms_median", "samples")}
+
+    # 6. Peak RSS of every process against the size of one job (must not grow with it).
+    if "memory" not in skip:
+        doc["memory"] = {"threads": top, "jobs": [suite.memory(int(n), top) for n in args.rss_sizes.split(",") if n]}
 
     doc["loadavg_end"] = loadavg()
     doc["wall_s"] = round(time.time() - started, 1)

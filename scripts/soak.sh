@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Soak: one N-document job through the local pipeline, every record accounted for, and the peak
-# resident memory (VmHWM) of the enclave worker and the host-poller. Not part of CI (see
+# resident memory of every process that handles it: the enclave worker, the host-poller and the
+# local Lambda runtime (the ledger appender), sampled, and the client's `submit` and `results`,
+# measured exactly. Not part of CI (see
 # docs/soak.md for the latest figures):
 #
 #   EPHEM_SOAK=1 scripts/soak.sh N [OUT.json]
@@ -29,6 +31,15 @@ home="$dir/home"
 mkdir -p "$dir/tmp"
 export TMPDIR="$dir/tmp"
 eb() { "$bin/ephem-batch" --home "$home" "$@"; }
+# Runs a command and writes its peak resident set (kB, the kernel's own count for the finished
+# child: getrusage RUSAGE_CHILDREN) to the file named first.
+peak_of() {
+    local file=$1; shift
+    python3 -c 'import resource, subprocess, sys
+code = subprocess.call(sys.argv[2:])
+open(sys.argv[1], "w").write("%d\n" % resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
+sys.exit(code)' "$file" "$@"
+}
 cleanup() {
     [ -n "${sampler:-}" ] && kill "$sampler" 2>/dev/null || true
     eb dev down >/dev/null 2>&1 || true
@@ -56,22 +67,23 @@ up_s=$(echo "$(date +%s.%N) - $started" | bc)
 hwm() { awk '/^VmHWM:/ {print $2}' "/proc/$1/status" 2>/dev/null || true; }
 pid_of() { cat "$home/run/$1.pid" 2>/dev/null || true; }
 (
-    worker_max=0; poller_max=0
+    worker_max=0; poller_max=0; lambdas_max=0
     while true; do
-        for name in enclave-worker host-poller; do
+        for name in enclave-worker host-poller lambdas; do
             pid=$(pid_of "$name"); [ -n "$pid" ] || continue
             v=$(hwm "$pid"); [ -n "$v" ] || continue
             if [ "$name" = enclave-worker ] && [ "$v" -gt "$worker_max" ]; then worker_max=$v; fi
             if [ "$name" = host-poller ] && [ "$v" -gt "$poller_max" ]; then poller_max=$v; fi
+            if [ "$name" = lambdas ] && [ "$v" -gt "$lambdas_max" ]; then lambdas_max=$v; fi
         done
-        echo "$worker_max $poller_max" > "$dir/hwm.tmp" && mv "$dir/hwm.tmp" "$dir/hwm"
+        echo "$worker_max $poller_max $lambdas_max" > "$dir/hwm.tmp" && mv "$dir/hwm.tmp" "$dir/hwm"
         sleep 1
     done
 ) &
 sampler=$!
 
 submit_started=$(date +%s.%N)
-job=$(eb submit "$dir/corpus.jsonl" --json | sed -n 's/.*"job_id":"\([0-9a-f]*\)".*/\1/p')
+job=$(peak_of "$dir/submit.kb" "$bin/ephem-batch" --home "$home" submit "$dir/corpus.jsonl" --json | sed -n 's/.*"job_id":"\([0-9a-f]*\)".*/\1/p')
 [ -n "$job" ] || { echo "submit gave no job id" >&2; exit 1; }
 submitted=$(date +%s.%N)
 while true; do
@@ -84,14 +96,14 @@ while true; do
 done
 embedded=$(date +%s.%N)
 sleep 1.5  # one more sample after the end
-read -r worker_kb poller_kb < "$dir/hwm"
+read -r worker_kb poller_kb lambdas_kb < "$dir/hwm"
 kill "$sampler"; sampler=
 
-eb results "$job" -o "$dir/out.jsonl" > /dev/null
+peak_of "$dir/results.kb" "$bin/ephem-batch" --home "$home" results "$job" -o "$dir/out.jsonl" > /dev/null
 records=$(wc -l < "$dir/out.jsonl")
 errors=$(wc -l < "$dir/out.errors.jsonl")
 unique=$(sed 's/^{"id":"\([^"]*\)".*/\1/' "$dir/out.jsonl" | sort -u | wc -l)
-eb verify "$job" > /dev/null
+peak_of "$dir/verify.kb" "$bin/ephem-batch" --home "$home" verify "$job" > /dev/null
 done_at=$(date +%s.%N)
 
 ok=true
@@ -111,6 +123,10 @@ cat > "$out_json" <<EOF
   "docs_per_s": $(printf %.0f "$(echo "$n / ($embedded - $submitted)" | bc -l)"),
   "worker_peak_rss_kb": $worker_kb,
   "poller_peak_rss_kb": $poller_kb,
+  "ledger_appender_peak_rss_kb": $lambdas_kb,
+  "client_submit_peak_rss_kb": $(cat "$dir/submit.kb"),
+  "client_results_peak_rss_kb": $(cat "$dir/results.kb"),
+  "client_verify_peak_rss_kb": $(cat "$dir/verify.kb"),
   "binaries": "$(basename "$bin")"
 }
 EOF
