@@ -80,12 +80,12 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; 
 fi
 py="$venv/bin/python"
 
-# 3. Release builds of what is measured.
+# 3. Release builds of what is measured, in one invocation (two would resolve features apart
+# and build the dependencies twice): the worker and its benchmarks, and the stack's binaries
+# for the pipeline and memory steps.
 say "release builds"
-cargo build --release --locked -p enclave-worker --bins \
+cargo build --release --locked -p enclave-worker -p client-cli -p host-poller --bins \
     --example bench_inference --example embed_corpus --example bench_cold_start
-# The stack's binaries, for the pipeline and memory steps.
-cargo build --release --locked --bins -p client-cli -p host-poller -p enclave-worker
 
 # 4. ONNX export of the same weights (fp32, then dynamic int8), checked against sentence-transformers.
 model_sum=$(sha256sum "$model_dir/model.safetensors" bench/peers.py bench/requirements.txt | sha256sum | cut -d' ' -f1)
