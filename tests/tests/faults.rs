@@ -395,8 +395,8 @@ fn a_kms_outage_delays_jobs_and_loses_none() {
     let job = submit(&stack, &corpus);
     let calls_at_submit = down.calls.load(Ordering::SeqCst);
     assert!(calls_at_submit >= 5, "bounded retries reached KMS: {calls_at_submit} calls");
-    // Long enough for the host to ask again (refusal retry 1 s, doubling) and to have dead-
-    // lettered the job several times over, had it been received (visibility 6 s, 5 receives).
+    // Long enough for the host to ask again (refusal retry 1 s, doubling), and for a job it had
+    // received to show: in flight, or back in the queue with a failed attempt in its status.
     std::thread::sleep(Duration::from_secs(12));
     assert_eq!(state(&stack.status(&job)), "queued", "the job waits for a host with keys");
     let local = cloud::local::LocalCloud::open(stack.home()).expect("the local cloud");
