@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::sync::Arc;
 
+use protocol::envelope::FleetSecretKey;
 use protocol::fleet::EpochRecord;
+use protocol::kms_arn::KmsKeyArn;
 use protocol::kms_api::{self, AwsCredentials, DecryptRequest, RecipientInfo};
 use protocol::frame::{self, FrameIoError, Message};
 use protocol::manifest::{Manifest, SignedManifest};
@@ -47,6 +49,8 @@ pub enum ControlError {
     Model(String),
     #[error("attestation: {0}")]
     Attestation(String),
+    #[error("fleet_epoch_in_use: {0}")]
+    EpochInUse(String),
 }
 
 impl ControlError {
@@ -61,6 +65,7 @@ impl ControlError {
             ControlError::ModelFile { .. } => "model_file",
             ControlError::Model(_) => "model",
             ControlError::Attestation(_) => "attestation",
+            ControlError::EpochInUse(_) => "fleet_epoch_in_use",
         }
     }
 }
@@ -185,7 +190,9 @@ fn status(worker: &Worker, detail: &str) -> Message {
     }
 }
 
-/// Releases the fleet key of an epoch through KMS and publishes a document binding it.
+/// Releases the fleet key of an epoch through KMS and publishes a document binding it. An epoch
+/// the worker already holds is only published again: its key is never replaced, whatever record
+/// the host sends now.
 fn use_epoch<C: Read + Write>(
     worker: &Worker,
     pool: &RsaKeyPool,
@@ -193,28 +200,55 @@ fn use_epoch<C: Read + Write>(
     epoch: u64,
     object_key: &str,
 ) -> Result<(), ControlError> {
+    if let Some(held) = worker.epoch(epoch) {
+        let document = publish(worker, control, &held.secret, epoch, held.not_after_ms, &held.kms_key)?;
+        tracing::info!(epoch, bytes = document.len(), "fleet epoch published again");
+        return Ok(());
+    }
     let record = EpochRecord::from_json(&control.fetch_small(object_key)?)?;
     if record.epoch != epoch {
         return Err(ControlError::Protocol(format!("object {object_key} holds epoch {}, not {epoch}", record.epoch)));
     }
-    let secret = key_release::release_fleet_key(worker.nsm(), pool, control, &record)?;
-    let binding = worker.binding(&secret, epoch).map_err(|e| ControlError::Attestation(e.to_string()))?;
+    let released = key_release::release_fleet_key(worker.nsm(), pool, control, &record)?;
+    let document = publish(worker, control, &released.secret, epoch, record.not_after_ms, &released.kms_key)?;
+    let document_sha256 = Sha256::digest(&document).into();
+    let held = Epoch {
+        secret: released.secret,
+        not_after_ms: record.not_after_ms,
+        kms_key: released.kms_key,
+        document,
+        document_sha256,
+    };
+    worker.add_epoch(epoch, held).map_err(|e| ControlError::EpochInUse(e.to_string()))?;
+    tracing::info!(epoch, "fleet epoch in use, attestation published");
+    Ok(())
+}
+
+/// Makes and publishes the document binding an epoch's keys; returns it.
+fn publish<C: Read + Write>(
+    worker: &Worker,
+    control: &mut Control<'_, C>,
+    secret: &FleetSecretKey,
+    epoch: u64,
+    not_after_ms: u64,
+    kms_key: &KmsKeyArn,
+) -> Result<Vec<u8>, ControlError> {
+    let binding = worker.binding(secret, epoch, not_after_ms, kms_key).map_err(|e| ControlError::Attestation(e.to_string()))?;
     let document = worker
         .nsm()
         .attest(AttestationRequest::publication(&binding))
         .map_err(|e| ControlError::Attestation(e.to_string()))?;
-    let document_sha256 = Sha256::digest(&document).into();
     control.send(&Message::PublishAttestation { document: document.clone() })?;
-    worker.add_epoch(epoch, Epoch { secret, not_after_ms: record.not_after_ms, document, document_sha256 });
-    tracing::info!(epoch, "fleet epoch in use, attestation published");
-    Ok(())
+    Ok(document)
 }
 
 /// A fresh document for a client's nonce, binding the newest epoch's keys.
 fn attest<C: Read + Write>(worker: &Worker, control: &mut Control<'_, C>, request: u64, nonce: &[u8]) -> Result<(), ControlError> {
     let newest = worker.epochs().into_iter().filter_map(|e| worker.epoch(e).map(|k| (e, k))).last();
     let (number, epoch) = newest.ok_or_else(|| ControlError::Attestation("no fleet epoch in use".into()))?;
-    let binding = worker.binding(&epoch.secret, number).map_err(|e| ControlError::Attestation(e.to_string()))?;
+    let binding = worker
+        .binding(&epoch.secret, number, epoch.not_after_ms, &epoch.kms_key)
+        .map_err(|e| ControlError::Attestation(e.to_string()))?;
     let request_document = AttestationRequest::fresh(&binding, nonce).map_err(|e| ControlError::Attestation(e.to_string()))?;
     let document = worker.nsm().attest(request_document).map_err(|e| ControlError::Attestation(e.to_string()))?;
     control.send(&Message::Attested { request, document })

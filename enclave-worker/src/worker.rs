@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock};
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use protocol::attestation::UserDataBinding;
 use protocol::envelope::FleetSecretKey;
+use protocol::kms_arn::KmsKeyArn;
 use protocol::manifest::Manifest;
 
 use crate::inference::{Engine, EngineSettings};
@@ -17,7 +18,10 @@ use crate::nsm::{Nsm, NsmError};
 pub struct Epoch {
     pub secret: FleetSecretKey,
     pub not_after_ms: u64,
-    /// The published attestation document binding {fleet key, receipt key, epoch}.
+    /// The KMS key that released `secret` (as KMS answered).
+    pub kms_key: KmsKeyArn,
+    /// The published attestation document binding {fleet key, receipt key, epoch, not_after,
+    /// KMS key}.
     pub document: Vec<u8>,
     pub document_sha256: [u8; 32],
 }
@@ -28,6 +32,11 @@ pub struct LoadedModel {
     pub manifest_hash: [u8; 32],
     pub engine: Engine,
 }
+
+/// `add_epoch` of an epoch the worker already holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("epoch {0} is already in use; an epoch's key is never replaced")]
+pub struct EpochInUse(pub u64);
 
 pub struct Worker {
     nsm: Arc<dyn Nsm>,
@@ -89,13 +98,27 @@ impl Worker {
             .collect()
     }
 
-    /// The binding the worker publishes for an epoch: keys it holds itself, nothing from the host.
-    pub fn binding(&self, secret: &FleetSecretKey, epoch: u64) -> Result<UserDataBinding, NsmError> {
-        crate::nsm::own_binding(secret, &self.receipt_key, epoch)
+    /// The binding the worker publishes for an epoch: keys it holds itself and the KMS key that
+    /// released the fleet key, nothing else from the host.
+    pub fn binding(
+        &self,
+        secret: &FleetSecretKey,
+        epoch: u64,
+        not_after_ms: u64,
+        kms_key: &KmsKeyArn,
+    ) -> Result<UserDataBinding, NsmError> {
+        crate::nsm::own_binding(secret, &self.receipt_key, epoch, not_after_ms, kms_key)
     }
 
-    pub fn add_epoch(&self, epoch_number: u64, epoch: Epoch) {
-        self.epochs.write().unwrap_or_else(|e| e.into_inner()).insert(epoch_number, Arc::new(epoch));
+    /// Takes up an epoch. An epoch already in use is never replaced: jobs sealed to its key and
+    /// the document published for it stay valid, and a host cannot swap the key under them.
+    pub fn add_epoch(&self, epoch_number: u64, epoch: Epoch) -> Result<(), EpochInUse> {
+        let mut epochs = self.epochs.write().unwrap_or_else(|e| e.into_inner());
+        if epochs.contains_key(&epoch_number) {
+            return Err(EpochInUse(epoch_number));
+        }
+        epochs.insert(epoch_number, Arc::new(epoch));
+        Ok(())
     }
 
     /// The fleet key of `epoch`, unless it has expired.

@@ -22,6 +22,8 @@ use protocol::fleet::EpochRecord;
 use protocol::manifest::{Manifest, Pooling};
 
 const KEY_ARN: &str = "arn:aws:kms:us-east-1:111122223333:key/test-fleet";
+/// A key in an account the host owns, with no attestation condition in its policy.
+const HOST_KEY_ARN: &str = "arn:aws:kms:us-east-1:444455556666:key/host-owned";
 const HOUR_MS: u64 = 3_600_000;
 
 fn rng() -> rsa::rand_core::UnwrapErr<getrandom::SysRng> {
@@ -90,6 +92,8 @@ enum Answer {
     SwapPublicKey,
     /// The host says KMS failed, with a message stuffed with bytes of its choosing.
     HostFailure,
+    /// An honest envelope, but the answer names another key than the one asked.
+    OtherKeyId,
 }
 
 /// An encryption context and the plaintext KMS holds under it.
@@ -109,6 +113,8 @@ struct TestKms {
     attestations: Vec<Vec<u8>>,
     calls: usize,
     host_key: OneShotKey,
+    /// The ARN this KMS key answers to.
+    key_arn: String,
 }
 
 impl TestKms {
@@ -122,6 +128,7 @@ impl TestKms {
             attestations: Vec::new(),
             calls: 0,
             host_key: OneShotKey::generate().unwrap(),
+            key_arn: KEY_ARN.to_owned(),
         }
     }
 
@@ -136,7 +143,7 @@ impl TestKms {
         context: &BTreeMap<String, String>,
         attestation: &[u8],
     ) -> Result<Vec<u8>, KmsTransportError> {
-        if key_id.as_deref().is_some_and(|id| id != KEY_ARN) {
+        if key_id.as_deref().is_some_and(|id| id != self.key_arn) {
             return Err(KmsTransportError::new("NotFoundException", "no such key"));
         }
         let options = VerifyOptions::new(self.root.clone(), now_ms()).expect_pcr(0, self.policy_pcr0.clone());
@@ -184,7 +191,7 @@ impl KmsTransport for TestKms {
         }
         let honest = self.kms_decrypt(&key_id, &ciphertext_blob, &encryption_context, &recipient_attestation)?;
         let envelope = match &self.answer {
-            Answer::Honest | Answer::SwapPublicKey | Answer::HostFailure => honest,
+            Answer::Honest | Answer::SwapPublicKey | Answer::HostFailure | Answer::OtherKeyId => honest,
             Answer::SealToOtherKey => {
                 let (_, plaintext) = &self.keys[&ciphertext_blob];
                 protocol::cms::seal(self.host_key.public_key_der(), plaintext, &mut rng()).unwrap()
@@ -206,8 +213,13 @@ impl KmsTransport for TestKms {
             Answer::Replay(envelope) => envelope.clone(),
         };
         self.envelopes.push(envelope.clone());
-        Ok((KEY_ARN.to_owned(), envelope))
+        let answered_by = if matches!(self.answer, Answer::OtherKeyId) { HOST_KEY_ARN } else { self.key_arn.as_str() };
+        Ok((answered_by.to_owned(), envelope))
     }
+}
+
+fn key_arn() -> protocol::kms_arn::KmsKeyArn {
+    KEY_ARN.parse().unwrap()
 }
 
 fn now_ms() -> u64 {
@@ -243,7 +255,7 @@ fn epoch_record(kms: &mut TestKms, epoch: u64, not_after_ms: u64) -> (EpochRecor
     let record = EpochRecord {
         epoch,
         not_after_ms,
-        kms_key_id: KEY_ARN.to_owned(),
+        kms_key_id: kms.key_arn.clone(),
         public_key: hex::encode(fleet.public_key().to_bytes()),
         wrapped_private_key: hex::encode(&blob),
     };
@@ -271,8 +283,9 @@ fn fleet_key_is_released_and_its_public_key_derived() {
     let mut kms = TestKms::new(&s.nsm);
     let (record, fleet) = epoch_record(&mut kms, 7, now_ms() + 24 * HOUR_MS);
     let released = key_release::release_fleet_key(&s.nsm, &s.pool, &mut kms, &record).unwrap();
-    assert_eq!(released.public_key().to_bytes(), fleet.public_key().to_bytes());
-    assert_eq!(released.to_scalar_bytes(), fleet.to_scalar_bytes());
+    assert_eq!(released.secret.public_key().to_bytes(), fleet.public_key().to_bytes());
+    assert_eq!(released.secret.to_scalar_bytes(), fleet.to_scalar_bytes());
+    assert_eq!(released.kms_key.as_str(), KEY_ARN);
     assert_eq!(kms.calls, 1);
     // The envelope KMS returned is BER CMS in the KMS shape, addressed to the attested key.
     let envelope = &kms.envelopes[0];
@@ -286,14 +299,14 @@ fn fleet_key_is_released_and_its_public_key_derived() {
     let epoch = FleetEpoch { epoch: 8, not_after_ms: now_ms() + HOUR_MS };
     kms.insert(b"blob8", epoch.encryption_context(), &pkcs8);
     let released =
-        key_release::release_fleet_key_parts(&s.nsm, &s.pool, &mut kms, None, b"blob8".to_vec(), epoch, None).unwrap();
+        key_release::release_fleet_key_parts(&s.nsm, &s.pool, &mut kms, &key_arn(), b"blob8".to_vec(), epoch, None).unwrap();
     assert_eq!(released.public_key().to_bytes(), fleet2.public_key().to_bytes());
 
     // The published key may also come as SPKI DER (what KMS GenerateDataKeyPair returns).
     use p256::pkcs8::EncodePublicKey;
     let spki = p256::PublicKey::from_sec1_bytes(&fleet2.public_key().to_bytes()).unwrap().to_public_key_der().unwrap();
     let released =
-        key_release::release_fleet_key_parts(&s.nsm, &s.pool, &mut kms, None, b"blob8".to_vec(), epoch, Some(spki.as_bytes()))
+        key_release::release_fleet_key_parts(&s.nsm, &s.pool, &mut kms, &key_arn(), b"blob8".to_vec(), epoch, Some(spki.as_bytes()))
             .unwrap();
     assert_eq!(released.public_key().to_bytes(), fleet2.public_key().to_bytes());
 }
@@ -307,7 +320,7 @@ fn published_attestation_binds_the_released_fleet_key_and_the_receipt_key() {
     let (record, _) = epoch_record(&mut kms, 11, now_ms() + HOUR_MS);
     let fleet = key_release::release_fleet_key(&s.nsm, &s.pool, &mut kms, &record).unwrap();
     let receipt = ed25519_dalek::SigningKey::from_bytes(&[5; 32]);
-    let binding = nsm::own_binding(&fleet, &receipt, record.epoch).unwrap();
+    let binding = nsm::own_binding(&fleet.secret, &receipt, record.epoch, record.not_after_ms, &fleet.kms_key).unwrap();
     let document = s.nsm.attest(AttestationRequest::publication(&binding)).unwrap();
     let mut options = VerifyOptions::new(s.nsm.trust_anchor(), now_ms()).expect_pcr(0, s.nsm.pcrs()[&0].clone());
     options.require_binding = true;
@@ -353,7 +366,7 @@ fn replayed_envelope_does_not_open_with_a_new_one_shot_key() {
     let mut kms = TestKms::new(&s.nsm);
     let (record, fleet) = epoch_record(&mut kms, 2, now_ms() + HOUR_MS);
     let released = key_release::release_fleet_key(&s.nsm, &s.pool, &mut kms, &record).unwrap();
-    assert_eq!(released.public_key().to_bytes(), fleet.public_key().to_bytes());
+    assert_eq!(released.secret.public_key().to_bytes(), fleet.public_key().to_bytes());
     // The key that opened it is gone (`OneShotKey::open` took it by value); the next release
     // attests a new key, so the earlier envelope, replayed, opens with nothing.
     let earlier = kms.envelopes[0].clone();
@@ -385,7 +398,7 @@ fn expired_epoch_is_refused_before_kms_is_asked() {
     assert_eq!(s.nsm.count(), 0, "no key was attested");
     // not_after == now is expired too (the key is refused from that instant on).
     let epoch = FleetEpoch { epoch: 4, not_after_ms: s.nsm.now_ms() };
-    let result = key_release::release_fleet_key_parts(&s.nsm, &s.pool, &mut kms, None, b"x".to_vec(), epoch, None);
+    let result = key_release::release_fleet_key_parts(&s.nsm, &s.pool, &mut kms, &key_arn(), b"x".to_vec(), epoch, None);
     assert_eq!(check_of(result), "fleet_epoch_expired");
 }
 
@@ -543,7 +556,7 @@ fn no_host_bytes_reach_public_key_or_user_data() {
     assert_eq!(check_of(key_release::release_fleet_key(&s.nsm, &s.pool, &mut kms, &record)), "cms");
     // Publication and a fresh attestation for a client's nonce (relayed by the host).
     let receipt = ed25519_dalek::SigningKey::from_bytes(&[9; 32]);
-    let binding = nsm::own_binding(&fleet, &receipt, record.epoch).unwrap();
+    let binding = nsm::own_binding(&fleet.secret, &receipt, record.epoch, record.not_after_ms, &fleet.kms_key).unwrap();
     s.nsm.attest(AttestationRequest::publication(&binding)).unwrap();
     let client_nonce = host_spki[..64].to_vec(); // whatever the client sent: it only reaches `nonce`
     s.nsm.attest(AttestationRequest::fresh(&binding, &client_nonce).unwrap()).unwrap();
@@ -590,4 +603,60 @@ fn a_oneshot_key_opens_at_most_one_envelope() {
     let on_demand = RsaKeyPool::on_demand();
     assert_eq!(on_demand.ready(), 0);
     assert_eq!(on_demand.take().unwrap().public_key_der().len(), 294);
+}
+
+#[test]
+fn a_fleet_key_wrapped_under_a_host_owned_kms_key_is_refused() {
+    // The host made a KMS key in its own account (no attestation condition), wrapped a private
+    // key it keeps under {epoch 999, a far not_after}, wrote the record and handed the worker
+    // that account's credentials. Real KMS releases it to the genuine enclave; what stops the
+    // attack is that the document then names the host's key and clients pin their deployment's.
+    let s = setup();
+    let mut host_kms = TestKms::new(&s.nsm);
+    host_kms.key_arn = HOST_KEY_ARN.to_owned();
+    let (record, host_fleet) = epoch_record(&mut host_kms, 999, now_ms() + 10 * 365 * 24 * HOUR_MS);
+    let released = key_release::release_fleet_key(&s.nsm, &s.pool, &mut host_kms, &record).unwrap();
+    assert_eq!(released.secret.to_scalar_bytes(), host_fleet.to_scalar_bytes(), "the host knows this key");
+    assert_eq!(released.kms_key.as_str(), HOST_KEY_ARN, "the binding names the key that released it");
+
+    let receipt = ed25519_dalek::SigningKey::from_bytes(&[6; 32]);
+    let binding = nsm::own_binding(&released.secret, &receipt, 999, record.not_after_ms, &released.kms_key).unwrap();
+    let document = s.nsm.attest(AttestationRequest::publication(&binding)).unwrap();
+    let mut client = VerifyOptions::new(s.nsm.trust_anchor(), now_ms()).expect_pcr(0, s.nsm.pcrs()[&0].clone());
+    client.expected_fleet_kms_key = Some(key_arn());
+    let error = verify(&document, &client).unwrap_err();
+    assert_eq!(error.check().as_str(), "fleet_kms_key", "{error}");
+    assert!(error.to_string().contains(HOST_KEY_ARN) && error.to_string().contains(KEY_ARN), "{error}");
+
+    // The deployment's own key verifies.
+    let mut kms = TestKms::new(&s.nsm);
+    let (record, _) = epoch_record(&mut kms, 1, now_ms() + HOUR_MS);
+    let genuine = key_release::release_fleet_key(&s.nsm, &s.pool, &mut kms, &record).unwrap();
+    let binding = nsm::own_binding(&genuine.secret, &receipt, 1, record.not_after_ms, &genuine.kms_key).unwrap();
+    let document = s.nsm.attest(AttestationRequest::publication(&binding)).unwrap();
+    let verified = verify(&document, &client).unwrap();
+    let bound = verified.binding.unwrap();
+    assert_eq!((bound.kms_key.as_str(), bound.not_after_ms), (KEY_ARN, record.not_after_ms));
+}
+
+#[test]
+fn kms_must_answer_for_the_key_the_record_names() {
+    let s = setup();
+    let mut kms = TestKms::new(&s.nsm);
+    let (mut record, _) = epoch_record(&mut kms, 2, now_ms() + HOUR_MS);
+    // An answer naming another key than the one asked is refused.
+    kms.answer = Answer::OtherKeyId;
+    match err(key_release::release_fleet_key(&s.nsm, &s.pool, &mut kms, &record)) {
+        KeyReleaseError::FleetKmsKey(message) => assert!(message.contains(HOST_KEY_ARN), "{message}"),
+        other => panic!("{other}"),
+    }
+    // A record naming its key by alias, bare id or nothing: KMS would resolve it, so it pins
+    // nothing; refused before anything is attested or asked.
+    kms.answer = Answer::Honest;
+    let calls = kms.calls;
+    for name in ["alias/ephem-fleet", "test-fleet", "", "arn:aws:kms:us-east-1:111122223333:alias/ephem-fleet"] {
+        record.kms_key_id = name.to_owned();
+        assert_eq!(check_of(key_release::release_fleet_key(&s.nsm, &s.pool, &mut kms, &record)), "fleet_kms_key", "{name:?}");
+    }
+    assert_eq!(kms.calls, calls, "nothing went to KMS");
 }

@@ -44,6 +44,9 @@ fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
+/// The one key of [`TestKms`], as it names itself in answers.
+const TEST_KEY_ARN: &str = "arn:aws:kms:local:000000000000:key/test-key";
+
 /// The plaintexts "KMS" releases for each blob, under their encryption context.
 type Released = BTreeMap<Vec<u8>, (BTreeMap<String, String>, Vec<u8>)>;
 
@@ -100,7 +103,7 @@ impl Kms for TestKms {
         let public_key = verified.document.public_key.as_deref().ok_or_else(|| KmsError::Validation("no public_key".into()))?;
         let mut rng = rsa::rand_core::UnwrapErr(getrandom::SysRng);
         let envelope = protocol::cms::seal(public_key, plaintext, &mut rng).unwrap();
-        Ok(Decrypted { key_id: "local:test".into(), plaintext: None, ciphertext_for_recipient: Some(envelope) })
+        Ok(Decrypted { key_id: TEST_KEY_ARN.into(), plaintext: None, ciphertext_for_recipient: Some(envelope) })
     }
 }
 
@@ -281,7 +284,7 @@ fn publish_epoch(host: &mut Host, epoch: u64, fleet: &FleetSecretKey, not_after_
     let record = EpochRecord {
         epoch,
         not_after_ms,
-        kms_key_id: "local:fleet".into(),
+        kms_key_id: TEST_KEY_ARN.into(),
         public_key: hex::encode(fleet.public_key().to_bytes()),
         wrapped_private_key: hex::encode(&blob),
     };
@@ -621,4 +624,88 @@ fn a_kms_outage_is_retried_a_bounded_number_of_times_then_named() {
     write_frame(&mut control, &Message::UseFleetEpoch { epoch: 2, object_key: epoch_object_key(2) }).unwrap();
     assert!(matches!(host.serve(&mut control), Message::Status { .. }));
     assert_eq!(host.published.len(), 2);
+}
+
+/// The host-owned KMS key attack, through the real worker process and the real local KMS: the
+/// host creates a key with no attestation condition (an unrestricted local key), wraps a fleet
+/// private key it keeps under {epoch 999, a far not_after}, and points the worker at it. The
+/// worker releases it through its own TLS session (KMS did answer) — and binds that key's ARN
+/// into the document, so a client pinned to the deployment's fleet key refuses the document
+/// (`fleet_kms_key`), while the deployment's own epoch verifies.
+#[test]
+fn a_fleet_key_wrapped_under_a_host_owned_kms_key_is_refused() {
+    use cloud::local::{AttestationTrust, LocalKeyPolicy, LocalKms};
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = Host::new(dir.path());
+    let state_dir = dir.path().join("state");
+    let trust = AttestationTrust { root_pem_path: state_dir.join("dev-root.pem"), max_document_age: Duration::from_secs(300) };
+    let kms = Arc::new(LocalKms::open(dir.path().join("kms.sqlite"), trust).unwrap());
+    let socket = dir.path().join("kms.sock");
+    let endpoint = KmsEndpoint::open(&dir.path().join("kms-tls"), kms.clone()).unwrap();
+    let root = endpoint.root_pem().to_path_buf();
+    endpoint.serve_unix(&socket).unwrap();
+    let worker = spawn_worker(dir.path(), &socket, &root);
+    let deployment_key = kms.create_key(LocalKeyPolicy::fleet(worker_pcr0(), None), "deployment fleet key").unwrap();
+    let host_key = kms.create_key(LocalKeyPolicy::unrestricted(), "the host's own key").unwrap();
+
+    // The host's epoch: a private key it generated and keeps, wrapped with Encrypt.
+    let host_fleet = FleetSecretKey::generate();
+    let pkcs8 = p256::SecretKey::from_slice(&host_fleet.to_scalar_bytes()).unwrap().to_pkcs8_der().unwrap();
+    let not_after_ms = now_ms() + 10 * 365 * 24 * 3_600_000;
+    let context = protocol::fleet::encryption_context(999, not_after_ms);
+    let record = EpochRecord {
+        epoch: 999,
+        not_after_ms,
+        kms_key_id: host_key.clone(),
+        public_key: hex::encode(host_fleet.public_key().to_bytes()),
+        wrapped_private_key: hex::encode(kms.encrypt(&host_key, pkcs8.as_bytes(), &context).unwrap()),
+    };
+    host.objects.insert(epoch_object_key(999), record.to_json().into_bytes());
+    // The deployment's epoch, made as rotation makes it.
+    let genuine_not_after = now_ms() + 3_600_000;
+    let pair = kms
+        .generate_data_key_pair_without_plaintext(&deployment_key, &protocol::fleet::encryption_context(1, genuine_not_after))
+        .unwrap();
+    let genuine = EpochRecord {
+        epoch: 1,
+        not_after_ms: genuine_not_after,
+        kms_key_id: pair.key_id.clone(),
+        public_key: {
+            use p256::pkcs8::DecodePublicKey;
+            let public = p256::PublicKey::from_public_key_der(&pair.public_key_der).unwrap();
+            hex::encode(p256::elliptic_curve::sec1::ToSec1Point::to_sec1_point(&public, false).as_bytes())
+        },
+        wrapped_private_key: hex::encode(&pair.private_key_ciphertext_blob),
+    };
+    host.objects.insert(epoch_object_key(1), genuine.to_json().into_bytes());
+
+    let mut control = connect(&worker.socket, Channel::Control);
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 999, object_key: epoch_object_key(999) }).unwrap();
+    let answer = host.serve(&mut control);
+    assert!(matches!(answer, Message::Status { .. }), "real KMS does release under the host's key: {answer:?}");
+    let mut client = VerifyOptions::new(host.dev_root(), now_ms());
+    client.expected_fleet_kms_key = Some(deployment_key.parse().unwrap());
+    let error = attestation::verify(&host.published[0], &client).unwrap_err();
+    assert_eq!(error.check().as_str(), "fleet_kms_key", "{error}");
+    assert!(error.to_string().contains(&host_key), "{error}");
+
+    // A second record for the held epoch changes nothing: the epoch's key is never replaced.
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 999, object_key: epoch_object_key(1) }).unwrap();
+    assert!(matches!(host.serve(&mut control), Message::Status { .. }));
+    let again = attestation::AttestationDocument::parse_unverified(&host.published[1]).unwrap();
+    let again = UserDataBinding::decode(again.user_data.as_deref().unwrap()).unwrap();
+    assert_eq!(again.fleet_public_key.to_vec(), host_fleet.public_key().to_bytes());
+
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    let answer = host.serve(&mut control);
+    assert!(matches!(answer, Message::Status { .. }), "{answer:?}");
+    let verified = attestation::verify(host.published.last().unwrap(), &client).unwrap();
+    let binding = verified.binding.unwrap();
+    assert_eq!((binding.epoch, binding.kms_key.as_str()), (1, deployment_key.as_str()));
+    assert_eq!(binding.not_after_ms, genuine.not_after_ms);
+}
+
+/// The worker's PCR0 under the development NSM: SHA-384 of its binary (DESIGN.md §4).
+fn worker_pcr0() -> Vec<u8> {
+    sha2::Sha384::digest(std::fs::read(env!("CARGO_BIN_EXE_enclave-worker")).unwrap()).to_vec()
 }

@@ -120,8 +120,9 @@ pub fn enclave() -> &'static Enclave {
         let receipt_key = SigningKey::from_bytes(&seed("receipt key"));
         let fleet_public: [u8; 65] =
             fleet_secret().public_key().to_bytes().try_into().expect("uncompressed P-256 point");
-        let binding =
-            UserDataBinding::new(fleet_public, receipt_key.verifying_key().to_bytes(), EPOCH).expect("binding");
+        let kms_key = protocol::attestation::vectors::BINDING_KMS_KEY.parse().expect("a key ARN");
+        let binding = UserDataBinding::new(fleet_public, receipt_key.verifying_key().to_bytes(), EPOCH, u64::MAX, kms_key)
+            .expect("binding");
         let mut request = DocumentRequest::new("i-0f0220ef0220ef022-enc0192fuzz0000000");
         for (index, byte) in [(0usize, 0x10u8), (1, 0x11), (2, 0x12), (8, 0x18)] {
             request = request.with_pcr(index, [byte; 48]);

@@ -13,6 +13,7 @@ pub mod fleet;
 pub mod frame;
 pub mod keys;
 pub mod kms_api;
+pub mod kms_arn;
 pub mod manifest;
 pub mod receipt;
 pub mod records;

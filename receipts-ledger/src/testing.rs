@@ -77,9 +77,15 @@ impl DevEnclave {
         use protocol::attestation::{vectors, DevIssuer, UserDataBinding};
         let issuer = DevIssuer::from_seed(&[seed; 32], document_ms - 86_400_000).expect("development CA");
         let receipt_key = ed25519_dalek::SigningKey::from_bytes(&[seed ^ 0x5a; 32]);
-        let binding =
-            UserDataBinding::new(vectors::binding_sample().fleet_public_key, receipt_key.verifying_key().to_bytes(), DEV_EPOCH)
-                .expect("valid binding");
+        let sample = vectors::binding_sample();
+        let binding = UserDataBinding::new(
+            sample.fleet_public_key,
+            receipt_key.verifying_key().to_bytes(),
+            DEV_EPOCH,
+            sample.not_after_ms,
+            sample.kms_key,
+        )
+        .expect("valid binding");
         let pcrs = [[0xa0 ^ seed; 48], [0xa1; 48], [0xa2; 48]];
         let mut enclave = Self { issuer, receipt_key, binding, pcrs, document: Vec::new(), document_ms };
         enclave.document = enclave.attest(Some(enclave.binding.encode()), document_ms);

@@ -14,7 +14,9 @@
 //!
 //! On top of it, [`release_fleet_key`] enforces the epoch's encryption context
 //! {epoch, not_after}, refuses a key whose `not_after` has passed (no rollback to an old epoch),
-//! parses the PKCS#8 P-256 private key and derives its public key itself (no substitution);
+//! names the KMS key by its ARN and refuses an answer from another key (`fleet_kms_key`: the
+//! ARN is then bound into the published document, where clients compare it with their
+//! deployment's), parses the PKCS#8 P-256 private key and derives its public key itself;
 //! [`release_data_key`] releases a model's 32-byte DEK under {model_id, version}.
 //!
 //! CMS carries no MAC and the recipient key is public: anyone who sees the document can seal
@@ -32,6 +34,7 @@ use protocol::attestation::AttestationDocument;
 use protocol::cms::CmsError;
 use protocol::envelope::FleetSecretKey;
 use protocol::fleet::EpochRecord;
+use protocol::kms_arn::KmsKeyArn;
 use protocol::manifest::Manifest;
 use zeroize::Zeroizing;
 
@@ -96,6 +99,9 @@ pub enum KeyReleaseError {
     /// The public key derived from the released private key is not the epoch's published one.
     #[error("fleet_key_mismatch: derived fleet key {derived} but the epoch publishes {published}")]
     FleetKeyMismatch { derived: String, published: String },
+    /// The epoch names no KMS key ARN, or KMS answered for another key than the one asked.
+    #[error("fleet_kms_key: {0}")]
+    FleetKmsKey(String),
 }
 
 impl KeyReleaseError {
@@ -117,6 +123,7 @@ impl KeyReleaseError {
             KeyReleaseError::InvalidPkcs8 => "invalid_pkcs8",
             KeyReleaseError::InvalidPublishedKey => "invalid_published_key",
             KeyReleaseError::FleetKeyMismatch { .. } => "fleet_key_mismatch",
+            KeyReleaseError::FleetKmsKey(_) => "fleet_kms_key",
         }
     }
 }
@@ -207,10 +214,11 @@ where
     N: Nsm + ?Sized,
     T: KmsTransport + ?Sized,
 {
-    release_checked(nsm, key, transport, key_id, ciphertext_blob, encryption_context, |_| Ok(()))
+    release_checked(nsm, key, transport, key_id, ciphertext_blob, encryption_context, |_| Ok(())).map(|(_, plaintext)| plaintext)
 }
 
-/// The release, with a check on the NSM's own document before anything goes to KMS.
+/// The release, with a check on the NSM's own document before anything goes to KMS. Returns the
+/// key id KMS answered with (read inside the worker's TLS session) and the plaintext.
 fn release_checked<N, T>(
     nsm: &N,
     key: OneShotKey,
@@ -219,7 +227,7 @@ fn release_checked<N, T>(
     ciphertext_blob: Vec<u8>,
     encryption_context: BTreeMap<String, String>,
     before_kms: impl FnOnce(&AttestationDocument) -> Result<(), KeyReleaseError>,
-) -> Result<Zeroizing<Vec<u8>>, KeyReleaseError>
+) -> Result<(String, Zeroizing<Vec<u8>>), KeyReleaseError>
 where
     N: Nsm + ?Sized,
     T: KmsTransport + ?Sized,
@@ -234,7 +242,7 @@ where
         ));
     }
     before_kms(&parsed)?;
-    let (_kms_key_id, envelope) =
+    let (kms_key_id, envelope) =
         transport.decrypt(key_id, ciphertext_blob, encryption_context, document).map_err(|e| match e.code.as_str() {
             KmsTransportError::TRANSPORT => KeyReleaseError::KmsTransport(relayed(&e.message)),
             kms_https::TLS_CHECK => KeyReleaseError::KmsTls(relayed(&e.message)),
@@ -242,7 +250,7 @@ where
             _ => KeyReleaseError::KmsFailed { code: relayed(&e.code), message: relayed(&e.message) },
         })?;
     // `open` consumes the key: it is zeroized whatever the outcome.
-    Ok(key.open(&envelope)?)
+    Ok((kms_key_id, key.open(&envelope)?))
 }
 
 /// Host-relayed text, cut to a bounded length for logs.
@@ -312,15 +320,17 @@ fn parse_decimal(text: &str) -> Option<u64> {
 }
 
 /// Releases the fleet private key of an epoch from its record (`fleet-keys/epoch-<N>.json`,
-/// relayed by the host): KMS key id, wrapped key and context from the record, and the record's
+/// relayed by the host): KMS key ARN, wrapped key and context from the record, and the record's
 /// published public key checked against the one derived from the released private key. See
-/// [`release_fleet_key_parts`] for the checks.
+/// [`release_fleet_key_parts`] for the checks. Everything in the record is the host's choice,
+/// the KMS key included: what makes the result trustworthy is that the ARN KMS answered with is
+/// bound into the published document for clients to compare with their deployment's.
 pub fn release_fleet_key<N, T>(
     nsm: &N,
     pool: &RsaKeyPool,
     transport: &mut T,
     record: &EpochRecord,
-) -> Result<FleetSecretKey, KeyReleaseError>
+) -> Result<ReleasedFleetKey, KeyReleaseError>
 where
     N: Nsm + ?Sized,
     T: KmsTransport + ?Sized,
@@ -328,9 +338,16 @@ where
     let wrapped = record.wrapped().map_err(|e| KeyReleaseError::EpochRecord(e.to_string()))?;
     let published =
         hex::decode(&record.public_key).map_err(|_| KeyReleaseError::EpochRecord("public_key is not hex".into()))?;
-    let key_id = Some(record.kms_key_id.clone()).filter(|id| !id.is_empty());
+    let kms_key = record.kms_key_id.parse::<KmsKeyArn>().map_err(|e| KeyReleaseError::FleetKmsKey(e.to_string()))?;
     let epoch = FleetEpoch { epoch: record.epoch, not_after_ms: record.not_after_ms };
-    release_fleet_key_parts(nsm, pool, transport, key_id, wrapped, epoch, Some(&published))
+    let secret = release_fleet_key_parts(nsm, pool, transport, &kms_key, wrapped, epoch, Some(&published))?;
+    Ok(ReleasedFleetKey { secret, kms_key })
+}
+
+/// A fleet private key and the KMS key that released it (the one KMS answered with).
+pub struct ReleasedFleetKey {
+    pub secret: FleetSecretKey,
+    pub kms_key: KmsKeyArn,
 }
 
 /// Releases the fleet private key of `epoch` from its wrapped form (`PrivateKeyCiphertextBlob`
@@ -339,14 +356,15 @@ where
 ///
 /// Checks, in order: `fleet_epoch_expired` (by `nsm.now_ms()`, then again by the timestamp of the
 /// NSM-signed document made for this release — the NSM's own clock — before anything is sent to
-/// KMS), `kms_failed`, `cms`, `invalid_pkcs8`, and, when `published_public_key` is given (SEC1
+/// KMS), `kms_failed`, `fleet_kms_key` (KMS's answer names exactly `kms_key`, which the request
+/// named as `KeyId`), `cms`, `invalid_pkcs8`, and, when `published_public_key` is given (SEC1
 /// point or SPKI DER, as KMS returns it), `fleet_key_mismatch` against the public key derived
 /// here from the released private key.
 pub fn release_fleet_key_parts<N, T>(
     nsm: &N,
     pool: &RsaKeyPool,
     transport: &mut T,
-    key_id: Option<String>,
+    kms_key: &KmsKeyArn,
     wrapped_private_key: Vec<u8>,
     epoch: FleetEpoch,
     published_public_key: Option<&[u8]>,
@@ -358,15 +376,21 @@ where
     epoch.check_current(nsm.now_ms())?;
     let published = published_public_key.map(parse_published_key).transpose()?;
     let key = pool.take()?;
-    let pkcs8 = release_checked(
+    let (answered_by, pkcs8) = release_checked(
         nsm,
         key,
         transport,
-        key_id,
+        Some(kms_key.to_string()),
         wrapped_private_key,
         epoch.encryption_context(),
         |document| epoch.check_current(document.timestamp_ms),
     )?;
+    if answered_by != kms_key.as_str() {
+        return Err(KeyReleaseError::FleetKmsKey(format!(
+            "asked KMS key {kms_key}, but KMS answered for {}",
+            relayed(&answered_by)
+        )));
+    }
     let secret = FleetSecretKey::from_pkcs8_der(&pkcs8).map_err(|_| KeyReleaseError::InvalidPkcs8)?;
     drop(pkcs8);
     let public = secret.public_key();

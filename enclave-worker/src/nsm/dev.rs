@@ -368,7 +368,7 @@ mod tests {
         assert!(nsm.is_development());
         let fleet = protocol::envelope::FleetSecretKey::generate();
         let receipt = ed25519_dalek::SigningKey::from_bytes(&[3; 32]);
-        let binding = super::super::own_binding(&fleet, &receipt, 9).unwrap();
+        let binding = super::super::own_binding(&fleet, &receipt, 9, 1_800_000_000_000, &super::super::test_kms_key()).unwrap();
         let doc = nsm.attest(AttestationRequest::fresh(&binding, b"n0nce").unwrap()).unwrap();
         let now = nsm.now_ms();
         let mut options = VerifyOptions::new(nsm.trust_anchor(), now).expect_pcr(0, pcr0.to_vec());

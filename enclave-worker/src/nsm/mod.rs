@@ -203,19 +203,22 @@ impl<T: Nsm + ?Sized> Nsm for std::sync::Arc<T> {
     }
 }
 
-/// The binding {fleet public key, receipt public key, epoch} of keys whose private halves the
-/// caller holds: both public keys are derived here.
+/// The binding {fleet public key, receipt public key, epoch, not_after, KMS key} of keys whose
+/// private halves the caller holds: both public keys are derived here; `kms_key` must be the key
+/// KMS answered with when it released `fleet`.
 pub fn own_binding(
     fleet: &FleetSecretKey,
     receipt: &ed25519_dalek::SigningKey,
     epoch: u64,
+    not_after_ms: u64,
+    kms_key: &protocol::kms_arn::KmsKeyArn,
 ) -> Result<UserDataBinding, NsmError> {
     let fleet_public: [u8; 65] = fleet
         .public_key()
         .to_bytes()
         .try_into()
         .map_err(|_| NsmError::Request("the fleet public key is not a 65-byte SEC1 point".into()))?;
-    UserDataBinding::new(fleet_public, receipt.verifying_key().to_bytes(), epoch)
+    UserDataBinding::new(fleet_public, receipt.verifying_key().to_bytes(), epoch, not_after_ms, kms_key.clone())
         .map_err(|e| NsmError::Request(format!("key binding: {e}")))
 }
 
@@ -227,6 +230,12 @@ pub(crate) fn system_now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// A KMS key ARN for unit tests.
+#[cfg(test)]
+pub(crate) fn test_kms_key() -> protocol::kms_arn::KmsKeyArn {
+    protocol::attestation::vectors::BINDING_KMS_KEY.parse().unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,14 +243,14 @@ mod tests {
     fn binding() -> UserDataBinding {
         let fleet = FleetSecretKey::generate();
         let receipt = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
-        own_binding(&fleet, &receipt, 42).unwrap()
+        own_binding(&fleet, &receipt, 42, 1_800_000_000_000, &test_kms_key()).unwrap()
     }
 
     #[test]
     fn own_binding_derives_the_public_keys() {
         let fleet = FleetSecretKey::generate();
         let receipt = ed25519_dalek::SigningKey::from_bytes(&[7; 32]);
-        let b = own_binding(&fleet, &receipt, 42).unwrap();
+        let b = own_binding(&fleet, &receipt, 42, 1_800_000_000_000, &test_kms_key()).unwrap();
         assert_eq!(b.fleet_public_key.to_vec(), fleet.public_key().to_bytes());
         assert_eq!(b.receipt_public_key, receipt.verifying_key().to_bytes());
         assert_eq!(b.epoch, 42);

@@ -36,11 +36,13 @@ pub enum CheckName {
     Nonce,
     /// `user_data` decodes as a key binding (only evaluated when requested).
     UserDataBinding,
+    /// The binding names the deployment's KMS key (only evaluated when one is expected).
+    FleetKmsKey,
 }
 
 impl CheckName {
     /// Every check, in the order the verifier runs them.
-    pub const ALL: [CheckName; 12] = [
+    pub const ALL: [CheckName; 13] = [
         CheckName::Cbor,
         CheckName::CoseStructure,
         CheckName::AlgEs384,
@@ -53,6 +55,7 @@ impl CheckName {
         CheckName::Freshness,
         CheckName::Nonce,
         CheckName::UserDataBinding,
+        CheckName::FleetKmsKey,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -69,6 +72,7 @@ impl CheckName {
             CheckName::Freshness => "freshness",
             CheckName::Nonce => "nonce",
             CheckName::UserDataBinding => "user_data_binding",
+            CheckName::FleetKmsKey => "fleet_kms_key",
         }
     }
 
@@ -195,7 +199,8 @@ mod tests {
                 "debug_mode",
                 "freshness",
                 "nonce",
-                "user_data_binding"
+                "user_data_binding",
+                "fleet_kms_key"
             ]
         );
         for c in CheckName::ALL {

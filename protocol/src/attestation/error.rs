@@ -54,6 +54,8 @@ pub enum AttestationError {
     Nonce(#[from] NonceError),
     #[error("user_data_binding: {0}")]
     UserDataBinding(#[from] UserDataBindingError),
+    #[error("fleet_kms_key: {0}")]
+    FleetKmsKey(#[from] FleetKmsKeyError),
 }
 
 impl AttestationError {
@@ -72,6 +74,7 @@ impl AttestationError {
             AttestationError::Freshness(_) => CheckName::Freshness,
             AttestationError::Nonce(_) => CheckName::Nonce,
             AttestationError::UserDataBinding(_) => CheckName::UserDataBinding,
+            AttestationError::FleetKmsKey(_) => CheckName::FleetKmsKey,
         }
     }
 
@@ -90,6 +93,7 @@ impl AttestationError {
             AttestationError::Freshness(e) => e.to_string(),
             AttestationError::Nonce(e) => e.to_string(),
             AttestationError::UserDataBinding(e) => e.to_string(),
+            AttestationError::FleetKmsKey(e) => e.to_string(),
         }
     }
 }
@@ -332,4 +336,13 @@ pub enum UserDataBindingError {
     Absent,
     #[error("user_data is not a key binding: {0}")]
     Decode(#[from] BindingError),
+}
+
+/// `fleet_kms_key`: the fleet key was released by a KMS key other than the deployment's — a key
+/// the host may own, under which it could have wrapped a private key it keeps.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the fleet key was released by KMS key {bound}, not by the deployment's {expected}")]
+pub struct FleetKmsKeyError {
+    pub expected: String,
+    pub bound: String,
 }

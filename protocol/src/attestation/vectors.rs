@@ -10,7 +10,8 @@ use super::policy::Policy;
 // ---- user_data binding -------------------------------------------------------------------
 
 /// Fleet key: P-256 public key of the secret scalar SHA-256("ephem-batch kat fleet key").
-/// Receipt key: Ed25519 public key of the seed SHA-256("ephem-batch kat receipt key"). Epoch 7.
+/// Receipt key: Ed25519 public key of the seed SHA-256("ephem-batch kat receipt key"). Epoch 7,
+/// not_after 2026-01-01T00:00:00Z, KMS key [`BINDING_KMS_KEY`].
 pub fn binding_sample() -> UserDataBinding {
     use p256::elliptic_curve::sec1::ToSec1Point;
     use sha2::{Digest, Sha256};
@@ -22,10 +23,14 @@ pub fn binding_sample() -> UserDataBinding {
     }
     let receipt_seed: [u8; 32] = Sha256::digest(b"ephem-batch kat receipt key").into();
     let receipt = ed25519_dalek::SigningKey::from_bytes(&receipt_seed).verifying_key().to_bytes();
-    UserDataBinding { fleet_public_key: fleet_point, receipt_public_key: receipt, epoch: 7 }
+    let kms_key = BINDING_KMS_KEY.parse().unwrap_or_else(|_| unreachable!("a valid key ARN"));
+    UserDataBinding { fleet_public_key: fleet_point, receipt_public_key: receipt, epoch: 7, not_after_ms: 1_767_225_600_000, kms_key }
 }
 
-pub const BINDING_HEX: &str = "a4000101584104dee96271b6cacf3d980d3b0509b1f9172c274358afc338e2a08c0ebb63b8978a8b5fcb054a384df6e4464841b6f7b539879794cded18b5e7b4b882883040495a0258206f97fd54784a0dc3fa08bc1162a674d51e2e9108a44afd5f945da8db17f190dc0307";
+/// The KMS key ARN of the binding vector (AWS's documentation example key).
+pub const BINDING_KMS_KEY: &str = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab";
+
+pub const BINDING_HEX: &str = "a6000201584104dee96271b6cacf3d980d3b0509b1f9172c274358afc338e2a08c0ebb63b8978a8b5fcb054a384df6e4464841b6f7b539879794cded18b5e7b4b882883040495a0258206f97fd54784a0dc3fa08bc1162a674d51e2e9108a44afd5f945da8db17f190dc0307041b0000019b76daa80005784b61726e3a6177733a6b6d733a75732d656173742d313a3131313132323232333333333a6b65792f31323334616263642d313261622d333463642d353665662d313233343536373839306162";
 pub const BINDING_FLEET_KEY_ID_HEX: &str = "6c81632c30e8499daf5298ada4f65487ea785118e36d221f453b157e2a1a0fb3";
 pub const BINDING_RECEIPT_KEY_ID_HEX: &str = "b06186a3f33df1d91bdd53fe1c28a07848e3d66e4770c27b955bca5117143759";
 

@@ -1,7 +1,7 @@
 //! The verifier: runs every check in order, stops at the first failure, and reports each by name.
 //!
 //! Order: `cbor`, `cose_structure`, `alg_es384`, `signature`, `chain`, `root_pinned`, `validity`,
-//! `pcr_policy`, `debug_mode`, `freshness`, `nonce`, `user_data_binding`. Nothing in the payload
+//! `pcr_policy`, `debug_mode`, `freshness`, `nonce`, `user_data_binding`, `fleet_kms_key`. Nothing in the payload
 //! is believed (PCRs, nonce, user_data, timestamp) before the signature, the chain and the root
 //! pin have passed.
 
@@ -15,11 +15,12 @@ use super::cbor::ShortHex;
 use super::check::{Check, CheckName, Report, RootInfo, VerifiedDocument};
 use super::document::{self, AttestationDocument, Parsed};
 use super::error::{
-    AttestationError, CertRole, ChainError, DebugModeError, FreshnessError, NonceError, PcrPolicyError, RootPinError,
-    SignatureError, UserDataBindingError, ValidityError,
+    AttestationError, CertRole, ChainError, DebugModeError, FleetKmsKeyError, FreshnessError, NonceError, PcrPolicyError,
+    RootPinError, SignatureError, UserDataBindingError, ValidityError,
 };
 use super::roots::TrustAnchor;
 use super::x509::{self, Cert, format_ms};
+use crate::kms_arn::KmsKeyArn;
 
 /// Default maximum document age (DESIGN.md §4, policy `max_age_s`).
 pub const DEFAULT_MAX_AGE_S: u64 = 3600;
@@ -44,6 +45,8 @@ pub struct VerifyOptions {
     pub expected_nonce: Option<Vec<u8>>,
     /// `user_data` must decode as a [`UserDataBinding`].
     pub require_binding: bool,
+    /// `Some`: the binding must name this KMS key (implies `require_binding`).
+    pub expected_fleet_kms_key: Option<KmsKeyArn>,
 }
 
 impl VerifyOptions {
@@ -59,6 +62,7 @@ impl VerifyOptions {
             max_future_skew_s: DEFAULT_MAX_FUTURE_SKEW_S,
             expected_nonce: None,
             require_binding: false,
+            expected_fleet_kms_key: None,
         }
     }
 
@@ -189,18 +193,25 @@ impl Run {
                 format!("nonce matches ({} bytes)", expected.len())
             })?;
         }
-        let binding = if opts.require_binding {
+        let binding = if opts.require_binding || opts.expected_fleet_kms_key.is_some() {
             Some(self.step(CheckName::UserDataBinding, check_binding(doc), |b| {
                 format!(
-                    "binding v1: fleet key {}, receipt key {}, epoch {}",
+                    "binding v2: fleet key {}, receipt key {}, epoch {} until {}, KMS key {}",
                     hex::encode(b.fleet_key_id()),
                     hex::encode(b.receipt_key_id()),
-                    b.epoch
+                    b.epoch,
+                    format_ms(b.not_after_ms),
+                    b.kms_key
                 )
             })?)
         } else {
             None
         };
+        if let (Some(expected), Some(bound)) = (&opts.expected_fleet_kms_key, &binding) {
+            self.step(CheckName::FleetKmsKey, check_fleet_kms_key(bound, expected), |_| {
+                format!("the fleet key was released by the deployment's KMS key {expected}")
+            })?;
+        }
         Ok(VerifiedDocument {
             document: parsed.document.clone(),
             root: root_info(&opts.root),
@@ -361,6 +372,14 @@ fn check_nonce(doc: &AttestationDocument, expected: &[u8]) -> Result<(), NonceEr
         }),
         Some(_) => Ok(()),
     }
+}
+
+/// `fleet_kms_key`: the binding names exactly the expected KMS key ARN.
+fn check_fleet_kms_key(binding: &UserDataBinding, expected: &KmsKeyArn) -> Result<(), FleetKmsKeyError> {
+    if &binding.kms_key == expected {
+        return Ok(());
+    }
+    Err(FleetKmsKeyError { expected: expected.to_string(), bound: binding.kms_key.to_string() })
 }
 
 /// `user_data_binding`: `user_data` decodes as a key binding.
