@@ -11,6 +11,7 @@ pub mod jobstate;
 pub mod keys;
 pub mod ledger;
 pub mod model;
+pub mod model_choice;
 pub mod model_cli;
 pub mod opening;
 pub mod output;

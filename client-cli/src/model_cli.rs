@@ -1,4 +1,4 @@
-//! `ephem-batch model encrypt | sign | upload | verify`: onboarding a model directory, step by
+//! `ephem-batch model encrypt | sign | upload | verify | set-minimum | upload-minimum`: onboarding a model directory, step by
 //! step (the model owner signs offline; the upload needs only the models bucket). Signing keys
 //! are Ed25519 seeds as 64 hex digits (`ephem-batch policy keygen` makes one).
 
@@ -10,7 +10,7 @@ use clap::Subcommand;
 use cloud::Services;
 use ed25519_dalek::{SigningKey, VerifyingKey};
 
-use crate::model;
+use crate::{model, model_choice};
 
 #[derive(Subcommand, Debug)]
 pub enum ModelCommand {
@@ -40,6 +40,22 @@ pub enum ModelCommand {
     },
     /// Upload OUT_DIR's sealed files and signed manifest to the models store.
     Upload { out_dir: PathBuf },
+    /// Sign the lowest version of MODEL_ID clients may use (they refuse older manifests; check
+    /// `model_minimum`) and upload it, or with --output only write it (to upload-minimum later).
+    SetMinimum {
+        #[arg(long)]
+        model_id: String,
+        #[arg(long, value_name = "N")]
+        minimum: u64,
+        #[arg(long, value_name = "FILE", conflicts_with = "development")]
+        key: Option<PathBuf>,
+        #[arg(long)]
+        development: bool,
+        #[arg(short, long, value_name = "FILE")]
+        output: Option<PathBuf>,
+    },
+    /// Upload a minimum signed by set-minimum --output.
+    UploadMinimum { file: PathBuf },
     /// Check a signed manifest (a file, or `--published KEY` in the models store, with its files).
     Verify {
         #[arg(required_unless_present = "published")]
@@ -84,6 +100,20 @@ pub fn run(command: ModelCommand, services: &Services) -> anyhow::Result<ExitCod
         ModelCommand::Upload { out_dir } => {
             let key = model::upload(&out_dir, services.models.as_ref())?;
             println!("uploaded {key}");
+        }
+        ModelCommand::SetMinimum { model_id, minimum, key, development, output } => {
+            let signed = model_choice::sign_minimum(&model_id, minimum, &signing_key(key, development)?, cloud::now_ms());
+            match output {
+                Some(path) => {
+                    std::fs::write(&path, &signed).with_context(|| format!("writing {}", path.display()))?;
+                    println!("signed minimum {model_id} v{minimum} into {}", path.display());
+                }
+                None => println!("uploaded {} (minimum {model_id} v{minimum})", model_choice::upload_minimum(services.models.as_ref(), &signed)?),
+            }
+        }
+        ModelCommand::UploadMinimum { file } => {
+            let signed = std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            println!("uploaded {}", model_choice::upload_minimum(services.models.as_ref(), &signed)?);
         }
         ModelCommand::Verify { manifest, published, publisher_key, development } => {
             let publisher = verifying_key(publisher_key, development)?;

@@ -15,12 +15,13 @@ use cloud::{layout, ObjectStore, PutCondition, Services};
 use indicatif::{ProgressBar, ProgressStyle};
 use cloud::ObjectWriter;
 use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype, Precision, ResultSecretKey};
-use protocol::manifest::{Manifest, SignedManifest};
 use protocol::records::encode_input;
 use sha2::{Digest, Sha256};
 
 use crate::corpus::{count_records, CorpusForm, CorpusItem, CorpusOptions, CorpusReader};
 use crate::home::Home;
+pub use crate::model_choice::CheckedModel;
+use crate::model_choice::{choose_model, ModelPins};
 use crate::jobstate::{ClientJob, JobFiles};
 use crate::trust::{current_enclave, ClientTrust, PublishedEnclave, TrustArgs};
 
@@ -46,6 +47,13 @@ pub struct SubmitArgs {
     /// Model id (a published, signed manifest must exist for it).
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
+    /// Use exactly this signed version of the model (default: the newest, never below the
+    /// publisher's signed minimum nor below what this client has seen).
+    #[arg(long, value_name = "N")]
+    pub model_version: Option<u64>,
+    /// Use exactly the manifest with this SHA-256 (64 hex digits, as receipts name it).
+    #[arg(long, value_name = "HEX")]
+    pub manifest_sha256: Option<String>,
     /// Wait for the job, then download, open and verify the results.
     #[arg(long)]
     pub wait: bool,
@@ -89,38 +97,6 @@ pub struct SubmitArgs {
     pub partial: bool,
     #[command(flatten)]
     pub trust: TrustArgs,
-}
-
-/// A model version the client checked: its signature, and the hash its jobs will name.
-pub struct CheckedModel {
-    pub key: String,
-    pub manifest: Manifest,
-    pub hash: [u8; 32],
-}
-
-/// The newest published manifest of `model_id` whose publisher signature verifies.
-pub fn newest_model(models: &dyn ObjectStore, model_id: &str, trust: &ClientTrust) -> anyhow::Result<CheckedModel> {
-    let name = model_id.rsplit('/').next().unwrap_or(model_id);
-    let mut versions: Vec<(u64, String)> = models
-        .list(&format!("{}{name}/", layout::MODELS_PREFIX))?
-        .into_iter()
-        .filter_map(|m| layout::manifest_version(&m.key).map(|v| (v, m.key)))
-        .collect();
-    versions.sort();
-    let mut refused = Vec::new();
-    for (_, key) in versions.into_iter().rev() {
-        let bytes = models.get(&key)?;
-        let checked = SignedManifest::decode(&bytes).and_then(|s| s.verify(&trust.model_publisher).map(|m| (m.clone(), s.hash)));
-        match checked {
-            Ok((manifest, hash)) if manifest.model_id == model_id => return Ok(CheckedModel { key, manifest, hash }),
-            Ok((manifest, _)) => refused.push(format!("{key}: names model {}", manifest.model_id)),
-            Err(error) => refused.push(format!("{key}: {error}")),
-        }
-    }
-    if refused.is_empty() {
-        bail!("model {model_id} is not published (no manifest under {}{name}/)", layout::MODELS_PREFIX)
-    }
-    bail!("no manifest of {model_id} verifies:\n  {}", refused.join("\n  "))
 }
 
 /// Counts bytes written and hashes them on the way to the object store.
@@ -188,7 +164,9 @@ impl Sealing {
         trust.warn_if_development();
         let now_ms = cloud::now_ms();
         let enclave = current_enclave(services, &trust, now_ms)?;
-        let model = newest_model(services.models.as_ref(), &args.model, &trust)?;
+        let pins = ModelPins::parse(args.model_version, args.manifest_sha256.as_deref())?;
+        let model = choose_model(services.models.as_ref(), &args.model, &trust.model_publisher, home, &pins)?;
+        eprintln!("model {} v{} manifest {} ({})", model.manifest.model_id, model.manifest.version, hex::encode(model.hash), model.key);
         let result_key = crate::keys::load_result_key(&home.result_key(), true)?;
         let mut corpus_options = CorpusOptions::new(args.model.clone());
         corpus_options.dimensions = Some(model.manifest.dimensions);

@@ -255,6 +255,72 @@ impl SignedManifest {
     }
 }
 
+/// Content type of a publisher-signed model minimum.
+pub const MINIMUM_CONTENT_TYPE: &str = "application/vnd.ephem-batch.model-minimum.v1+cbor";
+
+/// The publisher's floor for one model: clients refuse any manifest of `model_id` signed with
+/// a lower version. Separate from the manifests because a host that withholds or deletes the
+/// newest manifest would otherwise leave clients nothing to compare against.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelMinimum {
+    pub model_id: String,
+    pub minimum_version: u64,
+    pub issued_ms: u64,
+}
+
+impl ModelMinimum {
+    pub fn to_payload(&self) -> Vec<u8> {
+        cbor::encode(
+            &MapBuilder::new()
+                .uint("v", 1)
+                .text("model", &self.model_id)
+                .uint("minimum_version", self.minimum_version)
+                .uint("issued_ms", self.issued_ms)
+                .build(),
+        )
+    }
+
+    pub fn from_payload(bytes: &[u8]) -> Result<Self, ManifestError> {
+        let mut map = MapReader::from_bytes(bytes)?;
+        if map.uint("v")? != 1 {
+            return Err(ManifestError::Invalid("unknown model minimum version"));
+        }
+        let minimum = Self { model_id: map.text("model")?, minimum_version: map.uint("minimum_version")?, issued_ms: map.uint("issued_ms")? };
+        map.finish()?;
+        if !valid_model_id(&minimum.model_id) {
+            return Err(ManifestError::Invalid("model id"));
+        }
+        Ok(minimum)
+    }
+
+    /// Signs with the model publisher key (its own content type: a manifest signature is never
+    /// taken for a minimum, nor the reverse).
+    pub fn sign(&self, publisher: &SigningKey) -> Vec<u8> {
+        cose::sign(self.to_payload(), MINIMUM_CONTENT_TYPE, publisher)
+    }
+}
+
+/// A decoded model minimum whose signature has not been checked yet.
+#[derive(Debug, Clone)]
+pub struct SignedModelMinimum {
+    pub publisher_kid: KeyId,
+    pub minimum: ModelMinimum,
+    message: Sign1,
+}
+
+impl SignedModelMinimum {
+    pub fn decode(bytes: &[u8]) -> Result<Self, ManifestError> {
+        let message = Sign1::decode(bytes, MINIMUM_CONTENT_TYPE)?;
+        let minimum = ModelMinimum::from_payload(&message.payload)?;
+        Ok(Self { publisher_kid: message.kid, minimum, message })
+    }
+
+    pub fn verify(&self, publisher: &VerifyingKey) -> Result<&ModelMinimum, ManifestError> {
+        self.message.verify(publisher)?;
+        Ok(&self.minimum)
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -321,5 +387,23 @@ pub(crate) mod tests {
         assert_ne!(*a, *manifest.file_key(&[1; 32], "tokenizer.json"));
         assert_ne!(*a, *manifest.file_key(&[2; 32], "model.safetensors"));
         assert_ne!(manifest.file_stream_id("a"), manifest.file_stream_id("b"));
+    }
+
+    #[test]
+    fn model_minimum_round_trip_and_domain_separation() {
+        let publisher = SigningKey::from_bytes(&[3; 32]);
+        let minimum = ModelMinimum { model_id: "example/tiny".into(), minimum_version: 4, issued_ms: 1_760_000_000_000 };
+        let bytes = minimum.sign(&publisher);
+        let signed = SignedModelMinimum::decode(&bytes).unwrap();
+        assert_eq!(signed.verify(&publisher.verifying_key()).unwrap(), &minimum);
+        assert!(signed.verify(&SigningKey::from_bytes(&[4; 32]).verifying_key()).is_err());
+        // The same key's manifest signature is not a minimum, nor the reverse.
+        assert!(matches!(SignedModelMinimum::decode(&sample().sign(&publisher)), Err(ManifestError::Cose(CoseError::Header { .. }))));
+        assert!(matches!(SignedManifest::decode(&bytes), Err(ManifestError::Cose(CoseError::Header { .. }))));
+        // One flipped signature bit: refused.
+        let mut tampered = bytes.clone();
+        *tampered.last_mut().unwrap() ^= 1;
+        let decoded = SignedModelMinimum::decode(&tampered).unwrap();
+        assert!(matches!(decoded.verify(&publisher.verifying_key()), Err(ManifestError::Cose(CoseError::BadSignature))));
     }
 }
