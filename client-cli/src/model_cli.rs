@@ -45,12 +45,16 @@ pub enum ModelCommand {
     SetMinimum {
         #[arg(long)]
         model_id: String,
+        /// The lowest version clients may use; it must be published.
         #[arg(long, value_name = "N")]
         minimum: u64,
+        /// The publisher's Ed25519 seed (64 hex digits), the manifests' signing key.
         #[arg(long, value_name = "FILE", conflicts_with = "development")]
         key: Option<PathBuf>,
+        /// Sign with the well-known development publisher.
         #[arg(long)]
         development: bool,
+        /// Only write the signed minimum to FILE (signing offline; upload-minimum uploads it).
         #[arg(short, long, value_name = "FILE")]
         output: Option<PathBuf>,
     },
