@@ -389,7 +389,7 @@ pub fn results(
     }
     // The OpenAI ids derive from the bulk id, as a job's from its job id.
     let options =
-        OutputOptions { format: format.output(), model_id: first.model_id.clone(), job_id: bulk_id.to_owned(), dimensions: results::dimensions(services, &first) };
+        OutputOptions { format: format.output(), model_id: first.model_id.clone(), job_id: bulk_id.to_owned(), dimensions: Some(results::dimensions(services, trust, &first)?) };
     let mut writer = OutputWriter::create(&output, options)?;
     let mut appended = Vec::new();
     for (index, done) in committed.iter().enumerate() {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{anyhow, Context};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
 use crate::home::{write_private, Home};
@@ -38,6 +39,10 @@ pub struct ClientJob {
     pub normalize: bool,
     pub dtype: String,
     pub precision: String,
+    /// Hex [`IdsDigest`] of the record ids sealed, in order (`None`: submitted by a client that
+    /// kept none, so `record_ids` cannot pass).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids_sha256: Option<String>,
     /// Set once the results were downloaded and opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downloaded: Option<Downloaded>,
@@ -45,6 +50,7 @@ pub struct ClientJob {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Downloaded {
+    /// The attempt the opened output's authenticated header names.
     pub attempt: u64,
     /// Hex SHA-256 of the sealed output (the receipt's `output_sha256`).
     pub sealed_sha256: String,
@@ -52,6 +58,30 @@ pub struct Downloaded {
     pub plaintext_sha256: String,
     pub records_ok: u64,
     pub records_failed: u64,
+    /// Hex [`IdsDigest`] of the output records' ids, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids_sha256: Option<String>,
+}
+
+/// SHA-256 over record ids in order, each as its length (u64 big-endian) then its UTF-8 bytes:
+/// the length prefix keeps `["ab", "c"]` and `["a", "bc"]` apart.
+#[derive(Clone, Default)]
+pub struct IdsDigest(Sha256);
+
+impl IdsDigest {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn push(&mut self, id: &str) {
+        self.0.update((id.len() as u64).to_be_bytes());
+        self.0.update(id.as_bytes());
+    }
+
+    /// Hex, as the job state keeps it.
+    pub fn finish(self) -> String {
+        hex::encode(self.0.finalize())
+    }
 }
 
 pub struct JobFiles {
@@ -102,5 +132,27 @@ impl JobFiles {
         let mut key = Zeroizing::new([0u8; 32]);
         hex::decode_to_slice(text.trim(), key.as_mut()).map_err(|_| anyhow!("the job's commitment key is not 32 hex bytes"))?;
         Ok(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdsDigest;
+
+    fn digest(ids: &[&str]) -> String {
+        let mut d = IdsDigest::new();
+        ids.iter().for_each(|id| d.push(id));
+        d.finish()
+    }
+
+    #[test]
+    fn ids_digest_keeps_order_and_boundaries() {
+        assert_eq!(digest(&["a", "b"]), digest(&["a", "b"]));
+        assert_ne!(digest(&["a", "b"]), digest(&["b", "a"]), "order");
+        assert_ne!(digest(&["ab", "c"]), digest(&["a", "bc"]), "boundaries");
+        assert_ne!(digest(&["a", ""]), digest(&["a"]), "an empty id counts");
+        // SHA-256 of u64 BE 1 ‖ "a": pins the encoding submit and results share.
+        let expected = <sha2::Sha256 as sha2::Digest>::digest([0, 0, 0, 0, 0, 0, 0, 1, b'a']);
+        assert_eq!(digest(&["a"]), hex::encode(expected));
     }
 }

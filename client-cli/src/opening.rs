@@ -12,9 +12,10 @@ use protocol::envelope::{self, JobId, Preamble, ResultSecretKey, StreamKind, MAX
 use protocol::records::{OutputDecoder, OutputRecord};
 use sha2::{Digest, Sha256};
 
-use crate::jobstate::Downloaded;
+use crate::jobstate::{Downloaded, IdsDigest};
 
-/// Reads the object at `attempt`, calls `sink` with each record in order.
+/// Reads the object at `attempt`, calls `sink` with each record in order. The returned attempt
+/// is the one the output's authenticated header names, not the key it was read from.
 pub fn open_output(
     services: &Services,
     job: &JobId,
@@ -34,6 +35,7 @@ pub fn open_output(
     let mut decoder = OutputDecoder::new();
     let mut plain = Vec::new();
     let (mut ok, mut failed) = (0u64, 0u64);
+    let mut ids = IdsDigest::new();
     loop {
         let n = reader.read(&mut buffer).with_context(|| format!("downloading {object}"))?;
         if let Some(bar) = progress {
@@ -68,6 +70,7 @@ pub fn open_output(
         plain_hash.update(&plain);
         decoder.push(&plain);
         while let Some(record) = decoder.next_record().context("result records")? {
+            ids.push(record.id());
             match &record {
                 OutputRecord::Embedding { .. } => ok += 1,
                 OutputRecord::Error { .. } => failed += 1,
@@ -82,11 +85,13 @@ pub fn open_output(
         }
     }
     decoder.finish(expected_records).context("result records")?;
+    let header = opened.map(|o| o.header).ok_or_else(|| anyhow!("result envelope: no preamble"))?;
     Ok(Downloaded {
-        attempt,
+        attempt: header.attempt,
         sealed_sha256: hex::encode(sealed_hash.finalize()),
         plaintext_sha256: hex::encode(plain_hash.finalize()),
         records_ok: ok,
         records_failed: failed,
+        ids_sha256: Some(ids.finish()),
     })
 }

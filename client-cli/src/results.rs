@@ -1,21 +1,57 @@
-//! `ephem-batch results JOB -o OUT`: download the attempt the committed receipt names, open it
-//! with the client's key, write embeddings and errors, and check the receipt against what was
-//! uploaded and downloaded before any file appears under its final name.
+//! `ephem-batch results JOB -o OUT`: read the committed receipt once and verify it, download the
+//! attempt it names, open it with the client's key, write embeddings and errors, and check the
+//! output against that receipt and the ids sealed before any file appears under its final name.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context};
-use cloud::{layout, Services};
+use anyhow::{bail, Context};
+use cloud::{layout, ObjectError, Services};
 use protocol::envelope::{JobId, ResultSecretKey};
-use protocol::receipt::SignedReceipt;
+use protocol::manifest::SignedManifest;
 
 use crate::corpus::LineError;
 use crate::home::Home;
 use crate::jobstate::{ClientJob, JobFiles};
-use crate::output::{OutputFormat, OutputOptions, OutputSummary, OutputWriter};
+use crate::output::{OutputError, OutputFormat, OutputOptions, OutputSummary, OutputWriter};
 use crate::trust::ClientTrust;
-use crate::verify::{verify_job, Verification};
+use crate::verify::{self, Check, Fetched, Verification};
+
+/// Why results are refused; each names the failed checks.
+#[derive(Debug, thiserror::Error)]
+pub enum ResultsError {
+    #[error("the results of job {job} do not verify; nothing written:\n  {}", list(.failed))]
+    NotVerified { job: String, failed: Vec<Check> },
+    #[error("check `manifest` failed: {detail}")]
+    Manifest { detail: String },
+}
+
+impl ResultsError {
+    /// The names of the failed checks.
+    pub fn checks(&self) -> Vec<&'static str> {
+        match self {
+            ResultsError::NotVerified { failed, .. } => failed.iter().map(|c| c.name).collect(),
+            ResultsError::Manifest { .. } => vec!["manifest"],
+        }
+    }
+}
+
+fn list(failed: &[Check]) -> String {
+    failed.iter().map(|c| format!("{}: {}", c.name, c.detail)).collect::<Vec<_>>().join("\n  ")
+}
+
+/// The failed checks but the ledger's (the ledger may not have caught up yet).
+fn refused(job: &JobId, out: &Verification) -> ResultsError {
+    let failed = out.failures().into_iter().filter(|c| c.name != "ledger").cloned().collect();
+    ResultsError::NotVerified { job: job.to_hex(), failed }
+}
+
+fn refuse_on_failure(job: &JobId, out: &Verification) -> Result<(), ResultsError> {
+    match refused(job, out) {
+        ResultsError::NotVerified { failed, .. } if failed.is_empty() => Ok(()),
+        refusal => Err(refusal),
+    }
+}
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {
@@ -70,10 +106,9 @@ pub fn run(
     let state = files.load()?;
     let format = format.unwrap_or_else(|| default_format(&state));
     let output = output.map(Path::to_path_buf).unwrap_or_else(|| default_output(&state, format));
-    let mut writer = OutputWriter::create(
-        &output,
-        OutputOptions { format: format.output(), model_id: state.model_id.clone(), job_id: job.to_hex(), dimensions: dimensions(services, &state) },
-    )?;
+    let dimensions = Some(dimensions(services, trust, &state)?);
+    let mut writer =
+        OutputWriter::create(&output, OutputOptions { format: format.output(), model_id: state.model_id.clone(), job_id: job.to_hex(), dimensions })?;
     let appended = append_job(home, services, trust, key, job, &mut writer)?;
     let paths = writer.paths().clone();
     let summary = writer.finish()?;
@@ -81,14 +116,20 @@ pub fn run(
     Ok(Written { summary, output: paths.output, errors: paths.errors, verification })
 }
 
-/// The model's dimensions, from the manifest the job names (if it can be read).
-pub fn dimensions(services: &Services, state: &ClientJob) -> Option<usize> {
-    services
-        .models
-        .get(&state.manifest_key)
-        .ok()
-        .and_then(|b| protocol::manifest::SignedManifest::decode(&b).ok())
-        .map(|m| m.manifest.dimensions as usize)
+/// The model's dimensions, from the manifest whose hash the job header pinned, signed by the
+/// pinned model publisher (the host controls the bucket it is read from).
+pub fn dimensions(services: &Services, trust: &ClientTrust, state: &ClientJob) -> Result<usize, ResultsError> {
+    let refuse = |detail: String| ResultsError::Manifest { detail };
+    let bytes = services.models.get(&state.manifest_key).map_err(|e| refuse(format!("reading {}: {e}", state.manifest_key)))?;
+    let signed = SignedManifest::decode(&bytes).map_err(|e| refuse(format!("{}: {e}", state.manifest_key)))?;
+    if hex::encode(signed.hash) != state.manifest_hash {
+        return Err(refuse(format!("{} hashes to {}, the job pinned {}", state.manifest_key, hex::encode(signed.hash), state.manifest_hash)));
+    }
+    let manifest = signed.verify(&trust.model_publisher).map_err(|e| refuse(format!("{}: {e}", state.manifest_key)))?;
+    if manifest.model_id != state.model_id {
+        return Err(refuse(format!("{} names model {}, the job {}", state.manifest_key, manifest.model_id, state.model_id)));
+    }
+    Ok(manifest.dimensions as usize)
 }
 
 /// One job's results written to `writer`, verified.
@@ -105,9 +146,10 @@ impl Appended {
     }
 }
 
-/// Writes a job's locally refused lines and its records to `writer`, then checks the receipt
-/// against what was uploaded and downloaded. On any failed check (but the ledger's) it fails:
-/// the caller then drops the writer unfinished, so no file appears under its final name.
+/// Writes a job's locally refused lines and its records to `writer`, checked against the
+/// receipt read once and verified before any of its fields is used. On any failed check (but
+/// the ledger's) it fails: the caller then drops the writer unfinished, so no file appears
+/// under its final name.
 pub fn append_job(
     home: &Home,
     services: &Services,
@@ -118,30 +160,48 @@ pub fn append_job(
 ) -> anyhow::Result<Appended> {
     let files = JobFiles::new(home, &job.to_hex());
     let mut state = files.load()?;
-    let receipt = match services.jobs.get(&layout::job_receipt(job)) {
-        Ok(bytes) => SignedReceipt::decode(&bytes).context("the committed receipt")?.receipt,
-        Err(cloud::ObjectError::NotFound { .. }) => {
+    let mut out = Verification::new(job, trust);
+    let verified = match verify::fetch_receipt(services, trust, job, &mut out)? {
+        Fetched::Verified(verified) => verified,
+        Fetched::Missing => {
             let view = crate::status::view(services, job)?;
             bail!("job {job} has no results: it is {}", view.state.as_str());
         }
-        Err(error) => return Err(error.into()),
+        Fetched::Refused => return Err(refused(job, &out).into()),
     };
+    let receipt = &verified.receipt;
+    // Every claim about the input first: no byte of an output is read for a receipt that fails.
+    verify::check_sealed(&state, job, receipt, &mut out);
+    refuse_on_failure(job, &out)?;
     append_local_errors(home, job, writer)?;
     let size = services.jobs.head(&layout::job_output(job, receipt.attempt))?.map_or(0, |m| m.size);
     let progress = crate::submit::bar(size, "download");
-    let downloaded = crate::opening::open_output(services, job, receipt.attempt, key, Some(state.records), Some(&progress), |record| {
+    let opened = crate::opening::open_output(services, job, receipt.attempt, key, Some(state.records), Some(&progress), |record| {
         writer.record(&record).map_err(Into::into)
-    })?;
+    });
     progress.finish_and_clear();
-
-    let verification = verify_job(home, services, trust, job, key, Some(downloaded.clone()))?;
-    let fatal: Vec<String> =
-        verification.failures().into_iter().filter(|c| c.name != "ledger").map(|c| format!("{}: {}", c.name, c.detail)).collect();
-    if !fatal.is_empty() {
-        return Err(anyhow!("the results of job {job} do not verify; nothing written:\n  {}", fatal.join("\n  ")));
-    }
+    let downloaded = match opened {
+        Ok(downloaded) => downloaded,
+        Err(error) if local_failure(&error) => return Err(error),
+        Err(error) => {
+            verify::unopened_output(job, receipt.attempt, &error, &mut out);
+            return Err(refused(job, &out).into());
+        }
+    };
+    verify::check_output(&files, &state, receipt, &downloaded, &mut out);
+    verify::check_ledger(home, job, &verified.bytes, &mut out);
+    refuse_on_failure(job, &out)?;
     state.downloaded = Some(downloaded);
-    Ok(Appended { verification, state })
+    Ok(Appended { verification: out, state })
+}
+
+/// Failures of this machine (writing files) or of the transfer, not of the object's content.
+fn local_failure(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.is::<OutputError>()
+            || cause.is::<std::io::Error>()
+            || cause.downcast_ref::<ObjectError>().is_some_and(|e| !matches!(e, ObjectError::NotFound { .. }))
+    })
 }
 
 /// The lines of `job`'s corpus refused at submission, to `writer`'s errors file.

@@ -22,7 +22,7 @@ use crate::corpus::{count_records, CorpusForm, CorpusItem, CorpusOptions, Corpus
 use crate::home::Home;
 pub use crate::model_choice::CheckedModel;
 use crate::model_choice::{choose_model, ModelPins};
-use crate::jobstate::{ClientJob, JobFiles};
+use crate::jobstate::{ClientJob, IdsDigest, JobFiles};
 use crate::trust::{current_enclave, ClientTrust, PublishedEnclave, TrustArgs};
 
 pub const DEFAULT_MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
@@ -223,6 +223,7 @@ impl Sealing {
             normalize: self.options.normalize,
             dtype: self.options.dtype.as_str().to_owned(),
             precision: self.options.precision.as_str().to_owned(),
+            ids_sha256: Some(sealed.ids_sha256.clone()),
             downloaded: None,
         }
     }
@@ -230,15 +231,27 @@ impl Sealing {
 
 pub fn run(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Result<ClientJob> {
     let sealing = Sealing::prepare(home, services, args)?;
-    let summary = count_records(&args.file, &sealing.corpus_options).with_context(|| format!("reading {}", args.file.display()))?;
+    let job = seal_file(home, services, &sealing, &args.file)?;
+    let job_id = JobId::from_hex(&job.job_id).ok_or_else(|| anyhow!("job id {} is not hex", job.job_id))?;
+    check_accepted(services, &job_id)?;
+    if job.local_errors > 0 {
+        let files = JobFiles::new(home, &job.job_id);
+        eprintln!("{} line(s) refused locally (never sent): {}", job.local_errors, files.local_errors().display());
+    }
+    Ok(job)
+}
+
+/// Seals `file` as one job, uploads it and saves what the client remembers of it.
+pub fn seal_file(home: &Home, services: &Services, sealing: &Sealing, file: &Path) -> anyhow::Result<ClientJob> {
+    let summary = count_records(file, &sealing.corpus_options).with_context(|| format!("reading {}", file.display()))?;
     let (sealed, job_id) = sealing.seal(summary.records)?;
     let files = JobFiles::new(home, &job_id.to_hex());
     files.create_dir()?;
     files.save_commitment_key(&sealed.commitment_key)?;
 
-    let size = std::fs::metadata(&args.file).map(|m| m.len()).unwrap_or(0);
+    let size = std::fs::metadata(file).map(|m| m.len()).unwrap_or(0);
     let progress = bar(size, "sealing");
-    let input = open_corpus(&args.file, &progress)?;
+    let input = open_corpus(file, &progress)?;
     let mut corpus = CorpusReader::new(input, sealing.corpus_options.clone());
     let mut shard = ShardSealer::start(services.jobs.as_ref(), &layout::job_input(&job_id), sealed, &files.local_errors(), progress.clone())?;
     while let Some(item) = corpus.next_item()? {
@@ -249,12 +262,8 @@ pub fn run(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Resul
     if outcome.errors != summary.errors {
         bail!("the corpus changed while it was being sealed ({} errors on the first pass, {} on the second)", summary.errors, outcome.errors);
     }
-    let job = sealing.client_job(&job_id, &args.file, summary.form, summary.records, summary.errors, &outcome);
+    let job = sealing.client_job(&job_id, file, summary.form, summary.records, summary.errors, &outcome);
     files.save(&job)?;
-    check_accepted(services, &job_id)?;
-    if summary.errors > 0 {
-        eprintln!("{} line(s) refused locally (never sent): {}", summary.errors, files.local_errors().display());
-    }
     Ok(job)
 }
 
@@ -416,6 +425,8 @@ pub struct SealOutcome {
     pub sealed_sha256: [u8; 32],
     pub sealed_size: u64,
     pub plaintext_sha256: [u8; 32],
+    /// Hex [`IdsDigest`] of the ids sealed, in order.
+    pub ids_sha256: String,
     /// Lines refused locally (written to the job's local errors file).
     pub errors: u64,
 }
@@ -428,6 +439,7 @@ struct ShardSealer {
     errors_out: BufWriter<File>,
     errors: u64,
     plaintext_hash: Sha256,
+    ids: IdsDigest,
     plain: Vec<u8>,
     cipher: Vec<u8>,
 }
@@ -444,6 +456,7 @@ impl ShardSealer {
             errors_out,
             errors: 0,
             plaintext_hash: Sha256::new(),
+            ids: IdsDigest::new(),
             plain: Vec::with_capacity(SEAL_PIECE * 2),
             cipher: Vec::with_capacity(SEAL_PIECE * 2),
         })
@@ -454,6 +467,7 @@ impl ShardSealer {
             CorpusItem::Records { records, .. } => {
                 for record in &records {
                     encode_input(record, &mut self.plain)?;
+                    self.ids.push(&record.id);
                 }
                 if self.plain.len() >= SEAL_PIECE {
                     self.plaintext_hash.update(&self.plain);
@@ -488,6 +502,7 @@ impl ShardSealer {
             sealed_sha256: hasher.finalize().into(),
             sealed_size: written,
             plaintext_sha256: self.plaintext_hash.finalize().into(),
+            ids_sha256: self.ids.finish(),
             errors: self.errors,
         })
     }

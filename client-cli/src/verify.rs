@@ -1,13 +1,17 @@
 //! `ephem-batch verify JOB`: every claim of the job's receipt, checked against what this client
 //! sealed and opened. Each check is named; the first failures are what an operator needs.
 //!
+//! The receipt object is read once ([`fetch_receipt`]) and verified before any of its fields is
+//! used: the host can swap it between two reads.
+//!
 //! | check | what |
 //! |---|---|
 //! | `receipt` | the committed receipt exists and decodes |
 //! | `receipt_attestation` | the attestation document it names: chain to the policy's root at the document's own time, the policy's PCRs, the key binding, the receipt signature by the bound key, fleet key and PCRs consistent |
 //! | `job_id`, `model`, `options`, `result_key`, `fleet_key`, `records` | the receipt states what the client sealed |
 //! | `input_sha256` | the sealed input the enclave read is the one this client uploaded |
-//! | `output_sha256` | the sealed output this client downloaded is the one the enclave wrote |
+//! | `output_sha256` | the sealed output this client downloaded (and wrote) is the one the enclave wrote: same attempt, same SHA-256 |
+//! | `record_ids` | the output's record ids are the ids this client sealed, in order |
 //! | `commitment` | the keyed plaintext commitment: the enclave saw exactly this plaintext and produced exactly this output |
 //! | `ledger` | the ledger holds this receipt, byte for byte, with an inclusion proof against a checkpoint signed by the ledger key |
 
@@ -47,7 +51,11 @@ impl Verification {
         self.checks.iter().filter(|c| !c.passed).collect()
     }
 
-    fn add(&mut self, name: &'static str, passed: bool, detail: impl Into<String>) -> bool {
+    pub fn new(job: &JobId, trust: &ClientTrust) -> Self {
+        Verification { job_id: job.to_hex(), development_root: trust.development, checks: Vec::new() }
+    }
+
+    pub fn add(&mut self, name: &'static str, passed: bool, detail: impl Into<String>) -> bool {
         self.checks.push(Check { name, passed, detail: detail.into() });
         passed
     }
@@ -64,14 +72,29 @@ impl Verification {
     }
 }
 
-/// The receipt as committed, verified against the policy; `None` (with the failure recorded)
-/// when it cannot be.
-fn checked_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out: &mut Verification) -> anyhow::Result<Option<(Vec<u8>, Receipt)>> {
+/// A receipt read once and verified against the policy: the bytes checked are the bytes used.
+#[derive(Debug, Clone)]
+pub struct VerifiedReceipt {
+    pub bytes: Vec<u8>,
+    pub receipt: Receipt,
+}
+
+/// What reading the committed receipt gave (failures recorded in the [`Verification`]).
+pub enum Fetched {
+    Verified(VerifiedReceipt),
+    /// None committed: the job has not completed.
+    Missing,
+    /// It does not decode or does not verify.
+    Refused,
+}
+
+/// Reads the committed receipt once and verifies it (`receipt`, `receipt_attestation`).
+pub fn fetch_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out: &mut Verification) -> anyhow::Result<Fetched> {
     let bytes = match services.jobs.get(&layout::job_receipt(job)) {
         Ok(bytes) => bytes,
         Err(ObjectError::NotFound { .. }) => {
             out.add("receipt", false, "no receipt committed (the job has not completed)");
-            return Ok(None);
+            return Ok(Fetched::Missing);
         }
         Err(error) => return Err(error.into()),
     };
@@ -79,7 +102,7 @@ fn checked_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out: &
         Ok(signed) => signed,
         Err(error) => {
             out.add("receipt", false, error.to_string());
-            return Ok(None);
+            return Ok(Fetched::Refused);
         }
     };
     out.add("receipt", true, format!("{} bytes, attempt {}", bytes.len(), signed.receipt.attempt));
@@ -88,7 +111,7 @@ fn checked_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out: &
         Ok(document) => document,
         Err(ObjectError::NotFound { .. }) => {
             out.add("receipt_attestation", false, format!("the attestation document it names is not published ({document_key})"));
-            return Ok(None);
+            return Ok(Fetched::Refused);
         }
         Err(error) => return Err(error.into()),
     };
@@ -102,17 +125,18 @@ fn checked_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out: &
                 true,
                 format!("signed by the receipt key bound in {} (PCR0 {}…)", verified.module_id, &verified.fields.pcr0[..16]),
             );
-            Ok(Some((bytes, verified.receipt)))
+            Ok(Fetched::Verified(VerifiedReceipt { bytes, receipt: verified.receipt }))
         }
         Err(error) => {
             out.add("receipt_attestation", false, format!("check `{}` failed: {error}", error.check()));
-            Ok(None)
+            Ok(Fetched::Refused)
         }
     }
 }
 
-/// Runs every check. `downloaded` comes from `results`; without it the output is downloaded and
-/// opened here (nothing written).
+/// Runs every check. `downloaded` is what was opened (and written) before, if anything: it
+/// defaults to the job state's; with neither, the output the receipt names is opened here
+/// (nothing written).
 pub fn verify_job(
     home: &Home,
     services: &Services,
@@ -123,10 +147,28 @@ pub fn verify_job(
 ) -> anyhow::Result<Verification> {
     let files = JobFiles::new(home, &job.to_hex());
     let state: ClientJob = files.load()?;
-    let mut out = Verification { job_id: job.to_hex(), development_root: trust.development, checks: Vec::new() };
-    let Some((receipt_bytes, receipt)) = checked_receipt(services, trust, job, &mut out)? else {
+    let mut out = Verification::new(job, trust);
+    let Fetched::Verified(verified) = fetch_receipt(services, trust, job, &mut out)? else {
         return Ok(out);
     };
+    let receipt = &verified.receipt;
+    check_sealed(&state, job, receipt, &mut out);
+    // What was written is what is checked: a different attempt fails `output_sha256` below.
+    let downloaded = match downloaded.or(state.downloaded.clone()) {
+        Some(d) => Ok(d),
+        None => crate::opening::open_output(services, job, receipt.attempt, result_key, Some(state.records), None, |_| Ok(())),
+    };
+    match downloaded {
+        Ok(downloaded) => check_output(&files, &state, receipt, &downloaded, &mut out),
+        Err(error) => unopened_output(job, receipt.attempt, &error, &mut out),
+    }
+    check_ledger(home, job, &verified.bytes, &mut out);
+    Ok(out)
+}
+
+/// The receipt states what the client sealed: `job_id`, `model`, `options`, `result_key`,
+/// `fleet_key`, `records`, `input_sha256`. Needs no output, so it runs before any is read.
+pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut Verification) {
     let hex = hex::encode;
     out.add("job_id", receipt.job_id == *job, format!("receipt names {}", receipt.job_id));
     out.add(
@@ -154,20 +196,37 @@ pub fn verify_job(
         receipt.records_ok + receipt.records_failed == state.records,
         format!("{} embedded + {} failed of {} sealed, {} tokens", receipt.records_ok, receipt.records_failed, state.records, receipt.tokens),
     );
-    out.add("input_sha256", hex(receipt.input_sha256) == state.sealed_sha256, format!("{}", hex(receipt.input_sha256)));
+    out.add("input_sha256", hex(receipt.input_sha256) == state.sealed_sha256, hex(receipt.input_sha256));
+}
 
-    let downloaded = match downloaded.or(state.downloaded.clone()) {
-        Some(d) if d.attempt == receipt.attempt => d,
-        _ => crate::opening::open_output(services, job, receipt.attempt, result_key, Some(state.records), None, |_| Ok(()))?,
+/// The opened output against the verified receipt and the sealed ids: `output_sha256`,
+/// `record_ids`, `commitment`.
+pub fn check_output(files: &JobFiles, state: &ClientJob, receipt: &Receipt, downloaded: &Downloaded, out: &mut Verification) {
+    let hex = hex::encode;
+    let detail = if downloaded.attempt == receipt.attempt {
+        hex(receipt.output_sha256)
+    } else {
+        format!("the output opened is attempt {}, the verified receipt names attempt {}", downloaded.attempt, receipt.attempt)
     };
-    out.add("output_sha256", hex(receipt.output_sha256) == downloaded.sealed_sha256, format!("{}", hex(receipt.output_sha256)));
+    let same = downloaded.attempt == receipt.attempt && hex(receipt.output_sha256) == downloaded.sealed_sha256;
+    out.add("output_sha256", same, detail);
+    let ids = match (&state.ids_sha256, &downloaded.ids_sha256) {
+        (Some(sealed), Some(opened)) if sealed == opened => (true, "the ids sealed, in order".to_owned()),
+        (Some(_), Some(_)) => (false, "the output's record ids are not the ids sealed, in order".to_owned()),
+        (None, _) => (false, "the job state keeps no commitment to the ids sealed (submitted by an older client)".to_owned()),
+        (_, None) => (false, "the ids of the output opened were not recorded (opened by an older client: run `results` again)".to_owned()),
+    };
+    out.add("record_ids", ids.0, ids.1);
     let commitment = match (decode32(&state.plaintext_sha256), decode32(&downloaded.plaintext_sha256), files.commitment_key()) {
         (Some(input), Some(output), Ok(key)) => PlaintextCommitment::from_digests(&key, &input, &output) == receipt.commitment,
         _ => false,
     };
     out.add("commitment", commitment, "keyed commitment to the input and output plaintext");
-    check_ledger(home, job, &receipt_bytes, &mut out);
-    Ok(out)
+}
+
+/// An output object that does not open is not the output the receipt names.
+pub fn unopened_output(job: &JobId, attempt: u64, error: &anyhow::Error, out: &mut Verification) {
+    out.add("output_sha256", false, format!("{} does not open: {error:#}", layout::job_output(job, attempt)));
 }
 
 /// Brings the home's copy of a deployment's ledger up to its bucket, checking every checkpoint
@@ -196,7 +255,7 @@ fn decode32(text: &str) -> Option<[u8; 32]> {
 
 /// The ledger holds the receipt, and an inclusion proof against a signed checkpoint verifies
 /// with the ledger key.
-fn check_ledger(home: &Home, job: &JobId, receipt: &[u8], out: &mut Verification) {
+pub fn check_ledger(home: &Home, job: &JobId, receipt: &[u8], out: &mut Verification) {
     let result = (|| -> anyhow::Result<String> {
         let dir = match crate::backend::ledger_source() {
             LedgerSource::Home => home.ledger_dir(),
