@@ -75,9 +75,15 @@ pub struct VerifyArgs {
     #[arg(long, value_name = "HEX", value_parser = parse_nonce)]
     pub nonce: Option<Nonce>,
 
-    /// Require user_data to be an ephem-batch key binding (fleet key, receipt key, epoch).
+    /// Require user_data to be an ephem-batch key binding (fleet key, receipt key, epoch,
+    /// not_after, KMS key).
     #[arg(long)]
     pub binding: bool,
+
+    /// Require the binding to name this KMS key ARN (the deployment's fleet key; implies
+    /// --binding): check `fleet_kms_key`.
+    #[arg(long, value_name = "ARN")]
+    pub fleet_key_arn: Option<protocol::kms_arn::KmsKeyArn>,
 
     /// Maximum document age in seconds (default: the policy's, else 3600).
     #[arg(long, value_name = "SECONDS")]
@@ -188,6 +194,7 @@ pub fn verify(args: VerifyArgs) -> anyhow::Result<ExitCode> {
     }
     options.expected_nonce = args.nonce.as_ref().map(|n| n.0.clone());
     options.require_binding = args.binding;
+    options.expected_fleet_kms_key = args.fleet_key_arn.clone();
 
     match options.root.kind() {
         RootKind::AwsNitroG1 => {}
@@ -245,6 +252,10 @@ fn print_human(report: &Report) {
         println!("public_key  {}", len_text(doc.public_key.as_deref()));
         println!("user_data   {}", len_text(doc.user_data.as_deref()));
         println!("nonce       {}", len_text(doc.nonce.as_deref()));
+    }
+    if let Some(binding) = report.verified().and_then(|v| v.binding.as_ref()) {
+        println!("epoch       {} until {}", binding.epoch, format_ms(binding.not_after_ms));
+        println!("fleet key   {} (released by KMS key {})", hex::encode(binding.fleet_key_id()), binding.kms_key);
     }
     println!("root        {}", report.root.label);
     println!("verified at {}", format_ms(report.verified_at_ms));
@@ -330,6 +341,9 @@ struct JsonBinding {
     receipt_public_key: String,
     receipt_key_id: String,
     epoch: u64,
+    not_after_ms: u64,
+    not_after: String,
+    kms_key_arn: String,
 }
 
 impl JsonReport {
@@ -340,6 +354,9 @@ impl JsonReport {
             receipt_public_key: hex::encode(b.receipt_public_key),
             receipt_key_id: hex::encode(b.receipt_key_id()),
             epoch: b.epoch,
+            not_after_ms: b.not_after_ms,
+            not_after: format_ms(b.not_after_ms),
+            kms_key_arn: b.kms_key.to_string(),
         });
         JsonReport {
             valid: report.is_valid(),
@@ -431,13 +448,13 @@ pub fn fetch(home: &crate::home::Home, services: &cloud::Services, args: &FetchA
         None => crate::trust::current_enclave(services, &trust, now)?.document,
         Some(nonce) => {
             let document = fresh_document(services, &nonce.0)?;
-            let mut options = trust.options_now(clock_ms()?);
+            let mut options = trust.options_for_sealing(clock_ms()?)?;
             options.expected_nonce = Some(nonce.0.clone());
             protocol::attestation::verify(&document, &options).context("the fresh document")?;
             document
         }
     };
-    let mut options = trust.options_now(clock_ms()?);
+    let mut options = trust.options_for_sealing(clock_ms()?)?;
     options.expected_nonce = args.nonce.as_ref().map(|n| n.0.clone());
     let report = verify_report(&document, &options);
     if let Some(path) = &args.output {

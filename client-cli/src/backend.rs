@@ -16,6 +16,7 @@ use clap::{Args, ValueEnum};
 use cloud::aws::{AwsCloud, AwsSettings};
 use cloud::local::LocalCloud;
 use cloud::{layout, Services};
+use protocol::kms_arn::KmsKeyArn;
 
 use crate::home::Home;
 
@@ -81,6 +82,28 @@ pub struct Opened {
 
 /// Opens the backend the flags name.
 pub fn open(home: &Home, args: &BackendArgs) -> anyhow::Result<Opened> {
+    let opened = open_services(home, args)?;
+    let _ = FLEET_KMS_KEY.set(resolve_fleet_kms_key(&opened.services));
+    Ok(opened)
+}
+
+/// The deployment's fleet KMS key as the opened backend names it: the stack outputs' ARN, or
+/// the key behind the configured name (the local fleet alias), resolved through the client's
+/// own KMS connection — never through a host.
+fn resolve_fleet_kms_key(services: &Services) -> Option<KmsKeyArn> {
+    let name = &services.keys.fleet;
+    name.parse().ok().or_else(|| services.kms.describe_key(name).ok().and_then(|d| d.arn.parse().ok()))
+}
+
+/// One backend per process, so one fleet KMS key: set by [`open`].
+static FLEET_KMS_KEY: OnceLock<Option<KmsKeyArn>> = OnceLock::new();
+
+/// The fleet KMS key of the backend [`open`] opened, if it names one.
+pub fn fleet_kms_key() -> Option<KmsKeyArn> {
+    FLEET_KMS_KEY.get().cloned().flatten()
+}
+
+fn open_services(home: &Home, args: &BackendArgs) -> anyhow::Result<Opened> {
     match args.backend {
         Backend::Local => {
             let (services, local) = open_local(home)?;

@@ -92,6 +92,14 @@ enum FleetCommand {
         #[arg(long, default_value_t = 7)]
         validity_days: u64,
     },
+    /// Check that the deployment's fleet KMS key releases only to the measured image and wraps
+    /// nothing anyone chose (DescribeKey, GetKeyPolicy); exit 1 naming each failed check.
+    CheckKey {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        trust: trust::TrustArgs,
+    },
 }
 
 fn main() -> ExitCode {
@@ -205,6 +213,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .context("fleet rotation")?;
             println!("fleet epoch {} valid until {}", record.epoch, protocol::attestation::format_ms(record.not_after_ms));
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Fleet(FleetCommand::CheckKey { json, trust }) => {
+            let home = home()?;
+            let services = backend::open(&home, &cli.backend)?.services;
+            let trust = trust::ClientTrust::load(&home, &trust)?;
+            let pinned = trust.pinned_fleet_kms_key()?;
+            let described = services.kms.describe_key(pinned.as_str()).with_context(|| format!("describing {pinned}"))?;
+            let report = ephem_batch_client::fleet_key::check(&described, pinned, &trust.policy);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                report.print();
+            }
+            Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Model(command) => {
             let home = home()?;

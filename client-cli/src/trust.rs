@@ -14,6 +14,7 @@ use cloud::{layout, ObjectError, Services};
 use ed25519_dalek::VerifyingKey;
 use protocol::attestation::{self, AttestationDocument, Policy, SignedPolicy, UserDataBinding, VerifiedDocument, VerifyOptions};
 use protocol::envelope::FleetPublicKey;
+use protocol::kms_arn::KmsKeyArn;
 
 use crate::home::Home;
 
@@ -30,6 +31,11 @@ pub struct TrustArgs {
     /// Default: the development model publisher (embedded default only).
     #[arg(long, value_name = "HEX", env = "EPHEM_MODEL_PUBLISHER_KEY")]
     pub model_publisher_key: Option<String>,
+    /// The deployment's fleet KMS key (a key ARN): a fleet key is trusted only from a document
+    /// whose binding names it. Default: the stack outputs' FleetKeyArn, or the home's local
+    /// fleet key.
+    #[arg(long, value_name = "ARN", env = "EPHEM_FLEET_KEY_ARN")]
+    pub fleet_key_arn: Option<String>,
 }
 
 /// The verified policy and the keys the client pins.
@@ -38,6 +44,9 @@ pub struct ClientTrust {
     pub policy_file: PathBuf,
     pub model_publisher: VerifyingKey,
     pub development: bool,
+    /// The deployment's fleet KMS key; `None` only where nothing is sealed (receipts are checked
+    /// against the fleet key the job was sealed to).
+    pub fleet_kms_key: Option<KmsKeyArn>,
 }
 
 /// An Ed25519 public key given as 64 hex digits; `what` names it in errors.
@@ -67,12 +76,38 @@ impl ClientTrust {
         let publisher = parse_key(&publisher_hex, "the image publisher key")?;
         let policy = signed.verify(&publisher).with_context(|| format!("policy {}", policy_file.display()))?.clone();
         let development = policy.root.kind() != attestation::RootKind::AwsNitroG1;
+        // The public development publisher signs only for the development root: a custom root
+        // is someone's real deployment, whose models must come from its own publisher.
         let model_publisher = match &args.model_publisher_key {
             Some(key) => parse_key(key, "--model-publisher-key")?,
-            None if development => protocol::manifest::development_publisher().verifying_key(),
-            None => return Err(anyhow!("--model-publisher-key is required with a production policy")),
+            None if policy.root.kind() == attestation::RootKind::Development => {
+                protocol::manifest::development_publisher().verifying_key()
+            }
+            None => return Err(anyhow!("--model-publisher-key is required unless the policy trusts the development root")),
         };
-        Ok(ClientTrust { policy, policy_file, model_publisher, development })
+        let fleet_kms_key = match &args.fleet_key_arn {
+            Some(text) => Some(text.parse::<KmsKeyArn>().context("--fleet-key-arn")?),
+            None => crate::backend::fleet_kms_key(),
+        };
+        Ok(ClientTrust { policy, policy_file, model_publisher, development, fleet_kms_key })
+    }
+
+    /// The deployment's fleet KMS key, or why there is none.
+    pub fn pinned_fleet_kms_key(&self) -> anyhow::Result<&KmsKeyArn> {
+        self.fleet_kms_key.as_ref().ok_or_else(|| {
+            anyhow!(
+                "no fleet KMS key to pin: pass --fleet-key-arn (EPHEM_FLEET_KEY_ARN) or --stack-outputs \
+                 (FleetKeyArn), or run `ephem-batch dev up` for the embedded default"
+            )
+        })
+    }
+
+    /// Options for a document whose fleet key the client is about to seal to: everything of
+    /// [`options_now`](Self::options_now), and the binding must name the deployment's KMS key.
+    pub fn options_for_sealing(&self, now_ms: u64) -> anyhow::Result<VerifyOptions> {
+        let mut options = self.options_now(now_ms);
+        options.expected_fleet_kms_key = Some(self.pinned_fleet_kms_key()?.clone());
+        Ok(options)
     }
 
     /// Says loudly when the trust is only a development root.
@@ -139,7 +174,7 @@ pub fn current_enclave(services: &Services, trust: &ClientTrust, now_ms: u64) ->
 }
 
 fn check_published(document: &[u8], trust: &ClientTrust, now_ms: u64) -> anyhow::Result<(VerifiedDocument, UserDataBinding, FleetPublicKey)> {
-    let verified = attestation::verify(document, &trust.options_now(now_ms))?;
+    let verified = attestation::verify(document, &trust.options_for_sealing(now_ms)?)?;
     let binding = verified.binding.clone().ok_or_else(|| anyhow!("check `user_data_binding` failed: no binding"))?;
     let fleet = FleetPublicKey::from_bytes(&binding.fleet_public_key).map_err(|e| anyhow!("bound fleet key: {e}"))?;
     Ok((verified, binding, fleet))

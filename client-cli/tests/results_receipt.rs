@@ -159,7 +159,13 @@ impl Fixture {
     fn trust(&self) -> ClientTrust {
         let mut policy = Policy::aws(self.enclave.pcrs.clone());
         policy.root = self.issuer_root.clone();
-        ClientTrust { policy, policy_file: "test-policy.json".into(), model_publisher: self.publisher.verifying_key(), development: true }
+        ClientTrust {
+            policy,
+            policy_file: "test-policy.json".into(),
+            model_publisher: self.publisher.verifying_key(),
+            development: true,
+            fleet_kms_key: Some(vectors::BINDING_KMS_KEY.parse().unwrap()),
+        }
     }
 
     fn result_key(&self) -> ResultSecretKey {

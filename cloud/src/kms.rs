@@ -73,6 +73,25 @@ pub struct DataKey {
     pub ciphertext_for_recipient: Option<Vec<u8>>,
 }
 
+/// `DescribeKey` and `GetKeyPolicy` of one key: what a client checks before it trusts the key
+/// to release only to attested enclaves (`ephem-batch fleet check-key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyDescription {
+    /// The key's ARN, as KMS names it.
+    pub arn: String,
+    /// `AWS_KMS` (KMS made the material), `EXTERNAL` (imported), `AWS_CLOUDHSM`, `EXTERNAL_KEY_STORE`.
+    pub origin: String,
+    /// e.g. `SYMMETRIC_DEFAULT`.
+    pub key_spec: String,
+    /// e.g. `ENCRYPT_DECRYPT`.
+    pub key_usage: String,
+    pub enabled: bool,
+    /// A multi-Region key can be replicated with the same material under another policy.
+    pub multi_region: bool,
+    /// The key policy, an IAM policy document (JSON).
+    pub policy: String,
+}
+
 /// `Decrypt`.
 #[derive(Debug)]
 pub struct Decrypted {
@@ -106,4 +125,9 @@ pub trait Kms: Send + Sync {
         context: &EncryptionContext,
         recipient: Option<&Recipient>,
     ) -> Result<Decrypted, KmsError>;
+    /// The key's ARN, metadata and policy (`key_id` may be an alias). Adapters that cannot show
+    /// a policy refuse: the caller must not take silence for a good policy.
+    fn describe_key(&self, key_id: &str) -> Result<KeyDescription, KmsError> {
+        Err(KmsError::Validation(format!("this KMS cannot describe key {key_id}")))
+    }
 }

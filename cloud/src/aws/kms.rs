@@ -15,7 +15,7 @@ use zeroize::Zeroizing;
 
 use super::error::Failure;
 use super::runtime::AwsRuntime;
-use crate::kms::{DataKey, DataKeyPair, Decrypted, AwsCredentials, EncryptionContext, Kms, KmsError, Recipient};
+use crate::kms::{AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, KeyDescription, Kms, KmsError, Recipient};
 
 /// AWS KMS. Cheap to clone.
 #[derive(Clone)]
@@ -192,5 +192,33 @@ impl Kms for AwsKms {
         let output = self.runtime.block_on(request.send()).map_err(|e| self.error("Decrypt", key_id, e))?;
         let (plaintext, ciphertext_for_recipient) = release("Decrypt", recipient, output.plaintext, output.ciphertext_for_recipient)?;
         Ok(Decrypted { key_id: output.key_id.unwrap_or_default(), plaintext, ciphertext_for_recipient })
+    }
+
+    fn describe_key(&self, key_id: &str) -> Result<KeyDescription, KmsError> {
+        Self::check_key_id("DescribeKey", key_id)?;
+        let described = self
+            .runtime
+            .block_on(self.client.describe_key().key_id(key_id).send())
+            .map_err(|e| self.error("DescribeKey", Some(key_id), e))?;
+        let metadata = described
+            .key_metadata
+            .ok_or_else(|| KmsError::Unavailable(format!("KMS DescribeKey {key_id}: no KeyMetadata in the answer")))?;
+        let arn = metadata.arn.clone().ok_or_else(|| KmsError::Unavailable(format!("KMS DescribeKey {key_id}: no Arn")))?;
+        // The policy of the key DescribeKey resolved, named by its ARN (an alias could move).
+        let policy = self
+            .runtime
+            .block_on(self.client.get_key_policy().key_id(&arn).policy_name("default").send())
+            .map_err(|e| self.error("GetKeyPolicy", Some(&arn), e))?
+            .policy
+            .ok_or_else(|| KmsError::Unavailable(format!("KMS GetKeyPolicy {arn}: no Policy in the answer")))?;
+        Ok(KeyDescription {
+            arn,
+            origin: metadata.origin.map(|o| o.as_str().to_owned()).unwrap_or_default(),
+            key_spec: metadata.key_spec.map(|k| k.as_str().to_owned()).unwrap_or_default(),
+            key_usage: metadata.key_usage.map(|k| k.as_str().to_owned()).unwrap_or_default(),
+            enabled: metadata.enabled,
+            multi_region: metadata.multi_region.unwrap_or(false),
+            policy,
+        })
     }
 }

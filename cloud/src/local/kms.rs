@@ -26,13 +26,16 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
+use super::key_policy_document::condition_key;
 use super::sqlite;
-use crate::kms::{DataKey, DataKeyPair, Decrypted, AwsCredentials, EncryptionContext, Kms, KmsError, Recipient};
+use crate::kms::{AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, KeyDescription, Kms, KmsError, Recipient};
 use crate::now_ms;
 
 /// Key ARNs of the local KMS: a fixed pseudo-region and account.
 pub const KEY_ARN_PREFIX: &str = "arn:aws:kms:local:000000000000:key/";
 pub const ALIAS_ARN_PREFIX: &str = "arn:aws:kms:local:000000000000:";
+/// The local account's root principal, as rendered key policies name it.
+pub const LOCAL_ACCOUNT_ROOT: &str = "arn:aws:iam::000000000000:root";
 /// KMS's limit on `Encrypt` plaintext.
 pub const MAX_ENCRYPT_PLAINTEXT: usize = 4096;
 /// Access key id (and secret) of the local KMS: the endpoint does not check SigV4.
@@ -143,14 +146,6 @@ fn pcrs(pcr0: Vec<u8>, pcr8: Option<Vec<u8>>) -> BTreeMap<u8, Vec<u8>> {
         map.insert(8, pcr8);
     }
     map
-}
-
-/// The condition key KMS sets from a document's PCR.
-fn condition_key(index: u8) -> String {
-    match index {
-        0 => "kms:RecipientAttestation:ImageSha384".to_owned(),
-        n => format!("kms:RecipientAttestation:PCR{n}"),
-    }
 }
 
 /// PCR values as hex strings in JSON.
@@ -637,6 +632,19 @@ impl Kms for LocalKms {
         let plaintext = parsed.open(&key.material, context)?;
         let (plaintext, ciphertext_for_recipient) = deliver(plaintext, recipient_key)?;
         Ok(Decrypted { key_id: key.key_id, plaintext, ciphertext_for_recipient })
+    }
+
+    fn describe_key(&self, key_id: &str) -> Result<KeyDescription, KmsError> {
+        let key = self.load(key_id)?;
+        Ok(KeyDescription {
+            policy: key.policy.to_iam_policy().to_string(),
+            arn: key.key_id,
+            origin: "AWS_KMS".into(),
+            key_spec: "SYMMETRIC_DEFAULT".into(),
+            key_usage: "ENCRYPT_DECRYPT".into(),
+            enabled: key.enabled,
+            multi_region: false,
+        })
     }
 }
 

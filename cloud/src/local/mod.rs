@@ -15,6 +15,7 @@
 //! `on-upload` handler itself, through the hook it registers on [`LocalCloud::jobs_store`]
 //! ([`DirObjectStore::set_created_hook`]).
 
+pub mod key_policy_document;
 pub mod kms;
 pub mod kms_endpoint;
 pub mod objects;
