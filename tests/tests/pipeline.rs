@@ -72,6 +72,32 @@ fn local_pipeline_end_to_end() {
     assert_eq!(status["state"], "completed");
     assert!(status["ledger"]["index"].is_u64());
 
+    // --- the fleet KMS key: bound in the published document, pinned by the client ---------------
+    // `fleet check-key` passes on the home's fleet key and names the key it checked.
+    let key_report = json(&stack.ok(&["fleet", "check-key", "--json"]));
+    let fleet_key = key_report["key"].as_str().unwrap().to_owned();
+    assert!(key_report["checks"].as_array().unwrap().iter().all(|c| c["passed"] == true), "{key_report}");
+    let fetched = json(&stack.ok(&["attest", "fetch", "--json"]));
+    assert_eq!(fetched["binding"]["kms_key_arn"], fleet_key.as_str(), "{fetched}");
+    assert!(fetched["binding"]["not_after_ms"].as_u64().unwrap() > fetched["document"]["timestamp_ms"].as_u64().unwrap());
+    // A stack whose document names another KMS key than the one the client pins: refused by name.
+    let elsewhere = "arn:aws:kms:local:000000000000:key/0000-not-the-deployments";
+    let refused = stack.cli(&["submit", corpus.to_str().unwrap(), "--fleet-key-arn", elsewhere]);
+    assert!(!refused.status.success(), "submit sealed to a document naming another KMS key");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("fleet_kms_key") && stderr.contains(&fleet_key), "{stderr}");
+    // A key the host could use to wrap material it chose fails check-key, naming why.
+    let trust = cloud::local::AttestationTrust {
+        root_pem_path: stack.home().join("enclave/dev-root.pem"),
+        max_document_age: std::time::Duration::from_secs(300),
+    };
+    let kms = cloud::local::LocalKms::open(stack.home().join(cloud::local::KMS_DB), trust).unwrap();
+    let host_key = kms.create_key(cloud::local::LocalKeyPolicy::unrestricted(), "a key the host made").unwrap();
+    let out = stack.cli(&["fleet", "check-key", "--fleet-key-arn", &host_key]);
+    assert_eq!(out.status.code(), Some(1), "{}", stack.describe(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("FAIL  key_policy_no_wrapping") && text.contains("FAIL  key_policy_attested_release"), "{text}");
+
     // --- the ledger: full replay, and an offline bundle checked against a pinned key ---------
     stack.ok(&["ledger", "verify"]);
     let bundle = work.path().join("bundle.json");
