@@ -152,4 +152,26 @@ describe('KMS keys', () => {
     // The ledger signing key does not depend on the image.
     assert.deepEqual(after.filter((x) => x.includes('Ledger')), before.filter((x) => x.includes('Ledger')));
   });
+
+  it('fleet key: nobody may wrap material they chose under it (what `ephem-batch fleet check-key` checks)', () => {
+    // A client pins the fleet key's ARN (check fleet_kms_key); that is only as strong as the key's
+    // inability to wrap a private key someone knows: no Encrypt, ReEncrypt*, plaintext-returning
+    // data keys, imported material or replicas, for anyone.
+    const wraps = /^kms:(Encrypt|ReEncrypt|ImportKeyMaterial|GenerateDataKeyPair$|GenerateDataKey$|GenerateDataKeyWithoutPlaintext|ReplicateKey|CreateGrant|PutKeyPolicy)/;
+    for (const s of statements(fleetKey).filter((x) => x.Effect === 'Allow')) {
+      for (const a of actionsOf(s)) assert.ok(!wraps.test(a), `statement ${s.Sid} allows ${a} on the fleet key`);
+    }
+    // KMS makes the material (Origin AWS_KMS, the default) and the key stays in one Region.
+    assert.ok(fleetKey.Properties?.Origin === undefined || fleetKey.Properties?.Origin === 'AWS_KMS');
+    assert.notEqual(fleetKey.Properties?.MultiRegion, true);
+    // The only statements that release (Decrypt) require the image's PCR0.
+    for (const s of statements(fleetKey).filter((x) => x.Effect === 'Allow' && actionsOf(x).includes('kms:Decrypt'))) {
+      assert.equal(s.Condition?.StringEqualsIgnoreCase?.[IMAGE_SHA384_KEY], TEST_PCR0, `statement ${s.Sid}`);
+    }
+    // And only the rotation role creates epochs, without plaintext.
+    const creating = statements(fleetKey).filter((x) => x.Effect === 'Allow' && actionsOf(x).some((a) => a.startsWith('kms:GenerateDataKeyPair')));
+    assert.equal(creating.length, 1);
+    assert.deepEqual(actionsOf(creating[0]), ['kms:GenerateDataKeyPairWithoutPlaintext']);
+    assert.equal(principalOf(creating[0]), ROTATION);
+  });
 });
