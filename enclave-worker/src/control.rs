@@ -202,7 +202,9 @@ fn use_epoch<C: Read + Write>(
 ) -> Result<(), ControlError> {
     if let Some(held) = worker.epoch(epoch) {
         let document = publish(worker, control, &held.secret, epoch, held.not_after_ms, &held.kms_key)?;
-        tracing::info!(epoch, bytes = document.len(), "fleet epoch published again");
+        let document_sha256 = Sha256::digest(&document).into();
+        worker.republished(epoch, document, document_sha256);
+        tracing::info!(epoch, "fleet epoch published again");
         return Ok(());
     }
     let record = EpochRecord::from_json(&control.fetch_small(object_key)?)?;

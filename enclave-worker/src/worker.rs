@@ -121,6 +121,22 @@ impl Worker {
         Ok(())
     }
 
+    /// Records a fresh publication of an epoch already held: later receipts name the newest
+    /// document. The key stays the one released.
+    pub fn republished(&self, epoch_number: u64, document: Vec<u8>, document_sha256: [u8; 32]) {
+        let mut epochs = self.epochs.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(held) = epochs.get(&epoch_number) {
+            let fresh = Epoch {
+                secret: held.secret.clone(),
+                not_after_ms: held.not_after_ms,
+                kms_key: held.kms_key.clone(),
+                document,
+                document_sha256,
+            };
+            epochs.insert(epoch_number, Arc::new(fresh));
+        }
+    }
+
     /// The fleet key of `epoch`, unless it has expired.
     pub fn epoch(&self, epoch: u64) -> Option<Arc<Epoch>> {
         let now = self.now_ms();

@@ -62,6 +62,10 @@ pub enum TileError {
     Contended { attempts: u32 },
     #[error("the staging record {key} of the current checkpoint is missing, and so are its bundles")]
     StagingMissing { key: String },
+    /// The store's checkpoint is older than one already signed: someone who can write the bucket
+    /// put an old note back. Building on it would sign a fork, so nothing is appended.
+    #[error("checkpoint rolled back: the store's checkpoint is of tree size {head}, but {seen_in} is of size {seen}")]
+    RolledBack { head: u64, seen: u64, seen_in: String },
     #[error("local cache {path}: {source}")]
     CacheIo {
         path: PathBuf,
@@ -208,7 +212,7 @@ impl TileStore {
             .into());
         }
         if have > head.size {
-            return Err(mismatch(head.size, "cache is ahead of the checkpoint"));
+            return Err(rolled_back(head, have, "this copy's own last checkpoint".into()));
         }
         if have == head.size {
             if root_at(&self.cache, have)? != head.root {
@@ -222,6 +226,11 @@ impl TileStore {
             return Ok(());
         }
         let mut checkpoints = if have == 0 || self.options.full_history {
+            // A copy with no history of its own (a cold start, a fresh auditor) learns from the
+            // archive whether a larger tree was ever signed.
+            if let Some(seen) = newest_archived(self.objects.as_ref(), &self.layout, &self.verifier, head.size)? {
+                return Err(rolled_back(head, seen, format!("the archived checkpoint {}", self.layout.archived_checkpoint(seen))));
+            }
             archived_checkpoints(self.objects.as_ref(), &self.layout, &self.verifier, have, head.size)?
         } else {
             Vec::new()
@@ -425,6 +434,32 @@ impl TileStore {
 enum Attempt {
     Committed(Vec<AppendOutcome>),
     Again,
+}
+
+fn rolled_back(head: &Head, seen: u64, seen_in: String) -> TileError {
+    let error = TileError::RolledBack { head: head.size, seen, seen_in };
+    // An alarm, not a retry: only someone writing the bucket can cause it (docs/operations.md).
+    tracing::error!(alarm = "ledger_rolled_back", %error);
+    error
+}
+
+/// The largest archived checkpoint above `head_size` whose note verifies; an archived object
+/// that does not verify proves nothing and is passed over.
+fn newest_archived(objects: &dyn ObjectStore, layout: &Layout, verifier: &VerifierKey, head_size: u64) -> Result<Option<u64>, TileError> {
+    let mut above: Vec<u64> =
+        objects.list(&layout.archive_prefix())?.iter().filter_map(|m| layout.archived_size(&m.key)).filter(|s| *s > head_size).collect();
+    above.sort_unstable_by(|a, b| b.cmp(a));
+    for size in above {
+        let note = match objects.get(&layout.archived_checkpoint(size)) {
+            Ok(note) => note,
+            Err(ObjectError::NotFound { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if Checkpoint::open(&note, verifier).is_ok_and(|cp| cp.size == size) {
+            return Ok(Some(size));
+        }
+    }
+    Ok(None)
 }
 
 fn mismatch(index: u64, what: &'static str) -> TileError {

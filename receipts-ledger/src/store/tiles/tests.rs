@@ -340,3 +340,41 @@ fn the_ledger_appends_through_the_tiles() {
     assert_eq!(head.size, 3);
     assert_eq!(ledger.store().latest_checkpoint().unwrap().unwrap().note, head.note);
 }
+
+/// Someone who can write the ledger bucket (not sign with the ledger key) puts an older, validly
+/// signed checkpoint back. Rebuilding from it would make the honest appender sign a tree that
+/// diverges from the one already published, dropping entries clients were told were ledgered.
+#[test]
+fn a_rolled_back_checkpoint_is_refused_by_the_appender_and_by_a_fresh_sync() {
+    let (_dir, objects) = objects();
+    let layout = Layout::new("");
+    let mut store = appender(objects.clone());
+    append(&mut store, 0..3, 1_000);
+    let old = objects.get(&layout.checkpoint()).unwrap();
+    append(&mut store, 3..5, 2_000);
+    objects.put(&layout.checkpoint(), &old, PutCondition::Overwrite).unwrap();
+
+    // The appender that signed size 5 refuses to build on size 3, and signs nothing.
+    let batch = [test_request(5, 200)];
+    let error = store.append(&batch, &key(), &CheckpointPolicy::default(), 3_000).unwrap_err();
+    assert!(error.to_string().contains("rolled back"), "{error}");
+    assert_eq!(objects.get(&layout.checkpoint()).unwrap(), old, "nothing signed over the rolled-back head");
+
+    // A fresh appender (an empty cache: a Lambda's cold start) sees the archived size-5 checkpoint.
+    let mut fresh = appender(objects.clone());
+    let error = fresh.append(&batch, &key(), &CheckpointPolicy::default(), 3_000).unwrap_err();
+    assert!(error.to_string().contains("rolled back") && error.to_string().contains('5'), "{error}");
+
+    // So does a fresh auditor's sync.
+    let mut auditor =
+        TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    let error = sync(&mut auditor).unwrap_err();
+    assert!(matches!(error, TileError::RolledBack { head: 3, seen: 5, .. }), "{error}");
+
+    // An archived "checkpoint" that does not verify proves nothing and blocks nobody.
+    objects.put(&layout.checkpoint(), &objects.get(&layout.archived_checkpoint(5)).unwrap(), PutCondition::Overwrite).unwrap();
+    objects.put(&layout.archived_checkpoint(9), b"not a signed note", PutCondition::CreateOnly).unwrap();
+    let mut fresh = appender(objects.clone());
+    fresh.append(&batch, &key(), &CheckpointPolicy::default(), 3_000).unwrap();
+    assert_eq!(fresh.size().unwrap(), 6);
+}
