@@ -3,7 +3,7 @@
 // time), a schedule -> fleet-rotate; the bulk workflow calls bulk-list-shards, bulk-await-shard
 // (once per shard, as a task that waits for its token) and bulk-aggregate. Each runs under its
 // own role with only the calls it makes.
-import { Duration } from 'aws-cdk-lib';
+import { Annotations, Duration } from 'aws-cdk-lib';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as iam from 'aws-cdk-lib/aws-iam';
@@ -16,6 +16,14 @@ import { Keys } from './keys';
 import { LambdaName, lambdaCode } from './lambda-code';
 import { LEDGER_APPEND_TIMEOUT, Queues } from './queues';
 import { SHARD_SUFFIX, Storage } from './storage';
+
+/**
+ * Where ledger-append and bulk-aggregate read the image publisher's signed attestation policies
+ * (every object under it: the allow-list, e.g. the old and the new image's during a rotation).
+ */
+export const POLICIES_PREFIX = 'artifacts/policies/';
+/** Context key of the image publisher's Ed25519 public key (64 hex), which signs the policies. */
+export const PUBLISHER_KEY_CONTEXT = 'imagePublisherKey';
 
 export interface LambdasProps {
   readonly identities: Identities;
@@ -43,6 +51,32 @@ export class Lambdas extends Construct {
     this.props = props;
     const { identities: ids, storage, queues, keys } = props;
     const storePrefixes = props.storePrefixes.join(',');
+
+    // Receipts count only if their attestation document satisfies a policy signed by the image
+    // publisher: without the key both functions refuse to start (never "any image").
+    const publisherKey = this.node.tryGetContext(PUBLISHER_KEY_CONTEXT) as unknown;
+    if (publisherKey !== undefined && !/^[0-9a-fA-F]{64}$/.test(String(publisherKey))) {
+      throw new Error(`-c ${PUBLISHER_KEY_CONTEXT} must be the image publisher's Ed25519 public key, 64 hex characters`);
+    }
+    if (publisherKey === undefined) {
+      Annotations.of(this).addWarningV2(
+        'ephem-batch:noImagePublisherKey',
+        `No -c ${PUBLISHER_KEY_CONTEXT}=<64 hex>: ledger-append and bulk-aggregate will refuse to start until it is given.`,
+      );
+    }
+    const policies: Record<string, string> = {
+      EPHEM_POLICIES_BUCKET: storage.artifacts.bucketName,
+      EPHEM_POLICIES_PREFIX: POLICIES_PREFIX,
+      ...(publisherKey === undefined ? {} : { EPHEM_IMAGE_PUBLISHER_KEY: String(publisherKey).toLowerCase() }),
+    };
+    const readPolicies = (role: iam.Role) => {
+      allow(role, 'ReadAttestationPolicies', ['s3:GetObject'], [storage.artifacts.arnForObjects(`${POLICIES_PREFIX}*`)], {
+        why: 'Reads every signed attestation policy of the allow-list; their file names are the operator\'s.',
+      });
+      allow(role, 'ListAttestationPolicies', ['s3:ListBucket'], [storage.artifacts.bucketArn], {
+        conditions: { StringLike: { 's3:prefix': [`${POLICIES_PREFIX}*`] } },
+      });
+    };
 
     // on-upload: S3 event -> check the sealed header (no decryption), its fleet epoch and its
     // model manifest -> status.json and a job message. A shard dropped under a store prefix is
@@ -98,7 +132,8 @@ export class Lambdas extends Construct {
 
     // ledger-append: the ledger's single writer. FIFO-fed, reserved concurrency 1, and every
     // ledger write is conditional (If-None-Match for new objects, If-Match for the checkpoint).
-    // The attestation document travels in the message; it reads no other bucket. Each receipt
+    // The attestation document travels in the message; besides the policies it reads no other
+    // bucket, and a receipt no policy admits is refused for good. Each receipt
     // newly appended is also one CloudWatch EMF log line (the dashboard's job and document counts).
     this.ledgerAppend = this.rustFunction('ledger-append', ids.ledgerRole, {
       timeout: LEDGER_APPEND_TIMEOUT,
@@ -108,8 +143,10 @@ export class Lambdas extends Construct {
         EPHEM_LEDGER_BUCKET: storage.ledger.bucketName,
         EPHEM_LEDGER_KEY_ARN: keys.ledgerSigningKey.attrArn,
         EPHEM_JOBS_BUCKET: storage.jobs.bucketName,
+        ...policies,
       },
     });
+    readPolicies(ids.ledgerRole);
     this.ledgerAppend.addEventSource(new SqsEventSource(queues.ledger, { batchSize: 10, reportBatchItemFailures: true }));
     const ledgerObjects = 'The ledger bucket holds only the ledger (entries, tiles, checkpoints), whose names follow the tree size; ledger-append is its sole writer.';
     allow(ids.ledgerRole, 'ReadLedger', ['s3:GetObject'], [storage.ledger.arnForObjects('*')], { why: ledgerObjects });
@@ -185,8 +222,9 @@ export class Lambdas extends Construct {
     this.bulkAggregate = this.rustFunction('bulk-aggregate', ids.bulkAggregateRole, {
       timeout: Duration.minutes(5),
       memorySize: 512,
-      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName, EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName },
+      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName, EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName, ...policies },
     });
+    readPolicies(ids.bulkAggregateRole);
     allow(ids.bulkAggregateRole, 'ReadReceipts', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/receipt.cose')], {
       why: 'Reads the receipt of each job of the bulk run; job ids are known at run time.',
     });

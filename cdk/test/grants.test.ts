@@ -6,7 +6,7 @@ import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { repoRoot } from '../lib/config';
 import { flattenForNag } from '../lib/nag';
-import { asArray, defaultStack, identityStatements, referencedId, resourcesOfType } from './helpers';
+import { asArray, CfnTemplate, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
 
 const { json } = defaultStack();
 const statements = identityStatements(json);
@@ -42,8 +42,8 @@ function s3Only(grants: Record<string, Grant>): Record<string, Grant> {
 
 const prefix = (...patterns: string[]) => ({ StringLike: { 's3:prefix': patterns } });
 
-function lambdaEnvironment(name: string): Record<string, unknown> {
-  const [[, f]] = resourcesOfType(json, 'AWS::Lambda::Function').filter(([, x]) => x.Properties?.Description === `ephem-batch ${name}`);
+function lambdaEnvironment(name: string, t: CfnTemplate = json): Record<string, unknown> {
+  const [[, f]] = resourcesOfType(t, 'AWS::Lambda::Function').filter(([, x]) => x.Properties?.Description === `ephem-batch ${name}`);
   return f.Properties?.Environment?.Variables ?? {};
 }
 
@@ -136,12 +136,14 @@ describe('Lambdas', () => {
     assert.deepEqual(attached.map(([id]) => id.replace(/[0-9A-F]{8}$/, '')), ['IdentitiesOnUploadRoleDefaultPolicy']);
   });
 
-  it('ledger-append writes ledgered.json (no object tags) and reads no attestations bucket', () => {
+  it('ledger-append writes ledgered.json (no object tags), reads the signed policies and no attestations bucket', () => {
     const ledger = s3Only(grantsOf('IdentitiesLedgerAppendRole'));
     assert.deepEqual(ledger.MarkJobsLedgered, { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/ledgered.json'] });
+    assert.deepEqual(ledger.ReadAttestationPolicies, { actions: ['s3:GetObject'], resources: ['ARTIFACTS/artifacts/policies/*'] });
+    assert.deepEqual(ledger.ListAttestationPolicies, { actions: ['s3:ListBucket'], resources: ['ARTIFACTS'], condition: prefix('artifacts/policies/*') });
     assert.deepEqual(
       Object.entries(ledger).filter(([, g]) => g.resources.some((r) => !r.startsWith('LEDGER'))).map(([sid]) => sid),
-      ['MarkJobsLedgered'],
+      ['ReadAttestationPolicies', 'ListAttestationPolicies', 'MarkJobsLedgered'],
     );
     const env = lambdaEnvironment('ledger-append');
     assert.equal(env.EPHEM_LEDGERED_TAG, undefined);
@@ -178,8 +180,27 @@ describe('Lambdas', () => {
       ReadAttestationDocuments: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/attestations/by-hash/*'] },
       KnowAbsentAttestationDocuments: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/by-hash/*') },
       WriteBulkManifests: { actions: ['s3:PutObject'], resources: ['JOBS/bulk/*'] },
+      ReadAttestationPolicies: { actions: ['s3:GetObject'], resources: ['ARTIFACTS/artifacts/policies/*'] },
+      ListAttestationPolicies: { actions: ['s3:ListBucket'], resources: ['ARTIFACTS'], condition: prefix('artifacts/policies/*') },
     });
     assert.ok(lambdaEnvironment('bulk-aggregate').EPHEM_ATTESTATIONS_BUCKET, 'the binary refuses to start without it');
+  });
+
+  it('ledger-append and bulk-aggregate are given the signed policies and the publisher key that verifies them', () => {
+    const [[artifactsId]] = resourcesOfType(json, 'AWS::S3::Bucket').filter(([id]) => id.startsWith('StorageArtifacts'));
+    for (const name of ['ledger-append', 'bulk-aggregate']) {
+      const env = lambdaEnvironment(name);
+      assert.deepEqual(env.EPHEM_POLICIES_BUCKET, { Ref: artifactsId }, name);
+      assert.equal(env.EPHEM_POLICIES_PREFIX, 'artifacts/policies/', name);
+      // Without the key the functions refuse to start: no default, no "any image".
+      assert.equal(env.EPHEM_IMAGE_PUBLISHER_KEY, undefined, name);
+    }
+    const key = 'AB'.repeat(32);
+    const withKey = synth({ imagePublisherKey: key }).json;
+    for (const name of ['ledger-append', 'bulk-aggregate']) {
+      assert.equal(lambdaEnvironment(name, withKey).EPHEM_IMAGE_PUBLISHER_KEY, key.toLowerCase(), name);
+    }
+    assert.throws(() => synth({ imagePublisherKey: 'abcd' }), /imagePublisherKey must be the image publisher's Ed25519 public key/);
   });
 });
 

@@ -453,24 +453,43 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
     Ok(())
 }
 
+/// What the home's appenders admit: receipts under its development root whose documents satisfy
+/// its development policy (`dev up` writes it, signed by the development image publisher). A
+/// policy that does not verify stops the appender: it never admits any image instead.
+pub fn home_policies(home: &Home) -> anyhow::Result<(TrustAnchor, receipts_ledger::PolicySet)> {
+    wait_for("the development root and policy", Duration::from_secs(120), || {
+        Ok(home.dev_root_pem().is_file() && home.dev_policy().is_file())
+    })?;
+    let anchor = TrustAnchor::from_pem(&std::fs::read_to_string(home.dev_root_pem())?)?;
+    let publisher = std::fs::read_to_string(home.dev_image_publisher_pub())
+        .with_context(|| format!("reading {}", home.dev_image_publisher_pub().display()))?;
+    let publisher = crate::trust::parse_key(&publisher, "the development image publisher key")?;
+    let file = home.dev_policy();
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let set = receipts_ledger::PolicySet::from_json(&publisher, &[(file.display().to_string(), text)])?;
+    for p in set.policies() {
+        tracing::info!(policy = %hex::encode(p.id), source = %p.source, "receipts admitted under this policy");
+    }
+    Ok((anchor, set))
+}
+
 /// The local Lambda runtime: the ledger queue's event source, the input-expiry rule, and the
 /// stand-in for Step Functions that runs bulk workflows, until SIGTERM.
 pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()> {
     use receipts_ledger::local::LocalLedger;
-    use receipts_ledger::receipt_check::ProtocolReceipts;
 
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
     let (services, local) = crate::backend::open_local(home)?;
-    wait_for("the development root", Duration::from_secs(120), || Ok(home.dev_root_pem().is_file()))?;
-    let anchor = TrustAnchor::from_pem(&std::fs::read_to_string(home.dev_root_pem())?)?;
+    let (anchor, policies) = home_policies(home)?;
+    let check = Arc::new(receipts_ledger::ProtocolReceipts::enforcing(anchor, policies)?);
     let runner = Arc::new(lambdas::local_workflow::Runner {
         services: services.clone(),
         workflows: local.workflows(),
         config: lambdas::on_upload::Config::from_list(cloud::local::STORE_PREFIX),
-        root: anchor.clone(),
+        check: check.clone(),
         poll: Duration::from_millis(250),
     });
     let workflows = {
@@ -481,12 +500,11 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
             }
         })?
     };
-    let (mut ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(ProtocolReceipts::new(anchor.clone())))?;
-    let check = ProtocolReceipts::new(anchor);
+    let (mut ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(check.clone()))?;
     tracing::info!(ledger_key = %verifier, "local Lambda runtime started");
     let mut last_expiry = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        match lambdas::local::pump_ledger_queue(&services, &mut ledger, &check, Duration::from_secs(1)) {
+        match lambdas::local::pump_ledger_queue(&services, &mut ledger, check.as_ref(), Duration::from_secs(1)) {
             // Locally a checkpoint right away, so a proof is available as soon as the entry is.
             Ok(n) if n > 0 => {
                 if let Err(error) = ledger.checkpoint_now(cloud::now_ms()) {

@@ -42,14 +42,17 @@ use anyhow::{Context, anyhow};
 use clap::{Args, Subcommand};
 use protocol::attestation::{RootKind, TrustAnchor, format_ms};
 use protocol::envelope::JobId;
-use protocol::receipt::SignedReceipt;
 use receipts_ledger::merkle::{root_at, verify_consistency};
 use receipts_ledger::{
-    BundleError, Checkpoint, EntryVerdict, IndexedFields, LedgerStore, LocalLedger, ProofBundle, ProtocolReceipts,
-    Query, ReceiptCheckError, SqliteStore, VerifierKey, consistency, prove, verify_bundle, verify_entry, verify_ledger,
+    BundleError, Checkpoint, IndexedFields, LedgerStore, LocalLedger, ProofBundle, ProtocolReceipts,
+    Query, ReceiptCheckError, SqliteStore, VerifierKey, consistency, prove, verify_bundle, verify_ledger,
 };
 use receipts_ledger::store::tiles;
 use serde::Serialize;
+
+mod query;
+pub use query::{Row, query_rows};
+use query::query_command;
 
 /// Where an `$EPHEM_HOME` keeps its development root (the enclave worker's state).
 pub const HOME_DEV_ROOT: &str = "enclave/dev-root.pem";
@@ -407,135 +410,6 @@ fn latest_signed(store: &dyn LedgerStore, key: &VerifierKey) -> anyhow::Result<R
             format!("latest checkpoint (size {}) does not verify under the pinned ledger key: {e}", cp.size)
         }),
     })
-}
-
-// ---- query -----------------------------------------------------------------------------
-
-/// One row of the compliance view.
-#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
-pub struct Row {
-    pub index: u64,
-    pub job_id: String,
-    pub model_id: String,
-    pub manifest_hash: String,
-    pub pcr0: String,
-    pub client_key_id: String,
-    pub started_ms: u64,
-    pub finished_ms: u64,
-    pub finished: String,
-    pub ok_count: u64,
-    pub failed_count: u64,
-    /// From the receipt, once it verified.
-    pub tokens: Option<u64>,
-    pub appended_ms: u64,
-    #[serde(flatten)]
-    pub verdict: EntryVerdict,
-}
-
-/// The rows `query` matches, each with its verdict.
-pub fn query_rows(
-    store: &dyn LedgerStore,
-    query: &Query,
-    key: &VerifierKey,
-    check: &ProtocolReceipts,
-) -> anyhow::Result<Vec<Row>> {
-    let checkpoint = latest_signed(store, key)?;
-    let mut rows = Vec::new();
-    for entry in store.query(query)? {
-        let mut verdict = verify_entry(store, &entry, check, checkpoint.as_ref().ok().and_then(Option::as_ref))?;
-        // An entry that is fine on its own is still not proven if the checkpoint is not.
-        if let (EntryVerdict::NotCheckpointed, Err(reason)) = (&verdict, &checkpoint) {
-            verdict = EntryVerdict::Invalid { reason: reason.clone() };
-        }
-        let tokens = match verdict {
-            EntryVerdict::Invalid { .. } => None,
-            _ => SignedReceipt::decode(&entry.leaf).ok().map(|s| s.receipt.tokens),
-        };
-        let f = entry.fields;
-        rows.push(Row {
-            index: entry.index,
-            finished: format_ms(f.end_ms),
-            job_id: f.job_id,
-            model_id: f.model_id,
-            manifest_hash: f.manifest_hash,
-            pcr0: f.pcr0,
-            client_key_id: f.client_key_id,
-            started_ms: f.start_ms,
-            finished_ms: f.end_ms,
-            ok_count: f.ok_count,
-            failed_count: f.failed_count,
-            tokens,
-            appended_ms: entry.appended_ms,
-            verdict,
-        });
-    }
-    Ok(rows)
-}
-
-fn verdict_text(v: &EntryVerdict) -> String {
-    match v {
-        EntryVerdict::Verified { checkpoint } => format!("verified (checkpoint {checkpoint})"),
-        EntryVerdict::NotCheckpointed => "valid, not checkpointed yet".into(),
-        EntryVerdict::Invalid { reason } => format!("INVALID: {reason}"),
-    }
-}
-
-fn query_command(dir: &Path, query: &Query, json: bool, trust: &LedgerTrust) -> anyhow::Result<ExitCode> {
-    let store = LocalLedger::open_read_only(dir)?;
-    let pinned = home_key(trust.ledger_key.as_deref(), dir)?;
-    let check = receipt_check(&trust.root, dir, true)?;
-    let rows = query_rows(&store, query, &pinned.key, &check)?;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else {
-        print_table(&rows);
-        println!();
-        println!("{} receipt(s); ledger key {} ({})", rows.len(), pinned.key, pinned.source);
-        println!("attestation root {}", check.root().label());
-    }
-    let invalid = rows.iter().any(|r| matches!(r.verdict, EntryVerdict::Invalid { .. }));
-    Ok(if invalid { ExitCode::from(1) } else { ExitCode::SUCCESS })
-}
-
-fn print_table(rows: &[Row]) {
-    let header = ["#", "finished (UTC)", "job", "model", "ok", "failed", "tokens", "pcr0", "verdict"];
-    let cells: Vec<[String; 9]> = rows
-        .iter()
-        .map(|r| {
-            [
-                r.index.to_string(),
-                r.finished.clone(),
-                r.job_id.clone(),
-                r.model_id.clone(),
-                r.ok_count.to_string(),
-                r.failed_count.to_string(),
-                r.tokens.map_or_else(|| "-".into(), |t| t.to_string()),
-                format!("{}…", r.pcr0.get(..16).unwrap_or(&r.pcr0)),
-                verdict_text(&r.verdict),
-            ]
-        })
-        .collect();
-    let mut widths = header.map(str::len);
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let line = |cols: &[String]| {
-        let mut s = String::new();
-        for (i, (c, w)) in cols.iter().zip(widths).enumerate() {
-            if i + 1 == cols.len() {
-                s.push_str(c);
-            } else {
-                s.push_str(&format!("{c:<w$}  "));
-            }
-        }
-        println!("{}", s.trim_end());
-    };
-    line(&header.map(String::from));
-    for row in &cells {
-        line(row);
-    }
 }
 
 // ---- verify ----------------------------------------------------------------------------
@@ -957,7 +831,7 @@ mod tests {
     use clap::Parser;
     use receipts_ledger::local::{LEDGER_DB, LocalOptions};
     use receipts_ledger::testing::DevEnclave;
-    use receipts_ledger::{CheckpointPolicy, SignerKey, SqliteOptions};
+    use receipts_ledger::{CheckpointPolicy, EntryVerdict, SignerKey, SqliteOptions};
 
     /// 2025-11-01T00:00:00Z.
     const T: u64 = 1_761_955_200_000;

@@ -430,3 +430,54 @@ fn check_bulk_id(id: &str) -> Result<(), BulkError> {
         && id != "..";
     if ok { Ok(()) } else { Err(BulkError::BulkId(id.to_owned())) }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cloud::local::DirObjectStore;
+    use receipts_ledger::testing::DevEnclave;
+    use receipts_ledger::PolicySet;
+
+    const T: u64 = 1_761_955_200_000;
+
+    /// Shard 1's receipt is the genuine image's; shard 2's comes from a host running its own
+    /// image on genuine hardware (same root, another PCR0).
+    #[test]
+    fn bulk_aggregate_refuses_a_shard_receipt_from_another_image() {
+        let tmp = tempfile::tempdir().unwrap();
+        let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
+        let attestations = DirObjectStore::open(tmp.path().join("attestations")).unwrap();
+        let (genuine, other) = (DevEnclave::new(4, T), DevEnclave::with_image(4, 0xee, T));
+        let mut results = Vec::new();
+        for (job, enclave) in [(1u64, &genuine), (2, &other)] {
+            let id = JobId(u128::from(job).to_be_bytes());
+            jobs.put(&layout::job_receipt(&id), &enclave.sign(&enclave.receipt(job)), PutCondition::Overwrite).unwrap();
+            let sha: [u8; 32] = Sha256::digest(&enclave.document).into();
+            attestations.put(&layout::attestation_by_hash(&sha), &enclave.document, PutCondition::Overwrite).unwrap();
+            results.push(ShardResult {
+                key: format!("stores/s/incoming/b1/{job}.sealed"),
+                job_id: id.to_hex(),
+                receipt_key: None,
+                status: ShardStatus::Committed,
+                error: None,
+            });
+        }
+        let input = AggregateInput { bulk_id: "b1".into(), bucket: "jobs".into(), prefix: "stores/s/incoming/b1/".into(), results };
+        let shards = |jobs: &DirObjectStore| -> Vec<ManifestStatus> {
+            let m: Manifest = serde_json::from_slice(&jobs.get(&manifest_key("b1")).unwrap()).unwrap();
+            m.shards.into_iter().map(|s| s.status).collect()
+        };
+        // Any image under the root: the other image's receipt counts as committed.
+        aggregate(&input, &jobs, &attestations, &ProtocolReceipts::new(genuine.anchor()), T).unwrap();
+        assert!(matches!(shards(&jobs)[1], ManifestStatus::Committed { .. }));
+
+        let publisher = ed25519_dalek::SigningKey::from_bytes(&[0x51; 32]);
+        let set = PolicySet::verify(&publisher.verifying_key(), vec![("p.json".into(), genuine.policy(&publisher))]).unwrap();
+        let check = ProtocolReceipts::enforcing(genuine.anchor(), set).unwrap();
+        let err = aggregate(&input, &jobs, &attestations, &check, T).unwrap_err();
+        assert!(matches!(&err, BulkError::ReceiptsRefused { refused: 1, total: 2, first, .. } if first.starts_with(&format!("job {}: policy: ", input.results[1].job_id))), "{err}");
+        let shards = shards(&jobs);
+        assert!(matches!(shards[0], ManifestStatus::Committed { .. }));
+        assert!(matches!(&shards[1], ManifestStatus::Refused { check, message, .. } if check == "policy" && message.contains(&"ee".repeat(48))), "{:?}", shards[1]);
+    }
+}

@@ -14,6 +14,7 @@
 //! - [`local`]: what AWS would run around the handlers, for the embedded default (an event
 //!   source for the ledger queue, the input-expiry lifecycle rule).
 //! - [`metrics`]: the deployment's metrics as CloudWatch Embedded Metric Format lines.
+//! - [`policies`]: the publisher-signed attestation policies receipts must satisfy.
 //! - [`shell`]: what the `lambda_runtime` binaries (`src/bin/`) share.
 
 pub mod asl_walk;
@@ -25,6 +26,7 @@ pub mod local;
 pub mod local_workflow;
 pub mod metrics;
 pub mod on_upload;
+pub mod policies;
 pub mod shell;
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use cloud::local::LocalWorkflows;
 use cloud::{ExecutionStatus, ObjectStore, Services, WorkflowError};
-use protocol::attestation::TrustAnchor;
 use receipts_ledger::ProtocolReceipts;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -79,8 +78,9 @@ pub struct Runner {
     pub workflows: Arc<LocalWorkflows>,
     /// The embedded default's store prefixes.
     pub config: Config,
-    /// The root receipts chain to (the development root, locally).
-    pub root: TrustAnchor,
+    /// What shard receipts must pass: the development root and the home's signed policy,
+    /// locally ([`ProtocolReceipts::enforcing`]).
+    pub check: Arc<ProtocolReceipts>,
     /// How often a waiting task looks at its token.
     pub poll: Duration,
 }
@@ -121,8 +121,7 @@ impl Runner {
         let ending = match serde_json::from_str::<Value>(input) {
             Err(e) => Ending::Failed { error: "States.Runtime".into(), cause: format!("the execution input is not JSON: {e}") },
             Ok(input) => {
-                let check = ProtocolReceipts::new(self.root.clone());
-                let mut env = LocalEnv { runner: self, check, execution: id.to_owned(), stop };
+                let mut env = LocalEnv { runner: self, execution: id.to_owned(), stop };
                 let definition = definition(LOCAL_BUCKET);
                 // A construct the interpreter lacks panics; the execution fails instead of the runtime.
                 std::panic::catch_unwind(AssertUnwindSafe(|| Run::new(&mut env, id).machine(&definition, input))).unwrap_or_else(|panic| {
@@ -148,7 +147,6 @@ impl Runner {
 
 struct LocalEnv<'a> {
     runner: &'a Runner,
-    check: ProtocolReceipts,
     execution: String,
     stop: &'a AtomicBool,
 }
@@ -161,7 +159,7 @@ impl Environment for LocalEnv<'_> {
             attestations: services.attestations.as_ref(),
             tokens: self.runner.workflows.as_ref(),
             config: &self.runner.config,
-            check: &self.check,
+            check: &self.runner.check,
             now_ms: cloud::now_ms(),
         };
         steps.invoke(function, payload)

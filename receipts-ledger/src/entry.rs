@@ -43,6 +43,12 @@ pub fn attestation_sha256(document: &[u8]) -> Hash {
 
 /// The receipt fields the ledger indexes for compliance queries. Hex fields
 /// are lowercase; times are Unix milliseconds.
+///
+/// `policy` is not the receipt's: it is the id (hex SHA-256 of the signed bytes) of the
+/// publisher-signed policy the appender found the receipt's document to satisfy, `None` for a
+/// check without an allow-list (and rows appended before there was one). The chain does not
+/// cover it, and [`IndexedFields::first_difference`] leaves it out: an auditor's check may hold
+/// other policies or none.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IndexedFields {
     pub job_id: String,
@@ -54,6 +60,8 @@ pub struct IndexedFields {
     pub end_ms: u64,
     pub ok_count: u64,
     pub failed_count: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<String>,
 }
 
 /// Which indexed field is wrong, and how.
@@ -71,6 +79,8 @@ pub enum FieldError {
     TooBig { field: &'static str, max: u64 },
     #[error("start_ms {start} is after end_ms {end}")]
     TimesReversed { start: u64, end: u64 },
+    #[error("field {field} is not a SHA-256 (64 hex digits)")]
+    NotSha256 { field: &'static str },
 }
 
 fn check_hex(field: &'static str, v: &str) -> Result<(), FieldError> {
@@ -116,10 +126,16 @@ impl IndexedFields {
         if self.start_ms > self.end_ms {
             return Err(FieldError::TimesReversed { start: self.start_ms, end: self.end_ms });
         }
+        if let Some(policy) = &self.policy {
+            check_hex("policy", policy)?;
+            if policy.len() != 64 {
+                return Err(FieldError::NotSha256 { field: "policy" });
+            }
+        }
         Ok(())
     }
 
-    /// The name of the first field that differs from `other`.
+    /// The name of the first receipt field that differs from `other` (`policy` is not one).
     pub fn first_difference(&self, other: &Self) -> Option<&'static str> {
         let pairs: [(&'static str, bool); 9] = [
             ("job_id", self.job_id == other.job_id),
@@ -151,6 +167,13 @@ pub struct AppendRequest {
 /// plugs in here; the ledger refuses a request whose claimed fields differ.
 pub trait ReceiptCheck: Send + Sync {
     fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, String>;
+}
+
+/// One check (and its document cache) shared by an appender and its ledger.
+impl<T: ReceiptCheck + ?Sized> ReceiptCheck for std::sync::Arc<T> {
+    fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, String> {
+        (**self).check(leaf, attestation_document)
+    }
 }
 
 /// A stored entry.
@@ -189,6 +212,7 @@ pub(crate) fn sample_fields(job: u64) -> IndexedFields {
         end_ms: 1_700_000_000_500 + job,
         ok_count: 100,
         failed_count: 1,
+        policy: None,
     }
 }
 
@@ -239,5 +263,13 @@ mod tests {
         f.failed_count = 9;
         assert_eq!(ok.first_difference(&f), Some("failed_count"));
         assert_eq!(ok.first_difference(&ok), None);
+        let mut f = ok.clone();
+        f.policy = Some("ab".repeat(32));
+        f.validate().unwrap();
+        assert_eq!(ok.first_difference(&f), None, "the policy is the appender's, not the receipt's");
+        f.policy = Some("ab".repeat(16));
+        assert_eq!(f.validate(), Err(FieldError::NotSha256 { field: "policy" }));
+        f.policy = Some("AB".repeat(32));
+        assert_eq!(f.validate(), Err(FieldError::NotLowerHex { field: "policy" }));
     }
 }

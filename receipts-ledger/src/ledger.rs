@@ -44,8 +44,13 @@ impl<S: LedgerStore> Ledger<S> {
     }
 
     /// Appends several receipts in one transaction (all or none).
+    ///
+    /// The policy recorded with each entry is the one this ledger's check found, whatever the
+    /// request claims: the index says which policy the appender itself enforced.
     pub fn append_batch(&mut self, batch: &[AppendRequest], now_ms: u64) -> Result<Vec<AppendOutcome>, LedgerError> {
-        for (position, req) in batch.iter().enumerate() {
+        let mut batch = std::borrow::Cow::Borrowed(batch);
+        for position in 0..batch.len() {
+            let req = &batch[position];
             req.fields.validate().map_err(|error| LedgerError::InvalidField { position, error })?;
             let actual = self
                 .check
@@ -54,8 +59,11 @@ impl<S: LedgerStore> Ledger<S> {
             if let Some(field) = req.fields.first_difference(&actual) {
                 return Err(LedgerError::FieldMismatch { position, field });
             }
+            if req.fields.policy != actual.policy {
+                batch.to_mut()[position].fields.policy = actual.policy;
+            }
         }
-        Ok(self.store.append(batch, self.signer.as_ref(), &self.policy, now_ms)?)
+        Ok(self.store.append(&batch, self.signer.as_ref(), &self.policy, now_ms)?)
     }
 
     /// Signs a checkpoint if the policy's time or count says so (call it

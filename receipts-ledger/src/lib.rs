@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod local;
 pub mod merkle;
 pub mod note;
+pub mod policy;
 pub mod receipt_check;
 pub mod store;
 pub mod testing;
@@ -23,6 +24,7 @@ pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, ReceiptCheck};
 pub use ledger::{consistency, Ledger, LedgerError};
 pub use local::{LocalError, LocalLedger};
 pub use note::{NoteError, NoteSigner, RemoteSigner, SignerKey, VerifierKey};
+pub use policy::{policy_id, AllowedPolicy, PolicySet, PolicySetError};
 pub use receipt_check::{ProtocolReceipts, ReceiptCheckError, VerifiedReceipt};
 pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,

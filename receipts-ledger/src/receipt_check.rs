@@ -6,6 +6,7 @@
 //! |---|---|---|
 //! | 1 | `receipt` | the leaf is a strict COSE_Sign1 receipt (EdDSA, receipt content type, canonical bytes, payload schema) |
 //! | 2 | `attestation` | the attestation document verifies under the pinned root **at its own timestamp**, with the expected PCRs and debug policy, and its `user_data` is a key binding |
+//! | 2b | `policy` | with an allow-list ([`ProtocolReceipts::enforcing`]): the document's PCRs and debug mode satisfy one of the publisher-signed policies |
 //! | 3 | `receipt_key_id` | the receipt's `kid` is the key id of the receipt key the binding names |
 //! | 4 | `receipt_signature` | the Ed25519 signature verifies with that key |
 //! | 5 | `attestation_hash` | the receipt's `attestation` is SHA-256 of the given document |
@@ -30,6 +31,7 @@ use protocol::receipt::{Receipt, ReceiptError, SignedReceipt};
 
 use crate::entry::{AppendRequest, FieldError, IndexedFields, ReceiptCheck, attestation_sha256};
 use crate::merkle::Hash;
+use crate::policy::{PolicySet, PolicySetError};
 
 /// Verified documents kept in memory: a document is shared by every receipt of one
 /// enclave epoch, and verifying its P-384 chain costs far more than a receipt signature.
@@ -43,6 +45,9 @@ pub enum ReceiptCheckError {
     /// The attestation check that failed, named by the verifier (`attestation: signature: …`).
     #[error("attestation: {0}")]
     Attestation(AttestationError),
+    /// The document verified, but the image it measures is none the publisher signed for.
+    #[error("policy: the document's measurements (PCR0 {pcr0}{debug}) satisfy none of the {allowed} allowed policies", debug = if *.debug_mode { ", debug mode" } else { "" })]
+    Policy { pcr0: String, debug_mode: bool, allowed: usize },
     #[error("receipt_key_id: receipt is signed by key {signed_by}, the attestation document binds {bound}")]
     ReceiptKeyId { signed_by: String, bound: String },
     #[error("receipt_signature: {0}")]
@@ -65,6 +70,7 @@ impl ReceiptCheckError {
         match self {
             Self::Receipt(_) => "receipt",
             Self::Attestation(_) => "attestation",
+            Self::Policy { .. } => "policy",
             Self::ReceiptKeyId { .. } => "receipt_key_id",
             Self::ReceiptSignature(_) => "receipt_signature",
             Self::AttestationHash { .. } => "attestation_hash",
@@ -118,6 +124,8 @@ pub struct ProtocolReceipts {
     root: TrustAnchor,
     expected_pcrs: BTreeMap<u8, Vec<u8>>,
     allow_debug: bool,
+    /// The appender's allow-list; `None` for auditors' checks, which admit any image.
+    policies: Option<PolicySet>,
     /// Keyed by SHA-256 of the document: verification is a pure function of the
     /// document bytes and the options above, so a hit is as good as a re-verification.
     verified: Mutex<HashMap<Hash, Attested>>,
@@ -126,7 +134,22 @@ pub struct ProtocolReceipts {
 impl ProtocolReceipts {
     /// Receipts whose documents chain to `root`; any measurements, debug refused.
     pub fn new(root: TrustAnchor) -> Self {
-        Self { root, expected_pcrs: BTreeMap::new(), allow_debug: false, verified: Mutex::new(HashMap::new()) }
+        Self { root, expected_pcrs: BTreeMap::new(), allow_debug: false, policies: None, verified: Mutex::new(HashMap::new()) }
+    }
+
+    /// What an appender runs: receipts whose documents chain to `root` **and** satisfy one of
+    /// `policies` (check `policy`); the satisfied policy's id is returned in
+    /// [`IndexedFields::policy`]. A policy for another root is refused.
+    pub fn enforcing(root: TrustAnchor, policies: PolicySet) -> Result<Self, PolicySetError> {
+        policies.check_root(&root)?;
+        let mut check = Self::new(root);
+        check.policies = Some(policies);
+        Ok(check)
+    }
+
+    /// The allow-list, when this check enforces one.
+    pub fn policies(&self) -> Option<&PolicySet> {
+        self.policies.as_ref()
     }
 
     /// Also require these exact PCR values in every document.
@@ -152,6 +175,20 @@ impl ProtocolReceipts {
         // 2. attestation
         let doc_sha256 = attestation_sha256(attestation_document);
         let attested = self.attest(attestation_document, &doc_sha256)?;
+        // 2b. policy
+        let policy = match &self.policies {
+            None => None,
+            Some(set) => match set.admitting(&attested.pcrs, attested.debug_mode) {
+                Some(p) => Some(hex::encode(p.id)),
+                None => {
+                    return Err(ReceiptCheckError::Policy {
+                        pcr0: attested.pcrs.get(&0).map(hex::encode).unwrap_or_default(),
+                        debug_mode: attested.debug_mode,
+                        allowed: set.policies().len(),
+                    });
+                }
+            },
+        };
         // 3. receipt_key_id
         let bound_kid = attested.binding.receipt_key_id();
         if signed.kid != bound_kid {
@@ -182,7 +219,8 @@ impl ProtocolReceipts {
         // 7. pcrs
         check_pcrs(&receipt.pcrs, &attested.pcrs).map_err(ReceiptCheckError::Pcrs)?;
         // 8. fields
-        let fields = indexed_fields(&receipt);
+        let mut fields = indexed_fields(&receipt);
+        fields.policy = policy;
         fields.validate().map_err(ReceiptCheckError::Fields)?;
         Ok(VerifiedReceipt {
             receipt,
@@ -215,7 +253,8 @@ impl ProtocolReceipts {
             AttestationDocument::parse_unverified(document).map_err(ReceiptCheckError::Attestation)?.timestamp_ms;
         let mut options = VerifyOptions::new(self.root.clone(), timestamp_ms);
         options.expected_pcrs = self.expected_pcrs.clone();
-        options.allow_debug = self.allow_debug;
+        // Debug documents pass here only if some policy may admit them; 2b decides which.
+        options.allow_debug = self.allow_debug || self.policies.as_ref().is_some_and(PolicySet::allows_debug);
         options.require_binding = true;
         let verified = verify(document, &options).map_err(ReceiptCheckError::Attestation)?;
         // With require_binding the verifier returns the binding, and decoding it has
@@ -284,6 +323,7 @@ pub fn indexed_fields(receipt: &Receipt) -> IndexedFields {
         end_ms: receipt.finished_ms,
         ok_count: receipt.records_ok,
         failed_count: receipt.records_failed,
+        policy: None,
     }
 }
 
@@ -338,6 +378,7 @@ mod tests {
                 end_ms: T + 5500,
                 ok_count: 1005,
                 failed_count: 2,
+                policy: None,
             }
         );
         assert_eq!(v.document_timestamp_ms, T);

@@ -37,6 +37,7 @@ pub fn test_fields(job: u64) -> IndexedFields {
         end_ms: 1_700_000_000_500 + job * 1000,
         ok_count: 1000 + job % 7,
         failed_count: job % 3,
+        policy: None,
     }
 }
 
@@ -90,6 +91,25 @@ impl DevEnclave {
         let mut enclave = Self { issuer, receipt_key, binding, pcrs, document: Vec::new(), document_ms };
         enclave.document = enclave.attest(Some(enclave.binding.encode()), document_ms);
         enclave
+    }
+
+    /// An enclave of another image — PCR0 `[image; 48]`, its own receipt key — on the same
+    /// development CA as `new(seed, …)`: genuine hardware running other code.
+    pub fn with_image(seed: u8, image: u8, document_ms: u64) -> Self {
+        let mut enclave = Self::new(seed, document_ms);
+        enclave.pcrs[0] = [image; 48];
+        enclave.receipt_key = ed25519_dalek::SigningKey::from_bytes(&[image ^ 0x3c; 32]);
+        enclave.binding.receipt_public_key = enclave.receipt_key.verifying_key().to_bytes();
+        enclave.document = enclave.attest(Some(enclave.binding.encode()), document_ms);
+        enclave
+    }
+
+    /// The policy `publisher` signs for this enclave's image (its root and PCR0/1/2).
+    pub fn policy(&self, publisher: &ed25519_dalek::SigningKey) -> protocol::attestation::SignedPolicy {
+        let pcrs = (0u8..).zip(self.pcrs.iter().map(|p| p.to_vec())).collect();
+        let mut policy = protocol::attestation::Policy::aws(pcrs);
+        policy.root = self.anchor();
+        policy.sign(publisher).expect("a valid policy")
     }
 
     /// The development root to pin.

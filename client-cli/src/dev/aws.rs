@@ -166,9 +166,8 @@ pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Resu
         )
     })?;
     let services = cloud.services();
-    super::wait_for("the development root", Duration::from_secs(120), || Ok(home.dev_root_pem().is_file()))?;
-    let anchor = TrustAnchor::from_pem(&std::fs::read_to_string(home.dev_root_pem())?)?;
-    let ledger = ledger_function(home, &cloud, anchor)?;
+    let (anchor, policies) = super::home_policies(home)?;
+    let ledger = ledger_function(home, &cloud, anchor, policies)?;
     // As the function's environment: the stack's store prefixes, both checks on.
     let config = lambdas::on_upload::Config::from_list(cloud.settings().store_prefixes.as_deref().unwrap_or_default());
     tracing::info!(ledger_key = %ledger.verifier(), "pump started");
@@ -268,7 +267,12 @@ fn with_s3_record_fields(mut event: Value) -> Value {
 /// bucket of the settings: its cache under `<home>/aws-pump/`, checkpoints signed by the
 /// deployment's KMS key (`LedgerSigningKeyArn`) or, in an emulator without Ed25519 KMS keys, by
 /// the development key `dev aws-bootstrap` wrote.
-pub fn ledger_function(home: &Home, cloud: &AwsCloud, root: TrustAnchor) -> anyhow::Result<LedgerFunction> {
+pub fn ledger_function(
+    home: &Home,
+    cloud: &AwsCloud,
+    root: TrustAnchor,
+    policies: receipts_ledger::PolicySet,
+) -> anyhow::Result<LedgerFunction> {
     let bucket = cloud.settings().ledger_bucket.clone().ok_or_else(|| {
         anyhow!("no ledger bucket (EPHEM_LEDGER_BUCKET / LedgerBucketName): ledger-append writes the ledger to S3")
     })?;
@@ -290,6 +294,7 @@ pub fn ledger_function(home: &Home, cloud: &AwsCloud, root: TrustAnchor) -> anyh
         signer,
         cache_dir: home.root().join("aws-pump"),
         root,
+        policies,
     };
     Ok(LedgerFunction::open(config, &bucket)?)
 }

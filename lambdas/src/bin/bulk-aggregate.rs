@@ -4,7 +4,9 @@
 //! `{bulk_id, bucket, prefix, results}`, output `{manifest_key, committed, timed_out}`.
 //!
 //! Environment: `EPHEM_JOBS_BUCKET`; `EPHEM_ATTESTATIONS_BUCKET` (the documents receipts
-//! name); `EPHEM_ATTESTATION_ROOT_PEM` only to trust another root than AWS Nitro G1.
+//! name); the signed policies receipts' documents must satisfy (`lambdas::policies`:
+//! `EPHEM_IMAGE_PUBLISHER_KEY`, `EPHEM_POLICIES_BUCKET`, optional `EPHEM_POLICIES_PREFIX`);
+//! `EPHEM_ATTESTATION_ROOT_PEM` only to trust another root than AWS Nitro G1.
 
 use lambdas::bulk::{self, AggregateInput};
 use lambdas::shell::{self, ShellError};
@@ -25,7 +27,7 @@ fn init() -> Result<App, ShellError> {
         jobs: clients.object_store(&bucket, ""),
         attestations: clients.object_store(&attestations, ""),
         bucket,
-        check: ProtocolReceipts::new(shell::attestation_root()?),
+        check: lambdas::policies::receipt_check_from_env(&clients, shell::attestation_root()?)?,
     })
 }
 

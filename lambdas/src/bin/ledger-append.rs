@@ -6,7 +6,9 @@
 //! EMF line (`lambdas::metrics`): `JobsLedgered`, `Documents`, `DocumentsFailed`.
 //!
 //! Environment: `EPHEM_LEDGER_BUCKET`, `EPHEM_LEDGER_KEY_ARN` (or, on an emulator,
-//! `EPHEM_LEDGER_SIGNING_KEY`), `EPHEM_JOBS_BUCKET`; optional `EPHEM_LEDGER_ORIGIN`,
+//! `EPHEM_LEDGER_SIGNING_KEY`), `EPHEM_JOBS_BUCKET`; the signed policies receipts must satisfy
+//! (`lambdas::policies`: `EPHEM_IMAGE_PUBLISHER_KEY`, `EPHEM_POLICIES_BUCKET`, optional
+//! `EPHEM_POLICIES_PREFIX`) — without them it does not start; optional `EPHEM_LEDGER_ORIGIN`,
 //! `EPHEM_ATTESTATION_ROOT_PEM`, `EPHEM_LEDGER_CACHE_DIR` (default `/tmp/ephem-ledger`: the
 //! SQLite cache, rebuilt from the bucket whenever it is missing or behind).
 

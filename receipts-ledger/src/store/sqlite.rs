@@ -17,7 +17,11 @@ use rusqlite::{params, Connection, OptionalExtension, Row, Transaction, Transact
 use std::path::Path;
 use std::time::Duration;
 
-const SCHEMA_VERSION: &str = "1";
+/// 2 added `entries.policy` (the id of the attestation policy the appender enforced; NULL for
+/// rows appended before, or without an allow-list). A version 1 file is migrated when opened
+/// for writing and read as it is.
+const SCHEMA_VERSION: &str = "2";
+const SCHEMA_VERSION_1: &str = "1";
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS meta (
@@ -43,7 +47,8 @@ CREATE TABLE IF NOT EXISTS entries (
   attestation_sha256 BLOB NOT NULL REFERENCES attestation_documents (sha256),
   prev_hash          BLOB NOT NULL,
   entry_hash         BLOB NOT NULL,
-  appended_ms        INTEGER NOT NULL
+  appended_ms        INTEGER NOT NULL,
+  policy             TEXT
 );
 CREATE INDEX IF NOT EXISTS entries_by_model  ON entries (model_id, end_ms);
 CREATE INDEX IF NOT EXISTS entries_by_pcr0   ON entries (pcr0, end_ms);
@@ -64,7 +69,10 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 ";
 
 const ENTRY_COLUMNS: &str = "idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
-     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms";
+     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, policy";
+/// The same, from a version 1 file opened read-only.
+const ENTRY_COLUMNS_V1: &str = "idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
+     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, NULL AS policy";
 
 /// How the database is opened.
 #[derive(Clone, Debug)]
@@ -85,6 +93,8 @@ impl Default for SqliteOptions {
 /// A ledger in one SQLite file.
 pub struct SqliteStore {
     conn: Connection,
+    /// What selects an entry row ([`ENTRY_COLUMNS`], or [`ENTRY_COLUMNS_V1`] read-only).
+    columns: &'static str,
 }
 
 fn to_i64(what: &'static str, v: u64) -> Result<i64, StoreError> {
@@ -117,6 +127,7 @@ fn entry_from_row(row: &Row<'_>) -> Result<Entry, StoreError> {
             end_ms: u64_col(row, "end_ms", t, idx)?,
             ok_count: u64_col(row, "ok_count", t, idx)?,
             failed_count: u64_col(row, "failed_count", t, idx)?,
+            policy: row.get("policy")?,
         },
         attestation_sha256: hash_col(row, "attestation_sha256", t, idx)?,
         prev_hash: hash_col(row, "prev_hash", t, idx)?,
@@ -240,7 +251,7 @@ impl SqliteStore {
         }
         conn.pragma_update(None, "synchronous", if options.synchronous_full { "FULL" } else { "NORMAL" })?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        let store = Self { conn };
+        let store = Self { conn, columns: ENTRY_COLUMNS };
         store.init_schema()?;
         Ok(store)
     }
@@ -250,18 +261,19 @@ impl SqliteStore {
     pub fn open_read_only(path: &Path, options: &SqliteOptions) -> Result<Self, StoreError> {
         let conn = Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
         conn.busy_timeout(options.busy_timeout)?;
-        let found = meta(&conn, "schema_version")?.unwrap_or_default();
-        if found != SCHEMA_VERSION {
-            return Err(StoreError::SchemaVersion { found, want: SCHEMA_VERSION });
-        }
-        Ok(Self { conn })
+        let columns = match meta(&conn, "schema_version")?.unwrap_or_default() {
+            v if v == SCHEMA_VERSION => ENTRY_COLUMNS,
+            v if v == SCHEMA_VERSION_1 => ENTRY_COLUMNS_V1,
+            found => return Err(StoreError::SchemaVersion { found, want: SCHEMA_VERSION }),
+        };
+        Ok(Self { conn, columns })
     }
 
     /// An in-memory ledger (tests and tools).
     pub fn open_in_memory() -> Result<Self, StoreError> {
         let conn = Connection::open_in_memory()?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
-        let store = Self { conn };
+        let store = Self { conn, columns: ENTRY_COLUMNS };
         store.init_schema()?;
         Ok(store)
     }
@@ -270,6 +282,11 @@ impl SqliteStore {
         let tx = self.write_txn()?;
         tx.execute_batch(SCHEMA)?;
         tx.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION])?;
+        if meta(&tx, "schema_version")?.as_deref() == Some(SCHEMA_VERSION_1) {
+            // Same transaction as the version bump: a crash leaves version 1, unchanged.
+            tx.execute_batch("ALTER TABLE entries ADD COLUMN policy TEXT")?;
+            tx.execute("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", [SCHEMA_VERSION])?;
+        }
         let found = meta(&tx, "schema_version")?.unwrap_or_default();
         if found != SCHEMA_VERSION {
             return Err(StoreError::SchemaVersion { found, want: SCHEMA_VERSION });
@@ -317,8 +334,8 @@ impl SqliteStore {
         let f = &req.fields;
         tx.prepare_cached(
             "INSERT INTO entries (idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
-             ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+             ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, policy) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
         )?
         .execute(params![
             to_i64("index", index)?,
@@ -336,6 +353,7 @@ impl SqliteStore {
             &prev[..],
             &eh[..],
             to_i64("now_ms", now_ms)?,
+            f.policy,
         ])?;
         let mut insert = tx.prepare_cached("INSERT INTO tree_nodes (level, idx, hash) VALUES (?1, ?2, ?3)")?;
         insert.execute(params![0u8, to_i64("index", index)?, &lh[..]])?;
@@ -552,13 +570,13 @@ impl LedgerStore for SqliteStore {
     }
 
     fn entry(&self, index: u64) -> Result<Option<Entry>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(&format!("SELECT {ENTRY_COLUMNS} FROM entries WHERE idx = ?1"))?;
+        let mut stmt = self.conn.prepare_cached(&format!("SELECT {} FROM entries WHERE idx = ?1", self.columns))?;
         let mut rows = stmt.query([to_i64("index", index)?])?;
         rows.next()?.map(entry_from_row).transpose()
     }
 
     fn entry_by_job(&self, job_id: &str) -> Result<Option<Entry>, StoreError> {
-        let mut stmt = self.conn.prepare_cached(&format!("SELECT {ENTRY_COLUMNS} FROM entries WHERE job_id = ?1"))?;
+        let mut stmt = self.conn.prepare_cached(&format!("SELECT {} FROM entries WHERE job_id = ?1", self.columns))?;
         let mut rows = stmt.query([job_id])?;
         rows.next()?.map(entry_from_row).transpose()
     }
@@ -597,7 +615,7 @@ impl LedgerStore for SqliteStore {
 
     fn query(&self, q: &Query) -> Result<Vec<Entry>, StoreError> {
         use rusqlite::types::Value;
-        let mut sql = format!("SELECT {ENTRY_COLUMNS} FROM entries WHERE 1 = 1");
+        let mut sql = format!("SELECT {} FROM entries WHERE 1 = 1", self.columns);
         let mut args: Vec<Value> = Vec::new();
         for (col, v) in [
             ("job_id", &q.job_id),
@@ -636,7 +654,7 @@ impl LedgerStore for SqliteStore {
         // One read transaction: a consistent snapshot even while others append.
         let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred)?;
         {
-            let mut stmt = tx.prepare(&format!("SELECT {ENTRY_COLUMNS} FROM entries ORDER BY idx"))?;
+            let mut stmt = tx.prepare(&format!("SELECT {} FROM entries ORDER BY idx", self.columns))?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
                 if !f(entry_from_row(r)) {
@@ -772,5 +790,35 @@ mod tests {
         assert_eq!(q(Query { limit: Some(2), ..Default::default() }), vec![0, 1]);
         assert_eq!(s.entry_by_job(&format!("{:032x}", 5)).unwrap().unwrap().index, 5);
         assert!(s.entry_by_job("ff").unwrap().is_none());
+    }
+
+    /// A version 1 file (no `policy` column) is read as it is and migrated by a writer.
+    #[test]
+    fn a_version_1_ledger_is_read_then_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.sqlite");
+        let policy = CheckpointPolicy::default();
+        {
+            let mut s = SqliteStore::open(&path, &SqliteOptions::default()).unwrap();
+            s.append(&[req(0)], &key(), &policy, 1).unwrap();
+            s.conn.execute_batch("ALTER TABLE entries DROP COLUMN policy; UPDATE meta SET value = '1' WHERE key = 'schema_version';").unwrap();
+        }
+        let old = SqliteStore::open_read_only(&path, &SqliteOptions::default()).unwrap();
+        assert_eq!(old.entry(0).unwrap().unwrap().fields, sample_fields(0));
+        drop(old);
+        let mut s = SqliteStore::open(&path, &SqliteOptions::default()).unwrap();
+        assert_eq!(meta(&s.conn, "schema_version").unwrap().as_deref(), Some(SCHEMA_VERSION));
+        let mut admitted = req(1);
+        admitted.fields.policy = Some("5e".repeat(32));
+        s.append(&[admitted.clone()], &key(), &policy, 2).unwrap();
+        assert_eq!(s.entry(0).unwrap().unwrap().fields.policy, None, "appended before there was an allow-list");
+        assert_eq!(s.entry_by_job(&admitted.fields.job_id).unwrap().unwrap().fields, admitted.fields);
+        let q = s.query(&Query::default()).unwrap();
+        assert_eq!(q.iter().map(|e| e.fields.policy.clone()).collect::<Vec<_>>(), vec![None, admitted.fields.policy]);
+        // Another version is still refused.
+        s.conn.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'", []).unwrap();
+        drop(s);
+        assert!(matches!(SqliteStore::open(&path, &SqliteOptions::default()), Err(StoreError::SchemaVersion { .. })));
+        assert!(matches!(SqliteStore::open_read_only(&path, &SqliteOptions::default()), Err(StoreError::SchemaVersion { .. })));
     }
 }
