@@ -154,7 +154,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!("job {} submitted: {} records ({} refused locally)", job.job_id, job.records, job.local_errors);
             let trust = trust::ClientTrust::load(&home, &args.trust)?;
             let id = status::parse_job(&job.job_id)?;
-            ephem_batch_client::wait::until_done(&services, &id, job.records)?;
+            let timeout = args.wait_timeout.map_or(ephem_batch_client::wait::DEFAULT_WAIT_TIMEOUT, std::time::Duration::from_secs);
+            ephem_batch_client::wait::until_done(&services, &id, job.records, timeout)?;
             let key = keys::load_result_key(&home.result_key(), false)?;
             let written = results::run(&home, &services, &trust, &key, &id, args.output.as_deref(), args.format)?;
             report_written(&job.job_id, &written, started.elapsed(), args.json)

@@ -57,6 +57,10 @@ pub struct SubmitArgs {
     /// Wait for the job, then download, open and verify the results.
     #[arg(long)]
     pub wait: bool,
+    /// With --wait: give up waiting after this many seconds (the job goes on; exit 1 with its
+    /// state). Default: a day.
+    #[arg(long, value_name = "SECONDS")]
+    pub wait_timeout: Option<u64>,
     /// Where `--wait` writes results (default: beside the input, `<stem>.embeddings.<ext>`).
     #[arg(short, long, value_name = "OUT")]
     pub output: Option<PathBuf>,

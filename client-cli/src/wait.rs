@@ -12,7 +12,24 @@ use protocol::envelope::JobId;
 /// How long `--wait` waits for the ledger after the receipt is committed.
 const LEDGER_WAIT: Duration = Duration::from_secs(60);
 
-pub fn until_done(services: &Services, job: &JobId, records: u64) -> anyhow::Result<()> {
+/// `--wait-timeout` unless given: a day, the bulk workflow's task timeout.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// Why `--wait` stopped waiting.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "job {job} is still {state} after {waited_s} s (--wait-timeout); it is not cancelled: \
+     `ephem-batch status {job}` follows it, `ephem-batch results {job}` fetches it once completed"
+)]
+pub struct WaitTimedOut {
+    pub job: String,
+    pub state: &'static str,
+    pub waited_s: u64,
+}
+
+/// Follows `job` until it completed, failed or was cancelled, or `timeout` passed.
+pub fn until_done(services: &Services, job: &JobId, records: u64, timeout: Duration) -> anyhow::Result<()> {
+    let started = Instant::now();
     let bar = ProgressBar::new(records);
     bar.set_style(
         ProgressStyle::with_template("{msg:>10} [{bar:30}] {pos}/{len} records {per_sec} {eta}")
@@ -43,6 +60,10 @@ pub fn until_done(services: &Services, job: &JobId, records: u64) -> anyhow::Res
             JobState::Queued => bar.set_message("queued"),
             JobState::InProgress => bar.set_message("embedding"),
         }
+        if started.elapsed() >= timeout {
+            bar.abandon();
+            return Err(WaitTimedOut { job: job.to_hex(), state: view.state.as_str(), waited_s: started.elapsed().as_secs() }.into());
+        }
         std::thread::sleep(Duration::from_millis(250));
     }
     let deadline = Instant::now() + LEDGER_WAIT;
@@ -54,4 +75,24 @@ pub fn until_done(services: &Services, job: &JobId, records: u64) -> anyhow::Res
         std::thread::sleep(Duration::from_millis(200));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_nobody_processes_ends_the_wait_with_a_clear_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = cloud::local::LocalCloud::open(dir.path()).unwrap();
+        let services = local.services();
+        let job = JobId([3; 16]);
+        services.jobs.put(&cloud::layout::job_input(&job), b"sealed", cloud::PutCondition::CreateOnly).unwrap();
+        let started = Instant::now();
+        let error = until_done(&services, &job, 10, Duration::from_millis(300)).unwrap_err();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let timed_out = error.downcast_ref::<WaitTimedOut>().expect("a WaitTimedOut");
+        assert_eq!(timed_out.state, "queued");
+        assert!(error.to_string().contains("ephem-batch status 03030303"), "{error}");
+    }
 }
