@@ -160,6 +160,17 @@ pub struct OutputSummary {
     pub dimensions: Option<usize>,
 }
 
+/// A new file at `path`, never one reached through a link: a leftover is removed (the link itself,
+/// not its target) and the file is created exclusively, so a name planted in between fails.
+fn create_fresh(path: &Path) -> io::Result<File> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::OpenOptions::new().write(true).create_new(true).open(path)
+}
+
 /// One file being written under `<name>.partial`.
 struct PartFile {
     path: PathBuf,
@@ -172,7 +183,7 @@ impl PartFile {
         let mut name = path.as_os_str().to_owned();
         name.push(".partial");
         let partial = PathBuf::from(name);
-        let file = File::create(&partial).map_err(|source| OutputError::Io { path: partial.clone(), source })?;
+        let file = create_fresh(&partial).map_err(|source| OutputError::Io { path: partial.clone(), source })?;
         Ok(Self { path: path.to_owned(), partial, out: BufWriter::with_capacity(1 << 16, file) })
     }
 

@@ -159,7 +159,7 @@ fn json_output_lists_checks_and_fields() {
         ["cbor", "cose_structure", "alg_es384", "signature", "chain", "root_pinned", "validity", "debug_mode", "freshness"]
     );
     assert!(v["checks"].as_array().unwrap().iter().all(|c| c["passed"] == true && c["detail"].is_string()));
-    assert_eq!(v["not_evaluated"], serde_json::json!(["pcr_policy", "nonce", "user_data_binding"]));
+    assert_eq!(v["not_evaluated"], serde_json::json!(["pcr_policy", "nonce", "user_data_binding", "fleet_kms_key"]));
     let d = &v["document"];
     assert_eq!(d["module_id"], "i-0a22e5c5f24d22174-enc0191cceb4289903f");
     assert_eq!(d["timestamp_ms"], 1725719859545u64);

@@ -283,6 +283,6 @@ mod tests {
     #[test]
     fn debug_prints_lengths_only() {
         let text = format!("{:?}", AttestationRequest::fresh(&binding(), b"secret-looking").unwrap());
-        assert_eq!(text, "AttestationRequest { public_key_len: None, user_data_len: Some(109), nonce_len: Some(14) }");
+        assert_eq!(text, "AttestationRequest { public_key_len: None, user_data_len: Some(197), nonce_len: Some(14) }");
     }
 }
