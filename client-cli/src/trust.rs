@@ -179,3 +179,51 @@ fn check_published(document: &[u8], trust: &ClientTrust, now_ms: u64) -> anyhow:
     let fleet = FleetPublicKey::from_bytes(&binding.fleet_public_key).map_err(|e| anyhow!("bound fleet key: {e}"))?;
     Ok((verified, binding, fleet))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use protocol::attestation::TrustAnchor;
+
+    use super::*;
+
+    /// A P-384 root that is neither AWS's nor a development one: a real document's forged root.
+    fn custom_root() -> TrustAnchor {
+        let fixtures = std::env::var_os("EPHEM_FIXTURES")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/fixtures").into());
+        let bytes = std::fs::read(fixtures.join("nitro-attestation/negative/neg_forged_root.cbor")).expect("fixture");
+        let document = AttestationDocument::parse_unverified(&bytes).unwrap();
+        TrustAnchor::from_der(&document.cabundle[0]).unwrap()
+    }
+
+    fn load_with_root(root: TrustAnchor) -> anyhow::Result<ClientTrust> {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::resolve(Some(dir.path())).unwrap();
+        let publisher = ed25519_dalek::SigningKey::from_bytes(&[4; 32]);
+        let pcrs = BTreeMap::from([(0, vec![0xab; 48]), (1, vec![0xa1; 48]), (2, vec![0xa2; 48])]);
+        let policy = Policy { root, pcrs, allow_debug: false, max_age_s: 3600 };
+        let file = dir.path().join("policy.json");
+        std::fs::write(&file, policy.sign(&publisher).unwrap().to_json()).unwrap();
+        let args = TrustArgs {
+            policy: Some(file),
+            publisher_key: Some(hex::encode(publisher.verifying_key().to_bytes())),
+            ..TrustArgs::default()
+        };
+        ClientTrust::load(&home, &args)
+    }
+
+    #[test]
+    fn only_the_development_root_falls_back_to_the_public_development_model_publisher() {
+        let root = custom_root();
+        assert_eq!(root.kind(), attestation::RootKind::Other);
+        let error = load_with_root(root).err().expect("a custom root without --model-publisher-key is refused");
+        assert!(error.to_string().contains("--model-publisher-key"), "{error}");
+        let error = load_with_root(TrustAnchor::aws_nitro_g1()).err().expect("refused");
+        assert!(error.to_string().contains("--model-publisher-key"), "{error}");
+        let issuer = protocol::attestation::DevIssuer::from_seed(&[1; 32], 0).unwrap();
+        let trust = load_with_root(issuer.trust_anchor().unwrap()).unwrap();
+        assert_eq!(trust.model_publisher, protocol::manifest::development_publisher().verifying_key());
+    }
+}
