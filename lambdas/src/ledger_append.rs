@@ -53,6 +53,11 @@ pub enum AppendError {
     Receipt(String),
     #[error("the message names job {message}, the receipt job {receipt}")]
     JobMismatch { message: String, receipt: String },
+    /// The ledger already holds a different valid receipt for the job: two receipts for one job
+    /// should never both exist (one commit wins at `jobs/<id>/receipt.cose`), so it is an alarm,
+    /// not a success.
+    #[error("the ledger holds another receipt for job {job} (entry {index}); this one is not appended")]
+    OtherReceipt { job: String, index: u64 },
     #[error("ledger: {0}")]
     Ledger(#[from] receipts_ledger::LedgerError),
     #[error("jobs store: {0}")]
@@ -67,6 +72,7 @@ impl AppendError {
             Self::Ledger(L::ReceiptRejected { .. } | L::FieldMismatch { .. } | L::InvalidField { .. }) => true,
             Self::Ledger(_) | Self::Object(_) => false,
             Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobId(_) | Self::Receipt(_) | Self::JobMismatch { .. } => true,
+            Self::OtherReceipt { .. } => true,
         }
     }
 
@@ -85,6 +91,7 @@ impl AppendError {
         match self {
             Self::Receipt(reason) | Self::Ledger(L::ReceiptRejected { reason, .. }) => named(reason),
             Self::JobMismatch { .. } => "job_id",
+            Self::OtherReceipt { .. } => "other_receipt",
             Self::Ledger(L::FieldMismatch { .. } | L::InvalidField { .. }) => "fields",
             Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobId(_) => "message",
             Self::Ledger(_) | Self::Object(_) => "store",
@@ -166,8 +173,14 @@ fn append_one<S: LedgerStore>(
         return Err(AppendError::JobMismatch { message: job.to_hex(), receipt: fields.job_id });
     }
     let outcome = ledger.append(AppendRequest { leaf, fields: fields.clone(), attestation_document: document }, now_ms)?;
-    if matches!(outcome, AppendOutcome::Appended { .. }) {
-        appended(&fields);
+    match outcome {
+        AppendOutcome::Appended { .. } => appended(&fields),
+        AppendOutcome::Existing { index, same_leaf: false } => {
+            // `ledgered.json` must not claim this receipt is in: the entry is another one.
+            tracing::error!(alarm = "ledger_holds_another_receipt", job = %job, index, "a second receipt for a ledgered job");
+            return Err(AppendError::OtherReceipt { job: job.to_hex(), index });
+        }
+        AppendOutcome::Existing { .. } => {}
     }
     let marker = Ledgered { job_id: job.to_hex(), index: outcome.index(), appended_ms: now_ms };
     match jobs.put(&layout::job_ledgered(&job), &serde_json::to_vec_pretty(&marker).expect("serialises"), PutCondition::Overwrite) {
@@ -377,6 +390,32 @@ mod tests {
         assert_eq!(head.size, 2);
         let marker: Ledgered = serde_json::from_slice(&jobs.get(&layout::job_ledgered(&JobId::from_hex(&id(5)).unwrap())).unwrap()).unwrap();
         assert_eq!(marker.index, 1);
+    }
+
+    /// A second, different receipt for a job the ledger holds (another attempt): refused and
+    /// alarmed, and `ledgered.json` keeps naming the entry actually held.
+    #[test]
+    fn a_different_receipt_for_a_ledgered_job_is_an_alarm_not_a_success() {
+        let tmp = tempfile::tempdir().unwrap();
+        let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
+        let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
+        let e = DevEnclave::new(2, T);
+        let check = enforcing(&[&e]);
+        let mut ledger = bucket_ledger(bucket, check.clone());
+        let job = format!("{:032x}", 7);
+        let first = e.sign(&e.receipt(7));
+        let mut other = e.receipt(7);
+        other.attempt += 1;
+        let records = vec![
+            message("first", &body(&job, &first, &e.document)),
+            message("other", &body(&job, &e.sign(&other), &e.document)),
+            message("again", &body(&job, &first, &e.document)),
+        ];
+        let r = run(serde_json::json!({ "Records": records }), &mut ledger, &check, &jobs);
+        assert_eq!(r.refused, vec![("other".to_owned(), "other_receipt".to_owned())]);
+        assert_eq!((r.failed.len(), r.appended), (0, vec![job.clone()]), "the same receipt again is a quiet success");
+        let entry = ledger.store().entry_by_job(&job).unwrap().unwrap();
+        assert_eq!((entry.index, entry.leaf), (0, first));
     }
 
     /// A host runs its own image on genuine hardware and sends a receipt for the victim's job
