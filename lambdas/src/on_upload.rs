@@ -205,8 +205,17 @@ fn handle_key(key: &str, services: &Services, config: &Config) -> Result<Outcome
             tracing::warn!(job = %job, check, %message, "upload refused");
             let mut status = JobStatus::new(&job.to_hex(), JobState::Failed, 0);
             status.failure = Some(Failure { check: check.to_owned(), message: message.clone() });
-            if let Err(error) = services.jobs.put(&layout::job_status(&job), &status_json(&status), PutCondition::Overwrite) {
-                status_not_written(&job, error)?;
+            // Create-only: a re-delivered event refused now (its input deleted after the job
+            // completed, its epoch ended since) must not turn an accepted job's status to failed,
+            // nor fail the bulk task its host will complete.
+            match services.jobs.put(&layout::job_status(&job), &status_json(&status), PutCondition::CreateOnly) {
+                Ok(_) => {}
+                Err(ObjectError::AlreadyExists { .. }) if !already_failed(services, &job)? => {
+                    tracing::warn!(job = %job, check, "a re-delivered upload event is refused now; the job was accepted before and keeps its status");
+                    return Ok(Outcome::Refused { key: key.to_owned(), check, message });
+                }
+                Err(ObjectError::AlreadyExists { .. }) => {}
+                Err(error) => status_not_written(&job, error)?,
             }
             fail_waiting_task(&job, check, &message, services)?;
             Ok(Outcome::Refused { key: key.to_owned(), check, message })
@@ -238,6 +247,16 @@ fn fail_waiting_task(job: &JobId, check: &str, message: &str, services: &Service
         }
         Err(error) => Err(OnUploadError::Task(error)),
     }
+}
+
+/// Whether the job's existing status is a failure (an earlier refusal of the same upload).
+fn already_failed(services: &Services, job: &JobId) -> Result<bool, OnUploadError> {
+    let bytes = match services.jobs.get(&layout::job_status(job)) {
+        Ok(bytes) => bytes,
+        Err(ObjectError::NotFound { .. }) => return Ok(false),
+        Err(error) => return Err(error.into()),
+    };
+    Ok(serde_json::from_slice::<JobStatus>(&bytes).is_ok_and(|s| s.state == JobState::Failed))
 }
 
 /// `status.json` is informative: a deployment that does not let this function write it (access
@@ -454,6 +473,24 @@ mod shard_tests {
         f.services.jobs.put("stores/acme/incoming/copy.sealed", &bytes, PutCondition::CreateOnly).unwrap();
         let out = handle_with(&event("stores/acme/incoming/copy.sealed"), &f.services, &config()).unwrap();
         assert!(matches!(&out[0], Outcome::Copied { already: true, .. }), "{out:?}");
+    }
+
+    #[test]
+    fn a_redelivered_event_refused_later_leaves_an_accepted_jobs_status_alone() {
+        let f = Fixture::new();
+        let (bytes, job) = f.sealed(3);
+        let input_key = layout::job_input(&job);
+        f.services.jobs.put(&input_key, &bytes, PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event(&input_key), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Queued { .. }), "{out:?}");
+        // The job completed and its input was deleted after the ledger took the receipt.
+        let done = JobStatus::new(&job.to_hex(), JobState::Completed, 3);
+        f.services.jobs.put(&layout::job_status(&job), &status_json(&done), PutCondition::Overwrite).unwrap();
+        f.services.jobs.delete(&input_key).unwrap();
+        let out = handle_with(&event(&input_key), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Refused { .. }), "{out:?}");
+        let status: JobStatus = serde_json::from_slice(&f.services.jobs.get(&layout::job_status(&job)).unwrap()).unwrap();
+        assert_eq!(status.state, JobState::Completed, "a later refusal rewrote an accepted job's status");
     }
 
     #[test]
