@@ -12,6 +12,7 @@ use crate::home::{create_private, write_private};
 pub fn load_result_key(path: &Path, create: bool) -> anyhow::Result<ResultSecretKey> {
     match std::fs::read_to_string(path) {
         Ok(text) => {
+            check_private(path)?;
             let bytes = hex::decode(text.trim()).map_err(|_| anyhow!("{}: not a hex result key", path.display()))?;
             ResultSecretKey::from_bytes(&bytes).map_err(|e| anyhow!("{}: {e}", path.display()))
         }
@@ -27,6 +28,21 @@ pub fn load_result_key(path: &Path, create: bool) -> anyhow::Result<ResultSecret
         }
         Err(error) => Err(error).with_context(|| format!("reading result key {}", path.display())),
     }
+}
+
+/// A key file anyone else may write (or read) is not the user's key: another account could
+/// have swapped it for one it holds, and every result would be sealed to that account.
+fn check_private(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).with_context(|| format!("reading result key {}", path.display()))?;
+    let mode = meta.mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(anyhow!(
+            "result key {} has mode {mode:o}: others may read or replace it (chmod 600 it, or make a new one with `ephem-batch keygen`)",
+            path.display()
+        ));
+    }
+    Ok(())
 }
 
 /// `ephem-batch keygen`: refuses to overwrite an existing key (its results would be lost).
@@ -65,5 +81,20 @@ mod tests {
         assert_eq!(load_result_key(&path, false).unwrap().to_bytes().to_vec(), keys[0]);
         let left: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left, ["result.key"], "no temporary file left");
+    }
+
+    #[test]
+    fn a_key_file_others_may_read_or_replace_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("result.key");
+        let key = load_result_key(&path, true).unwrap();
+        for mode in [0o644, 0o620, 0o606] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            let error = load_result_key(&path, false).err().expect("refused");
+            assert!(error.to_string().contains(&format!("mode {mode:o}")), "{error}");
+        }
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(load_result_key(&path, false).unwrap().to_bytes().to_vec(), key.to_bytes().to_vec());
     }
 }
