@@ -65,6 +65,9 @@ const UNREACHABLE_REMINDER: u32 = 150;
 const REQUEST_TTL_MS: u64 = 120_000;
 /// Requests answered per pass, so a flood of them cannot starve the rest of control.
 const MAX_REQUESTS_PER_PASS: usize = 16;
+/// Largest attestation request read: its body only dates it (`{"requested_ms": …}`; the key
+/// names the nonce).
+const MAX_REQUEST_LEN: u64 = 1024;
 
 /// What the worker answered a request with.
 struct Reply {
@@ -291,12 +294,25 @@ impl Control {
                 remove();
                 continue;
             }
-            let requested_ms = store
-                .get(&meta.key)
+            // Tenant-written: never read past the limit, whatever size the listing or a later
+            // overwrite says (a multi-GB request must not take the poller down, fleet-wide).
+            let body = match store.read_range(&meta.key, 0, MAX_REQUEST_LEN + 1) {
+                Ok(body) if meta.size <= MAX_REQUEST_LEN && body.len() as u64 <= MAX_REQUEST_LEN => body,
+                Ok(_) => {
+                    tracing::warn!(key = meta.key, size = meta.size, "attestation request over {MAX_REQUEST_LEN} bytes removed unread");
+                    remove();
+                    continue;
+                }
+                Err(_) => {
+                    remove();
+                    continue;
+                }
+            };
+            let requested_ms = serde_json::from_slice::<serde_json::Value>(&body)
                 .ok()
-                .and_then(|bytes| serde_json::from_slice::<serde_json::Value>(&bytes).ok())
                 .and_then(|body| body.get("requested_ms")?.as_u64());
-            if requested_ms.is_none_or(|at| at + REQUEST_TTL_MS < now) {
+            let fresh = |at: u64| now.saturating_sub(REQUEST_TTL_MS) <= at && at <= now.saturating_add(REQUEST_TTL_MS);
+            if !requested_ms.is_some_and(fresh) {
                 remove();
                 continue;
             }

@@ -405,3 +405,31 @@ fn a_client_nonce_gets_a_fresh_document() {
     assert_eq!(cloud.attestations.get(&answer).unwrap(), [b"fresh:".as_slice(), &nonce].concat());
     assert!(cloud.attestations.head(&layout::attestation_fresh(&stale)).unwrap().is_none(), "a stale request is dropped");
 }
+
+/// A tenant may put anything under `attestations/requests/`: a 64 MiB request is read at most a
+/// few KiB and removed, a request dated near `u64::MAX` neither panics nor is answered, and a
+/// genuine request beside them is answered.
+#[test]
+fn a_huge_or_absurd_attestation_request_is_removed_unread_and_the_genuine_one_answered() {
+    let (cloud, _worker, config) = setup(JobMode::Echo, 5);
+    let huge = b"huge".to_vec();
+    let huge_key = layout::attestation_request(&huge);
+    let mut body = format!(r#"{{"requested_ms":{},"pad":""#, cloud::now_ms()).into_bytes();
+    body.resize(64 << 20, b'x');
+    cloud.attestations.put(&huge_key, &body, PutCondition::CreateOnly).unwrap();
+    let future = b"future".to_vec();
+    let far = format!(r#"{{"requested_ms":{}}}"#, u64::MAX - 5);
+    cloud.attestations.put(&layout::attestation_request(&future), far.as_bytes(), PutCondition::CreateOnly).unwrap();
+    let nonce = b"genuine".to_vec();
+    let genuine = format!(r#"{{"requested_ms":{}}}"#, cloud::now_ms());
+    cloud.attestations.put(&layout::attestation_request(&nonce), genuine.as_bytes(), PutCondition::CreateOnly).unwrap();
+
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the fresh document", WAIT, || cloud.attestations.head(&layout::attestation_fresh(&nonce)).unwrap().is_some());
+    wait_until("the requests to be removed", WAIT, || cloud.attestations.keys(layout::ATTESTATION_REQUESTS_PREFIX).is_empty());
+    poller.stop();
+    assert!(cloud.attestations.bytes_read(&huge_key) <= 4096, "read {} bytes of a 64 MiB request", cloud.attestations.bytes_read(&huge_key));
+    for unanswered in [&huge, &future] {
+        assert!(cloud.attestations.head(&layout::attestation_fresh(unanswered)).unwrap().is_none());
+    }
+}

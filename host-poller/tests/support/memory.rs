@@ -48,6 +48,8 @@ pub struct MemStore {
     /// answers (transient), counted in `failed_reads`.
     outage: Mutex<Option<String>>,
     failed_reads: AtomicU64,
+    /// Bytes handed out by `get` and `read_range`, per key.
+    bytes_read: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl MemStore {
@@ -58,6 +60,15 @@ impl MemStore {
     /// From now on every read of a key under `prefix` fails with `Unavailable`.
     pub fn fail_reads(&self, prefix: &str) {
         *self.outage.lock().unwrap() = Some(prefix.to_owned());
+    }
+
+    /// Bytes read so far of `key`.
+    pub fn bytes_read(&self, key: &str) -> u64 {
+        self.bytes_read.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+
+    fn count(&self, key: &str, bytes: &[u8]) {
+        *self.bytes_read.lock().unwrap().entry(key.to_owned()).or_default() += bytes.len() as u64;
     }
 
     pub fn failed_reads(&self) -> u64 {
@@ -89,7 +100,10 @@ impl ObjectStore for MemStore {
 
     fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
         self.check_outage(key)?;
-        self.objects.map.lock().unwrap().get(key).map(|(b, _)| b.clone()).ok_or_else(|| ObjectError::NotFound { key: key.into() })
+        let bytes =
+            self.objects.map.lock().unwrap().get(key).map(|(b, _)| b.clone()).ok_or_else(|| ObjectError::NotFound { key: key.into() })?;
+        self.count(key, &bytes);
+        Ok(bytes)
     }
 
     fn reader(&self, key: &str) -> Result<Box<dyn Read + Send>, ObjectError> {
@@ -97,10 +111,15 @@ impl ObjectStore for MemStore {
     }
 
     fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-        let bytes = self.get(key)?;
+        self.check_outage(key)?;
+        let map = self.objects.map.lock().unwrap();
+        let bytes = &map.get(key).ok_or_else(|| ObjectError::NotFound { key: key.into() })?.0;
         let start = (offset as usize).min(bytes.len());
-        let end = (start + len as usize).min(bytes.len());
-        Ok(bytes[start..end].to_vec())
+        let end = start.saturating_add(len as usize).min(bytes.len());
+        let range = bytes[start..end].to_vec();
+        drop(map);
+        self.count(key, &range);
+        Ok(range)
     }
 
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
