@@ -624,6 +624,7 @@ fn a_fleet_key_wrapped_under_a_host_owned_kms_key_is_refused() {
     let document = s.nsm.attest(AttestationRequest::publication(&binding)).unwrap();
     let mut client = VerifyOptions::new(s.nsm.trust_anchor(), now_ms()).expect_pcr(0, s.nsm.pcrs()[&0].clone());
     client.expected_fleet_kms_key = Some(key_arn());
+    client.now_ms = s.nsm.now_ms() + 1_000;
     let error = verify(&document, &client).unwrap_err();
     assert_eq!(error.check().as_str(), "fleet_kms_key", "{error}");
     assert!(error.to_string().contains(HOST_KEY_ARN) && error.to_string().contains(KEY_ARN), "{error}");
@@ -634,6 +635,8 @@ fn a_fleet_key_wrapped_under_a_host_owned_kms_key_is_refused() {
     let genuine = key_release::release_fleet_key(&s.nsm, &s.pool, &mut kms, &record).unwrap();
     let binding = nsm::own_binding(&genuine.secret, &receipt, 1, record.not_after_ms, &genuine.kms_key).unwrap();
     let document = s.nsm.attest(AttestationRequest::publication(&binding)).unwrap();
+    // Verified at a "now" taken after the document was made (its leaf starts at the next second).
+    client.now_ms = s.nsm.now_ms() + 1_000;
     let verified = verify(&document, &client).unwrap();
     let bound = verified.binding.unwrap();
     assert_eq!((bound.kms_key.as_str(), bound.not_after_ms), (KEY_ARN, record.not_after_ms));

@@ -683,7 +683,8 @@ fn a_fleet_key_wrapped_under_a_host_owned_kms_key_is_refused() {
     write_frame(&mut control, &Message::UseFleetEpoch { epoch: 999, object_key: epoch_object_key(999) }).unwrap();
     let answer = host.serve(&mut control);
     assert!(matches!(answer, Message::Status { .. }), "real KMS does release under the host's key: {answer:?}");
-    let mut client = VerifyOptions::new(host.dev_root(), now_ms());
+    // "Now" a second on: a development leaf starts at the next whole second.
+    let mut client = VerifyOptions::new(host.dev_root(), now_ms() + 1_000);
     client.expected_fleet_kms_key = Some(deployment_key.parse().unwrap());
     let error = attestation::verify(&host.published[0], &client).unwrap_err();
     assert_eq!(error.check().as_str(), "fleet_kms_key", "{error}");
@@ -699,6 +700,8 @@ fn a_fleet_key_wrapped_under_a_host_owned_kms_key_is_refused() {
     write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
     let answer = host.serve(&mut control);
     assert!(matches!(answer, Message::Status { .. }), "{answer:?}");
+    // Verified at a "now" taken after the document was made (its leaf starts at the next second).
+    client.now_ms = now_ms() + 1_000;
     let verified = attestation::verify(host.published.last().unwrap(), &client).unwrap();
     let binding = verified.binding.unwrap();
     assert_eq!((binding.epoch, binding.kms_key.as_str()), (1, deployment_key.as_str()));
