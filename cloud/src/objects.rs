@@ -86,6 +86,74 @@ pub trait ObjectStore: Send + Sync {
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError>;
     /// Every object whose key starts with `prefix`, in key order.
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError>;
+    /// At most `max_keys` objects under `prefix` whose keys sort after `start_after`, in key
+    /// order (S3 `ListObjectsV2` `StartAfter` + `MaxKeys`): a bounded pass over a prefix that
+    /// others may fill without limit. Fewer than `max_keys` means the end was reached. The
+    /// default filters [`ObjectStore::list`], so it is bounded only in what it returns; stores
+    /// that can list from a point override it.
+    fn list_page(&self, prefix: &str, start_after: Option<&str>, max_keys: usize) -> Result<Vec<ObjectMeta>, ObjectError> {
+        let mut page = self.list(prefix)?;
+        page.retain(|meta| start_after.is_none_or(|after| meta.key.as_str() > after));
+        page.truncate(max_keys);
+        Ok(page)
+    }
     /// Deletes an object; deleting a missing key is not an error (as in S3).
     fn delete(&self, key: &str) -> Result<(), ObjectError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::DirObjectStore;
+
+    /// Only the required methods: `list_page` is the trait's default.
+    struct ListOnly(DirObjectStore);
+
+    impl ObjectStore for ListOnly {
+        fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
+            self.0.put(key, bytes, condition)
+        }
+        fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
+            self.0.writer(key, condition)
+        }
+        fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
+            self.0.get(key)
+        }
+        fn reader(&self, key: &str) -> Result<Box<dyn Read + Send>, ObjectError> {
+            self.0.reader(key)
+        }
+        fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+            self.0.read_range(key, offset, len)
+        }
+        fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
+            self.0.head(key)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
+            self.0.list(prefix)
+        }
+        fn delete(&self, key: &str) -> Result<(), ObjectError> {
+            self.0.delete(key)
+        }
+    }
+
+    #[test]
+    fn list_page_continues_after_a_key_and_stops_at_max_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let local = DirObjectStore::open(dir.path().join("objects")).unwrap();
+        for key in ["r/a", "r/b/1", "r/b/2", "r/c", "rx", "s/a"] {
+            local.put(key, b"x", PutCondition::CreateOnly).unwrap();
+        }
+        let default = ListOnly(local.clone());
+        for store in [&local as &dyn ObjectStore, &default] {
+            let keys = |after: Option<&str>, max: usize| -> Vec<String> {
+                store.list_page("r/", after, max).unwrap().into_iter().map(|m| m.key).collect()
+            };
+            assert_eq!(keys(None, 2), ["r/a", "r/b/1"]);
+            assert_eq!(keys(Some("r/b/1"), 2), ["r/b/2", "r/c"]);
+            assert_eq!(keys(Some("r/b"), 10), ["r/b/1", "r/b/2", "r/c"], "a point between keys");
+            assert_eq!(keys(Some("r/c"), 10), Vec::<String>::new());
+            assert_eq!(keys(Some("a"), 1), ["r/a"], "a point before the prefix");
+            assert_eq!(keys(None, 0), Vec::<String>::new());
+        }
+    }
 }

@@ -11,10 +11,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cloud::{layout, ObjectError, PutCondition, Services};
+use cloud::{layout, ObjectError, ObjectMeta, PutCondition, Services};
 use protocol::fleet::EpochRecord;
 use protocol::frame::{Channel, Message};
+use sha2::{Digest, Sha256};
 
+use crate::bounded::{get_at_most, MAX_SMALL_OBJECT};
 use crate::relay::Relay;
 use crate::retry;
 use crate::shared::{Inflight, Shared};
@@ -30,6 +32,8 @@ pub(crate) struct ControlSettings {
     pub attestation_poll: Duration,
     /// How long one control request may go without a frame from the worker.
     pub request_timeout: Duration,
+    /// Picks where this host starts its passes over clients' attestation requests.
+    pub host_id: String,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,9 +69,22 @@ const UNREACHABLE_REMINDER: u32 = 150;
 const REQUEST_TTL_MS: u64 = 120_000;
 /// Requests answered per pass, so a flood of them cannot starve the rest of control.
 const MAX_REQUESTS_PER_PASS: usize = 16;
+/// Request keys listed per pass: the prefix is tenant-writable, so it may hold millions.
+const REQUESTS_LISTED_PER_PASS: usize = 256;
 /// Largest attestation request read: its body only dates it (`{"requested_ms": …}`; the key
 /// names the nonce).
 const MAX_REQUEST_LEN: u64 = 1024;
+/// The NSM's limit on a nonce.
+const MAX_NONCE_LEN: usize = 512;
+
+/// What became of one attestation request.
+#[derive(Debug, PartialEq, Eq)]
+enum Handled {
+    /// The worker was asked for a document (answered or refused).
+    Attested,
+    /// Removed or left without asking the worker.
+    Skipped,
+}
 
 /// What the worker answered a request with.
 struct Reply {
@@ -96,6 +113,8 @@ pub(crate) struct Control {
     manifests: BTreeMap<String, String>,
     refusals: HashMap<Target, Refusal>,
     last_publication: Instant,
+    /// The last attestation request key handled: the next pass lists from there.
+    request_cursor: Option<String>,
 }
 
 impl Control {
@@ -105,11 +124,12 @@ impl Control {
             endpoint,
             relay,
             shared,
-            settings,
             epochs: BTreeSet::new(),
             manifests: BTreeMap::new(),
             refusals: HashMap::new(),
             last_publication: Instant::now(),
+            request_cursor: Some(first_request_cursor(&settings.host_id)),
+            settings,
         }
     }
 
@@ -156,12 +176,13 @@ impl Control {
                 },
             };
             let mut outcome = Ok(());
+            let mut backlog = false;
             if Instant::now() >= next_scan {
                 outcome = self.configure(connection, generation);
                 next_scan = Instant::now() + self.settings.rescan_interval;
             }
             if outcome.is_ok() {
-                outcome = self.answer_attestation_requests(connection);
+                outcome = self.answer_attestation_requests(connection).map(|more| backlog = more);
             }
             if let Err(error) = outcome {
                 if self.shared.is_stopping() {
@@ -180,8 +201,10 @@ impl Control {
                 link = None;
                 continue;
             }
+            // With requests left over, the next pass starts at once (configure still gets its turn).
             let until_scan = next_scan.saturating_duration_since(Instant::now());
-            if self.shared.wait_for_control(generation, until_scan.min(self.settings.attestation_poll)) {
+            let wait = if backlog { Duration::ZERO } else { until_scan.min(self.settings.attestation_poll) };
+            if self.shared.wait_for_control(generation, wait) {
                 next_scan = Instant::now();
             }
         }
@@ -268,73 +291,102 @@ impl Control {
     }
 
     /// Fresh documents for clients' nonces. A request is answered once (create-only: the first
-    /// host wins), then removed; a stale or refused one is removed unanswered.
-    fn answer_attestation_requests(&mut self, link: &mut WorkerLink) -> Result<(), ControlError> {
-        let store = &self.services.attestations;
-        let requests = match retry::transient("list attestation requests", || store.list(layout::ATTESTATION_REQUESTS_PREFIX)) {
-            Ok(requests) => requests,
+    /// host wins), then removed; a stale, malformed, oversized or refused one is removed
+    /// unanswered. One pass lists at most [`REQUESTS_LISTED_PER_PASS`] keys from the cursor and
+    /// asks the worker at most [`MAX_REQUESTS_PER_PASS`] times; `true` when it left work for
+    /// the next pass, which then starts at once.
+    fn answer_attestation_requests(&mut self, link: &mut WorkerLink) -> Result<bool, ControlError> {
+        let store = Arc::clone(&self.services.attestations);
+        let from = self.request_cursor.clone();
+        let listed = retry::transient("list attestation requests", || {
+            store.list_page(layout::ATTESTATION_REQUESTS_PREFIX, from.as_deref(), REQUESTS_LISTED_PER_PASS)
+        });
+        let page = match listed {
+            Ok(page) => page,
             Err(error) => {
                 tracing::warn!(%error, "cannot list attestation requests");
-                return Ok(());
+                return Ok(false);
             }
         };
+        let full = page.len() == REQUESTS_LISTED_PER_PASS;
         let now = cloud::now_ms();
-        for meta in requests.into_iter().take(MAX_REQUESTS_PER_PASS) {
-            let remove = || {
-                if let Err(error) = store.delete(&meta.key) {
-                    tracing::debug!(key = meta.key, %error, "attestation request not removed");
-                }
-            };
-            let Some(nonce) = layout::nonce_of_request(&meta.key) else {
-                remove();
-                continue;
-            };
-            let answer = layout::attestation_fresh(&nonce);
-            if matches!(store.head(&answer), Ok(Some(_))) {
-                remove();
-                continue;
+        let mut attested = 0;
+        for meta in page {
+            if attested == MAX_REQUESTS_PER_PASS {
+                return Ok(true);
             }
-            // Tenant-written: never read past the limit, whatever size the listing or a later
-            // overwrite says (a multi-GB request must not take the poller down, fleet-wide).
-            let body = match store.read_range(&meta.key, 0, MAX_REQUEST_LEN + 1) {
-                Ok(body) if meta.size <= MAX_REQUEST_LEN && body.len() as u64 <= MAX_REQUEST_LEN => body,
-                Ok(_) => {
-                    tracing::warn!(key = meta.key, size = meta.size, "attestation request over {MAX_REQUEST_LEN} bytes removed unread");
-                    remove();
-                    continue;
-                }
-                Err(_) => {
-                    remove();
-                    continue;
-                }
-            };
-            let requested_ms = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|body| body.get("requested_ms")?.as_u64());
-            let fresh = |at: u64| now.saturating_sub(REQUEST_TTL_MS) <= at && at <= now.saturating_add(REQUEST_TTL_MS);
-            if !requested_ms.is_some_and(fresh) {
-                remove();
-                continue;
-            }
-            match self.request(link, &Message::Attest { request: 1, nonce: nonce.clone() }) {
-                Ok(Reply { document: Some(document), .. }) => {
-                    match retry::transient("store fresh attestation", || store.put(&answer, &document, PutCondition::CreateOnly)) {
-                        Ok(_) | Err(ObjectError::AlreadyExists { .. }) => {
-                            tracing::info!(key = answer, "fresh attestation for a client nonce");
-                            remove();
-                        }
-                        Err(error) => tracing::warn!(key = answer, %error, "fresh attestation not stored"),
-                    }
-                }
-                Ok(Reply { document: None, .. }) => return Err(ControlError::Unexpected("Status without Attested")),
-                Err(ControlError::Refused(message)) => {
-                    tracing::warn!(message, "worker refused a fresh attestation");
-                    remove();
-                }
-                Err(error) => return Err(error),
+            self.request_cursor = Some(meta.key.clone());
+            if self.answer_request(link, &meta, now)? == Handled::Attested {
+                attested += 1;
             }
         }
-        Ok(())
+        if !full {
+            // The end of the prefix: the next pass starts from its beginning, at once if this
+            // one started further on (keys before the cursor have not been looked at).
+            self.request_cursor = None;
+            return Ok(from.is_some());
+        }
+        Ok(true)
+    }
+
+    /// One request. Tenant-written: its listed size is checked before anything is read, and no
+    /// more than [`MAX_REQUEST_LEN`] bytes are read whatever it has become since.
+    fn answer_request(&mut self, link: &mut WorkerLink, meta: &ObjectMeta, now: u64) -> Result<Handled, ControlError> {
+        let store = Arc::clone(&self.services.attestations);
+        let remove = || {
+            if let Err(error) = store.delete(&meta.key) {
+                tracing::debug!(key = meta.key, %error, "attestation request not removed");
+            }
+            Ok(Handled::Skipped)
+        };
+        let Some(nonce) = layout::nonce_of_request(&meta.key).filter(|n| !n.is_empty() && n.len() <= MAX_NONCE_LEN) else {
+            return remove();
+        };
+        if meta.size > MAX_REQUEST_LEN {
+            tracing::warn!(key = meta.key, size = meta.size, "attestation request over {MAX_REQUEST_LEN} bytes removed unread");
+            return remove();
+        }
+        let answer = layout::attestation_fresh(&nonce);
+        if matches!(store.head(&answer), Ok(Some(_))) {
+            return remove();
+        }
+        let body = match get_at_most(&*store, &meta.key, MAX_REQUEST_LEN) {
+            Ok(body) => body,
+            // Answered and removed by another host meanwhile.
+            Err(ObjectError::NotFound { .. }) => return Ok(Handled::Skipped),
+            Err(error) if error.is_transient() => {
+                tracing::debug!(key = meta.key, %error, "attestation request left for the next pass");
+                return Ok(Handled::Skipped);
+            }
+            Err(error) => {
+                tracing::warn!(key = meta.key, %error, "attestation request removed unread");
+                return remove();
+            }
+        };
+        let requested_ms = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|body| body.get("requested_ms")?.as_u64());
+        if !requested_ms.is_some_and(|at| is_fresh(at, now)) {
+            return remove();
+        }
+        match self.request(link, &Message::Attest { request: 1, nonce: nonce.clone() }) {
+            Ok(Reply { document: Some(document), .. }) => {
+                match retry::transient("store fresh attestation", || store.put(&answer, &document, PutCondition::CreateOnly)) {
+                    Ok(_) | Err(ObjectError::AlreadyExists { .. }) => {
+                        tracing::info!(key = answer, "fresh attestation for a client nonce");
+                        remove()?;
+                    }
+                    Err(error) => tracing::warn!(key = answer, %error, "fresh attestation not stored"),
+                }
+            }
+            Ok(Reply { document: None, .. }) => return Err(ControlError::Unexpected("Status without Attested")),
+            Err(ControlError::Refused(message)) => {
+                tracing::warn!(message, "worker refused a fresh attestation");
+                remove()?;
+            }
+            Err(error) => return Err(error),
+        }
+        Ok(Handled::Attested)
     }
 
     /// Sends one request and serves the worker until it answers with its `Status`.
@@ -363,7 +415,7 @@ impl Control {
         let mut epochs = BTreeMap::new();
         let attestations = &self.services.attestations;
         for meta in retry::transient("list fleet keys", || attestations.list(layout::FLEET_KEYS_PREFIX))? {
-            let bytes = match retry::transient("get fleet key", || attestations.get(&meta.key)) {
+            let bytes = match retry::transient("get fleet key", || get_at_most(&**attestations, &meta.key, MAX_SMALL_OBJECT)) {
                 Ok(bytes) => bytes,
                 Err(ObjectError::NotFound { .. }) => continue,
                 Err(error) => return Err(error),
@@ -389,6 +441,18 @@ impl Control {
         }
         Ok(Wanted { epochs, manifests: manifests.into_iter().map(|(dir, (_, key, etag))| (dir, (key, etag))).collect() })
     }
+}
+
+/// A request dated within the TTL either side of now (saturating: any `u64` is a date here).
+fn is_fresh(requested_ms: u64, now: u64) -> bool {
+    now.saturating_sub(REQUEST_TTL_MS) <= requested_ms && requested_ms <= now.saturating_add(REQUEST_TTL_MS)
+}
+
+/// Where a host's first pass over the requests starts: a point of the key space picked by its
+/// id, so that hosts do not all work the same first keys.
+fn first_request_cursor(host_id: &str) -> String {
+    let digest = Sha256::digest(host_id.as_bytes());
+    format!("{}{}", layout::ATTESTATION_REQUESTS_PREFIX, hex::encode(&digest[..2]))
 }
 
 /// `models/<name>` of `models/<name>/v<N>/manifest.cose`.
@@ -420,5 +484,23 @@ mod tests {
     fn model_dirs() {
         assert_eq!(model_dir("models/all-MiniLM-L6-v2/v3/manifest.cose"), Some("models/all-MiniLM-L6-v2"));
         assert_eq!(model_dir("manifest.cose"), None);
+    }
+
+    #[test]
+    fn request_dates_saturate() {
+        assert!(is_fresh(1_000_000, 1_000_000 + REQUEST_TTL_MS));
+        assert!(!is_fresh(1_000_000, 1_000_001 + REQUEST_TTL_MS));
+        assert!(!is_fresh(u64::MAX - 5, 1_000_000));
+        assert!(is_fresh(u64::MAX, u64::MAX));
+        assert!(is_fresh(0, 0));
+        assert!(!is_fresh(0, REQUEST_TTL_MS + 1));
+    }
+
+    #[test]
+    fn hosts_start_their_passes_at_different_points() {
+        let starts: BTreeSet<String> = (0..8).map(|n| first_request_cursor(&format!("i-{n:017x}"))).collect();
+        assert_eq!(starts.len(), 8);
+        assert!(starts.iter().all(|s| s.starts_with(layout::ATTESTATION_REQUESTS_PREFIX) && s.len() == layout::ATTESTATION_REQUESTS_PREFIX.len() + 4));
+        assert_eq!(first_request_cursor("host-a"), first_request_cursor("host-a"));
     }
 }

@@ -16,6 +16,7 @@
 //! poller.run().unwrap();
 //! ```
 
+mod bounded;
 mod control;
 mod delivery;
 mod heartbeat;

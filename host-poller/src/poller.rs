@@ -184,6 +184,7 @@ impl Poller {
                 refusal_retry: config.refusal_retry,
                 attestation_poll: config.attestation_poll,
                 request_timeout: config.stall_timeout,
+                host_id: config.host_id.clone(),
             },
         );
         let control_thread = spawn_thread("control", move || control.run())?;

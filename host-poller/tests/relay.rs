@@ -428,8 +428,43 @@ fn a_huge_or_absurd_attestation_request_is_removed_unread_and_the_genuine_one_an
     wait_until("the fresh document", WAIT, || cloud.attestations.head(&layout::attestation_fresh(&nonce)).unwrap().is_some());
     wait_until("the requests to be removed", WAIT, || cloud.attestations.keys(layout::ATTESTATION_REQUESTS_PREFIX).is_empty());
     poller.stop();
-    assert!(cloud.attestations.bytes_read(&huge_key) <= 4096, "read {} bytes of a 64 MiB request", cloud.attestations.bytes_read(&huge_key));
+    let read = cloud.attestations.bytes_read(&huge_key);
+    assert!(read <= 4096, "read {read} bytes of a 64 MiB request");
+    assert_eq!(read, 0, "the listed size is checked before anything is read");
     for unanswered in [&huge, &future] {
         assert!(cloud.attestations.head(&layout::attestation_fresh(unanswered)).unwrap().is_none());
     }
+}
+
+/// A tenant floods `attestations/requests/` with 10,000 requests that look genuine (valid
+/// nonces spread over the key space, fresh dates): a genuine request put meanwhile is answered
+/// within the client's 30 s wait, the whole flood too (so it would be wherever its key sorts),
+/// and no listing returns more than one pass's page.
+#[test]
+fn a_flood_of_requests_does_not_starve_a_genuine_one() {
+    let (cloud, _worker, config) = setup(JobMode::Echo, 5);
+    let body = format!(r#"{{"requested_ms":{}}}"#, cloud::now_ms());
+    for n in 0u32..10_000 {
+        let nonce = &Sha256::digest(n.to_be_bytes())[..16];
+        cloud.attestations.put(&layout::attestation_request(nonce), body.as_bytes(), PutCondition::CreateOnly).unwrap();
+    }
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the flood to be worked on", WAIT, || cloud.attestations.keys(layout::ATTESTATION_REQUESTS_PREFIX).len() < 9_900);
+    let nonce = b"genuine client".to_vec();
+    let asked = std::time::Instant::now();
+    let genuine = format!(r#"{{"requested_ms":{}}}"#, cloud::now_ms());
+    cloud.attestations.put(&layout::attestation_request(&nonce), genuine.as_bytes(), PutCondition::CreateOnly).unwrap();
+    wait_until("the genuine fresh document", Duration::from_secs(30), || {
+        cloud.attestations.head(&layout::attestation_fresh(&nonce)).unwrap().is_some()
+    });
+    let answered_in = asked.elapsed();
+    let left = cloud.attestations.keys(layout::ATTESTATION_REQUESTS_PREFIX).len();
+    let rest = Duration::from_secs(30).saturating_sub(answered_in);
+    wait_until("the whole flood", rest, || cloud.attestations.keys(layout::ATTESTATION_REQUESTS_PREFIX).is_empty());
+    let drained_in = asked.elapsed();
+    poller.stop();
+    eprintln!("genuine request answered in {answered_in:?} ({left} flood requests left then), the flood in {drained_in:?}");
+    assert_eq!(cloud.attestations.get(&layout::attestation_fresh(&nonce)).unwrap(), [b"fresh:".as_slice(), &nonce].concat());
+    let most = cloud.attestations.most_listed();
+    assert!(most <= 256, "one listing returned {most} request keys");
 }

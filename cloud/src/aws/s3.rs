@@ -148,24 +148,37 @@ impl S3ObjectStore {
         ObjectError::Unavailable { key: key.to_owned(), message: format!("S3 {op} {}: reading the body: {error}", self.url(key)) }
     }
 
-    fn get_range(&self, key: &str, range: Option<String>) -> Result<Vec<u8>, ObjectError> {
-        let ranged = range.is_some();
+    /// GetObject, whole or `(offset, len)`. The body is gathered chunk by chunk into one
+    /// buffer, and a ranged read keeps at most `len` bytes even if the server sent more (an
+    /// endpoint that ignores `Range` must not make a bounded read unbounded).
+    fn get_range(&self, key: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, ObjectError> {
+        let header = range.map(|(offset, len)| format!("bytes={offset}-{}", offset.saturating_add(len.saturating_sub(1))));
+        let limit = range.map_or(u64::MAX, |(_, len)| len);
         self.runtime.block_on(async {
-            let sent = self.client.get_object().bucket(&self.bucket).key(self.full_key(key)).set_range(range).send().await;
+            let sent = self.client.get_object().bucket(&self.bucket).key(self.full_key(key)).set_range(header).send().await;
             let output = match sent {
                 Ok(output) => output,
                 Err(error) => {
                     let failure = Failure::of(&error);
                     // S3 answers a range that starts at or past the end (or any range of an
                     // empty object) with 416; the trait's answer is "no bytes".
-                    if ranged && (failure.is("InvalidRange") || failure.status_is(416)) {
+                    if range.is_some() && (failure.is("InvalidRange") || failure.status_is(416)) {
                         return Ok(Vec::new());
                     }
                     return Err(self.classify("GetObject", key, None, failure));
                 }
             };
-            let body = output.body.collect().await.map_err(|e| self.body_error("GetObject", key, e))?;
-            Ok(body.into_bytes().to_vec())
+            // The announced length only sizes the first allocation, and never past 8 MiB.
+            let announced = output.content_length.unwrap_or(0).max(0) as u64;
+            let mut bytes = Vec::with_capacity(announced.min(limit).min(8 << 20) as usize);
+            let mut body = output.body;
+            while (bytes.len() as u64) < limit {
+                let Some(chunk) = body.next().await else { break };
+                let chunk = chunk.map_err(|e| self.body_error("GetObject", key, e))?;
+                let room = usize::try_from(limit - bytes.len() as u64).unwrap_or(usize::MAX);
+                bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(bytes)
         })
     }
 }
@@ -227,7 +240,7 @@ impl ObjectStore for S3ObjectStore {
                 None => Err(ObjectError::NotFound { key: key.to_owned() }),
             };
         }
-        self.get_range(key, Some(format!("bytes={offset}-{}", offset.saturating_add(len - 1))))
+        self.get_range(key, Some((offset, len)))
     }
 
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
@@ -270,6 +283,44 @@ impl ObjectStore for S3ObjectStore {
         })?;
         // S3 lists in UTF-8 byte order already; sorting keeps an emulator that does not in line.
         objects.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(objects)
+    }
+
+    fn list_page(&self, prefix: &str, start_after: Option<&str>, max_keys: usize) -> Result<Vec<ObjectMeta>, ObjectError> {
+        let full = self.full_key(prefix);
+        let after = start_after.map(|key| self.full_key(key));
+        let mut objects = self.runtime.block_on(async {
+            let mut objects = Vec::new();
+            let mut token: Option<String> = None;
+            while objects.len() < max_keys {
+                // S3 pages hold at most 1,000 keys; ask for no more than still wanted.
+                let want = (max_keys - objects.len()).min(1000) as i32;
+                let request = self.client.list_objects_v2().bucket(&self.bucket).prefix(&full).max_keys(want);
+                let request = match &token {
+                    Some(token) => request.continuation_token(token),
+                    None => request.set_start_after(after.clone()),
+                };
+                let page = request.send().await.map_err(|e| self.error("ListObjectsV2", prefix, None, e))?;
+                for object in page.contents() {
+                    let Some(key) = object.key().and_then(|k| k.strip_prefix(self.prefix.as_str())) else { continue };
+                    objects.push(ObjectMeta {
+                        key: key.to_owned(),
+                        size: object.size().unwrap_or(0).max(0) as u64,
+                        etag: object.e_tag().unwrap_or_default().to_owned(),
+                        modified_ms: millis(object.last_modified()),
+                    });
+                }
+                token = page.next_continuation_token().map(str::to_owned);
+                if token.is_none() || page.contents().is_empty() {
+                    break;
+                }
+            }
+            Ok::<_, ObjectError>(objects)
+        })?;
+        // An emulator may ignore StartAfter, MaxKeys or the order: the trait's answer holds anyway.
+        objects.sort_by(|a, b| a.key.cmp(&b.key));
+        objects.retain(|meta| start_after.is_none_or(|after| meta.key.as_str() > after));
+        objects.truncate(max_keys);
         Ok(objects)
     }
 

@@ -526,6 +526,16 @@ impl ObjectStore for DirObjectStore {
         Ok(out)
     }
 
+    fn list_page(&self, prefix: &str, start_after: Option<&str>, max_keys: usize) -> Result<Vec<ObjectMeta>, ObjectError> {
+        // A folder walk has no order to start from; what it returns is bounded all the same.
+        let mut out = Vec::new();
+        self.inner.walk(&self.inner.root, "", prefix, &mut out)?;
+        out.retain(|meta| start_after.is_none_or(|after| meta.key.as_str() > after));
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out.truncate(max_keys);
+        Ok(out)
+    }
+
     fn delete(&self, key: &str) -> Result<(), ObjectError> {
         validate_key(key)?;
         let path = self.inner.path_of(key);

@@ -50,6 +50,8 @@ pub struct MemStore {
     failed_reads: AtomicU64,
     /// Bytes handed out by `get` and `read_range`, per key.
     bytes_read: Mutex<std::collections::HashMap<String, u64>>,
+    /// The most objects one `list` or `list_page` call returned.
+    most_listed: AtomicU64,
 }
 
 impl MemStore {
@@ -69,6 +71,16 @@ impl MemStore {
 
     fn count(&self, key: &str, bytes: &[u8]) {
         *self.bytes_read.lock().unwrap().entry(key.to_owned()).or_default() += bytes.len() as u64;
+    }
+
+    /// The most objects one listing returned so far.
+    pub fn most_listed(&self) -> u64 {
+        self.most_listed.load(Ordering::SeqCst)
+    }
+
+    fn listed(&self, page: Vec<ObjectMeta>) -> Vec<ObjectMeta> {
+        self.most_listed.fetch_max(page.len() as u64, Ordering::SeqCst);
+        page
     }
 
     pub fn failed_reads(&self) -> u64 {
@@ -128,7 +140,18 @@ impl ObjectStore for MemStore {
 
     fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
         let map = self.objects.map.lock().unwrap();
-        Ok(map.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, (b, v))| meta(k, b, *v)).collect())
+        Ok(self.listed(map.iter().filter(|(k, _)| k.starts_with(prefix)).map(|(k, (b, v))| meta(k, b, *v)).collect()))
+    }
+
+    fn list_page(&self, prefix: &str, start_after: Option<&str>, max_keys: usize) -> Result<Vec<ObjectMeta>, ObjectError> {
+        use std::ops::Bound;
+        let map = self.objects.map.lock().unwrap();
+        let from = match start_after {
+            Some(after) if after >= prefix => Bound::Excluded(after.to_owned()),
+            _ => Bound::Included(prefix.to_owned()),
+        };
+        let page = map.range((from, Bound::Unbounded)).take_while(|(k, _)| k.starts_with(prefix)).take(max_keys);
+        Ok(self.listed(page.map(|(k, (b, v))| meta(k, b, *v)).collect()))
     }
 
     fn delete(&self, key: &str) -> Result<(), ObjectError> {
