@@ -20,6 +20,12 @@ export const DRAIN_TIMEOUT_S = 1800;
 const FINISH_S = DRAIN_TIMEOUT_S - 300;
 /** systemd's last resort (SIGKILL), still before the hook would time out. */
 const STOP_TIMEOUT_S = DRAIN_TIMEOUT_S - 120;
+/**
+ * The poller's memory ceiling: its peak RSS is ~17 MB (docs/soak.md) plus, on S3, about three
+ * 8 MiB upload parts per job in flight. Far above that, a runaway is killed and restarted
+ * (Restart=always) instead of taking the host's memory.
+ */
+export const POLLER_MEMORY_MAX = '512M';
 
 export interface HostUserDataProps {
   readonly region: string;
@@ -109,6 +115,7 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'ExecStart=/opt/ephem-batch/host-poller',
     'Restart=always',
     'RestartSec=5',
+    `MemoryMax=${POLLER_MEMORY_MAX}`,
     '# On SIGTERM the poller takes no new message and finishes the ones it holds (a second SIGTERM',
     '# releases them); the drain watcher sends both before the lifecycle hook times out.',
     'KillSignal=SIGTERM',

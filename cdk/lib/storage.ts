@@ -28,6 +28,9 @@ export interface StorageProps {
 export const JOB_INPUT_FILTER = { prefix: 'jobs/', suffix: '/input.sealed' };
 /** The suffix of sealed shards under the store prefixes. */
 export const SHARD_SUFFIX = '.sealed';
+/** Clients' requests for a fresh attestation document, and the answers (cloud::layout). */
+export const ATTESTATION_REQUESTS_PREFIX = 'attestations/requests/';
+export const ATTESTATION_FRESH_PREFIX = 'attestations/fresh/';
 
 export class Storage extends Construct {
   readonly accessLogs: s3.Bucket;
@@ -76,12 +79,21 @@ export class Storage extends Construct {
     });
 
     // Attestation documents and fleet-key epochs: an auditor verifies a receipt against the
-    // document it names, so old versions are kept.
+    // document it names, so old versions are kept. Clients' requests for a fresh document and
+    // the answers are tenant-written or tenant-driven and live seconds: whatever a host did not
+    // remove (and, the bucket being versioned, what it did remove) is gone within about two days.
     this.attestations = new s3.Bucket(this, 'Attestations', {
       ...secureDefaults(),
       versioned: true,
       serverAccessLogsBucket: this.accessLogs,
       serverAccessLogsPrefix: 'attestations/',
+      lifecycleRules: [ATTESTATION_REQUESTS_PREFIX, ATTESTATION_FRESH_PREFIX].map((prefix) => ({
+        id: `expire-${prefix.replace(/\/$/, '').replace(/\//g, '-')}`,
+        prefix,
+        expiration: Duration.days(1),
+        noncurrentVersionExpiration: Duration.days(1),
+        abortIncompleteMultipartUploadAfter: Duration.days(1),
+      })),
     });
 
     this.artifacts = new s3.Bucket(this, 'Artifacts', {

@@ -5,7 +5,7 @@ import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { Match } from 'aws-cdk-lib/assertions';
 import { repoRoot } from '../lib/config';
-import { DRAIN_TIMEOUT_S } from '../lib/host-user-data';
+import { DRAIN_TIMEOUT_S, POLLER_MEMORY_MAX } from '../lib/host-user-data';
 import { LAMBDA_NAMES } from '../lib/lambda-code';
 import { LEDGER_METRICS, METRICS_NAMESPACE } from '../lib/observability';
 import { ASL_FILE, readAsl } from '../lib/workflow';
@@ -55,6 +55,21 @@ describe('fleet', () => {
     assert.ok(!userData.includes('--debug-mode'));
     // Variables nothing reads are not written.
     for (const unused of ['EPHEM_METRICS_NAMESPACE', 'EPHEM_LIFECYCLE_HOOK']) assert.ok(!userData.includes(unused), unused);
+  });
+
+  it('the poller runs under a memory ceiling and is restarted whatever ends it', () => {
+    const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
+    const script = (stack.resolve(lt.Properties?.LaunchTemplateData?.UserData)['Fn::Base64']['Fn::Join'][1] as unknown[])
+      .filter((part): part is string => typeof part === 'string')
+      .join('');
+    const unit = /ephem-host-poller\.service <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1];
+    assert.ok(unit, 'the poller unit is written');
+    const lines = unit.split('\n');
+    assert.equal(POLLER_MEMORY_MAX, '512M');
+    assert.deepEqual(lines.filter((l) => /^(MemoryMax|Restart)=/.test(l)), ['Restart=always', 'MemoryMax=512M']);
+    // The ceiling is far above the measured ~17 MB peak (docs/soak.md) and below the host's memory.
+    const bytes = Number(/^MemoryMax=(\d+)M$/m.exec(unit)?.[1]) * 2 ** 20;
+    assert.ok(bytes >= 256 * 2 ** 20 && bytes <= 2 ** 30, `MemoryMax ${bytes} bytes`);
   });
 
   it('a drain watcher stops the poller and completes the hook before the hook times out', () => {
@@ -199,6 +214,24 @@ describe('storage', () => {
     for (const [id, b] of buckets) {
       for (const rule of asArray<any>(b.Properties?.LifecycleConfiguration?.Rules)) assert.equal(rule.TagFilters, undefined, `${id} ${rule.Id}`);
     }
+  });
+
+  it('requests for fresh attestation documents and their answers expire after a day, every version', () => {
+    const [[, attestations]] = buckets.filter(([id]) => id.startsWith('StorageAttestations'));
+    const rule = (prefix: string) => ({
+      Id: `expire-${prefix.replace(/\/$/, '').replace(/\//g, '-')}`,
+      Prefix: prefix,
+      ExpirationInDays: 1,
+      NoncurrentVersionExpiration: { NoncurrentDays: 1 },
+      AbortIncompleteMultipartUpload: { DaysAfterInitiation: 1 },
+      Status: 'Enabled',
+    });
+    assert.deepEqual(attestations.Properties?.LifecycleConfiguration?.Rules, [
+      rule('attestations/requests/'),
+      rule('attestations/fresh/'),
+    ]);
+    // Nothing else in the bucket expires: documents receipts name and fleet-key epochs stay.
+    for (const r of attestations.Properties.LifecycleConfiguration.Rules) assert.ok(r.Prefix.length > 'attestations/'.length, r.Id);
   });
 
   it('versioning protects the evidence buckets (attestations, ledger, models, artifacts)', () => {
