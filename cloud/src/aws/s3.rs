@@ -151,6 +151,17 @@ impl S3ObjectStore {
     /// GetObject, whole or `(offset, len)`. The body is gathered chunk by chunk into one
     /// buffer, and a ranged read keeps at most `len` bytes even if the server sent more (an
     /// endpoint that ignores `Range` must not make a bounded read unbounded).
+    /// A listed object as the trait names it: its key relative to this store's prefix.
+    fn listed(&self, object: &aws_sdk_s3::types::Object) -> Option<ObjectMeta> {
+        let key = object.key()?.strip_prefix(self.prefix.as_str())?;
+        Some(ObjectMeta {
+            key: key.to_owned(),
+            size: object.size().unwrap_or(0).max(0) as u64,
+            etag: object.e_tag().unwrap_or_default().to_owned(),
+            modified_ms: millis(object.last_modified()),
+        })
+    }
+
     fn get_range(&self, key: &str, range: Option<(u64, u64)>) -> Result<Vec<u8>, ObjectError> {
         let header = range.map(|(offset, len)| format!("bytes={offset}-{}", offset.saturating_add(len.saturating_sub(1))));
         let limit = range.map_or(u64::MAX, |(_, len)| len);
@@ -270,13 +281,7 @@ impl ObjectStore for S3ObjectStore {
             while let Some(page) = pages.next().await {
                 let page = page.map_err(|e| self.error("ListObjectsV2", prefix, None, e))?;
                 for object in page.contents() {
-                    let Some(key) = object.key().and_then(|k| k.strip_prefix(self.prefix.as_str())) else { continue };
-                    objects.push(ObjectMeta {
-                        key: key.to_owned(),
-                        size: object.size().unwrap_or(0).max(0) as u64,
-                        etag: object.e_tag().unwrap_or_default().to_owned(),
-                        modified_ms: millis(object.last_modified()),
-                    });
+                    objects.extend(self.listed(object));
                 }
             }
             Ok::<_, ObjectError>(objects)
@@ -302,13 +307,7 @@ impl ObjectStore for S3ObjectStore {
                 };
                 let page = request.send().await.map_err(|e| self.error("ListObjectsV2", prefix, None, e))?;
                 for object in page.contents() {
-                    let Some(key) = object.key().and_then(|k| k.strip_prefix(self.prefix.as_str())) else { continue };
-                    objects.push(ObjectMeta {
-                        key: key.to_owned(),
-                        size: object.size().unwrap_or(0).max(0) as u64,
-                        etag: object.e_tag().unwrap_or_default().to_owned(),
-                        modified_ms: millis(object.last_modified()),
-                    });
+                    objects.extend(self.listed(object));
                 }
                 token = page.next_continuation_token().map(str::to_owned);
                 if token.is_none() || page.contents().is_empty() {
