@@ -243,6 +243,7 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
         ResultHeader { job_id, result_key_id: client.key_id(), attempt, created_ms: worker.now_ms() };
     let Sealed { preamble: result_preamble, sealer, .. } = envelope::seal_result(&result_header, &client)?;
     out.extend_from_slice(&result_preamble);
+    let announced = opened.header.record_count;
     Ok(Running {
         job_id,
         header: opened.header,
@@ -252,7 +253,7 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
         commitment_key: opened.commitment_key,
         sealer,
         epoch_document_sha256: epoch.document_sha256,
-        decoder: InputDecoder::new(),
+        decoder: InputDecoder::announced(announced),
         window: Vec::new(),
         window_bytes: 0,
         commitment: PlaintextCommitment::new(),

@@ -320,6 +320,18 @@ fn seal_job_with(
     records: &[(&str, &[u8])],
     options: JobOptions,
 ) -> SealedJob {
+    seal_job_announcing(fleet, client, manifest, records, options, records.len() as u64)
+}
+
+/// [`seal_job_with`] under a header whose record count is `announced`, whatever `records` holds.
+fn seal_job_announcing(
+    fleet: &FleetSecretKey,
+    client: &ResultSecretKey,
+    manifest: [u8; 32],
+    records: &[(&str, &[u8])],
+    options: JobOptions,
+    announced: u64,
+) -> SealedJob {
     let header = JobHeader {
         fleet_key_id: fleet.public_key().key_id(),
         epoch: 1,
@@ -327,7 +339,7 @@ fn seal_job_with(
         manifest_hash: manifest,
         options,
         result_public_key: client.public_key().to_bytes(),
-        record_count: records.len() as u64,
+        record_count: announced,
         created_ms: now_ms(),
     };
     let mut sealed = envelope::seal_job(&header, &fleet.public_key()).unwrap();
@@ -510,6 +522,33 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     let other = seal_job(&fleet, &client, [0xee; 32], &records);
     let (check, _) = run_job(&worker.socket, other.job_id, &other.bytes).unwrap_err();
     assert_eq!(check, "model_manifest");
+}
+
+/// A tenant announces one record and sends thousands: the worker stops at the first record past
+/// the announced count, naming it, instead of embedding them all and failing at the end.
+#[test]
+fn a_job_holding_more_records_than_announced_fails_at_the_first_extra() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut host = Host::new(dir.path());
+    let kms_socket = dir.path().join("kms.sock");
+    let kms_root = host.serve_kms(dir.path(), &kms_socket);
+    let worker = spawn_worker(dir.path(), &kms_socket, &kms_root);
+    let fleet = FleetSecretKey::generate();
+    publish_epoch(&mut host, 1, &fleet, now_ms() + 3_600_000);
+    let manifest = publish_model(&mut host);
+    let mut control = connect(&worker.socket, Channel::Control);
+    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+    host.serve(&mut control);
+    write_frame(&mut control, &Message::LoadModel { manifest_key: MANIFEST_KEY.into() }).unwrap();
+    host.serve(&mut control);
+
+    let client = ResultSecretKey::generate();
+    let ids: Vec<String> = (0..5000).map(|i| format!("r{i}")).collect();
+    let records: Vec<(&str, &[u8])> = ids.iter().map(|id| (id.as_str(), b"a short text".as_slice())).collect();
+    let job = seal_job_announcing(&fleet, &client, manifest, &records, JobOptions::default(), 1);
+    let (check, message) = run_job(&worker.socket, job.job_id, &job.bytes).expect_err("more records than announced were embedded");
+    assert_eq!(check, "records");
+    assert!(message.contains("announced 1 records and holds more"), "{message}");
 }
 
 #[test]

@@ -50,6 +50,10 @@ pub enum RecordError {
     Truncated { offset: u64 },
     #[error("expected {expected} records, the stream holds {found}")]
     CountMismatch { expected: u64, found: u64 },
+    /// Refused as the record arrives, not at the end: a header announcing 1 record must not buy
+    /// the sender hours of work on millions.
+    #[error("record at offset {offset}: the stream announced {announced} records and holds more")]
+    MoreThanAnnounced { offset: u64, announced: u64 },
 }
 
 /// A record of a job's input.
@@ -350,6 +354,8 @@ pub struct Decoder<R> {
     /// Stream offset of `buffer[start]`.
     offset: u64,
     count: u64,
+    /// Records announced up front (a header's count): one more is an error at once.
+    announced: Option<u64>,
     _kind: std::marker::PhantomData<R>,
 }
 
@@ -359,7 +365,13 @@ pub type OutputDecoder = Decoder<OutputRecord>;
 #[allow(private_bounds)]
 impl<R: RecordKind> Decoder<R> {
     pub fn new() -> Self {
-        Self { buffer: Vec::new(), start: 0, offset: 0, count: 0, _kind: std::marker::PhantomData }
+        Self { buffer: Vec::new(), start: 0, offset: 0, count: 0, announced: None, _kind: std::marker::PhantomData }
+    }
+
+    /// A decoder for a stream that announced `announced` records: the record after the last
+    /// announced one fails [`Decoder::next_record`] before it is returned.
+    pub fn announced(announced: u64) -> Self {
+        Self { announced: Some(announced), ..Self::new() }
     }
 
     pub fn push(&mut self, bytes: &[u8]) {
@@ -375,6 +387,9 @@ impl<R: RecordKind> Decoder<R> {
         let mut cursor = Cursor { bytes: &self.buffer[self.start..], at: 0 };
         match R::parse(&mut cursor, self.offset)? {
             Some(record) => {
+                if self.announced.is_some_and(|announced| self.count >= announced) {
+                    return Err(RecordError::MoreThanAnnounced { offset: self.offset, announced: self.count });
+                }
                 self.start += cursor.at;
                 self.offset += cursor.at as u64;
                 self.count += 1;
@@ -510,6 +525,22 @@ mod tests {
         let mut decoder = InputDecoder::new();
         decoder.push(&[0x01, 0x00, 0x01, b'x', 0x00, 0x40, 0x00, 0x01]);
         assert!(matches!(decoder.next_record(), Err(RecordError::TextLength { .. })));
+    }
+
+    #[test]
+    fn a_record_past_the_announced_count_fails_as_it_arrives() {
+        let mut bytes = Vec::new();
+        for id in ["a", "b", "c"] {
+            encode_input(&InputRecord { id: id.into(), text: b"t".to_vec() }, &mut bytes).unwrap();
+        }
+        let mut decoder = InputDecoder::announced(2);
+        decoder.push(&bytes);
+        assert!(decoder.next_record().unwrap().is_some());
+        assert!(decoder.next_record().unwrap().is_some());
+        assert!(matches!(decoder.next_record(), Err(RecordError::MoreThanAnnounced { announced: 2, .. })));
+        let mut zero = InputDecoder::announced(0);
+        zero.push(&bytes);
+        assert!(matches!(zero.next_record(), Err(RecordError::MoreThanAnnounced { announced: 0, offset: 0 })));
     }
 
     #[test]
