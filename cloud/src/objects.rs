@@ -99,6 +99,31 @@ pub trait ObjectStore: Send + Sync {
     }
     /// Deletes an object; deleting a missing key is not an error (as in S3).
     fn delete(&self, key: &str) -> Result<(), ObjectError>;
+    /// Copies `from` to `to` inside this store (`condition` is the destination's, as in
+    /// [`ObjectStore::put`]). With `source_etag`, only that version of `from` is copied, else
+    /// [`ObjectError::PreconditionFailed`] naming `from`: the version a caller checked, never one
+    /// swapped in since. Stores override it to keep the bytes off the caller (S3: CopyObject,
+    /// UploadPartCopy); the default streams them through this process, pinned to one version by
+    /// a HEAD before and after (a write in between changes the etag).
+    fn copy(&self, from: &str, to: &str, source_etag: Option<&str>, condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
+        let pinned = self.head(from)?.ok_or_else(|| ObjectError::NotFound { key: from.to_owned() })?;
+        let changed = || ObjectError::PreconditionFailed { key: from.to_owned() };
+        if source_etag.is_some_and(|etag| !same_etag(etag, &pinned.etag)) {
+            return Err(changed());
+        }
+        let mut reader = self.reader(from)?;
+        let mut writer = self.writer(to, condition)?;
+        std::io::copy(&mut reader, &mut writer).map_err(|e| ObjectError::io(from, e))?;
+        match self.head(from)? {
+            Some(now) if same_etag(&now.etag, &pinned.etag) => writer.commit(),
+            _ => Err(changed()), // the writer is dropped uncommitted: nothing appears at `to`
+        }
+    }
+}
+
+/// ETags compare without their quotes (S3 quotes them; callers may strip them).
+pub fn same_etag(a: &str, b: &str) -> bool {
+    a.trim_matches('"') == b.trim_matches('"')
 }
 
 #[cfg(test)]

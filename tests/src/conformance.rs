@@ -59,6 +59,74 @@ pub fn objects_list_pages(s: &dyn ObjectStore, count: usize) {
     assert!(listed.windows(2).all(|w| w[0].key < w[1].key), "in key order");
 }
 
+/// `list_page` (S3 `StartAfter` + `MaxKeys`): a bounded pass from a point, in key order, only
+/// under the prefix; fewer than asked means the end.
+pub fn objects_list_page(s: &dyn ObjectStore) {
+    for key in ["r/a", "r/b/1", "r/b/2", "r/c", "rx", "s/a"] {
+        s.put(key, b"x", PutCondition::CreateOnly).unwrap();
+    }
+    let keys = |after: Option<&str>, max: usize| -> Vec<String> {
+        s.list_page("r/", after, max).unwrap().into_iter().map(|m| m.key).collect()
+    };
+    assert_eq!(keys(None, 2), ["r/a", "r/b/1"]);
+    assert_eq!(keys(Some("r/b/1"), 2), ["r/b/2", "r/c"]);
+    assert_eq!(keys(Some("r/b"), 10), ["r/b/1", "r/b/2", "r/c"], "a point between keys");
+    assert_eq!(keys(Some("r/c"), 10), Vec::<String>::new(), "the end");
+    assert_eq!(keys(Some("a"), 1), ["r/a"], "a point before the prefix");
+    assert_eq!(keys(None, 0), Vec::<String>::new());
+    let page = s.list_page("r/b/", None, 10).unwrap();
+    assert_eq!((page.len(), page[0].size, page[0].etag.is_empty()), (2, 1, false));
+}
+
+/// `list_page` across S3's 1,000-key pages: a pass that starts inside one page and continues
+/// into the next (after [`objects_list_pages`] wrote `count` keys under `many/`).
+pub fn objects_list_page_across_pages(s: &dyn ObjectStore, count: usize) {
+    let start = count / 4;
+    let after = format!("many/{start:05}");
+    let page = s.list_page("many/", Some(&after), 1000).unwrap();
+    let expected: Vec<String> = (start + 1..count).take(1000).map(|i| format!("many/{i:05}")).collect();
+    assert_eq!(page.into_iter().map(|m| m.key).collect::<Vec<_>>(), expected);
+    let tail = s.list_page("many/", Some(&format!("many/{:05}", count - 3)), 1000).unwrap();
+    assert_eq!(tail.len(), 2, "fewer than asked: the end");
+}
+
+/// A server-side copy of `len` bytes (S3: `CopyObject`, or `UploadPartCopy` parts when the store
+/// is set to copy that size in parts): the bytes of the version the caller checked, create-only
+/// at the destination; a source swapped between the check and the copy is refused (If-Match)
+/// and nothing appears at the destination.
+pub fn objects_copy(s: &dyn ObjectStore, len: usize) {
+    let data = pattern(len);
+    let digest = |bytes: &[u8]| Sha256::digest(bytes).to_vec();
+    let mut w = s.writer("stores/acme/shard.sealed", PutCondition::CreateOnly).unwrap();
+    w.write_all(&data).unwrap();
+    w.commit().unwrap();
+    let checked = s.head("stores/acme/shard.sealed").unwrap().expect("the shard");
+
+    let copied = s.copy("stores/acme/shard.sealed", "jobs/j/input.sealed", Some(&checked.etag), PutCondition::CreateOnly).unwrap();
+    assert_eq!((copied.key.as_str(), copied.size), ("jobs/j/input.sealed", len as u64));
+    assert!(!copied.etag.is_empty());
+    assert_eq!(digest(&s.get("jobs/j/input.sealed").unwrap()), digest(&data));
+    assert_eq!(s.head("jobs/j/input.sealed").unwrap().unwrap().size, len as u64);
+
+    // Create-only: the input is there already, and stays as it was.
+    let again = s.copy("stores/acme/shard.sealed", "jobs/j/input.sealed", None, PutCondition::CreateOnly);
+    assert!(matches!(&again, Err(ObjectError::AlreadyExists { key }) if key == "jobs/j/input.sealed"), "{again:?}");
+
+    // The shard is replaced after its header was checked: the copy of the checked version is
+    // refused, naming the source, and nothing is written.
+    s.put("stores/acme/shard.sealed", b"another shard altogether", PutCondition::Overwrite).unwrap();
+    let stale = s.copy("stores/acme/shard.sealed", "jobs/k/input.sealed", Some(&checked.etag), PutCondition::CreateOnly);
+    assert!(matches!(&stale, Err(ObjectError::PreconditionFailed { key }) if key == "stores/acme/shard.sealed"), "{stale:?}");
+    assert_eq!(s.head("jobs/k/input.sealed").unwrap(), None);
+    assert_eq!(digest(&s.get("jobs/j/input.sealed").unwrap()), digest(&data), "the earlier copy is untouched");
+
+    // Without an etag the current version is copied; a missing source is named.
+    let current = s.copy("stores/acme/shard.sealed", "jobs/k/input.sealed", None, PutCondition::Overwrite).unwrap();
+    assert_eq!((current.size, s.get("jobs/k/input.sealed").unwrap()), (24, b"another shard altogether".to_vec()));
+    let missing = s.copy("stores/acme/gone.sealed", "jobs/m/input.sealed", None, PutCondition::CreateOnly);
+    assert!(matches!(&missing, Err(ObjectError::NotFound { key }) if key == "stores/acme/gone.sealed"), "{missing:?}");
+}
+
 pub fn objects_read_range(s: &dyn ObjectStore) {
     s.put("k", b"0123456789", PutCondition::Overwrite).unwrap();
     assert_eq!(s.read_range("k", 2, 3).unwrap(), b"234");

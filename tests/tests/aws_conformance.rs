@@ -79,6 +79,45 @@ fn local_objects_put_get_head_list_delete() {
 fn aws_s3_lists_across_pages() {
     let Some(aws) = Aws::new("s3p", 5) else { return };
     c::objects_list_pages(&aws.objects(), 1100);
+    c::objects_list_page_across_pages(&aws.objects(), 1100);
+}
+
+#[test]
+fn aws_s3_list_page() {
+    let Some(aws) = Aws::new("s3l", 5) else { return };
+    c::objects_list_page(&aws.objects());
+}
+
+#[test]
+fn local_objects_list_page() {
+    let (_dir, s) = local_store();
+    c::objects_list_page(&s);
+    c::objects_list_pages(&s, 1100);
+    c::objects_list_page_across_pages(&s, 1100);
+}
+
+/// One `CopyObject` (a small object) and a multipart `UploadPartCopy` of three parts (the store
+/// set to copy anything above S3's smallest part in parts), no upload left behind.
+#[test]
+fn aws_s3_server_side_copy() {
+    let Some(aws) = Aws::new("s3y", 5) else { return };
+    c::objects_copy(&aws.objects(), 1000);
+    let Some(aws) = Aws::new("s3z", 5) else { return };
+    c::objects_copy(&aws.objects().with_copy_parts(MIN_PART_SIZE as u64, MIN_PART_SIZE as u64), STREAMED);
+    // A multipart object's etag counts its parts.
+    let input = aws.objects().head("jobs/j/input.sealed").unwrap().unwrap();
+    assert!(input.etag.trim_matches('"').ends_with("-3"), "not copied in three parts: {}", input.etag);
+    let bucket = aws.output("JobsBucketName");
+    let uploads = aws.clients.runtime.block_on(aws.clients.s3.list_multipart_uploads().bucket(bucket).send()).unwrap();
+    assert!(uploads.uploads().is_empty(), "multipart uploads left: {:?}", uploads.uploads());
+}
+
+#[test]
+fn local_objects_copy() {
+    let (_dir, s) = local_store();
+    c::objects_copy(&s, 1000);
+    let (_dir, s) = local_store();
+    c::objects_copy(&s, STREAMED);
 }
 
 #[test]

@@ -54,6 +54,8 @@ pub struct S3ObjectStore {
     pub(crate) bucket: String,
     pub(crate) prefix: String,
     pub(crate) part_size: usize,
+    /// Server-side copies: one CopyObject up to `max_single_copy`, parts of `copy_part_size` above.
+    pub(crate) copy: super::s3_copy::CopyParts,
 }
 
 impl std::fmt::Debug for S3ObjectStore {
@@ -72,6 +74,7 @@ impl S3ObjectStore {
             bucket: bucket.to_owned(),
             prefix: prefix.to_owned(),
             part_size: DEFAULT_PART_SIZE,
+            copy: super::s3_copy::CopyParts::default(),
         }
     }
 
@@ -198,10 +201,7 @@ pub(crate) fn millis(date: Option<&DateTime>) -> u64 {
     date.and_then(|d| d.to_millis().ok()).map(|ms| ms.max(0) as u64).unwrap_or(0)
 }
 
-/// ETags compare without their quotes (S3 quotes them; some callers strip them).
-pub(crate) fn same_etag(a: &str, b: &str) -> bool {
-    a.trim_matches('"') == b.trim_matches('"')
-}
+pub(crate) use crate::objects::same_etag;
 
 impl ObjectStore for S3ObjectStore {
     fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
@@ -321,6 +321,12 @@ impl ObjectStore for S3ObjectStore {
         objects.retain(|meta| start_after.is_none_or(|after| meta.key.as_str() > after));
         objects.truncate(max_keys);
         Ok(objects)
+    }
+
+    fn copy(&self, from: &str, to: &str, source_etag: Option<&str>, condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
+        self.validate(from)?;
+        self.validate(to)?;
+        self.server_side_copy(from, to, source_etag, condition)
     }
 
     fn delete(&self, key: &str) -> Result<(), ObjectError> {

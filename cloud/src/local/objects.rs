@@ -32,6 +32,8 @@ use sha2::{Digest, Sha256};
 
 use crate::objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
 
+mod copy;
+
 /// Where writes in progress live (same file system as the objects, so rename is atomic).
 pub const TEMP_DIR: &str = ".tmp";
 /// The lock file that orders mutations across processes.
@@ -550,6 +552,10 @@ impl ObjectStore for DirObjectStore {
         }
         self.inner.prune_empty_dirs(path.parent());
         Ok(())
+    }
+
+    fn copy(&self, from: &str, to: &str, source_etag: Option<&str>, condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
+        self.copy_file(from, to, source_etag, condition)
     }
 }
 
