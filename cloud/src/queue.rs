@@ -28,7 +28,8 @@ impl QueueError {
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SendOptions {
-    /// FIFO queues: the message group (required there, refused elsewhere).
+    /// FIFO queues: the message group (required there). Standard queues: the tenant, for SQS
+    /// fair queues (one tenant's backlog does not delay the others' messages).
     pub group_id: Option<String>,
     /// FIFO queues: a second send with the same id within five minutes is accepted but dropped.
     pub deduplication_id: Option<String>,

@@ -5,6 +5,7 @@
 //!
 //! - [`on_upload`]: S3 object created under `jobs/…/input.sealed` → checked job message (the
 //!   only way a job is created); a sealed shard under a store prefix → its job input.
+//! - [`job_limits`]: what one upload may ask of the fleet, and the tenant its job is queued under.
 //! - [`ledger_append`]: ledger queue batch → verified receipts appended to the ledger.
 //! - [`fleet_rotate`]: a new fleet-key epoch, wrapped by KMS.
 //! - [`bulk`]: the bulk workflow's steps (list the shards, await each shard on a task token,
@@ -20,6 +21,7 @@
 pub mod asl_walk;
 pub mod bulk;
 pub mod fleet_rotate;
+pub mod job_limits;
 pub mod ledger_append;
 pub mod ledger_signer;
 pub mod local;

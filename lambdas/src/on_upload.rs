@@ -28,6 +28,8 @@ use protocol::envelope::{JobHeader, JobId, Preamble, StreamKind, MAX_HEADER_LEN}
 use protocol::fleet::{epoch_object_key, EpochRecord};
 use sha2::{Digest, Sha256};
 
+use crate::job_limits::{JobLimits, Tenant};
+
 /// The preamble is magic, version, kind, lengths, header, encapsulated key and confirmation:
 /// always within this many bytes.
 const PREAMBLE_READ: u64 = MAX_HEADER_LEN as u64 + 1024;
@@ -51,11 +53,13 @@ pub struct Config {
     pub check_epoch: bool,
     /// Check that the header's model manifest is published (needs the models store).
     pub check_manifest: bool,
+    /// What one job may ask (the `job_limits` check).
+    pub limits: JobLimits,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { store_prefixes: Vec::new(), check_epoch: true, check_manifest: true }
+        Self { store_prefixes: Vec::new(), check_epoch: true, check_manifest: true, limits: JobLimits::default() }
     }
 }
 
@@ -108,9 +112,10 @@ pub fn handle_with(event: &S3Event, services: &Services, config: &Config) -> Res
     for record in &event.records {
         let Some(raw) = record.s3.object.key.as_deref() else { continue };
         let key = url_decode(raw);
+        let tenant = Tenant::from_principal(record.principal_id.principal_id.as_deref());
         let outcome = match config.shard_prefix(&key) {
             Some(_) => handle_shard(&key, services)?,
-            None => handle_key(&key, services, config)?,
+            None => handle_key(&key, &tenant, services, config)?,
         };
         outcomes.push(outcome);
     }
@@ -131,47 +136,43 @@ pub fn derived_job_id(objects: &dyn ObjectStore, key: &str) -> Result<Result<Job
 /// event for the same shard (or a second copy of it) finds the input there and stops.
 fn handle_shard(key: &str, services: &Services) -> Result<Outcome, OnUploadError> {
     let jobs = services.jobs.as_ref();
+    let gone = || Outcome::Refused { key: key.to_owned(), check: "key", message: "the object is gone".into() };
+    // The version whose header is checked is the only one copied (its etag pins the copy).
+    let Some(checked) = jobs.head(key)? else { return Ok(gone()) };
     let job = match derived_job_id(jobs, key) {
         Ok(Ok(job)) => job,
         Ok(Err(message)) => {
             tracing::warn!(%key, %message, "sealed shard refused");
             return Ok(Outcome::Refused { key: key.to_owned(), check: "header", message });
         }
-        Err(ObjectError::NotFound { .. }) => {
-            return Ok(Outcome::Refused { key: key.to_owned(), check: "key", message: "the object is gone".into() });
-        }
+        Err(ObjectError::NotFound { .. }) => return Ok(gone()),
         Err(error) => return Err(error.into()),
     };
     let input_key = layout::job_input(&job);
     let copied = |already| Outcome::Copied { key: key.to_owned(), job_id: job.to_hex(), input_key: input_key.clone(), already };
-    // No HEAD first: without s3:ListBucket, S3 answers a HEAD of a missing key with 403. The
-    // create-only commit says whether the input was there.
-    match copy_object(jobs, key, &input_key) {
-        Ok(size) => {
-            tracing::info!(%key, job = %job, size, "shard copied to its job input");
+    // Server-side (S3 CopyObject, UploadPartCopy above 5 GiB): a shard of any size, no bytes
+    // through this function. Create-only: the commit says whether the input was there.
+    match jobs.copy(key, &input_key, Some(&checked.etag), PutCondition::CreateOnly) {
+        Ok(meta) => {
+            tracing::info!(%key, job = %job, size = meta.size, "shard copied to its job input");
             Ok(copied(false))
         }
         Err(ObjectError::AlreadyExists { .. }) => {
             tracing::info!(%key, job = %job, "shard is already a job");
             Ok(copied(true))
         }
-        Err(ObjectError::NotFound { .. }) => {
-            Ok(Outcome::Refused { key: key.to_owned(), check: "key", message: "the object is gone".into() })
-        }
+        Err(ObjectError::NotFound { .. }) => Ok(gone()),
+        // Replaced after its header was checked: the new version has an event of its own.
+        Err(ObjectError::PreconditionFailed { key: changed }) if changed == key => Ok(Outcome::Refused {
+            key: key.to_owned(),
+            check: "key",
+            message: "the shard was replaced after its header was checked; its new version is handled on its own event".into(),
+        }),
         Err(error) => Err(error.into()),
     }
 }
 
-/// Streams `from` to `to` (create-only) in constant memory; returns the bytes copied.
-fn copy_object(objects: &dyn ObjectStore, from: &str, to: &str) -> Result<u64, ObjectError> {
-    let mut reader = objects.reader(from)?;
-    let mut writer = objects.writer(to, PutCondition::CreateOnly)?;
-    let size = std::io::copy(&mut reader, &mut writer).map_err(|e| ObjectError::io(from, e))?;
-    writer.commit()?;
-    Ok(size)
-}
-
-fn handle_key(key: &str, services: &Services, config: &Config) -> Result<Outcome, OnUploadError> {
+fn handle_key(key: &str, tenant: &Tenant, services: &Services, config: &Config) -> Result<Outcome, OnUploadError> {
     if !(key.starts_with(layout::JOBS_PREFIX) && key.ends_with(layout::INPUT_SUFFIX)) {
         return Ok(Outcome::Ignored { key: key.to_owned() });
     }
@@ -197,8 +198,9 @@ fn handle_key(key: &str, services: &Services, config: &Config) -> Result<Outcome
                 Err(error) => status_not_written(&job, error)?,
             }
             let body = serde_json::to_string(&message).expect("a job message serialises");
-            let message_id = services.job_queue.send(&body, &SendOptions::default())?;
-            tracing::info!(job = %job, records = header.record_count, "job queued");
+            let fair_share = SendOptions { group_id: Some(tenant.as_str().to_owned()), ..SendOptions::default() };
+            let message_id = services.job_queue.send(&body, &fair_share)?;
+            tracing::info!(job = %job, records = header.record_count, tenant = tenant.as_str(), "job queued");
             Ok(Outcome::Queued { job_id: job.to_hex(), message_id })
         }
         Err((check, message)) => {
@@ -289,6 +291,9 @@ fn check_upload(key: &str, job: &JobId, services: &Services, config: &Config) ->
         Ok(header) => header,
         Err(error) => return Ok(Err(("header", error.to_string()))),
     };
+    if let Err(message) = config.limits.check(header.record_count, meta.size) {
+        return Ok(Err(("job_limits", message)));
+    }
     if config.check_epoch
         && let Err(message) = check_epoch(&header, services)?
     {
@@ -473,6 +478,27 @@ mod shard_tests {
         f.services.jobs.put("stores/acme/incoming/copy.sealed", &bytes, PutCondition::CreateOnly).unwrap();
         let out = handle_with(&event("stores/acme/incoming/copy.sealed"), &f.services, &config()).unwrap();
         assert!(matches!(&out[0], Outcome::Copied { already: true, .. }), "{out:?}");
+    }
+
+    /// A tenant announces more records than its bytes can hold (or than a job may take): the job
+    /// ends `failed` with `job_limits` before any host is asked to work on it.
+    #[test]
+    fn an_upload_announcing_more_than_it_can_hold_is_refused_before_it_is_queued() {
+        let f = Fixture::new();
+        let (bytes, job) = f.sealed(1_000_000);
+        let input_key = layout::job_input(&job);
+        f.services.jobs.put(&input_key, &bytes, PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event(&input_key), &f.services, &config()).unwrap();
+        assert!(matches!(&out[0], Outcome::Refused { check: "job_limits", .. }), "{out:?}");
+        let status: JobStatus = serde_json::from_slice(&f.services.jobs.get(&layout::job_status(&job)).unwrap()).unwrap();
+        assert_eq!((status.state, status.failure.unwrap().check.as_str()), (JobState::Failed, "job_limits"));
+        assert!(f.services.job_queue.receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap().is_empty());
+
+        let tight = Config { limits: JobLimits { max_records: 2, ..JobLimits::default() }, ..config() };
+        let (bytes, job) = f.sealed(3);
+        f.services.jobs.put(&layout::job_input(&job), &bytes, PutCondition::CreateOnly).unwrap();
+        let out = handle_with(&event(&layout::job_input(&job)), &f.services, &tight).unwrap();
+        assert!(matches!(&out[0], Outcome::Refused { check: "job_limits", message, .. } if message.contains("at most 2")), "{out:?}");
     }
 
     #[test]

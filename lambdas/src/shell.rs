@@ -53,6 +53,20 @@ pub fn optional(name: &'static str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// A number variable, or `default` when absent.
+pub fn number(name: &'static str, default: u64) -> Result<u64, ShellError> {
+    optional(name).map_or(Ok(default), |v| v.parse().map_err(|e| ShellError::Invalid { name, message: format!("{v:?}: {e}") }))
+}
+
+/// `EPHEM_MAX_JOB_RECORDS` and `EPHEM_MAX_JOB_BYTES` over [`JobLimits::default`].
+pub fn job_limits() -> Result<crate::job_limits::JobLimits, ShellError> {
+    let default = crate::job_limits::JobLimits::default();
+    Ok(crate::job_limits::JobLimits {
+        max_records: number("EPHEM_MAX_JOB_RECORDS", default.max_records)?,
+        max_input_bytes: number("EPHEM_MAX_JOB_BYTES", default.max_input_bytes)?,
+    })
+}
+
 /// The SDK's configuration chain: the function's role, `AWS_REGION`, `AWS_ENDPOINT_URL`.
 pub fn aws() -> Result<AwsClients, ShellError> {
     Ok(AwsClients::connect(None, None)?)

@@ -20,6 +20,9 @@
 //! be received, and not while it is in flight, so a group is processed in order, one message
 //! at a time. A deduplication id drops a repeated send for five minutes, even after the first
 //! message was deleted.
+//!
+//! Standard queues with groups are SQS fair queues: a group is a tenant, and a receive returns
+//! first the messages of the tenants with the fewest messages in flight (no order, a share).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -248,8 +251,9 @@ impl SqliteQueue {
                 return refuse("per-message delay is for standard queues only".into());
             }
         } else {
-            if options.group_id.is_some() {
-                return refuse("a message group id is for FIFO queues only".into());
+            // On a standard queue a group is a tenant (SQS fair queues): no order, only a share.
+            if let Some(g) = &options.group_id {
+                validate_id("group id", g).or_else(refuse)?;
             }
             if options.deduplication_id.is_some() {
                 return refuse("a deduplication id is for FIFO queues only".into());
@@ -275,8 +279,20 @@ impl SqliteQueue {
                                WHERE o.queue = ?1 AND o.group_id = m.group_id AND o.seq < m.seq)
              ORDER BY seq LIMIT ?3"
         } else {
-            "SELECT seq, message_id, body, sent_ms, receive_count FROM messages
-             WHERE queue = ?1 AND visible_at_ms <= ?2 ORDER BY seq LIMIT ?3"
+            // Fair queues: the first messages of the tenants with the fewest in flight go first,
+            // so one tenant's backlog does not delay another's message (ungrouped messages are
+            // each their own tenant).
+            "WITH busy AS (
+                 SELECT group_id, COUNT(*) AS in_flight FROM messages
+                 WHERE queue = ?1 AND group_id IS NOT NULL AND visible_at_ms > ?2 AND receive_count > 0
+                 GROUP BY group_id),
+             ready AS (
+                 SELECT seq, message_id, body, sent_ms, receive_count, group_id,
+                        ROW_NUMBER() OVER (PARTITION BY COALESCE(group_id, message_id) ORDER BY seq) AS nth
+                 FROM messages WHERE queue = ?1 AND visible_at_ms <= ?2)
+             SELECT r.seq, r.message_id, r.body, r.sent_ms, r.receive_count
+             FROM ready r LEFT JOIN busy b ON b.group_id = r.group_id
+             ORDER BY COALESCE(b.in_flight, 0) + r.nth, r.seq LIMIT ?3"
         };
         let mut out: Vec<Received> = Vec::new();
         let mut taken: HashSet<i64> = HashSet::new();
@@ -591,6 +607,27 @@ mod tests {
         assert!(matches!(q.receive(11, NO_WAIT, LONG), Err(QueueError::InvalidMessage(_))));
     }
 
+    /// One tenant queues a backlog, another one job after it: with the backlog's first jobs in
+    /// flight, the second tenant's job is the next one a host receives, not the 51st.
+    #[test]
+    fn a_tenants_backlog_does_not_delay_another_tenants_message() {
+        let dir = tempfile::tempdir().unwrap();
+        let q = open(&dir, "jobs", standard());
+        for i in 0..50 {
+            q.send(&format!("a{i}"), &group("tenant-a")).unwrap();
+        }
+        q.send("b0", &group("tenant-b")).unwrap();
+        q.send("anon", &SendOptions::default()).unwrap();
+        assert_eq!(bodies(&q.receive(1, NO_WAIT, LONG).unwrap()), ["a0"]);
+        assert_eq!(bodies(&q.receive(2, NO_WAIT, LONG).unwrap()), ["b0", "anon"]);
+        assert_eq!(bodies(&q.receive(2, NO_WAIT, LONG).unwrap()), ["a1", "a2"]);
+        // A batch takes from every tenant before it takes a tenant's second message.
+        q.send("b1", &group("tenant-b")).unwrap();
+        q.send("c0", &group("tenant-c")).unwrap();
+        assert_eq!(bodies(&q.receive(3, NO_WAIT, LONG).unwrap()), ["c0", "b1", "a3"]);
+        assert!(matches!(q.send("x", &group("not a valid id")), Err(QueueError::InvalidMessage(_))));
+    }
+
     #[test]
     fn visibility_timeout_redelivers_with_a_new_handle_and_count() {
         let dir = tempfile::tempdir().unwrap();
@@ -779,7 +816,8 @@ mod tests {
         assert!(refused(f.send("x", &SendOptions { delay: Duration::from_secs(1), ..group("g") })));
         assert!(refused(f.send("x", &group(""))));
         assert!(refused(f.send("x", &group(&"g".repeat(129)))));
-        assert!(refused(s.send("x", &group("g"))), "group on a standard queue");
+        assert!(s.send("x", &group("g")).is_ok(), "a group on a standard queue is a fair-queue tenant");
+        assert!(refused(s.send("x", &group(""))));
         assert!(refused(s.send("x", &SendOptions { deduplication_id: Some("d".into()), ..Default::default() })));
         assert!(refused(s.send(&"x".repeat(MAX_BODY_BYTES + 1), &SendOptions::default())));
         assert!(s.send(&"x".repeat(MAX_BODY_BYTES), &SendOptions::default()).is_ok());

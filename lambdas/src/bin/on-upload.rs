@@ -3,7 +3,8 @@
 //!
 //! Environment: `EPHEM_JOBS_BUCKET`, `EPHEM_JOB_QUEUE_URL`, `EPHEM_STORE_PREFIXES`; with
 //! `EPHEM_ATTESTATIONS_BUCKET` the fleet epoch is checked, with `EPHEM_MODELS_BUCKET` the
-//! model manifest (the enclave checks both again in any case).
+//! model manifest (the enclave checks both again in any case). `EPHEM_MAX_JOB_RECORDS` and
+//! `EPHEM_MAX_JOB_BYTES` set the per-job limits (`lambdas::job_limits`).
 
 use aws_lambda_events::s3::S3Event;
 use lambdas::on_upload::{self, Config};
@@ -21,9 +22,10 @@ fn init() -> Result<App, ShellError> {
     let config = Config {
         check_epoch: shell::optional("EPHEM_ATTESTATIONS_BUCKET").is_some(),
         check_manifest: shell::optional("EPHEM_MODELS_BUCKET").is_some(),
+        limits: shell::job_limits()?,
         ..shell::store_prefixes()
     };
-    tracing::info!(store_prefixes = ?config.store_prefixes, check_epoch = config.check_epoch, check_manifest = config.check_manifest, "on-upload ready");
+    tracing::info!(store_prefixes = ?config.store_prefixes, check_epoch = config.check_epoch, check_manifest = config.check_manifest, limits = ?config.limits, "on-upload ready");
     Ok(App { services: shell::services(&clients), config })
 }
 
