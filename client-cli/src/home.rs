@@ -9,7 +9,7 @@
 //! logs/                               one log per background process
 //! dev/                                development image publisher key and signed policy
 //! client/result.key                   the client's X25519 result key (0600)
-//! client/jobs/<id>/                   per job: job.json, commitment.key, local-errors.jsonl
+//! client/jobs/<id>/                   per job: job.json, commitment.key (0600), local-errors.jsonl
 //! client/bulks/<bulk_id>/bulk.json    per bulk submission: its shards (each a job above)
 //! models/                             model files installed by scripts/setup-model.sh
 //! ```
@@ -104,12 +104,101 @@ impl Home {
     }
 }
 
-/// Writes a file only its owner can read (keys).
+/// Why a private file (a key, a job's secrets) was not used: each check by name, with the path,
+/// as ssh names a private key it refuses. A key file another account could have written is not
+/// this user's key: results sealed to it, or cancels signed with it, would be that account's.
+#[derive(Debug, thiserror::Error)]
+pub enum PrivateFileError {
+    #[error("private file {}: is a symbolic link (a key is read only from the regular file its own name names; remove the link)", path.display())]
+    Symlink { path: PathBuf },
+    #[error("private file {}: is not a regular file but a {kind}", path.display())]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error("private file {}: owned by uid {owner}, not by this user (uid {user}): another account could have put it there", path.display())]
+    NotOwned { path: PathBuf, owner: u32, user: u32 },
+    #[error("private file {}: mode {mode:o} lets group or others read or replace it (chmod 600 it)", path.display())]
+    Mode { path: PathBuf, mode: u32 },
+    #[error("private file {}: larger than {MAX_PRIVATE_FILE} bytes, so not one of ours", path.display())]
+    TooLarge { path: PathBuf },
+    #[error("private file {}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+impl PrivateFileError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, PrivateFileError::Io { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+/// Keys and seeds are a few dozen bytes; anything this large was put there by someone else.
+const MAX_PRIVATE_FILE: u64 = 64 * 1024;
+
+/// Reads a private file after checking, on the descriptor it reads from (no window for a swap
+/// between check and read), that it is not a link, is a regular file, is this user's and is
+/// closed to group and others.
+pub fn read_private(path: &Path) -> Result<zeroize::Zeroizing<Vec<u8>>, PrivateFileError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let io = |source| PrivateFileError::Io { path: path.to_owned(), source };
+    // O_NONBLOCK: opening a FIFO planted under the key's name must not wait for a writer.
+    let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY;
+    let file = match std::fs::OpenOptions::new().read(true).custom_flags(flags.bits() as i32).open(path) {
+        Ok(file) => file,
+        Err(error) if error.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+            return Err(PrivateFileError::Symlink { path: path.to_owned() });
+        }
+        Err(error) => return Err(io(error)),
+    };
+    let meta = file.metadata().map_err(io)?;
+    check_private_metadata(path, &meta, rustix::process::geteuid().as_raw())?;
+    let mut bytes = zeroize::Zeroizing::new(Vec::new());
+    file.take(MAX_PRIVATE_FILE + 1).read_to_end(&mut bytes).map_err(io)?;
+    if bytes.len() as u64 > MAX_PRIVATE_FILE {
+        return Err(PrivateFileError::TooLarge { path: path.to_owned() });
+    }
+    Ok(bytes)
+}
+
+/// The checks of [`read_private`] on a file's metadata, for the user `user` (an effective uid).
+pub fn check_private_metadata(path: &Path, meta: &std::fs::Metadata, user: u32) -> Result<(), PrivateFileError> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        return Err(PrivateFileError::Symlink { path: path.to_owned() });
+    }
+    if !kind.is_file() {
+        let kind = match () {
+            _ if kind.is_dir() => "directory",
+            _ if kind.is_fifo() => "FIFO",
+            _ if kind.is_socket() => "socket",
+            _ if kind.is_char_device() => "character device",
+            _ if kind.is_block_device() => "block device",
+            _ => "special file",
+        };
+        return Err(PrivateFileError::NotRegular { path: path.to_owned(), kind });
+    }
+    if meta.uid() != user {
+        return Err(PrivateFileError::NotOwned { path: path.to_owned(), owner: meta.uid(), user });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(PrivateFileError::Mode { path: path.to_owned(), mode });
+    }
+    Ok(())
+}
+
+/// Creates `dir` and its missing parents as 0700 (what the client keeps there is its own).
+pub fn create_private_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))
+}
+
+/// Writes a file only its owner can read (keys), replacing any file of that name.
 pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = write_private_temp(path, bytes)?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display())).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
-    })
+    })?;
+    sync_parent(path)
 }
 
 /// Creates `path` (mode 0600) holding `bytes` unless it exists: written under a temporary name
@@ -120,20 +209,28 @@ pub fn create_private(path: &Path, bytes: &[u8]) -> anyhow::Result<bool> {
     let linked = std::fs::hard_link(&tmp, path);
     let _ = std::fs::remove_file(&tmp);
     match linked {
-        Ok(()) => Ok(true),
+        Ok(()) => sync_parent(path).map(|()| true),
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
         Err(error) => Err(error).with_context(|| format!("creating {}", path.display())),
     }
 }
 
+/// Makes a rename or link into `path`'s directory durable (the file's own bytes are synced
+/// before): a crash right after must not lose the name.
+fn sync_parent(path: &Path) -> anyhow::Result<()> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::File::open(parent).and_then(|dir| dir.sync_all()).with_context(|| format!("syncing {}", parent.display()))
+}
+
 /// `bytes`, synced, in a 0600 file beside `path` under a name no other writer uses (a shared
-/// temporary name would let concurrent writers rename each other's half-written files).
+/// temporary name would let concurrent writers rename each other's half-written files),
+/// created exclusively and never through a link planted under that name.
 fn write_private_temp(path: &Path, bytes: &[u8]) -> anyhow::Result<PathBuf> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_private_dir(parent)?;
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let unique = format!("{}.{}", std::process::id(), COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
@@ -142,6 +239,7 @@ fn write_private_temp(path: &Path, bytes: &[u8]) -> anyhow::Result<PathBuf> {
         .write(true)
         .create_new(true)
         .mode(0o600)
+        .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
         .open(&tmp)
         .with_context(|| format!("creating {}", tmp.display()))?;
     if let Err(error) = file.write_all(bytes).and_then(|()| file.sync_all()) {

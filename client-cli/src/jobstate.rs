@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use crate::home::{write_private, Home};
+use crate::home::{create_private_dir, read_private, write_private, Home};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientJob {
@@ -106,7 +106,7 @@ impl JobFiles {
     }
 
     pub fn create_dir(&self) -> anyhow::Result<()> {
-        std::fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))
+        create_private_dir(&self.dir)
     }
 
     pub fn save(&self, job: &ClientJob) -> anyhow::Result<()> {
@@ -128,9 +128,12 @@ impl JobFiles {
     }
 
     pub fn commitment_key(&self) -> anyhow::Result<Zeroizing<[u8; 32]>> {
-        let text = Zeroizing::new(std::fs::read_to_string(self.commitment_key_file()).context("reading the job's commitment key")?);
+        let bytes = read_private(&self.commitment_key_file()).context("reading the job's commitment key")?;
         let mut key = Zeroizing::new([0u8; 32]);
-        hex::decode_to_slice(text.trim(), key.as_mut()).map_err(|_| anyhow!("the job's commitment key is not 32 hex bytes"))?;
+        std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(|text| hex::decode_to_slice(text.trim(), key.as_mut()).ok())
+            .ok_or_else(|| anyhow!("the job's commitment key is not 32 hex bytes"))?;
         Ok(key)
     }
 }
