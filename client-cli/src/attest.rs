@@ -26,7 +26,7 @@ pub enum AttestCommand {
 
 #[derive(Args)]
 pub struct FetchArgs {
-    /// Ask an enclave for a fresh document carrying this nonce (hex, up to 512 bytes).
+    /// Ask an enclave for a fresh document carrying this nonce (hex, up to 498 bytes).
     #[arg(long, value_name = "HEX", value_parser = parse_nonce)]
     pub nonce: Option<Nonce>,
     /// Where to save the document (raw CBOR).
@@ -401,6 +401,17 @@ impl JsonReport {
 mod tests {
     use super::*;
 
+    /// A nonce whose hex cannot name an S3 key is refused before anything is written (S3 would
+    /// refuse the request object; a host could never answer it).
+    #[test]
+    fn a_nonce_too_long_for_a_request_key_is_refused_before_any_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let services = cloud::local::LocalCloud::open(dir.path()).unwrap().services();
+        let error = fresh_document(&services, &[7; cloud::layout::MAX_REQUEST_NONCE_LEN + 1]).unwrap_err().to_string();
+        assert!(error.contains("1 to 498 bytes"), "{error}");
+        assert!(services.attestations.list(cloud::layout::ATTESTATION_REQUESTS_PREFIX).unwrap().is_empty());
+    }
+
     #[test]
     fn clap_definition_is_consistent() {
         use clap::{CommandFactory, Parser};
@@ -473,8 +484,9 @@ pub fn fetch(home: &crate::home::Home, services: &cloud::Services, args: &FetchA
 }
 
 fn fresh_document(services: &cloud::Services, nonce: &[u8]) -> anyhow::Result<Vec<u8>> {
-    if nonce.is_empty() || nonce.len() > 512 {
-        return Err(anyhow!("--nonce must be 1 to 512 bytes"));
+    let max = cloud::layout::MAX_REQUEST_NONCE_LEN;
+    if nonce.is_empty() || nonce.len() > max {
+        return Err(anyhow!("--nonce must be 1 to {max} bytes: its hex names the request object, and S3 keys hold at most {} bytes", cloud::layout::MAX_KEY_LEN));
     }
     let request = cloud::layout::attestation_request(nonce);
     let answer = cloud::layout::attestation_fresh(nonce);
@@ -486,7 +498,7 @@ fn fresh_document(services: &cloud::Services, nonce: &[u8]) -> anyhow::Result<Ve
     }
     let deadline = std::time::Instant::now() + FRESH_WAIT;
     loop {
-        match services.attestations.get(&answer) {
+        match services.attestations.get_at_most(&answer, cloud::MAX_SMALL_OBJECT) {
             Ok(document) => return Ok(document),
             Err(cloud::ObjectError::NotFound { .. }) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(200));

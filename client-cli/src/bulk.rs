@@ -244,7 +244,7 @@ pub fn wait(services: &Services, record: &BulkRecord) -> anyhow::Result<(cloud::
 /// `bulk/<bulk_id>/manifest.json`, if written.
 pub fn read_manifest(services: &Services, bulk_id: &str) -> anyhow::Result<Option<Manifest>> {
     let key = layout::bulk_manifest(bulk_id);
-    match services.jobs.get(&key) {
+    match services.jobs.get_at_most(&key, cloud::MAX_SMALL_OBJECT) {
         Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).with_context(|| format!("{key} is not a bulk manifest"))?)),
         Err(ObjectError::NotFound { .. }) => Ok(None),
         Err(error) => Err(error.into()),
@@ -483,7 +483,7 @@ pub fn verify(home: &Home, services: &Services, trust: &ClientTrust, key: &Resul
     for shard in &manifest.shards {
         if let ManifestStatus::Committed { receipt_sha256, .. } = &shard.status {
             let job = crate::status::parse_job(&shard.job_id)?;
-            let committed = services.jobs.get(&layout::job_receipt(&job)).ok().map(|b| hex::encode(Sha256::digest(&b)));
+            let committed = services.jobs.get_at_most(&layout::job_receipt(&job), cloud::MAX_SMALL_OBJECT).ok().map(|b| hex::encode(Sha256::digest(&b)));
             if committed.as_deref() != Some(receipt_sha256.as_str()) {
                 differing.push(shard.job_id.clone());
             }

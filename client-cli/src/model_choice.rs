@@ -150,7 +150,7 @@ fn verified_manifests(models: &dyn ObjectStore, model_id: &str, publisher: &Veri
     listed.sort();
     let (mut verified, mut refused) = (Vec::new(), Vec::new());
     for (listed_version, key) in listed {
-        let bytes = match models.get(&key) {
+        let bytes = match models.get_at_most(&key, cloud::MAX_SMALL_OBJECT) {
             Ok(bytes) => bytes,
             Err(ObjectError::NotFound { .. }) => continue,
             Err(error) => return Err(error.into()),
@@ -175,7 +175,7 @@ fn verified_manifests(models: &dyn ObjectStore, model_id: &str, publisher: &Veri
 /// verify is refused rather than ignored: only the host could have put it there.
 fn published_minimum(models: &dyn ObjectStore, model_id: &str, publisher: &VerifyingKey) -> Result<Option<ModelMinimum>, ModelChoiceError> {
     let key = minimum_key(model_id);
-    let bytes = match models.get(&key) {
+    let bytes = match models.get_at_most(&key, cloud::MAX_SMALL_OBJECT) {
         Ok(bytes) => bytes,
         Err(ObjectError::NotFound { .. }) => return Ok(None),
         Err(error) => return Err(error.into()),
@@ -289,7 +289,7 @@ pub fn upload_minimum(models: &dyn ObjectStore, signed: &[u8]) -> Result<String,
         return Err(MinimumUploadError::NotPublished { model_id: minimum.model_id, version: minimum.minimum_version, key: manifest_key });
     }
     let key = minimum_key(&minimum.model_id);
-    match models.get(&key) {
+    match models.get_at_most(&key, cloud::MAX_SMALL_OBJECT) {
         Ok(bytes) => match SignedModelMinimum::decode(&bytes) {
             Ok(existing) if existing.minimum.minimum_version > minimum.minimum_version => {
                 return Err(MinimumUploadError::Lower { key, existing: existing.minimum.minimum_version, new: minimum.minimum_version });

@@ -120,7 +120,7 @@ pub fn run(
 /// pinned model publisher (the host controls the bucket it is read from).
 pub fn dimensions(services: &Services, trust: &ClientTrust, state: &ClientJob) -> Result<usize, ResultsError> {
     let refuse = |detail: String| ResultsError::Manifest { detail };
-    let bytes = services.models.get(&state.manifest_key).map_err(|e| refuse(format!("reading {}: {e}", state.manifest_key)))?;
+    let bytes = services.models.get_at_most(&state.manifest_key, cloud::MAX_SMALL_OBJECT).map_err(|e| refuse(format!("reading {}: {e}", state.manifest_key)))?;
     let signed = SignedManifest::decode(&bytes).map_err(|e| refuse(format!("{}: {e}", state.manifest_key)))?;
     if hex::encode(signed.hash) != state.manifest_hash {
         return Err(refuse(format!("{} hashes to {}, the job pinned {}", state.manifest_key, hex::encode(signed.hash), state.manifest_hash)));

@@ -14,7 +14,7 @@ pub fn parse_job(text: &str) -> anyhow::Result<JobId> {
 }
 
 fn get_json<T: serde::de::DeserializeOwned>(services: &Services, key: &str) -> anyhow::Result<Option<T>> {
-    match services.jobs.get(key) {
+    match services.jobs.get_at_most(key, cloud::MAX_SMALL_OBJECT) {
         Ok(bytes) => Ok(Some(serde_json::from_slice(&bytes).map_err(|e| anyhow!("{key}: {e}"))?)),
         Err(ObjectError::NotFound { .. }) => Ok(None),
         Err(error) => Err(error.into()),

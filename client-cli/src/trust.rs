@@ -155,7 +155,7 @@ pub fn current_enclave(services: &Services, trust: &ClientTrust, now_ms: u64) ->
     let mut best: Option<PublishedEnclave> = None;
     let mut failures = Vec::new();
     for meta in listed {
-        let document = match services.attestations.get(&meta.key) {
+        let document = match services.attestations.get_at_most(&meta.key, cloud::MAX_SMALL_OBJECT) {
             Ok(bytes) => bytes,
             Err(ObjectError::NotFound { .. }) => continue,
             Err(error) => return Err(error.into()),

@@ -90,7 +90,7 @@ pub enum Fetched {
 
 /// Reads the committed receipt once and verifies it (`receipt`, `receipt_attestation`).
 pub fn fetch_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out: &mut Verification) -> anyhow::Result<Fetched> {
-    let bytes = match services.jobs.get(&layout::job_receipt(job)) {
+    let bytes = match services.jobs.get_at_most(&layout::job_receipt(job), cloud::MAX_SMALL_OBJECT) {
         Ok(bytes) => bytes,
         Err(ObjectError::NotFound { .. }) => {
             out.add("receipt", false, "no receipt committed (the job has not completed)");
@@ -107,7 +107,7 @@ pub fn fetch_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out:
     };
     out.add("receipt", true, format!("{} bytes, attempt {}", bytes.len(), signed.receipt.attempt));
     let document_key = layout::attestation_by_hash(&signed.receipt.attestation_sha256);
-    let document = match services.attestations.get(&document_key) {
+    let document = match services.attestations.get_at_most(&document_key, cloud::MAX_SMALL_OBJECT) {
         Ok(document) => document,
         Err(ObjectError::NotFound { .. }) => {
             out.add("receipt_attestation", false, format!("the attestation document it names is not published ({document_key})"));

@@ -76,6 +76,13 @@ pub fn attestation_request(nonce: &[u8]) -> String {
 
 pub const ATTESTATION_REQUESTS_PREFIX: &str = "attestations/requests/";
 
+/// S3's longest key, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// The longest nonce [`attestation_request`] can name: its hex must fit an S3 key beside the
+/// prefix and suffix (498 bytes, below the NSM's 512).
+pub const MAX_REQUEST_NONCE_LEN: usize = (MAX_KEY_LEN - ATTESTATION_REQUESTS_PREFIX.len() - ".json".len()) / 2;
+
 /// The answer to [`attestation_request`]: a document whose `nonce` is the client's.
 pub fn attestation_fresh(nonce: &[u8]) -> String {
     format!("attestations/fresh/{}.cbor", hex::encode(nonce))
@@ -121,5 +128,11 @@ mod tests {
         assert_eq!(key, "models/all-MiniLM-L6-v2/v3/manifest.cose");
         assert_eq!(manifest_version(&key), Some(3));
         assert_eq!(manifest_version("models/x/manifest.cose"), None);
+    }
+
+    #[test]
+    fn the_longest_request_nonce_fits_an_s3_key() {
+        assert_eq!(attestation_request(&[0xff; MAX_REQUEST_NONCE_LEN]).len(), MAX_KEY_LEN - 1);
+        assert!(attestation_request(&[0xff; MAX_REQUEST_NONCE_LEN + 1]).len() > MAX_KEY_LEN);
     }
 }

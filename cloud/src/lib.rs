@@ -19,7 +19,7 @@ pub mod workflow;
 use std::sync::Arc;
 
 pub use kms::{AwsCredentials, DataKey, DataKeyPair, Decrypted, KeyDescription, Kms, KmsError, Recipient};
-pub use objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+pub use objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition, MAX_SMALL_OBJECT};
 pub use queue::{Queue, QueueError, QueueStats, Received, SendOptions};
 pub use workflow::{Completion, Execution, ExecutionStatus, Executions, TaskTokens, WorkflowError};
 

@@ -82,6 +82,16 @@ pub trait ObjectStore: Send + Sync {
     fn reader(&self, key: &str) -> Result<Box<dyn Read + Send>, ObjectError>;
     /// Streams `len` bytes from `offset` (S3 ranged GET); fewer at the end of the object.
     fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError>;
+    /// `key` whole if it holds at most `limit` bytes, else [`ObjectError::Rejected`] naming the
+    /// key and the limit (not retried): one ranged read of `limit + 1` bytes, so an object that
+    /// another principal made a few GB costs its reader `limit` bytes, whatever a listing said.
+    fn get_at_most(&self, key: &str, limit: u64) -> Result<Vec<u8>, ObjectError> {
+        let bytes = self.read_range(key, 0, limit.saturating_add(1))?;
+        if bytes.len() as u64 > limit {
+            return Err(ObjectError::Rejected { key: key.to_owned(), message: format!("larger than {limit} bytes, the most read of it") });
+        }
+        Ok(bytes)
+    }
     /// `None` when the key does not exist.
     fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError>;
     /// Every object whose key starts with `prefix`, in key order.
@@ -121,6 +131,11 @@ pub trait ObjectStore: Send + Sync {
     }
 }
 
+/// The most anyone reads whole of a small object another principal may write (receipt, status,
+/// manifest, fleet-key record, attestation document, marker): each passes through one frame
+/// (1 MiB) or is far smaller, so 4 MiB refuses only what no component wrote.
+pub const MAX_SMALL_OBJECT: u64 = 4 << 20;
+
 /// ETags compare without their quotes (S3 quotes them; callers may strip them).
 pub fn same_etag(a: &str, b: &str) -> bool {
     a.trim_matches('"') == b.trim_matches('"')
@@ -130,6 +145,25 @@ pub fn same_etag(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
     use crate::local::DirObjectStore;
+
+    #[test]
+    fn get_at_most_reads_up_to_the_limit_and_refuses_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirObjectStore::open(dir.path()).unwrap();
+        store.put("small", &[7; 16], PutCondition::CreateOnly).unwrap();
+        store.put("empty", b"", PutCondition::CreateOnly).unwrap();
+        assert_eq!(store.get_at_most("small", 16).unwrap(), [7; 16]);
+        assert_eq!(store.get_at_most("empty", 16).unwrap(), b"");
+        match store.get_at_most("small", 15) {
+            Err(ObjectError::Rejected { key, message }) => {
+                assert_eq!(key, "small");
+                assert!(message.contains("15 bytes"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(store.get_at_most("missing", 16), Err(ObjectError::NotFound { .. })));
+        assert_eq!(store.get_at_most("small", u64::MAX).unwrap().len(), 16, "the limit saturates");
+    }
 
     /// Only the required methods: `list_page` is the trait's default.
     struct ListOnly(DirObjectStore);

@@ -16,7 +16,7 @@ use protocol::fleet::EpochRecord;
 use protocol::frame::{Channel, Message};
 use sha2::{Digest, Sha256};
 
-use crate::bounded::{get_at_most, MAX_SMALL_OBJECT};
+use cloud::MAX_SMALL_OBJECT;
 use crate::relay::Relay;
 use crate::retry;
 use crate::shared::{Inflight, Shared};
@@ -74,8 +74,6 @@ const REQUESTS_LISTED_PER_PASS: usize = 256;
 /// Largest attestation request read: its body only dates it (`{"requested_ms": …}`; the key
 /// names the nonce).
 const MAX_REQUEST_LEN: u64 = 1024;
-/// The NSM's limit on a nonce.
-const MAX_NONCE_LEN: usize = 512;
 
 /// What became of one attestation request.
 #[derive(Debug, PartialEq, Eq)]
@@ -339,7 +337,7 @@ impl Control {
             }
             Ok(Handled::Skipped)
         };
-        let Some(nonce) = layout::nonce_of_request(&meta.key).filter(|n| !n.is_empty() && n.len() <= MAX_NONCE_LEN) else {
+        let Some(nonce) = layout::nonce_of_request(&meta.key).filter(|n| !n.is_empty() && n.len() <= layout::MAX_REQUEST_NONCE_LEN) else {
             return remove();
         };
         if meta.size > MAX_REQUEST_LEN {
@@ -350,7 +348,7 @@ impl Control {
         if matches!(store.head(&answer), Ok(Some(_))) {
             return remove();
         }
-        let body = match get_at_most(&*store, &meta.key, MAX_REQUEST_LEN) {
+        let body = match store.get_at_most(&meta.key, MAX_REQUEST_LEN) {
             Ok(body) => body,
             // Answered and removed by another host meanwhile.
             Err(ObjectError::NotFound { .. }) => return Ok(Handled::Skipped),
@@ -415,7 +413,7 @@ impl Control {
         let mut epochs = BTreeMap::new();
         let attestations = &self.services.attestations;
         for meta in retry::transient("list fleet keys", || attestations.list(layout::FLEET_KEYS_PREFIX))? {
-            let bytes = match retry::transient("get fleet key", || get_at_most(&**attestations, &meta.key, MAX_SMALL_OBJECT)) {
+            let bytes = match retry::transient("get fleet key", || attestations.get_at_most(&meta.key, MAX_SMALL_OBJECT)) {
                 Ok(bytes) => bytes,
                 Err(ObjectError::NotFound { .. }) => continue,
                 Err(error) => return Err(error),

@@ -22,7 +22,7 @@ use protocol::envelope::JobId;
 use protocol::receipt::{Receipt, SignedReceipt};
 use sha2::{Digest, Sha256};
 
-use crate::bounded::{get_at_most, MAX_SMALL_OBJECT};
+use cloud::MAX_SMALL_OBJECT;
 use crate::control;
 use crate::heartbeat::Heartbeat;
 use crate::job::{Attempt, AttemptError, Verdict};
@@ -133,7 +133,7 @@ struct Delivery<'a> {
 impl Delivery<'_> {
     fn run(&mut self) -> Disposition {
         let jobs = &self.ctx.services.jobs;
-        match retry::transient("get receipt", || get_at_most(&**jobs, &layout::job_receipt(&self.job), MAX_SMALL_OBJECT)) {
+        match retry::transient("get receipt", || jobs.get_at_most(&layout::job_receipt(&self.job), MAX_SMALL_OBJECT)) {
             Ok(receipt) => return self.duplicate(receipt, Disposition::Duplicate),
             Err(ObjectError::NotFound { .. }) => {}
             Err(error) => return self.retry("object_store", error.to_string()),
@@ -218,7 +218,7 @@ impl Delivery<'_> {
     fn manifest_not_loaded_yet(&self) -> bool {
         let models = &*self.ctx.services.models;
         let Ok(Some(key)) = control::newest_manifest(models, &self.message.model_id) else { return false };
-        let Ok(bytes) = retry::transient("get manifest", || get_at_most(models, &key, MAX_SMALL_OBJECT)) else { return false };
+        let Ok(bytes) = retry::transient("get manifest", || models.get_at_most(&key, MAX_SMALL_OBJECT)) else { return false };
         hex::encode(Sha256::digest(&bytes)) == self.message.manifest_hash.to_ascii_lowercase()
     }
 
@@ -237,7 +237,7 @@ impl Delivery<'_> {
         let receipt_key = layout::job_receipt(&self.job);
         match retry::transient("commit receipt", || jobs.put(&receipt_key, &receipt_bytes, PutCondition::CreateOnly)) {
             Ok(_) => {}
-            Err(ObjectError::AlreadyExists { .. }) => match retry::transient("get receipt", || get_at_most(&**jobs, &receipt_key, MAX_SMALL_OBJECT)) {
+            Err(ObjectError::AlreadyExists { .. }) => match retry::transient("get receipt", || jobs.get_at_most(&receipt_key, MAX_SMALL_OBJECT)) {
                 // A try of ours that timed out had in fact gone through.
                 Ok(existing) if existing == receipt_bytes => {}
                 Ok(existing) => {

@@ -16,7 +16,6 @@
 //! poller.run().unwrap();
 //! ```
 
-mod bounded;
 mod control;
 mod delivery;
 mod heartbeat;

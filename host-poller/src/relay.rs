@@ -11,7 +11,7 @@ use cloud::{layout, ObjectError, ObjectStore, PutCondition, Services};
 use protocol::frame::{Message, MAX_DATA_LEN};
 use sha2::{Digest, Sha256};
 
-use crate::bounded::{get_at_most, MAX_SMALL_OBJECT};
+use cloud::MAX_SMALL_OBJECT;
 use crate::retry;
 use crate::worker_link::{LinkError, WorkerLink};
 
@@ -134,7 +134,7 @@ impl Relay {
             }
             return Ok(document);
         }
-        let document = retry::transient("get attestation", || get_at_most(&*self.services.attestations, &key, MAX_SMALL_OBJECT))?;
+        let document = retry::transient("get attestation", || self.services.attestations.get_at_most(&key, MAX_SMALL_OBJECT))?;
         if <[u8; 32]>::from(Sha256::digest(&document)) != *sha256 {
             return Err(ObjectError::Unavailable { key, message: "stored document does not have its name's hash".into() });
         }

@@ -9,7 +9,7 @@ use cloud::messages::{Failure, JobState, JobStatus};
 use cloud::{layout, ObjectStore, PutCondition};
 use protocol::envelope::JobId;
 
-use crate::bounded::{get_at_most, MAX_SMALL_OBJECT};
+use cloud::MAX_SMALL_OBJECT;
 use crate::retry;
 
 pub(crate) const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
@@ -101,6 +101,6 @@ impl StatusBoard {
 
 /// The status currently stored, if it is readable.
 pub(crate) fn read(store: &dyn ObjectStore, job: &JobId) -> Option<JobStatus> {
-    let bytes = retry::transient("read status", || get_at_most(store, &layout::job_status(job), MAX_SMALL_OBJECT)).ok()?;
+    let bytes = retry::transient("read status", || store.get_at_most(&layout::job_status(job), MAX_SMALL_OBJECT)).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
