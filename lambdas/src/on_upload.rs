@@ -253,7 +253,7 @@ fn fail_waiting_task(job: &JobId, check: &str, message: &str, services: &Service
 
 /// Whether the job's existing status is a failure (an earlier refusal of the same upload).
 fn already_failed(services: &Services, job: &JobId) -> Result<bool, OnUploadError> {
-    let bytes = match services.jobs.get(&layout::job_status(job)) {
+    let bytes = match services.jobs.get_at_most(&layout::job_status(job), cloud::MAX_SMALL_OBJECT) {
         Ok(bytes) => bytes,
         Err(ObjectError::NotFound { .. }) => return Ok(false),
         Err(error) => return Err(error.into()),
@@ -310,7 +310,7 @@ fn check_upload(key: &str, job: &JobId, services: &Services, config: &Config) ->
 
 fn check_epoch(header: &JobHeader, services: &Services) -> Result<Result<(), String>, OnUploadError> {
     let key = epoch_object_key(header.epoch);
-    let bytes = match services.attestations.get(&key) {
+    let bytes = match services.attestations.get_at_most(&key, cloud::MAX_SMALL_OBJECT) {
         Ok(bytes) => bytes,
         Err(ObjectError::NotFound { .. }) => return Ok(Err(format!("epoch {} does not exist", header.epoch))),
         Err(error) => return Err(error.into()),
@@ -334,7 +334,7 @@ fn manifest_published(header: &JobHeader, models: &dyn ObjectStore) -> Result<bo
         if layout::manifest_version(&meta.key).is_none() {
             continue;
         }
-        let bytes = match models.get(&meta.key) {
+        let bytes = match models.get_at_most(&meta.key, cloud::MAX_SMALL_OBJECT) {
             Ok(bytes) => bytes,
             Err(ObjectError::NotFound { .. }) => continue,
             Err(error) => return Err(error.into()),
@@ -351,7 +351,7 @@ fn status_json(status: &JobStatus) -> Vec<u8> {
 }
 
 /// S3 event keys are URL-encoded, with `+` for a space.
-fn url_decode(key: &str) -> String {
+pub(crate) fn url_decode(key: &str) -> String {
     let bytes = key.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
