@@ -6,6 +6,8 @@
 //! - [`on_upload`]: S3 object created under `jobs/…/input.sealed` → checked job message (the
 //!   only way a job is created); a sealed shard under a store prefix → its job input.
 //! - [`job_limits`]: what one upload may ask of the fleet, and the tenant its job is queued under.
+//! - [`dead_letter`]: on-upload's failure records and the jobs DLQ → the job marked failed
+//!   (unless it ended) and its waiting bulk task completed.
 //! - [`ledger_append`]: ledger queue batch → verified receipts appended to the ledger.
 //! - [`fleet_rotate`]: a new fleet-key epoch, wrapped by KMS.
 //! - [`bulk`]: the bulk workflow's steps (list the shards, await each shard on a task token,
@@ -20,6 +22,7 @@
 
 pub mod asl_walk;
 pub mod bulk;
+pub mod dead_letter;
 pub mod fleet_rotate;
 pub mod job_limits;
 pub mod ledger_append;

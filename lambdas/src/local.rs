@@ -1,20 +1,28 @@
-//! What AWS runs around the handlers, for the embedded default: the SQS event source mapping
-//! that feeds `ledger-append` (receive a batch, invoke, delete what succeeded, leave the failures
-//! to be retried and dead-lettered), and the lifecycle rule that expires sealed inputs once the
-//! ledger holds their receipt.
+//! What AWS runs around the handlers, for the embedded default: the SQS event source mappings
+//! that feed `ledger-append` and `job-dead-letter` (receive a batch, invoke, delete what
+//! succeeded, leave the failures to be retried), Lambda's asynchronous invocation of `on-upload`
+//! (its retries, then the failure record to the on-failure destination), and the lifecycle rule
+//! that expires sealed inputs once the ledger holds their receipt.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{SqsEvent, SqsMessage};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use cloud::local::CreatedHook;
 use cloud::messages::Ledgered;
-use cloud::{layout, ObjectError, Queue, QueueError, Received, Services};
+use cloud::{layout, ObjectError, ObjectMeta, Queue, QueueError, Received, SendOptions, Services};
 use protocol::envelope::JobId;
 use receipts_ledger::{Ledger, LedgerStore, ReceiptCheck};
+
+use crate::on_upload::{self, Config};
 
 /// Lambda's SQS batch size for FIFO sources is at most 10.
 const BATCH: usize = 10;
 /// How long a failed message stays hidden before its retry.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Lambda invokes an asynchronous event three times in all (`retryAttempts: 2`, cdk/lib/lambdas.ts);
+/// locally the retries wait this long before each (Lambda waits a minute, then two).
+pub const UPLOAD_RETRY_DELAYS: [Duration; 2] = [Duration::from_millis(200), Duration::from_secs(1)];
 
 /// One round of the ledger queue's event source: returns how many receipts were handled
 /// successfully.
@@ -24,13 +32,25 @@ pub fn pump_ledger_queue<S: LedgerStore>(
     check: &dyn ReceiptCheck,
     wait: Duration,
 ) -> Result<usize, QueueError> {
-    let queue = services.ledger_queue.as_ref();
+    pump(services.ledger_queue.as_ref(), wait, |event| {
+        crate::ledger_append::handle(event, ledger, check, services.jobs.as_ref(), cloud::now_ms())
+    })
+}
+
+/// One round of `job-dead-letter`'s event source on `queue` (on-upload's failures, or the jobs
+/// DLQ): returns how many records were handled.
+pub fn pump_dead_letters(services: &Services, config: &Config, queue: &dyn Queue, wait: Duration) -> Result<usize, QueueError> {
+    pump(queue, wait, |event| crate::dead_letter::handle(event, services, config))
+}
+
+/// Receives a batch, invokes `function` with Lambda's event, deletes what succeeded and hides
+/// what failed for [`RETRY_AFTER`]. Returns the number that succeeded.
+fn pump(queue: &dyn Queue, wait: Duration, function: impl FnOnce(&SqsEvent) -> SqsBatchResponse) -> Result<usize, QueueError> {
     let received = queue.receive(BATCH, wait, Duration::from_secs(60))?;
     if received.is_empty() {
         return Ok(0);
     }
-    let event = sqs_event(queue, &received);
-    let response = crate::ledger_append::handle(&event, ledger, check, services.jobs.as_ref(), cloud::now_ms());
+    let response = function(&sqs_event(queue, &received));
     let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     let mut succeeded = 0;
     for message in &received {
@@ -42,6 +62,28 @@ pub fn pump_ledger_queue<S: LedgerStore>(
         }
     }
     Ok(succeeded)
+}
+
+/// `on-upload` as Lambda invokes it for an S3 notification, for the jobs store's created hook:
+/// tried, then tried again after each of `retry_delays`; when every try failed, the failure
+/// record goes to `failures` (the function's on-failure destination) and the hook succeeds —
+/// the record, not the store's own hook retries, carries the upload on.
+pub fn on_upload_hook(services: Services, config: Config, failures: Arc<dyn Queue>, retry_delays: Vec<Duration>) -> CreatedHook {
+    Arc::new(move |meta: &ObjectMeta| {
+        let event = on_upload::object_created_event("jobs", &meta.key, meta.size, &meta.etag);
+        let mut outcome = on_upload::handle_with(&event, &services, &config);
+        for delay in &retry_delays {
+            let Err(error) = &outcome else { break };
+            tracing::warn!(key = %meta.key, %error, "on-upload failed; retrying");
+            std::thread::sleep(*delay);
+            outcome = on_upload::handle_with(&event, &services, &config);
+        }
+        let Err(error) = outcome else { return Ok(()) };
+        let invocations = retry_delays.len() as u32 + 1;
+        tracing::error!(key = %meta.key, %error, invocations, "on-upload gave up; the failure record goes to its on-failure destination");
+        let record = crate::dead_letter::failure_record(&event, "RetriesExhausted", invocations, &error.to_string());
+        failures.send(&record, &SendOptions::default()).map(drop).map_err(|e| format!("on-upload failed ({error}) and its failure record was not sent: {e}"))
+    })
 }
 
 /// The event Lambda would deliver for these messages.

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! $EPHEM_HOME/objects/{jobs,models,attestations}/   object stores (DirObjectStore)
-//! $EPHEM_HOME/queues.sqlite                          job + ledger queues and their DLQs (SqliteQueue)
+//! $EPHEM_HOME/queues.sqlite                          job + ledger queues, their DLQs, on-upload's failures (SqliteQueue)
 //! $EPHEM_HOME/kms.sqlite                             local KMS keys and policies (LocalKms)
 //! $EPHEM_HOME/workflows.sqlite                       bulk-workflow executions and task tokens (LocalWorkflows)
 //! $EPHEM_HOME/enclave/dev-root.pem                   the development CA root (written by the enclave worker)
@@ -51,6 +51,8 @@ pub const JOB_QUEUE: &str = "jobs";
 pub const JOB_DLQ: &str = "jobs-dlq";
 pub const LEDGER_QUEUE: &str = "ledger";
 pub const LEDGER_DLQ: &str = "ledger-dlq";
+/// on-upload's on-failure destination: the record of an upload it gave up on.
+pub const UPLOAD_FAILURES: &str = "upload-failures";
 /// Receives before a message goes to its dead-letter queue.
 pub const MAX_RECEIVES: u32 = 5;
 
@@ -96,6 +98,7 @@ pub struct LocalCloud {
     job_dlq: Arc<SqliteQueue>,
     ledger_queue: Arc<SqliteQueue>,
     ledger_dlq: Arc<SqliteQueue>,
+    upload_failures: Arc<SqliteQueue>,
     kms: Arc<LocalKms>,
     workflows: Arc<LocalWorkflows>,
 }
@@ -129,6 +132,7 @@ impl LocalCloud {
             LEDGER_QUEUE,
             QueueConfig { fifo: true, max_receives: Some(MAX_RECEIVES), dead_letter: Some(LEDGER_DLQ.into()) },
         )?;
+        let upload_failures = queue(UPLOAD_FAILURES, QueueConfig::default())?;
         let trust = AttestationTrust { root_pem_path: home.join(DEV_ROOT_PEM), max_document_age: MAX_DOCUMENT_AGE };
         let kms = Arc::new(LocalKms::open(home.join(KMS_DB), trust)?);
         let workflows = Arc::new(LocalWorkflows::open(home.join(WORKFLOWS_DB))?);
@@ -141,6 +145,7 @@ impl LocalCloud {
             job_dlq,
             ledger_queue,
             ledger_dlq,
+            upload_failures,
             kms,
             workflows,
         })
@@ -202,6 +207,11 @@ impl LocalCloud {
 
     pub fn ledger_dlq(&self) -> Arc<SqliteQueue> {
         self.ledger_dlq.clone()
+    }
+
+    /// Where on-upload's failure records go (the `job-dead-letter` consumer reads them).
+    pub fn upload_failures(&self) -> Arc<SqliteQueue> {
+        self.upload_failures.clone()
     }
 
     /// Where the local KMS expects the development root.

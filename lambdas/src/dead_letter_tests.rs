@@ -1,0 +1,270 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloud::local::TokenOutcome;
+use cloud::{ObjectMeta, ObjectWriter, Queue, QueueError, QueueStats, Received, SendOptions};
+
+use super::*;
+use crate::bulk::{await_shard, AwaitInput};
+use crate::local::{on_upload_hook, pump_dead_letters};
+use crate::testing::Fixture;
+
+/// The job queue as on-upload meets it when SQS is down (or its role may not send): every
+/// send fails, however often it is tried.
+struct Unreachable;
+
+impl Queue for Unreachable {
+    fn name(&self) -> &str {
+        "jobs"
+    }
+    fn send(&self, _: &str, _: &SendOptions) -> Result<String, QueueError> {
+        Err(QueueError::Unavailable("the job queue does not answer".into()))
+    }
+    fn receive(&self, _: usize, _: Duration, _: Duration) -> Result<Vec<Received>, QueueError> {
+        Err(QueueError::Unavailable("the job queue does not answer".into()))
+    }
+    fn change_visibility(&self, _: &str, _: Duration) -> Result<(), QueueError> {
+        Err(QueueError::Unavailable("the job queue does not answer".into()))
+    }
+    fn delete(&self, _: &str) -> Result<(), QueueError> {
+        Err(QueueError::Unavailable("the job queue does not answer".into()))
+    }
+    fn stats(&self) -> Result<QueueStats, QueueError> {
+        Err(QueueError::Unavailable("the job queue does not answer".into()))
+    }
+}
+
+fn config() -> Config {
+    Config::from_list("stores/acme/")
+}
+
+fn status(f: &Fixture, job: &JobId) -> JobStatus {
+    serde_json::from_slice(&f.services.jobs.get(&layout::job_status(job)).unwrap()).unwrap()
+}
+
+/// A bulk run waits for `job` on a token (bulk-await-shard wrote it before the job ended).
+fn waiting_token(f: &Fixture, job: &JobId, bulk_id: &str) -> String {
+    let workflows = f.cloud.workflows();
+    let token = workflows.issue_token(&format!("local:execution:{bulk_id}")).unwrap();
+    let input = AwaitInput {
+        bulk_id: bulk_id.into(),
+        bucket: "jobs".into(),
+        key: format!("stores/acme/{job}.sealed"),
+        job_id: job.to_hex(),
+        task_token: token.clone(),
+    };
+    await_shard(&input, f.services.jobs.as_ref(), workflows.as_ref(), cloud::now_ms()).unwrap();
+    assert_eq!(workflows.outcome(&token).unwrap(), None, "the token waits");
+    token
+}
+
+fn failed_cause(f: &Fixture, token: &str) -> String {
+    match f.cloud.workflows().outcome(token).unwrap() {
+        Some(TokenOutcome::Failed { error, cause }) => {
+            assert_eq!(error, workflow::JOB_FAILED_ERROR);
+            cause
+        }
+        other => panic!("the token is {other:?}, not failed"),
+    }
+}
+
+/// An upload on-upload cannot turn into a job — the job queue refuses every send — ends
+/// `failed` with `upload_unprocessed`, through the same path as in AWS: the invocation's
+/// retries, the failure record on the on-failure destination, the consumer. The bulk run that
+/// waited for the job has its task failed instead of waiting out its day.
+#[test]
+fn an_upload_on_upload_cannot_process_ends_failed_and_fails_its_bulk_task() {
+    let f = Fixture::new();
+    let mut broken = f.services.clone();
+    broken.job_queue = Arc::new(Unreachable);
+    let failures = f.cloud.upload_failures();
+    let delays = vec![Duration::from_millis(10), Duration::from_millis(10)];
+    let hook = on_upload_hook(broken, config(), failures.clone(), delays);
+    f.cloud.jobs_store().set_created_hook(layout::JOBS_PREFIX, layout::INPUT_SUFFIX, hook);
+
+    let (bytes, job) = f.sealed(4);
+    let token = waiting_token(&f, &job, "b-unprocessed");
+    f.services.jobs.put(&layout::job_input(&job), &bytes, PutCondition::CreateOnly).unwrap();
+    assert_eq!(failures.stats().unwrap().visible, 1, "one failure record on the destination");
+
+    let handled = pump_dead_letters(&f.services, &config(), failures.as_ref(), Duration::ZERO).unwrap();
+    assert_eq!(handled, 1);
+    let status = status(&f, &job);
+    let failure = status.failure.expect("a named failure");
+    assert_eq!((status.state, failure.check.as_str()), (JobState::Failed, UPLOAD_UNPROCESSED));
+    assert!(failure.message.contains("after 3 invocation(s)") && failure.message.contains("the job queue does not answer"), "{}", failure.message);
+    assert!(failed_cause(&f, &token).starts_with("upload_unprocessed: on-upload gave up"));
+    assert_eq!(failures.stats().unwrap(), QueueStats::default(), "the record is consumed");
+}
+
+/// A host received the job message on its last allowed receive and died: it wrote no end. The
+/// queue dead-letters the message at the next receive; the consumer ends the job `failed` with
+/// `dead_lettered` and fails the bulk task waiting for it.
+#[test]
+fn a_job_message_dead_lettered_after_its_host_died_ends_failed_with_a_failed_bulk_token() {
+    let f = Fixture::new();
+    let (bytes, job) = f.sealed(2);
+    let key = layout::job_input(&job);
+    f.services.jobs.put(&key, &bytes, PutCondition::CreateOnly).unwrap();
+    let out = on_upload::handle_with(&on_upload::object_created_event("jobs", &key, 1, "e"), &f.services, &config()).unwrap();
+    assert!(matches!(&out[0], on_upload::Outcome::Queued { .. }), "{out:?}");
+    let token = waiting_token(&f, &job, "b-dead");
+
+    // Every receive ends with the host gone: no delete, no status, no token completion.
+    let queue = f.cloud.job_queue();
+    for receive in 1..=cloud::local::MAX_RECEIVES {
+        let got = queue.receive(1, Duration::ZERO, Duration::ZERO).unwrap();
+        assert_eq!(got.len(), 1, "receive {receive}");
+    }
+    assert!(queue.receive(1, Duration::ZERO, Duration::ZERO).unwrap().is_empty(), "dead-lettered, not returned");
+    assert_eq!(status(&f, &job).state, JobState::Queued, "nobody else marks it");
+
+    let dlq = f.cloud.job_dlq();
+    assert_eq!(pump_dead_letters(&f.services, &config(), dlq.as_ref(), Duration::ZERO).unwrap(), 1);
+    let status = status(&f, &job);
+    assert_eq!((status.state, status.failure.as_ref().map(|f| f.check.as_str())), (JobState::Failed, Some(DEAD_LETTERED)));
+    assert_eq!(status.records_total, 2, "the counts on-upload wrote are kept");
+    assert!(failed_cause(&f, &token).starts_with("dead_lettered: the job queue dead-lettered"));
+    assert_eq!(dlq.stats().unwrap().visible, 0);
+}
+
+/// A job that ended stays as it ended: a completed or failed status, or a committed receipt
+/// whatever the status says. The waiting token gets the job's own end.
+#[test]
+fn a_job_that_ended_is_never_marked_failed() {
+    let f = Fixture::new();
+    let message = |job: &JobId| {
+        serde_json::json!({
+            "job_id": job.to_hex(), "input_key": layout::job_input(job), "input_size": 1, "model_id": "m",
+            "manifest_hash": "00", "epoch": 1, "record_count": 1, "created_ms": 1
+        })
+        .to_string()
+    };
+
+    let (_, done) = f.sealed(1);
+    let completed = serde_json::to_vec(&JobStatus::new(&done.to_hex(), JobState::Completed, 1)).unwrap();
+    f.services.jobs.put(&layout::job_status(&done), &completed, PutCondition::CreateOnly).unwrap();
+    let out = handle_body(&message(&done), &f.services, &config()).unwrap();
+    assert_eq!(out, [Outcome::AlreadyEnded { job_id: done.to_hex(), state: JobState::Completed }]);
+    assert_eq!(f.services.jobs.get(&layout::job_status(&done)).unwrap(), completed);
+
+    // The receipt is committed; the host died before it wrote `completed`.
+    let (_, committed) = f.sealed(1);
+    let token = waiting_token(&f, &committed, "b-committed");
+    let running = serde_json::to_vec(&JobStatus::new(&committed.to_hex(), JobState::InProgress, 1)).unwrap();
+    f.services.jobs.put(&layout::job_status(&committed), &running, PutCondition::CreateOnly).unwrap();
+    f.services.jobs.put(&layout::job_receipt(&committed), b"receipt", PutCondition::CreateOnly).unwrap();
+    let out = handle_body(&message(&committed), &f.services, &config()).unwrap();
+    assert_eq!(out, [Outcome::AlreadyEnded { job_id: committed.to_hex(), state: JobState::Completed }]);
+    assert_eq!(f.services.jobs.get(&layout::job_status(&committed)).unwrap(), running);
+    assert!(matches!(f.cloud.workflows().outcome(&token).unwrap(), Some(TokenOutcome::Succeeded { .. })));
+
+    // Failed by its host on the last receive, which died before completing the token.
+    let (_, failed) = f.sealed(1);
+    let token = waiting_token(&f, &failed, "b-failed");
+    let mut host_failed = JobStatus::new(&failed.to_hex(), JobState::Failed, 1);
+    host_failed.failure = Some(Failure { check: "dead_letter".into(), message: "stalled: no progress (receive 5 of 5)".into() });
+    f.services.jobs.put(&layout::job_status(&failed), &serde_json::to_vec(&host_failed).unwrap(), PutCondition::CreateOnly).unwrap();
+    handle_body(&message(&failed), &f.services, &config()).unwrap();
+    assert_eq!(status(&f, &failed), host_failed);
+    assert_eq!(failed_cause(&f, &token), "dead_letter: stalled: no progress (receive 5 of 5)");
+}
+
+/// The jobs store, with a host that writes the job's end right after the consumer read the
+/// status it is about to replace.
+struct HostFinishesMeanwhile {
+    inner: Arc<dyn ObjectStore>,
+    end: Vec<u8>,
+    done: std::sync::atomic::AtomicBool,
+}
+
+impl ObjectStore for HostFinishesMeanwhile {
+    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
+        self.inner.put(key, bytes, condition)
+    }
+    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
+        self.inner.writer(key, condition)
+    }
+    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
+        self.inner.get(key)
+    }
+    fn reader(&self, key: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
+        self.inner.reader(key)
+    }
+    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+        let bytes = self.inner.read_range(key, offset, len)?;
+        if key.ends_with("/status.json") && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.inner.put(key, &self.end, PutCondition::Overwrite)?;
+        }
+        Ok(bytes)
+    }
+    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
+        self.inner.head(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
+        self.inner.list(prefix)
+    }
+    fn delete(&self, key: &str) -> Result<(), ObjectError> {
+        self.inner.delete(key)
+    }
+}
+
+/// The failed status is written If-Match the status read: a host's `completed` written in
+/// between wins, and the consumer sees it on its next look.
+#[test]
+fn a_status_written_meanwhile_is_not_overwritten() {
+    let f = Fixture::new();
+    let (_, job) = f.sealed(1);
+    let queued = serde_json::to_vec(&JobStatus::new(&job.to_hex(), JobState::InProgress, 1)).unwrap();
+    f.services.jobs.put(&layout::job_status(&job), &queued, PutCondition::CreateOnly).unwrap();
+    let completed = serde_json::to_vec(&JobStatus::new(&job.to_hex(), JobState::Completed, 1)).unwrap();
+    let racing = HostFinishesMeanwhile { inner: f.services.jobs.clone(), end: completed.clone(), done: Default::default() };
+    let failure = Failure { check: DEAD_LETTERED.into(), message: "m".into() };
+    let marked = mark_failed(&racing, &job, failure.clone()).unwrap();
+    assert_eq!(marked, Marked::Ended { state: JobState::Completed, failure: None });
+    assert_eq!(f.services.jobs.get(&layout::job_status(&job)).unwrap(), completed);
+
+    // Without a status at all: create-only.
+    let (_, fresh) = f.sealed(1);
+    assert_eq!(mark_failed(f.services.jobs.as_ref(), &fresh, failure).unwrap(), Marked::Failed);
+    assert_eq!(status(&f, &fresh).state, JobState::Failed);
+}
+
+/// The failure record as AWS documents it (asynchronous invocation, SQS destination), a
+/// shard's record (the job its header derives), and records that name no job.
+#[test]
+fn records_are_read_as_lambda_writes_them() {
+    let f = Fixture::new();
+    let (bytes, job) = f.sealed(3);
+    f.services.jobs.put("stores/acme/part-1.sealed", &bytes, PutCondition::CreateOnly).unwrap();
+    let event = on_upload::object_created_event("jobs", "stores/acme/part-1.sealed", 1, "e");
+    let record = serde_json::json!({
+        "version": "1.0",
+        "timestamp": "2026-11-24T21:52:47.333Z",
+        "requestContext": {
+            "requestId": "8ea123e4-1db7-4aca-ad10-d9ca1234c1fd",
+            "functionArn": "arn:aws:lambda:us-east-2:123456789012:function:on-upload:$LATEST",
+            "condition": "EventAgeExceeded",
+            "approximateInvokeCount": 0
+        },
+        "requestPayload": event,
+        "responseContext": {"statusCode": 200, "executedVersion": "$LATEST"}
+    })
+    .to_string();
+    match DeadLetter::parse(&record) {
+        DeadLetter::Upload { reason, .. } => assert_eq!(reason, "on-upload gave up after 0 invocation(s) (EventAgeExceeded)"),
+        other => panic!("{other:?}"),
+    }
+    let out = handle_body(&record, &f.services, &config()).unwrap();
+    assert_eq!(out, [Outcome::MarkedFailed { job_id: job.to_hex(), check: UPLOAD_UNPROCESSED }]);
+
+    // The shard became its job input before the invocation failed: that input's event decides.
+    f.services.jobs.put(&layout::job_input(&job), &bytes, PutCondition::CreateOnly).unwrap();
+    assert_eq!(handle_body(&record, &f.services, &config()).unwrap(), [Outcome::InputExists { job_id: job.to_hex() }]);
+
+    for body in ["not json", r#"{"hello": 1}"#, r#"{"requestPayload": {"x": 1}}"#] {
+        assert!(matches!(&handle_body(body, &f.services, &config()).unwrap()[..], [Outcome::Unattributable { .. }]), "{body}");
+    }
+    let elsewhere = failure_record(&on_upload::object_created_event("jobs", "other/x.sealed", 1, "e"), "RetriesExhausted", 3, "boom");
+    assert!(matches!(&handle_body(&elsewhere, &f.services, &config()).unwrap()[..], [Outcome::Unattributable { reason }] if reason.contains("neither")));
+}
