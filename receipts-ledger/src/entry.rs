@@ -169,6 +169,22 @@ pub trait ReceiptCheck: Send + Sync {
     fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, String>;
 }
 
+/// What a leaf states about itself, read from its bytes alone: the fields the ledger indexes
+/// (`policy` is never the leaf's) and the attestation document it names. No signature is
+/// checked — that is [`ReceiptCheck`]'s — but a leaf under a signed tree root is bound by the
+/// root, so whatever is read from it is bound too. A copy of the ledger rebuilt from elsewhere
+/// (the tlog-tiles metadata) takes these values from the leaf, never from the copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeafClaims {
+    pub fields: IndexedFields,
+    pub attestation_sha256: Hash,
+}
+
+/// Reads [`LeafClaims`] from a leaf (the protocol's receipts: `receipt_check::ProtocolLeaves`).
+pub trait LeafReader: Send + Sync {
+    fn read(&self, leaf: &[u8]) -> Result<LeafClaims, String>;
+}
+
 /// One check (and its document cache) shared by an appender and its ledger.
 impl<T: ReceiptCheck + ?Sized> ReceiptCheck for std::sync::Arc<T> {
     fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, String> {

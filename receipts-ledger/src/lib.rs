@@ -20,12 +20,12 @@ pub mod verify;
 
 pub use bundle::{prove, verify_bundle, verify_bundle_and_receipt, BundleError, ProofBundle, VerifiedBundle};
 pub use checkpoint::{Checkpoint, CheckpointError};
-pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, ReceiptCheck};
+pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, LeafClaims, LeafReader, ReceiptCheck};
 pub use ledger::{consistency, Ledger, LedgerError};
 pub use local::{LocalError, LocalLedger};
 pub use note::{NoteError, NoteSigner, RemoteSigner, SignerKey, VerifierKey};
 pub use policy::{policy_id, AllowedPolicy, PolicySet, PolicySetError};
-pub use receipt_check::{ProtocolReceipts, ReceiptCheckError, VerifiedReceipt};
+pub use receipt_check::{ProtocolLeaves, ProtocolReceipts, ReceiptCheckError, VerifiedReceipt};
 pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
 };

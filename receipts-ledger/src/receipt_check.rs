@@ -29,7 +29,7 @@ use protocol::attestation::{
 };
 use protocol::receipt::{Receipt, ReceiptError, SignedReceipt};
 
-use crate::entry::{AppendRequest, FieldError, IndexedFields, ReceiptCheck, attestation_sha256};
+use crate::entry::{AppendRequest, FieldError, IndexedFields, LeafClaims, LeafReader, ReceiptCheck, attestation_sha256};
 use crate::merkle::Hash;
 use crate::policy::{PolicySet, PolicySetError};
 
@@ -309,6 +309,17 @@ fn check_pcrs(receipt: &BTreeMap<u8, Vec<u8>>, document: &BTreeMap<u8, Vec<u8>>)
         }
     }
     Ok(())
+}
+
+/// [`LeafReader`] over protocol receipts: the fields and the document a receipt states, decoded
+/// strictly (check 1), its signature not checked.
+pub struct ProtocolLeaves;
+
+impl LeafReader for ProtocolLeaves {
+    fn read(&self, leaf: &[u8]) -> Result<LeafClaims, String> {
+        let receipt = SignedReceipt::decode(leaf).map_err(|e| e.to_string())?.receipt;
+        Ok(LeafClaims { fields: indexed_fields(&receipt), attestation_sha256: receipt.attestation_sha256 })
+    }
 }
 
 /// The fields the ledger indexes, as `receipt` states them (lowercase hex).

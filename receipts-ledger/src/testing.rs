@@ -3,7 +3,7 @@
 //! document's SHA-256 and padding to a chosen size — not the protocol's receipt),
 //! and [`DevEnclave`], which signs real protocol receipts under a development CA.
 
-use crate::entry::{attestation_sha256, AppendRequest, IndexedFields, ReceiptCheck};
+use crate::entry::{attestation_sha256, AppendRequest, IndexedFields, LeafClaims, LeafReader, ReceiptCheck};
 
 /// Accepts leaves made by [`test_request`] whose attestation hash matches.
 pub struct TestReceipts;
@@ -22,6 +22,17 @@ impl ReceiptCheck for TestReceipts {
             return Err("receipt names another attestation document".into());
         }
         Ok(l.fields)
+    }
+}
+
+impl LeafReader for TestReceipts {
+    fn read(&self, leaf: &[u8]) -> Result<LeafClaims, String> {
+        let l: TestLeaf = serde_json::from_slice(leaf).map_err(|e| format!("not a test receipt: {e}"))?;
+        let attestation_sha256 = hex::decode(&l.attestation_sha256)
+            .ok()
+            .and_then(|h| h.try_into().ok())
+            .ok_or("test receipt: attestation_sha256 is not 32 bytes of hex")?;
+        Ok(LeafClaims { fields: l.fields, attestation_sha256 })
     }
 }
 

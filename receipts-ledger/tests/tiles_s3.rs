@@ -10,7 +10,7 @@ use cloud::aws::AwsClients;
 use cloud::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
 use receipts_ledger::store::tiles::layout::Layout;
 use receipts_ledger::store::tiles::{audit, copy_root, read_head, sync, Cache, TileOptions};
-use receipts_ledger::testing::test_request;
+use receipts_ledger::testing::{test_request, TestReceipts};
 use receipts_ledger::{CheckpointPolicy, LedgerStore, SignerKey, TileStore};
 
 fn emulator() -> Option<AwsClients> {
@@ -86,7 +86,7 @@ fn aws_tiles_on_s3_swap_rebuild_and_audit() {
     let name = bucket(&clients);
     let s3: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&name, ""));
     let open = |objects: Arc<dyn ObjectStore>, options| {
-        TileStore::open(objects, Layout::new(""), Cache::Memory, key().verifier(), options).unwrap()
+        TileStore::open(objects, Layout::new(""), Cache::Memory, key().verifier(), options).unwrap().with_leaves(Arc::new(TestReceipts))
     };
 
     let mut first = open(s3.clone(), TileOptions::appender());

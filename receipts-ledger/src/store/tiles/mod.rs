@@ -16,6 +16,13 @@
 //!
 //! Nothing is signed into the store before it wins step 4, so a losing appender leaves only
 //! an unsigned staging record behind, never a second signed tree of the same size.
+//!
+//! Rebuilding the cache trusts only what the signed root binds: the receipts (leaves). The
+//! metadata beside them (`ephem/meta/`, staging records) is a cache of what the receipts say —
+//! fields, attestation hash, chain hash — and whoever can write the bucket can edit it, so each
+//! value is read from the receipt itself ([`LeafReader`]) and a metadata value that differs is
+//! ignored and alarmed (`ledger_metadata_altered`, [`TileStore::altered_metadata`]). Only
+//! `appended_ms` and `policy`, which no receipt states, come from the metadata, as information.
 
 pub mod bundle;
 pub mod layout;
@@ -34,8 +41,9 @@ use self::layout::{tiles_of, Layout, TileId};
 use super::sqlite::{ImportedEntry, SqliteOptions, SqliteStore};
 use super::{AppendOutcome, CheckpointPolicy, LedgerStore, Query, StoreError, StoredCheckpoint};
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::entry::{attestation_sha256, AppendRequest, Entry};
-use crate::merkle::{root_at, Hash, NodeId, TreeReadError, TreeReader};
+use crate::entry::{attestation_sha256, entry_hash, AppendRequest, Entry, IndexedFields, LeafReader, GENESIS_PREV_HASH};
+use crate::merkle::{leaf_hash, root_at, Hash, NodeId, TreeReadError, TreeReader};
+use crate::receipt_check::ProtocolLeaves;
 use crate::note::{NoteSigner, VerifierKey};
 
 /// Commit attempts before an append gives up on a contended checkpoint.
@@ -52,6 +60,10 @@ pub enum TileError {
     Conflict { key: String },
     #[error("{key}: {error}")]
     Checkpoint { key: String, error: CheckpointError },
+    /// A leaf under the signed root that this ledger's [`LeafReader`] cannot read: a ledger of
+    /// another format, or a store opened with the wrong reader.
+    #[error("entry {index} ({key}) is not a receipt this ledger reads: {message}")]
+    Leaf { key: String, index: u64, message: String },
     #[error("{key} is not the attestation document it is named after")]
     AttestationHash { key: String },
     #[error("the ledger does not rebuild to the signed root of tree size {size}: an entry or a checkpoint was altered, or the history rewritten")]
@@ -109,6 +121,18 @@ pub struct Head {
     pub etag: String,
 }
 
+/// A metadata value that differs from what the entry's receipt states: ignored (the receipt's
+/// value is used) and alarmed. Only someone who can write the ledger bucket causes one.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct AlteredMetadata {
+    /// The metadata bundle or staging record.
+    pub key: String,
+    pub index: u64,
+    /// `job_id`, `ok_count`, … (the first field that differs), `attestation_sha256`,
+    /// `entry_hash`, or `policy` (not a policy id).
+    pub field: &'static str,
+}
+
 /// How a [`TileStore`] treats its cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TileOptions {
@@ -143,6 +167,10 @@ pub struct TileStore {
     options: TileOptions,
     /// The tree size whose objects are known to be all published.
     published: Option<u64>,
+    /// What the leaves state (their fields, their documents): never the metadata's word.
+    leaves: Arc<dyn LeafReader>,
+    /// Metadata found altered while reading the store (since opened, or rebuilt).
+    altered: Vec<AlteredMetadata>,
 }
 
 impl std::fmt::Debug for TileStore {
@@ -163,7 +191,20 @@ impl TileStore {
         options: TileOptions,
     ) -> Result<Self, TileError> {
         let cache = open_cache(&location)?;
-        Ok(Self { objects, layout, cache, location, verifier, options, published: None })
+        let leaves = Arc::new(ProtocolLeaves);
+        Ok(Self { objects, layout, cache, location, verifier, options, published: None, leaves, altered: Vec::new() })
+    }
+
+    /// Reads the leaves with `leaves` instead of as protocol receipts (tests' stand-in format).
+    pub fn with_leaves(mut self, leaves: Arc<dyn LeafReader>) -> Self {
+        self.leaves = leaves;
+        self
+    }
+
+    /// Metadata values found to differ from their receipts while reading the store: each was
+    /// ignored and logged as alarm `ledger_metadata_altered`.
+    pub fn altered_metadata(&self) -> &[AlteredMetadata] {
+        &self.altered
     }
 
     pub fn objects(&self) -> &dyn ObjectStore {
@@ -240,15 +281,24 @@ impl TileStore {
         }
         // One bundle at a time, so a rebuild holds at most 256 entries in memory; past what is
         // published (an unfinished commit), the rest comes from the staging record at once.
-        let mut documents = Documents::default();
+        let prev = match have.checked_sub(1) {
+            Some(last) => self.cache.entry(last)?.ok_or_else(|| mismatch(last, "the copy's last entry is missing"))?.entry_hash,
+            None => GENESIS_PREV_HASH,
+        };
+        let mut reading = Reading {
+            objects: self.objects.as_ref(),
+            layout: &self.layout,
+            leaves: self.leaves.as_ref(),
+            documents: Documents::default(),
+            prev,
+            altered: &mut self.altered,
+        };
         let mut at = have;
         while at < head.size {
             let end = ((at / layout::TILE_WIDTH + 1) * layout::TILE_WIDTH).min(head.size);
-            let entries = match load_published(self.objects.as_ref(), &self.layout, at, end, &mut documents) {
+            let entries = match load_published(&mut reading, at, end) {
                 Ok(entries) => entries,
-                Err(TileError::Objects(ObjectError::NotFound { .. })) => {
-                    load_entries(self.objects.as_ref(), &self.layout, at, head, &mut documents)?
-                }
+                Err(TileError::Objects(ObjectError::NotFound { .. })) => load_entries(&mut reading, at, head)?,
                 Err(e) => return Err(e),
             };
             if entries.is_empty() {
@@ -270,6 +320,7 @@ impl TileStore {
     }
 
     fn reset_cache(&mut self) -> Result<(), TileError> {
+        self.altered.clear();
         if let Cache::File(path) = &self.location {
             self.cache = SqliteStore::open_in_memory()?; // closes the file first
             for suffix in ["", "-wal", "-shm"] {
@@ -553,14 +604,9 @@ fn fill_created_ms(checkpoints: &mut [StoredCheckpoint], start: u64, entries: &[
 
 /// Entries `[start, head.size)` with their documents: from the published bundles, or, past
 /// what is published, from the head commit's staging record.
-fn load_entries(
-    objects: &dyn ObjectStore,
-    layout: &Layout,
-    start: u64,
-    head: &Head,
-    documents: &mut Documents,
-) -> Result<Vec<ImportedEntry>, TileError> {
-    match load_published(objects, layout, start, head.size, documents) {
+fn load_entries(r: &mut Reading<'_>, start: u64, head: &Head) -> Result<Vec<ImportedEntry>, TileError> {
+    let (objects, layout) = (r.objects, r.layout);
+    match load_published(r, start, head.size) {
         Ok(entries) => Ok(entries),
         Err(TileError::Objects(ObjectError::NotFound { .. })) => {
             let key = layout.staging(head.size, &head.root);
@@ -569,14 +615,10 @@ fn load_entries(
                 Err(ObjectError::NotFound { .. }) => return Err(TileError::StagingMissing { key }),
                 Err(e) => return Err(e.into()),
             };
-            let mut entries = if start < staging.from {
-                load_published(objects, layout, start, staging.from, documents)?
-            } else {
-                Vec::new()
-            };
+            let mut entries = if start < staging.from { load_published(r, start, staging.from)? } else { Vec::new() };
             for s in staging.entries.iter().filter(|s| s.meta.index >= start) {
                 let leaf = s.leaf().map_err(|error| TileError::Format { key: key.clone(), error })?;
-                entries.push(imported(objects, layout, leaf, &s.meta, &key, documents)?);
+                entries.push(r.imported(leaf, &s.meta, &key)?);
             }
             Ok(entries)
         }
@@ -585,43 +627,64 @@ fn load_entries(
 }
 
 /// Entries `[start, end)` from the bundles published for a tree of `end` leaves.
-fn load_published(
-    objects: &dyn ObjectStore,
-    layout: &Layout,
-    start: u64,
-    end: u64,
-    documents: &mut Documents,
-) -> Result<Vec<ImportedEntry>, TileError> {
+fn load_published(r: &mut Reading<'_>, start: u64, end: u64) -> Result<Vec<ImportedEntry>, TileError> {
     let mut out = Vec::with_capacity((end - start) as usize);
     for t in layout::bundles_of(end, start) {
         let width = usize::from(t.width);
-        let key = layout.entries(t);
-        let leaves = bundle::decode_entries(&objects.get(&key)?, width).map_err(|error| TileError::Format { key, error })?;
-        let key = layout.meta(t);
-        let meta =
-            bundle::decode_meta(&objects.get(&key)?, t.first(), width).map_err(|error| TileError::Format { key: key.clone(), error })?;
+        let key = r.layout.entries(t);
+        let leaves = bundle::decode_entries(&r.objects.get(&key)?, width).map_err(|error| TileError::Format { key, error })?;
+        let key = r.layout.meta(t);
+        let meta = bundle::decode_meta(&r.objects.get(&key)?, t.first(), width)
+            .map_err(|error| TileError::Format { key: key.clone(), error })?;
         for (leaf, m) in leaves.into_iter().zip(&meta).filter(|(_, m)| m.index >= start) {
-            out.push(imported(objects, layout, leaf, m, &key, documents)?);
+            out.push(r.imported(leaf, m, &key)?);
         }
     }
     Ok(out)
 }
 
-fn imported(
-    objects: &dyn ObjectStore,
-    layout: &Layout,
-    leaf: Vec<u8>,
-    meta: &EntryMeta,
-    key: &str,
-    documents: &mut Documents,
-) -> Result<ImportedEntry, TileError> {
-    let format = |error| TileError::Format { key: key.to_owned(), error };
-    let attestation_document = documents.get(objects, layout, &meta.attestation_hash().map_err(format)?)?;
-    Ok(ImportedEntry {
-        request: AppendRequest { leaf, fields: meta.fields.clone(), attestation_document },
-        appended_ms: meta.appended_ms,
-        entry_hash: meta.chain_hash().map_err(format)?,
-    })
+/// One rebuild's reading of the store, entries in index order.
+struct Reading<'a> {
+    objects: &'a dyn ObjectStore,
+    layout: &'a Layout,
+    leaves: &'a dyn LeafReader,
+    documents: Documents,
+    /// The chain hash of the entry before the next one read.
+    prev: Hash,
+    altered: &'a mut Vec<AlteredMetadata>,
+}
+
+impl Reading<'_> {
+    /// The entry of `leaf` as its receipt states it; `meta` (from `key`) contributes only
+    /// `appended_ms` and `policy`, and every value of it that differs is alarmed.
+    fn imported(&mut self, leaf: Vec<u8>, meta: &EntryMeta, key: &str) -> Result<ImportedEntry, TileError> {
+        let index = meta.index;
+        let claims = self.leaves.read(&leaf).map_err(|message| TileError::Leaf { key: key.to_owned(), index, message })?;
+        if let Some(field) = meta.fields.first_difference(&claims.fields) {
+            self.alarm(key, index, field);
+        }
+        if meta.attestation_hash().ok() != Some(claims.attestation_sha256) {
+            self.alarm(key, index, "attestation_sha256");
+        }
+        let mut fields = IndexedFields { policy: meta.fields.policy.clone(), ..claims.fields };
+        if fields.policy.is_some() && fields.validate().is_err() {
+            self.alarm(key, index, "policy");
+            fields.policy = None;
+        }
+        let chained = entry_hash(index, &self.prev, &leaf_hash(&leaf), &claims.attestation_sha256);
+        if meta.chain_hash().ok() != Some(chained) {
+            self.alarm(key, index, "entry_hash");
+        }
+        self.prev = chained;
+        let attestation_document = self.documents.get(self.objects, self.layout, &claims.attestation_sha256)?;
+        Ok(ImportedEntry { request: AppendRequest { leaf, fields, attestation_document }, appended_ms: meta.appended_ms, entry_hash: chained })
+    }
+
+    fn alarm(&mut self, key: &str, index: u64, field: &'static str) {
+        // Only a writer of the ledger bucket edits metadata; the receipt's value is used.
+        tracing::error!(alarm = "ledger_metadata_altered", key, index, field, "ledger metadata differs from its receipt; ignored");
+        self.altered.push(AlteredMetadata { key: key.to_owned(), index, field });
+    }
 }
 
 /// Attestation documents fetched once each, checked against their names.

@@ -9,7 +9,7 @@
 
 use super::bundle::{self, EntryMeta};
 use super::layout::{TileId, TileKey};
-use super::{tile_bytes, Head, TileError, TileStore};
+use super::{tile_bytes, AlteredMetadata, Head, TileError, TileStore};
 use crate::merkle::Hash;
 use crate::store::{LedgerStore, SqliteStore};
 
@@ -22,18 +22,22 @@ pub struct SyncReport {
     /// Hex root of the checkpoint synced to (none for an empty store).
     pub root: Option<String>,
     pub checkpoints: u64,
+    /// Metadata found to differ from its receipts during this sync (ignored, alarmed).
+    pub altered_metadata: Vec<AlteredMetadata>,
 }
 
 /// Brings `store`'s cache (an auditor's copy: [`super::TileOptions::auditor`]) up to the
 /// store's current checkpoint.
 pub fn sync(store: &mut TileStore) -> Result<SyncReport, TileError> {
     let from = store.cache.size()?;
+    let seen = store.altered.len();
     let head: Option<Head> = store.refresh()?;
     Ok(SyncReport {
         from,
         size: store.cache.size()?,
         root: head.map(|h| hex::encode(h.root)),
         checkpoints: store.cache.checkpoints()?.len() as u64,
+        altered_metadata: store.altered.get(seen..).unwrap_or_default().to_vec(),
     })
 }
 

@@ -14,6 +14,17 @@ fn key() -> SignerKey {
     SignerKey::from_seed("ledger.test/tiles", &[9; 32]).unwrap()
 }
 
+/// A store over the stand-in receipts of [`test_request`].
+fn test_store(
+    objects: Arc<dyn ObjectStore>,
+    layout: Layout,
+    cache: Cache,
+    verifier: crate::note::VerifierKey,
+    options: TileOptions,
+) -> Result<TileStore, TileError> {
+    Ok(TileStore::open(objects, layout, cache, verifier, options)?.with_leaves(Arc::new(TestReceipts)))
+}
+
 fn objects() -> (tempfile::TempDir, Arc<DirObjectStore>) {
     let dir = tempfile::tempdir().unwrap();
     let store = DirObjectStore::open(dir.path().join("bucket")).unwrap();
@@ -21,7 +32,7 @@ fn objects() -> (tempfile::TempDir, Arc<DirObjectStore>) {
 }
 
 fn appender(objects: Arc<dyn ObjectStore>) -> TileStore {
-    TileStore::open(objects, Layout::new(""), Cache::Memory, key().verifier(), TileOptions::appender()).unwrap()
+    test_store(objects, Layout::new(""), Cache::Memory, key().verifier(), TileOptions::appender()).unwrap()
 }
 
 fn append(store: &mut TileStore, jobs: std::ops::Range<u64>, now_ms: u64) -> Vec<AppendOutcome> {
@@ -103,7 +114,7 @@ fn a_rebuild_from_the_objects_equals_the_original() {
     // A cache on disk, rebuilt from nothing by a new appender...
     let path = dir.path().join("cache/ledger-cache.sqlite");
     let mut rebuilt =
-        TileStore::open(objects.clone(), Layout::new(""), Cache::File(path.clone()), key().verifier(), TileOptions::auditor())
+        test_store(objects.clone(), Layout::new(""), Cache::File(path.clone()), key().verifier(), TileOptions::auditor())
             .unwrap();
     let report = sync(&mut rebuilt).unwrap();
     assert_eq!((report.from, report.size, report.checkpoints), (0, 295, 4));
@@ -133,7 +144,7 @@ fn a_rebuild_from_the_objects_equals_the_original() {
     drop(rebuilt);
     std::fs::remove_file(&path).unwrap();
     let mut fresh =
-        TileStore::open(objects.clone(), Layout::new(""), Cache::File(path), key().verifier(), TileOptions::appender()).unwrap();
+        test_store(objects.clone(), Layout::new(""), Cache::File(path), key().verifier(), TileOptions::appender()).unwrap();
     append(&mut fresh, 300..302, 30_000);
     append(&mut original, 302..303, 30_001);
     assert_eq!(original.size().unwrap(), 303);
@@ -238,7 +249,7 @@ fn tampering_is_detected() {
     let mut bytes = objects.get(&layout.tile(t)).unwrap();
     bytes[40] ^= 1;
     objects.put(&layout.tile(t), &bytes, PutCondition::Overwrite).unwrap();
-    let mut auditor = TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    let mut auditor = test_store(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
     sync(&mut auditor).unwrap();
     let report = audit(&auditor).unwrap();
     assert_eq!(report.problems.len(), 1, "{report:?}");
@@ -250,12 +261,14 @@ fn tampering_is_detected() {
     leaves[3] = test_request(9_999, 200).leaf;
     let forged = bundle::encode_entries(leaves.iter().map(|l| (0, l.as_slice()))).unwrap();
     objects.put(&layout.entries(edge), &forged, PutCondition::Overwrite).unwrap();
-    let mut fresh = TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
-    // The chain hash in the metadata no longer matches the receipt it follows.
-    match sync(&mut fresh) {
-        Err(TileError::Store(StoreError::ImportMismatch { index: 259, what: "chain hash" })) => {}
-        other => panic!("entry bundle forgery not detected: {other:?}"),
-    }
+    let mut fresh = test_store(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    // The rebuilt tree misses the signed root; on the way, the metadata no longer matches the
+    // receipt (its fields, and the chain hashes from there on).
+    assert!(matches!(sync(&mut fresh), Err(TileError::RootMismatch { size: 260, .. })), "entry bundle forgery not detected");
+    assert_eq!(fresh.altered_metadata()[..2], [
+        AlteredMetadata { key: layout.meta(edge), index: 259, field: "job_id" },
+        AlteredMetadata { key: layout.meta(edge), index: 259, field: "entry_hash" },
+    ]);
     // Forging the metadata to match still cannot reach the signed root.
     let t = TileId { level: 0, index: 1, width: 14 };
     let mut meta = bundle::decode_meta(&objects.get(&layout.meta(t)).unwrap(), 256, 14).unwrap();
@@ -268,7 +281,7 @@ fn tampering_is_detected() {
     }
     meta[3].fields = crate::testing::test_fields(9_999);
     objects.put(&layout.meta(t), &bundle::encode_meta(&meta), PutCondition::Overwrite).unwrap();
-    let mut fresh = TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    let mut fresh = test_store(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
     assert!(matches!(sync(&mut fresh), Err(TileError::RootMismatch { size: 260, .. })), "forged bundle reached the signed root");
     // The earlier copy still audits the forged bundle as different.
     let report = audit(&auditor).unwrap();
@@ -304,14 +317,14 @@ fn an_unfinished_commit_is_completed_from_its_staging_record() {
     objects.delete(&layout.archived_checkpoint(9)).unwrap();
 
     // A reader rebuilds from the staging record...
-    let mut reader = TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    let mut reader = test_store(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
     assert_eq!(sync(&mut reader).unwrap().size, 9);
     // ... and the next appender publishes the missing objects before its own commit.
     let mut next = appender(objects.clone());
     append(&mut next, 9..10, 3);
     assert!(objects.head(&layout.entries(TileId { level: 0, index: 0, width: 9 })).unwrap().is_some());
     assert!(objects.head(&layout.archived_checkpoint(9)).unwrap().is_some());
-    let mut auditor = TileStore::open(objects.clone(), layout, Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    let mut auditor = test_store(objects.clone(), layout, Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
     sync(&mut auditor).unwrap();
     assert!(audit(&auditor).unwrap().ok());
 }
@@ -367,7 +380,7 @@ fn a_rolled_back_checkpoint_is_refused_by_the_appender_and_by_a_fresh_sync() {
 
     // So does a fresh auditor's sync.
     let mut auditor =
-        TileStore::open(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+        test_store(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
     let error = sync(&mut auditor).unwrap_err();
     assert!(matches!(error, TileError::RolledBack { head: 3, seen: 5, .. }), "{error}");
 
@@ -377,4 +390,69 @@ fn a_rolled_back_checkpoint_is_refused_by_the_appender_and_by_a_fresh_sync() {
     let mut fresh = appender(objects.clone());
     fresh.append(&batch, &key(), &CheckpointPolicy::default(), 3_000).unwrap();
     assert_eq!(fresh.size().unwrap(), 6);
+}
+
+/// Someone who can write the ledger bucket (not sign with the ledger key) edits a metadata
+/// bundle so that entry 2 claims another job. A rebuild (a Lambda's cold start) that trusted the
+/// metadata would hide job 2 — its receipt appended a second time — and squat the claimed job.
+/// The fields come from the receipts the signed tree holds; the edit is ignored and alarmed.
+#[test]
+fn edited_metadata_is_ignored_and_alarmed_never_trusted() {
+    let (_dir, objects) = objects();
+    let layout = Layout::new("");
+    let mut store = appender(objects.clone());
+    append(&mut store, 0..5, 1_000);
+    let t = TileId { level: 0, index: 0, width: 5 };
+    let mut meta = bundle::decode_meta(&objects.get(&layout.meta(t)).unwrap(), 0, 5).unwrap();
+    meta[2].fields = crate::testing::test_fields(99);
+    meta[3].fields.ok_count += 1_000;
+    objects.put(&layout.meta(t), &bundle::encode_meta(&meta), PutCondition::Overwrite).unwrap();
+
+    // A cold start: the receipt of job 2, sent again, is the entry already held, not a new one.
+    let mut fresh = appender(objects.clone());
+    let again = fresh.append(&[test_request(2, 200)], &key(), &CheckpointPolicy::default(), 2_000).unwrap();
+    assert_eq!(again, vec![AppendOutcome::Existing { index: 2, same_leaf: true }]);
+    assert_eq!(fresh.size().unwrap(), 5, "job 2 doubled");
+    assert!(fresh.entry_by_job(&format!("{:032x}", 99)).unwrap().is_none(), "job 99 squatted");
+    assert_eq!(fresh.entry(3).unwrap().unwrap().fields, crate::testing::test_fields(3));
+    assert_eq!(all_entries(&fresh), all_entries(&store));
+    let key_of = layout.meta(t);
+    let alarms: Vec<(String, u64, &str)> = fresh.altered_metadata().iter().map(|a| (a.key.clone(), a.index, a.field)).collect();
+    assert_eq!(alarms, vec![(key_of.clone(), 2, "job_id"), (key_of.clone(), 3, "ok_count")]);
+
+    // An auditor's fresh copy holds the receipts' fields too, reports the alarms, and the audit
+    // names the edited object.
+    let mut auditor = test_store(objects.clone(), layout.clone(), Cache::Memory, key().verifier(), TileOptions::auditor()).unwrap();
+    let report = sync(&mut auditor).unwrap();
+    assert_eq!(report.altered_metadata.len(), 2, "{report:?}");
+    assert_eq!(all_entries(&auditor), all_entries(&store));
+    let audit = audit(&auditor).unwrap();
+    assert_eq!(audit.problems.iter().map(|p| p.key.as_str()).collect::<Vec<_>>(), vec![key_of.as_str()], "{audit:?}");
+}
+
+/// The attestation hash in the metadata is the receipt's own: pointing an entry at another
+/// document (and rewriting the chain hashes to match) changes nothing in a rebuild.
+#[test]
+fn an_edited_attestation_hash_in_the_metadata_is_ignored() {
+    let (_dir, objects) = objects();
+    let layout = Layout::new("");
+    let mut store = appender(objects.clone());
+    append(&mut store, 0..4, 1_000);
+    let t = TileId { level: 0, index: 0, width: 4 };
+    let mut meta = bundle::decode_meta(&objects.get(&layout.meta(t)).unwrap(), 0, 4).unwrap();
+    // Entry 1 names job 1's document 1; point it at job 2's document 2 and re-chain from there.
+    meta[1].attestation_sha256 = meta[2].attestation_sha256.clone();
+    let leaves = bundle::decode_entries(&objects.get(&layout.entries(t)).unwrap(), 4).unwrap();
+    let mut prev = store.entry(0).unwrap().unwrap().entry_hash;
+    for m in meta.iter_mut().skip(1) {
+        let h = crate::entry::entry_hash(m.index, &prev, &leaf_hash(&leaves[m.index as usize]), &m.attestation_hash().unwrap());
+        m.entry_hash = hex::encode(h);
+        prev = h;
+    }
+    objects.put(&layout.meta(t), &bundle::encode_meta(&meta), PutCondition::Overwrite).unwrap();
+    let mut fresh = appender(objects.clone());
+    fresh.refresh().unwrap();
+    assert_eq!(all_entries(&fresh), all_entries(&store));
+    let alarms: Vec<(u64, &str)> = fresh.altered_metadata().iter().map(|a| (a.index, a.field)).collect();
+    assert_eq!(alarms, vec![(1, "attestation_sha256"), (1, "entry_hash"), (2, "entry_hash"), (3, "entry_hash")]);
 }
