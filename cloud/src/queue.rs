@@ -47,6 +47,11 @@ pub struct Received {
     /// `ApproximateReceiveCount`).
     pub receive_count: u32,
     pub sent_ms: u64,
+    /// The message's group (FIFO queues; fair standard queues), if it has one.
+    pub group_id: Option<String>,
+    /// FIFO queues, where the queue reports it (SQS; a FIFO dead-letter queue reports the
+    /// original message id here, not the sender's id).
+    pub deduplication_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

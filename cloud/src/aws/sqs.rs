@@ -207,6 +207,8 @@ fn received(message: &Message) -> Received {
         body: message.body.clone().unwrap_or_default(),
         receive_count: number(MessageSystemAttributeName::ApproximateReceiveCount).min(u32::MAX as u64) as u32,
         sent_ms: number(MessageSystemAttributeName::SentTimestamp),
+        group_id: system_attribute(message, MessageSystemAttributeName::MessageGroupId).map(str::to_owned),
+        deduplication_id: system_attribute(message, MessageSystemAttributeName::MessageDeduplicationId).map(str::to_owned),
     }
 }
 
@@ -271,7 +273,12 @@ impl Queue for SqsQueue {
     }
 
     fn receive(&self, max: usize, wait: Duration, visibility: Duration) -> Result<Vec<Received>, QueueError> {
-        let attributes = vec![MessageSystemAttributeName::ApproximateReceiveCount, MessageSystemAttributeName::SentTimestamp];
+        let attributes = vec![
+            MessageSystemAttributeName::ApproximateReceiveCount,
+            MessageSystemAttributeName::SentTimestamp,
+            MessageSystemAttributeName::MessageGroupId,
+            MessageSystemAttributeName::MessageDeduplicationId,
+        ];
         Ok(self.receive_messages(max, wait, visibility, attributes)?.iter().map(received).collect())
     }
 

@@ -273,7 +273,7 @@ impl SqliteQueue {
         let visible_until = now.saturating_add(duration_ms(visibility));
         let sql = if self.config.fifo {
             // Only the oldest message of each group, and only while it is visible.
-            "SELECT seq, message_id, body, sent_ms, receive_count FROM messages m
+            "SELECT seq, message_id, body, sent_ms, receive_count, group_id FROM messages m
              WHERE queue = ?1 AND visible_at_ms <= ?2
                AND NOT EXISTS (SELECT 1 FROM messages o
                                WHERE o.queue = ?1 AND o.group_id = m.group_id AND o.seq < m.seq)
@@ -290,7 +290,7 @@ impl SqliteQueue {
                  SELECT seq, message_id, body, sent_ms, receive_count, group_id,
                         ROW_NUMBER() OVER (PARTITION BY COALESCE(group_id, message_id) ORDER BY seq) AS nth
                  FROM messages WHERE queue = ?1 AND visible_at_ms <= ?2)
-             SELECT r.seq, r.message_id, r.body, r.sent_ms, r.receive_count
+             SELECT r.seq, r.message_id, r.body, r.sent_ms, r.receive_count, r.group_id
              FROM ready r LEFT JOIN busy b ON b.group_id = r.group_id
              ORDER BY COALESCE(b.in_flight, 0) + r.nth, r.seq LIMIT ?3"
         };
@@ -299,17 +299,17 @@ impl SqliteQueue {
         loop {
             // With a zero visibility a delivered message stays visible: skip what we took.
             let limit = (max - out.len() + taken.len()) as i64;
-            let candidates: Vec<(i64, String, String, i64, u32)> = {
+            let candidates: Vec<(i64, String, String, i64, u32, Option<String>)> = {
                 let mut stmt = tx.prepare_cached(sql).map_err(|e| self.db(e))?;
                 let rows = stmt
                     .query_map(params![self.name, now, limit], |r| {
-                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
                     })
                     .map_err(|e| self.db(e))?;
                 rows.collect::<Result<_, _>>().map_err(|e| self.db(e))?
             };
             let mut moved = 0;
-            for (seq, message_id, body, sent_ms, receive_count) in candidates {
+            for (seq, message_id, body, sent_ms, receive_count, group_id) in candidates {
                 if out.len() == max {
                     break;
                 }
@@ -342,6 +342,9 @@ impl SqliteQueue {
                     body,
                     receive_count: receive_count.saturating_add(1),
                     sent_ms: from_db_ms(sent_ms),
+                    group_id,
+                    // Not kept per message; SQS's FIFO dead-letter queue reports the message id.
+                    deduplication_id: None,
                 });
             }
             // Another pass only when dead letters made room (a FIFO group's next message may
@@ -760,6 +763,7 @@ mod tests {
         // One message per group in flight: a batch takes only the heads.
         let first = q.receive(10, NO_WAIT, LONG).unwrap();
         assert_eq!(bodies(&first), ["a0", "b0"]);
+        assert_eq!(first.iter().map(|m| m.group_id.as_deref()).collect::<Vec<_>>(), [Some("a"), Some("b")]);
         assert!(q.receive(10, NO_WAIT, LONG).unwrap().is_empty(), "both groups blocked");
         q.delete(&first[0].receipt_handle).unwrap();
         assert_eq!(bodies(&q.receive(10, NO_WAIT, LONG).unwrap()), ["a1"]);

@@ -275,6 +275,8 @@ impl Queue for MemQueue {
                             body: m.body.clone(),
                             receive_count: m.receive_count,
                             sent_ms: 0,
+                            group_id: None,
+                            deduplication_id: None,
                         });
                     }
                     i += 1;
