@@ -395,8 +395,16 @@ fn run_job(socket: &Path, claimed: JobId, sealed: &[u8]) -> Result<(Vec<u8>, Vec
     }
 }
 
-#[test]
-fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
+/// A worker process with epoch 1's fleet key released and the model loaded.
+struct ReadyWorker {
+    _dir: tempfile::TempDir,
+    host: Host,
+    worker: WorkerProcess,
+    fleet: FleetSecretKey,
+    manifest: [u8; 32],
+}
+
+fn ready_worker() -> ReadyWorker {
     let dir = tempfile::tempdir().unwrap();
     let mut host = Host::new(dir.path());
     let kms_socket = dir.path().join("kms.sock");
@@ -415,6 +423,12 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
         Message::Status { ready, models, .. } => assert!(ready && models == [MODEL_ID.to_owned()]),
         other => panic!("model did not load: {other:?}"),
     }
+    ReadyWorker { _dir: dir, host, worker, fleet, manifest }
+}
+
+#[test]
+fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
+    let ReadyWorker { _dir, host, worker, fleet, manifest } = ready_worker();
 
     // The published document verifies against the development root and binds the fleet key
     // the host stored and a receipt key the worker made.
@@ -528,20 +542,7 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
 /// the announced count, naming it, instead of embedding them all and failing at the end.
 #[test]
 fn a_job_holding_more_records_than_announced_fails_at_the_first_extra() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut host = Host::new(dir.path());
-    let kms_socket = dir.path().join("kms.sock");
-    let kms_root = host.serve_kms(dir.path(), &kms_socket);
-    let worker = spawn_worker(dir.path(), &kms_socket, &kms_root);
-    let fleet = FleetSecretKey::generate();
-    publish_epoch(&mut host, 1, &fleet, now_ms() + 3_600_000);
-    let manifest = publish_model(&mut host);
-    let mut control = connect(&worker.socket, Channel::Control);
-    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
-    host.serve(&mut control);
-    write_frame(&mut control, &Message::LoadModel { manifest_key: MANIFEST_KEY.into() }).unwrap();
-    host.serve(&mut control);
-
+    let ReadyWorker { _dir, worker, fleet, manifest, .. } = ready_worker();
     let client = ResultSecretKey::generate();
     let ids: Vec<String> = (0..5000).map(|i| format!("r{i}")).collect();
     let records: Vec<(&str, &[u8])> = ids.iter().map(|id| (id.as_str(), b"a short text".as_slice())).collect();
