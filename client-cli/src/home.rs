@@ -117,7 +117,7 @@ pub enum PrivateFileError {
     NotOwned { path: PathBuf, owner: u32, user: u32 },
     #[error("private file {}: mode {mode:o} lets group or others read or replace it (chmod 600 it)", path.display())]
     Mode { path: PathBuf, mode: u32 },
-    #[error("private file {}: larger than {MAX_PRIVATE_FILE} bytes, so not one of ours", path.display())]
+    #[error("private file {}: larger than {MAX_PRIVATE_FILE} bytes, not a file the client wrote", path.display())]
     TooLarge { path: PathBuf },
     #[error("private file {}: {source}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
@@ -136,10 +136,16 @@ const MAX_PRIVATE_FILE: u64 = 64 * 1024;
 /// between check and read), that it is not a link, is a regular file, is this user's and is
 /// closed to group and others.
 pub fn read_private(path: &Path) -> Result<zeroize::Zeroizing<Vec<u8>>, PrivateFileError> {
+    read_own(path, 0o077).map(|(bytes, _)| bytes)
+}
+
+/// Like [`read_private`], refusing only the mode bits in `forbidden` (a record others may read
+/// but nobody else may have written); returns the file's mode beside its bytes.
+pub fn read_own(path: &Path, forbidden: u32) -> Result<(zeroize::Zeroizing<Vec<u8>>, u32), PrivateFileError> {
     use std::io::Read;
-    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
     let io = |source| PrivateFileError::Io { path: path.to_owned(), source };
-    // O_NONBLOCK: opening a FIFO planted under the key's name must not wait for a writer.
+    // O_NONBLOCK: opening a FIFO planted under the file's name must not wait for a writer.
     let flags = rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY;
     let file = match std::fs::OpenOptions::new().read(true).custom_flags(flags.bits() as i32).open(path) {
         Ok(file) => file,
@@ -149,17 +155,21 @@ pub fn read_private(path: &Path) -> Result<zeroize::Zeroizing<Vec<u8>>, PrivateF
         Err(error) => return Err(io(error)),
     };
     let meta = file.metadata().map_err(io)?;
-    check_private_metadata(path, &meta, rustix::process::geteuid().as_raw())?;
+    check_metadata(path, &meta, rustix::process::geteuid().as_raw(), forbidden)?;
     let mut bytes = zeroize::Zeroizing::new(Vec::new());
     file.take(MAX_PRIVATE_FILE + 1).read_to_end(&mut bytes).map_err(io)?;
     if bytes.len() as u64 > MAX_PRIVATE_FILE {
         return Err(PrivateFileError::TooLarge { path: path.to_owned() });
     }
-    Ok(bytes)
+    Ok((bytes, meta.mode() & 0o7777))
 }
 
 /// The checks of [`read_private`] on a file's metadata, for the user `user` (an effective uid).
 pub fn check_private_metadata(path: &Path, meta: &std::fs::Metadata, user: u32) -> Result<(), PrivateFileError> {
+    check_metadata(path, meta, user, 0o077)
+}
+
+fn check_metadata(path: &Path, meta: &std::fs::Metadata, user: u32, forbidden: u32) -> Result<(), PrivateFileError> {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let kind = meta.file_type();
     if kind.is_symlink() {
@@ -180,7 +190,7 @@ pub fn check_private_metadata(path: &Path, meta: &std::fs::Metadata, user: u32) 
         return Err(PrivateFileError::NotOwned { path: path.to_owned(), owner: meta.uid(), user });
     }
     let mode = meta.mode() & 0o7777;
-    if mode & 0o077 != 0 {
+    if mode & forbidden != 0 {
         return Err(PrivateFileError::Mode { path: path.to_owned(), mode });
     }
     Ok(())

@@ -1,6 +1,7 @@
 //! What the client remembers about a job it submitted (`$EPHEM_HOME/client/jobs/<id>/`): the
 //! hashes it will hold the receipt to, and the commitment key (secret: it lets its holder test
 //! guesses of the plaintext against the receipt's commitment, so it stays on the client, 0600).
+//! `job.json` is 0600 too, and keeps its digests of the plaintext masked ([`MaskedDigest`]).
 
 use std::path::PathBuf;
 
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use crate::home::{create_private_dir, read_private, write_private, Home};
+use crate::home::{create_private_dir, read_own, read_private, write_private, Home};
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientJob {
@@ -33,7 +34,8 @@ pub struct ClientJob {
     /// Hex SHA-256 of the sealed object, byte for byte (the receipt's `input_sha256`).
     pub sealed_sha256: String,
     pub sealed_size: u64,
-    /// Hex SHA-256 of the plaintext record stream (for the plaintext commitment).
+    /// Hex SHA-256 of the plaintext record stream (for the plaintext commitment); masked in
+    /// job.json.
     pub plaintext_sha256: String,
     pub truncate: bool,
     pub normalize: bool,
@@ -43,6 +45,11 @@ pub struct ClientJob {
     /// kept none, so `record_ids` cannot pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ids_sha256: Option<String>,
+    /// When the upload that creates the job was acknowledged. The record is written before
+    /// the upload; `None` here: the job may or may not exist (the acknowledgement was lost, or
+    /// the upload failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uploaded_ms: Option<u64>,
     /// Set once the results were downloaded and opened.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downloaded: Option<Downloaded>,
@@ -109,18 +116,41 @@ impl JobFiles {
         create_private_dir(&self.dir)
     }
 
+    /// Writes job.json (0600, synced, renamed into place, the directory synced) with every
+    /// digest of the plaintext masked ([`MASKED_DIGESTS`]).
     pub fn save(&self, job: &ClientJob) -> anyhow::Result<()> {
         self.create_dir()?;
-        let tmp = self.state().with_extension("tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(job)?).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, self.state()).with_context(|| format!("writing {}", self.state().display()))
+        let key = self.commitment_key()?;
+        let mut value = serde_json::to_value(job)?;
+        for field in MASKED_DIGESTS {
+            field.mask(&mut value, &key)?;
+        }
+        write_private(&self.state(), &serde_json::to_vec_pretty(&value)?)
     }
 
+    /// Reads job.json back, unmasking its digests. A record no other account may have written
+    /// is read; one written before digests were masked, or readable by others, is rewritten
+    /// private and masked on the way.
     pub fn load(&self) -> anyhow::Result<ClientJob> {
-        let bytes = std::fs::read(self.state()).map_err(|_| {
-            anyhow!("this client has no record of the job (not submitted from this $EPHEM_HOME): {}", self.dir.display())
-        })?;
-        serde_json::from_slice(&bytes).with_context(|| format!("reading {}", self.state().display()))
+        let path = self.state();
+        let (bytes, mode) = match read_own(&path, 0o022) {
+            Ok(read) => read,
+            Err(error) if error.is_not_found() => {
+                return Err(anyhow!("this client has no record of the job (not submitted from this $EPHEM_HOME): {}", self.dir.display()));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let mut value: serde_json::Value = serde_json::from_slice(&bytes).with_context(|| format!("reading {}", path.display()))?;
+        let key = self.commitment_key()?;
+        let mut legacy = false;
+        for field in MASKED_DIGESTS {
+            legacy |= field.unmask(&mut value, &key).with_context(|| format!("reading {}", path.display()))?;
+        }
+        let job: ClientJob = serde_json::from_value(value).with_context(|| format!("reading {}", path.display()))?;
+        if legacy || mode & 0o077 != 0 {
+            self.save(&job).with_context(|| format!("rewriting {} private and masked", path.display()))?;
+        }
+        Ok(job)
     }
 
     pub fn save_commitment_key(&self, key: &[u8; 32]) -> anyhow::Result<()> {
@@ -135,6 +165,89 @@ impl JobFiles {
             .and_then(|text| hex::decode_to_slice(text.trim(), key.as_mut()).ok())
             .ok_or_else(|| anyhow!("the job's commitment key is not 32 hex bytes"))?;
         Ok(key)
+    }
+}
+
+/// A digest of the plaintext job.json keeps only masked. In the clear, anyone who reads the
+/// file (another account, a backup) could confirm a guessed corpus, or guessed record ids, by
+/// hashing the guess. The mask is HMAC-SHA256(the job's commitment key, label ‖ field): the key
+/// is the job's own 0600 secret, so the client reads its digests back (the receipt's commitment
+/// needs the input's digest itself, not a keyed hash of it), and a reader without the key learns
+/// nothing of them. The key already lets its holder test guesses against the receipt's
+/// commitment, so whoever can unmask could do that anyway.
+pub struct MaskedDigest {
+    /// `None`: a field of the job; else of this object inside it.
+    pub within: Option<&'static str>,
+    pub field: &'static str,
+}
+
+pub const MASKED_DIGESTS: [MaskedDigest; 4] = [
+    MaskedDigest { within: None, field: "plaintext_sha256" },
+    MaskedDigest { within: None, field: "ids_sha256" },
+    MaskedDigest { within: Some("downloaded"), field: "plaintext_sha256" },
+    MaskedDigest { within: Some("downloaded"), field: "ids_sha256" },
+];
+
+const MASK_LABEL: &[u8] = b"ephem-batch/v1 client job record mask";
+
+impl MaskedDigest {
+    fn masked_name(&self) -> String {
+        format!("{}_masked", self.field)
+    }
+
+    fn name(&self) -> String {
+        match self.within {
+            Some(within) => format!("{within}.{}", self.field),
+            None => self.field.to_owned(),
+        }
+    }
+
+    fn pad(&self, key: &[u8; 32]) -> [u8; 32] {
+        use hmac::{KeyInit, Mac};
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
+        mac.update(MASK_LABEL);
+        mac.update(&[0]);
+        mac.update(self.name().as_bytes());
+        mac.finalize().into_bytes().into()
+    }
+
+    fn object<'v>(&self, value: &'v mut serde_json::Value) -> Option<&'v mut serde_json::Map<String, serde_json::Value>> {
+        let job = value.as_object_mut()?;
+        match self.within {
+            Some(within) => job.get_mut(within)?.as_object_mut(),
+            None => Some(job),
+        }
+    }
+
+    fn xor(&self, hex_digest: &str, key: &[u8; 32]) -> anyhow::Result<String> {
+        let mut digest = [0u8; 32];
+        hex::decode_to_slice(hex_digest, &mut digest).map_err(|_| anyhow!("{} is not 32 hex bytes", self.name()))?;
+        digest.iter_mut().zip(self.pad(key)).for_each(|(d, p)| *d ^= p);
+        Ok(hex::encode(digest))
+    }
+
+    /// Replaces the field's digest by its masked form, under `<field>_masked`.
+    fn mask(&self, value: &mut serde_json::Value, key: &[u8; 32]) -> anyhow::Result<()> {
+        let Some(object) = self.object(value) else { return Ok(()) };
+        if let Some(serde_json::Value::String(digest)) = object.remove(self.field) {
+            let masked = self.xor(&digest, key)?;
+            object.insert(self.masked_name(), masked.into());
+        }
+        Ok(())
+    }
+
+    /// The reverse of [`Self::mask`]. `true`: the record held this digest in the clear.
+    fn unmask(&self, value: &mut serde_json::Value, key: &[u8; 32]) -> anyhow::Result<bool> {
+        let Some(object) = self.object(value) else { return Ok(false) };
+        match object.remove(&self.masked_name()) {
+            Some(serde_json::Value::String(masked)) => {
+                let digest = self.xor(&masked, key)?;
+                object.insert(self.field.to_owned(), digest.into());
+                Ok(false)
+            }
+            Some(_) => Err(anyhow!("{} is not 32 hex bytes", self.masked_name())),
+            None => Ok(object.contains_key(self.field)),
+        }
     }
 }
 

@@ -138,7 +138,7 @@ mod tests {
         let path = planted(dir.path(), "result.key");
         let meta = std::fs::metadata(&path).unwrap();
         // The check itself, for a user who is not the file's owner (runs unprivileged too).
-        let error = crate::home::check_private_metadata(&path, &meta, meta.uid() + 1).err().expect("refused").to_string();
+        let error = crate::home::check_private_metadata(&path, &meta, meta.uid() + 1).expect_err("refused").to_string();
         assert!(error.contains(&format!("owned by uid {}", meta.uid())), "{error}");
         // And for real where this process may give the file away (root in CI containers).
         if std::os::unix::fs::chown(&path, Some(4242), None).is_ok() {
@@ -157,7 +157,7 @@ mod tests {
         assert_eq!(*files.commitment_key().unwrap(), [7; 32]);
         let path = home.job_dir(&"ab".repeat(16)).join("commitment.key");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        let error = format!("{:#}", files.commitment_key().err().expect("refused"));
+        let error = format!("{:#}", files.commitment_key().expect_err("refused"));
         assert!(error.contains("mode 644") && error.contains("commitment.key"), "{error}");
     }
 

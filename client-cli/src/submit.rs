@@ -7,6 +7,7 @@
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
@@ -228,6 +229,7 @@ impl Sealing {
             dtype: self.options.dtype.as_str().to_owned(),
             precision: self.options.precision.as_str().to_owned(),
             ids_sha256: Some(sealed.ids_sha256.clone()),
+            uploaded_ms: None,
             downloaded: None,
         }
     }
@@ -261,12 +263,24 @@ pub fn seal_file(home: &Home, services: &Services, sealing: &Sealing, file: &Pat
     while let Some(item) = corpus.next_item()? {
         shard.item(item)?;
     }
-    let outcome = shard.finish()?;
+    let (outcome, upload) = shard.seal()?;
     progress.finish_and_clear();
     if outcome.errors != summary.errors {
+        // Dropped uncommitted: the upload is abandoned, no job is created.
         bail!("the corpus changed while it was being sealed ({} errors on the first pass, {} on the second)", summary.errors, outcome.errors);
     }
     let job = sealing.client_job(&job_id, file, summary.form, summary.records, summary.errors, &outcome);
+    record_then_upload(&files, job, upload)
+}
+
+/// The upload's commit is what creates the job (the object appears, its event runs on-upload),
+/// so the record goes to disk first, synced: a failure once the commit may have landed (an
+/// acknowledgement lost, a status read or a wait failing, the process killed) still leaves
+/// `status` and `results` able to find the job. The record then notes the confirmed upload.
+fn record_then_upload(files: &JobFiles, mut job: ClientJob, upload: PendingUpload) -> anyhow::Result<ClientJob> {
+    files.save(&job)?;
+    upload.commit()?;
+    job.uploaded_ms = Some(cloud::now_ms());
     files.save(&job)?;
     Ok(job)
 }
@@ -350,12 +364,12 @@ pub fn seal_bulk(home: &Home, services: &Services, args: &SubmitArgs, prefix: &s
     let finish = |current: Option<(usize, ShardSealer, JobId, JobFiles)>, shards: &mut Vec<(String, ClientJob)>| -> anyhow::Result<()> {
         let Some((index, sealer, job_id, files)) = current else { return Ok(()) };
         let plan: &ShardPlan = &plans[index];
-        let outcome = sealer.finish()?;
+        let (outcome, upload) = sealer.seal()?;
         if outcome.errors != plan.errors {
             bail!("the corpus changed while it was being sealed (shard {index}: {} errors planned, {} found)", plan.errors, outcome.errors);
         }
         let job = sealing.client_job(&job_id, &args.file, None, plan.records, plan.errors, &outcome);
-        files.save(&job)?;
+        let job = record_then_upload(&files, job, upload)?;
         shards.push((shard_key(prefix, index), job));
         Ok(())
     };
@@ -450,7 +464,16 @@ struct ShardSealer {
 
 impl ShardSealer {
     fn start(jobs: &dyn ObjectStore, key: &str, sealed: envelope::Sealed, local_errors: &Path, progress: ProgressBar) -> anyhow::Result<ShardSealer> {
-        let errors_out = BufWriter::new(File::create(local_errors).with_context(|| format!("creating {}", local_errors.display()))?);
+        // The refused lines' ids are the corpus's: the user's alone, like job.json.
+        let errors_file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
+            .open(local_errors)
+            .with_context(|| format!("creating {}", local_errors.display()))?;
+        let errors_out = BufWriter::new(errors_file);
         let writer = jobs.writer(key, PutCondition::CreateOnly)?;
         let mut out = HashingWriter { inner: BufWriter::with_capacity(1 << 20, writer), hasher: Sha256::new(), written: 0, progress };
         out.write_all(&sealed.preamble)?;
@@ -490,25 +513,36 @@ impl ShardSealer {
         Ok(())
     }
 
-    /// Seals the rest and commits the upload.
-    fn finish(mut self) -> anyhow::Result<SealOutcome> {
+    /// Seals the rest and writes it out; the upload is committed (the job created) only by
+    /// [`PendingUpload::commit`].
+    fn seal(mut self) -> anyhow::Result<(SealOutcome, PendingUpload)> {
         self.plaintext_hash.update(&self.plain);
         self.sealer.push(&self.plain, &mut self.cipher)?;
         self.sealer.finish(&mut self.cipher)?;
         self.out.write_all(&self.cipher)?;
         self.errors_out.flush()?;
+        self.errors_out.get_ref().sync_all().context("syncing the local errors file")?;
         self.out.flush()?;
         let HashingWriter { inner, hasher, written, progress } = self.out;
         progress.set_message("uploading");
         let writer = inner.into_inner().map_err(|e| anyhow!("uploading the sealed input: {}", e.error()))?;
-        writer.commit().context("uploading the sealed input")?;
-        Ok(SealOutcome {
+        let outcome = SealOutcome {
             sealed_sha256: hasher.finalize().into(),
             sealed_size: written,
             plaintext_sha256: self.plaintext_hash.finalize().into(),
             ids_sha256: self.ids.finish(),
             errors: self.errors,
-        })
+        };
+        Ok((outcome, PendingUpload(writer)))
+    }
+}
+
+/// A sealed input written to the store but not committed: dropped, it is abandoned.
+struct PendingUpload(Box<dyn ObjectWriter>);
+
+impl PendingUpload {
+    fn commit(self) -> anyhow::Result<()> {
+        self.0.commit().map(drop).context("uploading the sealed input")
     }
 }
 

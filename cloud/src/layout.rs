@@ -44,15 +44,33 @@ pub fn job_ledger_proof(job: &JobId) -> String {
     format!("jobs/{job}/ledger-proof.json")
 }
 
-/// The task token of the bulk run waiting for this job (`cloud::workflow::BulkTask`): written
-/// by the workflow's `bulk-await-shard` step, read by the host that ends the job.
-pub fn job_bulk_task(job: &JobId) -> String {
-    format!("jobs/{job}/bulk-task.json")
+/// Where the bulk runs waiting for this job leave their task tokens, one object per run.
+pub fn job_bulk_tasks_prefix(job: &JobId) -> String {
+    format!("jobs/{job}/bulk-tasks/")
 }
+
+/// The task token bulk run `bulk_id` waits on for this job (`cloud::workflow::BulkTask`):
+/// written by the workflow's `bulk-await-shard` step, read by whoever ends the job. One slot per
+/// run, so a second run over the same shard never replaces the first one's token.
+pub fn job_bulk_task(job: &JobId, bulk_id: &str) -> String {
+    format!("{}{bulk_id}.json", job_bulk_tasks_prefix(job))
+}
+
+/// The bulk id a key made by [`job_bulk_task`] for `job` names.
+pub fn bulk_id_of_task_key<'k>(job: &JobId, key: &'k str) -> Option<&'k str> {
+    key.strip_prefix(&job_bulk_tasks_prefix(job))?.strip_suffix(".json")
+}
+
 
 /// A bulk run's manifest (written by `bulk-aggregate`; it signs nothing).
 pub fn bulk_manifest(bulk_id: &str) -> String {
     format!("bulk/{bulk_id}/manifest.json")
+}
+
+/// A bulk run's shard listing (written once by `bulk-list-shards`, read by `bulk-aggregate`):
+/// the list stays out of the workflow's state, which Step Functions caps at 256 KiB.
+pub fn bulk_shards(bulk_id: &str) -> String {
+    format!("bulk/{bulk_id}/shards.json")
 }
 
 pub const JOBS_PREFIX: &str = "jobs/";
@@ -129,8 +147,13 @@ mod tests {
         assert_eq!(job_of_input_key(&job_input(&job)), Some(job));
         assert_eq!(job_of_input_key("jobs/zz/input.sealed"), None);
         assert_eq!(job_of_input_key(&job_output(&job, 1)), None);
-        assert_eq!(job_bulk_task(&job), format!("jobs/{}/bulk-task.json", "ab".repeat(16)));
+        let task = job_bulk_task(&job, "run-1");
+        assert_eq!(task, format!("jobs/{}/bulk-tasks/run-1.json", "ab".repeat(16)));
+        assert!(task.starts_with(&job_bulk_tasks_prefix(&job)));
+        assert_eq!(bulk_id_of_task_key(&job, &task), Some("run-1"));
+        assert_eq!(bulk_id_of_task_key(&JobId([0xcd; 16]), &task), None);
         assert_eq!(bulk_manifest("run-1"), "bulk/run-1/manifest.json");
+        assert_eq!(bulk_shards("run-1"), "bulk/run-1/shards.json");
         let key = model_manifest("sentence-transformers/all-MiniLM-L6-v2", 3);
         assert_eq!(key, "models/all-MiniLM-L6-v2/v3/manifest.cose");
         assert_eq!(manifest_version(&key), Some(3));
