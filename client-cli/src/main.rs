@@ -44,7 +44,8 @@ enum Command {
         #[command(flatten)]
         trust: trust::TrustArgs,
     },
-    /// Cancel a job no host has started.
+    /// Cancel a job no host has started (signed with this home's result key: only the job's
+    /// submitter can cancel it).
     Cancel { job: String },
     /// Create this client's result key.
     Keygen {
@@ -203,7 +204,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Cancel { job } => {
             let home = home()?;
             let services = backend::open(&home, &cli.backend)?.services;
-            status::cancel(&services, &status::parse_job(&job)?)?;
+            let key = keys::load_result_key(&home.result_key(), false)?;
+            status::cancel(&services, &status::parse_job(&job)?, &key)?;
             println!("cancelled {job}");
             Ok(ExitCode::SUCCESS)
         }

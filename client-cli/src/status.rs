@@ -6,7 +6,8 @@
 use anyhow::{anyhow, bail};
 use cloud::messages::{JobState, JobStatus, Ledgered};
 use cloud::{layout, ObjectError, PutCondition, Services};
-use protocol::envelope::JobId;
+use protocol::cancel::{CancelError, CancelRequest};
+use protocol::envelope::{JobId, ResultSecretKey};
 use serde::Serialize;
 
 pub fn parse_job(text: &str) -> anyhow::Result<JobId> {
@@ -71,16 +72,46 @@ pub fn print(view: &JobView) {
     }
 }
 
-/// Cancels a job no host has started: the cancel marker is create-only and hosts check it
-/// before they start a job.
-pub fn cancel(services: &Services, job: &JobId) -> anyhow::Result<()> {
+/// Why `cancel` did not cancel, by check.
+#[derive(Debug, thiserror::Error)]
+pub enum CancelFailure {
+    #[error("job {job} is {state}: only a queued job can be cancelled")]
+    NotQueued { job: JobId, state: &'static str },
+    #[error("job {job} cannot be cancelled with this home's result key ({check}): only the key it was sealed to can")]
+    NotOurs { job: JobId, check: CancelError },
+    #[error(
+        "{key} already holds a cancel that is not the submitter's ({check}): hosts ignore it, and the name is create-only, \
+         so this cancel cannot replace it; the job will run"
+    )]
+    Occupied { key: String, check: CancelError },
+    #[error("the job's sealed input: {0}")]
+    Input(ObjectError),
+}
+
+/// Cancels a job no host has started. Hosts check `cancel.json` before they start a job and
+/// honour it only if it is signed by the result key the job was sealed to, so this signs the
+/// job id with `key`, checks the signature against the job's own header first (another key's
+/// cancel would be ignored), and writes it create-only.
+pub fn cancel(services: &Services, job: &JobId, key: &ResultSecretKey) -> anyhow::Result<()> {
     let view = view(services, job)?;
     if view.state != JobState::Queued {
-        bail!("job {job} is {}: only a queued job can be cancelled", view.state.as_str());
+        return Err(CancelFailure::NotQueued { job: *job, state: view.state.as_str() }.into());
     }
-    let body = serde_json::json!({ "job_id": job.to_hex(), "requested_ms": cloud::now_ms() });
-    match services.jobs.put(&layout::job_cancel(job), body.to_string().as_bytes(), PutCondition::CreateOnly) {
-        Ok(_) | Err(ObjectError::AlreadyExists { .. }) => Ok(()),
+    let input = services.jobs.read_range(&layout::job_input(job), 0, protocol::cancel::INPUT_PREFIX_LEN).map_err(CancelFailure::Input)?;
+    let body = CancelRequest::new(key, job, cloud::now_ms()).to_json();
+    protocol::cancel::check(&input, job, body.as_bytes()).map_err(|check| CancelFailure::NotOurs { job: *job, check })?;
+    let cancel_key = layout::job_cancel(job);
+    match services.jobs.put(&cancel_key, body.as_bytes(), PutCondition::CreateOnly) {
+        Ok(_) => Ok(()),
+        Err(ObjectError::AlreadyExists { .. }) => {
+            // Ours from an earlier try is fine; anyone else's holds the name.
+            let existing = services.jobs.get_at_most(&cancel_key, protocol::cancel::MAX_CANCEL_LEN);
+            let check = match existing {
+                Ok(existing) => protocol::cancel::check(&input, job, &existing),
+                Err(error) => Err(CancelError::Malformed(error.to_string())),
+            };
+            check.map_err(|check| CancelFailure::Occupied { key: cancel_key, check }.into())
+        }
         Err(error) => Err(error.into()),
     }
 }

@@ -18,6 +18,7 @@ use base64::Engine as _;
 use cloud::messages::{Failure, JobMessage, LedgerMessage};
 use cloud::workflow::JobEnd;
 use cloud::{layout, Completion, ObjectError, ObjectWriter, PutCondition, QueueError, Received, SendOptions, Services};
+use protocol::cancel;
 use protocol::envelope::JobId;
 use protocol::receipt::{Receipt, SignedReceipt};
 use sha2::{Digest, Sha256};
@@ -138,15 +139,15 @@ impl Delivery<'_> {
             Err(ObjectError::NotFound { .. }) => {}
             Err(error) => return self.retry("object_store", error.to_string()),
         }
-        match retry::transient("head cancel", || jobs.head(&layout::job_cancel(&self.job))) {
-            Ok(Some(_)) => {
+        match self.cancel_signed() {
+            Ok(true) => {
                 self.heartbeat.stop();
                 self.delete_message();
                 self.status.cancelled();
                 self.complete_bulk_task(&JobEnd::Failed { reason: "cancelled: the client cancelled the job before it started".into() });
                 return Disposition::Cancelled;
             }
-            Ok(None) => {}
+            Ok(false) => {}
             Err(error) => return self.retry("object_store", error.to_string()),
         }
 
@@ -187,6 +188,35 @@ impl Delivery<'_> {
                 }
                 tracing::warn!(%error, "attempt lost");
                 self.retry(error.check(), error.to_string())
+            }
+        }
+    }
+
+    /// Whether `cancel.json` is the submitter's: anyone who can write the bucket can put one,
+    /// so it counts only if its signature verifies against the result key in the job's own
+    /// header (whose bytes the job id commits to). Any other is logged and the job runs.
+    fn cancel_signed(&self) -> Result<bool, ObjectError> {
+        let jobs = &self.ctx.services.jobs;
+        let body = match retry::transient("get cancel", || jobs.get_at_most(&layout::job_cancel(&self.job), cancel::MAX_CANCEL_LEN)) {
+            Ok(body) => body,
+            Err(ObjectError::NotFound { .. }) => return Ok(false),
+            Err(ObjectError::Rejected { message, .. }) => {
+                tracing::warn!(check = "cancel", message, "cancel.json ignored; the job runs");
+                return Ok(false);
+            }
+            Err(error) => return Err(error),
+        };
+        let input = match retry::transient("read input header", || jobs.read_range(&layout::job_input(&self.job), 0, cancel::INPUT_PREFIX_LEN)) {
+            Ok(input) => input,
+            // No input to name the key: nothing to run either, the attempt says so.
+            Err(ObjectError::NotFound { .. }) => return Ok(false),
+            Err(error) => return Err(error),
+        };
+        match cancel::check(&input, &self.job, &body) {
+            Ok(()) => Ok(true),
+            Err(error) => {
+                tracing::warn!(check = "cancel", %error, "cancel.json is not the submitter's; ignored, the job runs");
+                Ok(false)
             }
         }
     }

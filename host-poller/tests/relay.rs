@@ -10,7 +10,8 @@ use base64::Engine as _;
 use cloud::messages::{JobState, LedgerMessage};
 use cloud::{layout, ObjectStore, PutCondition, Queue};
 use host_poller::{PollerConfig, WorkerEndpoint, WorkerSource};
-use protocol::envelope::{FleetSecretKey, JobId};
+use protocol::cancel::CancelRequest;
+use protocol::envelope::{seal_job, FleetSecretKey, JobHeader, JobId, JobOptions, ResultSecretKey};
 use protocol::fleet::{epoch_object_key, EpochRecord};
 use protocol::frame::Message;
 use protocol::receipt::SignedReceipt;
@@ -284,17 +285,65 @@ fn a_worker_that_dies_mid_job_loses_only_that_attempt() {
     assert_eq!(cloud.jobs.keys(&layout::job_attempts_prefix(&job)), [layout::job_output(&job, 2)], "attempt 1 left nothing");
 }
 
+/// A job sealed for real (its id derives from its header, which names `submitter`'s result
+/// key), with `len` bytes of stand-in chunks after the preamble (the fake worker does not open it).
+fn put_sealed_job(cloud: &MemCloud, submitter: &ResultSecretKey, len: usize) -> (JobId, Vec<u8>) {
+    let fleet = FleetSecretKey::generate().public_key();
+    let header = JobHeader {
+        fleet_key_id: fleet.key_id(),
+        epoch: 1,
+        model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
+        manifest_hash: [1; 32],
+        options: JobOptions::default(),
+        result_public_key: submitter.public_key().to_bytes(),
+        record_count: 3,
+        created_ms: cloud::now_ms(),
+    };
+    let sealed = seal_job(&header, &fleet).unwrap();
+    let job = JobId(sealed.stream_id);
+    let mut input = sealed.preamble;
+    input.extend((0..len).map(|i| (i % 251) as u8));
+    cloud.jobs.put(&layout::job_input(&job), &input, PutCondition::CreateOnly).unwrap();
+    (job, input)
+}
+
 #[test]
-fn a_cancelled_job_is_not_started() {
+fn only_the_submitters_signed_cancel_stops_a_queued_job() {
     let (cloud, worker, config) = setup(JobMode::Echo, 5);
-    let (job, input) = put_job(&cloud, 0x77, 1000);
-    cloud.jobs.put(&layout::job_cancel(&job), b"{}", PutCondition::CreateOnly).unwrap();
-    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let submitter = ResultSecretKey::generate();
+    let tenant = ResultSecretKey::generate();
+    // Another tenant who learnt the job ids writes cancel.json first: unsigned, or signed
+    // with its own key, or the submitter's signature lifted from another job.
+    let (unsigned, unsigned_input) = put_sealed_job(&cloud, &submitter, 1000);
+    let (foreign, foreign_input) = put_sealed_job(&cloud, &submitter, 1000);
+    let (replayed, replayed_input) = put_sealed_job(&cloud, &submitter, 1000);
+    let (genuine, genuine_input) = put_sealed_job(&cloud, &submitter, 1000);
+    let bodies = [
+        (unsigned, br#"{"job_id":"x","requested_ms":1}"#.to_vec()),
+        (foreign, CancelRequest::new(&tenant, &foreign, 1).to_json().into_bytes()),
+        (replayed, {
+            let mut lifted = CancelRequest::new(&submitter, &genuine, 1);
+            lifted.job_id = replayed.to_hex();
+            lifted.to_json().into_bytes()
+        }),
+        (genuine, CancelRequest::new(&submitter, &genuine, 1).to_json().into_bytes()),
+    ];
+    for (job, body) in &bodies {
+        cloud.jobs.put(&layout::job_cancel(job), body, PutCondition::CreateOnly).unwrap();
+    }
+    for (job, input) in [(unsigned, &unsigned_input), (foreign, &foreign_input), (replayed, &replayed_input), (genuine, &genuine_input)] {
+        enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    }
     let poller = Running::start(cloud.services(), config);
-    wait_until("the job to be cancelled", WAIT, || state(&cloud, &job) == Some(JobState::Cancelled));
-    wait_until("the message to be deleted", WAIT, || cloud.job_queue.pending().is_empty());
+    wait_until("the genuine cancel", WAIT, || state(&cloud, &genuine) == Some(JobState::Cancelled));
+    for job in [unsigned, foreign, replayed] {
+        wait_until("the job a forged cancel named to run", WAIT, || state(&cloud, &job) == Some(JobState::Completed));
+    }
+    wait_until("every message to be deleted", WAIT, || cloud.job_queue.pending().is_empty());
     poller.stop();
-    assert!(worker.job_starts().is_empty());
+    let started: Vec<String> = worker.job_starts().into_iter().map(|(job, _)| job).collect();
+    assert!(!started.contains(&genuine.to_hex()), "the cancelled job never started");
+    assert_eq!(started.len(), 3, "each job with a forged cancel ran once: {started:?}");
 }
 
 /// What a bulk run's await step leaves for the host: its task token under the job.

@@ -37,6 +37,8 @@ pub const VERSION: u8 = 1;
 /// Largest header accepted (keeps HPKE's info well under its 64 KiB limit).
 pub const MAX_HEADER_LEN: usize = 8 * 1024;
 pub const CONFIRMATION_LEN: usize = 32;
+/// The longest preamble of a job input: fixed part, header, P-256 `enc`, confirmation.
+pub const MAX_JOB_PREAMBLE_LEN: usize = 8 + MAX_HEADER_LEN + 65 + CONFIRMATION_LEN;
 /// Longest model id.
 pub const MAX_MODEL_ID_LEN: usize = 128;
 

@@ -5,6 +5,7 @@
 //! by this crate's tests.
 
 pub mod attestation;
+pub mod cancel;
 pub mod cbor;
 pub mod cms;
 pub mod cose;

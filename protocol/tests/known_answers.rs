@@ -97,6 +97,11 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
     v.insert("records.output", output.clone());
     v.insert("result.sealed", result);
 
+    // A cancel of the job by its submitter: XEdDSA with the nonce input Z = 08 × 64.
+    v.insert("cancel.message", protocol::cancel::message(&job_id));
+    v.insert("cancel.edwards_public", protocol::cancel::edwards_public(&client_key().public_key().to_bytes()).unwrap().to_vec());
+    v.insert("cancel.signature", protocol::cancel::sign_with_z(&client_key(), &job_id, &[0x08; 64]).to_vec());
+
     let mut commitment = PlaintextCommitment::new();
     commitment.input(&input);
     commitment.output(&output);
@@ -252,6 +257,16 @@ fn protocol_md_vectors_open_and_verify() {
     opened.opener.push(&v["result.sealed"][used..], &mut plain).unwrap();
     opened.opener.finish(&mut plain).unwrap();
     assert_eq!(plain, v["records.output"]);
+
+    // The cancel signature verifies against the job header's result key, and as plain Ed25519
+    // against the documented Edwards key.
+    let job_id = JobId(v["job.id"].clone().try_into().unwrap());
+    let signature: [u8; 64] = v["cancel.signature"].clone().try_into().unwrap();
+    protocol::cancel::verify(&client_key().public_key().to_bytes(), &job_id, &signature).unwrap();
+    let edwards = ed25519_dalek::VerifyingKey::from_bytes(&v["cancel.edwards_public"].clone().try_into().unwrap()).unwrap();
+    edwards.verify_strict(&v["cancel.message"], &ed25519_dalek::Signature::from_bytes(&signature)).unwrap();
+    let body = protocol::cancel::CancelRequest { v: 1, job_id: job_id.to_hex(), requested_ms: 0, signature: hex::encode(signature) };
+    protocol::cancel::check(&v["job.preamble"], &job_id, body.to_json().as_bytes()).unwrap();
 
     let signed = SignedReceipt::decode(&v["receipt.cose"]).unwrap();
     let key = ed25519_dalek::VerifyingKey::from_bytes(&v["receipt.key_public"].clone().try_into().unwrap()).unwrap();

@@ -56,6 +56,11 @@ fn decode_everything(bytes: &[u8]) {
     let _ = Preamble::parse(bytes, StreamKind::JobResult);
     let _ = protocol::cms::EnvelopedData::parse(bytes);
     let _ = protocol::frame::decode_body(bytes);
+    let _ = protocol::cancel::CancelRequest::from_json(bytes);
+    let _ = protocol::cancel::check(bytes, &protocol::envelope::JobId([1; 16]), bytes);
+    if let (Some(key), Some(signature)) = (bytes.get(..32), bytes.get(32..96)) {
+        let _ = protocol::cancel::verify(key.try_into().unwrap(), &protocol::envelope::JobId([1; 16]), signature.try_into().unwrap());
+    }
 }
 
 fn mutate(mut bytes: Vec<u8>, edits: &[(prop::sample::Index, u8)], cut: Option<prop::sample::Index>) -> Vec<u8> {
@@ -69,8 +74,45 @@ fn mutate(mut bytes: Vec<u8>, edits: &[(prop::sample::Index, u8)], cut: Option<p
     bytes
 }
 
+/// A sealed job's preamble and its submitter's signed cancel.
+fn cancelled_job() -> (Vec<u8>, protocol::envelope::JobId, protocol::cancel::CancelRequest) {
+    use protocol::envelope::{seal_job, FleetSecretKey, JobId, ResultSecretKey};
+    let fleet = FleetSecretKey::from_scalar_bytes(&[1; 32]).unwrap().public_key();
+    let client = ResultSecretKey::from_bytes(&[2; 32]).unwrap();
+    let header = JobHeader {
+        fleet_key_id: fleet.key_id(),
+        epoch: 1,
+        model_id: "m".into(),
+        manifest_hash: [3; 32],
+        options: Default::default(),
+        result_public_key: client.public_key().to_bytes(),
+        record_count: 1,
+        created_ms: 0,
+    };
+    let sealed = seal_job(&header, &fleet).unwrap();
+    let job = JobId(sealed.stream_id);
+    (sealed.preamble, job, protocol::cancel::CancelRequest::new(&client, &job, 0))
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn mutated_cancels_never_panic_and_verify_only_unchanged(
+        edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        cut in proptest::option::of(any::<prop::sample::Index>()),
+        in_input in any::<bool>(),
+    ) {
+        let (input, job, request) = cancelled_job();
+        let body = request.to_json().into_bytes();
+        let (input, body) = if in_input { (mutate(input.clone(), &edits, cut), body) } else { (input, mutate(body, &edits, cut)) };
+        if protocol::cancel::check(&input, &job, &body).is_ok() {
+            // Only an edit of the informative date (or nothing) leaves a cancel that verifies.
+            let parsed = protocol::cancel::CancelRequest::from_json(&body).unwrap();
+            prop_assert_eq!((parsed.job_id, parsed.signature), (request.job_id.clone(), request.signature.clone()));
+            prop_assert_eq!(Preamble::parse_complete(&input, StreamKind::JobInput).unwrap().0.stream_id(), job.0);
+        }
+    }
 
     #[test]
     fn random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
