@@ -61,7 +61,6 @@ pub fn bulk_id_of_task_key<'k>(job: &JobId, key: &'k str) -> Option<&'k str> {
     key.strip_prefix(&job_bulk_tasks_prefix(job))?.strip_suffix(".json")
 }
 
-
 /// A bulk run's manifest (written by `bulk-aggregate`; it signs nothing).
 pub fn bulk_manifest(bulk_id: &str) -> String {
     format!("bulk/{bulk_id}/manifest.json")

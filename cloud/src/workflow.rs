@@ -2,12 +2,13 @@
 //! one and follows it) and [`TaskTokens`] (each shard's Map item waits on one; whoever sees the
 //! shard's job end completes it).
 //!
-//! **The hand-off** (`jobs/<job_id>/bulk-task.json`, [`BulkTask`]): the workflow's
-//! `bulk-await-shard` step writes the token there, *then* looks for the job's end (receipt,
-//! failed status); a host writes the job's end, *then* reads the token there and completes it
-//! ([`complete_bulk_task`]). Each side writes before it reads, so at least one of them sees
-//! the other's write and completes the token; a second completion finds the token closed, which
-//! [`Completion::AlreadyClosed`] reports as an outcome, not an error.
+//! **The hand-off** (`jobs/<job_id>/bulk-tasks/<bulk_id>.json`, [`BulkTask`]): the workflow's
+//! `bulk-await-shard` step writes its run's token there, *then* looks for the job's end
+//! (receipt, failed status); a host writes the job's end, *then* lists the job's slots and
+//! completes every token it finds ([`complete_bulk_tasks`]). Each side writes before it reads,
+//! so at least one of them sees the other's write and completes the token; a second completion
+//! finds the token closed, which [`Completion::AlreadyClosed`] reports as an outcome, not an
+//! error. One slot per run: two runs over the same shard both hear of its end.
 //!
 //! Whatever a completion says is informative: the aggregate step verifies every receipt itself.
 
@@ -112,15 +113,35 @@ pub trait Executions: Send + Sync {
     fn describe(&self, execution: &str) -> Result<Execution, WorkflowError>;
 }
 
-/// `jobs/<job_id>/bulk-task.json`: the token of the bulk run waiting for this job. Host-visible
-/// and unauthenticated (a token only lets its holder complete one task, which the aggregate step
-/// does not trust anyway).
+/// `jobs/<job_id>/bulk-tasks/<bulk_id>.json`: the token bulk run `bulk_id` waits on for this
+/// job, one slot per run. Only `bulk-await-shard` may write there (its role's `WriteBulkTasks`;
+/// tenants and hosts may not); hosts and `on-upload` read it all the same as hostile: at most
+/// [`MAX_BULK_TASK_BYTES`], its bulk id must be the slot's, its token 1 to
+/// [`MAX_TASK_TOKEN_CHARS`] characters. Not secret: a token only lets its holder complete one
+/// task, whose output the aggregate step does not trust anyway.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BulkTask {
     pub version: u32,
     pub bulk_id: String,
     pub task_token: String,
     pub written_ms: u64,
+}
+
+/// The most read of a bulk task slot (a record is ~1 KiB: a token of at most 2048 characters).
+pub const MAX_BULK_TASK_BYTES: u64 = 4096;
+/// Step Functions' longest task token (`SendTaskSuccess` `taskToken`).
+pub const MAX_TASK_TOKEN_CHARS: usize = 2048;
+/// Runs whose tokens one job's end completes; the slots past it (in bulk-id order) are left to
+/// their 24 h timeout. Only those who may start bulk runs over the job's shard fill the slots.
+pub const MAX_BULK_TASKS_PER_JOB: usize = 64;
+
+/// A bulk id names objects (`bulk/<bulk_id>/…`, a task slot) and executions: 1 to 128
+/// characters of `A-Z a-z 0-9 . _ -`, not `.` or `..`.
+pub fn is_valid_bulk_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && id != "."
+        && id != ".."
 }
 
 /// How a job ended, as the side completing its token saw it.
@@ -169,22 +190,44 @@ impl BulkTaskError {
     }
 }
 
-/// Writes the token a bulk run waits on for `job` (replacing a retried step's older token).
+/// Writes the token bulk run `bulk_id` waits on for `job` into the run's own slot (replacing
+/// only a retried step's older token of the same run).
 pub fn write_bulk_task(jobs: &dyn ObjectStore, job: &JobId, bulk_id: &str, task_token: &str, now_ms: u64) -> Result<(), ObjectError> {
+    let key = layout::job_bulk_task(job, bulk_id);
+    if !is_valid_bulk_id(bulk_id) {
+        return Err(ObjectError::InvalidKey { key, reason: "the bulk id is not 1 to 128 characters of A-Z a-z 0-9 . _ -" });
+    }
     let record = BulkTask { version: 1, bulk_id: bulk_id.to_owned(), task_token: task_token.to_owned(), written_ms: now_ms };
     let bytes = serde_json::to_vec(&record).expect("a bulk task serialises");
-    jobs.put(&layout::job_bulk_task(job), &bytes, PutCondition::Overwrite).map(drop)
+    jobs.put(&key, &bytes, PutCondition::Overwrite).map(drop)
 }
 
-/// The token waiting for `job`, if a bulk run wrote one.
-pub fn read_bulk_task(jobs: &dyn ObjectStore, job: &JobId) -> Result<Option<BulkTask>, BulkTaskError> {
-    let key = layout::job_bulk_task(job);
-    let bytes = match jobs.get(&key) {
+/// The token bulk run `bulk_id` left for `job`, if it wrote one.
+pub fn read_bulk_task(jobs: &dyn ObjectStore, job: &JobId, bulk_id: &str) -> Result<Option<BulkTask>, BulkTaskError> {
+    read_slot(jobs, job, &layout::job_bulk_task(job, bulk_id))
+}
+
+/// One slot, read as hostile: bounded, its record's bulk id the slot's, its token plausible.
+fn read_slot(jobs: &dyn ObjectStore, job: &JobId, key: &str) -> Result<Option<BulkTask>, BulkTaskError> {
+    let refused = |message: String| BulkTaskError::Record { key: key.to_owned(), message };
+    let bytes = match jobs.get_at_most(key, MAX_BULK_TASK_BYTES) {
         Ok(bytes) => bytes,
         Err(ObjectError::NotFound { .. }) => return Ok(None),
-        Err(source) => return Err(BulkTaskError::Object { key, source }),
+        Err(ObjectError::Rejected { message, .. }) => return Err(refused(message)),
+        Err(source) => return Err(BulkTaskError::Object { key: key.to_owned(), source }),
     };
-    serde_json::from_slice(&bytes).map(Some).map_err(|e| BulkTaskError::Record { key, message: e.to_string() })
+    let task: BulkTask = serde_json::from_slice(&bytes).map_err(|e| refused(e.to_string()))?;
+    let slot = layout::bulk_id_of_task_key(job, key).unwrap_or_default();
+    if task.version != 1 {
+        return Err(refused(format!("version {} (this code reads 1)", task.version)));
+    }
+    if task.bulk_id != slot || !is_valid_bulk_id(slot) {
+        return Err(refused(format!("names bulk run {:?}, not its slot's {slot:?}", task.bulk_id)));
+    }
+    if task.task_token.is_empty() || task.task_token.chars().count() > MAX_TASK_TOKEN_CHARS {
+        return Err(refused(format!("a task token of {} characters (1 to {MAX_TASK_TOKEN_CHARS})", task.task_token.chars().count())));
+    }
+    Ok(Some(task))
 }
 
 /// The task output of a committed job: its id and receipt key (informative; the aggregate step
@@ -214,21 +257,224 @@ pub fn complete_task(tokens: &dyn TaskTokens, task: &BulkTask, job: &JobId, end:
     result.map_err(|source| BulkTaskError::Workflow { bulk_id: task.bulk_id.clone(), source })
 }
 
-/// The host's side of the hand-off, called after the job's end is written: if a bulk run waits
-/// for `job`, completes its token. `None`: no run waits.
+/// What completing the tokens of the runs waiting for one job did.
+#[derive(Debug, Default)]
+pub struct BulkTaskCompletions {
+    /// Each run's bulk id and what completing its token did.
+    pub completed: Vec<(String, Completion)>,
+    /// Slots left alone: oversized, not a record, another run's record.
+    pub refused: Vec<BulkTaskError>,
+    /// More than [`MAX_BULK_TASKS_PER_JOB`] runs wait: the rest are left to their timeout.
+    pub truncated: bool,
+}
+
+/// The host's side of the hand-off, called after the job's end is written: completes the token
+/// of every bulk run waiting for `job` (at most [`MAX_BULK_TASKS_PER_JOB`]). A slot that fails
+/// to read or complete does not stop the others; the first such error is returned after all
+/// were tried, so a caller's retry finds the completed ones closed and tries the rest again.
+pub fn complete_bulk_tasks(
+    jobs: &dyn ObjectStore,
+    tokens: &dyn TaskTokens,
+    job: &JobId,
+    end: &JobEnd,
+) -> Result<BulkTaskCompletions, BulkTaskError> {
+    let prefix = layout::job_bulk_tasks_prefix(job);
+    let mut slots = jobs
+        .list_page(&prefix, None, MAX_BULK_TASKS_PER_JOB + 1)
+        .map_err(|source| BulkTaskError::Object { key: prefix.clone(), source })?;
+    let mut done = BulkTaskCompletions { truncated: slots.len() > MAX_BULK_TASKS_PER_JOB, ..Default::default() };
+    slots.truncate(MAX_BULK_TASKS_PER_JOB);
+    let mut first_error = None;
+    for meta in slots {
+        // The listed size refuses a planted giant before any read; the read is bounded anyway.
+        let task = if meta.size > MAX_BULK_TASK_BYTES {
+            Err(BulkTaskError::Record { key: meta.key.clone(), message: format!("{} bytes (at most {MAX_BULK_TASK_BYTES})", meta.size) })
+        } else {
+            read_slot(jobs, job, &meta.key)
+        };
+        let outcome = match task {
+            Ok(None) => continue,
+            Ok(Some(task)) => complete_task(tokens, &task, job, end).map(|c| done.completed.push((task.bulk_id, c))),
+            Err(e @ BulkTaskError::Record { .. }) => {
+                tracing::warn!(job = %job, error = %e, "bulk task slot left alone");
+                done.refused.push(e);
+                continue;
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = outcome {
+            first_error.get_or_insert(e);
+        }
+    }
+    if done.truncated {
+        tracing::warn!(job = %job, max = MAX_BULK_TASKS_PER_JOB, "more bulk runs wait for this job than one end completes; the rest time out");
+    }
+    match first_error {
+        Some(error) => Err(error),
+        None => Ok(done),
+    }
+}
+
+/// [`complete_bulk_tasks`], summed up for callers that log one outcome: `None` when no run
+/// waits, `Completed` when this call completed at least one token, else how the first was
+/// already closed.
 pub fn complete_bulk_task(
     jobs: &dyn ObjectStore,
     tokens: &dyn TaskTokens,
     job: &JobId,
     end: &JobEnd,
 ) -> Result<Option<Completion>, BulkTaskError> {
-    let Some(task) = read_bulk_task(jobs, job)? else { return Ok(None) };
-    complete_task(tokens, &task, job, end).map(Some)
+    let done = complete_bulk_tasks(jobs, tokens, job, end)?;
+    Ok(match done.completed.iter().find(|(_, c)| *c == Completion::Completed) {
+        Some((_, completed)) => Some(completed.clone()),
+        None => done.completed.into_iter().next().map(|(_, c)| c),
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::local::{DirObjectStore, LocalWorkflows, TokenOutcome};
+    use crate::{ObjectMeta, ObjectWriter};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The jobs store, counting the most bytes any one read returned.
+    struct Counting {
+        inner: DirObjectStore,
+        most_read: AtomicU64,
+    }
+
+    impl Counting {
+        fn read(&self, bytes: Result<Vec<u8>, ObjectError>) -> Result<Vec<u8>, ObjectError> {
+            if let Ok(b) = &bytes {
+                self.most_read.fetch_max(b.len() as u64, Ordering::Relaxed);
+            }
+            bytes
+        }
+    }
+
+    impl ObjectStore for Counting {
+        fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
+            self.inner.put(key, bytes, condition)
+        }
+        fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
+            self.inner.writer(key, condition)
+        }
+        fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
+            self.read(self.inner.get(key))
+        }
+        fn reader(&self, _: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
+            unimplemented!("the hand-off reads whole (bounded) objects only")
+        }
+        fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+            self.read(self.inner.read_range(key, offset, len))
+        }
+        fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
+            self.inner.head(key)
+        }
+        fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
+            self.inner.list(prefix)
+        }
+        fn delete(&self, key: &str) -> Result<(), ObjectError> {
+            self.inner.delete(key)
+        }
+    }
+
+    fn setup() -> (tempfile::TempDir, Counting, LocalWorkflows) {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = Counting { inner: DirObjectStore::open(dir.path().join("jobs")).unwrap(), most_read: AtomicU64::new(0) };
+        let workflows = LocalWorkflows::open(dir.path().join("workflows.db")).unwrap();
+        (dir, jobs, workflows)
+    }
+
+    const JOB: JobId = JobId([0x42; 16]);
+
+    /// Two bulk runs over the same shard wait for its job; the job's end reaches both (with
+    /// one slot per job the second run's token replaced the first's, which then waited 24 h).
+    #[test]
+    fn two_runs_waiting_for_one_job_both_hear_of_its_end() {
+        let (_dir, jobs, workflows) = setup();
+        let first = workflows.issue_token("run-1").unwrap();
+        write_bulk_task(&jobs, &JOB, "run-1", &first, 1).unwrap();
+        let second = workflows.issue_token("run-2").unwrap();
+        write_bulk_task(&jobs, &JOB, "run-2", &second, 2).unwrap();
+
+        let end = JobEnd::Failed { reason: "stream: chunk 3 does not authenticate".into() };
+        assert_eq!(complete_bulk_task(&jobs, &workflows, &JOB, &end).unwrap(), Some(Completion::Completed));
+        for token in [&first, &second] {
+            match workflows.outcome(token).unwrap() {
+                Some(TokenOutcome::Failed { error, cause }) => assert_eq!((error.as_str(), cause.as_str()), (JOB_FAILED_ERROR, "stream: chunk 3 does not authenticate")),
+                other => panic!("token {token} is {other:?}"),
+            }
+        }
+        // The end reported again (a duplicate delivery): both already closed, no error.
+        let again = complete_bulk_tasks(&jobs, &workflows, &JOB, &end).unwrap();
+        let closed = Completion::AlreadyClosed { code: "TaskTimedOut".into() };
+        assert_eq!(again.completed, [("run-1".to_owned(), closed.clone()), ("run-2".to_owned(), closed.clone())]);
+        assert_eq!(complete_bulk_task(&jobs, &workflows, &JOB, &end).unwrap(), Some(closed));
+        // A retried await step of one run replaces only that run's token.
+        let retried = workflows.issue_token("run-2").unwrap();
+        write_bulk_task(&jobs, &JOB, "run-2", &retried, 3).unwrap();
+        assert_eq!(read_bulk_task(&jobs, &JOB, "run-1").unwrap().unwrap().task_token, first);
+        assert_eq!(read_bulk_task(&jobs, &JOB, "run-2").unwrap().unwrap().task_token, retried);
+        assert_eq!(complete_bulk_task(&jobs, &workflows, &JOB, &JobEnd::Committed).unwrap(), Some(Completion::Completed));
+        assert!(matches!(workflows.outcome(&retried).unwrap(), Some(TokenOutcome::Succeeded { .. })));
+        // No run waits for another job.
+        assert_eq!(complete_bulk_task(&jobs, &workflows, &JobId([7; 16]), &JobEnd::Committed).unwrap(), None);
+    }
+
+    /// Slots only the await step's role may write, planted anyway (an operator's mistake, a
+    /// leaked role): a giant is refused from its listed size (and by a bounded read when read
+    /// by name), a record naming another run, an empty or overlong token and garbage are each
+    /// left alone by key, and the genuine run beside them is completed.
+    #[test]
+    fn planted_slots_are_read_bounded_and_left_alone() {
+        let (_dir, jobs, workflows) = setup();
+        let genuine = workflows.issue_token("run-ok").unwrap();
+        write_bulk_task(&jobs, &JOB, "run-ok", &genuine, 1).unwrap();
+        let plant = |bulk_id: &str, bytes: &[u8]| {
+            jobs.inner.put(&layout::job_bulk_task(&JOB, bulk_id), bytes, PutCondition::Overwrite).unwrap();
+        };
+        let record = |bulk_id: &str, token: &str| serde_json::to_vec(&BulkTask { version: 1, bulk_id: bulk_id.into(), task_token: token.into(), written_ms: 1 }).unwrap();
+        let giant = vec![b' '; 8 << 20];
+        plant("a-giant", &giant);
+        plant("b-other", &record("run-ok", &genuine));
+        plant("c-empty", &record("c-empty", ""));
+        plant("d-long", &record("d-long", &"t".repeat(MAX_TASK_TOKEN_CHARS + 1)));
+        plant("e-garbage", b"{not json");
+
+        let done = complete_bulk_tasks(&jobs, &workflows, &JOB, &JobEnd::Committed).unwrap();
+        assert_eq!(done.completed, [("run-ok".to_owned(), Completion::Completed)]);
+        let refused: Vec<String> = done.refused.iter().map(|e| match e {
+            BulkTaskError::Record { key, .. } => layout::bulk_id_of_task_key(&JOB, key).unwrap().to_owned(),
+            other => panic!("{other}"),
+        }).collect();
+        assert_eq!(refused, ["a-giant", "b-other", "c-empty", "d-long", "e-garbage"]);
+        assert!(jobs.most_read.load(Ordering::Relaxed) <= MAX_BULK_TASK_BYTES, "{:?}", jobs.most_read);
+        // Read by name (no listing to size it first): one ranged read of the limit + 1.
+        let by_name = read_bulk_task(&jobs, &JOB, "a-giant").unwrap_err();
+        assert!(matches!(&by_name, BulkTaskError::Record { message, .. } if message.contains("4096 bytes")), "{by_name}");
+        assert_eq!(jobs.most_read.load(Ordering::Relaxed), MAX_BULK_TASK_BYTES + 1);
+        // A bulk id that could not name a slot is refused before any write.
+        assert!(matches!(write_bulk_task(&jobs, &JOB, "../x", "t", 1), Err(ObjectError::InvalidKey { .. })));
+    }
+
+    /// One job's end completes at most MAX_BULK_TASKS_PER_JOB tokens, whoever filled the slots.
+    #[test]
+    fn one_jobs_end_completes_a_bounded_number_of_tokens() {
+        let (_dir, jobs, workflows) = setup();
+        let tokens: Vec<String> = (0..=MAX_BULK_TASKS_PER_JOB)
+            .map(|i| {
+                let token = workflows.issue_token("many").unwrap();
+                write_bulk_task(&jobs, &JOB, &format!("run-{i:03}"), &token, 1).unwrap();
+                token
+            })
+            .collect();
+        let done = complete_bulk_tasks(&jobs, &workflows, &JOB, &JobEnd::Committed).unwrap();
+        assert!(done.truncated);
+        assert_eq!(done.completed.len(), MAX_BULK_TASKS_PER_JOB);
+        assert_eq!(workflows.outcome(tokens.last().unwrap()).unwrap(), None, "the slot past the bound waits for its timeout");
+    }
 
     #[test]
     fn causes_are_cut_on_a_character_boundary() {

@@ -124,7 +124,7 @@ impl Runner {
                 let mut env = LocalEnv { runner: self, execution: id.to_owned(), stop };
                 let definition = definition(LOCAL_BUCKET);
                 // A construct the interpreter lacks panics; the execution fails instead of the runtime.
-                std::panic::catch_unwind(AssertUnwindSafe(|| Run::new(&mut env, id).machine(&definition, input))).unwrap_or_else(|panic| {
+                std::panic::catch_unwind(AssertUnwindSafe(|| Run::new(&mut env, id).execute(&definition, input))).unwrap_or_else(|panic| {
                     let cause = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()));
                     Ending::Failed { error: "States.Runtime".into(), cause: cause.unwrap_or_else(|| "the interpreter panicked".into()) }
                 })

@@ -1,7 +1,7 @@
 //! The Step Functions adapter (`cloud::aws::SfnWorkflow`) against the AWS emulator: executions
 //! started and described, task tokens completed with SendTaskSuccess / SendTaskFailure, a
 //! second completion reported as closed rather than failed, and the host's side of the
-//! bulk-task hand-off over the emulator's S3.
+//! bulk-task hand-off over the emulator's S3 (every waiting run's slot listed and completed).
 //!
 //! What moto does and does not do here: its Step Functions execute states only after
 //! `POST /moto-api/config {"stepfunctions":{"execute_state_machine":true}}` (this test sends
@@ -17,7 +17,7 @@ use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
 use cloud::aws::{AwsClients, SfnWorkflow};
-use cloud::workflow::{complete_bulk_task, write_bulk_task, JobEnd};
+use cloud::workflow::{complete_bulk_task, complete_bulk_tasks, write_bulk_task, JobEnd};
 use cloud::{Completion, ExecutionStatus, Executions, ObjectStore, Queue, TaskTokens, WorkflowError};
 use protocol::envelope::JobId;
 use serde_json::{json, Value};
@@ -157,7 +157,7 @@ fn aws_a_host_completes_the_token_a_bulk_run_left_under_the_job() {
     let execution = workflow.start(&unique_prefix("host"), &input.to_string()).unwrap();
     let token = token_for(&clients, &queue_url, &input);
     write_bulk_task(&jobs, &job, "b-host", &token, cloud::now_ms()).unwrap();
-    assert!(jobs.head(&cloud::layout::job_bulk_task(&job)).unwrap().is_some());
+    assert!(jobs.head(&cloud::layout::job_bulk_task(&job, "b-host")).unwrap().is_some());
     assert_eq!(complete_bulk_task(&jobs, &host, &job, &JobEnd::Committed).unwrap(), Some(Completion::Completed));
     let done = ended(&workflow, &execution);
     assert_eq!(done.status, ExecutionStatus::Succeeded);
@@ -165,6 +165,37 @@ fn aws_a_host_completes_the_token_a_bulk_run_left_under_the_job() {
     assert_eq!(output, json!({"job_id": job.to_hex(), "receipt_key": cloud::layout::job_receipt(&job)}));
     // Again (a duplicate delivery): closed, not an error.
     assert!(matches!(complete_bulk_task(&jobs, &host, &job, &JobEnd::Committed).unwrap(), Some(Completion::AlreadyClosed { .. })));
+}
+
+/// Two bulk runs wait for the same job (each left its token in its own slot); the host that
+/// ends the job lists the slots over the emulator's S3 and completes both executions.
+#[test]
+fn aws_a_jobs_end_completes_every_bulk_run_waiting_for_it() {
+    let Some(endpoint) = endpoint() else { return };
+    execute_state_machines(&endpoint);
+    let clients = clients(&endpoint);
+    let outputs = fresh_stack(&clients, "sf2", 5);
+    let jobs = clients.object_store(&outputs.values["JobsBucketName"], "");
+    let (machine, queue_url) = waiting_machine(&clients, "sf2", 300);
+    let workflow = clients.step_functions(Some(&machine));
+    let host = clients.step_functions(None);
+
+    let job = JobId([0x2b; 16]);
+    let executions: Vec<String> = ["b-first", "b-second"]
+        .into_iter()
+        .map(|bulk_id| {
+            let input = json!({"bulk_id": bulk_id});
+            let execution = workflow.start(&unique_prefix(bulk_id), &input.to_string()).unwrap();
+            write_bulk_task(&jobs, &job, bulk_id, &token_for(&clients, &queue_url, &input), cloud::now_ms()).unwrap();
+            execution
+        })
+        .collect();
+    let done = complete_bulk_tasks(&jobs, &host, &job, &JobEnd::Committed).unwrap();
+    let runs: Vec<(&str, &Completion)> = done.completed.iter().map(|(b, c)| (b.as_str(), c)).collect();
+    assert_eq!(runs, [("b-first", &Completion::Completed), ("b-second", &Completion::Completed)]);
+    for execution in &executions {
+        assert_eq!(ended(&workflow, execution).status, ExecutionStatus::Succeeded, "{execution}");
+    }
 }
 
 #[test]

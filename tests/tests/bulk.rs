@@ -92,7 +92,7 @@ fn local_bulk_end_to_end() {
     let job = shards[1]["job_id"].as_str().unwrap();
     stack.ok(&["verify", job]);
     // The hand-off object the await step wrote (the token is host-visible, never a secret).
-    let task = stack.home().join("objects/jobs/jobs").join(job).join("bulk-task.json");
+    let task = stack.home().join("objects/jobs/jobs").join(job).join("bulk-tasks").join(format!("{bulk_id}.json"));
     assert_eq!(json(&std::fs::read_to_string(&task).unwrap())["bulk_id"], bulk_id.as_str());
 
     // The same results again, as one npy matrix.

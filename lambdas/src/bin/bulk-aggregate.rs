@@ -1,7 +1,8 @@
 #![forbid(unsafe_code)]
-//! `bulk-aggregate`: the bulk workflow's last step (`lambdas::bulk::aggregate`): verifies
-//! every committed shard's receipt and writes `bulk/<bulk_id>/manifest.json`. Input
-//! `{bulk_id, bucket, prefix, results}`, output `{manifest_key, committed, timed_out}`.
+//! `bulk-aggregate`: the bulk workflow's last step (`lambdas::bulk::aggregate`): reads the
+//! run's listing back from `bulk/<bulk_id>/shards.json`, verifies every shard's receipt and
+//! writes `bulk/<bulk_id>/manifest.json`. Input `{bulk_id, bucket, prefix, outcomes}` (one word
+//! per listed shard), output `{manifest_key, committed, timed_out, failed}`.
 //!
 //! Environment: `EPHEM_JOBS_BUCKET`; `EPHEM_ATTESTATIONS_BUCKET` (the documents receipts
 //! name); the signed policies receipts' documents must satisfy (`lambdas::policies`:

@@ -1,11 +1,12 @@
 #![forbid(unsafe_code)]
 //! `bulk-await-shard`: the bulk workflow's Map item task (`lambdas::bulk::await_shard`), run as
-//! `lambda:invoke.waitForTaskToken`: writes the task token to `jobs/<job_id>/bulk-task.json`,
-//! then completes it itself if the job already ended (else the host that ends the job does).
+//! `lambda:invoke.waitForTaskToken`: writes the task token to the run's own slot
+//! `jobs/<job_id>/bulk-tasks/<bulk_id>.json`, then completes it itself if the job already ended
+//! (else whoever ends the job does).
 //! Input `{bulk_id, bucket, key, job_id, task_token}`, output `{job_id, state}` (ignored by
 //! the workflow).
 //!
-//! Environment: `EPHEM_JOBS_BUCKET`. Calls S3 (PutObject `jobs/*/bulk-task.json`, GetObject
+//! Environment: `EPHEM_JOBS_BUCKET`. Calls S3 (PutObject `jobs/*/bulk-tasks/*`, GetObject
 //! `jobs/*/receipt.cose` and `jobs/*/status.json`) and Step Functions (SendTaskSuccess,
 //! SendTaskFailure).
 

@@ -1,6 +1,7 @@
 #![forbid(unsafe_code)]
 //! `bulk-list-shards`: the bulk workflow's first step (`lambdas::bulk::list_shards`).
-//! Input `{bulk_id, bucket, prefix}`, output `{shards: [{key, job_id}], shard_count}`.
+//! Input `{bulk_id, bucket, prefix}`, output `{shards: [{key, job_id}], shard_count}`; writes
+//! the listing once (If-None-Match) to `bulk/<bulk_id>/shards.json`.
 //!
 //! Environment: `EPHEM_JOBS_BUCKET`, `EPHEM_STORE_PREFIXES`.
 
