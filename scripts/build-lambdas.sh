@@ -2,7 +2,7 @@
 # Builds the Lambda binaries of crate lambdas/ for the provided.al2023 runtime (x86_64) and
 # writes target/lambda/<name>/bootstrap.zip for each, where the CDK app takes them
 # (cdk/lib/lambda-code.ts):
-#   on-upload ledger-append fleet-rotate bulk-list-shards bulk-await-shard bulk-aggregate
+#   on-upload ledger-append fleet-rotate bulk-list-shards bulk-await-shard bulk-aggregate job-dead-letter
 #
 # With cargo-lambda (installed from PyPI into .ephem/venv-lambda on first use) the build is
 #   cargo lambda build --release --compiler cargo --output-format zip -p lambdas
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-NAMES=(on-upload ledger-append fleet-rotate bulk-list-shards bulk-await-shard bulk-aggregate)
+NAMES=(on-upload ledger-append fleet-rotate bulk-list-shards bulk-await-shard bulk-aggregate job-dead-letter)
 OUT=target/lambda
 VENV=.ephem/venv-lambda
 mode=${1:-auto}

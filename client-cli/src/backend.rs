@@ -159,21 +159,16 @@ pub fn ledger_dir(home: &Home, args: &BackendArgs) -> PathBuf {
 }
 
 /// Opens the local cloud and subscribes `on-upload` to `jobs/…/input.sealed` and to sealed
-/// shards under the local store prefix (`stores/…`), as the deployment's two notifications do.
+/// shards under the local store prefix (`stores/…`), as the deployment's two notifications do;
+/// an upload it gives up on goes to its on-failure queue (`upload-failures`).
 pub fn open_local(home: &Home) -> anyhow::Result<(Services, LocalCloud)> {
     let local = LocalCloud::open(home.root()).with_context(|| format!("opening the local cloud in {}", home.root().display()))?;
     let services = local.services();
     let config = lambdas::on_upload::Config::from_list(cloud::local::STORE_PREFIX);
     for (prefix, suffix) in [(layout::JOBS_PREFIX, layout::INPUT_SUFFIX), (cloud::local::STORE_PREFIX, lambdas::on_upload::SHARD_SUFFIX)] {
-        let (for_handler, config) = (services.clone(), config.clone());
-        local.jobs_store().set_created_hook(
-            prefix,
-            suffix,
-            Arc::new(move |meta: &cloud::ObjectMeta| {
-                let event = lambdas::on_upload::object_created_event("jobs", &meta.key, meta.size, &meta.etag);
-                lambdas::on_upload::handle_with(&event, &for_handler, &config).map(drop).map_err(|e| e.to_string())
-            }),
-        );
+        let delays = lambdas::local::UPLOAD_RETRY_DELAYS.to_vec();
+        let hook = lambdas::local::on_upload_hook(services.clone(), config.clone(), local.upload_failures(), delays);
+        local.jobs_store().set_created_hook(prefix, suffix, hook);
     }
     Ok((services, local))
 }

@@ -4,7 +4,8 @@
 //! measurement, a fleet-key epoch, the encrypted and signed default model, a development policy —
 //! and starts what is not running: `host-poller` (which starts and supervises `enclave-worker`)
 //! and the local Lambda runtime (`ephem-batch dev run-lambdas`: the ledger queue's event source
-//! for `ledger-append`, the input-expiry lifecycle rule, and the bulk workflow's executions).
+//! for `ledger-append`, the event sources of `job-dead-letter` (on-upload's failures, the jobs
+//! DLQ), the input-expiry lifecycle rule, and the bulk workflow's executions).
 //! One pid file per process in `run/`, one log per process in `logs/`.
 //!
 //! With `--backend aws` (against an emulator: see [`aws`]) `up` does the same over S3 and SQS:
@@ -395,6 +396,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
             let dlqs: DeadLetters = vec![
                 (cloud::local::JOB_DLQ.to_owned(), local.job_dlq()),
                 (cloud::local::LEDGER_DLQ.to_owned(), local.ledger_dlq()),
+                (cloud::local::UPLOAD_FAILURES.to_owned(), local.upload_failures()),
             ];
             (local.services(), dlqs)
         }
@@ -473,8 +475,8 @@ pub fn home_policies(home: &Home) -> anyhow::Result<(TrustAnchor, receipts_ledge
     Ok((anchor, set))
 }
 
-/// The local Lambda runtime: the ledger queue's event source, the input-expiry rule, and the
-/// stand-in for Step Functions that runs bulk workflows, until SIGTERM.
+/// The local Lambda runtime: the event sources of the ledger queue and of `job-dead-letter`, the
+/// input-expiry rule, and the stand-in for Step Functions that runs bulk workflows, until SIGTERM.
 pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()> {
     use receipts_ledger::local::LocalLedger;
 
@@ -515,6 +517,12 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
             Err(error) => {
                 tracing::warn!(%error, "ledger queue");
                 std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        let config = lambdas::on_upload::Config::from_list(cloud::local::STORE_PREFIX);
+        for queue in [local.upload_failures(), local.job_dlq()] {
+            if let Err(error) = lambdas::local::pump_dead_letters(&services, &config, queue.as_ref(), Duration::ZERO) {
+                tracing::warn!(%error, queue = cloud::Queue::name(queue.as_ref()), "dead letters");
             }
         }
         if last_expiry.elapsed() > Duration::from_secs(5) {

@@ -50,8 +50,10 @@ pub fn until_done(services: &Services, job: &JobId, records: u64, timeout: Durat
             }
             JobState::Failed => {
                 bar.abandon();
-                let failure = view.status.and_then(|s| s.failure).map(|f| format!("check `{}`: {}", f.check, f.message));
-                bail!("job {job} failed: {}", failure.unwrap_or_else(|| "no reason recorded".into()));
+                let failure = view.status.and_then(|s| s.failure);
+                let hint = failure.as_ref().and_then(|f| unprocessed_hint(&f.check)).map(|h| format!("\n{h}")).unwrap_or_default();
+                let reason = failure.map(|f| format!("check `{}`: {}", f.check, f.message));
+                bail!("job {job} failed: {}{hint}", reason.unwrap_or_else(|| "no reason recorded".into()));
             }
             JobState::Cancelled => {
                 bar.abandon();
@@ -77,6 +79,19 @@ pub fn until_done(services: &Services, job: &JobId, records: u64, timeout: Durat
     Ok(())
 }
 
+/// What a tenant can do about a job the deployment ended before any host finished it.
+fn unprocessed_hint(check: &str) -> Option<&'static str> {
+    match check {
+        lambdas::dead_letter::UPLOAD_UNPROCESSED => {
+            Some("the deployment never queued this upload (its operator is alerted); nothing was processed: submit the input again later")
+        }
+        lambdas::dead_letter::DEAD_LETTERED => {
+            Some("no host finished this job before the queue gave up on it; nothing was returned: submit the input again later")
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +109,28 @@ mod tests {
         let timed_out = error.downcast_ref::<WaitTimedOut>().expect("a WaitTimedOut");
         assert_eq!(timed_out.state, "queued");
         assert!(error.to_string().contains("ephem-batch status 03030303"), "{error}");
+    }
+
+    /// A job the dead-letter consumer ended: the wait returns at once, naming the check, what
+    /// on-upload said, and what to do.
+    #[test]
+    fn a_job_ended_unprocessed_ends_the_wait_with_the_check() {
+        use cloud::messages::Failure;
+        let dir = tempfile::tempdir().unwrap();
+        let services = cloud::local::LocalCloud::open(dir.path()).unwrap().services();
+        let job = JobId([4; 16]);
+        services.jobs.put(&cloud::layout::job_input(&job), b"sealed", cloud::PutCondition::CreateOnly).unwrap();
+        let marked = lambdas::dead_letter::mark_failed(
+            services.jobs.as_ref(),
+            &job,
+            Failure { check: "upload_unprocessed".into(), message: "on-upload gave up after 3 invocation(s) (RetriesExhausted): queue unavailable".into() },
+        )
+        .unwrap();
+        assert_eq!(marked, lambdas::dead_letter::Marked::Failed);
+        let started = Instant::now();
+        let error = until_done(&services, &job, 10, Duration::from_secs(60)).unwrap_err().to_string();
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert!(error.contains("check `upload_unprocessed`: on-upload gave up"), "{error}");
+        assert!(error.contains("submit the input again"), "{error}");
     }
 }

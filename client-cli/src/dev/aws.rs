@@ -11,7 +11,8 @@
 //!
 //! What stands in for what AWS runs: the jobs bucket notifies an SQS queue instead of the
 //! `on-upload` Lambda, and [`pump`] calls the real handlers — `on-upload` with the S3 event
-//! the emulator delivered, and the `ledger-append` function the Lambda binary serves
+//! the emulator delivered (an event it gives up on goes, as Lambda's failure record, to
+//! `job-dead-letter`, which also consumes the jobs DLQ), and the `ledger-append` function the Lambda binary serves
 //! ([`LedgerFunction`]: the ledger on S3 in the tlog-tiles layout, its SQLite index a cache)
 //! with the SQS event Lambda's event source would build from the ledger queue. KMS is the local
 //! one: the emulator's KMS ignores `Recipient` and has no `GenerateDataKeyPair*`; for the same
@@ -151,7 +152,7 @@ pub fn start_pump(home: &Home, backend: &BackendArgs) -> anyhow::Result<()> {
 }
 
 /// `dev aws-pump`: until SIGTERM (or once), S3 upload events → `on-upload`, ledger queue →
-/// `ledger-append`.
+/// `ledger-append`, jobs DLQ → `job-dead-letter`.
 pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -185,7 +186,14 @@ pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Resu
                 0
             }
         };
-        if stop.load(Ordering::Relaxed) || (args.once && uploads == 0 && appended == 0) {
+        let dead = match cloud.job_dlq() {
+            Some(dlq) => pump_dead_letters(&dlq, &services, &config, Duration::ZERO).unwrap_or_else(|error| {
+                tracing::warn!(error = format!("{error:#}"), "jobs DLQ");
+                0
+            }),
+            None => 0,
+        };
+        if stop.load(Ordering::Relaxed) || (args.once && uploads == 0 && appended == 0 && dead == 0) {
             break;
         }
         if round.elapsed() < Duration::from_millis(100) {
@@ -237,9 +245,14 @@ pub fn pump_uploads(
                 handled += 1;
             }
             // An infrastructure failure: tried again, as Lambda retries an asynchronous
-            // invocation twice and then drops the event.
+            // invocation twice and then sends the failure record to the function's on-failure
+            // destination, whose consumer (`job-dead-letter`) ends the job.
             Err(error) if message.receive_count >= UPLOAD_EVENT_TRIES => {
-                tracing::error!(%error, tries = UPLOAD_EVENT_TRIES, "on-upload failed; event dropped");
+                tracing::error!(%error, tries = UPLOAD_EVENT_TRIES, "on-upload gave up; the failure record goes to job-dead-letter");
+                let record = lambdas::dead_letter::failure_record(&event, "RetriesExhausted", UPLOAD_EVENT_TRIES, &error.to_string());
+                for outcome in lambdas::dead_letter::handle_body(&record, services, config)? {
+                    tracing::warn!(?outcome, "job-dead-letter");
+                }
                 events.delete(&message.receipt_handle)?;
             }
             Err(error) => {
@@ -322,6 +335,35 @@ pub fn pump_ledger(queue: &SqsQueue, function: &LedgerFunction, wait: Duration) 
     for (_, why) in queue.delete_batch(&done)? {
         // Appended already; the redelivery is a no-op for the ledger (one entry per job).
         tracing::warn!(why, "ledger message not deleted");
+    }
+    Ok(done.len())
+}
+
+/// One batch of the jobs DLQ through `job-dead-letter`, as its event source runs it: what
+/// succeeded is deleted, what failed returns after a short delay.
+pub fn pump_dead_letters(
+    queue: &SqsQueue,
+    services: &Services,
+    config: &lambdas::on_upload::Config,
+    wait: Duration,
+) -> anyhow::Result<usize> {
+    let batch = queue.receive_lambda_batch(BATCH, wait, Duration::from_secs(60))?;
+    if batch.messages.is_empty() {
+        return Ok(0);
+    }
+    let event = serde_json::from_value(batch.event).context("the SQS event shape")?;
+    let response = lambdas::dead_letter::handle(&event, services, config);
+    let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+    let mut done = Vec::new();
+    for message in &batch.messages {
+        if failed.contains(&message.message_id.as_str()) {
+            queue.change_visibility(&message.receipt_handle, RETRY_AFTER)?;
+        } else {
+            done.push(message.receipt_handle.clone());
+        }
+    }
+    for (_, why) in queue.delete_batch(&done)? {
+        tracing::warn!(why, "dead letter not deleted; handling it again is harmless");
     }
     Ok(done.len())
 }
