@@ -6,38 +6,54 @@
 //! binding of the receipt key, the receipt signature, and that the document's measurements
 //! satisfy one of the publisher-signed policies the function was given ([`crate::policies`]);
 //! the ledger holds at most one entry per job, so a re-delivered message is a no-op. After the
-//! append, `jobs/<id>/ledgered.json` records the index (the input-expiry rule keys off it).
+//! append, `jobs/<id>/ledger-proof.json` (the entry's proof bundle) and then
+//! `jobs/<id>/ledgered.json` (the index; the input-expiry rule keys off it) are written.
 //!
-//! A refusal is terminal: the same bytes fail the same way every time, so the message is
-//! acknowledged (and logged with the failed check) instead of being retried — in a FIFO queue
-//! with one group a retried message would hold back every receipt behind it. Nothing refused
-//! takes the job's slot, so the genuine receipt is appended when it comes. Only infrastructure
-//! failures (the store, the jobs bucket) are reported back to the queue.
+//! Any host can send to the queue, and in a FIFO queue with one group a message that is not
+//! done holds back every receipt behind it. So each message gets one [`Verdict`], by [`Fate`]:
 //!
-//! [`LedgerFunction`] is the whole function — the ledger on S3 (C2SP tlog-tiles, its SQLite
-//! index as a cache) behind [`handle_with`] and the metrics — which the `lambda_runtime` binary
-//! serves and `ephem-batch dev aws-pump` invokes against an emulator.
+//! * **refused** (malformed, a failed check but `policy`, another receipt for a held job): the
+//!   same bytes fail the same way every time, so it is acknowledged and logged with its check;
+//!   nothing refused takes the job's slot;
+//! * **held** (`policy`: no allowed policy admits the image — a squatter, or a new image whose
+//!   policy is not uploaded yet): dead-lettered at once, not retried, so that after the operator
+//!   uploads the policy `ephem-batch ledger redrive` appends it ([`redrive`]);
+//! * **retried** (the stores, the jobs bucket, a panic): back to the queue after a short backoff
+//!   chosen from its `ApproximateReceiveCount` ([`RetryBudget`]); on its last receive the delay
+//!   is zero, so the queue's redrive policy dead-letters it at once. A poison message leaves
+//!   the group within seconds, not after the visibility timeouts.
+//!
+//! Lambda's event source neither changes visibility nor dead-letters by itself, so
+//! [`settle`] does both through the `cloud` queue port, and returns what stays in the queue.
+//! [`LedgerFunction`] is the whole function (the ledger on S3, C2SP tlog-tiles with its SQLite
+//! index as a cache), which the `lambda_runtime` binary serves and `ephem-batch dev aws-pump`
+//! invokes against an emulator.
 
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+mod function;
+mod redrive;
+#[cfg(test)]
+mod tests;
 
-use receipts_ledger::PolicySet;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
 use base64::Engine as _;
-use cloud::aws::AwsClients;
 use cloud::layout;
 use cloud::messages::{LedgerMessage, Ledgered};
-use cloud::{ObjectStore, PutCondition};
-use protocol::attestation::TrustAnchor;
+use cloud::{ObjectStore, PutCondition, Queue, SendOptions};
 use protocol::envelope::JobId;
-use receipts_ledger::store::tiles::{cache_file, layout::Layout, TileOptions};
 use receipts_ledger::{
-    AppendOutcome, AppendRequest, CheckpointPolicy, IndexedFields, Ledger, LedgerStore, NoteSigner, ProtocolReceipts,
-    ReceiptCheck, TileStore, VerifierKey,
+    AppendOutcome, AppendRequest, BundleError, IndexedFields, Ledger, LedgerStore, ReceiptCheck, StoreError, TileError,
 };
 
-use crate::shell::{self, ShellError};
+pub use function::{queues_of, FunctionConfig, FunctionError, LedgerFunction, DEFAULT_CACHE_DIR};
+pub use redrive::{redrive, RedriveError, RedriveReport};
+
+/// The group receipts travel in (the hosts', `host_poller::LEDGER_GROUP`); what a dead-lettered
+/// message without one is sent back into.
+pub const LEDGER_GROUP: &str = "ledger";
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {
@@ -60,24 +76,43 @@ pub enum AppendError {
     OtherReceipt { job: String, index: u64 },
     #[error("ledger: {0}")]
     Ledger(#[from] receipts_ledger::LedgerError),
+    #[error("the job's ledger proof: {0}")]
+    Proof(#[from] BundleError),
     #[error("jobs store: {0}")]
     Object(#[from] cloud::ObjectError),
+    /// A bug met by these bytes; retried like a failing store, so it leaves the group soon.
+    #[error("the append panicked: {0}")]
+    Panicked(String),
+}
+
+/// What a failure means for its message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// It can never be appended as it is: acknowledged, logged, never retried.
+    Refused,
+    /// Refused until the operator acts (check `policy`): dead-lettered at once.
+    Held,
+    /// It may pass (a store failing): retried within the message's budget.
+    Retry,
 }
 
 impl AppendError {
-    /// Whether the message can never be appended as it is (retrying changes nothing).
-    pub fn is_refusal(&self) -> bool {
+    pub fn fate(&self) -> Fate {
         use receipts_ledger::LedgerError as L;
         match self {
-            Self::Ledger(L::ReceiptRejected { .. } | L::FieldMismatch { .. } | L::InvalidField { .. }) => true,
-            Self::Ledger(_) | Self::Object(_) => false,
-            Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobId(_) | Self::Receipt(_) | Self::JobMismatch { .. } => true,
-            Self::OtherReceipt { .. } => true,
+            Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobId(_) | Self::JobMismatch { .. } => Fate::Refused,
+            Self::OtherReceipt { .. } => Fate::Refused,
+            Self::Receipt(_) | Self::Ledger(L::ReceiptRejected { .. }) if self.check() == "policy" => Fate::Held,
+            Self::Receipt(_) | Self::Ledger(L::ReceiptRejected { .. } | L::FieldMismatch { .. } | L::InvalidField { .. }) => {
+                Fate::Refused
+            }
+            Self::Ledger(L::Store(store)) => store_fate(store),
+            Self::Ledger(L::Proof(_) | L::BeyondEnd { .. }) | Self::Proof(_) | Self::Object(_) | Self::Panicked(_) => Fate::Retry,
         }
     }
 
     /// The failed check's name (`policy`, `receipt_signature`, …; `message` for a malformed
-    /// message, `store` for an infrastructure failure).
+    /// message, `store` for an infrastructure failure, `panic` for a bug).
     pub fn check(&self) -> &str {
         use receipts_ledger::LedgerError as L;
         let named = |reason: &str| -> &'static str {
@@ -93,24 +128,135 @@ impl AppendError {
             Self::JobMismatch { .. } => "job_id",
             Self::OtherReceipt { .. } => "other_receipt",
             Self::Ledger(L::FieldMismatch { .. } | L::InvalidField { .. }) => "fields",
+            Self::Ledger(L::Store(store)) if store_fate(store) == Fate::Refused => "receipt_size",
             Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobId(_) => "message",
-            Self::Ledger(_) | Self::Object(_) => "store",
+            Self::Panicked(_) => "panic",
+            Self::Ledger(_) | Self::Proof(_) | Self::Object(_) => "store",
         }
     }
 }
 
-/// What became of one message.
+/// A store error caused by the request's own bytes is final; any other is the store's.
+fn store_fate(error: &StoreError) -> Fate {
+    match error {
+        StoreError::TooLarge { .. } | StoreError::Field(_) | StoreError::IntegerRange { .. } => Fate::Refused,
+        StoreError::Tiles(tile) if matches!(**tile, TileError::EntryTooLarge { .. }) => Fate::Refused,
+        _ => Fate::Retry,
+    }
+}
+
+/// How often a message is tried before it leaves the group: the queue's `maxReceiveCount`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryBudget {
+    pub max_receives: u32,
+}
+
+/// Delays before the 2nd, 3rd, … receive of a message that failed (the last one repeats).
+pub const RETRY_BACKOFF: [Duration; 2] = [Duration::from_secs(2), Duration::from_secs(8)];
+
+impl RetryBudget {
+    /// A queue whose redrive limit is unknown: backoff only.
+    pub const UNKNOWN: RetryBudget = RetryBudget { max_receives: u32::MAX };
+
+    /// How long a message that failed on its `receive_count`-th receive stays hidden: zero once
+    /// the budget is spent, so the queue dead-letters it at the next receive.
+    pub fn after(&self, receive_count: u32) -> Duration {
+        if receive_count >= self.max_receives {
+            return Duration::ZERO;
+        }
+        let step = receive_count.saturating_sub(1) as usize;
+        RETRY_BACKOFF[step.min(RETRY_BACKOFF.len() - 1)]
+    }
+}
+
+/// What the event source is to do with one message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Appended, already held, or refused for good: deleted.
+    Done,
+    /// Refused until the operator acts: moved to the dead-letter queue now.
+    DeadLetter,
+    /// Back to the queue, visible again after `after`.
+    Retry { after: Duration },
+}
+
+/// One message and its verdict.
+#[derive(Debug)]
+pub struct Handled<'e> {
+    pub message: &'e SqsMessage,
+    pub verdict: Verdict,
+}
+
+/// What became of one message (for metrics and tests).
 #[derive(Debug)]
 pub enum Outcome<'a> {
     /// Newly appended (not for a job the ledger already held).
     Appended(&'a IndexedFields),
     /// Refused for good: acknowledged, never appended.
     Refused { message_id: &'a str, error: &'a AppendError },
+    /// Refused until the operator acts: dead-lettered.
+    Held { message_id: &'a str, error: &'a AppendError },
+    /// Failed; tried again after `after`.
+    Retried { message_id: &'a str, error: &'a AppendError, after: Duration },
 }
 
-/// Appends every message of the batch; the response lists the ones that failed for a reason
-/// that may pass (they return to the queue and, after the redrive limit, go to the dead-letter
-/// queue). Refused messages are not listed: they are done.
+/// Appends every message of the batch and gives each its [`Verdict`]. Every message is tried:
+/// one that fails does not keep the ones after it out of the ledger (the ledger's order is its
+/// own; the queue's only decides who waits).
+pub fn process<'e, S: LedgerStore>(
+    event: &'e SqsEvent,
+    ledger: &mut Ledger<S>,
+    check: &dyn ReceiptCheck,
+    jobs: &dyn ObjectStore,
+    now_ms: u64,
+    budget: RetryBudget,
+    outcome: &mut dyn FnMut(Outcome<'_>),
+) -> Vec<Handled<'e>> {
+    let mut handled = Vec::with_capacity(event.records.len());
+    for message in &event.records {
+        let mut appended = |fields: &IndexedFields| outcome(Outcome::Appended(fields));
+        // A panic is a bug these bytes met; it must not take the batch (and the group) with it.
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| append_one(message, ledger, check, jobs, now_ms, &mut appended)))
+            .unwrap_or_else(|panic| Err(AppendError::Panicked(panic_text(panic.as_ref()))));
+        let id = message.message_id.as_deref().unwrap_or_default();
+        let verdict = match result {
+            Ok(_) => Verdict::Done,
+            Err(error) => match error.fate() {
+                Fate::Refused => {
+                    tracing::warn!(message = %id, check = error.check(), %error, "receipt refused for good; not retried");
+                    outcome(Outcome::Refused { message_id: id, error: &error });
+                    Verdict::Done
+                }
+                Fate::Held => {
+                    tracing::error!(alarm = "ledger_receipt_held", message = %id, check = error.check(), %error,
+                        "receipt held for the operator; dead-lettered (ephem-batch ledger redrive once its policy is uploaded)");
+                    outcome(Outcome::Held { message_id: id, error: &error });
+                    Verdict::DeadLetter
+                }
+                Fate::Retry => {
+                    let receives = receive_count(message);
+                    let after = budget.after(receives);
+                    if matches!(error, AppendError::Panicked(_)) {
+                        tracing::error!(alarm = "ledger_append_panicked", message = %id, %error, "the append panicked");
+                    }
+                    tracing::warn!(message = %id, check = error.check(), %error, receives, retry_after_s = after.as_secs(),
+                        "receipt not appended; retried");
+                    outcome(Outcome::Retried { message_id: id, error: &error, after });
+                    Verdict::Retry { after }
+                }
+            },
+        };
+        handled.push(Handled { message, verdict });
+    }
+    if let Err(error) = ledger.tick(now_ms) {
+        tracing::warn!(%error, "checkpoint not signed");
+    }
+    handled
+}
+
+/// [`process`] for an event source that only deletes what is not listed: the response lists
+/// every message not done (dead-letters included: without a dead-letter queue to send to, the
+/// queue's redrive policy moves them).
 pub fn handle<S: LedgerStore>(
     event: &SqsEvent,
     ledger: &mut Ledger<S>,
@@ -121,8 +267,7 @@ pub fn handle<S: LedgerStore>(
     handle_with(event, ledger, check, jobs, now_ms, &mut |_| {})
 }
 
-/// [`handle`], telling `outcome` of each receipt newly appended (what the Lambda counts in its
-/// metrics) and each message refused.
+/// [`handle`], telling `outcome` of each message.
 pub fn handle_with<S: LedgerStore>(
     event: &SqsEvent,
     ledger: &mut Ledger<S>,
@@ -131,27 +276,77 @@ pub fn handle_with<S: LedgerStore>(
     now_ms: u64,
     outcome: &mut dyn FnMut(Outcome<'_>),
 ) -> SqsBatchResponse {
+    settle(&process(event, ledger, check, jobs, now_ms, RetryBudget::UNKNOWN, outcome), None)
+}
+
+/// The queues a function settles its verdicts on.
+#[derive(Clone)]
+pub struct LedgerQueues {
+    /// The ledger queue the batch came from.
+    pub source: Arc<dyn Queue>,
+    /// Where held receipts go (the ledger's dead-letter queue).
+    pub dead_letter: Option<Arc<dyn Queue>>,
+    pub budget: RetryBudget,
+}
+
+/// Carries out the verdicts on `queues` — a retried message's visibility, a held one sent to
+/// the dead-letter queue (same body and group; its message id as deduplication id, as SQS does
+/// when it dead-letters) — and returns the partial batch response: what stays in the queue.
+/// Without queues, nothing is changed and every message not done is listed.
+pub fn settle(handled: &[Handled<'_>], queues: Option<&LedgerQueues>) -> SqsBatchResponse {
     let mut response = SqsBatchResponse::default();
-    for message in &event.records {
-        let mut appended = |fields: &IndexedFields| outcome(Outcome::Appended(fields));
-        let result = append_one(message, ledger, check, jobs, now_ms, &mut appended);
-        let id = message.message_id.clone().unwrap_or_default();
-        if let Err(error) = result {
-            if error.is_refusal() {
-                tracing::warn!(message = %id, check = error.check(), %error, "receipt refused for good; not retried");
-                outcome(Outcome::Refused { message_id: &id, error: &error });
-                continue;
+    for h in handled {
+        let id = h.message.message_id.clone().unwrap_or_default();
+        let handle = h.message.receipt_handle.as_deref().unwrap_or_default();
+        let stays = match (&h.verdict, queues) {
+            (Verdict::Done, _) => false,
+            (_, None) => true,
+            (Verdict::Retry { after }, Some(q)) => {
+                if let Err(error) = q.source.change_visibility(handle, *after) {
+                    // It comes back after the queue's own visibility timeout instead.
+                    tracing::warn!(message = %id, %error, "visibility not changed");
+                }
+                true
             }
-            tracing::warn!(message = %id, %error, "receipt not appended; retried");
+            (Verdict::DeadLetter, Some(q)) => match &q.dead_letter {
+                Some(dlq) => match dead_letter(dlq.as_ref(), h.message) {
+                    Ok(()) => false,
+                    Err(error) => {
+                        tracing::warn!(message = %id, %error, "not dead-lettered; retried");
+                        let _ = q.source.change_visibility(handle, q.budget.after(receive_count(h.message)));
+                        true
+                    }
+                },
+                None => {
+                    // Seen again at once until the queue's redrive policy moves it.
+                    let _ = q.source.change_visibility(handle, Duration::ZERO);
+                    true
+                }
+            },
+        };
+        if stays {
             let mut failure = BatchItemFailure::default();
             failure.item_identifier = id;
             response.batch_item_failures.push(failure);
         }
     }
-    if let Err(error) = ledger.tick(now_ms) {
-        tracing::warn!(%error, "checkpoint not signed");
-    }
     response
+}
+
+fn dead_letter(dlq: &dyn Queue, message: &SqsMessage) -> Result<(), cloud::QueueError> {
+    let id = message.message_id.clone().unwrap_or_default();
+    let group = message.attributes.get("MessageGroupId").cloned().unwrap_or_else(|| LEDGER_GROUP.to_owned());
+    let options = SendOptions { group_id: Some(group), deduplication_id: Some(id), ..SendOptions::default() };
+    dlq.send(message.body.as_deref().unwrap_or_default(), &options).map(|_| ())
+}
+
+/// `ApproximateReceiveCount` (1 when absent).
+fn receive_count(message: &SqsMessage) -> u32 {
+    message.attributes.get("ApproximateReceiveCount").and_then(|n| n.parse().ok()).unwrap_or(1)
+}
+
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic.downcast_ref::<&str>().map(|s| (*s).to_owned()).or_else(|| panic.downcast_ref::<String>().cloned()).unwrap_or_default()
 }
 
 fn append_one<S: LedgerStore>(
@@ -182,282 +377,37 @@ fn append_one<S: LedgerStore>(
         }
         AppendOutcome::Existing { .. } => {}
     }
+    // The proof first: whoever sees `ledgered.json` finds the proof beside it.
+    write_proof(ledger, jobs, &job, now_ms)?;
     let marker = Ledgered { job_id: job.to_hex(), index: outcome.index(), appended_ms: now_ms };
-    match jobs.put(&layout::job_ledgered(&job), &serde_json::to_vec_pretty(&marker).expect("serialises"), PutCondition::Overwrite) {
-        Ok(_) => {}
-        // The entry is in; a deployment that marks inputs otherwise (an object tag) denies
-        // this write, and the receipt must not be retried for it.
-        Err(error @ cloud::ObjectError::AccessDenied { .. }) => tracing::warn!(job = %job, %error, "ledgered.json not written"),
-        Err(error) => return Err(error.into()),
-    }
+    put_job_object(jobs, &layout::job_ledgered(&job), &serde_json::to_vec_pretty(&marker).expect("serialises"))?;
     tracing::info!(job = %job, index = outcome.index(), "receipt in the ledger");
     Ok(outcome.index())
 }
 
-// ---- the function -------------------------------------------------------------------------
-
-/// What the function is given: its two buckets, its signer, its cache directory, the
-/// attestation root receipts must chain to and the signed policies their documents must satisfy.
-pub struct FunctionConfig {
-    /// The ledger's bucket (C2SP tlog-tiles at its root).
-    pub ledger: Arc<dyn ObjectStore>,
-    /// Where `jobs/<id>/ledgered.json` goes.
-    pub jobs: Arc<dyn ObjectStore>,
-    pub signer: Box<dyn NoteSigner>,
-    /// The SQLite cache (`ledger-cache.sqlite`), rebuilt from the bucket when missing or behind.
-    pub cache_dir: PathBuf,
-    pub root: TrustAnchor,
-    /// The allow-list (verified): the image measurements receipts are admitted under.
-    pub policies: PolicySet,
+/// `jobs/<id>/ledger-proof.json`: the entry proven against the latest checkpoint (signing one
+/// first where the store has not yet), checked under the ledger's own key before it is handed out.
+fn write_proof<S: LedgerStore>(ledger: &mut Ledger<S>, jobs: &dyn ObjectStore, job: &JobId, now_ms: u64) -> Result<(), AppendError> {
+    let bundle = match receipts_ledger::prove(ledger.store(), &job.to_hex()) {
+        Err(BundleError::NotCheckpointed { .. }) => {
+            ledger.checkpoint_now(now_ms)?;
+            receipts_ledger::prove(ledger.store(), &job.to_hex())?
+        }
+        other => other?,
+    };
+    receipts_ledger::verify_bundle(&bundle, &ledger.verifier())?;
+    put_job_object(jobs, &layout::job_ledger_proof(job), bundle.to_json().as_bytes())
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum FunctionError {
-    #[error("ledger in {bucket}: {source}")]
-    Ledger {
-        bucket: String,
-        #[source]
-        source: receipts_ledger::TileError,
-    },
-    #[error("attestation policies: {0}")]
-    Policies(#[from] receipts_ledger::PolicySetError),
-}
-
-/// The `ledger-append` function as it lives between invocations: the ledger on S3 with its
-/// cache, and what checks receipts. The `lambda_runtime` binary serves it; against an emulator
-/// `ephem-batch dev aws-pump` invokes the same value with the SQS event Lambda would build.
-pub struct LedgerFunction {
-    ledger: Mutex<Ledger<TileStore>>,
-    /// The ledger's own check, shared (one document cache).
-    check: Arc<ProtocolReceipts>,
-    jobs: Arc<dyn ObjectStore>,
-}
-
-impl LedgerFunction {
-    /// Opens the ledger in its bucket and brings the cache up to the bucket's checkpoint.
-    pub fn open(config: FunctionConfig, bucket: &str) -> Result<LedgerFunction, FunctionError> {
-        let check = Arc::new(ProtocolReceipts::enforcing(config.root, config.policies)?);
-        let fail = |source| FunctionError::Ledger { bucket: bucket.to_owned(), source };
-        let verifier = config.signer.verifier();
-        let mut store =
-            TileStore::open(config.ledger, Layout::new(""), cache_file(&config.cache_dir), verifier.clone(), TileOptions::appender())
-                .map_err(fail)?;
-        let head = store.refresh().map_err(fail)?;
-        tracing::info!(ledger_key = %verifier, size = head.map_or(0, |h| h.size), "ledger-append ready");
-        let ledger = Ledger::new(store, Box::new(check.clone()), config.signer, CheckpointPolicy::default());
-        Ok(LedgerFunction { ledger: Mutex::new(ledger), check, jobs: config.jobs })
-    }
-
-    /// The Lambda's configuration from its environment (docs/operations.md §6):
-    /// `EPHEM_LEDGER_BUCKET`, `EPHEM_LEDGER_KEY_ARN` (or `EPHEM_LEDGER_SIGNING_KEY`),
-    /// `EPHEM_JOBS_BUCKET`, `EPHEM_LEDGER_CACHE_DIR`, `EPHEM_ATTESTATION_ROOT_PEM`, and the
-    /// policies' `EPHEM_IMAGE_PUBLISHER_KEY`, `EPHEM_POLICIES_BUCKET`, `EPHEM_POLICIES_PREFIX`.
-    pub fn from_env(clients: &AwsClients) -> Result<LedgerFunction, ShellError> {
-        let bucket = shell::var("EPHEM_LEDGER_BUCKET")?;
-        let jobs = shell::var("EPHEM_JOBS_BUCKET")?;
-        let root = shell::attestation_root()?;
-        let policies = crate::policies::policies_from_env(clients)?;
-        let config = FunctionConfig {
-            ledger: Arc::new(clients.object_store(&bucket, "")),
-            jobs: Arc::new(clients.object_store(&jobs, "")),
-            signer: crate::ledger_signer::from_env(clients, &bucket)?,
-            cache_dir: PathBuf::from(shell::optional("EPHEM_LEDGER_CACHE_DIR").unwrap_or_else(|| DEFAULT_CACHE_DIR.into())),
-            root,
-            policies,
-        };
-        LedgerFunction::open(config, &bucket).map_err(|e| ShellError::Setup(e.to_string()))
-    }
-
-    /// One invocation: the batch appended, partial failures reported, and one CloudWatch EMF
-    /// line per receipt newly appended (the dashboard's jobs/min and documents/s).
-    pub fn invoke(&self, event: &SqsEvent, now_ms: u64) -> SqsBatchResponse {
-        // A panic in an earlier invocation cannot leave the ledger half-written: every append
-        // is a transaction and the bucket is the truth.
-        let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
-        handle_with(event, &mut ledger, &self.check, self.jobs.as_ref(), now_ms, &mut |outcome| {
-            if let Outcome::Appended(fields) = outcome {
-                crate::metrics::emit_ledgered(now_ms, fields.ok_count, fields.failed_count)
-            }
-        })
-    }
-
-    /// The key the function's checkpoints verify under.
-    pub fn verifier(&self) -> VerifierKey {
-        self.ledger.lock().unwrap_or_else(|e| e.into_inner()).verifier()
-    }
-}
-
-/// Where the Lambda keeps its cache unless `EPHEM_LEDGER_CACHE_DIR` says otherwise.
-pub const DEFAULT_CACHE_DIR: &str = "/tmp/ephem-ledger";
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use super::*;
-    use cloud::local::DirObjectStore;
-    use receipts_ledger::store::tiles::{layout::Layout, read_head, Cache, TileOptions};
-    use receipts_ledger::testing::DevEnclave;
-    use receipts_ledger::{CheckpointPolicy, ProtocolReceipts, SignerKey, TileStore};
-
-    const T: u64 = 1_761_955_200_000;
-
-    fn message(id: &str, body: &str) -> serde_json::Value {
-        serde_json::json!({
-            "messageId": id, "receiptHandle": format!("h-{id}"), "body": body,
-            "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1", "MessageGroupId": "ledger",
-                           "MessageDeduplicationId": id},
-            "messageAttributes": {}, "md5OfBody": "", "eventSource": "aws:sqs",
-            "eventSourceARN": "arn:aws:sqs:us-east-1:000000000000:ledger.fifo", "awsRegion": "us-east-1"
-        })
-    }
-
-    fn body(job_id: &str, receipt: &[u8], document: &[u8]) -> String {
-        let b64 = base64::engine::general_purpose::STANDARD;
-        serde_json::to_string(&LedgerMessage {
-            job_id: job_id.into(),
-            receipt: b64.encode(receipt),
-            attestation_document: b64.encode(document),
-        })
-        .unwrap()
-    }
-
-    fn publisher() -> ed25519_dalek::SigningKey {
-        ed25519_dalek::SigningKey::from_bytes(&[0x51; 32])
-    }
-
-    /// The appender's check: `images`' policies, signed by the publisher.
-    fn enforcing(images: &[&DevEnclave]) -> Arc<ProtocolReceipts> {
-        let signed = images.iter().map(|e| ("policy.json".to_owned(), e.policy(&publisher()))).collect();
-        let set = PolicySet::verify(&publisher().verifying_key(), signed).unwrap();
-        Arc::new(ProtocolReceipts::enforcing(images[0].anchor(), set).unwrap())
-    }
-
-    struct Run {
-        failed: Vec<String>,
-        refused: Vec<(String, String)>,
-        appended: Vec<String>,
-    }
-
-    fn run(event: serde_json::Value, ledger: &mut Ledger<TileStore>, check: &ProtocolReceipts, jobs: &dyn ObjectStore) -> Run {
-        let event: SqsEvent = serde_json::from_value(event).unwrap();
-        let (mut refused, mut appended) = (Vec::new(), Vec::new());
-        let response = handle_with(&event, ledger, check, jobs, T + 1, &mut |o| match o {
-            Outcome::Appended(f) => appended.push(f.job_id.clone()),
-            Outcome::Refused { message_id, error } => refused.push((message_id.to_owned(), error.check().to_owned())),
-        });
-        let failed = response.batch_item_failures.iter().map(|f| f.item_identifier.clone()).collect();
-        Run { failed, refused, appended }
-    }
-
-    fn bucket_ledger(bucket: Arc<dyn ObjectStore>, check: Arc<ProtocolReceipts>) -> Ledger<TileStore> {
-        let signer = SignerKey::from_seed("ledger.example", &[1; 32]).unwrap();
-        let store = TileStore::open(bucket, Layout::new(""), Cache::Memory, signer.verifier(), TileOptions::appender()).unwrap();
-        Ledger::new(store, Box::new(check), Box::new(signer), CheckpointPolicy::default())
-    }
-
-    /// The Lambda's path: a real-shaped SQS batch into the tlog-tiles ledger in a bucket.
-    #[test]
-    fn a_batch_lands_in_the_bucket_ledger_with_refusals_named_and_not_retried() {
-        let tmp = tempfile::tempdir().unwrap();
-        let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
-        let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
-        let e = DevEnclave::new(2, T);
-        let check = enforcing(&[&e]);
-        let mut ledger = bucket_ledger(bucket.clone(), check.clone());
-
-        let leaf = |j: u64| e.sign(&e.receipt(j));
-        let id = |j: u64| format!("{j:032x}");
-        let mut forged = leaf(3);
-        forged[20] ^= 1;
-        let records = vec![
-            message("m1", &body(&id(1), &leaf(1), &e.document)),
-            message("m2", "not json"),
-            message("m3", &body(&id(3), &forged, &e.document)),
-            message("m4", &body(&id(9), &leaf(4), &e.document)), // names another job
-            message("m5", &body(&id(5), &leaf(5), &e.document)),
-            message("m6", &body(&id(1), &leaf(1), &e.document)), // re-delivered: no second entry
-        ];
-        let r = run(serde_json::json!({ "Records": records }), &mut ledger, &check, &jobs);
-        // Retrying would fail the same way and hold back the FIFO group: none goes back.
-        assert_eq!(r.failed, Vec::<String>::new());
-        let refused: Vec<(&str, &str)> = r.refused.iter().map(|(m, c)| (m.as_str(), c.as_str())).collect();
-        assert_eq!(refused, vec![("m2", "message"), ("m3", "receipt"), ("m4", "job_id")]);
-        // The metrics count each job once: the re-delivered m6 appended nothing.
-        assert_eq!(r.appended, vec![id(1), id(5)]);
-
-        let head = read_head(bucket.as_ref(), &Layout::new(""), &ledger.verifier()).unwrap().unwrap();
-        assert_eq!(head.size, 2);
-        let marker: Ledgered = serde_json::from_slice(&jobs.get(&layout::job_ledgered(&JobId::from_hex(&id(5)).unwrap())).unwrap()).unwrap();
-        assert_eq!(marker.index, 1);
-    }
-
-    /// A second, different receipt for a job the ledger holds (another attempt): refused and
-    /// alarmed, and `ledgered.json` keeps naming the entry actually held.
-    #[test]
-    fn a_different_receipt_for_a_ledgered_job_is_an_alarm_not_a_success() {
-        let tmp = tempfile::tempdir().unwrap();
-        let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
-        let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
-        let e = DevEnclave::new(2, T);
-        let check = enforcing(&[&e]);
-        let mut ledger = bucket_ledger(bucket, check.clone());
-        let job = format!("{:032x}", 7);
-        let first = e.sign(&e.receipt(7));
-        let mut other = e.receipt(7);
-        other.attempt += 1;
-        let records = vec![
-            message("first", &body(&job, &first, &e.document)),
-            message("other", &body(&job, &e.sign(&other), &e.document)),
-            message("again", &body(&job, &first, &e.document)),
-        ];
-        let r = run(serde_json::json!({ "Records": records }), &mut ledger, &check, &jobs);
-        assert_eq!(r.refused, vec![("other".to_owned(), "other_receipt".to_owned())]);
-        assert_eq!((r.failed.len(), r.appended), (0, vec![job.clone()]), "the same receipt again is a quiet success");
-        let entry = ledger.store().entry_by_job(&job).unwrap().unwrap();
-        assert_eq!((entry.index, entry.leaf), (0, first));
-    }
-
-    /// A host runs its own image on genuine hardware and sends a receipt for the victim's job
-    /// id ahead of the genuine one, in the same batch.
-    #[test]
-    fn ledger_refuses_a_receipt_from_another_image() {
-        let tmp = tempfile::tempdir().unwrap();
-        let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
-        let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
-        let genuine = DevEnclave::new(2, T);
-        let squatter = DevEnclave::with_image(2, 0xee, T);
-        let check = enforcing(&[&genuine]);
-        let mut ledger = bucket_ledger(bucket, check.clone());
-        let job = format!("{:032x}", 5);
-        let records = vec![
-            message("evil", &body(&job, &squatter.sign(&squatter.receipt(5)), &squatter.document)),
-            message("good", &body(&job, &genuine.sign(&genuine.receipt(5)), &genuine.document)),
-        ];
-        let r = run(serde_json::json!({ "Records": records }), &mut ledger, &check, &jobs);
-        assert_eq!(r.refused, vec![("evil".to_owned(), "policy".to_owned())]);
-        assert_eq!((r.failed.len(), r.appended), (0, vec![job.clone()]));
-        let entry = ledger.store().entry_by_job(&job).unwrap().unwrap();
-        assert_eq!((entry.index, entry.fields.pcr0), (0, hex::encode(genuine.pcrs[0])));
-        let id = receipts_ledger::policy_id(&genuine.policy(&publisher()));
-        assert_eq!(entry.fields.policy, Some(hex::encode(id)));
-    }
-
-    #[test]
-    fn the_function_refuses_to_start_on_a_policy_for_another_root() {
-        let tmp = tempfile::tempdir().unwrap();
-        let store = |d: &str| -> Arc<dyn ObjectStore> { Arc::new(DirObjectStore::open(tmp.path().join(d)).unwrap()) };
-        let foreign = DevEnclave::new(3, T);
-        let set = PolicySet::verify(&publisher().verifying_key(), vec![("p.json".into(), foreign.policy(&publisher()))]).unwrap();
-        let config = FunctionConfig {
-            ledger: store("ledger"),
-            jobs: store("jobs"),
-            signer: Box::new(SignerKey::from_seed("ledger.example", &[1; 32]).unwrap()),
-            cache_dir: tmp.path().join("cache"),
-            root: DevEnclave::new(2, T).anchor(),
-            policies: set,
-        };
-        let err = LedgerFunction::open(config, "ledger").err().expect("refused");
-        assert!(matches!(err, FunctionError::Policies(receipts_ledger::PolicySetError::Root { .. })), "{err}");
+fn put_job_object(jobs: &dyn ObjectStore, key: &str, bytes: &[u8]) -> Result<(), AppendError> {
+    match jobs.put(key, bytes, PutCondition::Overwrite) {
+        Ok(_) => Ok(()),
+        // The entry is in; a deployment that marks inputs otherwise (an object tag) denies
+        // this write, and the receipt must not be retried for it.
+        Err(error @ cloud::ObjectError::AccessDenied { .. }) => {
+            tracing::warn!(key, %error, "job object not written");
+            Ok(())
+        }
+        Err(error) => Err(error.into()),
     }
 }

@@ -32,9 +32,25 @@ pub fn pump_ledger_queue<S: LedgerStore>(
     check: &dyn ReceiptCheck,
     wait: Duration,
 ) -> Result<usize, QueueError> {
-    pump(services.ledger_queue.as_ref(), wait, |event| {
-        crate::ledger_append::handle(event, ledger, check, services.jobs.as_ref(), cloud::now_ms())
-    })
+    use crate::ledger_append::{process, settle, LedgerQueues, RetryBudget};
+    let queue = services.ledger_queue.as_ref();
+    let received = queue.receive(BATCH, wait, Duration::from_secs(60))?;
+    if received.is_empty() {
+        return Ok(0);
+    }
+    let event = sqs_event(queue, &received);
+    // The function settles what it did not finish (backoff, dead letter), as in AWS.
+    let budget = RetryBudget { max_receives: cloud::local::MAX_RECEIVES };
+    let queues = LedgerQueues { source: services.ledger_queue.clone(), dead_letter: None, budget };
+    let handled = process(&event, ledger, check, services.jobs.as_ref(), cloud::now_ms(), budget, &mut |_| {});
+    let response = settle(&handled, Some(&queues));
+    let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
+    let mut succeeded = 0;
+    for message in received.iter().filter(|m| !failed.contains(&m.message_id.as_str())) {
+        queue.delete(&message.receipt_handle)?;
+        succeeded += 1;
+    }
+    Ok(succeeded)
 }
 
 /// One round of `job-dead-letter`'s event source on `queue` (on-upload's failures, or the jobs
@@ -91,14 +107,18 @@ pub fn sqs_event(queue: &dyn Queue, received: &[Received]) -> SqsEvent {
     let records: Vec<serde_json::Value> = received
         .iter()
         .map(|m| {
+            let mut attributes = serde_json::json!({
+                "ApproximateReceiveCount": m.receive_count.to_string(),
+                "SentTimestamp": m.sent_ms.to_string(),
+            });
+            if let Some(group) = &m.group_id {
+                attributes["MessageGroupId"] = group.clone().into();
+            }
             serde_json::json!({
                 "messageId": m.message_id,
                 "receiptHandle": m.receipt_handle,
                 "body": m.body,
-                "attributes": {
-                    "ApproximateReceiveCount": m.receive_count.to_string(),
-                    "SentTimestamp": m.sent_ms.to_string(),
-                },
+                "attributes": attributes,
                 "messageAttributes": {},
                 "md5OfBody": "",
                 "eventSource": "aws:sqs",
