@@ -81,6 +81,7 @@ export class EphemBatchStack extends Stack {
     this.grantModelPublisher();
     this.grantHostBulkTasks();
     this.grantOnUploadBulkTasks();
+    this.grantDeadLetterBulkTasks();
     this.observability = new Observability(this, 'Observability', {
       queues: this.queues,
       hosts: this.fleet.hosts,
@@ -120,6 +121,16 @@ export class EphemBatchStack extends Stack {
   }
 
   /**
+   * job-dead-letter ends a job nobody else will end and completes the task a bulk run waits on
+   * for it with that end: failed, or succeeded when the job's receipt turns out committed.
+   */
+  private grantDeadLetterBulkTasks(): void {
+    allow(this.identities.deadLetterRole, 'CompleteBulkTasks', ['states:SendTaskSuccess', 'states:SendTaskFailure'], [
+      this.workflow.stateMachine.stateMachineArn,
+    ]);
+  }
+
+  /**
    * Stack outputs, read by `ephem-batch --backend aws` from the file that
    * `cdk deploy --outputs-file` writes. The names are a contract (docs/operations.md).
    */
@@ -138,6 +149,7 @@ export class EphemBatchStack extends Stack {
     out('JobDlqUrl', q.jobsDlq.queueUrl, 'jobs that failed repeatedly');
     out('LedgerQueueUrl', q.ledger.queueUrl, 'receipts (hosts -> ledger-append), FIFO');
     out('LedgerDlqUrl', q.ledgerDlq.queueUrl, 'receipts that could not be appended');
+    out('UploadFailureQueueUrl', q.uploadFailures.queueUrl, 'on-upload failure records (job-dead-letter marks their jobs failed)');
     out('FleetKeyArn', k.fleetKey.attrArn, 'KMS key wrapping fleet-key epochs (released only to the measured image)');
     out('ModelKeyArn', k.modelKey.attrArn, 'KMS key wrapping model data keys (released only to the measured image)');
     out('LedgerSigningKeyArn', k.ledgerSigningKey.attrArn, 'KMS Ed25519 key signing ledger checkpoints (GetPublicKey to pin it)');

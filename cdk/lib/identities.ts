@@ -19,6 +19,8 @@ export class Identities extends Construct {
   readonly bulkListRole: iam.Role;
   readonly bulkAwaitRole: iam.Role;
   readonly bulkAggregateRole: iam.Role;
+  /** job-dead-letter Lambda: ends the jobs on-upload gave up on and those whose message was dead-lettered. */
+  readonly deadLetterRole: iam.Role;
   /**
    * Model publisher: uploads encrypted models and wraps their data keys with kms:Encrypt.
    * Any principal of this account that IAM allows to assume it can act as publisher.
@@ -55,6 +57,10 @@ export class Identities extends Construct {
     this.bulkAggregateRole = new iam.Role(this, 'BulkAggregateRole', {
       assumedBy: lambdaService,
       description: 'ephem-batch bulk-aggregate Lambda',
+    });
+    this.deadLetterRole = new iam.Role(this, 'JobDeadLetterRole', {
+      assumedBy: lambdaService,
+      description: 'ephem-batch job-dead-letter Lambda',
     });
     this.modelPublisherRole = new iam.Role(this, 'ModelPublisherRole', {
       assumedBy: new iam.AccountPrincipal(Stack.of(this).account),

@@ -8,7 +8,15 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import { Construct } from 'constructs';
 
 /** The Lambda binaries of crate `lambdas/` (one `[[bin]]` each). */
-export const LAMBDA_NAMES = ['on-upload', 'ledger-append', 'fleet-rotate', 'bulk-list-shards', 'bulk-await-shard', 'bulk-aggregate'] as const;
+export const LAMBDA_NAMES = [
+  'on-upload',
+  'ledger-append',
+  'fleet-rotate',
+  'bulk-list-shards',
+  'bulk-await-shard',
+  'bulk-aggregate',
+  'job-dead-letter',
+] as const;
 export type LambdaName = (typeof LAMBDA_NAMES)[number];
 
 export const LAMBDA_BUILD_COMMAND = 'scripts/build-lambdas.sh';

@@ -1,20 +1,21 @@
 // The Rust Lambdas (crate lambdas/, one binary each, runtime provided.al2023) and what
 // triggers them: S3 uploads -> on-upload, the ledger FIFO queue -> ledger-append (one at a
 // time), a schedule -> fleet-rotate; the bulk workflow calls bulk-list-shards, bulk-await-shard
-// (once per shard, as a task that waits for its token) and bulk-aggregate. Each runs under its
-// own role with only the calls it makes.
+// (once per shard, as a task that waits for its token) and bulk-aggregate; on-upload's failures
+// and the jobs DLQ -> job-dead-letter. Each runs under its own role with only the calls it makes.
 import { Annotations, Duration } from 'aws-cdk-lib';
 import * as events from 'aws-cdk-lib/aws-events';
 import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as destinations from 'aws-cdk-lib/aws-lambda-destinations';
 import { SqsEventSource } from 'aws-cdk-lib/aws-lambda-event-sources';
 import * as logs from 'aws-cdk-lib/aws-logs';
 import { Construct } from 'constructs';
 import { Identities, allow } from './identities';
 import { Keys } from './keys';
 import { LambdaName, lambdaCode } from './lambda-code';
-import { LEDGER_APPEND_TIMEOUT, Queues } from './queues';
+import { DEAD_LETTER_TIMEOUT, LEDGER_APPEND_TIMEOUT, Queues } from './queues';
 import { SHARD_SUFFIX, Storage } from './storage';
 
 /**
@@ -24,6 +25,13 @@ import { SHARD_SUFFIX, Storage } from './storage';
 export const POLICIES_PREFIX = 'artifacts/policies/';
 /** Context key of the image publisher's Ed25519 public key (64 hex), which signs the policies. */
 export const PUBLISHER_KEY_CONTEXT = 'imagePublisherKey';
+/**
+ * How Lambda invokes on-upload for an S3 event: three tries in all, an event queued (throttled)
+ * for at most six hours; then the record goes to the on-failure queue and job-dead-letter ends
+ * the job, so no accepted upload waits without an end.
+ */
+export const ON_UPLOAD_RETRY_ATTEMPTS = 2;
+export const ON_UPLOAD_MAX_EVENT_AGE = Duration.hours(6);
 
 export interface LambdasProps {
   readonly identities: Identities;
@@ -42,6 +50,7 @@ export class Lambdas extends Construct {
   readonly bulkListShards: lambda.Function;
   readonly bulkAwaitShard: lambda.Function;
   readonly bulkAggregate: lambda.Function;
+  readonly jobDeadLetter: lambda.Function;
   readonly all: lambda.Function[];
 
   private readonly props: LambdasProps;
@@ -81,9 +90,11 @@ export class Lambdas extends Construct {
     // on-upload: S3 event -> check the sealed header (no decryption), its fleet epoch and its
     // model manifest -> status.json and a job message. A shard dropped under a store prefix is
     // first copied to jobs/<job_id>/input.sealed, whose own event then creates the job: one
-    // path creates every job (DESIGN.md §5 step 3).
+    // path creates every job (DESIGN.md §5 step 3). The copy is server-side (CopyObject, and
+    // UploadPartCopy parts above 5 GiB): no shard byte passes through the function, and 15
+    // minutes cover the copy of a shard of several hundred GiB.
     this.onUpload = this.rustFunction('on-upload', ids.onUploadRole, {
-      timeout: Duration.seconds(60),
+      timeout: Duration.minutes(15),
       memorySize: 256,
       environment: {
         EPHEM_JOBS_BUCKET: storage.jobs.bucketName,
@@ -98,8 +109,16 @@ export class Lambdas extends Construct {
     allow(ids.onUploadRole, 'ReadSealedHeaders', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/input.sealed'), ...shardObjects], {
       why: 'on-upload reads the header of whichever sealed object an S3 event names: job inputs and shards under the store prefixes only.',
     });
-    allow(ids.onUploadRole, 'CopyShardsToJobInputs', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/input.sealed')], {
-      why: 'A shard becomes the input of the job whose id its header determines, known only at run time.',
+    allow(ids.onUploadRole, 'CopyShardsToJobInputs', ['s3:PutObject', 's3:AbortMultipartUpload'], [storage.jobs.arnForObjects('jobs/*/input.sealed')], {
+      why: 'A shard becomes the input of the job whose id its header determines, known only at run time; a multipart copy that fails is aborted.',
+    });
+    // An upload event on-upload cannot handle (its retries spent, or older than its maximum
+    // age) goes to the on-failure queue: job-dead-letter ends that job (SqsDestination grants
+    // sqs:SendMessage on that queue alone).
+    this.onUpload.configureAsyncInvoke({
+      retryAttempts: ON_UPLOAD_RETRY_ATTEMPTS,
+      maxEventAge: ON_UPLOAD_MAX_EVENT_AGE,
+      onFailure: new destinations.SqsDestination(queues.uploadFailures),
     });
     allow(ids.onUploadRole, 'WriteJobStatus', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/status.json')], {
       why: 'Writes the status of the job an upload creates (queued) or why it was refused; job ids are known at run time.',
@@ -119,15 +138,15 @@ export class Lambdas extends Construct {
       conditions: { StringLike: { 's3:prefix': ['models/*'] } },
     });
     allow(ids.onUploadRole, 'SendJobMessages', ['sqs:SendMessage'], [queues.jobs.queueArn]);
-    // A refused input ends its job, which no host will see: on-upload reads the token a bulk run
-    // may have left for that job and fails its task (states:SendTaskFailure, granted in
-    // ephem-batch-stack.ts once the state machine exists).
-    allow(ids.onUploadRole, 'ReadBulkTasks', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/bulk-task.json')], {
-      why: 'Reads the task token a bulk run left for the job whose input it refused; job ids are known at run time.',
+    // A refused input ends its job, which no host will see: on-upload reads the tokens bulk runs
+    // may have left for that job (one object per run) and fails their tasks
+    // (states:SendTaskFailure, granted in ephem-batch-stack.ts once the state machine exists).
+    allow(ids.onUploadRole, 'ReadBulkTasks', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/bulk-tasks/*')], {
+      why: 'Reads the task tokens bulk runs left for the job whose input it refused; job ids and bulk ids are known at run time.',
     });
-    // Normally absent: no bulk run waits for most jobs. A 403 would read as access denied (fleet.ts).
-    allow(ids.onUploadRole, 'KnowAbsentBulkTasks', ['s3:ListBucket'], [storage.jobs.bucketArn], {
-      conditions: { StringLike: { 's3:prefix': ['jobs/*/bulk-task.json'] } },
+    // The runs waiting for a job are known only by listing its slots (none for most jobs).
+    allow(ids.onUploadRole, 'ListBulkTasks', ['s3:ListBucket'], [storage.jobs.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['jobs/*/bulk-tasks/*'] } },
     });
 
     // ledger-append: the ledger's single writer. FIFO-fed, reserved concurrency 1, and every
@@ -197,6 +216,15 @@ export class Lambdas extends Construct {
     allow(ids.bulkListRole, 'ReadShardHeaders', ['s3:GetObject'], shardObjects, {
       why: 'Reads the headers of the sealed shards under the store prefixes, whose names the data owners choose.',
     });
+    // The listing stays out of the workflow's 256 KiB state: written once per bulk id, read back
+    // by a retried step (the same listing is fine) and by bulk-aggregate.
+    allow(ids.bulkListRole, 'CreateBulkListingsIfAbsent', ['s3:PutObject'], [storage.jobs.arnForObjects('bulk/*/shards.json')], {
+      conditions: { Null: { 's3:if-none-match': 'false' } },
+      why: 'Writes bulk/<bulk_id>/shards.json, create-only (If-None-Match); bulk ids are chosen per run.',
+    });
+    allow(ids.bulkListRole, 'ReadBulkListings', ['s3:GetObject'], [storage.jobs.arnForObjects('bulk/*/shards.json')], {
+      why: 'Reads back the listing a retried step (or another execution of the same bulk id) finds written; bulk ids are chosen per run.',
+    });
 
     // bulk-await-shard: writes the task token a shard's Map item waits on, then completes it itself
     // if the job has already ended. Its states:SendTask* grant is on the state machine, which
@@ -207,8 +235,8 @@ export class Lambdas extends Construct {
       environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName },
     });
     const perJob = 'Job ids are derived from each shard\'s header and only known at run time; the pattern admits one kind of object per job.';
-    allow(ids.bulkAwaitRole, 'WriteBulkTasks', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/bulk-task.json')], {
-      why: `${perJob} Writes the task token a bulk run waits on for that job.`,
+    allow(ids.bulkAwaitRole, 'WriteBulkTasks', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/bulk-tasks/*')], {
+      why: `${perJob} Writes the task token a bulk run waits on for that job, in the run's own slot (bulk ids are chosen per run). No other role may write there.`,
     });
     allow(ids.bulkAwaitRole, 'ReadJobEnds', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/receipt.cose'), storage.jobs.arnForObjects('jobs/*/status.json')], {
       why: `${perJob} Looks for the job's end: its committed receipt (HeadObject), else a failed or cancelled status.`,
@@ -244,11 +272,57 @@ export class Lambdas extends Construct {
     allow(ids.bulkAggregateRole, 'KnowAbsentAttestationDocuments', ['s3:ListBucket'], [storage.attestations.bucketArn], {
       conditions: { StringLike: { 's3:prefix': ['attestations/by-hash/*'] } },
     });
-    allow(ids.bulkAggregateRole, 'WriteBulkManifests', ['s3:PutObject'], [storage.jobs.arnForObjects('bulk/*')], {
-      why: 'Writes bulk/<bulk_id>/manifest.json; bulk ids are chosen per run.',
+    allow(ids.bulkAggregateRole, 'ReadBulkListings', ['s3:GetObject'], [storage.jobs.arnForObjects('bulk/*/shards.json')], {
+      why: 'Reads the run\'s listing, bulk/<bulk_id>/shards.json; bulk ids are chosen per run.',
+    });
+    allow(ids.bulkAggregateRole, 'WriteBulkManifests', ['s3:PutObject'], [storage.jobs.arnForObjects('bulk/*/manifest.json')], {
+      why: 'Writes bulk/<bulk_id>/manifest.json (and nothing else under bulk/: not the listing); bulk ids are chosen per run.',
     });
 
-    this.all = [this.onUpload, this.ledgerAppend, this.fleetRotate, this.bulkListShards, this.bulkAwaitShard, this.bulkAggregate];
+    // job-dead-letter: on-upload's failure records and the jobs DLQ -> the job's status.json =
+    // failed (upload_unprocessed, dead_lettered) unless the job ended, written only
+    // conditionally (create-only, or If-Match the version read); then the bulk task waiting for
+    // the job is completed (states:SendTask*, granted in ephem-batch-stack.ts).
+    this.jobDeadLetter = this.rustFunction('job-dead-letter', ids.deadLetterRole, {
+      timeout: DEAD_LETTER_TIMEOUT,
+      memorySize: 256,
+      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName, EPHEM_STORE_PREFIXES: storePrefixes },
+    });
+    for (const queue of [queues.uploadFailures, queues.jobsDlq]) {
+      this.jobDeadLetter.addEventSource(new SqsEventSource(queue, { batchSize: 10, reportBatchItemFailures: true }));
+    }
+    const deadJobs = 'The job a dead letter names is known only at run time; the pattern admits one kind of object per job.';
+    allow(ids.deadLetterRole, 'ReadJobEnds', ['s3:GetObject'], [
+      storage.jobs.arnForObjects('jobs/*/status.json'),
+      storage.jobs.arnForObjects('jobs/*/receipt.cose'),
+      storage.jobs.arnForObjects('jobs/*/bulk-tasks/*'),
+    ], { why: `${deadJobs} Looks for the job's end (its status, a committed receipt) and the bulk runs waiting for it.` });
+    allow(ids.deadLetterRole, 'ReadJobInputsAndShardHeaders', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/input.sealed'), ...shardObjects], {
+      why: `${deadJobs} A shard's job is the one its header derives (read), unless that job's input exists (HeadObject).`,
+    });
+    // Normally absent: the status of an upload on-upload never handled, the receipt, a bulk run's
+    // task, the input of a shard never copied. A 403 would fail the record (fleet.ts).
+    allow(ids.deadLetterRole, 'KnowAbsentJobObjects', ['s3:ListBucket'], [storage.jobs.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['jobs/*/status.json', 'jobs/*/receipt.cose', 'jobs/*/bulk-tasks/*', 'jobs/*/input.sealed'] } },
+    });
+    allow(ids.deadLetterRole, 'CreateFailedStatusIfAbsent', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/status.json')], {
+      conditions: { Null: { 's3:if-none-match': 'false' } },
+      why: `${deadJobs} Writes failed where no status exists, create-only.`,
+    });
+    allow(ids.deadLetterRole, 'ReplaceUnendedStatusIfMatch', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/status.json')], {
+      conditions: { Null: { 's3:if-match': 'false' } },
+      why: `${deadJobs} Replaces a status that has not ended with failed, only if it is still the version read.`,
+    });
+
+    this.all = [
+      this.onUpload,
+      this.ledgerAppend,
+      this.fleetRotate,
+      this.bulkListShards,
+      this.bulkAwaitShard,
+      this.bulkAggregate,
+      this.jobDeadLetter,
+    ];
   }
 
   private rustFunction(

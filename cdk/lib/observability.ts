@@ -1,6 +1,7 @@
 // What the operator watches: one dashboard (queue depth, age of the oldest job, jobs per
 // minute, documents per second, errors, DLQ sizes, fleet size) and alarms for the states that
-// need a human (a DLQ that is not empty, a backlog that is not moving, failing Lambdas or bulk runs).
+// need a human (a DLQ that is not empty, a job that ended dead-lettered or unprocessed, a backlog
+// that is not moving, failing Lambdas or bulk runs).
 import { Duration, Stack } from 'aws-cdk-lib';
 import * as autoscaling from 'aws-cdk-lib/aws-autoscaling';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
@@ -36,7 +37,7 @@ export class Observability extends Construct {
   constructor(scope: Construct, id: string, p: ObservabilityProps) {
     super(scope, id);
     const minute = Duration.minutes(1);
-    const { jobs, jobsDlq, ledger, ledgerDlq } = p.queues;
+    const { jobs, jobsDlq, ledger, ledgerDlq, uploadFailures } = p.queues;
     const ledgerMetric = (metricName: string, label: string) =>
       new cloudwatch.Metric({ namespace: METRICS_NAMESPACE, metricName, statistic: 'Sum', period: minute, label });
     const groupMetric = (metricName: string, label: string) =>
@@ -96,6 +97,11 @@ export class Observability extends Construct {
         left: [
           jobsDlq.metricApproximateNumberOfMessagesVisible({ period: minute, label: 'jobs DLQ' }),
           ledgerDlq.metricApproximateNumberOfMessagesVisible({ period: minute, label: 'ledger DLQ' }),
+          uploadFailures.metricApproximateNumberOfMessagesVisible({ period: minute, label: 'upload failures' }),
+        ],
+        right: [
+          uploadFailures.metricNumberOfMessagesSent({ period: minute, statistic: 'Sum', label: 'uploads on-upload gave up on' }),
+          jobsDlq.metricNumberOfMessagesReceived({ period: minute, statistic: 'Sum', label: 'dead-lettered jobs received' }),
         ],
       }),
       new cloudwatch.GraphWidget({
@@ -124,8 +130,16 @@ export class Observability extends Construct {
       return a;
     };
     const fiveMin = Duration.minutes(5);
-    alarm('JobsDlqNotEmpty', 'A job failed repeatedly and is in the jobs DLQ (see the reason attribute).',
+    // job-dead-letter drains the jobs DLQ and the upload-failure queue at once: a message that
+    // stays visible is one it could not handle; one that arrives is a job that ended failed.
+    alarm('JobsDlqNotEmpty', 'A dead-lettered job message stays in the jobs DLQ: job-dead-letter could not mark its job failed (see its logs).',
       jobsDlq.metricApproximateNumberOfMessagesVisible({ period: fiveMin, statistic: 'Maximum' }), 1);
+    alarm('JobsDeadLettered', 'A job message was dead-lettered; job-dead-letter marked the job failed (dead_lettered) unless it had ended.',
+      jobsDlq.metricNumberOfMessagesReceived({ period: fiveMin, statistic: 'Sum' }), 1);
+    alarm('UploadsUnprocessed', 'on-upload gave up on an upload (its retries or its maximum event age); job-dead-letter marked the job failed (upload_unprocessed).',
+      uploadFailures.metricNumberOfMessagesSent({ period: fiveMin, statistic: 'Sum' }), 1);
+    alarm('UploadFailuresNotConsumed', 'An on-upload failure record has waited more than 15 minutes: job-dead-letter cannot end its job (see its logs).',
+      uploadFailures.metricApproximateAgeOfOldestMessage({ period: fiveMin, statistic: 'Maximum' }), 900);
     alarm('LedgerDlqNotEmpty', 'A receipt could not be appended to the ledger and is in the ledger DLQ.',
       ledgerDlq.metricApproximateNumberOfMessagesVisible({ period: fiveMin, statistic: 'Maximum' }), 1);
     alarm('JobsNotMoving', 'The oldest job has waited more than an hour: the fleet is too small, stuck or failing.',

@@ -1,7 +1,8 @@
 // The queues: one standard queue of jobs for the fleet, one FIFO queue of receipts for the
-// ledger, each with a dead-letter queue. All encrypted at rest and TLS-only. Messages carry
-// only references and sealed or signed bytes, so SQS-managed encryption is enough.
-import { Duration } from 'aws-cdk-lib';
+// ledger, each with a dead-letter queue, and on-upload's on-failure destination (the uploads it
+// gave up on). All encrypted at rest and TLS-only. Messages carry only references and sealed or
+// signed bytes, so SQS-managed encryption is enough.
+import { Duration, Validations } from 'aws-cdk-lib';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import { Construct } from 'constructs';
 
@@ -11,19 +12,25 @@ export const JOB_MAX_RECEIVES = 5;
 export const LEDGER_MAX_RECEIVES = 5;
 /** ledger-append's timeout; the FIFO queue's visibility must be at least six times it. */
 export const LEDGER_APPEND_TIMEOUT = Duration.seconds(60);
+/** job-dead-letter's timeout; the queues it consumes hide a message six times as long. */
+export const DEAD_LETTER_TIMEOUT = Duration.seconds(30);
 
 export class Queues extends Construct {
   readonly jobs: sqs.Queue;
   readonly jobsDlq: sqs.Queue;
   readonly ledger: sqs.Queue;
   readonly ledgerDlq: sqs.Queue;
+  /** on-upload's on-failure destination: Lambda's record of each upload event it gave up on. */
+  readonly uploadFailures: sqs.Queue;
 
   constructor(scope: Construct, id: string) {
     super(scope, id);
 
+    // job-dead-letter consumes it: a message whose host died on its last receive ends failed.
     this.jobsDlq = new sqs.Queue(this, 'JobsDlq', {
       ...secureDefaults(),
       retentionPeriod: Duration.days(14),
+      visibilityTimeout: Duration.seconds(DEAD_LETTER_TIMEOUT.toSeconds() * 6),
     });
     // A host keeps extending the visibility of the message it works on (ChangeMessageVisibility),
     // so the default only matters when a host dies: then the job is redelivered after it.
@@ -50,6 +57,20 @@ export class Queues extends Construct {
       visibilityTimeout: Duration.seconds(LEDGER_APPEND_TIMEOUT.toSeconds() * 6),
       retentionPeriod: Duration.days(14),
       deadLetterQueue: { queue: this.ledgerDlq, maxReceiveCount: LEDGER_MAX_RECEIVES },
+    });
+
+    // Lambda sends here the record of an asynchronous on-upload invocation that failed its
+    // retries or outlived its maximum age; job-dead-letter marks that upload's job failed.
+    this.uploadFailures = new sqs.Queue(this, 'UploadFailures', {
+      ...secureDefaults(),
+      retentionPeriod: Duration.days(14),
+      visibilityTimeout: Duration.seconds(DEAD_LETTER_TIMEOUT.toSeconds() * 6),
+    });
+    Validations.of(this.uploadFailures).acknowledge({
+      id: 'AwsSolutions-SQS3',
+      reason:
+        'It is itself a dead-letter queue: on-upload\'s on-failure destination (Lambda asynchronous invocations). A record its consumer ' +
+        'cannot handle stays, and the UploadFailuresNotConsumed alarm calls the operator.',
     });
   }
 }

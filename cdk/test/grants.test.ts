@@ -55,12 +55,12 @@ describe('host-poller (HostRole)', () => {
       ReadSealedInputsAndReceipts: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/jobs/*/receipt.cose'] },
       ReadJobMarkers: {
         actions: ['s3:GetObject'],
-        resources: ['JOBS/jobs/*/cancel.json', 'JOBS/jobs/*/ledgered.json', 'JOBS/jobs/*/status.json', 'JOBS/jobs/*/bulk-task.json'],
+        resources: ['JOBS/jobs/*/cancel.json', 'JOBS/jobs/*/ledgered.json', 'JOBS/jobs/*/status.json', 'JOBS/jobs/*/bulk-tasks/*'],
       },
       KnowAbsentJobObjects: {
         actions: ['s3:ListBucket'],
         resources: ['JOBS'],
-        condition: prefix('jobs/*/receipt.cose', 'jobs/*/cancel.json', 'jobs/*/bulk-task.json'),
+        condition: prefix('jobs/*/receipt.cose', 'jobs/*/cancel.json', 'jobs/*/bulk-tasks/*'),
       },
       WriteAttemptOutputsAndStatus: { actions: ['s3:PutObject', 's3:AbortMultipartUpload'], resources: ['JOBS/jobs/*/attempts/*', 'JOBS/jobs/*/status.json'] },
       CommitReceiptOnlyIfAbsent: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/receipt.cose'], condition: { Null: { 's3:if-none-match': 'false' } } },
@@ -108,14 +108,14 @@ describe('Lambdas', () => {
   it('on-upload reads headers, epochs and manifests, writes status.json, copies shards, queues jobs, reads a refused job\'s bulk task', () => {
     assert.deepEqual(s3Only(grantsOf('IdentitiesOnUploadRole')), {
       ReadSealedHeaders: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/stores/*.sealed'] },
-      CopyShardsToJobInputs: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/input.sealed'] },
+      CopyShardsToJobInputs: { actions: ['s3:PutObject', 's3:AbortMultipartUpload'], resources: ['JOBS/jobs/*/input.sealed'] },
       WriteJobStatus: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/status.json'] },
       ReadFleetKeyEpochs: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/fleet-keys/*'] },
       KnowAbsentEpochs: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('fleet-keys/*') },
       ReadModelManifests: { actions: ['s3:GetObject'], resources: ['MODELS/models/*/manifest.cose'] },
       ListModelManifests: { actions: ['s3:ListBucket'], resources: ['MODELS'], condition: prefix('models/*') },
-      ReadBulkTasks: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/bulk-task.json'] },
-      KnowAbsentBulkTasks: { actions: ['s3:ListBucket'], resources: ['JOBS'], condition: prefix('jobs/*/bulk-task.json') },
+      ReadBulkTasks: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/bulk-tasks/*'] },
+      ListBulkTasks: { actions: ['s3:ListBucket'], resources: ['JOBS'], condition: prefix('jobs/*/bulk-tasks/*') },
     });
     const env = lambdaEnvironment('on-upload');
     assert.ok(env.EPHEM_ATTESTATIONS_BUCKET && env.EPHEM_MODELS_BUCKET, 'the epoch and manifest checks are on');
@@ -127,13 +127,67 @@ describe('Lambdas', () => {
     assert.deepEqual(onUpload.FailBulkTasks, { actions: ['states:SendTaskFailure'], resources: [`<${stateMachineId}>`] });
     assert.deepEqual(onUpload.SendJobMessages, { actions: ['sqs:SendMessage'], resources: ['queue:Jobs'] });
     assert.deepEqual(Object.keys(onUpload).sort(), [
-      'CopyShardsToJobInputs', 'FailBulkTasks', 'KnowAbsentBulkTasks', 'KnowAbsentEpochs', 'ListModelManifests', 'ReadBulkTasks',
+      'CopyShardsToJobInputs', 'FailBulkTasks', 'KnowAbsentEpochs', 'ListBulkTasks', 'ListModelManifests', 'ReadBulkTasks',
       'ReadFleetKeyEpochs', 'ReadModelManifests', 'ReadSealedHeaders', 'SendJobMessages', 'WriteJobStatus', 'WriteOwnLogs',
     ]);
     // Every policy attached to the role: its default policy alone (the state machine does not name on-upload).
     const [[roleId]] = resourcesOfType(json, 'AWS::IAM::Role').filter(([id]) => id.startsWith('IdentitiesOnUploadRole'));
     const attached = resourcesOfType(json, 'AWS::IAM::Policy').filter(([, p]) => asArray(p.Properties?.Roles).map(referencedId).includes(roleId));
     assert.deepEqual(attached.map(([id]) => id.replace(/[0-9A-F]{8}$/, '')), ['IdentitiesOnUploadRoleDefaultPolicy']);
+  });
+
+  it('on-upload is tried three times, an event queued six hours at most, then its record goes to the upload-failure queue', () => {
+    const [[onUploadId]] = resourcesOfType(json, 'AWS::Lambda::Function').filter(([, f]) => f.Properties?.Description === 'ephem-batch on-upload');
+    const configs = resourcesOfType(json, 'AWS::Lambda::EventInvokeConfig');
+    assert.equal(configs.length, 1);
+    const [[, config]] = configs;
+    assert.equal(referencedId(config.Properties?.FunctionName), onUploadId);
+    assert.equal(config.Properties?.MaximumRetryAttempts, 2);
+    assert.equal(config.Properties?.MaximumEventAgeInSeconds, 6 * 3600);
+    assert.match(resourceName(config.Properties?.DestinationConfig?.OnFailure?.Destination), /^queue:UploadFailures$/);
+    // Its only other SQS right: sending to that queue (the destination's grant, no Sid).
+    const sends = statements.filter(({ owner, statement: s }) => owner.startsWith('IdentitiesOnUploadRole') && asArray<string>(s.Action).some((a) => a.startsWith('sqs:')));
+    const targets = sends.map(({ statement: s }) => asArray(s.Resource).map(resourceName).join(',')).sort();
+    assert.deepEqual(targets, ['queue:Jobs', 'queue:UploadFailures']);
+    const copyTimeout = resourcesOfType(json, 'AWS::Lambda::Function').find(([id]) => id === onUploadId)![1].Properties?.Timeout;
+    assert.equal(copyTimeout, 900, 'a server-side copy of a large shard has 15 minutes');
+  });
+
+  it('job-dead-letter reads a job\'s end and a shard\'s header, writes failed only conditionally, completes bulk tasks, consumes both queues', () => {
+    const grants = grantsOf('IdentitiesJobDeadLetterRole');
+    assert.deepEqual(s3Only(grants), {
+      ReadJobEnds: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/status.json', 'JOBS/jobs/*/receipt.cose', 'JOBS/jobs/*/bulk-tasks/*'] },
+      ReadJobInputsAndShardHeaders: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/stores/*.sealed'] },
+      KnowAbsentJobObjects: {
+        actions: ['s3:ListBucket'],
+        resources: ['JOBS'],
+        condition: prefix('jobs/*/status.json', 'jobs/*/receipt.cose', 'jobs/*/bulk-tasks/*', 'jobs/*/input.sealed'),
+      },
+      CreateFailedStatusIfAbsent: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/status.json'], condition: { Null: { 's3:if-none-match': 'false' } } },
+      ReplaceUnendedStatusIfMatch: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/status.json'], condition: { Null: { 's3:if-match': 'false' } } },
+    });
+    const [[stateMachineId]] = resourcesOfType(json, 'AWS::StepFunctions::StateMachine');
+    assert.deepEqual(grants.CompleteBulkTasks, { actions: ['states:SendTaskSuccess', 'states:SendTaskFailure'], resources: [`<${stateMachineId}>`] });
+    assert.deepEqual(Object.keys(grants).sort(), [
+      'CompleteBulkTasks', 'CreateFailedStatusIfAbsent', 'KnowAbsentJobObjects', 'ReadJobEnds', 'ReadJobInputsAndShardHeaders',
+      'ReplaceUnendedStatusIfMatch', 'WriteOwnLogs',
+    ]);
+    // The statements CDK adds for the event sources: consume the two queues, nothing else.
+    const sqs = statements.filter(({ owner, statement: s }) => owner.startsWith('IdentitiesJobDeadLetterRole') && asArray<string>(s.Action).some((a) => a.startsWith('sqs:')));
+    const consumed = sqs.flatMap(({ statement: s }) => asArray(s.Resource).map(resourceName)).sort();
+    assert.deepEqual(consumed, ['queue:JobsDlq', 'queue:UploadFailures']);
+    for (const { statement: s } of sqs) assert.ok(!asArray<string>(s.Action).includes('sqs:SendMessage'), 'it sends nothing');
+
+    const [[fnId, fn]] = resourcesOfType(json, 'AWS::Lambda::Function').filter(([, f]) => f.Properties?.Description === 'ephem-batch job-dead-letter');
+    const sources = resourcesOfType(json, 'AWS::Lambda::EventSourceMapping').filter(([, m]) => referencedId(m.Properties?.FunctionName) === fnId);
+    assert.deepEqual(sources.map(([, m]) => resourceName(m.Properties?.EventSourceArn)).sort(), ['queue:JobsDlq', 'queue:UploadFailures']);
+    for (const [, m] of sources) assert.deepEqual(m.Properties?.FunctionResponseTypes, ['ReportBatchItemFailures']);
+    for (const [, m] of sources) {
+      const queue = json.Resources[referencedId(m.Properties?.EventSourceArn)!];
+      assert.ok(queue.Properties?.VisibilityTimeout >= 6 * fn.Properties?.Timeout, 'a queue hides a message six times the function\'s timeout');
+    }
+    const [[jobsBucketId]] = resourcesOfType(json, 'AWS::S3::Bucket').filter(([id]) => id.startsWith('StorageJobs'));
+    assert.deepEqual(lambdaEnvironment('job-dead-letter'), { EPHEM_JOBS_BUCKET: { Ref: jobsBucketId }, EPHEM_STORE_PREFIXES: 'stores/', RUST_LOG: 'info' });
   });
 
   it('ledger-append writes ledgered.json (no object tags), reads the signed policies and no attestations bucket', () => {
@@ -150,9 +204,18 @@ describe('Lambdas', () => {
     assert.equal(env.EPHEM_ATTESTATIONS_BUCKET, undefined);
   });
 
-  it('bulk-await-shard writes bulk-task.json, looks for the job\'s end, and sees it absent', () => {
+  it('bulk-list-shards lists and reads the shards under the store prefixes and writes its listing once', () => {
+    assert.deepEqual(s3Only(grantsOf('IdentitiesBulkListShardsRole')), {
+      ListStorePrefixes: { actions: ['s3:ListBucket'], resources: ['JOBS'], condition: prefix('stores/*') },
+      ReadShardHeaders: { actions: ['s3:GetObject'], resources: ['JOBS/stores/*.sealed'] },
+      CreateBulkListingsIfAbsent: { actions: ['s3:PutObject'], resources: ['JOBS/bulk/*/shards.json'], condition: { Null: { 's3:if-none-match': 'false' } } },
+      ReadBulkListings: { actions: ['s3:GetObject'], resources: ['JOBS/bulk/*/shards.json'] },
+    });
+  });
+
+  it('bulk-await-shard writes its run\'s bulk task slot, looks for the job\'s end, and sees it absent', () => {
     assert.deepEqual(s3Only(grantsOf('IdentitiesBulkAwaitShardRole')), {
-      WriteBulkTasks: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/bulk-task.json'] },
+      WriteBulkTasks: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/bulk-tasks/*'] },
       ReadJobEnds: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/receipt.cose', 'JOBS/jobs/*/status.json'] },
       KnowAbsentJobEnds: { actions: ['s3:ListBucket'], resources: ['JOBS'], condition: prefix('jobs/*/receipt.cose', 'jobs/*/status.json') },
     });
@@ -172,14 +235,15 @@ describe('Lambdas', () => {
     });
   });
 
-  it('bulk-aggregate looks for every shard\'s receipt (and a failed one\'s status), reads the documents receipts name, writes bulk manifests', () => {
+  it('bulk-aggregate reads the run\'s listing, looks for every shard\'s receipt (and a failed one\'s status), reads the documents receipts name, writes bulk manifests', () => {
     assert.deepEqual(s3Only(grantsOf('IdentitiesBulkAggregateRole')), {
       ReadReceipts: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/receipt.cose'] },
       ReadJobStatus: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/status.json'] },
       KnowAbsentJobEnds: { actions: ['s3:ListBucket'], resources: ['JOBS'], condition: prefix('jobs/*/receipt.cose', 'jobs/*/status.json') },
       ReadAttestationDocuments: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/attestations/by-hash/*'] },
       KnowAbsentAttestationDocuments: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/by-hash/*') },
-      WriteBulkManifests: { actions: ['s3:PutObject'], resources: ['JOBS/bulk/*'] },
+      ReadBulkListings: { actions: ['s3:GetObject'], resources: ['JOBS/bulk/*/shards.json'] },
+      WriteBulkManifests: { actions: ['s3:PutObject'], resources: ['JOBS/bulk/*/manifest.json'] },
       ReadAttestationPolicies: { actions: ['s3:GetObject'], resources: ['ARTIFACTS/artifacts/policies/*'] },
       ListAttestationPolicies: { actions: ['s3:ListBucket'], resources: ['ARTIFACTS'], condition: prefix('artifacts/policies/*') },
     });
@@ -225,6 +289,22 @@ describe('rules every grant keeps', () => {
       for (const a of asArray<string>(statement.Action)) assert.ok(!a.includes('*'), `${owner} allows ${a} on a bucket`);
     }
     assert.ok(checked > 20, `checked ${checked} statements`);
+  });
+
+  it('the bulk hand-off objects have one writer each: task slots bulk-await-shard, listings bulk-list-shards (create-only)', () => {
+    // A resource pattern as S3 matches it: `*` is any run of characters, `/` included.
+    const matches = (pattern: string, key: string) =>
+      new RegExp(`^${pattern.split('*').map((p) => p.replace(/[.+?^${}()|[\]\\]/g, '\\$&')).join('.*')}$`).test(key);
+    const writers = (key: string) =>
+      statements
+        .filter(({ statement: s }) => s.Effect === 'Allow' && asArray<string>(s.Action).some((a) => a === 's3:PutObject' || a === 's3:*' || a === '*'))
+        .filter(({ statement: s }) => asArray(s.Resource).map(resourceName).some((r) => matches(r, key)))
+        .map(({ owner, statement: s }) => `${owner.replace(/[0-9A-F]{8}$/, '')}:${s.Sid}`)
+        .sort();
+    const job = 'ab'.repeat(16);
+    assert.deepEqual(writers(`JOBS/jobs/${job}/bulk-tasks/run-1.json`), ['IdentitiesBulkAwaitShardRoleDefaultPolicy:WriteBulkTasks']);
+    assert.deepEqual(writers('JOBS/bulk/run-1/shards.json'), ['IdentitiesBulkListShardsRoleDefaultPolicy:CreateBulkListingsIfAbsent']);
+    assert.deepEqual(writers('JOBS/bulk/run-1/manifest.json'), ['IdentitiesBulkAggregateRoleDefaultPolicy:WriteBulkManifests']);
   });
 
   it('every s3:ListBucket names the prefixes it may list, but the ledger writer\'s on its own bucket', () => {

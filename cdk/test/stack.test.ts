@@ -244,7 +244,7 @@ describe('queues', () => {
   const queues = resourcesOfType(json, 'AWS::SQS::Queue');
 
   it('are all encrypted and TLS-only', () => {
-    assert.equal(queues.length, 4);
+    assert.equal(queues.length, 5);
     for (const [id, q] of queues) {
       assert.ok(q.Properties?.SqsManagedSseEnabled === true || q.Properties?.KmsMasterKeyId, `${id} encrypted`);
     }
@@ -282,7 +282,7 @@ describe('lambdas', () => {
   it('ledger-append is the single writer: reserved concurrency 1, fed by the ledger FIFO queue', () => {
     const [[id, f]] = functions.filter(([, x]) => x.Properties?.Description === 'ephem-batch ledger-append');
     assert.equal(f.Properties?.ReservedConcurrentExecutions, 1);
-    const [[, esm]] = resourcesOfType(json, 'AWS::Lambda::EventSourceMapping');
+    const [[, esm]] = resourcesOfType(json, 'AWS::Lambda::EventSourceMapping').filter(([, m]) => referencedId(m.Properties?.FunctionName) === id);
     assert.equal(referencedId(esm.Properties?.FunctionName), id);
     const queueId = referencedId(esm.Properties?.EventSourceArn)!;
     assert.equal(json.Resources[queueId].Properties?.FifoQueue, true);
@@ -375,6 +375,20 @@ describe('bulk workflow', () => {
 });
 
 describe('observability', () => {
+  it('alarms when a job ends dead-lettered or unprocessed, and when job-dead-letter cannot end one', () => {
+    const alarms = new Map(resourcesOfType(json, 'AWS::CloudWatch::Alarm').map(([id, a]) => [id.replace(/[0-9A-F]{8}$/, ''), a.Properties!]));
+    const on = (id: string) => {
+      const a = alarms.get(`Observability${id}`);
+      assert.ok(a, `alarm ${id}`);
+      return { metric: a.MetricName, queue: referencedId(a.Dimensions?.[0]?.Value), threshold: a.Threshold };
+    };
+    const queue = (name: string) => resourcesOfType(json, 'AWS::SQS::Queue').find(([id]) => id.startsWith(`Queues${name}`))![0];
+    assert.deepEqual(on('UploadsUnprocessed'), { metric: 'NumberOfMessagesSent', queue: queue('UploadFailures'), threshold: 1 });
+    assert.deepEqual(on('UploadFailuresNotConsumed'), { metric: 'ApproximateAgeOfOldestMessage', queue: queue('UploadFailures'), threshold: 900 });
+    assert.deepEqual(on('JobsDeadLettered'), { metric: 'NumberOfMessagesReceived', queue: queue('JobsDlq'), threshold: 1 });
+    assert.ok(alarms.has('ObservabilityJobDeadLetterErrors'), 'the consumer\'s own errors');
+  });
+
   it('has a dashboard and alarms on both DLQs', () => {
     template.resourceCountIs('AWS::CloudWatch::Dashboard', 1);
     const alarms = resourcesOfType(json, 'AWS::CloudWatch::Alarm');
