@@ -191,13 +191,14 @@ export class Fleet extends Construct {
       jobs.arnForObjects('jobs/*/cancel.json'),
       jobs.arnForObjects('jobs/*/ledgered.json'),
       jobs.arnForObjects('jobs/*/status.json'),
-      jobs.arnForObjects('jobs/*/bulk-task.json'),
+      jobs.arnForObjects('jobs/*/bulk-tasks/*'),
     ], {
-      why: `${perJob} The poller checks for a cancellation, the ledger's marker, the status it is about to replace and a bulk run waiting for the job.`,
+      why: `${perJob} The poller checks for a cancellation, the ledger's marker, the status it is about to replace and the bulk runs waiting for the job (one token object per run).`,
     });
-    // Normally absent: the receipt before the job is done, a cancellation, a bulk run's task.
+    // Normally absent: the receipt before the job is done, a cancellation. jobs/<id>/bulk-tasks/
+    // is listed: the runs waiting for a job are known only from their slots.
     allow(role, 'KnowAbsentJobObjects', ['s3:ListBucket'], [jobs.bucketArn], {
-      conditions: prefixes('jobs/*/receipt.cose', 'jobs/*/cancel.json', 'jobs/*/bulk-task.json'),
+      conditions: prefixes('jobs/*/receipt.cose', 'jobs/*/cancel.json', 'jobs/*/bulk-tasks/*'),
     });
     allow(role, 'WriteAttemptOutputsAndStatus', ['s3:PutObject', 's3:AbortMultipartUpload'], [
       jobs.arnForObjects('jobs/*/attempts/*'),

@@ -81,8 +81,26 @@ describe('bulk workflow ASL', () => {
     }
   });
 
-  it('looks for receipts at jobs/<job_id>/receipt.cose', () => {
-    const text = JSON.stringify(asl);
-    assert.ok(text.includes("States.Format('jobs/{}/receipt.cose', $.job_id)"));
+  it('keeps one word per shard in the state: no key, receipt key, error or cause grows it', () => {
+    const map = asl.States.AwaitShards;
+    assert.equal(map.ResultPath, '$.outcomes');
+    const items = map.ItemProcessor as StateMachineDef;
+    const ends = Object.entries(items.States).filter(([, s]) => s.End);
+    assert.deepEqual(ends.map(([, s]) => [s.Type, s.Result, s.Parameters]).sort(), [
+      ['Pass', 'committed', undefined],
+      ['Pass', 'failed', undefined],
+      ['Pass', 'timed_out', undefined],
+    ]);
+    for (const c of items.States.AwaitShard.Catch) assert.equal(c.ResultPath, null, 'a caught error (its cause chosen by a host) is dropped');
+    // The aggregate step is handed the words and reads the listing back from the jobs bucket.
+    assert.deepEqual(Object.keys(asl.States.Aggregate.Parameters.Payload).sort(), ['bucket', 'bulk_id.$', 'outcomes.$', 'prefix.$']);
+  });
+
+  it('a 1000-shard run stays under the 25,000 events of an execution history, every await retry used', () => {
+    // Per shard: its iteration (2), AwaitShard entered/exited (2), scheduled/started/submitted/
+    // ended (4) plus 3 per retried attempt, ShardCommitted (2); the rest of the run is 18 events.
+    const retries = Math.max(...(asl.States.AwaitShards.ItemProcessor.States.AwaitShard.Retry as any[]).map((r) => r.MaxAttempts));
+    const events = 18 + 1000 * (2 + 2 + 4 + 3 * retries + 2);
+    assert.ok(events <= 25000, `${events} events`);
   });
 });
