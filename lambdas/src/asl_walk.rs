@@ -65,11 +65,13 @@ pub struct Run<'e> {
     /// The events the execution's history would hold, counted as Step Functions records them
     /// ([`Run::execute`]): an execution may hold at most [`MAX_HISTORY_EVENTS`].
     pub events: u64,
+    /// The largest input or output of a state so far, in bytes of JSON.
+    pub largest_state: usize,
 }
 
 impl<'e> Run<'e> {
     pub fn new(env: &'e mut dyn Environment, execution_id: &str) -> Self {
-        Self { env, context: json!({"Execution": {"Id": execution_id}}), visits: BTreeMap::new(), events: 0 }
+        Self { env, context: json!({"Execution": {"Id": execution_id}}), visits: BTreeMap::new(), events: 0, largest_state: 0 }
     }
 
     /// Runs an execution of `definition` on `input`: its states, and the two events of the
@@ -90,8 +92,9 @@ impl<'e> Run<'e> {
             *self.visits.entry(name.clone()).or_default() += 1;
             // <Type>StateEntered and <Type>StateExited (a Fail state's exit is the execution's).
             self.events += 2;
-            if let Err((error, cause)) = check_size(&name, &data) {
-                return Ending::Failed { error, cause };
+            match check_size(&name, &data) {
+                Ok(size) => self.largest_state = self.largest_state.max(size),
+                Err((error, cause)) => return Ending::Failed { error, cause },
             }
             let kept = state.get("Catch").map(|_| data.clone());
             let outcome = match state["Type"].as_str().expect("Type") {
@@ -110,7 +113,11 @@ impl<'e> Run<'e> {
                 }
                 other => panic!("state type {other} is not interpreted"),
             };
-            data = match outcome.and_then(|d| check_size(&name, &d).map(|()| d)) {
+            let outcome = outcome.and_then(|d| {
+                self.largest_state = self.largest_state.max(check_size(&name, &d)?);
+                Ok(d)
+            });
+            data = match outcome {
                 Ok(d) => d,
                 Err((error, cause)) if error == ABORTED => return Ending::Failed { error, cause },
                 Err((error, cause)) => match (catcher(state, &error), kept) {
@@ -371,12 +378,13 @@ fn path<'v>(data: &'v Value, p: &str) -> &'v Value {
     p.strip_prefix("$.").expect("a $. path").split('.').fold(data, |v, k| &v[k])
 }
 
-fn check_size(state: &str, data: &Value) -> Result<(), StateError> {
+/// The size of `data` as JSON, if within [`MAX_STATE_BYTES`].
+fn check_size(state: &str, data: &Value) -> Result<usize, StateError> {
     let size = serde_json::to_vec(data).expect("json").len();
     if size > MAX_STATE_BYTES {
         return Err((DATA_LIMIT_EXCEEDED.into(), format!("state {state}: {size} bytes exceed Step Functions' {MAX_STATE_BYTES}")));
     }
-    Ok(())
+    Ok(size)
 }
 
 /// How a closed token ends its task, as Step Functions reports it.

@@ -56,6 +56,8 @@ struct Env {
     awaits: HashMap<String, u64>,
     /// The last run's history events.
     events: u64,
+    /// The last run's largest state, in bytes.
+    largest_state: usize,
 }
 
 impl Env {
@@ -77,6 +79,7 @@ impl Env {
             throttled: 0,
             awaits: HashMap::new(),
             events: 0,
+            largest_state: 0,
         }
     }
 
@@ -138,8 +141,9 @@ impl Env {
         let def = local_workflow::definition(BUCKET);
         let mut run = Run::new(self, "test-execution");
         let ending = run.execute(&def, input);
-        let (visits, events) = (run.visits, run.events);
+        let (visits, events, largest) = (run.visits, run.events, run.largest_state);
         self.events = events;
+        self.largest_state = largest;
         (ending, visits)
     }
 }
@@ -423,6 +427,8 @@ fn a_run_at_the_listing_cap_with_the_clients_key_names_completes() {
     let manifest_key = bulk::manifest_key(CLIENT_BULK_ID);
     assert_eq!(ending, Ending::Succeeded(json!({"manifest_key": manifest_key, "committed": n, "timed_out": 0, "failed": 0})));
     assert_eq!(env.events, history_events(n as u64, 0));
+    eprintln!("{n} client-named shards: largest state {} bytes, {} history events", env.largest_state, env.events);
+    assert!(env.largest_state < MAX_STATE_BYTES / 2, "{}", env.largest_state);
     let m = env.manifest(CLIENT_BULK_ID);
     assert_eq!((m.shards.len(), m.committed), (n, n));
     assert_eq!(m.shards.iter().map(|s| s.key.clone()).collect::<Vec<_>>(), (0..n).map(client_key).collect::<Vec<_>>());
@@ -441,6 +447,8 @@ fn a_run_of_a_thousand_shards_at_the_listing_cap_completes() {
     assert_eq!(env.manifest("limit").committed, 1000);
     assert_eq!(env.events, history_events(1000, retries));
     assert!(env.events <= MAX_HISTORY_EVENTS, "{} events", env.events);
+    eprintln!("1000 shards: largest state {} bytes, {} history events", env.largest_state, env.events);
+    assert!(env.largest_state < MAX_STATE_BYTES / 2, "{}", env.largest_state);
 }
 
 /// The AwaitShard step's Retry budget for Lambda's throttling, from the definition.
