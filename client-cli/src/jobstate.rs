@@ -253,7 +253,64 @@ impl MaskedDigest {
 
 #[cfg(test)]
 mod tests {
-    use super::IdsDigest;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn job(plain: &str, ids: &str) -> ClientJob {
+        ClientJob {
+            job_id: "ab".repeat(16),
+            submitted_ms: 1,
+            input_file: "corpus.jsonl".into(),
+            form: None,
+            model_id: "m".into(),
+            manifest_key: "models/m/v1/manifest.cose".into(),
+            manifest_hash: "11".repeat(32),
+            epoch: 1,
+            fleet_key_id: "22".repeat(32),
+            result_key_id: "33".repeat(32),
+            attestation_sha256: "44".repeat(32),
+            development: true,
+            records: 2,
+            local_errors: 0,
+            sealed_sha256: "55".repeat(32),
+            sealed_size: 10,
+            plaintext_sha256: plain.into(),
+            truncate: true,
+            normalize: true,
+            dtype: "f32".into(),
+            precision: "fp32".into(),
+            ids_sha256: Some(ids.into()),
+            uploaded_ms: Some(2),
+            downloaded: None,
+        }
+    }
+
+    #[test]
+    fn a_record_from_before_masking_is_read_and_rewritten_private_and_masked() {
+        let dir = tempfile::tempdir().unwrap();
+        let home = Home::resolve(Some(dir.path())).unwrap();
+        let files = JobFiles::new(&home, &"ab".repeat(16));
+        files.save_commitment_key(&[9; 32]).unwrap();
+        let (plain, ids) = ("66".repeat(32), "77".repeat(32));
+        let legacy = job(&plain, &ids);
+        // As an older client wrote it: digests in the clear, mode 0644.
+        let path = home.job_dir(&legacy.job_id).join("job.json");
+        std::fs::write(&path, serde_json::to_vec(&legacy).unwrap()).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+        assert_eq!(files.load().unwrap(), legacy);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(!text.contains(&plain) && !text.contains(&ids), "{text}");
+        assert!(text.contains("plaintext_sha256_masked") && text.contains("ids_sha256_masked"), "{text}");
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(files.load().unwrap(), legacy, "masked, it reads back the same");
+
+        // Another account may not have written it: group-writable is refused, by name.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o664)).unwrap();
+        let error = format!("{:#}", files.load().expect_err("refused"));
+        assert!(error.contains("mode 664") && error.contains("job.json"), "{error}");
+    }
 
     fn digest(ids: &[&str]) -> String {
         let mut d = IdsDigest::new();
