@@ -9,6 +9,7 @@
 //! ledger verify-bundle BUNDLE.json --ledger-key FILE|TEXT [--job ID] [--json]
 //! ledger consistency OLD_SIZE NEW_SIZE [--json]
 //! ledger sync --from s3://BUCKET[/PREFIX]|DIR --ledger-key FILE|TEXT [--no-audit] [--json]
+//! ledger redrive [--max N] [--json]
 //! ```
 //!
 //! `sync` copies the ledger of a deployment (its bucket, in the C2SP tlog-tiles layout) into
@@ -53,6 +54,7 @@ use serde::Serialize;
 mod bundle;
 mod check;
 mod query;
+mod redrive;
 mod sync;
 mod trust;
 #[cfg(test)]
@@ -62,6 +64,7 @@ pub use bundle::{ProvenReceipt, Refusal, check_bundle};
 use bundle::{consistency_command, prove_command, verify_bundle_command};
 use check::{checkpoint_command, verify_command};
 pub use query::{Row, query_rows};
+pub use redrive::{RedriveArgs, redrive_command};
 use query::query_command;
 pub use sync::sync_copy;
 use sync::sync_command;
@@ -152,6 +155,10 @@ pub enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Operators: send the receipts in the ledger's dead-letter queue back to the ledger queue,
+    /// oldest first, once what held them is fixed (a policy uploaded, a store back). Uses the
+    /// backend's queues (`--backend aws`: LedgerDlqUrl, LedgerQueueUrl).
+    Redrive(RedriveArgs),
     /// Print the consistency proof between two tree sizes (hex hashes, one per line).
     Consistency {
         old_size: u64,
@@ -217,6 +224,7 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
         LedgerCommand::Sync { from, ledger_key, no_audit, json } => {
             sync_command(ledger_dir, &from, &ledger_key, !no_audit, json)
         }
+        LedgerCommand::Redrive(_) => Err(anyhow!("ledger redrive needs the backend's queues: run it through `ephem-batch`")),
     }
 }
 

@@ -236,6 +236,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let services = backend::open(&home, &cli.backend)?.services;
             ephem_batch_client::model_cli::run(command, &services)
         }
+        Command::Ledger(ephem_batch_client::ledger::LedgerCommand::Redrive(args)) => {
+            ephem_batch_client::ledger::redrive_command(&backend::open(&home()?, &cli.backend)?, &args)
+        }
         Command::Ledger(command) => ephem_batch_client::ledger::run(command, &backend::ledger_dir(&home()?, &cli.backend)),
         Command::Dev(command) => {
             let home = home()?;

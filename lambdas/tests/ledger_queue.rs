@@ -271,7 +271,8 @@ fn poison_then_redrive(d: &Deployment) -> Duration {
     // down, and the dead letters go back.
     d.jobs.on.store(false, Ordering::SeqCst);
     let function = d.function(&[&a, &b]);
-    let report = lambdas::ledger_append::redrive(dlq.as_ref(), d.queues.source().as_ref(), u64::MAX, Duration::from_secs(1)).unwrap();
+    let (report, stopped) = lambdas::ledger_append::redrive(dlq.as_ref(), d.queues.source().as_ref(), u64::MAX, Duration::from_secs(1));
+    assert!(stopped.is_none(), "{stopped:?}");
     // In the dead-letter queue's order: the new image's two in theirs (SQS hands the whole
     // batch over at once, the local queue one message of the group at a time, so where the
     // throttled one falls differs).

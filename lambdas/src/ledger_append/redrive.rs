@@ -66,9 +66,20 @@ pub enum RedriveError {
 
 /// Moves up to `limit` messages from `dead_letter` back to `source` (see the module
 /// documentation); stops at the first that cannot be moved, leaving it and those after it
-/// where they were. `wait`: how long the first receive waits for a message.
-pub fn redrive(dead_letter: &dyn Queue, source: &dyn Queue, limit: u64, wait: Duration) -> Result<RedriveReport, RedriveError> {
+/// where they were, and says why. `wait`: how long the first receive waits for a message.
+pub fn redrive(dead_letter: &dyn Queue, source: &dyn Queue, limit: u64, wait: Duration) -> (RedriveReport, Option<RedriveError>) {
     let mut report = RedriveReport::default();
+    let stopped = redrive_into(dead_letter, source, limit, wait, &mut report).err();
+    (report, stopped)
+}
+
+fn redrive_into(
+    dead_letter: &dyn Queue,
+    source: &dyn Queue,
+    limit: u64,
+    wait: Duration,
+    report: &mut RedriveReport,
+) -> Result<(), RedriveError> {
     let mut wait = wait;
     while (report.moved.len() as u64) < limit {
         let want = (limit - report.moved.len() as u64).min(10) as usize;
@@ -92,7 +103,7 @@ pub fn redrive(dead_letter: &dyn Queue, source: &dyn Queue, limit: u64, wait: Du
             report.moved.push(Redriven { message_id: message.message_id.clone(), job_id, receive_count: message.receive_count });
         }
     }
-    Ok(report)
+    Ok(())
 }
 
 fn move_one(dead_letter: &dyn Queue, source: &dyn Queue, message: &Received) -> Result<(), RedriveError> {
@@ -148,7 +159,8 @@ mod tests {
         let dead: Vec<String> = dlq.peek().unwrap().into_iter().map(|m| m.message_id).collect();
         assert_eq!(dead.len(), 3);
 
-        let report = redrive(&dlq, &source, u64::MAX, Duration::ZERO).unwrap();
+        let (report, stopped) = redrive(&dlq, &source, u64::MAX, Duration::ZERO);
+        assert!(stopped.is_none());
         assert_eq!(report.moved.iter().map(|m| m.message_id.clone()).collect::<Vec<_>>(), dead);
         assert!(dlq.peek().unwrap().is_empty());
         // All three are back — sent under the dead letters' ids, not the job ids the ledger
@@ -157,7 +169,7 @@ mod tests {
         assert_eq!(back.iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["receipt 0", "receipt 1", "receipt 2"]);
         assert!(back.iter().all(|m| m.group_id.as_deref() == Some(LEDGER_GROUP) && m.receive_count == 0));
         // A second run finds nothing.
-        assert_eq!(redrive(&dlq, &source, u64::MAX, Duration::ZERO).unwrap().moved, vec![]);
+        assert_eq!(redrive(&dlq, &source, u64::MAX, Duration::ZERO).0.moved, vec![]);
     }
 
     #[test]
@@ -168,7 +180,7 @@ mod tests {
             send(&source, &format!("r{n}"), &format!("j{n}"));
         }
         dead_letter_all(&source);
-        assert_eq!(redrive(&dlq, &source, 2, Duration::ZERO).unwrap().moved.len(), 2);
+        assert_eq!(redrive(&dlq, &source, 2, Duration::ZERO).0.moved.len(), 2);
         assert_eq!(source.peek().unwrap().iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["r0", "r1"]);
         assert_eq!(dlq.peek().unwrap().iter().map(|m| m.body.as_str()).collect::<Vec<_>>(), ["r2"]);
     }
@@ -205,8 +217,9 @@ mod tests {
         send(&source, "r0", "j0");
         dead_letter_all(&source);
         let refusing = Refusing(SqliteQueue::open_existing(dir.path().join("queues.sqlite"), "ledger").unwrap());
-        let error = redrive(&dlq, &refusing, u64::MAX, Duration::ZERO).unwrap_err();
-        assert!(matches!(error, RedriveError::Send { .. }), "{error}");
+        let (report, error) = redrive(&dlq, &refusing, u64::MAX, Duration::ZERO);
+        assert!(report.moved.is_empty());
+        assert!(matches!(error, Some(RedriveError::Send { .. })), "{error:?}");
         assert_eq!(dlq.peek().unwrap().len(), 1);
         drop(source);
     }
