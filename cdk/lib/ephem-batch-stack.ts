@@ -102,8 +102,8 @@ export class EphemBatchStack extends Stack {
   }
 
   /**
-   * A host that ends a job a bulk run waits for (jobs/<id>/bulk-task.json names the run's task
-   * token) completes that task: SendTaskSuccess or SendTaskFailure, never a heartbeat.
+   * A host that ends a job bulk runs wait for (jobs/<id>/bulk-tasks/<bulk_id>.json names each run's
+   * task token) completes those tasks: SendTaskSuccess or SendTaskFailure, never a heartbeat.
    */
   private grantHostBulkTasks(): void {
     allow(this.identities.hostRole, 'CompleteBulkTasks', ['states:SendTaskSuccess', 'states:SendTaskFailure'], [

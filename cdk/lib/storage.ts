@@ -5,9 +5,9 @@
 // Key layout (DESIGN.md §5):
 //   jobs bucket         jobs/<job_id>/input.sealed, jobs/<job_id>/attempts/<n>/output.sealed,
 //                       jobs/<job_id>/receipt.cose, jobs/<job_id>/status.json,
-//                       jobs/<job_id>/cancel.json, jobs/<job_id>/ledgered.json, jobs/<job_id>/bulk-task.json,
+//                       jobs/<job_id>/cancel.json, jobs/<job_id>/ledgered.json, jobs/<job_id>/bulk-tasks/<bulk_id>.json,
 //                       <store prefix><...>.sealed (sealed shards dropped by data owners),
-//                       bulk/<bulk_id>/manifest.json (bulk workflow aggregates)
+//                       bulk/<bulk_id>/shards.json, bulk/<bulk_id>/manifest.json (bulk workflow)
 //   models bucket       models/<model_id>/<version>/... (encrypted weights + signed manifest)
 //   attestations bucket attestations/... (published attestation documents), fleet-keys/<epoch>/...
 //   artifacts bucket    artifacts/host-poller, artifacts/enclave.eif (fetched by the hosts at boot)

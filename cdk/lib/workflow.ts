@@ -1,8 +1,10 @@
 // The bulk workflow (DESIGN.md §5, last paragraph): a Standard state machine whose definition
 // is the single ASL file lambdas/asl/bulk-workflow.asl.json, shared with the Rust tests. The
 // deployment only fills its ${...} placeholders. Each shard is awaited on a task token
-// (bulk-await-shard, lambda:invoke.waitForTaskToken), completed by the host that ends the job
-// or by bulk-await-shard itself; the state machine polls nothing.
+// (bulk-await-shard, lambda:invoke.waitForTaskToken, one slot per run under
+// jobs/<id>/bulk-tasks/), completed by whoever ends the job or by bulk-await-shard itself; the
+// state machine polls nothing. The state holds the listing once and a word per shard: the
+// listing itself goes to bulk/<bulk_id>/shards.json.
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { Validations } from 'aws-cdk-lib';

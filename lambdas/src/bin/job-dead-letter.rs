@@ -5,7 +5,7 @@
 //!
 //! Environment: `EPHEM_JOBS_BUCKET`, `EPHEM_STORE_PREFIXES` (a shard's job is read from its
 //! header). Calls S3 (GetObject and conditional PutObject of `jobs/*/status.json`; GetObject of
-//! `jobs/*/receipt.cose`, `jobs/*/bulk-task.json`, `jobs/*/input.sealed` and shards) and Step
+//! `jobs/*/receipt.cose`, `jobs/*/bulk-tasks/*` (listed), `jobs/*/input.sealed` and shards) and Step
 //! Functions (SendTaskSuccess, SendTaskFailure).
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
