@@ -53,6 +53,7 @@ use serde::Serialize;
 
 mod bundle;
 mod check;
+mod proof;
 mod query;
 mod redrive;
 mod sync;
@@ -63,6 +64,7 @@ mod tests;
 pub use bundle::{ProvenReceipt, Refusal, check_bundle};
 use bundle::{consistency_command, prove_command, verify_bundle_command};
 use check::{checkpoint_command, verify_command};
+pub use proof::{JobProof, check_job_proof, check_proof};
 pub use query::{Row, query_rows};
 pub use redrive::{RedriveArgs, redrive_command};
 use query::query_command;

@@ -189,7 +189,7 @@ pub fn append_job(
         }
     };
     verify::check_output(&files, &state, receipt, &downloaded, &mut out);
-    verify::check_ledger(home, job, &verified.bytes, &mut out);
+    verify::check_ledger(home, services, job, &verified.bytes, &mut out);
     refuse_on_failure(job, &out)?;
     state.downloaded = Some(downloaded);
     Ok(Appended { verification: out, state })

@@ -13,7 +13,7 @@
 //! | `output_sha256` | the sealed output this client downloaded (and wrote) is the one the enclave wrote: same attempt, same SHA-256 |
 //! | `record_ids` | the output's record ids are the ids this client sealed, in order |
 //! | `commitment` | the keyed plaintext commitment: the enclave saw exactly this plaintext and produced exactly this output |
-//! | `ledger` | the ledger holds this receipt, byte for byte, with an inclusion proof against a checkpoint signed by the ledger key |
+//! | `ledger` | the ledger holds this receipt, byte for byte, with an inclusion proof against a checkpoint signed by the ledger key: for a deployment, the job's own proof object (`jobs/<id>/ledger-proof.json`, read with jobs-bucket access only), else the home's synced copy of the ledger |
 
 use anyhow::anyhow;
 use cloud::{layout, ObjectError, Services};
@@ -21,9 +21,11 @@ use protocol::envelope::{JobId, ResultSecretKey};
 use protocol::receipt::{PlaintextCommitment, Receipt};
 use receipts_ledger::local::LocalLedger;
 use receipts_ledger::receipt_check::ProtocolReceipts;
+use receipts_ledger::VerifierKey;
 use serde::Serialize;
 
 use crate::backend::LedgerSource;
+use crate::ledger::JobProof;
 use crate::home::Home;
 use crate::jobstate::{ClientJob, Downloaded, JobFiles};
 use crate::trust::ClientTrust;
@@ -162,7 +164,7 @@ pub fn verify_job(
         Ok(downloaded) => check_output(&files, &state, receipt, &downloaded, &mut out),
         Err(error) => unopened_output(job, receipt.attempt, &error, &mut out),
     }
-    check_ledger(home, job, &verified.bytes, &mut out);
+    check_ledger(home, services, job, &verified.bytes, &mut out);
     Ok(out)
 }
 
@@ -229,21 +231,26 @@ pub fn unopened_output(job: &JobId, attempt: u64, error: &anyhow::Error, out: &m
     out.add("output_sha256", false, format!("{} does not open: {error:#}", layout::job_output(job, attempt)));
 }
 
-/// Brings the home's copy of a deployment's ledger up to its bucket, checking every checkpoint
-/// against the pinned ledger key: `EPHEM_LEDGER_KEY` (the key string or a file holding it), else
-/// the key the copy was synced under before (`ledger sync --ledger-key`, or the development key
-/// `dev aws-bootstrap` pinned). Never a key the bucket supplies.
-fn sync_deployment_ledger(bucket: &str, objects: std::sync::Arc<dyn cloud::ObjectStore>, copy: &std::path::Path) -> anyhow::Result<()> {
-    let key = match std::env::var("EPHEM_LEDGER_KEY").ok().filter(|v| !v.is_empty()) {
-        Some(arg) => crate::ledger::parse_ledger_key(&arg)?.key,
+/// The key a deployment's ledger is pinned to: `EPHEM_LEDGER_KEY` (the key string or a file
+/// holding it), else the key the home's copy was synced under before (`ledger sync
+/// --ledger-key`, or the development key `dev aws-bootstrap` pinned). Never a key the bucket or
+/// a proof object supplies.
+fn deployment_ledger_key(bucket: &str, copy: &std::path::Path) -> anyhow::Result<VerifierKey> {
+    match std::env::var("EPHEM_LEDGER_KEY").ok().filter(|v| !v.is_empty()) {
+        Some(arg) => Ok(crate::ledger::parse_ledger_key(&arg)?.key),
         None => LocalLedger::verifier_key(copy).map_err(|e| {
             anyhow!(
                 "no ledger key pinned for the ledger in {bucket} ({e}): set EPHEM_LEDGER_KEY, or run \
                  `ephem-batch --backend aws ledger sync --from s3://{bucket} --ledger-key KEY` once"
             )
-        })?,
-    };
-    match crate::ledger::sync_copy(copy, objects, "", &key)? {
+        }),
+    }
+}
+
+/// Brings the home's copy of a deployment's ledger up to its bucket, checking every checkpoint
+/// against `key`.
+fn sync_deployment_ledger(bucket: &str, objects: std::sync::Arc<dyn cloud::ObjectStore>, copy: &std::path::Path, key: &VerifierKey) -> anyhow::Result<()> {
+    match crate::ledger::sync_copy(copy, objects, "", key)? {
         Ok(_) => Ok(()),
         Err(e) => Err(anyhow!("the ledger in {bucket} refused: {e}")),
     }
@@ -254,13 +261,30 @@ fn decode32(text: &str) -> Option<[u8; 32]> {
 }
 
 /// The ledger holds the receipt, and an inclusion proof against a signed checkpoint verifies
-/// with the ledger key.
-pub fn check_ledger(home: &Home, job: &JobId, receipt: &[u8], out: &mut Verification) {
+/// with the ledger key. A deployment's job is checked with its own proof object when there is
+/// one (a refused one fails the check, naming why); without one, with the synced ledger.
+pub fn check_ledger(home: &Home, services: &Services, job: &JobId, receipt: &[u8], out: &mut Verification) {
     let result = (|| -> anyhow::Result<String> {
         let dir = match crate::backend::ledger_source() {
             LedgerSource::Home => home.ledger_dir(),
             LedgerSource::Bucket { name, objects, copy } => {
-                sync_deployment_ledger(name, objects.clone(), copy)?;
+                let key = deployment_ledger_key(name, copy)?;
+                match crate::ledger::check_job_proof(services.jobs.as_ref(), job, receipt, &key)? {
+                    JobProof::Proven(p) => {
+                        return Ok(format!(
+                            "entry {} of {} ({}), checkpoint signed by {}",
+                            p.leaf_index,
+                            p.checkpoint.size,
+                            layout::job_ledger_proof(job),
+                            key.name()
+                        ));
+                    }
+                    JobProof::Refused(r) => {
+                        return Err(anyhow!("the ledger proof {} is refused: {}: {}", layout::job_ledger_proof(job), r.check, r.message));
+                    }
+                    JobProof::Absent => {}
+                }
+                sync_deployment_ledger(name, objects.clone(), copy, &key)?;
                 copy.clone()
             }
             LedgerSource::Unnamed => {

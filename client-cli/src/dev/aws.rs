@@ -309,13 +309,16 @@ pub fn ledger_function(
         root,
         policies,
     };
-    Ok(LedgerFunction::open(config, &bucket)?)
+    // As the Lambda: it settles its messages on the ledger queue and its DLQ itself.
+    let dlq_url = cloud.settings().ledger_dlq_url.clone();
+    let queues = lambdas::ledger_append::queues_of(clients, cloud.ledger_queue().url(), dlq_url.as_deref())?;
+    Ok(LedgerFunction::open(config, &bucket)?.with_queues(queues))
 }
 
 /// One batch of the ledger queue through the `ledger-append` function, as Lambda's event source
 /// runs it: the real SQS event payload in, partial batch failures out; what succeeded is
-/// deleted, what failed returns after a short delay (and after the redrive limit, to the
-/// dead-letter queue).
+/// deleted, what failed is left as the function settled it (its backoff, and after the redrive
+/// limit the dead-letter queue).
 pub fn pump_ledger(queue: &SqsQueue, function: &LedgerFunction, wait: Duration) -> anyhow::Result<usize> {
     let batch = queue.receive_lambda_batch(BATCH, wait, Duration::from_secs(60))?;
     if batch.messages.is_empty() {
@@ -325,12 +328,8 @@ pub fn pump_ledger(queue: &SqsQueue, function: &LedgerFunction, wait: Duration) 
     let response = function.invoke(&event, cloud::now_ms());
     let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     let mut done = Vec::new();
-    for message in &batch.messages {
-        if failed.contains(&message.message_id.as_str()) {
-            queue.change_visibility(&message.receipt_handle, RETRY_AFTER)?;
-        } else {
-            done.push(message.receipt_handle.clone());
-        }
+    for message in batch.messages.iter().filter(|m| !failed.contains(&m.message_id.as_str())) {
+        done.push(message.receipt_handle.clone());
     }
     for (_, why) in queue.delete_batch(&done)? {
         // Appended already; the redelivery is a no-op for the ledger (one entry per job).
