@@ -7,7 +7,7 @@
 //! anywhere just means another delivery.
 //!
 //! When a job ends (receipt committed, failed for good, dead-lettered, cancelled) and a bulk
-//! run waits for it (`jobs/<id>/bulk-task.json`), the host completes that run's task token
+//! run waits for it (a slot under `jobs/<id>/bulk-tasks/`), the host completes that run's task token
 //! after writing the end (`cloud::workflow`): the workflow's await step writes the token before
 //! it looks for the end, so one of the two always completes it.
 
