@@ -152,7 +152,9 @@ export class Lambdas extends Construct {
     // ledger-append: the ledger's single writer. FIFO-fed, reserved concurrency 1, and every
     // ledger write is conditional (If-None-Match for new objects, If-Match for the checkpoint).
     // The attestation document travels in the message; besides the policies it reads no other
-    // bucket, and a receipt no policy admits is refused for good. Each receipt
+    // bucket. It settles each message itself: a receipt no policy admits goes to the ledger DLQ
+    // at once (SendMessage), a failure that may pass is hidden for a short backoff
+    // (ChangeMessageVisibility, which the event source's grant includes). Each receipt
     // newly appended is also one CloudWatch EMF log line (the dashboard's job and document counts).
     this.ledgerAppend = this.rustFunction('ledger-append', ids.ledgerRole, {
       timeout: LEDGER_APPEND_TIMEOUT,
@@ -162,10 +164,13 @@ export class Lambdas extends Construct {
         EPHEM_LEDGER_BUCKET: storage.ledger.bucketName,
         EPHEM_LEDGER_KEY_ARN: keys.ledgerSigningKey.attrArn,
         EPHEM_JOBS_BUCKET: storage.jobs.bucketName,
+        EPHEM_LEDGER_QUEUE_URL: queues.ledger.queueUrl,
+        EPHEM_LEDGER_DLQ_URL: queues.ledgerDlq.queueUrl,
         ...policies,
       },
     });
     readPolicies(ids.ledgerRole);
+    allow(ids.ledgerRole, 'DeadLetterHeldReceipts', ['sqs:SendMessage'], [queues.ledgerDlq.queueArn]);
     this.ledgerAppend.addEventSource(new SqsEventSource(queues.ledger, { batchSize: 10, reportBatchItemFailures: true }));
     const ledgerObjects = 'The ledger bucket holds only the ledger (entries, tiles, checkpoints), whose names follow the tree size; ledger-append is its sole writer.';
     allow(ids.ledgerRole, 'ReadLedger', ['s3:GetObject'], [storage.ledger.arnForObjects('*')], { why: ledgerObjects });
@@ -178,8 +183,8 @@ export class Lambdas extends Construct {
       conditions: { Null: { 's3:if-match': 'false' } },
       why: ledgerObjects,
     });
-    allow(ids.ledgerRole, 'MarkJobsLedgered', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/ledgered.json')], {
-      why: 'Writes jobs/<id>/ledgered.json (the entry index) for the job just appended, which clients read; job ids are known at run time.',
+    allow(ids.ledgerRole, 'MarkJobsLedgered', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/ledger-proof.json'), storage.jobs.arnForObjects('jobs/*/ledgered.json')], {
+      why: 'Writes jobs/<id>/ledger-proof.json (the entry\'s proof) and jobs/<id>/ledgered.json (its index) for the job just appended, which clients read; job ids are known at run time.',
     });
 
     // fleet-rotate: a new fleet key pair per epoch; KMS returns only the wrapped private key.

@@ -8,10 +8,17 @@ import { Construct } from 'constructs';
 
 /** Deliveries before a job message goes to the DLQ (DESIGN.md §5: "fails N times"). */
 export const JOB_MAX_RECEIVES = 5;
-/** Deliveries before a receipt message goes to the ledger DLQ. */
-export const LEDGER_MAX_RECEIVES = 5;
-/** ledger-append's timeout; the FIFO queue's visibility must be at least six times it. */
-export const LEDGER_APPEND_TIMEOUT = Duration.seconds(60);
+/**
+ * Deliveries before a receipt message goes to the ledger DLQ. ledger-append hides a failure that
+ * may pass for 2 s, then 8 s (by its ApproximateReceiveCount) and not at all on the last receive,
+ * so a poison message leaves the one FIFO group within seconds (docs/operations.md, "Redrive").
+ */
+export const LEDGER_MAX_RECEIVES = 3;
+/**
+ * ledger-append's timeout. The FIFO queue's visibility is six times it (AWS's rule for a Lambda
+ * event source): what a message waits only when an invocation dies without settling it.
+ */
+export const LEDGER_APPEND_TIMEOUT = Duration.seconds(30);
 /** job-dead-letter's timeout; the queues it consumes hide a message six times as long. */
 export const DEAD_LETTER_TIMEOUT = Duration.seconds(30);
 

@@ -190,9 +190,9 @@ describe('Lambdas', () => {
     assert.deepEqual(lambdaEnvironment('job-dead-letter'), { EPHEM_JOBS_BUCKET: { Ref: jobsBucketId }, EPHEM_STORE_PREFIXES: 'stores/', RUST_LOG: 'info' });
   });
 
-  it('ledger-append writes ledgered.json (no object tags), reads the signed policies and no attestations bucket', () => {
+  it('ledger-append writes ledger-proof.json and ledgered.json (no object tags), reads the signed policies and no attestations bucket', () => {
     const ledger = s3Only(grantsOf('IdentitiesLedgerAppendRole'));
-    assert.deepEqual(ledger.MarkJobsLedgered, { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/ledgered.json'] });
+    assert.deepEqual(ledger.MarkJobsLedgered, { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/ledger-proof.json', 'JOBS/jobs/*/ledgered.json'] });
     assert.deepEqual(ledger.ReadAttestationPolicies, { actions: ['s3:GetObject'], resources: ['ARTIFACTS/artifacts/policies/*'] });
     assert.deepEqual(ledger.ListAttestationPolicies, { actions: ['s3:ListBucket'], resources: ['ARTIFACTS'], condition: prefix('artifacts/policies/*') });
     assert.deepEqual(
@@ -202,6 +202,24 @@ describe('Lambdas', () => {
     const env = lambdaEnvironment('ledger-append');
     assert.equal(env.EPHEM_LEDGERED_TAG, undefined);
     assert.equal(env.EPHEM_ATTESTATIONS_BUCKET, undefined);
+  });
+
+  it('ledger-append settles its messages: backoff on the ledger queue, held receipts sent to the ledger DLQ only', () => {
+    const env = lambdaEnvironment('ledger-append');
+    const queueId = (prefix: string) => resourcesOfType(json, 'AWS::SQS::Queue').map(([id]) => id).find((id) => new RegExp(`^Queues${prefix}[0-9A-F]{8}$`).test(id));
+    assert.deepEqual(env.EPHEM_LEDGER_QUEUE_URL, { Ref: queueId('Ledger') });
+    assert.deepEqual(env.EPHEM_LEDGER_DLQ_URL, { Ref: queueId('LedgerDlq') });
+    const grants = grantsOf('IdentitiesLedgerAppendRole');
+    assert.deepEqual(grants.DeadLetterHeldReceipts, { actions: ['sqs:SendMessage'], resources: ['queue:LedgerDlq'] });
+    // The event source's grant (no Sid) covers the visibility and the redrive policy it reads.
+    const sqs = statements.filter(({ owner, statement: s }) => owner.startsWith('IdentitiesLedgerAppendRole') && asArray<string>(s.Action).some((a) => a.startsWith('sqs:')));
+    const onLedger = sqs.filter(({ statement: s }) => asArray(s.Resource).map(resourceName).includes('queue:Ledger')).flatMap(({ statement: s }) => asArray<string>(s.Action));
+    for (const action of ['sqs:ReceiveMessage', 'sqs:ChangeMessageVisibility', 'sqs:GetQueueAttributes', 'sqs:DeleteMessage']) {
+      assert.ok(onLedger.includes(action), `${action} on the ledger queue`);
+    }
+    assert.ok(!onLedger.includes('sqs:SendMessage'), 'it sends nothing to the ledger queue');
+    const sends = sqs.filter(({ statement: s }) => asArray<string>(s.Action).includes('sqs:SendMessage')).flatMap(({ statement: s }) => asArray(s.Resource).map(resourceName));
+    assert.deepEqual(sends, ['queue:LedgerDlq']);
   });
 
   it('bulk-list-shards lists and reads the shards under the store prefixes and writes its listing once', () => {

@@ -260,10 +260,15 @@ describe('queues', () => {
     for (const [id, q] of withRedrive) {
       const dlqId = referencedId(q.Properties!.RedrivePolicy.deadLetterTargetArn);
       assert.ok(dlqId && json.Resources[dlqId]?.Type === 'AWS::SQS::Queue', `${id} redrives to a queue`);
-      assert.equal(q.Properties!.RedrivePolicy.maxReceiveCount, 5);
+      // A poison receipt leaves the ledger's one group after three receives (seconds apart).
+      assert.equal(q.Properties!.RedrivePolicy.maxReceiveCount, q.Properties?.FifoQueue ? 3 : 5);
       assert.equal(Boolean(json.Resources[dlqId!].Properties?.FifoQueue), Boolean(q.Properties?.FifoQueue), `${id} and its DLQ share FIFO-ness`);
     }
     assert.equal(withRedrive.filter(([, q]) => q.Properties?.FifoQueue).length, 1, 'the ledger queue is FIFO');
+    const [[, ledger]] = withRedrive.filter(([, q]) => q.Properties?.FifoQueue);
+    const [[, append]] = resourcesOfType(json, 'AWS::Lambda::Function').filter(([, f]) => f.Properties?.Description === 'ephem-batch ledger-append');
+    assert.equal(append.Properties?.Timeout, 30);
+    assert.equal(ledger.Properties?.VisibilityTimeout, 6 * 30, 'six times the function timeout, and no more');
   });
 });
 
