@@ -72,7 +72,8 @@ pub(super) fn sync_command(dir: &Path, from: &str, ledger_key: &str, audit: bool
         }
     };
     let audit = if audit { Some(tiles::audit(&store)?) } else { None };
-    let ok = audit.as_ref().is_none_or(tiles::AuditReport::ok);
+    // Metadata that says something else than its receipt was not used, but someone wrote it.
+    let ok = audit.as_ref().is_none_or(tiles::AuditReport::ok) && report.altered_metadata.is_empty();
     if json {
         let out = SyncJson { ok, ledger_key: pinned.key.to_string(), copy: db.display().to_string(), sync: &report, audit: audit.as_ref() };
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -94,6 +95,9 @@ pub(super) fn sync_command(dir: &Path, from: &str, ledger_key: &str, audit: bool
             for p in &a.problems {
                 println!("  MISMATCH {}: {}", p.key, p.problem);
             }
+        }
+        for m in &report.altered_metadata {
+            println!("ALTERED {}: entry {} {} differs from its receipt (the receipt's was used)", m.key, m.index, m.field);
         }
     }
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })

@@ -34,6 +34,18 @@ fn sync_copies_a_bucket_ledger_and_audits_it() {
     assert_eq!(Checkpoint::open(cp.note.as_bytes(), &key).unwrap().size, 5);
     drop(copy);
 
+    // Metadata that names another job: the copy keeps the receipt's, and the exit status says so.
+    let meta_key = "ephem/meta/000.p/5";
+    let original_meta = objects.get(meta_key).unwrap();
+    let edited = String::from_utf8(original_meta.clone()).unwrap().replacen(&format!("{:032x}", 2), &format!("{:032x}", 99), 1);
+    objects.put(meta_key, edited.as_bytes(), PutCondition::Overwrite).unwrap();
+    let fresh = tmp.path().join("fresh-home/ledger");
+    assert_eq!(sync_command(&fresh, from, &key.to_string(), true, true).unwrap(), ExitCode::from(1));
+    let copy = LocalLedger::open_read_only(&fresh).unwrap();
+    assert_eq!(copy.entry_by_job(&format!("{:032x}", 2)).unwrap().map(|e| e.index), Some(2));
+    drop(copy);
+    objects.put(meta_key, &original_meta, PutCondition::Overwrite).unwrap();
+
     // A rewritten tile is reported, and the exit status says so.
     let tile = "tile/0/000.p/5";
     let mut bytes = objects.get(tile).unwrap();

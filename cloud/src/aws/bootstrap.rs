@@ -107,7 +107,8 @@ pub fn bootstrap(clients: &AwsClients, options: &BootstrapOptions) -> Result<Sta
         &[
             (QueueAttributeName::FifoQueue, "true"),
             (QueueAttributeName::ContentBasedDeduplication, "false"),
-            (QueueAttributeName::VisibilityTimeout, "360"),
+            // The stack's: six times ledger-append's 30 s timeout (cdk/lib/queues.ts).
+            (QueueAttributeName::VisibilityTimeout, "180"),
             (QueueAttributeName::RedrivePolicy, &redrive(&ledger_dlq.1)),
         ],
     )?;

@@ -10,7 +10,9 @@
 //! (`lambdas::policies`: `EPHEM_IMAGE_PUBLISHER_KEY`, `EPHEM_POLICIES_BUCKET`, optional
 //! `EPHEM_POLICIES_PREFIX`) — without them it does not start; optional `EPHEM_LEDGER_ORIGIN`,
 //! `EPHEM_ATTESTATION_ROOT_PEM`, `EPHEM_LEDGER_CACHE_DIR` (default `/tmp/ephem-ledger`: the
-//! SQLite cache, rebuilt from the bucket whenever it is missing or behind).
+//! SQLite cache, rebuilt from the bucket whenever it is missing or behind); `EPHEM_LEDGER_QUEUE_URL`
+//! and `EPHEM_LEDGER_DLQ_URL`, where it settles the messages it does not finish (a retry's
+//! backoff, a held receipt dead-lettered; `lambdas::ledger_append`).
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use lambdas::ledger_append::LedgerFunction;
