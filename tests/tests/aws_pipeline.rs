@@ -73,6 +73,9 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
     for check in verification["checks"].as_array().unwrap() {
         assert_eq!(check["passed"], true, "{check}");
     }
+    // Inclusion was checked with the job's own proof object: no copy of the ledger was needed.
+    let ledger_detail = verification["checks"].as_array().unwrap().iter().find(|c| c["name"] == "ledger").unwrap()["detail"].clone();
+    assert!(ledger_detail.as_str().unwrap().contains("ledger-proof.json"), "{ledger_detail}");
     let status = json(&stack.ok(&["status", &job, "--json"]));
     assert_eq!(status["state"], "completed", "{status}");
     assert_eq!(status["status"]["attempt"], 1, "{status}");
@@ -80,18 +83,21 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
     // What the pipeline left in the emulator's S3: the receipt, the attempt's output, the marker
     // ledger-append writes after it appended the receipt from the ledger queue's SQS event.
     let job_id = tests_job_id(&job);
-    for key in [layout::job_receipt(&job_id), layout::job_output(&job_id, 1), layout::job_ledgered(&job_id)] {
+    for key in [layout::job_receipt(&job_id), layout::job_output(&job_id, 1), layout::job_ledger_proof(&job_id), layout::job_ledgered(&job_id)] {
         assert!(exists(services.jobs.as_ref(), &key), "{key} is not in S3\n{}", stack.logs());
     }
     assert_eq!(cloud.ledger_queue().stats().unwrap().in_flight + cloud.ledger_queue().stats().unwrap().visible, 0);
     // The ledger is the AWS one: tlog-tiles in the ledger bucket, written by the `ledger-append`
-    // function the pump invoked; `verify` read it through the home's synced copy.
+    // function the pump invoked; an auditor syncs a copy of it and verifies the whole ledger.
     let ledger_bucket = cloud.clients().object_store(cloud.settings().ledger_bucket.as_deref().unwrap(), "");
     let ledger_keys: Vec<String> = ledger_bucket.list("").unwrap().into_iter().map(|m| m.key).collect();
     for key in ["checkpoint", "tile/entries/000.p/1"] {
         assert!(ledger_keys.iter().any(|k| k == key), "{key} is not in the ledger bucket: {ledger_keys:?}\n{}", stack.logs());
     }
     assert!(!stack.home().join("ledger/ledger.sqlite").exists(), "no local ledger stands in for the S3 one");
+    let pinned = stack.home().join("aws-ledger/ledger.pub"); // pinned by dev aws-bootstrap
+    let from = format!("s3://{}", cloud.settings().ledger_bucket.as_deref().unwrap());
+    stack.ok(&["ledger", "sync", "--from", &from, "--ledger-key", pinned.to_str().unwrap(), "--json"]);
     let ledger_check = json(&stack.ok(&["ledger", "verify", "--json"]));
     assert_eq!(ledger_check["ok"], true, "{ledger_check}");
 
