@@ -96,7 +96,7 @@ impl ObjectStore for Throttled {
 /// The ledger queue and its dead-letter queue, as one backend has them.
 enum Queues {
     Local { source: Arc<SqliteQueue>, dlq: Arc<SqliteQueue> },
-    Sqs { source: SqsQueue, dlq: SqsQueue, clients: AwsClients },
+    Sqs { source: SqsQueue, dlq: SqsQueue, clients: Box<AwsClients> },
 }
 
 impl Queues {
@@ -229,7 +229,7 @@ fn emulated() -> Option<Deployment> {
     let ledger: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&value(cloud::aws::settings::LEDGER_BUCKET.output), ""));
     let jobs: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&value(cloud::aws::settings::JOBS_BUCKET.output), ""));
     let jobs = Arc::new(Throttled { inner: jobs, prefix: format!("jobs/{}/", job(4)), on: AtomicBool::new(true) });
-    Some(Deployment { queues: Queues::Sqs { source, dlq, clients }, ledger, jobs, cache: tempfile::tempdir().unwrap() })
+    Some(Deployment { queues: Queues::Sqs { source, dlq, clients: Box::new(clients) }, ledger, jobs, cache: tempfile::tempdir().unwrap() })
 }
 
 /// The whole story on one backend; returns how long the genuine receipt waited.
