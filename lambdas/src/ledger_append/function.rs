@@ -124,10 +124,14 @@ impl LedgerFunction {
 }
 
 /// The ledger queue at `url` with its redrive limit (asked once: `GetQueueAttributes`), and its
-/// dead-letter queue.
+/// dead-letter queue. A limit that cannot be read leaves the backoff alone: the queue still
+/// dead-letters by its own policy, only without the last receive's shortcut.
 pub fn queues_of(clients: &AwsClients, url: &str, dlq_url: Option<&str>) -> Result<LedgerQueues, ShellError> {
     let source = clients.queue(url);
-    let max_receives = source.max_receives().map_err(|e| ShellError::Setup(format!("ledger queue {url}: {e}")))?;
+    let max_receives = source.max_receives().unwrap_or_else(|error| {
+        tracing::warn!(queue = url, %error, "the ledger queue's redrive limit is unknown");
+        None
+    });
     Ok(LedgerQueues {
         source: Arc::new(source),
         dead_letter: dlq_url.map(|u| Arc::new(clients.queue(u)) as Arc<dyn cloud::Queue>),
