@@ -291,7 +291,13 @@ export class Lambdas extends Construct {
     this.jobDeadLetter = this.rustFunction('job-dead-letter', ids.deadLetterRole, {
       timeout: DEAD_LETTER_TIMEOUT,
       memorySize: 256,
-      environment: { EPHEM_JOBS_BUCKET: storage.jobs.bucketName, EPHEM_STORE_PREFIXES: storePrefixes },
+      environment: {
+        EPHEM_JOBS_BUCKET: storage.jobs.bucketName,
+        EPHEM_STORE_PREFIXES: storePrefixes,
+        // A committed job whose host died before telling the ledger: its receipt is sent on.
+        EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName,
+        EPHEM_LEDGER_QUEUE_URL: queues.ledger.queueUrl,
+      },
     });
     for (const queue of [queues.uploadFailures, queues.jobsDlq]) {
       this.jobDeadLetter.addEventSource(new SqsEventSource(queue, { batchSize: 10, reportBatchItemFailures: true }));
@@ -300,15 +306,23 @@ export class Lambdas extends Construct {
     allow(ids.deadLetterRole, 'ReadJobEnds', ['s3:GetObject'], [
       storage.jobs.arnForObjects('jobs/*/status.json'),
       storage.jobs.arnForObjects('jobs/*/receipt.cose'),
+      storage.jobs.arnForObjects('jobs/*/ledgered.json'),
       storage.jobs.arnForObjects('jobs/*/bulk-tasks/*'),
-    ], { why: `${deadJobs} Looks for the job's end (its status, a committed receipt) and the bulk runs waiting for it.` });
+    ], { why: `${deadJobs} Looks for the job's end (its status, a committed receipt, whether the ledger holds it) and the bulk runs waiting for it.` });
+    allow(ids.deadLetterRole, 'ReadAttestationDocuments', ['s3:GetObject'], [storage.attestations.arnForObjects('attestations/by-hash/*')], {
+      why: 'Reads the attestation document a committed receipt names (by its hash), to send the receipt to the ledger as its host would have.',
+    });
+    allow(ids.deadLetterRole, 'KnowAbsentAttestationDocuments', ['s3:ListBucket'], [storage.attestations.bucketArn], {
+      conditions: { StringLike: { 's3:prefix': ['attestations/by-hash/*'] } },
+    });
+    allow(ids.deadLetterRole, 'SendReceiptsToLedger', ['sqs:SendMessage'], [queues.ledger.queueArn]);
     allow(ids.deadLetterRole, 'ReadJobInputsAndShardHeaders', ['s3:GetObject'], [storage.jobs.arnForObjects('jobs/*/input.sealed'), ...shardObjects], {
       why: `${deadJobs} A shard's job is the one its header derives (read), unless that job's input exists (HeadObject).`,
     });
     // Normally absent: the status of an upload on-upload never handled, the receipt, a bulk run's
     // task, the input of a shard never copied. A 403 would fail the record (fleet.ts).
     allow(ids.deadLetterRole, 'KnowAbsentJobObjects', ['s3:ListBucket'], [storage.jobs.bucketArn], {
-      conditions: { StringLike: { 's3:prefix': ['jobs/*/status.json', 'jobs/*/receipt.cose', 'jobs/*/bulk-tasks/*', 'jobs/*/input.sealed'] } },
+      conditions: { StringLike: { 's3:prefix': ['jobs/*/status.json', 'jobs/*/receipt.cose', 'jobs/*/ledgered.json', 'jobs/*/bulk-tasks/*', 'jobs/*/input.sealed'] } },
     });
     allow(ids.deadLetterRole, 'CreateFailedStatusIfAbsent', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/status.json')], {
       conditions: { Null: { 's3:if-none-match': 'false' } },

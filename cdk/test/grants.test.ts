@@ -153,15 +153,20 @@ describe('Lambdas', () => {
     assert.equal(copyTimeout, 900, 'a server-side copy of a large shard has 15 minutes');
   });
 
-  it('job-dead-letter reads a job\'s end and a shard\'s header, writes failed only conditionally, completes bulk tasks, consumes both queues', () => {
+  it('job-dead-letter reads a job\'s end and a shard\'s header, writes failed only conditionally, completes bulk tasks, consumes both queues, sends unledgered receipts on', () => {
     const grants = grantsOf('IdentitiesJobDeadLetterRole');
     assert.deepEqual(s3Only(grants), {
-      ReadJobEnds: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/status.json', 'JOBS/jobs/*/receipt.cose', 'JOBS/jobs/*/bulk-tasks/*'] },
+      ReadJobEnds: {
+        actions: ['s3:GetObject'],
+        resources: ['JOBS/jobs/*/status.json', 'JOBS/jobs/*/receipt.cose', 'JOBS/jobs/*/ledgered.json', 'JOBS/jobs/*/bulk-tasks/*'],
+      },
+      ReadAttestationDocuments: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/attestations/by-hash/*'] },
+      KnowAbsentAttestationDocuments: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/by-hash/*') },
       ReadJobInputsAndShardHeaders: { actions: ['s3:GetObject'], resources: ['JOBS/jobs/*/input.sealed', 'JOBS/stores/*.sealed'] },
       KnowAbsentJobObjects: {
         actions: ['s3:ListBucket'],
         resources: ['JOBS'],
-        condition: prefix('jobs/*/status.json', 'jobs/*/receipt.cose', 'jobs/*/bulk-tasks/*', 'jobs/*/input.sealed'),
+        condition: prefix('jobs/*/status.json', 'jobs/*/receipt.cose', 'jobs/*/ledgered.json', 'jobs/*/bulk-tasks/*', 'jobs/*/input.sealed'),
       },
       CreateFailedStatusIfAbsent: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/status.json'], condition: { Null: { 's3:if-none-match': 'false' } } },
       ReplaceUnendedStatusIfMatch: { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/status.json'], condition: { Null: { 's3:if-match': 'false' } } },
@@ -169,14 +174,17 @@ describe('Lambdas', () => {
     const [[stateMachineId]] = resourcesOfType(json, 'AWS::StepFunctions::StateMachine');
     assert.deepEqual(grants.CompleteBulkTasks, { actions: ['states:SendTaskSuccess', 'states:SendTaskFailure'], resources: [`<${stateMachineId}>`] });
     assert.deepEqual(Object.keys(grants).sort(), [
-      'CompleteBulkTasks', 'CreateFailedStatusIfAbsent', 'KnowAbsentJobObjects', 'ReadJobEnds', 'ReadJobInputsAndShardHeaders',
-      'ReplaceUnendedStatusIfMatch', 'WriteOwnLogs',
+      'CompleteBulkTasks', 'CreateFailedStatusIfAbsent', 'KnowAbsentAttestationDocuments', 'KnowAbsentJobObjects', 'ReadAttestationDocuments',
+      'ReadJobEnds', 'ReadJobInputsAndShardHeaders', 'ReplaceUnendedStatusIfMatch', 'SendReceiptsToLedger', 'WriteOwnLogs',
     ]);
+    assert.deepEqual(grants.SendReceiptsToLedger, { actions: ['sqs:SendMessage'], resources: ['queue:Ledger'] });
     // The statements CDK adds for the event sources: consume the two queues, nothing else.
-    const sqs = statements.filter(({ owner, statement: s }) => owner.startsWith('IdentitiesJobDeadLetterRole') && asArray<string>(s.Action).some((a) => a.startsWith('sqs:')));
+    const sqs = statements.filter(
+      ({ owner, statement: s }) => owner.startsWith('IdentitiesJobDeadLetterRole') && s.Sid !== 'SendReceiptsToLedger' && asArray<string>(s.Action).some((a) => a.startsWith('sqs:')),
+    );
     const consumed = sqs.flatMap(({ statement: s }) => asArray(s.Resource).map(resourceName)).sort();
     assert.deepEqual(consumed, ['queue:JobsDlq', 'queue:UploadFailures']);
-    for (const { statement: s } of sqs) assert.ok(!asArray<string>(s.Action).includes('sqs:SendMessage'), 'it sends nothing');
+    for (const { statement: s } of sqs) assert.ok(!asArray<string>(s.Action).includes('sqs:SendMessage'), 'it sends to no queue it consumes');
 
     const [[fnId, fn]] = resourcesOfType(json, 'AWS::Lambda::Function').filter(([, f]) => f.Properties?.Description === 'ephem-batch job-dead-letter');
     const sources = resourcesOfType(json, 'AWS::Lambda::EventSourceMapping').filter(([, m]) => referencedId(m.Properties?.FunctionName) === fnId);
@@ -187,7 +195,15 @@ describe('Lambdas', () => {
       assert.ok(queue.Properties?.VisibilityTimeout >= 6 * fn.Properties?.Timeout, 'a queue hides a message six times the function\'s timeout');
     }
     const [[jobsBucketId]] = resourcesOfType(json, 'AWS::S3::Bucket').filter(([id]) => id.startsWith('StorageJobs'));
-    assert.deepEqual(lambdaEnvironment('job-dead-letter'), { EPHEM_JOBS_BUCKET: { Ref: jobsBucketId }, EPHEM_STORE_PREFIXES: 'stores/', RUST_LOG: 'info' });
+    const [[attestationsBucketId]] = resourcesOfType(json, 'AWS::S3::Bucket').filter(([id]) => id.startsWith('StorageAttestations'));
+    const [[ledgerQueueId]] = resourcesOfType(json, 'AWS::SQS::Queue').filter(([id]) => id.startsWith('QueuesLedger') && !id.startsWith('QueuesLedgerDlq'));
+    assert.deepEqual(lambdaEnvironment('job-dead-letter'), {
+      EPHEM_JOBS_BUCKET: { Ref: jobsBucketId },
+      EPHEM_STORE_PREFIXES: 'stores/',
+      EPHEM_ATTESTATIONS_BUCKET: { Ref: attestationsBucketId },
+      EPHEM_LEDGER_QUEUE_URL: { Ref: ledgerQueueId },
+      RUST_LOG: 'info',
+    });
   });
 
   it('ledger-append writes ledger-proof.json and ledgered.json (no object tags), reads the signed policies and no attestations bucket', () => {

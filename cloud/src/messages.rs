@@ -1,7 +1,11 @@
 //! The JSON bodies that travel on the queues. Nothing in them is trusted by the enclave: the
 //! job message only tells a host which object to relay; the enclave checks the sealed bytes.
 
+use base64::Engine;
+use protocol::envelope::JobId;
 use serde::{Deserialize, Serialize};
+
+use crate::SendOptions;
 
 /// On the job queue, sent by `on-upload` after it checked the sealed header.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,7 +22,8 @@ pub struct JobMessage {
     pub created_ms: u64,
 }
 
-/// On the ledger queue, sent by a host after it committed a receipt.
+/// On the ledger queue, sent by a host after it committed a receipt (or by `job-dead-letter`
+/// for a committed job whose host stopped before it did).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerMessage {
     pub job_id: String,
@@ -26,6 +31,22 @@ pub struct LedgerMessage {
     pub receipt: String,
     /// The attestation document the receipt names, base64.
     pub attestation_document: String,
+}
+
+/// The FIFO ledger queue's one message group: the ledger is a single sequence.
+pub const LEDGER_GROUP: &str = "ledger";
+
+impl LedgerMessage {
+    pub fn new(job: &JobId, receipt: &[u8], attestation_document: &[u8]) -> Self {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        LedgerMessage { job_id: job.to_hex(), receipt: b64.encode(receipt), attestation_document: b64.encode(attestation_document) }
+    }
+
+    /// How a job's receipt is sent: in the ledger's group, deduplicated by the job id (a receipt
+    /// sent twice within five minutes is delivered once; the ledger ignores a job it holds).
+    pub fn send_options(job: &JobId) -> SendOptions {
+        SendOptions { group_id: Some(LEDGER_GROUP.to_owned()), deduplication_id: Some(job.to_hex()), delay: std::time::Duration::ZERO }
+    }
 }
 
 /// Where a job stands, as hosts and handlers see it.

@@ -14,10 +14,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use base64::Engine as _;
 use cloud::messages::{Failure, JobMessage, LedgerMessage};
 use cloud::workflow::JobEnd;
-use cloud::{layout, Completion, ObjectError, ObjectWriter, PutCondition, QueueError, Received, SendOptions, Services};
+use cloud::{layout, Completion, ObjectError, ObjectWriter, PutCondition, QueueError, Received, Services};
 use protocol::cancel;
 use protocol::envelope::JobId;
 use protocol::receipt::{Receipt, SignedReceipt};
@@ -39,9 +38,6 @@ const PERMANENT_CHECKS: [&str; 7] =
 
 /// Checks that fail because the worker is missing something control can give it.
 const CONTROL_CHECKS: [&str; 2] = ["fleet_key", "model"];
-
-/// The FIFO ledger queue's one message group.
-pub const LEDGER_GROUP: &str = "ledger";
 
 /// Whether a worker's `JobFailed` check condemns the job (as opposed to this attempt).
 pub fn is_permanent(check: &str) -> bool {
@@ -358,18 +354,9 @@ impl Delivery<'_> {
 
     fn send_to_ledger(&self, receipt_bytes: &[u8], receipt: &Receipt) -> Result<(), LedgerSendError> {
         let document = self.ctx.relay.attestation_document(&receipt.attestation_sha256).map_err(LedgerSendError::Attestation)?;
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let message = LedgerMessage {
-            job_id: self.job.to_hex(),
-            receipt: b64.encode(receipt_bytes),
-            attestation_document: b64.encode(document.as_slice()),
-        };
+        let message = LedgerMessage::new(&self.job, receipt_bytes, &document);
         let body = serde_json::to_string(&message).expect("a ledger message serialises");
-        let options = SendOptions {
-            group_id: Some(LEDGER_GROUP.to_owned()),
-            deduplication_id: Some(self.job.to_hex()),
-            delay: Duration::ZERO,
-        };
+        let options = LedgerMessage::send_options(&self.job);
         let queue = &self.ctx.services.ledger_queue;
         retry::transient("send to ledger", || queue.send(&body, &options)).map_err(LedgerSendError::Queue)?;
         tracing::info!("receipt sent to the ledger queue");

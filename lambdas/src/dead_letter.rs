@@ -18,10 +18,11 @@
 
 use aws_lambda_events::s3::S3Event;
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use cloud::messages::{Failure, JobMessage, JobState, JobStatus};
+use cloud::messages::{Failure, JobMessage, JobState, JobStatus, LedgerMessage};
 use cloud::workflow::{self, BulkTaskError, JobEnd};
-use cloud::{layout, ObjectError, ObjectStore, PutCondition, Services};
+use cloud::{layout, ObjectError, ObjectStore, PutCondition, QueueError, Services, MAX_SMALL_OBJECT};
 use protocol::envelope::JobId;
+use protocol::receipt::SignedReceipt;
 use serde_json::Value;
 
 use crate::on_upload::{self, Config};
@@ -42,6 +43,8 @@ pub enum DeadLetterError {
     Object(#[from] ObjectError),
     #[error("completing the bulk task: {0}")]
     Task(#[from] BulkTaskError),
+    #[error("sending the receipt to the ledger queue: {0}")]
+    Queue(#[from] QueueError),
     #[error("the status of job {job} changed {WRITE_ATTEMPTS} times while it was being marked failed")]
     Contended { job: String },
 }
@@ -116,6 +119,9 @@ pub enum Outcome {
     MarkedFailed { job_id: String, check: &'static str },
     /// The job had ended already (receipt committed, or a final status): left as it was.
     AlreadyEnded { job_id: String, state: JobState },
+    /// The job's receipt is committed and the ledger does not hold it (its host stopped before
+    /// it sent it): sent to the ledger queue, as the host would have.
+    ReceiptSentToLedger { job_id: String },
     /// A shard whose job input exists: that input's own event ends the job.
     InputExists { job_id: String },
     /// Nothing to attach a status to.
@@ -146,6 +152,7 @@ fn log_outcome(outcome: &Outcome) {
     match outcome {
         Outcome::MarkedFailed { job_id, check } => tracing::warn!(job = %job_id, check, "job marked failed"),
         Outcome::AlreadyEnded { job_id, state } => tracing::info!(job = %job_id, state = state.as_str(), "job had ended already"),
+        Outcome::ReceiptSentToLedger { job_id } => tracing::warn!(job = %job_id, "job had ended; its receipt is sent to the ledger"),
         Outcome::InputExists { job_id } => tracing::info!(job = %job_id, "the shard's job input exists; its own event ends the job"),
         Outcome::Unattributable { reason } => tracing::error!(%reason, "a dead letter names no job; nothing marked"),
     }
@@ -206,7 +213,11 @@ fn end_job(job: &JobId, check: &'static str, message: &str, services: &Services)
                 (_, Some(f)) => JobEnd::Failed { reason: format!("{}: {}", f.check, f.message) },
                 (state, None) => JobEnd::Failed { reason: state.as_str().to_owned() },
             };
-            (Outcome::AlreadyEnded { job_id: job.to_hex(), state }, end)
+            let outcome = match state {
+                JobState::Completed if send_receipt_to_ledger(job, services)? => Outcome::ReceiptSentToLedger { job_id: job.to_hex() },
+                state => Outcome::AlreadyEnded { job_id: job.to_hex(), state },
+            };
+            (outcome, end)
         }
     };
     // A host that ended the job may have died before it completed the task: completing it
@@ -221,6 +232,45 @@ fn end_job(job: &JobId, check: &'static str, message: &str, services: &Services)
         }
     }
     Ok(outcome)
+}
+
+/// Sends the committed receipt of `job` to the ledger queue unless the ledger holds the job
+/// (`ledgered.json`): a host that died after committing, on the message's last receive, sent
+/// nothing, and no later delivery would. The appender verifies it like any receipt; a second
+/// send of one it holds is a quiet success. `false` when there was nothing to send.
+fn send_receipt_to_ledger(job: &JobId, services: &Services) -> Result<bool, DeadLetterError> {
+    if services.jobs.head(&layout::job_ledgered(job))?.is_some() {
+        return Ok(false);
+    }
+    let receipt_bytes = match services.jobs.get_at_most(&layout::job_receipt(job), MAX_SMALL_OBJECT) {
+        Ok(bytes) => bytes,
+        Err(ObjectError::NotFound { .. }) => return Ok(false),
+        Err(ObjectError::Rejected { message, .. }) => {
+            tracing::error!(job = %job, %message, "the committed receipt is not one an enclave signed; not sent to the ledger");
+            return Ok(false);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let receipt = match SignedReceipt::decode(&receipt_bytes) {
+        Ok(signed) if signed.receipt.job_id == *job => signed.receipt,
+        Ok(_) | Err(_) => {
+            tracing::error!(job = %job, "the committed receipt does not decode as this job's; not sent to the ledger");
+            return Ok(false);
+        }
+    };
+    let document_key = layout::attestation_by_hash(&receipt.attestation_sha256);
+    let document = match services.attestations.get_at_most(&document_key, MAX_SMALL_OBJECT) {
+        Ok(document) => document,
+        Err(error @ (ObjectError::NotFound { .. } | ObjectError::Rejected { .. })) => {
+            tracing::error!(job = %job, %error, "the attestation document the receipt names is not published; not sent to the ledger");
+            return Ok(false);
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let body = serde_json::to_string(&LedgerMessage::new(job, &receipt_bytes, &document)).expect("a ledger message serialises");
+    services.ledger_queue.send(&body, &LedgerMessage::send_options(job))?;
+    tracing::info!(job = %job, "a committed receipt the ledger did not hold is sent to it");
+    Ok(true)
 }
 
 /// How [`mark_failed`] left the job.

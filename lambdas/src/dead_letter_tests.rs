@@ -268,3 +268,39 @@ fn records_are_read_as_lambda_writes_them() {
     let elsewhere = failure_record(&on_upload::object_created_event("jobs", "other/x.sealed", 1, "e"), "RetriesExhausted", 3, "boom");
     assert!(matches!(&handle_body(&elsewhere, &f.services, &config()).unwrap()[..], [Outcome::Unattributable { reason }] if reason.contains("neither")));
 }
+
+/// A host committed the receipt and died before it told the ledger, on the message's last
+/// receive: the dead-letter consumer sends the receipt to the ledger queue as the host would
+/// have, once — not again once the ledger holds the job, and never a receipt that does not decode.
+#[test]
+fn a_committed_receipt_the_ledger_never_heard_of_is_sent_to_it() {
+    use base64::Engine as _;
+    use cloud::messages::LedgerMessage;
+
+    let f = Fixture::new();
+    let e = receipts_ledger::testing::DevEnclave::new(2, cloud::now_ms());
+    let signed = e.sign(&e.receipt(41));
+    let job = e.receipt(41).job_id;
+    f.services.jobs.put(&layout::job_receipt(&job), &signed, PutCondition::CreateOnly).unwrap();
+    let document_key = layout::attestation_by_hash(&e.receipt(41).attestation_sha256);
+    f.services.attestations.put(&document_key, &e.document, PutCondition::CreateOnly).unwrap();
+    let message = serde_json::json!({
+        "job_id": job.to_hex(), "input_key": layout::job_input(&job), "input_size": 1, "model_id": "m",
+        "manifest_hash": "00", "epoch": 1, "record_count": 1, "created_ms": 1
+    })
+    .to_string();
+
+    let out = handle_body(&message, &f.services, &config()).unwrap();
+    assert_eq!(out, [Outcome::ReceiptSentToLedger { job_id: job.to_hex() }]);
+    let sent = f.services.ledger_queue.receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap();
+    assert_eq!(sent.len(), 1);
+    let sent: LedgerMessage = serde_json::from_str(&sent[0].body).unwrap();
+    assert_eq!(sent, LedgerMessage::new(&job, &signed, &e.document));
+    assert_eq!(base64::engine::general_purpose::STANDARD.decode(&sent.receipt).unwrap(), signed);
+
+    // Once the ledger holds the job, a second dead letter for it sends nothing.
+    f.services.jobs.put(&layout::job_ledgered(&job), b"{}", PutCondition::CreateOnly).unwrap();
+    let out = handle_body(&message, &f.services, &config()).unwrap();
+    assert_eq!(out, [Outcome::AlreadyEnded { job_id: job.to_hex(), state: JobState::Completed }]);
+    assert!(f.services.ledger_queue.receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap().is_empty());
+}

@@ -51,9 +51,8 @@ use receipts_ledger::{
 pub use function::{queues_of, FunctionConfig, FunctionError, LedgerFunction, DEFAULT_CACHE_DIR};
 pub use redrive::{redrive, RedriveError, RedriveReport};
 
-/// The group receipts travel in (the hosts', `host_poller::LEDGER_GROUP`); what a dead-lettered
-/// message without one is sent back into.
-pub const LEDGER_GROUP: &str = "ledger";
+/// The group receipts travel in; what a dead-lettered message without one is sent back into.
+pub use cloud::messages::LEDGER_GROUP;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AppendError {

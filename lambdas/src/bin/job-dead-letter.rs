@@ -4,9 +4,11 @@
 //! failures: a record that hit an error comes back after the queue's visibility timeout.
 //!
 //! Environment: `EPHEM_JOBS_BUCKET`, `EPHEM_STORE_PREFIXES` (a shard's job is read from its
-//! header). Calls S3 (GetObject and conditional PutObject of `jobs/*/status.json`; GetObject of
-//! `jobs/*/receipt.cose`, `jobs/*/bulk-tasks/*` (listed), `jobs/*/input.sealed` and shards) and Step
-//! Functions (SendTaskSuccess, SendTaskFailure).
+//! header), `EPHEM_ATTESTATIONS_BUCKET` and `EPHEM_LEDGER_QUEUE_URL` (a committed receipt the
+//! ledger does not hold is sent there). Calls S3 (GetObject and conditional PutObject of
+//! `jobs/*/status.json`; GetObject of `jobs/*/receipt.cose`, `jobs/*/ledgered.json`,
+//! `jobs/*/bulk-tasks/*` (listed), `jobs/*/input.sealed`, shards and `attestations/by-hash/*`),
+//! SQS (SendMessage to the ledger queue) and Step Functions (SendTaskSuccess, SendTaskFailure).
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use lambdas::on_upload::Config;
