@@ -3,10 +3,11 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
+use cloud::hooked::{Hooked, StoreHooks};
 use cloud::messages::JobState;
 use cloud::{layout, ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition, Services};
 use ephem_batch_client::jobstate::{IdsDigest, JobFiles};
@@ -66,7 +67,7 @@ fn job_json_is_private_and_confirms_no_guess_of_the_corpus() {
 
 /// A store whose streamed uploads land but whose acknowledgement is lost (a timeout after
 /// S3 completed the upload): the object exists, the client sees an error.
-struct AckLost(Arc<dyn ObjectStore>);
+struct AckLost;
 
 struct AckLostWriter(Box<dyn ObjectWriter>);
 
@@ -86,37 +87,16 @@ impl ObjectWriter for AckLostWriter {
     }
 }
 
-impl ObjectStore for AckLost {
-    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-        self.0.put(key, bytes, condition)
-    }
-    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-        Ok(Box::new(AckLostWriter(self.0.writer(key, condition)?)))
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-        self.0.get(key)
-    }
-    fn reader(&self, key: &str) -> Result<Box<dyn Read + Send>, ObjectError> {
-        self.0.reader(key)
-    }
-    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-        self.0.read_range(key, offset, len)
-    }
-    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
-        self.0.head(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-        self.0.list(prefix)
-    }
-    fn delete(&self, key: &str) -> Result<(), ObjectError> {
-        self.0.delete(key)
+impl StoreHooks for AckLost {
+    fn writer(&self, inner: &dyn ObjectStore, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
+        Ok(Box::new(AckLostWriter(inner.writer(key, condition)?)))
     }
 }
 
 #[test]
 fn a_job_uploaded_before_a_later_step_failed_stays_on_record() {
     let f = Fixture::new();
-    let services = Services { jobs: Arc::new(AckLost(f.services.jobs.clone())), ..f.services.clone() };
+    let services = Services { jobs: Arc::new(Hooked::new(f.services.jobs.clone(), AckLost)), ..f.services.clone() };
     let error = f.seal(&services, &f.corpus(&ids("a", 4))).expect_err("the upload's acknowledgement was lost");
     assert!(format!("{error:#}").contains("timed out"), "{error:#}");
 

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use cloud::hooked::{Hooked, StoreHooks};
 use cloud::local::LocalCloud;
-use cloud::{layout, ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition, Services};
+use cloud::{layout, ObjectError, ObjectMeta, ObjectStore, PutCondition, Services};
 use ed25519_dalek::SigningKey;
 use ephem_batch_client::corpus::CorpusOptions;
 use ephem_batch_client::home::Home;
@@ -41,7 +42,6 @@ fn sha256(bytes: &[u8]) -> [u8; 32] {
 /// The host's view of a bucket: reads of some keys answered with other bytes, and the reads of
 /// the receipt answered in turn from a list (the last one repeats), counted.
 struct Host {
-    inner: Arc<dyn ObjectStore>,
     overrides: Mutex<HashMap<String, Vec<u8>>>,
     receipt_key: String,
     receipts: Vec<Vec<u8>>,
@@ -49,8 +49,8 @@ struct Host {
 }
 
 impl Host {
-    fn new(inner: Arc<dyn ObjectStore>, receipt_key: String, receipts: Vec<Vec<u8>>) -> Host {
-        Host { inner, overrides: Mutex::new(HashMap::new()), receipt_key, receipts, receipt_reads: AtomicUsize::new(0) }
+    fn new(receipt_key: String, receipts: Vec<Vec<u8>>) -> Host {
+        Host { overrides: Mutex::new(HashMap::new()), receipt_key, receipts, receipt_reads: AtomicUsize::new(0) }
     }
 
     fn replace(self, key: &str, bytes: Vec<u8>) -> Host {
@@ -67,40 +67,28 @@ impl Host {
     }
 }
 
-impl ObjectStore for Host {
-    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-        self.inner.put(key, bytes, condition)
+impl StoreHooks for Host {
+    fn get(&self, inner: &dyn ObjectStore, key: &str) -> Result<Vec<u8>, ObjectError> {
+        self.answer(key).unwrap_or_else(|| inner.get(key))
     }
-    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-        self.inner.writer(key, condition)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-        self.answer(key).unwrap_or_else(|| self.inner.get(key))
-    }
-    fn reader(&self, key: &str) -> Result<Box<dyn Read + Send>, ObjectError> {
+    fn reader(&self, inner: &dyn ObjectStore, key: &str) -> Result<Box<dyn Read + Send>, ObjectError> {
         match self.answer(key) {
             Some(bytes) => Ok(Box::new(std::io::Cursor::new(bytes?))),
-            None => self.inner.reader(key),
+            None => inner.reader(key),
         }
     }
-    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+    fn read_range(&self, inner: &dyn ObjectStore, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
         // Bounded reads (`get_at_most`) of the receipt and the replaced keys get the host's answer.
         match self.answer(key) {
             Some(bytes) => Ok(bytes?.into_iter().skip(offset as usize).take(len as usize).collect()),
-            None => self.inner.read_range(key, offset, len),
+            None => inner.read_range(key, offset, len),
         }
     }
-    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
+    fn head(&self, inner: &dyn ObjectStore, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
         match self.overrides.lock().unwrap().get(key) {
             Some(bytes) => Ok(Some(ObjectMeta { key: key.into(), size: bytes.len() as u64, etag: "x".into(), modified_ms: 0 })),
-            None => self.inner.head(key),
+            None => inner.head(key),
         }
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, key: &str) -> Result<(), ObjectError> {
-        self.inner.delete(key)
     }
 }
 
@@ -246,7 +234,7 @@ impl Fixture {
 
     /// The jobs bucket as the host serves it to the client.
     fn host(&self, host: Host) -> Services {
-        Services { jobs: Arc::new(host), ..self.services.clone() }
+        Services { jobs: Arc::new(Hooked::new(self.services.jobs.clone(), host)), ..self.services.clone() }
     }
 
     fn results(&self, services: &Services, job: &JobId, out: &Path) -> anyhow::Result<results::Written> {
@@ -338,7 +326,7 @@ fn results_refuses_a_receipt_swapped_between_reads() {
     // A receipt of the host's own naming its own attempt, then the genuine one: the output of
     // the first must never be written.
     let forged = fabricate(&job, &id, 7, &client, &first.receipt);
-    let host = Host::new(f.services.jobs.clone(), receipt_key.clone(), vec![forged.receipt.clone(), first.receipt.clone()])
+    let host = Host::new(receipt_key.clone(), vec![forged.receipt.clone(), first.receipt.clone()])
         .replace(&layout::job_output(&id, 7), forged.output.clone());
     let out = f.work.join("forged-first.jsonl");
     let result = f.results(&f.host(host), &id, &out);
@@ -352,7 +340,7 @@ fn results_refuses_a_receipt_swapped_between_reads() {
     // The genuine receipt of attempt 1, then attempt 2's; the host put an output of its own
     // under attempt 1.
     let fake_first = fabricate(&job, &id, 1, &client, &first.receipt);
-    let host = Host::new(f.services.jobs.clone(), receipt_key.clone(), vec![first.receipt.clone(), second.receipt.clone()])
+    let host = Host::new(receipt_key.clone(), vec![first.receipt.clone(), second.receipt.clone()])
         .replace(&layout::job_output(&id, 1), fake_first.output.clone());
     let out = f.work.join("genuine-then-other-attempt.jsonl");
     let result = f.results(&f.host(host), &id, &out);
@@ -362,12 +350,12 @@ fn results_refuses_a_receipt_swapped_between_reads() {
     // Genuine outputs: the receipt is read once, so a later swap (to another job's) is moot.
     let (_, other_id) = f.submit(&ids("b", 5));
     let other = f.run(&other_id, 1, None);
-    let host = Arc::new(Host::new(f.services.jobs.clone(), receipt_key.clone(), vec![first.receipt.clone(), other.receipt.clone()]));
+    let host = Arc::new(Hooked::new(f.services.jobs.clone(), Host::new(receipt_key.clone(), vec![first.receipt.clone(), other.receipt.clone()])));
     let services = Services { jobs: host.clone(), ..f.services.clone() };
     let out = f.work.join("read-once.jsonl");
     let written = f.results(&services, &id, &out).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(written_makers(&out), vec![1.0; 5]);
-    assert_eq!(host.receipt_reads.load(Ordering::SeqCst), 1, "results reads the receipt once");
+    assert_eq!(host.hooks.receipt_reads.load(Ordering::SeqCst), 1, "results reads the receipt once");
     assert!(written.verification.checks.iter().any(|c| c.name == "record_ids" && c.passed));
 }
 
@@ -380,16 +368,16 @@ fn an_output_of_another_attempt_fails_output_sha256() {
     let receipt_key = layout::job_receipt(&id);
 
     // results: attempt 2's genuine output under attempt 1's key.
-    let host = Host::new(f.services.jobs.clone(), receipt_key.clone(), vec![first.receipt.clone()])
+    let host = Host::new(receipt_key.clone(), vec![first.receipt.clone()])
         .replace(&layout::job_output(&id, 1), second.output.clone());
     let out = f.work.join("moved.jsonl");
     assert!(failed_checks(f.results(&f.host(host), &id, &out)).contains(&"output_sha256"));
     assert!(!out.exists());
 
     // verify: attempt 1 was written; the committed receipt now names attempt 2.
-    let host = Host::new(f.services.jobs.clone(), receipt_key.clone(), vec![first.receipt.clone()]);
+    let host = Host::new(receipt_key.clone(), vec![first.receipt.clone()]);
     f.results(&f.host(host), &id, &f.work.join("written.jsonl")).unwrap_or_else(|e| panic!("{e:#}"));
-    let host = Host::new(f.services.jobs.clone(), receipt_key, vec![second.receipt.clone()]);
+    let host = Host::new(receipt_key, vec![second.receipt.clone()]);
     let verification = verify::verify_job(&f.home, &f.host(host), &f.trust(), &id, &f.result_key(), None).unwrap();
     let check = verification.checks.iter().find(|c| c.name == "output_sha256").expect("output_sha256 checked");
     assert!(!check.passed, "the attempt written is not the attempt verified: {}", check.detail);
@@ -405,7 +393,7 @@ fn results_refuses_output_ids_other_than_those_sealed() {
     // A signed receipt over an output with another job's ids, then with the ids reordered.
     for claim in [ids("b", 5), ids("a", 5).into_iter().rev().collect()] {
         let attempt = f.run(&id, 1, Some(&claim));
-        let host = Host::new(f.services.jobs.clone(), layout::job_receipt(&id), vec![attempt.receipt]);
+        let host = Host::new(layout::job_receipt(&id), vec![attempt.receipt]);
         let failed = failed_checks(f.results(&f.host(host), &id, &out));
         assert_eq!(failed, vec!["record_ids"], "ids {claim:?}");
         assert!(!out.exists());
@@ -415,7 +403,7 @@ fn results_refuses_output_ids_other_than_those_sealed() {
     let (_, other_id) = f.submit(&ids("b", 5));
     let other = f.run(&other_id, 1, None);
     let mine = f.run(&id, 1, None);
-    let host = Host::new(f.services.jobs.clone(), layout::job_receipt(&id), vec![mine.receipt])
+    let host = Host::new(layout::job_receipt(&id), vec![mine.receipt])
         .replace(&layout::job_output(&id, 1), other.output);
     assert!(failed_checks(f.results(&f.host(host), &id, &out)).contains(&"output_sha256"));
     assert!(!out.exists());
@@ -428,10 +416,14 @@ fn results_refuses_dimensions_from_a_manifest_the_job_did_not_pin() {
     let attempt = f.run(&id, 1, None);
     let out = f.work.join("manifest.jsonl");
     let services = |models: Host| {
-        let jobs = Host::new(f.services.jobs.clone(), layout::job_receipt(&id), vec![attempt.receipt.clone()]);
-        Services { jobs: Arc::new(jobs), models: Arc::new(models), ..f.services.clone() }
+        let jobs = Host::new(layout::job_receipt(&id), vec![attempt.receipt.clone()]);
+        Services {
+            jobs: Arc::new(Hooked::new(f.services.jobs.clone(), jobs)),
+            models: Arc::new(Hooked::new(f.services.models.clone(), models)),
+            ..f.services.clone()
+        }
     };
-    let models = || Host::new(f.services.models.clone(), String::new(), vec![]);
+    let models = || Host::new(String::new(), vec![]);
 
     // Another manifest the publisher signed (same dimensions even), served under the pinned key.
     let v2 = manifest(2).sign(&f.publisher);

@@ -8,6 +8,7 @@
 //! adapter drives its async SDK from its own runtime.
 
 pub mod aws;
+pub mod hooked;
 pub mod kms;
 pub mod layout;
 pub mod local;

@@ -334,13 +334,14 @@ pub fn complete_bulk_task(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::hooked::{Hooked, StoreHooks};
     use crate::local::{DirObjectStore, LocalWorkflows, TokenOutcome};
-    use crate::{ObjectMeta, ObjectWriter};
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
 
-    /// The jobs store, counting the most bytes any one read returned.
+    /// Counts the most bytes any one read of the jobs store returned.
+    #[derive(Default)]
     struct Counting {
-        inner: DirObjectStore,
         most_read: AtomicU64,
     }
 
@@ -353,36 +354,21 @@ mod tests {
         }
     }
 
-    impl ObjectStore for Counting {
-        fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-            self.inner.put(key, bytes, condition)
+    impl StoreHooks for Counting {
+        fn get(&self, inner: &dyn ObjectStore, key: &str) -> Result<Vec<u8>, ObjectError> {
+            self.read(inner.get(key))
         }
-        fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-            self.inner.writer(key, condition)
-        }
-        fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-            self.read(self.inner.get(key))
-        }
-        fn reader(&self, _: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
+        fn reader(&self, _: &dyn ObjectStore, _: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
             unimplemented!("the hand-off reads whole (bounded) objects only")
         }
-        fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-            self.read(self.inner.read_range(key, offset, len))
-        }
-        fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
-            self.inner.head(key)
-        }
-        fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-            self.inner.list(prefix)
-        }
-        fn delete(&self, key: &str) -> Result<(), ObjectError> {
-            self.inner.delete(key)
+        fn read_range(&self, inner: &dyn ObjectStore, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+            self.read(inner.read_range(key, offset, len))
         }
     }
 
-    fn setup() -> (tempfile::TempDir, Counting, LocalWorkflows) {
+    fn setup() -> (tempfile::TempDir, Hooked<Counting>, LocalWorkflows) {
         let dir = tempfile::tempdir().unwrap();
-        let jobs = Counting { inner: DirObjectStore::open(dir.path().join("jobs")).unwrap(), most_read: AtomicU64::new(0) };
+        let jobs = Hooked::new(Arc::new(DirObjectStore::open(dir.path().join("jobs")).unwrap()), Counting::default());
         let workflows = LocalWorkflows::open(dir.path().join("workflows.db")).unwrap();
         (dir, jobs, workflows)
     }
@@ -450,11 +436,11 @@ mod tests {
             other => panic!("{other}"),
         }).collect();
         assert_eq!(refused, ["a-giant", "b-other", "c-empty", "d-long", "e-garbage"]);
-        assert!(jobs.most_read.load(Ordering::Relaxed) <= MAX_BULK_TASK_BYTES, "{:?}", jobs.most_read);
+        assert!(jobs.hooks.most_read.load(Ordering::Relaxed) <= MAX_BULK_TASK_BYTES, "{:?}", jobs.hooks.most_read);
         // Read by name (no listing to size it first): one ranged read of the limit + 1.
         let by_name = read_bulk_task(&jobs, &JOB, "a-giant").unwrap_err();
         assert!(matches!(&by_name, BulkTaskError::Record { message, .. } if message.contains("4096 bytes")), "{by_name}");
-        assert_eq!(jobs.most_read.load(Ordering::Relaxed), MAX_BULK_TASK_BYTES + 1);
+        assert_eq!(jobs.hooks.most_read.load(Ordering::Relaxed), MAX_BULK_TASK_BYTES + 1);
         // A bulk id that could not name a slot is refused before any write.
         assert!(matches!(write_bulk_task(&jobs, &JOB, "../x", "t", 1), Err(ObjectError::InvalidKey { .. })));
     }

@@ -2,7 +2,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cloud::local::TokenOutcome;
-use cloud::{ObjectMeta, ObjectWriter, Queue, QueueError, QueueStats, Received, SendOptions};
+use cloud::hooked::{Hooked, StoreHooks};
+use cloud::{Queue, QueueError, QueueStats, Received, SendOptions};
 
 use super::*;
 use crate::bulk::{await_shard, AwaitInput};
@@ -170,42 +171,20 @@ fn a_job_that_ended_is_never_marked_failed() {
     assert_eq!(failed_cause(&f, &token), "dead_letter: stalled: no progress (receive 5 of 5)");
 }
 
-/// The jobs store, with a host that writes the job's end right after the consumer read the
-/// status it is about to replace.
+/// A host that writes the job's end right after the consumer read the status it is about to
+/// replace.
 struct HostFinishesMeanwhile {
-    inner: Arc<dyn ObjectStore>,
     end: Vec<u8>,
     done: std::sync::atomic::AtomicBool,
 }
 
-impl ObjectStore for HostFinishesMeanwhile {
-    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-        self.inner.put(key, bytes, condition)
-    }
-    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-        self.inner.writer(key, condition)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-        self.inner.get(key)
-    }
-    fn reader(&self, key: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
-        self.inner.reader(key)
-    }
-    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-        let bytes = self.inner.read_range(key, offset, len)?;
+impl StoreHooks for HostFinishesMeanwhile {
+    fn read_range(&self, inner: &dyn ObjectStore, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+        let bytes = inner.read_range(key, offset, len)?;
         if key.ends_with("/status.json") && !self.done.swap(true, std::sync::atomic::Ordering::SeqCst) {
-            self.inner.put(key, &self.end, PutCondition::Overwrite)?;
+            inner.put(key, &self.end, PutCondition::Overwrite)?;
         }
         Ok(bytes)
-    }
-    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
-        self.inner.head(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, key: &str) -> Result<(), ObjectError> {
-        self.inner.delete(key)
     }
 }
 
@@ -218,7 +197,7 @@ fn a_status_written_meanwhile_is_not_overwritten() {
     let queued = serde_json::to_vec(&JobStatus::new(&job.to_hex(), JobState::InProgress, 1)).unwrap();
     f.services.jobs.put(&layout::job_status(&job), &queued, PutCondition::CreateOnly).unwrap();
     let completed = serde_json::to_vec(&JobStatus::new(&job.to_hex(), JobState::Completed, 1)).unwrap();
-    let racing = HostFinishesMeanwhile { inner: f.services.jobs.clone(), end: completed.clone(), done: Default::default() };
+    let racing = Hooked::new(f.services.jobs.clone(), HostFinishesMeanwhile { end: completed.clone(), done: Default::default() });
     let failure = Failure { check: DEAD_LETTERED.into(), message: "m".into() };
     let marked = mark_failed(&racing, &job, failure.clone()).unwrap();
     assert_eq!(marked, Marked::Ended { state: JobState::Completed, failure: None });

@@ -612,54 +612,28 @@ mod shard_tests {
 
 #[cfg(test)]
 mod copy_tests {
-    use std::io::Read;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    use cloud::{ObjectMeta, ObjectWriter};
+    use cloud::hooked::{Hooked, StoreHooks};
 
     use super::*;
     use crate::testing::Fixture;
 
-    /// The jobs store, with a tenant who replaces a shard right after its header was read.
+    /// A tenant who replaces a shard right after its header was read.
     struct SwapAfterRead {
-        inner: Arc<dyn ObjectStore>,
         key: String,
         replacement: Vec<u8>,
         swapped: AtomicBool,
     }
 
-    impl ObjectStore for SwapAfterRead {
-        fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-            self.inner.put(key, bytes, condition)
-        }
-        fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-            self.inner.writer(key, condition)
-        }
-        fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-            self.inner.get(key)
-        }
-        fn reader(&self, key: &str) -> Result<Box<dyn Read + Send>, ObjectError> {
-            self.inner.reader(key)
-        }
-        fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-            let bytes = self.inner.read_range(key, offset, len)?;
+    impl StoreHooks for SwapAfterRead {
+        fn read_range(&self, inner: &dyn ObjectStore, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+            let bytes = inner.read_range(key, offset, len)?;
             if key == self.key && !self.swapped.swap(true, Ordering::SeqCst) {
-                self.inner.put(key, &self.replacement, PutCondition::Overwrite)?;
+                inner.put(key, &self.replacement, PutCondition::Overwrite)?;
             }
             Ok(bytes)
-        }
-        fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
-            self.inner.head(key)
-        }
-        fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-            self.inner.list(prefix)
-        }
-        fn delete(&self, key: &str) -> Result<(), ObjectError> {
-            self.inner.delete(key)
-        }
-        fn copy(&self, from: &str, to: &str, etag: Option<&str>, condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-            self.inner.copy(from, to, etag, condition)
         }
     }
 
@@ -673,12 +647,8 @@ mod copy_tests {
         let key = "stores/acme/incoming/part-7.sealed";
         f.services.jobs.put(key, &checked, PutCondition::CreateOnly).unwrap();
         let mut services = f.services.clone();
-        services.jobs = Arc::new(SwapAfterRead {
-            inner: f.services.jobs.clone(),
-            key: key.into(),
-            replacement: other.clone(),
-            swapped: AtomicBool::new(false),
-        });
+        let swap = SwapAfterRead { key: key.into(), replacement: other.clone(), swapped: AtomicBool::new(false) };
+        services.jobs = Arc::new(Hooked::new(f.services.jobs.clone(), swap));
         let event = object_created_event("jobs", key, checked.len() as u64, "e");
         let out = handle_with(&event, &services, &Config::from_list("stores/acme/incoming/")).unwrap();
         assert!(matches!(&out[0], Outcome::Refused { check: "key", message, .. } if message.contains("replaced")), "{out:?}");

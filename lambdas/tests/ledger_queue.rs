@@ -10,16 +10,16 @@
 //! the queue's visibility, invoke [`LedgerFunction`], delete what the response does not list —
 //! and nothing else (the event source changes no visibility and dead-letters nothing itself).
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_lambda_events::sqs::SqsEvent;
 use base64::Engine as _;
 use cloud::aws::{AwsClients, SqsQueue};
+use cloud::hooked::{Hooked, ThrottledPuts};
 use cloud::local::{DirObjectStore, QueueConfig, SqliteQueue};
 use cloud::messages::{LedgerMessage, Ledgered};
-use cloud::{layout, ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition, Queue, SendOptions};
+use cloud::{layout, ObjectError, ObjectStore, Queue, SendOptions};
 use lambdas::ledger_append::{FunctionConfig, LedgerFunction, LedgerQueues, RetryBudget, LEDGER_GROUP};
 use protocol::envelope::JobId;
 use receipts_ledger::testing::DevEnclave;
@@ -52,45 +52,6 @@ fn body(e: &DevEnclave, j: u64) -> String {
         attestation_document: b64.encode(&e.document),
     })
     .unwrap()
-}
-
-/// A jobs bucket whose writes under one job's prefix fail as S3 answers a throttled prefix
-/// (503 SlowDown), until the switch is turned off: a host may write that job's `status.json` as
-/// fast as it likes.
-struct Throttled {
-    inner: Arc<dyn ObjectStore>,
-    prefix: String,
-    on: AtomicBool,
-}
-
-impl ObjectStore for Throttled {
-    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-        if self.on.load(Ordering::SeqCst) && key.starts_with(&self.prefix) {
-            return Err(ObjectError::Unavailable { key: key.to_owned(), message: "503 SlowDown".into() });
-        }
-        self.inner.put(key, bytes, condition)
-    }
-    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-        self.inner.writer(key, condition)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-        self.inner.get(key)
-    }
-    fn reader(&self, key: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
-        self.inner.reader(key)
-    }
-    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-        self.inner.read_range(key, offset, len)
-    }
-    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
-        self.inner.head(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, key: &str) -> Result<(), ObjectError> {
-        self.inner.delete(key)
-    }
 }
 
 /// The ledger queue and its dead-letter queue, as one backend has them.
@@ -156,7 +117,8 @@ impl Queues {
 struct Deployment {
     queues: Queues,
     ledger: Arc<dyn ObjectStore>,
-    jobs: Arc<Throttled>,
+    /// Writes under one job's prefix fail as S3 answers a throttled prefix, until switched off.
+    jobs: Arc<Hooked<ThrottledPuts>>,
     cache: tempfile::TempDir,
 }
 
@@ -206,7 +168,7 @@ fn local() -> Deployment {
     let dlq = Arc::new(SqliteQueue::open_existing(&db, "ledger-dlq").unwrap());
     let ledger: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(dir.path().join("ledger")).unwrap());
     let jobs: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(dir.path().join("jobs")).unwrap());
-    let jobs = Arc::new(Throttled { inner: jobs, prefix: format!("jobs/{}/", job(4)), on: AtomicBool::new(true) });
+    let jobs = Arc::new(Hooked::new(jobs, ThrottledPuts::new(format!("jobs/{}/", job(4)))));
     Deployment { queues: Queues::Local { source, dlq }, ledger, jobs, cache: dir }
 }
 
@@ -228,7 +190,7 @@ fn emulated() -> Option<Deployment> {
     let dlq = clients.queue(&value(cloud::aws::settings::LEDGER_DLQ.output));
     let ledger: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&value(cloud::aws::settings::LEDGER_BUCKET.output), ""));
     let jobs: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&value(cloud::aws::settings::JOBS_BUCKET.output), ""));
-    let jobs = Arc::new(Throttled { inner: jobs, prefix: format!("jobs/{}/", job(4)), on: AtomicBool::new(true) });
+    let jobs = Arc::new(Hooked::new(jobs, ThrottledPuts::new(format!("jobs/{}/", job(4)))));
     Some(Deployment { queues: Queues::Sqs { source, dlq, clients: Box::new(clients) }, ledger, jobs, cache: tempfile::tempdir().unwrap() })
 }
 
@@ -269,7 +231,7 @@ fn poison_then_redrive(d: &Deployment) -> Duration {
 
     // The operator uploads the new image's policy (a cold start reads it), the prefix calms
     // down, and the dead letters go back.
-    d.jobs.on.store(false, Ordering::SeqCst);
+    d.jobs.hooks.set(false);
     let function = d.function(&[&a, &b]);
     let (report, stopped) = lambdas::ledger_append::redrive(dlq.as_ref(), d.queues.source().as_ref(), u64::MAX, Duration::from_secs(1));
     assert!(stopped.is_none(), "{stopped:?}");

@@ -3,11 +3,11 @@
 //! checkpoint swap an `If-Match` put, and both must hold on the real S3 protocol. Skipped, with
 //! a note, when no emulator is configured.
 
-use std::io::Read;
 use std::sync::{Arc, Mutex};
 
 use cloud::aws::AwsClients;
-use cloud::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+use cloud::hooked::{Hooked, RaceBeforePut};
+use cloud::{ObjectError, ObjectStore, PutCondition};
 use receipts_ledger::store::tiles::layout::Layout;
 use receipts_ledger::store::tiles::{audit, copy_root, read_head, sync, Cache, TileOptions};
 use receipts_ledger::testing::{test_request, TestReceipts};
@@ -37,49 +37,6 @@ fn append(store: &mut TileStore, jobs: std::ops::Range<u64>, now: u64) {
     store.append(&batch, &key(), &CheckpointPolicy::default(), now).unwrap();
 }
 
-/// Runs `other` just before the first checkpoint swap goes out.
-struct Interleaved {
-    inner: Arc<dyn ObjectStore>,
-    before_swap: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-    refused: Mutex<u32>,
-}
-
-impl ObjectStore for Interleaved {
-    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-        if key == "checkpoint"
-            && let Some(other) = self.before_swap.lock().unwrap().take()
-        {
-            other();
-        }
-        let result = self.inner.put(key, bytes, condition);
-        if key == "checkpoint" && matches!(result, Err(ObjectError::PreconditionFailed { .. })) {
-            *self.refused.lock().unwrap() += 1;
-        }
-        result
-    }
-    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-        self.inner.writer(key, condition)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-        self.inner.get(key)
-    }
-    fn reader(&self, key: &str) -> Result<Box<dyn Read + Send>, ObjectError> {
-        self.inner.reader(key)
-    }
-    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-        self.inner.read_range(key, offset, len)
-    }
-    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
-        self.inner.head(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, key: &str) -> Result<(), ObjectError> {
-        self.inner.delete(key)
-    }
-}
-
 #[test]
 fn aws_tiles_on_s3_swap_rebuild_and_audit() {
     let Some(clients) = emulator() else { return };
@@ -97,14 +54,12 @@ fn aws_tiles_on_s3_swap_rebuild_and_audit() {
     // S3's If-Match, and the retry lands on top.
     let racing = Arc::new(Mutex::new(open(s3.clone(), TileOptions::appender())));
     let other = racing.clone();
-    let interleaved = Arc::new(Interleaved {
-        inner: s3.clone(),
-        before_swap: Mutex::new(Some(Box::new(move || append(&mut other.lock().unwrap(), 1000..1002, 3)))),
-        refused: Mutex::new(0),
-    });
+    // Another appender commits just before this one's compare-and-swap goes out.
+    let race = RaceBeforePut::new("checkpoint", move || append(&mut other.lock().unwrap(), 1000..1002, 3));
+    let interleaved = Arc::new(Hooked::new(s3.clone(), race));
     let mut loser = open(interleaved.clone(), TileOptions::appender());
     append(&mut loser, 260..263, 4);
-    assert_eq!(*interleaved.refused.lock().unwrap(), 1, "S3 accepted a stale If-Match");
+    assert_eq!(interleaved.hooks.refused(), 1, "S3 accepted a stale If-Match");
     assert_eq!(loser.size().unwrap(), 265);
 
     // Create-only really is create-only on S3.

@@ -1,8 +1,9 @@
 use std::sync::Arc;
 
 use super::*;
+use cloud::hooked::{Hooked, ThrottledPuts};
 use cloud::local::{DirObjectStore, QueueConfig, SqliteQueue};
-use cloud::{ObjectError, ObjectMeta, ObjectWriter};
+use cloud::ObjectError;
 use receipts_ledger::store::tiles::{layout::Layout, read_head, Cache, TileOptions};
 use receipts_ledger::testing::DevEnclave;
 use receipts_ledger::{CheckpointPolicy, PolicySet, ProofBundle, ProtocolReceipts, SignerKey, TileStore};
@@ -197,44 +198,6 @@ fn ledger_refuses_a_receipt_from_another_image() {
     assert_eq!(entry.fields.policy, Some(hex::encode(id)));
 }
 
-/// A jobs store whose writes under one job's prefix fail as S3 does when a prefix is throttled
-/// (a host can hammer the `status.json` it may write there): the jobs bucket, not the receipt,
-/// fails, and only for that job.
-pub(super) struct Throttled {
-    pub inner: DirObjectStore,
-    pub prefix: String,
-}
-
-impl ObjectStore for Throttled {
-    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-        if key.starts_with(&self.prefix) {
-            return Err(ObjectError::Unavailable { key: key.to_owned(), message: "503 SlowDown".into() });
-        }
-        self.inner.put(key, bytes, condition)
-    }
-    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-        self.inner.writer(key, condition)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-        self.inner.get(key)
-    }
-    fn reader(&self, key: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
-        self.inner.reader(key)
-    }
-    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-        self.inner.read_range(key, offset, len)
-    }
-    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
-        self.inner.head(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, key: &str) -> Result<(), ObjectError> {
-        self.inner.delete(key)
-    }
-}
-
 /// A check that panics on one receipt (a bug these bytes meet), and is the real check otherwise.
 struct Panicking(Arc<ProtocolReceipts>, Vec<u8>);
 
@@ -252,7 +215,9 @@ impl ReceiptCheck for Panicking {
 fn failures_that_may_pass_are_retried_within_the_budget_and_hold_nobody_up() {
     let tmp = tempfile::tempdir().unwrap();
     let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
-    let jobs = Throttled { inner: DirObjectStore::open(tmp.path().join("jobs")).unwrap(), prefix: format!("jobs/{}/", job(4)) };
+    // Writes under one job's prefix fail as S3 answers a throttled prefix (a host can hammer the
+    // `status.json` it may write there): the jobs bucket, not the receipt, fails, for that job.
+    let jobs = Hooked::new(Arc::new(DirObjectStore::open(tmp.path().join("jobs")).unwrap()), ThrottledPuts::new(format!("jobs/{}/", job(4))));
     let e = DevEnclave::new(2, T);
     let check = enforcing(&[&e]);
     let panicking = Panicking(check.clone(), e.sign(&e.receipt(6)));

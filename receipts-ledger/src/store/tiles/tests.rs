@@ -1,7 +1,8 @@
 use std::sync::{Arc, Mutex};
 
+use cloud::hooked::{Hooked, RaceBeforePut};
 use cloud::local::DirObjectStore;
-use cloud::{ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+use cloud::{ObjectStore, PutCondition};
 
 use super::layout::{Layout, TileId};
 use super::*;
@@ -154,50 +155,6 @@ fn a_rebuild_from_the_objects_equals_the_original() {
     });
 }
 
-/// An object store that lets a second appender commit just before the first one's
-/// compare-and-swap of the checkpoint.
-struct Interleaved {
-    inner: Arc<dyn ObjectStore>,
-    before_swap: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-    swaps_refused: Mutex<u32>,
-}
-
-impl ObjectStore for Interleaved {
-    fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {
-        if key == "checkpoint"
-            && let Some(other) = self.before_swap.lock().unwrap().take()
-        {
-            other();
-        }
-        let result = self.inner.put(key, bytes, condition);
-        if key == "checkpoint" && matches!(result, Err(ObjectError::PreconditionFailed { .. })) {
-            *self.swaps_refused.lock().unwrap() += 1;
-        }
-        result
-    }
-    fn writer(&self, key: &str, condition: PutCondition) -> Result<Box<dyn ObjectWriter>, ObjectError> {
-        self.inner.writer(key, condition)
-    }
-    fn get(&self, key: &str) -> Result<Vec<u8>, ObjectError> {
-        self.inner.get(key)
-    }
-    fn reader(&self, key: &str) -> Result<Box<dyn std::io::Read + Send>, ObjectError> {
-        self.inner.reader(key)
-    }
-    fn read_range(&self, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
-        self.inner.read_range(key, offset, len)
-    }
-    fn head(&self, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
-        self.inner.head(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<ObjectMeta>, ObjectError> {
-        self.inner.list(prefix)
-    }
-    fn delete(&self, key: &str) -> Result<(), ObjectError> {
-        self.inner.delete(key)
-    }
-}
-
 #[test]
 fn a_concurrent_appender_loses_the_swap_and_retries() {
     let (_dir, objects) = objects();
@@ -206,17 +163,15 @@ fn a_concurrent_appender_loses_the_swap_and_retries() {
 
     let other = Arc::new(Mutex::new(appender(objects.clone())));
     let racing = other.clone();
-    let interleaved = Arc::new(Interleaved {
-        inner: objects.clone(),
-        before_swap: Mutex::new(Some(Box::new(move || {
-            append(&mut racing.lock().unwrap(), 100..102, 2);
-        }))),
-        swaps_refused: Mutex::new(0),
+    // A second appender commits just before the first one's compare-and-swap of the checkpoint.
+    let race = RaceBeforePut::new("checkpoint", move || {
+        append(&mut racing.lock().unwrap(), 100..102, 2);
     });
+    let interleaved = Arc::new(Hooked::new(objects.clone(), race));
     let mut loser = appender(interleaved.clone());
     let out = append(&mut loser, 3..5, 3);
 
-    assert_eq!(*interleaved.swaps_refused.lock().unwrap(), 1, "the first swap must lose");
+    assert_eq!(interleaved.hooks.refused(), 1, "the first swap must lose");
     // The loser's entries land after the winner's, nothing is lost or duplicated.
     assert_eq!(out.iter().map(AppendOutcome::index).collect::<Vec<_>>(), vec![5, 6]);
     let jobs: Vec<String> = all_entries(&loser).iter().map(|e| e.fields.job_id.clone()).collect();
