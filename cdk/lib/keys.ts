@@ -109,7 +109,9 @@ export class Keys extends Construct {
     });
 
     // The ledger key is separate and has nothing to do with enclaves: it signs checkpoints.
-    this.ledgerSigningKey = newKey(this, 'LedgerSigningKey', {
+    // V2: V1's policy let only the account root read the public key, which ledger-append needs
+    // at start; nobody may PutKeyPolicy, so a changed policy is a new key (V1 is retained).
+    this.ledgerSigningKey = newKey(this, 'LedgerSigningKeyV2', {
       description: 'ephem-batch ledger checkpoint signing key (Ed25519)',
       keySpec: 'ECC_NIST_EDWARDS25519',
       keyUsage: 'SIGN_VERIFY',
@@ -130,6 +132,14 @@ export class Keys extends Construct {
           actions: ['kms:Sign'],
           resources: ['*'],
           conditions: { StringEquals: { 'kms:SigningAlgorithm': 'ED25519_SHA_512' } },
+        }),
+        // ledger-append derives its note key from the public key when it starts.
+        new iam.PolicyStatement({
+          sid: 'AllowLedgerAppendReadPublicKey',
+          effect: iam.Effect.ALLOW,
+          principals: [props.ledgerRole],
+          actions: ['kms:GetPublicKey'],
+          resources: ['*'],
         }),
         denyForbidden(),
       ],

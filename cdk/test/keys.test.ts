@@ -126,6 +126,19 @@ describe('KMS keys', () => {
     assert.ok(!statements(ledgerKey).some((s) => principalOf(s) === HOST), 'hosts cannot touch the ledger key');
   });
 
+  it('ledger key: its policy itself lets ledger-append make both calls it makes (GetPublicKey at start, Sign)', () => {
+    // No identity policy grants KMS calls (next test), so a statement naming the account root
+    // only delegates to IAM, which grants nothing: the role must be named in the key policy.
+    const allowed = (action: string) =>
+      statements(ledgerKey).some((s) => s.Effect === 'Allow' && principalOf(s) === LEDGER && actionsOf(s).includes(action));
+    for (const action of ['kms:GetPublicKey', 'kms:Sign']) assert.ok(allowed(action), `ledger-append may not call ${action}`);
+  });
+
+  it('ledger key: a policy that changed is a new key (a versioned logical id), since nobody may PutKeyPolicy', () => {
+    const [[id]] = resourcesOfType(json, 'AWS::KMS::Key').filter(([, k]) => String(k.Properties?.Description).startsWith('ephem-batch ledger'));
+    assert.match(id, /LedgerSigningKeyV2/);
+  });
+
   it('no identity policy grants any KMS permission: keys are reachable only through their key policies', () => {
     for (const { owner, statement } of identityStatements(json)) {
       for (const a of asArray<string>(statement.Action)) {
