@@ -13,6 +13,8 @@ export interface Measurements {
   readonly source: string;
 }
 
+export type LedgerLockMode = 'governance' | 'compliance';
+
 export interface DeployConfig {
   readonly measurements: Measurements;
   /** EC2 instance type of the hosts; must support Nitro Enclaves. */
@@ -26,8 +28,16 @@ export interface DeployConfig {
   readonly jobsPerHost: number;
   /** Availability zones the fleet's VPC spans (1 or 2: the stack is environment-agnostic). */
   readonly maxAzs: number;
-  /** Object Lock (compliance mode) retention of every ledger object, in days. */
+  /** Object Lock retention of every ledger object, in days. */
   readonly ledgerRetentionDays: number;
+  /**
+   * Object Lock mode of the ledger: `governance` (the default: a principal allowed
+   * s3:BypassGovernanceRetention can still remove a trial's ledger) or `compliance` (production:
+   * nobody, the account root included, until the retention ends).
+   */
+  readonly ledgerLockMode: LedgerLockMode;
+  /** Reserved concurrency of ledger-append; unset by default (the FIFO group already serialises it). */
+  readonly ledgerReservedConcurrency?: number;
   /** Days anything under jobs/ is kept (sealed inputs, outputs, receipts, status). */
   readonly jobsRetentionDays: number;
   /** Prefixes of the jobs bucket where data owners drop sealed shards (S3-event-triggered jobs). */
@@ -86,7 +96,9 @@ export function loadConfig(read: ContextReader): DeployConfig {
     maxHosts: int(read, 'maxHosts', 4, 1, 1000),
     jobsPerHost: int(read, 'jobsPerHost', 2, 1, 1000),
     maxAzs: int(read, 'maxAzs', 2, 1, 2),
-    ledgerRetentionDays: int(read, 'ledgerRetentionDays', 365, 1, 36500),
+    ledgerRetentionDays: int(read, 'ledgerRetentionDays', 30, 1, 36500),
+    ledgerLockMode: lockMode(read),
+    ledgerReservedConcurrency: read('ledgerReservedConcurrency') === undefined ? undefined : int(read, 'ledgerReservedConcurrency', 1, 1, 1000),
     jobsRetentionDays: int(read, 'jobsRetentionDays', 30, 1, 3650),
     storePrefixes,
     rotationDays: int(read, 'rotationDays', 7, 1, 365),
@@ -172,6 +184,14 @@ function int(read: ContextReader, key: string, dflt: number, min: number, max: n
     throw new ConfigError(`${key} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
   }
   return n;
+}
+
+function lockMode(read: ContextReader): LedgerLockMode {
+  const v = str(read, 'ledgerLockMode', 'governance');
+  if (v !== 'governance' && v !== 'compliance') {
+    throw new ConfigError(`ledgerLockMode must be governance or compliance, got ${JSON.stringify(v)}`);
+  }
+  return v;
 }
 
 function stringList(read: ContextReader, key: string, dflt: string[]): string[] {

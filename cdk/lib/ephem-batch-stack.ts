@@ -38,6 +38,7 @@ export class EphemBatchStack extends Stack {
     this.identities = new Identities(this, 'Identities');
     this.storage = new Storage(this, 'Storage', {
       ledgerRetentionDays: cfg.ledgerRetentionDays,
+      ledgerLockMode: cfg.ledgerLockMode,
       jobsRetentionDays: cfg.jobsRetentionDays,
     });
     this.queues = new Queues(this, 'Queues');
@@ -69,6 +70,7 @@ export class EphemBatchStack extends Stack {
       storePrefixes: cfg.storePrefixes,
       rotationDays: cfg.rotationDays,
       lambdaAssetsDir: cfg.lambdaAssetsDir,
+      ledgerReservedConcurrency: cfg.ledgerReservedConcurrency,
     });
     this.storage.routeUploadsTo(this.lambdas.onUpload, cfg.storePrefixes);
     this.workflow = new BulkWorkflow(this, 'BulkWorkflow', {

@@ -41,6 +41,8 @@ export interface LambdasProps {
   readonly storePrefixes: string[];
   readonly rotationDays: number;
   readonly lambdaAssetsDir: string;
+  /** ledger-append's reserved concurrency, if any (a new account's quota may not allow one). */
+  readonly ledgerReservedConcurrency?: number;
 }
 
 export class Lambdas extends Construct {
@@ -149,8 +151,9 @@ export class Lambdas extends Construct {
       conditions: { StringLike: { 's3:prefix': ['jobs/*/bulk-tasks/*'] } },
     });
 
-    // ledger-append: the ledger's single writer. FIFO-fed, reserved concurrency 1, and every
-    // ledger write is conditional (If-None-Match for new objects, If-Match for the checkpoint).
+    // ledger-append: the ledger's single writer. FIFO-fed from one message group, which Lambda
+    // hands to one invocation at a time (a reserved concurrency is optional: a new account's
+    // quota may not allow one), and every ledger write is conditional (If-None-Match for new objects, If-Match for the checkpoint).
     // The attestation document travels in the message; besides the policies it reads no other
     // bucket. It settles each message itself: a receipt no policy admits goes to the ledger DLQ
     // at once (SendMessage), a failure that may pass is hidden for a short backoff
@@ -159,7 +162,7 @@ export class Lambdas extends Construct {
     this.ledgerAppend = this.rustFunction('ledger-append', ids.ledgerRole, {
       timeout: LEDGER_APPEND_TIMEOUT,
       memorySize: 512,
-      reservedConcurrentExecutions: 1,
+      reservedConcurrentExecutions: props.ledgerReservedConcurrency,
       environment: {
         EPHEM_LEDGER_BUCKET: storage.ledger.bucketName,
         EPHEM_LEDGER_KEY_ARN: keys.ledgerSigningKey.attrArn,

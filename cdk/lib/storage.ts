@@ -18,9 +18,11 @@ import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as s3 from 'aws-cdk-lib/aws-s3';
 import * as s3n from 'aws-cdk-lib/aws-s3-notifications';
 import { Construct } from 'constructs';
+import { LedgerLockMode } from './config';
 
 export interface StorageProps {
   readonly ledgerRetentionDays: number;
+  readonly ledgerLockMode: LedgerLockMode;
   readonly jobsRetentionDays: number;
 }
 
@@ -104,13 +106,17 @@ export class Storage extends Construct {
       lifecycleRules: [{ id: 'expire-noncurrent', noncurrentVersionExpiration: Duration.days(90) }],
     });
 
-    // The ledger: Object Lock in compliance mode, so no one (the account root included)
-    // can overwrite or delete an entry, tile or checkpoint version before the retention ends.
+    // The ledger: Object Lock, so no entry, tile or checkpoint version is overwritten or deleted
+    // before the retention ends — in compliance mode by no one, the account root included; in
+    // governance mode (the default, for trials) only by a principal allowed to bypass it.
     this.ledger = new s3.Bucket(this, 'Ledger', {
       ...secureDefaults(),
       versioned: true,
       objectLockEnabled: true,
-      objectLockDefaultRetention: s3.ObjectLockRetention.compliance(Duration.days(props.ledgerRetentionDays)),
+      objectLockDefaultRetention:
+        props.ledgerLockMode === 'compliance'
+          ? s3.ObjectLockRetention.compliance(Duration.days(props.ledgerRetentionDays))
+          : s3.ObjectLockRetention.governance(Duration.days(props.ledgerRetentionDays)),
       serverAccessLogsBucket: this.accessLogs,
       serverAccessLogsPrefix: 'ledger/',
     });

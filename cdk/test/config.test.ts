@@ -67,7 +67,9 @@ describe('deploy configuration', () => {
     assert.equal(c.instanceType, 'm6i.xlarge');
     assert.equal(c.enclaveCpuCount, 2);
     assert.deepEqual(c.storePrefixes, ['stores/']);
-    assert.equal(c.ledgerRetentionDays, 365);
+    assert.equal(c.ledgerRetentionDays, 30);
+    assert.equal(c.ledgerLockMode, 'governance');
+    assert.equal(c.ledgerReservedConcurrency, undefined);
     assert.ok(c.lambdaAssetsDir.endsWith(path.join('target', 'lambda')));
   });
 
@@ -76,6 +78,9 @@ describe('deploy configuration', () => {
     assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, maxHosts: 'ten' })), ConfigError);
     assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, minHosts: '5', maxHosts: '2' })), /maxHosts/);
     assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, enclaveCpuCount: '3' })), /even/);
+    assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, ledgerLockMode: 'legal-hold' })), /governance or compliance/);
+    assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, ledgerLockMode: 'compliance' })).ledgerLockMode, 'compliance');
+    assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, ledgerReservedConcurrency: '1' })).ledgerReservedConcurrency, 1);
   });
 
   it('refuses the former inputRetentionDays instead of ignoring it (inputs expire with their job)', () => {

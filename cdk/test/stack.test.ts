@@ -142,19 +142,26 @@ describe('fleet', () => {
 describe('storage', () => {
   const buckets = resourcesOfType(json, 'AWS::S3::Bucket');
 
-  it('the ledger bucket has Object Lock in compliance mode with the configured retention', () => {
+  it('the ledger bucket has Object Lock, by default in governance mode for 30 days (a trial can be removed)', () => {
     template.hasResourceProperties('AWS::S3::Bucket', {
       ObjectLockEnabled: true,
-      ObjectLockConfiguration: { ObjectLockEnabled: 'Enabled', Rule: { DefaultRetention: { Mode: 'COMPLIANCE', Days: 365 } } },
+      ObjectLockConfiguration: { ObjectLockEnabled: 'Enabled', Rule: { DefaultRetention: { Mode: 'GOVERNANCE', Days: 30 } } },
       VersioningConfiguration: { Status: 'Enabled' },
     });
   });
 
-  it('retention is a parameter', () => {
-    const other = synth({ ledgerRetentionDays: 2555 });
+  it('compliance mode and the retention are explicit production settings', () => {
+    const other = synth({ ledgerRetentionDays: 2555, ledgerLockMode: 'compliance' });
     other.template.hasResourceProperties('AWS::S3::Bucket', {
       ObjectLockConfiguration: { ObjectLockEnabled: 'Enabled', Rule: { DefaultRetention: { Mode: 'COMPLIANCE', Days: 2555 } } },
     });
+  });
+
+  it('ledger-append reserves no concurrency unless asked (a new account\'s quota may not allow it)', () => {
+    const reserved = (t: typeof json) =>
+      resourcesOfType(t, 'AWS::Lambda::Function').map(([, f]) => f.Properties?.ReservedConcurrentExecutions).filter((r) => r !== undefined);
+    assert.deepEqual(reserved(json), []);
+    assert.deepEqual(reserved(synth({ ledgerReservedConcurrency: 1 }).json), [1]);
   });
 
   it('every bucket blocks public access, is encrypted, and has a TLS-only policy', () => {
@@ -284,9 +291,8 @@ describe('lambdas', () => {
     }
   });
 
-  it('ledger-append is the single writer: reserved concurrency 1, fed by the ledger FIFO queue', () => {
-    const [[id, f]] = functions.filter(([, x]) => x.Properties?.Description === 'ephem-batch ledger-append');
-    assert.equal(f.Properties?.ReservedConcurrentExecutions, 1);
+  it('ledger-append is the single writer: fed by the ledger FIFO queue (one group, one invocation at a time)', () => {
+    const [[id]] = functions.filter(([, x]) => x.Properties?.Description === 'ephem-batch ledger-append');
     const [[, esm]] = resourcesOfType(json, 'AWS::Lambda::EventSourceMapping').filter(([, m]) => referencedId(m.Properties?.FunctionName) === id);
     assert.equal(referencedId(esm.Properties?.FunctionName), id);
     const queueId = referencedId(esm.Properties?.EventSourceArn)!;
