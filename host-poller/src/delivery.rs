@@ -44,6 +44,14 @@ pub fn is_permanent(check: &str) -> bool {
     PERMANENT_CHECKS.contains(&check)
 }
 
+/// Whether a read found nothing: S3 answers an absent key with 404 only to a caller allowed
+/// `s3:ListBucket` on it, else 403, and how an account evaluates the host's prefix-conditioned
+/// grant is not something a job may hang on. Nothing is lost by reading 403 as absent here: the
+/// receipt's commit is create-only, so a job already done is found done there.
+fn absent(error: &ObjectError) -> bool {
+    matches!(error, ObjectError::NotFound { .. } | ObjectError::AccessDenied { .. })
+}
+
 /// How a delivery ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Disposition {
@@ -132,7 +140,7 @@ impl Delivery<'_> {
         let jobs = &self.ctx.services.jobs;
         match retry::transient("get receipt", || jobs.get_at_most(&layout::job_receipt(&self.job), MAX_SMALL_OBJECT)) {
             Ok(receipt) => return self.duplicate(receipt, Disposition::Duplicate),
-            Err(ObjectError::NotFound { .. }) => {}
+            Err(error) if absent(&error) => {}
             Err(error) => return self.retry("object_store", error.to_string()),
         }
         match self.cancel_signed() {
@@ -195,7 +203,7 @@ impl Delivery<'_> {
         let jobs = &self.ctx.services.jobs;
         let body = match retry::transient("get cancel", || jobs.get_at_most(&layout::job_cancel(&self.job), cancel::MAX_CANCEL_LEN)) {
             Ok(body) => body,
-            Err(ObjectError::NotFound { .. }) => return Ok(false),
+            Err(error) if absent(&error) => return Ok(false),
             Err(ObjectError::Rejected { message, .. }) => {
                 tracing::warn!(check = "cancel", message, "cancel.json ignored; the job runs");
                 return Ok(false);

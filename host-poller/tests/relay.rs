@@ -4,11 +4,13 @@
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use cloud::messages::{JobState, LedgerMessage};
-use cloud::{layout, ObjectStore, PutCondition, Queue};
+use cloud::hooked::{Hooked, StoreHooks};
+use cloud::{layout, ObjectError, ObjectMeta, ObjectStore, PutCondition, Queue};
 use host_poller::{PollerConfig, WorkerEndpoint, WorkerSource};
 use protocol::cancel::CancelRequest;
 use protocol::envelope::{seal_job, FleetSecretKey, JobHeader, JobId, JobOptions, ResultSecretKey};
@@ -123,6 +125,52 @@ fn a_job_streams_through_commits_and_reaches_the_ledger() {
     let by_hash = layout::attestation_by_hash(&Sha256::digest(&document).into());
     assert_eq!(cloud.attestations.get(&by_hash).unwrap(), document);
     assert_eq!(cloud.attestations.get(&layout::attestation_current("test-host")).unwrap(), document);
+}
+
+/// S3 answers a read of an absent key with 403, not 404, to a caller without `s3:ListBucket`
+/// on it — a grant whose `s3:prefix` condition an account evaluates otherwise than expected.
+struct AbsentIsDenied;
+
+impl AbsentIsDenied {
+    fn deny<T>(result: Result<T, ObjectError>) -> Result<T, ObjectError> {
+        match result {
+            Err(ObjectError::NotFound { key }) => Err(ObjectError::AccessDenied { key, message: "403 Forbidden".into() }),
+            other => other,
+        }
+    }
+}
+
+impl StoreHooks for AbsentIsDenied {
+    fn get(&self, inner: &dyn ObjectStore, key: &str) -> Result<Vec<u8>, ObjectError> {
+        Self::deny(inner.get(key))
+    }
+    fn read_range(&self, inner: &dyn ObjectStore, key: &str, offset: u64, len: u64) -> Result<Vec<u8>, ObjectError> {
+        Self::deny(inner.read_range(key, offset, len))
+    }
+    fn head(&self, inner: &dyn ObjectStore, key: &str) -> Result<Option<ObjectMeta>, ObjectError> {
+        match inner.head(key)? {
+            Some(meta) => Ok(Some(meta)),
+            None => Err(ObjectError::AccessDenied { key: key.to_owned(), message: "403 Forbidden".into() }),
+        }
+    }
+}
+
+/// The host's first reads of a new job (a receipt? a cancel?) find nothing: whether S3 says so
+/// with 404 or 403, the job runs, and the create-only commit of the receipt keeps it done once.
+#[test]
+fn a_job_completes_whether_s3_answers_404_or_403_for_what_is_absent() {
+    let (cloud, worker, config) = setup(JobMode::Echo, 5);
+    let (job, input) = put_job(&cloud, 0x2a, 10_000);
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    let mut services = cloud.services();
+    services.jobs = Arc::new(Hooked::new(cloud.jobs.clone(), AbsentIsDenied));
+    let poller = Running::start(services.clone(), config);
+    wait_until("the job to complete", WAIT, || state(&cloud, &job) == Some(JobState::Completed));
+    // A second delivery of the same job is a duplicate, not a second attempt.
+    enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
+    wait_until("the duplicate to be consumed", WAIT, || cloud.job_queue.pending().is_empty());
+    poller.stop();
+    assert_eq!(worker.job_starts(), [(job.to_hex(), 1)]);
 }
 
 #[test]
