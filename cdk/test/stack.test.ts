@@ -45,7 +45,7 @@ describe('fleet', () => {
       'nitro-cli describe-eif',
       'nitro-cli run-enclave',
       'ephem-host-poller.service',
-      'systemctl enable --now ephem-kms-proxy.service ephem-enclave.service ephem-host-poller.service ephem-drain.service',
+      'systemctl enable --now ephem-kms-proxy.service ephem-enclave.service ephem-host-poller.service ephem-drain.service ephem-enclave-watchdog.timer',
       // The enclave's own TLS to KMS goes through this relay (vsock port 8000, the worker's default).
       '/usr/bin/vsock-proxy 8000 kms.',
       '.amazonaws.com 443 --config /etc/nitro_enclaves/vsock-proxy.yaml',
@@ -55,6 +55,18 @@ describe('fleet', () => {
     assert.ok(!userData.includes('--debug-mode'));
     // Variables nothing reads are not written.
     for (const unused of ['EPHEM_METRICS_NAMESPACE', 'EPHEM_LIFECYCLE_HOOK']) assert.ok(!userData.includes(unused), unused);
+  });
+
+  it('vsock-proxy may reach exactly this Region\'s KMS on 443, and a dead enclave is restarted', () => {
+    const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
+    const parts = stack.resolve(lt.Properties?.LaunchTemplateData?.UserData)['Fn::Base64']['Fn::Join'][1] as unknown[];
+    // The Region is a token (the stack is environment-agnostic): render it as a placeholder.
+    const script = parts.map((part) => (typeof part === 'string' ? part : '<region>')).join('');
+    const allowlist = /vsock-proxy\.yaml <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1];
+    assert.equal(allowlist, 'allowlist:\n- {address: kms.<region>.amazonaws.com, port: 443}');
+    const watchdog = /ephem-enclave-watchdog\.service <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '';
+    assert.ok(watchdog.includes("ExecStart=/bin/sh -c 'nitro-cli describe-enclaves | grep -q RUNNING || systemctl restart ephem-enclave.service'"), watchdog);
+    assert.match(/ephem-enclave-watchdog\.timer <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '', /OnUnitActiveSec=30/);
   });
 
   it('the poller runs under a memory ceiling and is restarted whatever ends it', () => {
