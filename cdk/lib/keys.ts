@@ -19,7 +19,7 @@
 //    It may also tag the key, turn rotation on and schedule deletion: the operations that
 //    CloudFormation needs to create and retire a key. None of them releases or re-wraps data.
 import { createHash } from 'node:crypto';
-import { RemovalPolicy } from 'aws-cdk-lib';
+import { Aws, Fn, RemovalPolicy } from 'aws-cdk-lib';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as kms from 'aws-cdk-lib/aws-kms';
 import { Construct } from 'constructs';
@@ -68,17 +68,16 @@ export class Keys extends Construct {
       statements: [
         ...accountStatements(true),
         allowAttested('AllowAttestedEnclaveDecrypt', props.hostRole, ['kms:Decrypt'], m),
-        new iam.PolicyStatement({
+        {
           sid: 'AllowRotationNewEpochKeyPairs',
-          effect: iam.Effect.ALLOW,
-          principals: [props.rotationRole],
+          effect: 'Allow',
+          principal: props.rotationRole.roleArn,
           actions: ['kms:GenerateDataKeyPairWithoutPlaintext'],
-          resources: ['*'],
           conditions: {
             StringEquals: { 'kms:DataKeyPairSpec': 'ECC_NIST_P256' },
             Null: { 'kms:EncryptionContext:epoch': 'false', 'kms:EncryptionContext:not_after': 'false' },
           },
-        }),
+        },
         ...denyUnattested(m),
         denyForbidden(),
       ],
@@ -93,16 +92,15 @@ export class Keys extends Construct {
         ...accountStatements(true),
         allowAttested('AllowAttestedEnclaveDataKeys', props.hostRole, ['kms:Decrypt', 'kms:GenerateDataKey'], m),
         // The publisher wraps a data key it generated itself; Encrypt returns only ciphertext.
-        new iam.PolicyStatement({
+        {
           sid: 'AllowPublisherWrapModelDataKeys',
-          effect: iam.Effect.ALLOW,
-          principals: [props.modelPublisherRole],
+          effect: 'Allow',
+          principal: props.modelPublisherRole.roleArn,
           actions: ['kms:Encrypt'],
-          resources: ['*'],
           conditions: {
             Null: { 'kms:EncryptionContext:model_id': 'false', 'kms:EncryptionContext:version': 'false' },
           },
-        }),
+        },
         ...denyUnattested(m),
         denyForbidden(),
       ],
@@ -118,29 +116,26 @@ export class Keys extends Construct {
       enableKeyRotation: false,
       statements: [
         ...accountStatements(false),
-        new iam.PolicyStatement({
+        {
           sid: 'AllowAccountReadPublicKey',
-          effect: iam.Effect.ALLOW,
-          principals: [new iam.AccountRootPrincipal()],
+          effect: 'Allow',
+          principal: ACCOUNT_ROOT,
           actions: ['kms:GetPublicKey'],
-          resources: ['*'],
-        }),
-        new iam.PolicyStatement({
+        },
+        {
           sid: 'AllowLedgerAppendSign',
-          effect: iam.Effect.ALLOW,
-          principals: [props.ledgerRole],
+          effect: 'Allow',
+          principal: props.ledgerRole.roleArn,
           actions: ['kms:Sign'],
-          resources: ['*'],
           conditions: { StringEquals: { 'kms:SigningAlgorithm': 'ED25519_SHA_512' } },
-        }),
+        },
         // ledger-append derives its note key from the public key when it starts.
-        new iam.PolicyStatement({
+        {
           sid: 'AllowLedgerAppendReadPublicKey',
-          effect: iam.Effect.ALLOW,
-          principals: [props.ledgerRole],
+          effect: 'Allow',
+          principal: props.ledgerRole.roleArn,
           actions: ['kms:GetPublicKey'],
-          resources: ['*'],
-        }),
+        },
         denyForbidden(),
       ],
     });
@@ -152,7 +147,7 @@ interface NewKeyProps {
   readonly keySpec: string;
   readonly keyUsage: string;
   readonly enableKeyRotation: boolean;
-  readonly statements: iam.PolicyStatement[];
+  readonly statements: KeyPolicyStatement[];
 }
 
 function newKey(scope: Construct, id: string, p: NewKeyProps): kms.CfnKey {
@@ -161,7 +156,9 @@ function newKey(scope: Construct, id: string, p: NewKeyProps): kms.CfnKey {
     keySpec: p.keySpec,
     keyUsage: p.keyUsage,
     enableKeyRotation: p.enableKeyRotation ? true : undefined,
-    keyPolicy: new iam.PolicyDocument({ statements: p.statements }),
+    // Literal JSON: nobody may PutKeyPolicy, so a library that rendered the same statements
+    // otherwise (an upgrade, a feature flag) would make the key impossible to update.
+    keyPolicy: { Version: '2012-10-17', Statement: p.statements.map(render) },
     // The policy grants no one PutKeyPolicy, so KMS's lockout safety check would refuse it.
     // That is the point: nobody, CloudFormation included, can loosen it later.
     bypassPolicyLockoutSafetyCheck: true,
@@ -172,52 +169,72 @@ function newKey(scope: Construct, id: string, p: NewKeyProps): kms.CfnKey {
   return key;
 }
 
+/** One statement of a key policy, as written (the resource of a key policy is always the key). */
+interface KeyPolicyStatement {
+  readonly sid: string;
+  readonly effect: 'Allow' | 'Deny';
+  /** An ARN (or a token for one), or `*`. */
+  readonly principal: string;
+  readonly actions: string[];
+  readonly conditions?: Record<string, Record<string, string>>;
+}
+
+const ANYONE = '*';
+/** The account (its IAM policies decide who may use what this grants it). */
+const ACCOUNT_ROOT = Fn.join('', ['arn:', Aws.PARTITION, ':iam::', Aws.ACCOUNT_ID, ':root']);
+
+/** The statement's JSON, in the form IAM documents (a single action as a string). */
+function render(s: KeyPolicyStatement): Record<string, unknown> {
+  return {
+    Action: s.actions.length === 1 ? s.actions[0] : s.actions,
+    ...(s.conditions ? { Condition: s.conditions } : {}),
+    Effect: s.effect,
+    Principal: { AWS: s.principal },
+    Resource: '*',
+    Sid: s.sid,
+  };
+}
+
 /** Statements for the account itself: read the policy, and let CloudFormation manage the key's life. */
-function accountStatements(symmetric: boolean): iam.PolicyStatement[] {
-  const root = new iam.AccountRootPrincipal();
+function accountStatements(symmetric: boolean): KeyPolicyStatement[] {
   return [
-    new iam.PolicyStatement({
+    {
       sid: 'AllowAccountReadKeyPolicy',
-      effect: iam.Effect.ALLOW,
-      principals: [root],
+      effect: 'Allow',
+      principal: ACCOUNT_ROOT,
       actions: READ_ACTIONS,
-      resources: ['*'],
-    }),
-    new iam.PolicyStatement({
+    },
+    {
       sid: 'AllowAccountKeyLifecycle',
-      effect: iam.Effect.ALLOW,
-      principals: [root],
+      effect: 'Allow',
+      principal: ACCOUNT_ROOT,
       actions: symmetric ? [...LIFECYCLE_ACTIONS, 'kms:EnableKeyRotation'] : LIFECYCLE_ACTIONS,
-      resources: ['*'],
-    }),
+    },
   ];
 }
 
 /** Allow `actions` to `principal` only with the deployed image's attestation (PCR0, and PCR8 if given). */
-function allowAttested(sid: string, principal: iam.IPrincipal, actions: string[], m: Measurements): iam.PolicyStatement {
+function allowAttested(sid: string, principal: iam.IRole, actions: string[], m: Measurements): KeyPolicyStatement {
   const expected: Record<string, string> = { [IMAGE_SHA384_KEY]: m.pcr0 };
   if (m.pcr8) expected[PCR8_KEY] = m.pcr8;
-  return new iam.PolicyStatement({
+  return {
     sid,
-    effect: iam.Effect.ALLOW,
-    principals: [principal],
+    effect: 'Allow',
+    principal: principal.roleArn,
     actions,
-    resources: ['*'],
     conditions: { StringEqualsIgnoreCase: expected },
-  });
+  };
 }
 
 /** Deny every release operation, to everyone, without the attestation condition or with another value. */
-function denyUnattested(m: Measurements): iam.PolicyStatement[] {
-  const deny = (sid: string, conditions: Record<string, Record<string, string>>) =>
-    new iam.PolicyStatement({
-      sid,
-      effect: iam.Effect.DENY,
-      principals: [new iam.AnyPrincipal()],
-      actions: RELEASE_ACTIONS,
-      resources: ['*'],
-      conditions,
-    });
+function denyUnattested(m: Measurements): KeyPolicyStatement[] {
+  const deny = (sid: string, conditions: Record<string, Record<string, string>>): KeyPolicyStatement => ({
+    sid,
+    effect: 'Deny',
+    principal: ANYONE,
+    actions: RELEASE_ACTIONS,
+    conditions,
+  });
   const out = [
     deny('DenyReleaseWithoutAttestation', { Null: { [IMAGE_SHA384_KEY]: 'true' } }),
     deny('DenyReleaseToOtherImages', { StringNotEqualsIgnoreCase: { [IMAGE_SHA384_KEY]: m.pcr0 } }),
@@ -231,14 +248,13 @@ function denyUnattested(m: Measurements): iam.PolicyStatement[] {
   return out;
 }
 
-function denyForbidden(): iam.PolicyStatement {
-  return new iam.PolicyStatement({
+function denyForbidden(): KeyPolicyStatement {
+  return {
     sid: 'DenyPolicyChangesGrantsAndReEncrypt',
-    effect: iam.Effect.DENY,
-    principals: [new iam.AnyPrincipal()],
+    effect: 'Deny',
+    principal: ANYONE,
     actions: FORBIDDEN_ACTIONS,
-    resources: ['*'],
-  });
+  };
 }
 
 /** A short, stable fingerprint of the measurements, used in the keys' logical ids. */
