@@ -38,6 +38,8 @@ export interface DeployConfig {
   readonly ledgerLockMode: LedgerLockMode;
   /** Reserved concurrency of ledger-append; unset by default (the FIFO group already serialises it). */
   readonly ledgerReservedConcurrency?: number;
+  /** An address subscribed to the alarm topic (SNS asks it to confirm). */
+  readonly alarmEmail?: string;
   /** Days anything under jobs/ is kept (sealed inputs, outputs, receipts, status). */
   readonly jobsRetentionDays: number;
   /** Prefixes of the jobs bucket where data owners drop sealed shards (S3-event-triggered jobs). */
@@ -98,6 +100,7 @@ export function loadConfig(read: ContextReader): DeployConfig {
     maxAzs: int(read, 'maxAzs', 2, 1, 2),
     ledgerRetentionDays: int(read, 'ledgerRetentionDays', 30, 1, 36500),
     ledgerLockMode: lockMode(read),
+    alarmEmail: email(read, 'alarmEmail'),
     ledgerReservedConcurrency: read('ledgerReservedConcurrency') === undefined ? undefined : int(read, 'ledgerReservedConcurrency', 1, 1, 1000),
     jobsRetentionDays: int(read, 'jobsRetentionDays', 30, 1, 3650),
     storePrefixes,
@@ -184,6 +187,13 @@ function int(read: ContextReader, key: string, dflt: number, min: number, max: n
     throw new ConfigError(`${key} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
   }
   return n;
+}
+
+function email(read: ContextReader, key: string): string | undefined {
+  const v = str(read, key, '');
+  if (v === '') return undefined;
+  if (!/^[^@\s]+@[^@\s]+\.[^@\s]+$/.test(v)) throw new ConfigError(`${key} must be an e-mail address, got ${JSON.stringify(v)}`);
+  return v;
 }
 
 function lockMode(read: ContextReader): LedgerLockMode {

@@ -90,6 +90,7 @@ export class EphemBatchStack extends Stack {
       functions: this.lambdas.all,
       ledgerAppend: this.lambdas.ledgerAppend,
       stateMachine: this.workflow.stateMachine,
+      alarmEmail: cfg.alarmEmail,
     });
     this.outputs(cfg);
   }
@@ -146,7 +147,7 @@ export class EphemBatchStack extends Stack {
     out('ModelsBucketName', s.models.bucketName, 'encrypted models and signed manifests');
     out('AttestationsBucketName', s.attestations.bucketName, 'published attestation documents (attestations/) and fleet-key epochs (fleet-keys/)');
     out('ArtifactsBucketName', s.artifacts.bucketName, 'artifacts/enclave.eif and artifacts/host-poller, fetched by hosts at boot');
-    out('LedgerBucketName', s.ledger.bucketName, 'the ledger (C2SP tlog-tiles), Object Lock compliance mode');
+    out('LedgerBucketName', s.ledger.bucketName, 'the ledger (C2SP tlog-tiles), under Object Lock (ledgerLockMode)');
     out('JobQueueUrl', q.jobs.queueUrl, 'job messages (on-upload -> hosts)');
     out('JobDlqUrl', q.jobsDlq.queueUrl, 'jobs that failed repeatedly');
     out('LedgerQueueUrl', q.ledger.queueUrl, 'receipts (hosts -> ledger-append), FIFO');
@@ -160,6 +161,7 @@ export class EphemBatchStack extends Stack {
     out('ModelPublisherRoleArn', this.identities.modelPublisherRole.roleArn, 'role to assume for ephem-batch model encrypt|upload');
     out('FleetAutoScalingGroupName', this.fleet.hosts.autoScalingGroupName, 'the hosts');
     out('DashboardName', this.observability.dashboard.dashboardName, 'CloudWatch dashboard');
+    out('AlarmTopicArn', this.observability.alarmTopic.topicArn, 'SNS topic every alarm notifies (subscribe the operators)');
     out('ImageSha384', cfg.measurements.pcr0, 'PCR0 the fleet and model keys are bound to');
     out('Pcr8', cfg.measurements.pcr8 ?? 'none', 'PCR8 the keys are bound to (none: not bound)');
     out('StorePrefixes', cfg.storePrefixes.join(','), 'jobs-bucket prefixes whose sealed shards become jobs');

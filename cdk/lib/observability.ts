@@ -2,10 +2,13 @@
 // minute, documents per second, errors, DLQ sizes, fleet size) and alarms for the states that
 // need a human (a DLQ that is not empty, a job that ended dead-lettered or unprocessed, a backlog
 // that is not moving, failing Lambdas or bulk runs).
-import { Duration, Stack } from 'aws-cdk-lib';
+import { Duration, Stack, Validations } from 'aws-cdk-lib';
 import * as autoscaling from 'aws-cdk-lib/aws-autoscaling';
 import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
+import * as cloudwatchActions from 'aws-cdk-lib/aws-cloudwatch-actions';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
+import * as sns from 'aws-cdk-lib/aws-sns';
+import * as subscriptions from 'aws-cdk-lib/aws-sns-subscriptions';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
 import { Queues } from './queues';
@@ -28,15 +31,28 @@ export interface ObservabilityProps {
   readonly functions: lambda.Function[];
   readonly ledgerAppend: lambda.Function;
   readonly stateMachine: sfn.StateMachine;
+  /** An address every alarm is mailed to (`-c alarmEmail=`), besides whoever subscribes to the topic. */
+  readonly alarmEmail?: string;
 }
 
 export class Observability extends Construct {
   readonly dashboard: cloudwatch.Dashboard;
   readonly alarms: cloudwatch.Alarm[] = [];
+  /** Where every alarm goes (output `AlarmTopicArn`): an alarm nobody hears is no alarm. */
+  readonly alarmTopic: sns.Topic;
 
   constructor(scope: Construct, id: string, p: ObservabilityProps) {
     super(scope, id);
     const minute = Duration.minutes(1);
+    this.alarmTopic = new sns.Topic(this, 'AlarmTopic', { displayName: 'ephem-batch alarms', enforceSSL: true });
+    if (p.alarmEmail) this.alarmTopic.addSubscription(new subscriptions.EmailSubscription(p.alarmEmail));
+    // CloudWatch cannot publish to a topic under the AWS-managed SNS key, and a key of our own
+    // would be a fourth key policy for messages that carry only alarm names and states.
+    Validations.of(this.alarmTopic).acknowledge({
+      id: 'AwsSolutions-SNS2',
+      reason: 'Alarm notifications carry alarm names, states and metric values only; CloudWatch cannot publish to a topic under the AWS-managed SNS key.',
+    });
+    const notify = new cloudwatchActions.SnsAction(this.alarmTopic);
     const { jobs, jobsDlq, ledger, ledgerDlq, uploadFailures } = p.queues;
     const ledgerMetric = (metricName: string, label: string) =>
       new cloudwatch.Metric({ namespace: METRICS_NAMESPACE, metricName, statistic: 'Sum', period: minute, label });
@@ -126,6 +142,7 @@ export class Observability extends Construct {
         comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
       });
+      a.addAlarmAction(notify);
       this.alarms.push(a);
       return a;
     };

@@ -70,6 +70,7 @@ describe('deploy configuration', () => {
     assert.equal(c.ledgerRetentionDays, 30);
     assert.equal(c.ledgerLockMode, 'governance');
     assert.equal(c.ledgerReservedConcurrency, undefined);
+    assert.equal(c.alarmEmail, undefined);
     assert.ok(c.lambdaAssetsDir.endsWith(path.join('target', 'lambda')));
   });
 
@@ -81,6 +82,7 @@ describe('deploy configuration', () => {
     assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, ledgerLockMode: 'legal-hold' })), /governance or compliance/);
     assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, ledgerLockMode: 'compliance' })).ledgerLockMode, 'compliance');
     assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, ledgerReservedConcurrency: '1' })).ledgerReservedConcurrency, 1);
+    assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, alarmEmail: 'not an address' })), /e-mail/);
   });
 
   it('refuses the former inputRetentionDays instead of ignoring it (inputs expire with their job)', () => {

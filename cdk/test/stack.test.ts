@@ -412,6 +412,19 @@ describe('observability', () => {
     assert.ok(alarms.has('ObservabilityJobDeadLetterErrors'), 'the consumer\'s own errors');
   });
 
+  it('every alarm notifies the alarm topic, which takes TLS only; -c alarmEmail subscribes an address', () => {
+    const [[topicId]] = resourcesOfType(json, 'AWS::SNS::Topic');
+    const alarms = resourcesOfType(json, 'AWS::CloudWatch::Alarm');
+    assert.ok(alarms.length >= 5);
+    for (const [id, a] of alarms) assert.deepEqual(a.Properties?.AlarmActions, [{ Ref: topicId }], `${id} notifies nobody`);
+    const [[, policy]] = resourcesOfType(json, 'AWS::SNS::TopicPolicy');
+    assert.ok(JSON.stringify(policy.Properties?.PolicyDocument).includes('"aws:SecureTransport":"false"'));
+    assert.equal(resourcesOfType(json, 'AWS::SNS::Subscription').length, 0);
+    const mailed = synth({ alarmEmail: 'ops@example.com' }).json;
+    const [[, sub]] = resourcesOfType(mailed, 'AWS::SNS::Subscription');
+    assert.deepEqual([sub.Properties?.Protocol, sub.Properties?.Endpoint], ['email', 'ops@example.com']);
+  });
+
   it('has a dashboard and alarms on both DLQs', () => {
     template.resourceCountIs('AWS::CloudWatch::Dashboard', 1);
     const alarms = resourcesOfType(json, 'AWS::CloudWatch::Alarm');
