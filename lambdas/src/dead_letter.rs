@@ -325,5 +325,4 @@ pub fn mark_failed(jobs: &dyn ObjectStore, job: &JobId, failure: Failure) -> Res
 }
 
 #[cfg(test)]
-#[path = "dead_letter_tests.rs"]
 mod tests;
