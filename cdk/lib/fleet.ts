@@ -10,7 +10,10 @@ import * as logs from 'aws-cdk-lib/aws-logs';
 import { Construct } from 'constructs';
 import { allow } from './identities';
 import { justifyWildcardResources } from './nag';
-import { DRAIN_HOOK_NAME, DRAIN_TIMEOUT_S, ENCLAVE_CID, HOST_POLLER_KEY, ENCLAVE_EIF_KEY, hostUserData } from './host-user-data';
+import {
+  ATTESTATION_CURRENT_PREFIX, DRAIN_HOOK_NAME, DRAIN_TIMEOUT_S, ENCLAVE_CID, ENCLAVE_EIF_KEY, HOST_POLLER_KEY, LAUNCH_HOOK_NAME, LAUNCH_TIMEOUT_S,
+  hostUserData,
+} from './host-user-data';
 import { Queues } from './queues';
 import { Storage } from './storage';
 
@@ -69,6 +72,8 @@ export class Fleet extends Construct {
           EPHEM_MODELS_BUCKET: props.storage.models.bucketName,
           EPHEM_ATTESTATIONS_BUCKET: props.storage.attestations.bucketName,
           EPHEM_ENCLAVE_CID: String(ENCLAVE_CID),
+          // One JSON object per line in the journal, as the log group receives it.
+          EPHEM_LOG_FORMAT: 'json',
         },
       }),
     );
@@ -125,6 +130,7 @@ export class Fleet extends Construct {
     );
 
     this.scaleOnBacklog(props);
+    this.inServiceOnlyOnceAttested();
     this.drainBeforeTermination(props.hostRole);
   }
 
@@ -239,6 +245,10 @@ export class Fleet extends Construct {
     allow(role, 'KnowAbsentAttestationDocuments', ['s3:ListBucket'], [attestations.bucketArn], {
       conditions: prefixes('attestations/by-hash/*'),
     });
+    // The launch watcher (host-user-data.ts) looks for the document this host's enclave published.
+    allow(role, 'ConfirmOwnAttestationPublished', ['s3:GetObject'], [attestations.arnForObjects(`${ATTESTATION_CURRENT_PREFIX}*`)], {
+      why: 'Named by the instance id, known only on the host; every current document is public to the clients, who list and read them all.',
+    });
     allow(role, 'DeleteAnsweredAttestationRequests', ['s3:DeleteObject'], [attestations.arnForObjects('attestations/requests/*')], {
       why: 'A client request for a fresh document is removed once answered (or stale); requests are named by the client nonce.',
     });
@@ -299,6 +309,22 @@ export class Fleet extends Construct {
   }
 
   /**
+   * A new host stays in Pending:Wait until its launch watcher (host-user-data.ts) has seen its
+   * enclave's attestation published and called CompleteLifecycleAction (CONTINUE); without that
+   * within the heartbeat timeout, Auto Scaling abandons it: terminates it and launches another.
+   * The hook is its own resource, created after the group: the hosts the group launches when it
+   * is created (a first deployment's, which wait for artifacts uploaded after it) are not held.
+   */
+  private inServiceOnlyOnceAttested(): void {
+    this.hosts.addLifecycleHook('Launch', {
+      lifecycleHookName: LAUNCH_HOOK_NAME,
+      lifecycleTransition: autoscaling.LifecycleTransition.INSTANCE_LAUNCHING,
+      defaultResult: autoscaling.DefaultResult.ABANDON,
+      heartbeatTimeout: Duration.seconds(LAUNCH_TIMEOUT_S),
+    });
+  }
+
+  /**
    * A terminating host stays in Terminating:Wait until its drain watcher (host-user-data.ts) has
    * stopped the poller, which finishes or hands back the jobs it holds, and called
    * CompleteLifecycleAction; or until the heartbeat timeout.
@@ -322,7 +348,8 @@ export class Fleet extends Construct {
       roles: [hostRole],
       statements: [
         new iam.PolicyStatement({
-          sid: 'CompleteOwnDrainHook',
+          // Both hooks: the launch hook (launch watcher) and the drain hook (drain watcher).
+          sid: 'CompleteOwnLifecycleHooks',
           actions: ['autoscaling:CompleteLifecycleAction'],
           resources: [groupArn],
         }),

@@ -11,6 +11,19 @@ export const HOST_POLLER_KEY = 'artifacts/host-poller';
 export const ENCLAVE_CID = 16;
 /** Name of the termination lifecycle hook that the host's drain watcher completes. */
 export const DRAIN_HOOK_NAME = 'ephem-drain';
+/** Name of the launch lifecycle hook that the host completes once its enclave has attested. */
+export const LAUNCH_HOOK_NAME = 'ephem-launch';
+/**
+ * How long Auto Scaling holds a new host in Pending:Wait (the launch hook's heartbeat timeout)
+ * before it abandons it and launches another: packages, artifacts, the enclave's start and its
+ * first KMS call take a few minutes; a host whose enclave has not attested by then never will.
+ */
+export const LAUNCH_TIMEOUT_S = 900;
+/**
+ * Where the poller publishes the document of this host's enclave (cloud::layout::attestation_current),
+ * with the instance id as host id (EPHEM_HOST_ID): the launch watcher waits for this object.
+ */
+export const ATTESTATION_CURRENT_PREFIX = 'attestations/current/';
 /** The vsock port of the parent's byte relay to KMS (the enclave-worker's default `--kms-relay`). */
 export const KMS_PROXY_PORT = 8000;
 
@@ -44,6 +57,10 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'set -euo pipefail',
     'exec > >(tee -a /var/log/ephem-batch-boot.log) 2>&1',
     `export AWS_REGION=${p.region} AWS_DEFAULT_REGION=${p.region}`,
+    ...IMDS_FUNCTION,
+    '# The instance id names this host\'s published attestation (EPHEM_HOST_ID): unlike the host',
+    '# name (ip-…, reused with its private address), no later host can have the same one.',
+    'instance_id=$(imds instance-id)',
     '',
     '# 1. Nitro Enclaves tooling, and the CPUs and memory reserved for the enclave.',
     'dnf install -y aws-nitro-enclaves-cli jq',
@@ -73,6 +90,7 @@ export function hostUserData(p: HostUserDataProps): string[] {
     '# 4. The poller\'s configuration.',
     'cat > /etc/ephem-batch/host-poller.env <<EOF',
     ...env,
+    'EPHEM_HOST_ID=${instance_id}',
     'EOF',
     'id -u ephem >/dev/null 2>&1 || useradd --system --no-create-home --shell /sbin/nologin ephem',
     '',
@@ -153,8 +171,64 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'WantedBy=multi-user.target',
     'EOF',
     ...drainWatcher(),
+    ...launchWatcher(),
     'systemctl daemon-reload',
     'systemctl enable --now ephem-kms-proxy.service ephem-enclave.service ephem-host-poller.service ephem-drain.service ephem-enclave-watchdog.timer',
+    '# Not enabled: it concerns this launch only (a reboot finds no launch action to complete).',
+    'systemctl start ephem-launch-ready.service',
+  ];
+}
+
+/** A shell function reading IMDSv2 (hop limit 1: from the host only, never from a container). */
+const IMDS_FUNCTION = [
+  'imds() {',
+  "  local token; token=$(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token) &&",
+  '    curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"',
+  '}',
+];
+
+/**
+ * 7. The launch watcher: Auto Scaling holds a new host in Pending:Wait on the launch hook, and
+ * the host leaves it (CONTINUE) only once its enclave has published its attestation document,
+ * which the poller does after the enclave took up a fleet key from KMS — the proof that the
+ * image, its measurements, the key policies and the KMS relay all work on this host. A host
+ * that fails anywhere before (a PCR0 mismatch, artifacts missing, an enclave that does not
+ * start or cannot reach KMS) never completes the hook, and Auto Scaling abandons it after
+ * LAUNCH_TIMEOUT_S: it is terminated and replaced, instead of counting InService forever.
+ * Quoted heredoc: the script's `$` are its own.
+ */
+function launchWatcher(): string[] {
+  return [
+    "cat > /opt/ephem-batch/launch-ready <<'EOF'",
+    '#!/bin/bash',
+    'set -uo pipefail',
+    ...IMDS_FUNCTION,
+    'instance=$(imds instance-id)',
+    `key="${ATTESTATION_CURRENT_PREFIX}\${instance}.cbor"`,
+    'echo "waiting for this host\'s attestation at s3://${EPHEM_ATTESTATIONS_BUCKET}/${key}"',
+    'until aws s3api head-object --bucket "$EPHEM_ATTESTATIONS_BUCKET" --key "$key" >/dev/null 2>&1; do',
+    `  if [ "$SECONDS" -ge ${LAUNCH_TIMEOUT_S} ]; then`,
+    `    echo "no attestation after ${LAUNCH_TIMEOUT_S} s: Auto Scaling abandons this host on the ${LAUNCH_HOOK_NAME} hook and replaces it" >&2`,
+    '    exit 1',
+    '  fi',
+    '  sleep 10',
+    'done',
+    'echo "the enclave published ${key}: completing the launch hook"',
+    `aws autoscaling complete-lifecycle-action --lifecycle-hook-name ${LAUNCH_HOOK_NAME} --lifecycle-action-result CONTINUE \\`,
+    '  --instance-id "$instance" --auto-scaling-group-name "$(imds tags/instance/aws:autoscaling:groupName)" \\',
+    "  || echo \"no launch action to complete (a host launched with the group itself, before the hook existed, or one that outlived the hook)\"",
+    'EOF',
+    'chmod 0755 /opt/ephem-batch/launch-ready',
+    'cat > /etc/systemd/system/ephem-launch-ready.service <<EOF',
+    '[Unit]',
+    'Description=ephem-batch launch watcher (completes the launch lifecycle hook once the enclave has attested)',
+    'After=ephem-host-poller.service',
+    '[Service]',
+    'Type=simple',
+    '# AWS_REGION and EPHEM_ATTESTATIONS_BUCKET.',
+    'EnvironmentFile=/etc/ephem-batch/host-poller.env',
+    'ExecStart=/opt/ephem-batch/launch-ready',
+    'EOF',
   ];
 }
 
@@ -169,10 +243,7 @@ function drainWatcher(): string[] {
     "cat > /opt/ephem-batch/drain-watch <<'EOF'",
     '#!/bin/bash',
     'set -uo pipefail',
-    'imds() {',
-    "  local token; token=$(curl -sf -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 60' http://169.254.169.254/latest/api/token) &&",
-    '    curl -sf -H "X-aws-ec2-metadata-token: $token" "http://169.254.169.254/latest/meta-data/$1"',
-    '}',
+    ...IMDS_FUNCTION,
     'until [ "$(imds autoscaling/target-lifecycle-state)" = Terminated ]; do sleep 5; done',
     'echo "this host is terminating: draining the poller"',
     '# SIGTERM: no new job, finish the ones held; if that takes too long, a second SIGTERM releases them.',

@@ -76,6 +76,7 @@ describe('host-poller (HostRole)', () => {
       },
       ListAttestationRequests: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/requests/*') },
       KnowAbsentAttestationDocuments: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/by-hash/*') },
+      ConfirmOwnAttestationPublished: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/attestations/current/*'] },
       DeleteAnsweredAttestationRequests: { actions: ['s3:DeleteObject'], resources: ['ATTESTATIONS/attestations/requests/*'] },
       FetchArtifacts: { actions: ['s3:GetObject'], resources: ['ARTIFACTS/artifacts/enclave.eif', 'ARTIFACTS/artifacts/host-poller'] },
     });
@@ -94,13 +95,17 @@ describe('host-poller (HostRole)', () => {
     assert.deepEqual(host.SendReceiptsToLedger, { actions: ['sqs:SendMessage'], resources: ['queue:Ledger'] });
   });
 
-  it('publishes no metrics and completes only its own group\'s drain hook (no heartbeat: nothing sends one)', () => {
+  it('publishes no metrics and completes only its own group\'s lifecycle hooks, launch and drain (no heartbeat: nothing sends one)', () => {
     const all = statements.filter(({ owner }) => owner.startsWith('IdentitiesHostRole') || owner.startsWith('FleetHostDrainPolicy'));
     assert.ok(!all.some(({ statement: s }) => asArray<string>(s.Action).some((a) => a.startsWith('cloudwatch:'))));
-    const drain = grantsOf('FleetHostDrainPolicy');
-    assert.deepEqual(Object.keys(drain), ['CompleteOwnDrainHook']);
-    assert.deepEqual(drain.CompleteOwnDrainHook.actions, ['autoscaling:CompleteLifecycleAction']);
-    assert.match(drain.CompleteOwnDrainHook.resources[0], /:autoScalingGroup:\*:autoScalingGroupName\/<FleetHostsASG[0-9A-F]{8}>$/);
+    const hooks = grantsOf('FleetHostDrainPolicy');
+    assert.deepEqual(hooks, {
+      CompleteOwnLifecycleHooks: { actions: ['autoscaling:CompleteLifecycleAction'], resources: [hooks.CompleteOwnLifecycleHooks?.resources[0]] },
+    });
+    assert.match(hooks.CompleteOwnLifecycleHooks.resources[0], /^arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:\*:autoScalingGroupName\/<FleetHostsASG[0-9A-F]{8}>$/);
+    // Nothing else of Auto Scaling, anywhere in the host's policies.
+    const autoscaling = all.flatMap(({ statement: s }) => asArray<string>(s.Action)).filter((a) => a.startsWith('autoscaling:'));
+    assert.deepEqual(autoscaling, ['autoscaling:CompleteLifecycleAction']);
   });
 });
 

@@ -5,14 +5,21 @@ import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { Match } from 'aws-cdk-lib/assertions';
 import { repoRoot } from '../lib/config';
-import { DRAIN_TIMEOUT_S, POLLER_MEMORY_MAX } from '../lib/host-user-data';
+import { DRAIN_TIMEOUT_S, LAUNCH_TIMEOUT_S, POLLER_MEMORY_MAX } from '../lib/host-user-data';
 import { LAMBDA_NAMES } from '../lib/lambda-code';
 import { LEDGER_METRICS, METRICS_NAMESPACE } from '../lib/observability';
 import { ASL_FILE, readAsl } from '../lib/workflow';
-import { TEST_PCR0, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
+import { CfnTemplate, TEST_PCR0, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
 
 const { template, json, stack } = defaultStack();
 const resolve = (v: unknown) => JSON.stringify(stack.resolve(v));
+
+/** The host's boot script, with the CloudFormation values in it rendered as <region>, <Ref> or <GetAtt>. */
+function userDataScript(t: CfnTemplate = json): string {
+  const [[, lt]] = resourcesOfType(t, 'AWS::EC2::LaunchTemplate');
+  const parts = lt.Properties?.LaunchTemplateData?.UserData['Fn::Base64']['Fn::Join'][1] as unknown[];
+  return parts.map((part) => (typeof part === 'string' ? part : JSON.stringify(part))).join('');
+}
 
 describe('fleet', () => {
   it('launch template has Nitro Enclaves on, IMDSv2 only, encrypted root volume', () => {
@@ -102,6 +109,42 @@ describe('fleet', () => {
     const finish = seconds(/timeout (\d+) systemctl stop/);
     const stop = seconds(/TimeoutStopSec=(\d+)/);
     assert.ok(finish > 0 && finish < stop && stop < DRAIN_TIMEOUT_S, `finish ${finish} < TimeoutStopSec ${stop} < hook ${DRAIN_TIMEOUT_S}`);
+  });
+
+  it('a new host is held on a launch hook and abandoned (replaced) unless its enclave attests within 15 minutes', () => {
+    const [[asgId]] = resourcesOfType(json, 'AWS::AutoScaling::AutoScalingGroup');
+    const launch = resourcesOfType(json, 'AWS::AutoScaling::LifecycleHook').filter(
+      ([, h]) => h.Properties?.LifecycleTransition === 'autoscaling:EC2_INSTANCE_LAUNCHING',
+    );
+    assert.equal(launch.length, 1);
+    const [[, hook]] = launch;
+    assert.deepEqual(
+      { ...hook.Properties, AutoScalingGroupName: referencedId(hook.Properties?.AutoScalingGroupName) },
+      { AutoScalingGroupName: asgId, LifecycleHookName: 'ephem-launch', LifecycleTransition: 'autoscaling:EC2_INSTANCE_LAUNCHING', DefaultResult: 'ABANDON', HeartbeatTimeout: LAUNCH_TIMEOUT_S },
+    );
+    assert.equal(LAUNCH_TIMEOUT_S, 900);
+  });
+
+  it('the host completes the launch hook (CONTINUE) only once its enclave\'s attestation is published under its instance id', () => {
+    const script = userDataScript();
+    // The poller names its current document by the instance id, which no later host reuses.
+    assert.match(script, /\ninstance_id=\$\(imds instance-id\)\n/);
+    assert.match(/host-poller\.env <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '', /^EPHEM_HOST_ID=\$\{instance_id\}$/m);
+    const watcher = /launch-ready <<'EOF'\n([\s\S]*?)\nEOF\n/.exec(script)?.[1];
+    assert.ok(watcher, 'the launch watcher is written (quoted heredoc)');
+    const wait = watcher.indexOf('until aws s3api head-object --bucket "$EPHEM_ATTESTATIONS_BUCKET" --key "$key"');
+    const complete = watcher.indexOf('aws autoscaling complete-lifecycle-action --lifecycle-hook-name ephem-launch --lifecycle-action-result CONTINUE');
+    assert.ok(wait > 0 && complete > wait, 'it completes the hook only after the wait for the document');
+    assert.ok(watcher.includes('key="attestations/current/${instance}.cbor"'), watcher);
+    assert.ok(watcher.includes('--instance-id "$instance" --auto-scaling-group-name "$(imds tags/instance/aws:autoscaling:groupName)"'));
+    assert.ok(!/ABANDON/.test(watcher), 'abandoning is the hook\'s default, never the host\'s call');
+    // Where the poller publishes it (cloud::layout), so the watcher waits for the right object.
+    const layout = fs.readFileSync(path.join(repoRoot(), 'cloud', 'src', 'layout.rs'), 'utf8');
+    assert.ok(layout.includes('format!("attestations/current/{host_id}.cbor")'), 'cloud::layout::attestation_current');
+    const unit = /ephem-launch-ready\.service <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '';
+    assert.ok(unit.includes('EnvironmentFile=/etc/ephem-batch/host-poller.env') && unit.includes('ExecStart=/opt/ephem-batch/launch-ready'), unit);
+    assert.ok(unit.includes('Type=simple'), 'a simple unit: starting it does not block the boot script');
+    assert.match(script, /\nsystemctl start ephem-launch-ready\.service\n?$/);
   });
 
   it('scales on backlog per host with target tracking on a metric-math custom metric', () => {
