@@ -2,7 +2,7 @@
 // cdk-nag AwsSolutions checks, which fail the synth on any unacknowledged finding.
 import { App, Validations } from 'aws-cdk-lib';
 import { AwsSolutionsChecks } from 'cdk-nag';
-import { loadConfig } from './config';
+import { CliEnvironment, loadConfig } from './config';
 import { EphemBatchStack } from './ephem-batch-stack';
 
 /** Feature flags this app relies on (set here so that tests and `cdk` behave the same). */
@@ -22,10 +22,11 @@ export interface BuiltApp {
  * @param context extra context (tests pass measurements and `aws:cdk:bundling-stacks`);
  *   `cdk -c key=value` values reach the App through the CLI as usual.
  * @param outdir where to write the cloud assembly (default: what the CLI says, or a temporary directory).
+ * @param cliEnv the CDK CLI's CDK_DEFAULT_ACCOUNT and CDK_DEFAULT_REGION (default: this process's environment).
  */
-export function buildApp(context: Record<string, unknown> = {}, outdir?: string): BuiltApp {
+export function buildApp(context: Record<string, unknown> = {}, outdir?: string, cliEnv: CliEnvironment = process.env): BuiltApp {
   const app = new App({ context: { ...FEATURE_FLAGS, ...context }, outdir });
-  const config = loadConfig((key) => app.node.tryGetContext(key));
+  const config = loadConfig((key) => app.node.tryGetContext(key), cliEnv);
   const stackName = String(app.node.tryGetContext('stackName') ?? DEFAULT_STACK_NAME);
   const stack = new EphemBatchStack(app, stackName, { config });
   Validations.of(app).addPlugins(new AwsSolutionsChecks(app, { verbose: true }));

@@ -15,10 +15,24 @@ export interface Measurements {
 
 export type LedgerLockMode = 'governance' | 'compliance';
 
+/** How the hosts' AMI is pinned (see DeployConfig.hostImage). */
+export type HostImage =
+  | { readonly kind: 'ami'; readonly imageId: string }
+  | { readonly kind: 'lookup'; readonly account: string; readonly region: string };
+
+/** The environment variables the CDK CLI sets from its credentials (CDK_DEFAULT_ACCOUNT, CDK_DEFAULT_REGION). */
+export type CliEnvironment = Record<string, string | undefined>;
+
 export interface DeployConfig {
   readonly measurements: Measurements;
   /** EC2 instance type of the hosts; must support Nitro Enclaves. */
   readonly instanceType: string;
+  /**
+   * The hosts' Amazon Linux 2023 image, pinned: an AMI id (`-c hostAmi=ami-…`), or the Region's
+   * newest looked up once at synth and kept in cdk.context.json. Either way a deploy never rolls
+   * the fleet because Amazon published a new image; moving to a newer one is a choice.
+   */
+  readonly hostImage: HostImage;
   /** vCPUs and memory handed to the enclave (the rest stays with the host OS and the poller). */
   readonly enclaveCpuCount: number;
   readonly enclaveMemoryMib: number;
@@ -78,7 +92,7 @@ export function repoRoot(): string {
   return dir;
 }
 
-export function loadConfig(read: ContextReader): DeployConfig {
+export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process.env): DeployConfig {
   if (read('inputRetentionDays') !== undefined) {
     // Refused rather than ignored: a retention setting must not silently do nothing.
     throw new ConfigError(
@@ -92,6 +106,7 @@ export function loadConfig(read: ContextReader): DeployConfig {
   const cfg: DeployConfig = {
     measurements: loadMeasurements(read),
     instanceType: str(read, 'instanceType', 'm6i.xlarge'),
+    hostImage: hostImage(read, cliEnv),
     enclaveCpuCount: int(read, 'enclaveCpuCount', 2, 2, 128),
     enclaveMemoryMib: int(read, 'enclaveMemoryMib', 6144, 1024, 1024 * 1024),
     minHosts: int(read, 'minHosts', 1, 1, 1000),
@@ -171,6 +186,28 @@ function hex96(name: string, value: unknown): string {
     throw new ConfigError(`${name} is all zeros, which is what a debug-mode enclave reports; keys are never released to debug enclaves`);
   }
   return s.toLowerCase();
+}
+
+/**
+ * `-c hostAmi=ami-…`, else a lookup in the account and Region the CDK CLI deploys to (it sets
+ * CDK_DEFAULT_ACCOUNT and CDK_DEFAULT_REGION from the credentials). Without either there is no
+ * pinned image, and the synth stops rather than let every deploy take the newest AMI.
+ */
+export function hostImage(read: ContextReader, cliEnv: CliEnvironment): HostImage {
+  const ami = str(read, 'hostAmi', '');
+  if (ami !== '') {
+    if (!/^ami-[0-9a-f]{8}([0-9a-f]{9})?$/.test(ami)) throw new ConfigError(`hostAmi must be an AMI id (ami- and 8 or 17 hex digits), got ${JSON.stringify(ami)}`);
+    return { kind: 'ami', imageId: ami };
+  }
+  const account = cliEnv.CDK_DEFAULT_ACCOUNT ?? '';
+  const region = cliEnv.CDK_DEFAULT_REGION ?? '';
+  if (!/^\d{12}$/.test(account) || !/^[a-z]{2}(-[a-z]+)+-\d$/.test(region)) {
+    throw new ConfigError(
+      'the hosts\' AMI must be pinned: run the CDK CLI with credentials (it looks up the Region\'s newest Amazon Linux 2023 once ' +
+        'and keeps it in cdk.context.json), or give -c hostAmi=ami-…',
+    );
+  }
+  return { kind: 'lookup', account, region };
 }
 
 function str(read: ContextReader, key: string, dflt: string): string {

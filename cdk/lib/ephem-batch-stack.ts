@@ -55,6 +55,7 @@ export class EphemBatchStack extends Stack {
       queues: this.queues,
       expectedPcr0: cfg.measurements.pcr0,
       instanceType: cfg.instanceType,
+      hostImage: cfg.hostImage,
       enclaveCpuCount: cfg.enclaveCpuCount,
       enclaveMemoryMib: cfg.enclaveMemoryMib,
       minHosts: cfg.minHosts,

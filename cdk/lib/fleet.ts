@@ -2,12 +2,14 @@
 // route to the internet. Hosts reach S3, SQS, KMS, Step Functions, CloudWatch and Auto Scaling
 // through VPC endpoints only. The group scales on the job backlog per host and drains a host
 // (lifecycle hook) before it terminates.
-import { ArnFormat, Aws, Duration, Stack, Validations } from 'aws-cdk-lib';
+import { ArnFormat, Aws, CfnRule, ContextProvider, Duration, Fn, Stack, Validations } from 'aws-cdk-lib';
+import * as cxschema from 'aws-cdk-lib/cloud-assembly-schema';
 import * as autoscaling from 'aws-cdk-lib/aws-autoscaling';
 import * as ec2 from 'aws-cdk-lib/aws-ec2';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as logs from 'aws-cdk-lib/aws-logs';
 import { Construct } from 'constructs';
+import { HostImage } from './config';
 import { allow } from './identities';
 import { justifyWildcardResources } from './nag';
 import {
@@ -23,6 +25,7 @@ export interface FleetProps {
   readonly queues: Queues;
   readonly expectedPcr0: string;
   readonly instanceType: string;
+  readonly hostImage: HostImage;
   readonly enclaveCpuCount: number;
   readonly enclaveMemoryMib: number;
   readonly minHosts: number;
@@ -35,12 +38,16 @@ export class Fleet extends Construct {
   readonly vpc: ec2.Vpc;
   readonly hosts: autoscaling.AutoScalingGroup;
   readonly launchTemplate: ec2.LaunchTemplate;
+  /** Where the hosts' agent ships their journal (JSON) and boot log. */
+  readonly hostLogs: logs.LogGroup;
 
   constructor(scope: Construct, id: string, props: FleetProps) {
     super(scope, id);
 
     this.vpc = this.network(props.maxAzs);
+    this.hostLogs = new logs.LogGroup(this, 'HostLogs', { retention: logs.RetentionDays.THREE_MONTHS });
     this.grantHostPermissions(props);
+    this.sessionManager(props.hostRole);
 
     const instanceType = new ec2.InstanceType(props.instanceType);
     const cpuType =
@@ -60,6 +67,7 @@ export class Fleet extends Construct {
     userData.addCommands(
       ...hostUserData({
         region: Aws.REGION,
+        hostLogGroup: this.hostLogs.logGroupName,
         artifactsBucket: props.storage.artifacts.bucketName,
         expectedPcr0: props.expectedPcr0,
         enclaveCpuCount: props.enclaveCpuCount,
@@ -80,7 +88,7 @@ export class Fleet extends Construct {
 
     this.launchTemplate = new ec2.LaunchTemplate(this, 'HostTemplate', {
       instanceType,
-      machineImage: ec2.MachineImage.latestAmazonLinux2023({ cpuType }),
+      machineImage: this.machineImage(props.hostImage, cpuType),
       role: props.hostRole,
       securityGroup: hostSg,
       userData,
@@ -134,6 +142,51 @@ export class Fleet extends Construct {
     this.drainBeforeTermination(props.hostRole);
   }
 
+  /**
+   * The pinned AMI: `-c hostAmi`, or the Region's newest Amazon Linux 2023 as the CDK CLI looked
+   * it up once (SSM parameter, kept in cdk.context.json; `cdk context --reset <key>` takes a newer
+   * one, which then rolls through the group host by host). The stack is environment-agnostic, so
+   * the lookup names its account and Region itself, and a rule refuses a deployment elsewhere,
+   * where that AMI id does not exist.
+   */
+  private machineImage(image: HostImage, cpuType: ec2.AmazonLinuxCpuType): ec2.IMachineImage {
+    let imageId: string;
+    if (image.kind === 'ami') {
+      imageId = image.imageId;
+    } else {
+      imageId = lookupHostImage(this, image.account, image.region, cpuType);
+      new CfnRule(this, 'HostAmiRegion', {
+        assertions: [
+          {
+            assert: Fn.conditionEquals(Aws.REGION, image.region),
+            assertDescription: `The hosts' AMI (${imageId}) was looked up in ${image.region}: deploy there, or pin another with -c hostAmi=ami-...`,
+          },
+        ],
+      });
+    }
+    // The literal AMI id in the template is the point (cfn-lint W9010 warns of literal ids).
+    Validations.of(this).acknowledge({
+      id: 'CloudFormation-Validate::W9010',
+      reason: 'The hosts\' AMI is pinned on purpose, so that a deploy never rolls the fleet onto a newly published image.',
+    });
+    return { getImage: () => ({ imageId, osType: ec2.OperatingSystemType.LINUX, userData: ec2.UserData.forLinux() }) };
+  }
+
+  /**
+   * Session Manager for operators (the SSM endpoints above): the agent Amazon Linux ships
+   * registers the host. A session is a root shell on an untrusted host, which can do no more
+   * than the host already can (docs/threat-model.md); it never reaches into the enclave.
+   */
+  private sessionManager(hostRole: iam.Role): void {
+    hostRole.addManagedPolicy(iam.ManagedPolicy.fromAwsManagedPolicyName('AmazonSSMManagedInstanceCore'));
+    Validations.of(hostRole).acknowledge({
+      id: 'AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AmazonSSMManagedInstanceCore]',
+      reason:
+        'Session Manager needs the SSM agent\'s registration and message channels (ssm, ssmmessages, ec2messages), which AWS maintains as ' +
+        'this managed policy; a session is a shell on an untrusted host, which holds no plaintext or key the enclave does not release to itself.',
+    });
+  }
+
   /** Private isolated subnets only (no internet gateway, no NAT), an S3 gateway endpoint, flow logs. */
   private network(maxAzs: number): ec2.Vpc {
     const vpc = new ec2.Vpc(this, 'Vpc', {
@@ -162,6 +215,10 @@ export class Fleet extends Construct {
       CloudWatch: ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
       CloudWatchLogs: ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
       AutoScaling: ec2.InterfaceVpcEndpointAwsService.AUTOSCALING,
+      // Session Manager: an operator reaches a host without SSH, inbound rules or a bastion.
+      Ssm: ec2.InterfaceVpcEndpointAwsService.SSM,
+      SsmMessages: ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
+      Ec2Messages: ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
     };
     for (const [name, service] of Object.entries(endpoints)) {
       this.vpc.addInterfaceEndpoint(`${name}Endpoint`, { service, privateDnsEnabled: true, securityGroups: [endpointSg], open: false });
@@ -253,10 +310,12 @@ export class Fleet extends Construct {
       why: 'A client request for a fresh document is removed once answered (or stale); requests are named by the client nonce.',
     });
 
+    // The CloudWatch agent ships the journal and the boot log to the host log group only.
+    allow(role, 'ShipHostLogs', ['logs:CreateLogStream', 'logs:PutLogEvents', 'logs:DescribeLogStreams'], [this.hostLogs.logGroupArn]);
     allow(role, 'FetchArtifacts', ['s3:GetObject'], [artifacts.arnForObjects(ENCLAVE_EIF_KEY), artifacts.arnForObjects(HOST_POLLER_KEY)]);
     // KMS: nothing here. The fleet and model key policies name this role directly, and only
-    // for requests that carry the enclave's attestation (keys.ts). CloudWatch: nothing either;
-    // the dashboard's job counts come from ledger-append (lambdas.ts). Step Functions: the
+    // for requests that carry the enclave's attestation (keys.ts). CloudWatch metrics: nothing
+    // either; the dashboard's job counts come from ledger-append (lambdas.ts). Step Functions: the
     // stack grants the bulk run's task completion once the state machine exists.
   }
 
@@ -357,4 +416,20 @@ export class Fleet extends Construct {
     });
     justifyWildcardResources(drainPolicy, [groupArn], 'An Auto Scaling group ARN contains a generated UUID; the pattern fixes the group by name.');
   }
+}
+
+/**
+ * ContextProvider.getValue for an environment-agnostic stack: the lookup's account and Region are
+ * its own props (getValue insists on the stack's), so the key, the cached value and the request
+ * to the CLI are exactly what `latestAmazonLinux2023({ cachedInContext: true })` would make.
+ */
+function lookupHostImage(scope: Construct, account: string, region: string, cpuType: ec2.AmazonLinuxCpuType): string {
+  const provider = cxschema.ContextProvider.SSM_PARAMETER_PROVIDER;
+  const parameterName = ec2.AmazonLinux2023ImageSsmParameter.ssmParameterName({ cpuType, kernel: ec2.AmazonLinux2023Kernel.KERNEL_6_1 });
+  const dummyValue = 'ami-00000000000000000';
+  const { key, props } = ContextProvider.getKey(scope, { provider, props: { account, region, parameterName } });
+  const value = scope.node.tryGetContext(key);
+  if (typeof value === 'string' && /^ami-[0-9a-f]+$/.test(value)) return value;
+  Stack.of(scope).reportMissingContextKey({ key, provider, props: { ...props, dummyValue } as unknown as cxschema.SSMParameterContextQuery });
+  return dummyValue;
 }

@@ -40,8 +40,29 @@ const STOP_TIMEOUT_S = DRAIN_TIMEOUT_S - 120;
  */
 export const POLLER_MEMORY_MAX = '512M';
 
+/** The units whose journal the host ships (JSON, one entry per line), besides the boot log. */
+export const SHIPPED_UNITS = [
+  'ephem-host-poller.service',
+  'ephem-enclave.service',
+  'ephem-enclave-watchdog.service',
+  'ephem-kms-proxy.service',
+  'ephem-drain.service',
+  'ephem-launch-ready.service',
+  'nitro-enclaves-allocator.service',
+];
+/** The journal of those units, as the export writes it for the CloudWatch agent. */
+export const JOURNAL_EXPORT_FILE = '/var/log/ephem-batch/journal.json';
+/** What the CloudWatch agent ships: file, and the log stream under the instance id. */
+export const SHIPPED_FILES: { file: string; stream: string }[] = [
+  { file: JOURNAL_EXPORT_FILE, stream: 'journal' },
+  { file: '/var/log/cloud-init-output.log', stream: 'boot' },
+  { file: '/var/log/nitro_enclaves/nitro_enclaves.log', stream: 'nitro-cli' },
+];
+
 export interface HostUserDataProps {
   readonly region: string;
+  /** The log group the CloudWatch agent ships to (a token). */
+  readonly hostLogGroup: string;
   readonly artifactsBucket: string;
   readonly expectedPcr0: string;
   readonly enclaveCpuCount: number;
@@ -63,7 +84,8 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'instance_id=$(imds instance-id)',
     '',
     '# 1. Nitro Enclaves tooling, and the CPUs and memory reserved for the enclave.',
-    'dnf install -y aws-nitro-enclaves-cli jq',
+    'dnf install -y aws-nitro-enclaves-cli jq amazon-cloudwatch-agent logrotate',
+    ...logShipping(p.hostLogGroup),
     'cat > /etc/nitro_enclaves/allocator.yaml <<EOF',
     '---',
     `memory_mib: ${p.enclaveMemoryMib}`,
@@ -176,6 +198,65 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'systemctl enable --now ephem-kms-proxy.service ephem-enclave.service ephem-host-poller.service ephem-drain.service ephem-enclave-watchdog.timer',
     '# Not enabled: it concerns this launch only (a reboot finds no launch action to complete).',
     'systemctl start ephem-launch-ready.service',
+  ];
+}
+
+/**
+ * The host's logs, shipped from the start of the boot (so a host that fails is seen failing):
+ * the CloudWatch agent tails files only, so a journalctl follower writes the journal of the
+ * ephem-batch and Nitro Enclaves units as JSON lines (the poller's own lines are JSON too) into a
+ * file it rotates, and the agent ships that file, the boot log and nitro-cli's log, each as a
+ * stream `<instance id>/<name>` of the host log group (its retention is the group's).
+ * The follower keeps its place in a cursor file, so a restart neither repeats nor skips.
+ */
+function logShipping(logGroup: string): string[] {
+  const units = SHIPPED_UNITS.map((u) => `-u ${u}`).join(' ');
+  const agentConfig = {
+    logs: {
+      logs_collected: {
+        files: {
+          collect_list: SHIPPED_FILES.map(({ file, stream }) => ({
+            file_path: file,
+            log_group_name: '__LOG_GROUP__',
+            log_stream_name: `{instance_id}/${stream}`,
+            timezone: 'UTC',
+          })),
+        },
+      },
+    },
+  };
+  // The group's name is a token, placed after rendering (JSON.stringify would quote its marker).
+  const configLines = JSON.stringify(agentConfig, null, 2).split('\n');
+  return [
+    'cat > /etc/systemd/system/ephem-journal-export.service <<EOF',
+    '[Unit]',
+    'Description=ephem-batch journal export (JSON lines for the CloudWatch agent)',
+    '[Service]',
+    // No quotes inside the command: the line passes through an unquoted heredoc and systemd.
+    `ExecStart=/bin/sh -c 'exec journalctl --follow --no-tail --output=json --output-fields=MESSAGE,PRIORITY,_SYSTEMD_UNIT,SYSLOG_IDENTIFIER,_PID,_BOOT_ID --cursor-file=/var/lib/ephem-journal-export/cursor ${units} >> ${JOURNAL_EXPORT_FILE}'`,
+    'StateDirectory=ephem-journal-export',
+    'LogsDirectory=ephem-batch',
+    'Restart=always',
+    'RestartSec=5',
+    '[Install]',
+    'WantedBy=multi-user.target',
+    'EOF',
+    'cat > /etc/logrotate.d/ephem-batch <<EOF',
+    `${JOURNAL_EXPORT_FILE} {`,
+    '  size 50M',
+    '  rotate 2',
+    '  copytruncate',
+    '  missingok',
+    '  notifempty',
+    '}',
+    'EOF',
+    'cat > /opt/aws/amazon-cloudwatch-agent/etc/ephem-batch.json <<EOF',
+    ...configLines.map((l) => l.replace('"__LOG_GROUP__"', `"${logGroup}"`)),
+    'EOF',
+    'systemctl daemon-reload',
+    'systemctl enable --now ephem-journal-export.service',
+    '/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s -c file:/opt/aws/amazon-cloudwatch-agent/etc/ephem-batch.json',
+    '',
   ];
 }
 

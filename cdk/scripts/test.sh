@@ -14,6 +14,8 @@ CFN_LINT_VERSION="1.58.0"
 # Dummy, well-formed measurements: this synth is never deployed.
 DUMMY_PCR0="$(printf 'a0%.0s' {1..48})"
 DUMMY_PCR8="$(printf 'b8%.0s' {1..48})"
+# A pinned host AMI: no lookup, so no AWS credentials are needed or used.
+DUMMY_AMI=ami-0123456789abcdef0
 
 step() { printf '\n== cdk: %s\n' "$*"; }
 fail() { printf '\n!! cdk: %s\n' "$*" >&2; exit 1; }
@@ -43,7 +45,7 @@ for name in ["on-upload", "ledger-append", "fleet-rotate", "bulk-list-shards", "
 EOF
 rm -rf "$cdk_dir/cdk.out"
 (cd "$cdk_dir" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting \
-  -c pcr0="$DUMMY_PCR0" -c pcr8="$DUMMY_PCR8" -c lambdaAssetsDir="$zips")
+  -c pcr0="$DUMMY_PCR0" -c pcr8="$DUMMY_PCR8" -c lambdaAssetsDir="$zips" -c hostAmi="$DUMMY_AMI")
 template="$cdk_dir/cdk.out/EphemBatch.template.json"
 [ -s "$template" ] || fail "synth wrote no template at $template"
 

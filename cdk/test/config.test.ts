@@ -4,10 +4,11 @@ import * as fs from 'node:fs';
 import * as os from 'node:os';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
-import { ConfigError, checkPrefixes, loadConfig, loadMeasurements } from '../lib/config';
-import { TEST_PCR0, TEST_PCR8 } from './helpers';
+import { ConfigError, checkPrefixes, hostImage, loadConfig, loadMeasurements } from '../lib/config';
+import { TEST_AMI, TEST_PCR0, TEST_PCR8 } from './helpers';
 
-const ctx = (values: Record<string, unknown>) => (key: string) => values[key];
+// A pinned AMI unless a test says otherwise (no test may depend on the caller's AWS credentials).
+const ctx = (values: Record<string, unknown>) => (key: string) => ({ hostAmi: TEST_AMI, ...values })[key];
 
 function tempPolicy(doc: unknown): string {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ephem-policy-'));
@@ -83,6 +84,21 @@ describe('deploy configuration', () => {
     assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, ledgerLockMode: 'compliance' })).ledgerLockMode, 'compliance');
     assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, ledgerReservedConcurrency: '1' })).ledgerReservedConcurrency, 1);
     assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, alarmEmail: 'not an address' })), /e-mail/);
+  });
+
+  it('the hosts\' AMI is pinned: -c hostAmi, else a lookup where the CLI deploys, else the synth stops', () => {
+    const none = (key: string) => (({ pcr0: TEST_PCR0 }) as Record<string, unknown>)[key];
+    assert.deepEqual(hostImage(ctx({}), {}), { kind: 'ami', imageId: TEST_AMI });
+    assert.deepEqual(hostImage(none, { CDK_DEFAULT_ACCOUNT: '123456789012', CDK_DEFAULT_REGION: 'ap-southeast-5' }), {
+      kind: 'lookup', account: '123456789012', region: 'ap-southeast-5',
+    });
+    // -c hostAmi wins over the lookup.
+    assert.equal(hostImage(ctx({}), { CDK_DEFAULT_ACCOUNT: '123456789012', CDK_DEFAULT_REGION: 'eu-west-1' }).kind, 'ami');
+    assert.throws(() => loadConfig(none, {}), (e: Error) => e instanceof ConfigError && /-c hostAmi=ami-/.test(e.message) && /cdk\.context\.json/.test(e.message));
+    assert.throws(() => hostImage(none, { CDK_DEFAULT_REGION: 'eu-west-1' }), ConfigError);
+    for (const bad of ['ami-123', 'ami-XYZ45678', 'i-0123456789abcdef0', 'ami-0123456789abcdef01']) {
+      assert.throws(() => hostImage(ctx({ hostAmi: bad }), {}), /hostAmi must be an AMI id/, bad);
+    }
   });
 
   it('refuses the former inputRetentionDays instead of ignoring it (inputs expire with their job)', () => {

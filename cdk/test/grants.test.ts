@@ -82,6 +82,13 @@ describe('host-poller (HostRole)', () => {
     });
   });
 
+  it('CloudWatch Logs: ships its journal and boot log to the host log group only', () => {
+    assert.deepEqual(host.ShipHostLogs.actions, ['logs:CreateLogStream', 'logs:PutLogEvents', 'logs:DescribeLogStreams']);
+    assert.match(host.ShipHostLogs.resources.join(), /^<FleetHostLogs[0-9A-F]{8}\.Arn>$/);
+    const logs = statements.filter(({ owner, statement: s }) => owner.startsWith('IdentitiesHostRole') && asArray<string>(s.Action).some((a) => a.startsWith('logs:')));
+    assert.deepEqual(logs.map(({ statement: s }) => s.Sid), ['ShipHostLogs']);
+  });
+
   it('Step Functions: complete the task of a bulk run waiting for a job, on the bulk state machine only', () => {
     assert.deepEqual(host.CompleteBulkTasks.actions, ['states:SendTaskSuccess', 'states:SendTaskFailure']);
     assert.match(host.CompleteBulkTasks.resources[0], /^<BulkWorkflowStateMachine[0-9A-F]{8}>$/);

@@ -5,6 +5,8 @@ import { BuiltApp, buildApp } from '../lib/app';
 
 export const TEST_PCR0 = 'a0'.repeat(48);
 export const TEST_PCR8 = 'b8'.repeat(48);
+/** A pinned host AMI (-c hostAmi), so that no test depends on a lookup or on AWS credentials. */
+export const TEST_AMI = 'ami-0123456789abcdef0';
 
 export interface Synthesized extends BuiltApp {
   readonly template: Template;
@@ -25,7 +27,7 @@ export interface CfnTemplate {
 }
 
 export function synth(context: Record<string, unknown> = {}): Synthesized {
-  const built = buildApp({ pcr0: TEST_PCR0, 'aws:cdk:bundling-stacks': [], ...context });
+  const built = buildApp({ pcr0: TEST_PCR0, hostAmi: TEST_AMI, 'aws:cdk:bundling-stacks': [], ...context }, undefined, {});
   const template = Template.fromStack(built.stack);
   return { ...built, template, json: template.toJSON() as CfnTemplate };
 }

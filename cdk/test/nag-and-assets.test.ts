@@ -9,7 +9,7 @@ import { Validations } from 'aws-cdk-lib';
 import { AwsSolutionsChecks } from 'cdk-nag';
 import { buildApp } from '../lib/app';
 import { LAMBDA_BUILD_COMMAND, LAMBDA_NAMES } from '../lib/lambda-code';
-import { TEST_PCR0, defaultStack } from './helpers';
+import { TEST_AMI, TEST_PCR0, defaultStack } from './helpers';
 
 describe('cdk-nag AwsSolutions', () => {
   const { app } = defaultStack();
@@ -35,7 +35,7 @@ describe('cdk-nag AwsSolutions', () => {
   });
 
   it('runs as part of every synth (a finding fails the synth)', () => {
-    const { app: other, stack } = buildApp({ pcr0: TEST_PCR0, 'aws:cdk:bundling-stacks': [] });
+    const { app: other, stack } = buildApp({ pcr0: TEST_PCR0, hostAmi: TEST_AMI, 'aws:cdk:bundling-stacks': [] });
     // An unjustified wildcard grant, as a careless change might add.
     const { PolicyStatement } = require('aws-cdk-lib/aws-iam');
     stack.identities.bulkAggregateRole.addToPrincipalPolicy(new PolicyStatement({ actions: ['s3:GetObject'], resources: ['arn:aws:s3:::elsewhere/*'] }));
@@ -56,7 +56,7 @@ describe('Lambda code', () => {
   it('a synth that must bundle fails without the zips, naming the build command', () => {
     const empty = fs.mkdtempSync(path.join(os.tmpdir(), 'ephem-no-zips-'));
     assert.throws(
-      () => buildApp({ pcr0: TEST_PCR0, lambdaAssetsDir: empty }),
+      () => buildApp({ pcr0: TEST_PCR0, hostAmi: TEST_AMI, lambdaAssetsDir: empty }),
       (e: Error) => e.message.includes(LAMBDA_BUILD_COMMAND) && e.message.includes('bootstrap.zip'),
     );
   });
@@ -67,7 +67,7 @@ describe('Lambda code', () => {
       fs.mkdirSync(path.join(dir, name));
       fs.writeFileSync(path.join(dir, name, 'bootstrap.zip'), `not really a zip: ${name}`);
     }
-    const { app } = buildApp({ pcr0: TEST_PCR0, lambdaAssetsDir: dir }, fs.mkdtempSync(path.join(os.tmpdir(), 'ephem-out-')));
+    const { app } = buildApp({ pcr0: TEST_PCR0, hostAmi: TEST_AMI, lambdaAssetsDir: dir }, fs.mkdtempSync(path.join(os.tmpdir(), 'ephem-out-')));
     const assembly = app.synth();
     const assets = JSON.parse(fs.readFileSync(path.join(assembly.directory, 'EphemBatch.assets.json'), 'utf8'));
     const zips = Object.values(assets.files as Record<string, any>).filter((f) => String(f.source.path).endsWith('.zip'));

@@ -5,11 +5,14 @@ import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { Match } from 'aws-cdk-lib/assertions';
 import { repoRoot } from '../lib/config';
-import { DRAIN_TIMEOUT_S, LAUNCH_TIMEOUT_S, POLLER_MEMORY_MAX } from '../lib/host-user-data';
+import { DRAIN_TIMEOUT_S, JOURNAL_EXPORT_FILE, LAUNCH_TIMEOUT_S, POLLER_MEMORY_MAX, SHIPPED_UNITS } from '../lib/host-user-data';
+import { buildApp } from '../lib/app';
+import { ContextProvider } from 'aws-cdk-lib';
+import * as cxschema from 'aws-cdk-lib/cloud-assembly-schema';
 import { LAMBDA_NAMES } from '../lib/lambda-code';
 import { LEDGER_METRICS, METRICS_NAMESPACE } from '../lib/observability';
 import { ASL_FILE, readAsl } from '../lib/workflow';
-import { CfnTemplate, TEST_PCR0, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
+import { CfnTemplate, TEST_AMI, TEST_PCR0, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
 
 const { template, json, stack } = defaultStack();
 const resolve = (v: unknown) => JSON.stringify(stack.resolve(v));
@@ -18,7 +21,14 @@ const resolve = (v: unknown) => JSON.stringify(stack.resolve(v));
 function userDataScript(t: CfnTemplate = json): string {
   const [[, lt]] = resourcesOfType(t, 'AWS::EC2::LaunchTemplate');
   const parts = lt.Properties?.LaunchTemplateData?.UserData['Fn::Base64']['Fn::Join'][1] as unknown[];
-  return parts.map((part) => (typeof part === 'string' ? part : JSON.stringify(part))).join('');
+  const render = (part: any): string => {
+    if (typeof part === 'string') return part;
+    if (part?.Ref === 'AWS::Region') return '<region>';
+    if (typeof part?.Ref === 'string') return `<Ref:${part.Ref}>`;
+    if (Array.isArray(part?.['Fn::GetAtt'])) return `<GetAtt:${part['Fn::GetAtt'].join('.')}>`;
+    return JSON.stringify(part);
+  };
+  return parts.map(render).join('');
 }
 
 describe('fleet', () => {
@@ -145,6 +155,79 @@ describe('fleet', () => {
     assert.ok(unit.includes('EnvironmentFile=/etc/ephem-batch/host-poller.env') && unit.includes('ExecStart=/opt/ephem-batch/launch-ready'), unit);
     assert.ok(unit.includes('Type=simple'), 'a simple unit: starting it does not block the boot script');
     assert.match(script, /\nsystemctl start ephem-launch-ready\.service\n?$/);
+  });
+
+  it('hosts ship the journal of their units (JSON lines) and the boot log to a log group kept 3 months, from the start of the boot', () => {
+    const groups = resourcesOfType(json, 'AWS::Logs::LogGroup').filter(([id]) => id.startsWith('FleetHostLogs'));
+    assert.equal(groups.length, 1);
+    const [[groupId, group]] = groups;
+    assert.equal(group.Properties?.RetentionInDays, 90);
+    const script = userDataScript();
+    assert.match(script, /\ndnf install -y aws-nitro-enclaves-cli jq amazon-cloudwatch-agent logrotate\n/);
+    const config = JSON.parse(/ephem-batch\.json <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? 'null');
+    const shipped = config.logs.logs_collected.files.collect_list.map((f: any) => [f.file_path, f.log_group_name, f.log_stream_name]);
+    assert.deepEqual(shipped, [
+      [JOURNAL_EXPORT_FILE, `<Ref:${groupId}>`, '{instance_id}/journal'],
+      ['/var/log/cloud-init-output.log', `<Ref:${groupId}>`, '{instance_id}/boot'],
+      ['/var/log/nitro_enclaves/nitro_enclaves.log', `<Ref:${groupId}>`, '{instance_id}/nitro-cli'],
+    ]);
+    assert.equal(config.metrics, undefined, 'the agent publishes no metrics');
+    const exportUnit = /ephem-journal-export\.service <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '';
+    const follow = /^ExecStart=\/bin\/sh -c 'exec (journalctl [^']*) >> (\S+)'$/m.exec(exportUnit);
+    assert.ok(follow, exportUnit);
+    assert.equal(follow[2], JOURNAL_EXPORT_FILE);
+    for (const flag of ['--follow', '--no-tail', '--output=json', '--cursor-file=/var/lib/ephem-journal-export/cursor']) assert.ok(follow[1].split(' ').includes(flag), flag);
+    const units = [...follow[1].matchAll(/-u (\S+)/g)].map((m) => m[1]);
+    assert.deepEqual(units, SHIPPED_UNITS);
+    for (const unit of ['ephem-host-poller.service', 'ephem-enclave.service', 'ephem-launch-ready.service']) assert.ok(units.includes(unit), unit);
+    // Every unit the boot script writes is shipped.
+    const written = [...script.matchAll(/cat > \/etc\/systemd\/system\/(ephem-[\w-]+\.service) <</g)].map((m) => m[1]).filter((u) => u !== 'ephem-journal-export.service');
+    for (const unit of written) assert.ok(units.includes(unit), `${unit} is not shipped`);
+    assert.match(/\/etc\/logrotate\.d\/ephem-batch <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '', /copytruncate/);
+    // The poller writes JSON, and the agent runs before the boot waits for anything.
+    assert.match(/host-poller\.env <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '', /^EPHEM_LOG_FORMAT=json$/m);
+    const agent = script.indexOf('amazon-cloudwatch-agent-ctl -a fetch-config -m ec2 -s -c file:/opt/aws/amazon-cloudwatch-agent/etc/ephem-batch.json');
+    assert.ok(agent > 0 && agent < script.indexOf('fetch s3://'), 'logs are shipped before the artifacts are awaited');
+  });
+
+  it('operators reach hosts through Session Manager: SSM endpoints and AmazonSSMManagedInstanceCore, nothing inbound', () => {
+    const services = resourcesOfType(json, 'AWS::EC2::VPCEndpoint').map(([, r]) => resolve(r.Properties?.ServiceName));
+    for (const s of ['.ssm', '.ssmmessages', '.ec2messages']) {
+      const [endpoint] = resourcesOfType(json, 'AWS::EC2::VPCEndpoint').filter(([, r]) => resolve(r.Properties?.ServiceName).includes(`${s}"`));
+      assert.ok(endpoint, `endpoint for ${s}: ${services.join(' ')}`);
+      assert.equal(endpoint[1].Properties?.PrivateDnsEnabled, true);
+      assert.equal(endpoint[1].Properties?.VpcEndpointType, 'Interface');
+    }
+    const [[, hostRole]] = resourcesOfType(json, 'AWS::IAM::Role').filter(([id]) => id.startsWith('IdentitiesHostRole'));
+    assert.deepEqual(stack.resolve(hostRole.Properties?.ManagedPolicyArns), [
+      { 'Fn::Join': ['', ['arn:', { Ref: 'AWS::Partition' }, ':iam::aws:policy/AmazonSSMManagedInstanceCore']] },
+    ]);
+  });
+
+  it('the hosts\' AMI is pinned: -c hostAmi, a literal id, never resolved again at deploy', () => {
+    const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
+    assert.equal(lt.Properties?.LaunchTemplateData?.ImageId, TEST_AMI);
+    for (const [name, p] of Object.entries<any>(json.Parameters ?? {})) assert.ok(!String(p.Type).includes('AWS::EC2::Image::Id'), `parameter ${name} is resolved at each deploy`);
+    assert.ok(!JSON.stringify(json).includes('/aws/service/ami-amazon-linux-latest/'), 'no AMI parameter is named anywhere');
+  });
+
+  it('without -c hostAmi, the Region\'s newest Amazon Linux 2023 is looked up once and kept in context; a rule refuses other Regions', () => {
+    const cliEnv = { CDK_DEFAULT_ACCOUNT: '123456789012', CDK_DEFAULT_REGION: 'eu-central-2' };
+    const parameterName = '/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-6.1-x86_64';
+    const props = { account: cliEnv.CDK_DEFAULT_ACCOUNT, region: cliEnv.CDK_DEFAULT_REGION, parameterName };
+    const key = `${cxschema.ContextProvider.SSM_PARAMETER_PROVIDER}:${Object.entries(props).sort().map(([k, v]) => `${k}=${v}`).join(':')}`;
+    // Not yet in context: the synth asks the CLI for it (and the CLI writes cdk.context.json).
+    const first = buildApp({ pcr0: TEST_PCR0, 'aws:cdk:bundling-stacks': [] }, undefined, cliEnv);
+    const missing = first.app.synth().manifest.missing ?? [];
+    assert.deepEqual(missing.map((m) => [m.key, m.provider, (m.props as any).parameterName]), [[key, 'ssm', parameterName]]);
+    // In context: that id, literally, whatever the parameter says today.
+    const cached = buildApp({ pcr0: TEST_PCR0, 'aws:cdk:bundling-stacks': [], [key]: 'ami-0fedcba9876543210' }, undefined, cliEnv);
+    const t = cached.app.synth().getStackByName(cached.stack.stackName).template;
+    assert.equal(resourcesOfType(t, 'AWS::EC2::LaunchTemplate')[0][1].Properties?.LaunchTemplateData?.ImageId, 'ami-0fedcba9876543210');
+    assert.deepEqual(Object.values<any>(t.Rules ?? {}).filter((r) => JSON.stringify(r).includes('eu-central-2')).map((r) => r.Assertions[0].Assert), [
+      { 'Fn::Equals': [{ Ref: 'AWS::Region' }, 'eu-central-2'] },
+    ]);
+    assert.equal(ContextProvider.getKey(cached.stack, { provider: cxschema.ContextProvider.SSM_PARAMETER_PROVIDER, props }).key, key);
   });
 
   it('scales on backlog per host with target tracking on a metric-math custom metric', () => {
@@ -393,9 +476,14 @@ describe('IAM', () => {
     assert.deepEqual(receipt.statement.Condition, { Null: { 's3:if-none-match': 'false' } });
   });
 
-  it('only CDK\'s bucket-notification handler uses an AWS managed policy', () => {
+  it('only CDK\'s bucket-notification handler and the hosts (Session Manager) use an AWS managed policy', () => {
     for (const [id, r] of resourcesOfType(json, 'AWS::IAM::Role')) {
-      if (r.Properties?.ManagedPolicyArns) assert.ok(id.startsWith('BucketNotificationsHandler'), id);
+      if (!r.Properties?.ManagedPolicyArns) continue;
+      if (id.startsWith('IdentitiesHostRole')) {
+        assert.match(resolve(r.Properties.ManagedPolicyArns), /^\[\{"Fn::Join":\["",\["arn:",\{"Ref":"AWS::Partition"\},":iam::aws:policy\/AmazonSSMManagedInstanceCore"\]\]\}\]$/);
+        continue;
+      }
+      assert.ok(id.startsWith('BucketNotificationsHandler'), id);
     }
   });
 });
