@@ -32,10 +32,16 @@ export interface FleetProps {
   readonly maxHosts: number;
   readonly jobsPerHost: number;
   readonly maxAzs: number;
+  /** An existing VPC for the hosts (default: a VPC of its own, without internet access). */
+  readonly vpc?: ec2.IVpc;
+  /** The hosts' subnets (default: the private isolated subnets). */
+  readonly hostSubnets?: ec2.SubnetSelection;
+  /** In an existing VPC: add the S3 gateway and interface endpoints the hosts need (default true). */
+  readonly vpcEndpoints?: boolean;
 }
 
 export class Fleet extends Construct {
-  readonly vpc: ec2.Vpc;
+  readonly vpc: ec2.IVpc;
   readonly hosts: autoscaling.AutoScalingGroup;
   readonly launchTemplate: ec2.LaunchTemplate;
   /** Where the hosts' agent ships their journal (JSON) and boot log. */
@@ -44,7 +50,7 @@ export class Fleet extends Construct {
   constructor(scope: Construct, id: string, props: FleetProps) {
     super(scope, id);
 
-    this.vpc = this.network(props.maxAzs);
+    this.vpc = props.vpc ?? this.network(props.maxAzs);
     this.hostLogs = new logs.LogGroup(this, 'HostLogs', { retention: logs.RetentionDays.THREE_MONTHS });
     this.grantHostPermissions(props);
     this.sessionManager(props.hostRole);
@@ -61,7 +67,7 @@ export class Fleet extends Construct {
       description: 'ephem-batch hosts: no inbound; HTTPS out to the VPC endpoints',
     });
     hostSg.addEgressRule(ec2.Peer.anyIpv4(), ec2.Port.tcp(443), 'HTTPS to VPC endpoints (no internet route exists)');
-    this.endpoints(hostSg);
+    if (props.vpc === undefined || props.vpcEndpoints !== false) this.endpoints(hostSg, props);
 
     const userData = ec2.UserData.forLinux();
     userData.addCommands(
@@ -109,7 +115,7 @@ export class Fleet extends Construct {
 
     this.hosts = new autoscaling.AutoScalingGroup(this, 'Hosts', {
       vpc: this.vpc,
-      vpcSubnets: { subnetType: ec2.SubnetType.PRIVATE_ISOLATED },
+      vpcSubnets: props.hostSubnets ?? { subnetType: ec2.SubnetType.PRIVATE_ISOLATED },
       launchTemplate: this.launchTemplate,
       minCapacity: props.minHosts,
       maxCapacity: props.maxHosts,
@@ -201,7 +207,13 @@ export class Fleet extends Construct {
   }
 
   /** An interface endpoint for every other AWS API the hosts call, reachable from the hosts only. */
-  private endpoints(hostSg: ec2.SecurityGroup): void {
+  private endpoints(hostSg: ec2.SecurityGroup, props: FleetProps): void {
+    // In an existing VPC the endpoints are this construct's (that VPC may live in another stack),
+    // and it gets the S3 gateway endpoint a VPC of our own is created with.
+    const existing = props.vpc !== undefined;
+    if (existing) new ec2.GatewayVpcEndpoint(this, 'S3Endpoint', { vpc: this.vpc, service: ec2.GatewayVpcEndpointAwsService.S3 });
+    const addInterfaceEndpoint = (id: string, options: ec2.InterfaceVpcEndpointOptions) =>
+      existing ? new ec2.InterfaceVpcEndpoint(this, id, { vpc: this.vpc, ...options }) : this.vpc.addInterfaceEndpoint(id, options);
     const endpointSg = new ec2.SecurityGroup(this, 'EndpointSecurityGroup', {
       vpc: this.vpc,
       allowAllOutbound: false,
@@ -221,7 +233,13 @@ export class Fleet extends Construct {
       Ec2Messages: ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
     };
     for (const [name, service] of Object.entries(endpoints)) {
-      this.vpc.addInterfaceEndpoint(`${name}Endpoint`, { service, privateDnsEnabled: true, securityGroups: [endpointSg], open: false });
+      addInterfaceEndpoint(`${name}Endpoint`, {
+        service,
+        privateDnsEnabled: true,
+        securityGroups: [endpointSg],
+        open: false,
+        ...(props.hostSubnets ? { subnets: props.hostSubnets } : {}),
+      });
     }
   }
 

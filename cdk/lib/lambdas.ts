@@ -43,6 +43,8 @@ export interface LambdasProps {
   readonly lambdaAssetsDir: string;
   /** ledger-append's reserved concurrency, if any (a new account's quota may not allow one). */
   readonly ledgerReservedConcurrency?: number;
+  /** The image publisher's Ed25519 public key (64 hex); else `-c imagePublisherKey`. */
+  readonly imagePublisherKey?: string;
 }
 
 export class Lambdas extends Construct {
@@ -65,7 +67,7 @@ export class Lambdas extends Construct {
 
     // Receipts count only if their attestation document satisfies a policy signed by the image
     // publisher: without the key both functions refuse to start (never "any image").
-    const publisherKey = this.node.tryGetContext(PUBLISHER_KEY_CONTEXT) as unknown;
+    const publisherKey = (props.imagePublisherKey ?? this.node.tryGetContext(PUBLISHER_KEY_CONTEXT)) as unknown;
     if (publisherKey !== undefined && !/^[0-9a-fA-F]{64}$/.test(String(publisherKey))) {
       throw new Error(`-c ${PUBLISHER_KEY_CONTEXT} must be the image publisher's Ed25519 public key, 64 hex characters`);
     }

@@ -6,7 +6,7 @@ import { CfnResourceJson, TEST_PCR0, TEST_PCR8, asArray, defaultStack, identityS
 
 const { json, stack } = defaultStack();
 const keys = resourcesOfType(json, 'AWS::KMS::Key');
-const roleId = (path: string) => stack.getLogicalId(stack.node.findChild('Identities').node.findChild(path).node.defaultChild as any);
+const roleId = (path: string) => stack.getLogicalId(stack.identities.node.findChild(path).node.defaultChild as any);
 const HOST = roleId('HostRole');
 const ROTATION = roleId('FleetRotateRole');
 const LEDGER = roleId('LedgerAppendRole');
