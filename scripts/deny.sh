@@ -57,4 +57,32 @@ if [ "$#" -eq 0 ]; then
         exit 1
     fi
     echo "deny: enclave-worker (with nitro): $(awk '{print $1}' <<<"$tree" | sort -u | wc -l) crates, none of the forbidden ones"
+    # Nor the development NSM and CA: they are cargo features (enclave-worker `dev`, protocol
+    # `dev-issuer`) that only the embedded default's builds turn on.
+    # (Inverted on protocol: a forward tree does not print the root's own features.)
+    features="$(cargo tree --locked -p enclave-worker --features nitro -e normal,features -i protocol --prefix none)"
+    if found="$(grep -E '^(enclave-worker feature "dev"|protocol feature "dev-issuer")' <<<"$features" | sort -u)" && [ -n "$found" ]; then
+        echo "deny: the production enclave worker's build enables development code:" >&2
+        echo "$found" >&2
+        exit 1
+    fi
+    echo "deny: enclave-worker (with nitro): no development NSM or CA (features dev, dev-issuer off)"
+fi
+
+# The layering of docs/architecture.md: the ledger reaches object stores through the `cloud`
+# port only (no AWS SDK); the Lambda handlers reach KMS through that port (no aws-sdk-kms of
+# their own); the client embeds the handlers it runs in-process, never the Lambda runtime.
+if [ "$#" -eq 0 ]; then
+    refuse() { # crate, cargo tree arguments, pattern, why
+        local found
+        if found="$(cargo tree --locked -p "$1" $2 --prefix none --format '{p}' | sed 's/ (\*)$//' | grep -E "$3" | sort -u)" && [ -n "$found" ]; then
+            echo "deny: $1 $4, but its tree has:" >&2
+            echo "$found" >&2
+            exit 1
+        fi
+        echo "deny: $1 $4: checked"
+    }
+    refuse receipts-ledger "-e normal" '^aws-(sdk-.*|config|smithy-.*|runtime) ' "may not reach an AWS SDK"
+    refuse lambdas "-e normal --depth 1" '^aws-sdk-kms ' "may not depend on aws-sdk-kms itself"
+    refuse client-cli "-e normal" '^lambda_runtime ' "may not reach the Lambda runtime"
 fi

@@ -24,7 +24,7 @@ export EPHEM_TEST_AWS_ENDPOINT="$endpoint"
 # The cross-component tests run the real binaries: build them first.
 cargo build --workspace --bins --locked
 if $only_aws; then
-    cargo test --locked -p cloud --lib aws::
+    cargo test --locked -p cloud-aws --lib
     cargo test --locked -p tests --test aws_conformance --test aws_pipeline --test aws_workflow -- aws_
 else
     cargo test --workspace --locked

@@ -406,7 +406,7 @@ mod tests {
     #[test]
     fn a_nonce_too_long_for_a_request_key_is_refused_before_any_write() {
         let dir = tempfile::tempdir().unwrap();
-        let services = cloud::local::LocalCloud::open(dir.path()).unwrap().services();
+        let services = cloud_local::LocalCloud::open(dir.path()).unwrap().services();
         let error = fresh_document(&services, &[7; cloud::layout::MAX_REQUEST_NONCE_LEN + 1]).unwrap_err().to_string();
         assert!(error.contains("1 to 498 bytes"), "{error}");
         assert!(services.attestations.list(cloud::layout::ATTESTATION_REQUESTS_PREFIX).unwrap().is_empty());

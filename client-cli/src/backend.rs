@@ -13,8 +13,8 @@ use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
-use cloud::aws::{AwsCloud, AwsSettings};
-use cloud::local::LocalCloud;
+use cloud_aws::{AwsCloud, AwsSettings};
+use cloud_local::LocalCloud;
 use cloud::{layout, Services};
 use protocol::kms_arn::KmsKeyArn;
 
@@ -111,7 +111,7 @@ fn open_services(home: &Home, args: &BackendArgs) -> anyhow::Result<Opened> {
         }
         Backend::Aws => {
             let settings = args.aws_settings(home)?;
-            let aws = AwsCloud::connect(&settings).context("connecting to AWS")?;
+            let aws = AwsCloud::connect(&settings, Some(cloud_local::open_emulator_kms)).context("connecting to AWS")?;
             let source = match &settings.ledger_bucket {
                 Some(bucket) => LedgerSource::Bucket {
                     name: bucket.clone(),
@@ -164,8 +164,8 @@ pub fn ledger_dir(home: &Home, args: &BackendArgs) -> PathBuf {
 pub fn open_local(home: &Home) -> anyhow::Result<(Services, LocalCloud)> {
     let local = LocalCloud::open(home.root()).with_context(|| format!("opening the local cloud in {}", home.root().display()))?;
     let services = local.services();
-    let config = lambdas::on_upload::Config::from_list(cloud::local::STORE_PREFIX);
-    for (prefix, suffix) in [(layout::JOBS_PREFIX, layout::INPUT_SUFFIX), (cloud::local::STORE_PREFIX, lambdas::on_upload::SHARD_SUFFIX)] {
+    let config = lambdas::on_upload::Config::from_list(cloud_local::STORE_PREFIX);
+    for (prefix, suffix) in [(layout::JOBS_PREFIX, layout::INPUT_SUFFIX), (cloud_local::STORE_PREFIX, lambdas::on_upload::SHARD_SUFFIX)] {
         let delays = lambdas::local::UPLOAD_RETRY_DELAYS.to_vec();
         let hook = lambdas::local::on_upload_hook(services.clone(), config.clone(), local.upload_failures(), delays);
         local.jobs_store().set_created_hook(prefix, suffix, hook);

@@ -145,7 +145,7 @@ pub fn submit(home: &Home, opened: &Opened, args: &SubmitArgs) -> anyhow::Result
     // The shards become jobs only under a prefix on-upload is notified for.
     let accepted = match &opened.aws {
         Some(aws) => aws.settings().store_prefixes.clone(),
-        None => Some(cloud::local::STORE_PREFIX.to_owned()),
+        None => Some(cloud_local::STORE_PREFIX.to_owned()),
     };
     match accepted {
         Some(list) if !list.split(',').map(str::trim).any(|p| !p.is_empty() && store.starts_with(p)) => {

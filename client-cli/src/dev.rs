@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
-use cloud::local::kms::{LocalKeyPolicy, LocalKms};
-use cloud::local::LocalCloud;
+use cloud_local::kms::{LocalKeyPolicy, LocalKms};
+use cloud_local::LocalCloud;
 use cloud::{layout, Services};
 use ed25519_dalek::SigningKey;
 use protocol::attestation::dev_issuer::development_pcrs;
@@ -302,8 +302,8 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
         (None, Some(cloud)) => Arc::new(aws::local_kms_of(cloud)?),
         (None, None) => unreachable!("a backend is always opened"),
     };
-    let fleet_key = ensure_key(&kms, cloud::local::FLEET_KEY_ALIAS, LocalKeyPolicy::fleet(pcr0.to_vec(), None), "ephem-batch fleet keys (local)")?;
-    let model_key = ensure_key(&kms, cloud::local::MODEL_KEY_ALIAS, LocalKeyPolicy::model(pcr0.to_vec(), None), "ephem-batch model keys (local)")?;
+    let fleet_key = ensure_key(&kms, cloud_local::FLEET_KEY_ALIAS, LocalKeyPolicy::fleet(pcr0.to_vec(), None), "ephem-batch fleet keys (local)")?;
+    let model_key = ensure_key(&kms, cloud_local::MODEL_KEY_ALIAS, LocalKeyPolicy::model(pcr0.to_vec(), None), "ephem-batch model keys (local)")?;
     let epoch = ensure_epoch(&services, &fleet_key)?;
     let model_dir = args.model_dir.clone().unwrap_or_else(|| home.default_model_dir());
     let manifest_key = ensure_model(&services, &model_key, &model_dir)?;
@@ -311,7 +311,7 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     let started = cloud::now_ms();
     if running(home, "host-poller").is_none() {
         let (backend_name, env, max_receives) = match &opened.aws {
-            None => ("local", Vec::new(), cloud::local::MAX_RECEIVES),
+            None => ("local", Vec::new(), cloud_local::MAX_RECEIVES),
             Some(cloud) => ("aws", aws::child_env(home, backend)?, aws::max_receives(cloud)?),
         };
         let args: Vec<String> = vec![
@@ -394,9 +394,9 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
         Backend::Local => {
             let local = LocalCloud::open(home.root())?;
             let dlqs: DeadLetters = vec![
-                (cloud::local::JOB_DLQ.to_owned(), local.job_dlq()),
-                (cloud::local::LEDGER_DLQ.to_owned(), local.ledger_dlq()),
-                (cloud::local::UPLOAD_FAILURES.to_owned(), local.upload_failures()),
+                (cloud_local::JOB_DLQ.to_owned(), local.job_dlq()),
+                (cloud_local::LEDGER_DLQ.to_owned(), local.ledger_dlq()),
+                (cloud_local::UPLOAD_FAILURES.to_owned(), local.upload_failures()),
             ];
             (local.services(), dlqs)
         }
@@ -490,7 +490,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
     let runner = Arc::new(lambdas::local_workflow::Runner {
         services: services.clone(),
         workflows: local.workflows(),
-        config: lambdas::on_upload::Config::from_list(cloud::local::STORE_PREFIX),
+        config: lambdas::on_upload::Config::from_list(cloud_local::STORE_PREFIX),
         check: check.clone(),
         poll: Duration::from_millis(250),
     });
@@ -519,7 +519,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
                 std::thread::sleep(Duration::from_secs(1));
             }
         }
-        let config = lambdas::on_upload::Config::from_list(cloud::local::STORE_PREFIX);
+        let config = lambdas::on_upload::Config::from_list(cloud_local::STORE_PREFIX);
         for queue in [local.upload_failures(), local.job_dlq()] {
             if let Err(error) = lambdas::local::pump_dead_letters(&services, &config, queue.as_ref(), Duration::ZERO) {
                 tracing::warn!(%error, queue = cloud::Queue::name(queue.as_ref()), "dead letters");

@@ -2,7 +2,7 @@
 //! client keeps its keys and what it remembers about its jobs.
 //!
 //! ```text
-//! objects/ queues.sqlite kms.sqlite   the local cloud (cloud::local)
+//! objects/ queues.sqlite kms.sqlite   the local cloud (cloud_local)
 //! enclave/                            the enclave worker's state (development CA: dev-root.pem)
 //! ledger/                             the receipts ledger (ledger.sqlite, ledger.key, ledger.pub)
 //! run/                                pid files and the worker socket

@@ -99,7 +99,7 @@ mod tests {
     #[test]
     fn a_job_nobody_processes_ends_the_wait_with_a_clear_message() {
         let dir = tempfile::tempdir().unwrap();
-        let local = cloud::local::LocalCloud::open(dir.path()).unwrap();
+        let local = cloud_local::LocalCloud::open(dir.path()).unwrap();
         let services = local.services();
         let job = JobId([3; 16]);
         services.jobs.put(&cloud::layout::job_input(&job), b"sealed", cloud::PutCondition::CreateOnly).unwrap();
@@ -117,7 +117,7 @@ mod tests {
     fn a_job_ended_unprocessed_ends_the_wait_with_the_check() {
         use cloud::messages::Failure;
         let dir = tempfile::tempdir().unwrap();
-        let services = cloud::local::LocalCloud::open(dir.path()).unwrap().services();
+        let services = cloud_local::LocalCloud::open(dir.path()).unwrap().services();
         let job = JobId([4; 16]);
         services.jobs.put(&cloud::layout::job_input(&job), b"sealed", cloud::PutCondition::CreateOnly).unwrap();
         let marked = lambdas::dead_letter::mark_failed(

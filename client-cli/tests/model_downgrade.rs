@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
-use cloud::local::kms::LocalKeyPolicy;
-use cloud::local::LocalCloud;
+use cloud_local::kms::LocalKeyPolicy;
+use cloud_local::LocalCloud;
 use cloud::{layout, ObjectStore, PutCondition, Services};
 use ed25519_dalek::SigningKey;
 use ephem_batch_client::home::Home;
@@ -37,7 +37,7 @@ impl World {
         // The model key only the (development) enclave image may use, as `dev up` creates it.
         let kms = cloud.kms();
         let key = kms.create_key(LocalKeyPolicy::model(vec![0x11; 48], None), "models (test)").unwrap();
-        kms.set_alias(cloud::local::MODEL_KEY_ALIAS, &key).unwrap();
+        kms.set_alias(cloud_local::MODEL_KEY_ALIAS, &key).unwrap();
         let services = cloud.services();
         let mut seed = [0u8; 32];
         getrandom::fill(&mut seed).unwrap();

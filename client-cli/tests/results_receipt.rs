@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cloud::hooked::{Hooked, StoreHooks};
-use cloud::local::LocalCloud;
+use cloud_local::LocalCloud;
 use cloud::{layout, ObjectError, ObjectMeta, ObjectStore, PutCondition, Services};
 use ed25519_dalek::SigningKey;
 use ephem_batch_client::corpus::CorpusOptions;

@@ -21,7 +21,7 @@ use serde_json::json;
 use super::error::Failure;
 use super::settings::{self, StackOutputs};
 use super::AwsClients;
-use crate::layout;
+use cloud::layout;
 
 /// The stack's default store prefix (`ephem-batch submit --bulk` writes under it).
 pub const DEFAULT_STORE_PREFIX: &str = "stores/";

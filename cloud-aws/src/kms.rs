@@ -10,12 +10,12 @@ use aws_sdk_kms::config::http::HttpResponse;
 use aws_sdk_kms::config::SharedCredentialsProvider;
 use aws_sdk_kms::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_kms::primitives::Blob;
-use aws_sdk_kms::types::{DataKeyPairSpec, DataKeySpec, KeyEncryptionMechanism, RecipientInfo};
+use aws_sdk_kms::types::{DataKeyPairSpec, DataKeySpec, KeyEncryptionMechanism, MessageType, RecipientInfo, SigningAlgorithmSpec};
 use zeroize::Zeroizing;
 
 use super::error::Failure;
 use super::runtime::AwsRuntime;
-use crate::kms::{AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, KeyDescription, Kms, KmsError, Recipient};
+use cloud::kms::{ed25519_from_spki, AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, KeyDescription, Kms, KmsError, Recipient};
 
 /// AWS KMS. Cheap to clone.
 #[derive(Clone)]
@@ -220,5 +220,29 @@ impl Kms for AwsKms {
             multi_region: metadata.multi_region.unwrap_or(false),
             policy,
         })
+    }
+
+    fn ed25519_public_key(&self, key_id: &str) -> Result<[u8; 32], KmsError> {
+        Self::check_key_id("GetPublicKey", key_id)?;
+        let output = self
+            .runtime
+            .block_on(self.client.get_public_key().key_id(key_id).send())
+            .map_err(|e| self.error("GetPublicKey", Some(key_id), e))?;
+        let der = output.public_key.map(Blob::into_inner).unwrap_or_default();
+        ed25519_from_spki(&der)
+            .ok_or_else(|| KmsError::Validation(format!("KMS key {key_id} is not an Ed25519 key (ECC_NIST_EDWARDS25519)")))
+    }
+
+    fn sign_ed25519(&self, key_id: &str, message: &[u8]) -> Result<Vec<u8>, KmsError> {
+        Self::check_key_id("Sign", key_id)?;
+        let request = self
+            .client
+            .sign()
+            .key_id(key_id)
+            .message(Blob::new(message.to_vec()))
+            .message_type(MessageType::Raw)
+            .signing_algorithm(SigningAlgorithmSpec::from("ED25519_SHA_512"));
+        let output = self.runtime.block_on(request.send()).map_err(|e| self.error("Sign", Some(key_id), e))?;
+        output.signature.map(Blob::into_inner).ok_or_else(|| KmsError::Unavailable(format!("KMS Sign {key_id}: no Signature in the answer")))
     }
 }

@@ -2,8 +2,8 @@
 //! same traits as the local stand-ins, and [`AwsCloud`], which builds a [`Services`] from [`AwsSettings`].
 //!
 //! ```no_run
-//! let settings = cloud::aws::AwsSettings::from_env()?; // EPHEM_* / EPHEM_STACK_OUTPUTS
-//! let services = cloud::aws::AwsCloud::from_config(&settings)?;
+//! let settings = cloud_aws::AwsSettings::from_env()?; // EPHEM_* / EPHEM_STACK_OUTPUTS
+//! let services = cloud_aws::AwsCloud::from_config(&settings, None)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -15,7 +15,8 @@
 //! * **Emulators.** With `AWS_ENDPOINT_URL` every client talks to the emulator and S3 is
 //!   addressed path-style. moto (what the tests run) speaks the real S3 and SQS protocols, but
 //!   its KMS ignores `Recipient` and has no `GenerateDataKeyPair*`; against it, KMS is the
-//!   local KMS ([`KmsBackend::Local`]), never a fake inside [`AwsKms`], which refuses a
+//!   local KMS ([`KmsBackend::Local`], opened by the [`OpenLocalKms`] the composing binary
+//!   passes in — this crate knows no local code), never a fake inside [`AwsKms`], which refuses a
 //!   `Recipient` answer without `CiphertextForRecipient`.
 
 pub mod bootstrap;
@@ -45,8 +46,7 @@ pub use settings::{AwsSettings, KmsBackend, SettingsError, StackOutputs};
 pub use sfn::SfnWorkflow;
 pub use sqs::{LambdaBatch, SqsQueue};
 
-use crate::local::{AttestationTrust, LocalKms};
-use crate::{KeyNames, Kms, KmsError, Services};
+use cloud::{KeyNames, Kms, Services};
 
 /// Attempts per request, the first included (the SDK's standard mode defaults to 3).
 pub const MAX_ATTEMPTS: u32 = 5;
@@ -59,11 +59,13 @@ pub enum AwsError {
     NoRegion,
     #[error("cannot start the runtime of the AWS clients: {0}")]
     Runtime(#[from] std::io::Error),
+    #[error("the settings name a local KMS under {0} (an emulator run), and this program cannot open one")]
+    NoLocalKms(std::path::PathBuf),
     #[error("local KMS under {path}: {source}")]
     LocalKms {
         path: std::path::PathBuf,
         #[source]
-        source: KmsError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -185,17 +187,17 @@ impl std::fmt::Debug for AwsCloud {
 
 impl AwsCloud {
     /// The services every component holds.
-    pub fn from_config(settings: &AwsSettings) -> Result<Services, AwsError> {
-        Ok(AwsCloud::connect(settings)?.services)
+    pub fn from_config(settings: &AwsSettings, local_kms: Option<OpenLocalKms>) -> Result<Services, AwsError> {
+        Ok(AwsCloud::connect(settings, local_kms)?.services)
     }
 
-    pub fn connect(settings: &AwsSettings) -> Result<AwsCloud, AwsError> {
+    pub fn connect(settings: &AwsSettings, local_kms: Option<OpenLocalKms>) -> Result<AwsCloud, AwsError> {
         let clients = AwsClients::connect(settings.region.as_deref(), settings.endpoint_url.as_deref())?;
-        AwsCloud::with_clients(clients, settings)
+        AwsCloud::with_clients(clients, settings, local_kms)
     }
 
     /// The services of `settings` over clients made elsewhere (tests: an emulator's).
-    pub fn with_clients(clients: AwsClients, settings: &AwsSettings) -> Result<AwsCloud, AwsError> {
+    pub fn with_clients(clients: AwsClients, settings: &AwsSettings, local_kms: Option<OpenLocalKms>) -> Result<AwsCloud, AwsError> {
         let (kms, keys): (Arc<dyn Kms>, KeyNames) = match &settings.kms {
             KmsBackend::Aws => (
                 Arc::new(clients.kms()),
@@ -204,10 +206,10 @@ impl AwsCloud {
                     model: settings.model_key.clone().unwrap_or_default(),
                 },
             ),
-            KmsBackend::Local(dir) => (
-                Arc::new(open_local_kms(dir)?),
-                KeyNames { fleet: crate::local::FLEET_KEY_ALIAS.to_owned(), model: crate::local::MODEL_KEY_ALIAS.to_owned() },
-            ),
+            KmsBackend::Local(dir) => {
+                let open = local_kms.ok_or_else(|| AwsError::NoLocalKms(dir.clone()))?;
+                open(dir).map_err(|source| AwsError::LocalKms { path: dir.clone(), source })?
+            }
         };
         let job_queue = clients.queue(&settings.job_queue_url);
         let ledger_queue = clients.queue(&settings.ledger_queue_url);
@@ -223,7 +225,7 @@ impl AwsCloud {
             bulk_workflow: settings
                 .bulk_state_machine_arn
                 .as_deref()
-                .map(|arn| Arc::new(clients.step_functions(Some(arn))) as Arc<dyn crate::Executions>),
+                .map(|arn| Arc::new(clients.step_functions(Some(arn))) as Arc<dyn cloud::Executions>),
             keys,
         };
         Ok(AwsCloud { clients, settings: settings.clone(), job_queue, ledger_queue, services })
@@ -263,10 +265,7 @@ impl AwsCloud {
     }
 }
 
-/// The local KMS under `dir`, as the embedded default lays it out (`kms.sqlite`, and the
-/// development root the enclave worker writes to `enclave/dev-root.pem`).
-pub fn open_local_kms(dir: &std::path::Path) -> Result<LocalKms, AwsError> {
-    let trust = AttestationTrust { root_pem_path: dir.join(crate::local::DEV_ROOT_PEM), max_document_age: crate::local::MAX_DOCUMENT_AGE };
-    std::fs::create_dir_all(dir)?;
-    LocalKms::open(dir.join(crate::local::KMS_DB), trust).map_err(|source| AwsError::LocalKms { path: dir.to_path_buf(), source })
-}
+/// Opens the local KMS under a directory, with the key names it knows: emulator runs, whose
+/// KMS has no `Recipient` (moto). The binary that composes the services passes
+/// `cloud_local::open_emulator_kms`.
+pub type OpenLocalKms = fn(&std::path::Path) -> Result<(Arc<dyn Kms>, KeyNames), Box<dyn std::error::Error + Send + Sync>>;

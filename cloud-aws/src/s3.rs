@@ -24,8 +24,8 @@ use super::error::Failure;
 use super::runtime::AwsRuntime;
 use super::s3_read::S3Reader;
 use super::s3_write::S3Writer;
-use crate::now_ms;
-use crate::objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+use cloud::now_ms;
+use cloud::objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
 
 /// S3's limit on key length (bytes of UTF-8, prefix included).
 pub const MAX_KEY_LEN: usize = 1024;
@@ -201,7 +201,7 @@ pub(crate) fn millis(date: Option<&DateTime>) -> u64 {
     date.and_then(|d| d.to_millis().ok()).map(|ms| ms.max(0) as u64).unwrap_or(0)
 }
 
-pub(crate) use crate::objects::same_etag;
+pub(crate) use cloud::objects::same_etag;
 
 impl ObjectStore for S3ObjectStore {
     fn put(&self, key: &str, bytes: &[u8], condition: PutCondition) -> Result<ObjectMeta, ObjectError> {

@@ -19,8 +19,8 @@ use std::collections::VecDeque;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 
 use super::s3::{with_condition, S3ObjectStore, MIN_PART_SIZE};
-use crate::now_ms;
-use crate::objects::{same_etag, ObjectError, ObjectMeta, ObjectStore, PutCondition};
+use cloud::now_ms;
+use cloud::objects::{same_etag, ObjectError, ObjectMeta, ObjectStore, PutCondition};
 
 /// The largest object one `CopyObject` copies (5 GiB).
 pub const MAX_COPY_OBJECT: u64 = 5 << 30;

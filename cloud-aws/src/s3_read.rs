@@ -9,7 +9,7 @@ use bytes::{Buf, Bytes};
 use aws_sdk_s3::primitives::ByteStream;
 
 use super::s3::S3ObjectStore;
-use crate::objects::ObjectError;
+use cloud::objects::ObjectError;
 
 /// Resumes of one read before it gives up.
 const RESUMES: u32 = 3;

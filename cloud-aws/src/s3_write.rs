@@ -16,8 +16,8 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 
 use super::s3::{with_condition, S3ObjectStore};
-use crate::now_ms;
-use crate::objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+use cloud::now_ms;
+use cloud::objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
 
 /// Parts uploading at once while the writer fills the next: throughput without unbounded memory.
 const PARTS_IN_FLIGHT: usize = 2;

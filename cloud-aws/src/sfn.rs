@@ -11,7 +11,7 @@ use aws_sdk_sfn::error::{ProvideErrorMetadata, SdkError};
 
 use super::error::Failure;
 use super::runtime::AwsRuntime;
-use crate::workflow::{Completion, Execution, ExecutionStatus, Executions, TaskTokens, WorkflowError};
+use cloud::workflow::{Completion, Execution, ExecutionStatus, Executions, TaskTokens, WorkflowError};
 
 /// Codes that mean the task is already decided.
 const CLOSED_CODES: &[&str] = &["TaskTimedOut", "InvalidToken", "TaskDoesNotExist"];

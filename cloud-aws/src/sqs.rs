@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 
 use super::error::Failure;
 use super::runtime::AwsRuntime;
-use crate::queue::{Queue, QueueError, QueueStats, Received, SendOptions};
+use cloud::queue::{Queue, QueueError, QueueStats, Received, SendOptions};
 
 pub const MAX_RECEIVE_BATCH: usize = 10;
 pub const MAX_WAIT: Duration = Duration::from_secs(20);

@@ -28,8 +28,8 @@ use zeroize::Zeroizing;
 
 use super::key_policy_document::condition_key;
 use super::sqlite;
-use crate::kms::{AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, KeyDescription, Kms, KmsError, Recipient};
-use crate::now_ms;
+use cloud::kms::{AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, KeyDescription, Kms, KmsError, Recipient};
+use cloud::now_ms;
 
 /// Key ARNs of the local KMS: a fixed pseudo-region and account.
 pub const KEY_ARN_PREFIX: &str = "arn:aws:kms:local:000000000000:key/";

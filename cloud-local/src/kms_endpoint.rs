@@ -27,7 +27,7 @@ use protocol::kms_api::{self, DecryptRequest, DecryptResponse, ErrorResponse, Ht
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::kms::{Kms, Recipient};
+use cloud::kms::{Kms, Recipient};
 
 /// Directory of the TLS identity, under the local KMS's directory.
 pub const TLS_DIR: &str = "kms-tls";
@@ -192,7 +192,7 @@ fn create_identity(tls_dir: &Path) -> Result<(), EndpointError> {
     };
     std::fs::create_dir_all(tls_dir).map_err(io(tls_dir))?;
     let host = kms_api::endpoint_host(kms_api::LOCAL_REGION).map_err(|e| EndpointError::Identity(e.to_string()))?;
-    let identity = DevTlsIdentity::generate(&host, crate::now_ms()).map_err(|e| EndpointError::Identity(e.to_string()))?;
+    let identity = DevTlsIdentity::generate(&host, cloud::now_ms()).map_err(|e| EndpointError::Identity(e.to_string()))?;
     let write = |name: &str, text: String, mode: u32| -> Result<(), EndpointError> {
         let path = tls_dir.join(name);
         let partial = tls_dir.join(format!(".{name}.partial"));
@@ -225,9 +225,9 @@ mod tests {
     fn identity_is_created_once_and_its_key_is_private() {
         let dir = tempfile::tempdir().unwrap();
         let kms: Arc<dyn Kms> = Arc::new(
-            crate::local::LocalKms::open(
+            crate::LocalKms::open(
                 dir.path().join("kms.sqlite"),
-                crate::local::AttestationTrust {
+                crate::AttestationTrust {
                     root_pem_path: dir.path().join("root.pem"),
                     max_document_age: std::time::Duration::from_secs(60),
                 },

@@ -33,7 +33,7 @@ pub use objects::{CreatedHook, DirObjectStore};
 pub use queue::{MessageState, QueueConfig, QueuedMessage, SqliteQueue};
 pub use workflows::{LocalWorkflows, TokenOutcome};
 
-use crate::{KeyNames, KmsError, ObjectError, QueueError, Services, WorkflowError};
+use cloud::{KeyNames, Kms, KmsError, ObjectError, QueueError, Services, WorkflowError};
 
 pub const OBJECTS_DIR: &str = "objects";
 pub const JOBS_STORE: &str = "jobs";
@@ -60,6 +60,21 @@ pub const FLEET_KEY_ALIAS: &str = "alias/ephem-fleet";
 pub const MODEL_KEY_ALIAS: &str = "alias/ephem-model";
 /// As KMS: a `Recipient` document older than this is refused.
 pub const MAX_DOCUMENT_AGE: Duration = Duration::from_secs(5 * 60);
+
+/// The local KMS under `dir` as the embedded default lays it out (`kms.sqlite`, and the
+/// development root the enclave worker writes to `enclave/dev-root.pem`).
+pub fn open_kms(dir: &Path) -> Result<LocalKms, LocalError> {
+    std::fs::create_dir_all(dir).map_err(|source| LocalError::Io { path: dir.to_path_buf(), source })?;
+    let trust = AttestationTrust { root_pem_path: dir.join(DEV_ROOT_PEM), max_document_age: MAX_DOCUMENT_AGE };
+    Ok(LocalKms::open(dir.join(KMS_DB), trust)?)
+}
+
+/// The local KMS and its key names, for an AWS flow against an emulator whose KMS has no
+/// `Recipient` (what `cloud_aws::AwsCloud` calls for `EPHEM_KMS=local:<dir>`).
+pub fn open_emulator_kms(dir: &Path) -> Result<(Arc<dyn Kms>, KeyNames), Box<dyn std::error::Error + Send + Sync>> {
+    let keys = KeyNames { fleet: FLEET_KEY_ALIAS.to_owned(), model: MODEL_KEY_ALIAS.to_owned() };
+    Ok((Arc::new(open_kms(dir)?), keys))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum LocalError {
@@ -225,7 +240,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::{ObjectMeta, PutCondition, Queue, SendOptions};
+    use cloud::{ObjectMeta, PutCondition, Queue, SendOptions};
 
     #[test]
     fn layout_and_two_opens_share_everything() {
@@ -273,8 +288,8 @@ mod tests {
         let queue = cloud.job_queue();
         // What the local pipeline does: the on-upload handler as a created hook.
         cloud.jobs_store().set_created_hook(
-            crate::layout::JOBS_PREFIX,
-            crate::layout::INPUT_SUFFIX,
+            cloud::layout::JOBS_PREFIX,
+            cloud::layout::INPUT_SUFFIX,
             Arc::new(move |meta: &ObjectMeta| {
                 queue.send(&meta.key, &SendOptions::default()).map(|_| ()).map_err(|e| e.to_string())
             }),

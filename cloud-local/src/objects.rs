@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use sha2::{Digest, Sha256};
 
-use crate::objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
+use cloud::objects::{ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition};
 
 mod copy;
 

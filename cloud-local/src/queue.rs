@@ -32,8 +32,8 @@ use std::time::{Duration, Instant};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::sqlite;
-use crate::now_ms;
-use crate::queue::{Queue, QueueError, QueueStats, Received, SendOptions};
+use cloud::now_ms;
+use cloud::queue::{Queue, QueueError, QueueStats, Received, SendOptions};
 
 /// SQS's limits, enforced here so that code written against the local queue works on SQS.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;

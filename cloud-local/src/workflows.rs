@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::sqlite;
-use crate::workflow::{Completion, Execution, ExecutionStatus, Executions, TaskTokens, WorkflowError};
+use cloud::workflow::{Completion, Execution, ExecutionStatus, Executions, TaskTokens, WorkflowError};
 
 /// Execution ids are this prefix and the execution's name.
 pub const EXECUTION_PREFIX: &str = "local:execution:";
@@ -119,7 +119,7 @@ impl LocalWorkflows {
         self.conn()
             .execute(
                 "UPDATE executions SET status = ?2, output = ?3, error = ?4, cause = ?5, stopped_ms = ?6 WHERE name = ?1",
-                params![name, status.as_str(), output, error, cause, crate::now_ms() as i64],
+                params![name, status.as_str(), output, error, cause, cloud::now_ms() as i64],
             )
             .map_err(|e| self.db(e))?;
         Ok(())
@@ -133,7 +133,7 @@ impl LocalWorkflows {
         self.conn()
             .execute(
                 "INSERT INTO task_tokens (token, execution, state, created_ms) VALUES (?1, ?2, 'open', ?3)",
-                params![token, execution, crate::now_ms() as i64],
+                params![token, execution, cloud::now_ms() as i64],
             )
             .map_err(|e| self.db(e))?;
         Ok(token)
@@ -190,7 +190,7 @@ impl LocalWorkflows {
             .execute(
                 "UPDATE task_tokens SET state = ?2, output = ?3, error = ?4, cause = ?5, closed_ms = ?6
                  WHERE token = ?1 AND state = 'open'",
-                params![token, state, output, error, cause, crate::now_ms() as i64],
+                params![token, state, output, error, cause, cloud::now_ms() as i64],
             )
             .map_err(|e| self.db(e))?;
         if changed == 1 {
@@ -231,7 +231,7 @@ impl Executions for LocalWorkflows {
         let inserted = conn
             .execute(
                 "INSERT INTO executions (name, input, status, started_ms) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (name) DO NOTHING",
-                params![name, input, PENDING, crate::now_ms() as i64],
+                params![name, input, PENDING, cloud::now_ms() as i64],
             )
             .map_err(|e| self.db(e))?;
         if inserted == 0 {

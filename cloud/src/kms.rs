@@ -130,4 +130,40 @@ pub trait Kms: Send + Sync {
     fn describe_key(&self, key_id: &str) -> Result<KeyDescription, KmsError> {
         Err(KmsError::Validation(format!("this KMS cannot describe key {key_id}")))
     }
+    /// `GetPublicKey` of an Ed25519 key (`ECC_NIST_EDWARDS25519`): its 32 raw bytes. The ledger
+    /// signs checkpoints with such a key; adapters without one refuse.
+    fn ed25519_public_key(&self, key_id: &str) -> Result<[u8; 32], KmsError> {
+        Err(KmsError::Validation(format!("this KMS has no Ed25519 key {key_id}")))
+    }
+    /// `Sign` with `ED25519_SHA_512` over the raw `message`: a 64-byte signature.
+    fn sign_ed25519(&self, key_id: &str, message: &[u8]) -> Result<Vec<u8>, KmsError> {
+        let _ = message;
+        Err(KmsError::Validation(format!("this KMS has no Ed25519 key {key_id}")))
+    }
+}
+
+/// DER prefix of an Ed25519 SubjectPublicKeyInfo (RFC 8410); the key's 32 bytes follow.
+pub const ED25519_SPKI_PREFIX: [u8; 12] = [0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
+
+/// The raw key of an Ed25519 SubjectPublicKeyInfo (what `GetPublicKey` answers), or `None` for
+/// any other key.
+pub fn ed25519_from_spki(der: &[u8]) -> Option<[u8; 32]> {
+    der.strip_prefix(&ED25519_SPKI_PREFIX[..]).and_then(|k| k.try_into().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_spki_prefix_is_rfc_8410s() {
+        use ed25519_dalek::pkcs8::EncodePublicKey;
+        let key = ed25519_dalek::SigningKey::from_bytes(&[1; 32]).verifying_key();
+        let der = key.to_public_key_der().unwrap();
+        assert_eq!(ed25519_from_spki(der.as_bytes()), Some(*key.as_bytes()));
+        assert_eq!(ed25519_from_spki(&der.as_bytes()[..43]), None, "a short key");
+        let mut p256 = der.as_bytes().to_vec();
+        p256[8] = 0x71;
+        assert_eq!(ed25519_from_spki(&p256), None, "another algorithm");
+    }
 }

@@ -1,17 +1,17 @@
 #![forbid(unsafe_code)]
-//! The only code that talks to the cloud. Small traits — [`ObjectStore`] (S3), [`Queue`] (SQS),
-//! [`Kms`] (KMS), [`TaskTokens`] and [`Executions`] (Step Functions) — with the local stand-ins
-//! of the embedded default in [`local`]; the AWS adapters in [`aws`] implement the same traits. Every caller (host-poller,
-//! Lambda handlers, `ephem-batch`) holds a [`Services`] and never knows which backend it talks to.
+//! The ports of the pipeline: small traits — [`ObjectStore`] (S3), [`Queue`] (SQS), [`Kms`]
+//! (KMS), [`TaskTokens`] and [`Executions`] (Step Functions) — the storage [`layout`] and the
+//! [`messages`] that travel between components. The adapters live beside it: `cloud-aws` (the
+//! AWS SDK) and `cloud-local` (the embedded default). Every caller (host-poller, Lambda
+//! handlers, `ephem-batch`) holds a [`Services`] and never knows which backend it talks to;
+//! which one it is, is decided once, in the binary's `main`.
 //!
 //! The traits are blocking: the host-poller and the client move bytes with threads, and an AWS
 //! adapter drives its async SDK from its own runtime.
 
-pub mod aws;
 pub mod hooked;
 pub mod kms;
 pub mod layout;
-pub mod local;
 pub mod messages;
 pub mod objects;
 pub mod queue;

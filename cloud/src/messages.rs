@@ -10,8 +10,8 @@ use crate::SendOptions;
 /// On the job queue, sent by `on-upload` after it checked the sealed header.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobMessage {
-    /// Hex; derived from the envelope, checked by `on-upload` against the object key.
-    pub job_id: String,
+    /// Derived from the envelope, checked by `on-upload` against the object key.
+    pub job_id: JobId,
     pub input_key: String,
     pub input_size: u64,
     pub model_id: String,
@@ -26,7 +26,7 @@ pub struct JobMessage {
 /// for a committed job whose host stopped before it did).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LedgerMessage {
-    pub job_id: String,
+    pub job_id: JobId,
     /// The receipt's exact COSE bytes, base64 (standard alphabet, padded).
     pub receipt: String,
     /// The attestation document the receipt names, base64.
@@ -39,7 +39,7 @@ pub const LEDGER_GROUP: &str = "ledger";
 impl LedgerMessage {
     pub fn new(job: &JobId, receipt: &[u8], attestation_document: &[u8]) -> Self {
         let b64 = base64::engine::general_purpose::STANDARD;
-        LedgerMessage { job_id: job.to_hex(), receipt: b64.encode(receipt), attestation_document: b64.encode(attestation_document) }
+        LedgerMessage { job_id: *job, receipt: b64.encode(receipt), attestation_document: b64.encode(attestation_document) }
     }
 
     /// How a job's receipt is sent: in the ledger's group, deduplicated by the job id (a receipt
@@ -87,7 +87,7 @@ pub struct Failure {
 /// `jobs/<id>/status.json`: informative only — the receipt is the truth.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobStatus {
-    pub job_id: String,
+    pub job_id: JobId,
     pub state: JobState,
     pub updated_ms: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,9 +112,9 @@ pub struct JobStatus {
 }
 
 impl JobStatus {
-    pub fn new(job_id: &str, state: JobState, records_total: u64) -> Self {
+    pub fn new(job_id: JobId, state: JobState, records_total: u64) -> Self {
         Self {
-            job_id: job_id.to_owned(),
+            job_id,
             state,
             updated_ms: crate::now_ms(),
             attempt: None,
@@ -133,7 +133,7 @@ impl JobStatus {
 /// `jobs/<id>/ledgered.json`: the ledger holds the job's receipt at this index.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ledgered {
-    pub job_id: String,
+    pub job_id: JobId,
     pub index: u64,
     pub appended_ms: u64,
 }

@@ -2,7 +2,7 @@
 //! from spawn to "ready with the model" — the time a new enclave takes before it can serve jobs.
 //!
 //! This program plays the host the way `host-poller` does in the embedded default: a local cloud
-//! in a temporary home (`cloud::local`: the SQLite KMS with key policies bound to PCR0 = SHA-384
+//! in a temporary home (`cloud_local`: the SQLite KMS with key policies bound to PCR0 = SHA-384
 //! of the worker binary, served as the HTTPS endpoint the worker pins; model and fleet-key
 //! objects on disk), provisioned as `ephem-batch dev up` does (fleet epoch 1, the model sealed
 //! under a DEK wrapped by KMS, its manifest signed by the development publisher). For each boot
@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext};
-use cloud::local::{KmsEndpoint, LocalCloud, LocalKeyPolicy, FLEET_KEY_ALIAS, MODEL_KEY_ALIAS};
+use cloud_local::{KmsEndpoint, LocalCloud, LocalKeyPolicy, FLEET_KEY_ALIAS, MODEL_KEY_ALIAS};
 use cloud::{layout, AwsCredentials, Kms, KmsError, ObjectStore, PutCondition, Recipient};
 use enclave_worker::key_release::OneShotKey;
 use protocol::fleet::{encryption_context, epoch_object_key, EpochRecord};

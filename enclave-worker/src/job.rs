@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use protocol::envelope::{self, JobId, Preamble, ResultHeader, ResultPublicKey, Sealed, StreamKind};
 use protocol::frame::{self, FrameIoError, Message, MAX_DATA_LEN};
+use protocol::FailedCheck;
 use protocol::receipt::{PlaintextCommitment, Receipt};
 use protocol::records::{encode_output, InputDecoder, InputRecord, OutputRecord};
 use protocol::stream::{StreamOpener, StreamSealer};
@@ -42,20 +43,21 @@ pub enum JobError {
 }
 
 impl JobError {
-    pub fn check(&self) -> &'static str {
+    /// The check the `JobFailed` frame names.
+    pub fn check(&self) -> FailedCheck {
         match self {
-            JobError::Connection(_) => "connection",
-            JobError::Protocol(_) => "protocol",
-            JobError::Envelope(envelope::EnvelopeError::JobIdMismatch { .. }) => "job_id",
-            JobError::Envelope(envelope::EnvelopeError::WrongRecipientKey { .. }) => "fleet_key",
-            JobError::Envelope(envelope::EnvelopeError::HeaderAuthentication) => "header_authentication",
-            JobError::Envelope(_) => "envelope",
-            JobError::Stream(_) => "stream",
-            JobError::Records(_) => "records",
-            JobError::FleetKey { .. } => "fleet_key",
-            JobError::ModelMissing(_) => "model",
-            JobError::ManifestMismatch { .. } => "model_manifest",
-            JobError::Options(_) => "options",
+            JobError::Connection(_) => FailedCheck::Connection,
+            JobError::Protocol(_) => FailedCheck::Protocol,
+            JobError::Envelope(envelope::EnvelopeError::JobIdMismatch { .. }) => FailedCheck::JobId,
+            JobError::Envelope(envelope::EnvelopeError::WrongRecipientKey { .. }) => FailedCheck::FleetKey,
+            JobError::Envelope(envelope::EnvelopeError::HeaderAuthentication) => FailedCheck::HeaderAuthentication,
+            JobError::Envelope(_) => FailedCheck::Envelope,
+            JobError::Stream(_) => FailedCheck::Stream,
+            JobError::Records(_) => FailedCheck::Records,
+            JobError::FleetKey { .. } => FailedCheck::FleetKey,
+            JobError::ModelMissing(_) => FailedCheck::Model,
+            JobError::ManifestMismatch { .. } => FailedCheck::ModelManifest,
+            JobError::Options(_) => FailedCheck::Options,
         }
     }
 }
@@ -114,9 +116,9 @@ struct Running {
 pub fn serve<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), JobError> {
     let result = run(worker, connection);
     if let Err(error) = &result {
-        tracing::warn!(check = error.check(), %error, "job failed");
+        tracing::warn!(check = error.check().as_str(), %error, "job failed");
         if !matches!(error, JobError::Connection(_)) {
-            let _ = frame::write_frame(connection, &Message::JobFailed { check: error.check().into(), message: error.to_string() });
+            let _ = frame::write_frame(connection, &Message::JobFailed { check: error.check(), message: error.to_string() });
             let _ = connection.flush();
             // Read what the host is still sending, so that closing does not reset the
             // connection before the host has read the verdict (TCP discards unread data).
@@ -134,9 +136,7 @@ fn run<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), JobEr
     let started_ms = worker.now_ms();
     let started = Instant::now();
     let (claimed, attempt) = match frame::read_frame(connection)? {
-        Some(Message::JobStart { job_id, attempt }) => {
-            (JobId::from_hex(&job_id).ok_or_else(|| JobError::Protocol(format!("job id {job_id:?} is not 32 hex digits")))?, attempt)
-        }
+        Some(Message::JobStart { job_id, attempt }) => (job_id, attempt),
         other => return Err(JobError::Protocol(format!("expected JobStart, got {other:?}"))),
     };
 

@@ -31,6 +31,9 @@ use crate::transport::Connection;
 /// (`EPHEM_MODEL_PUBLISHER_PUBKEY`, 64 hex digits).
 const PUBLISHER_KEY_HEX: Option<&str> = option_env!("EPHEM_MODEL_PUBLISHER_PUBKEY");
 
+#[cfg(not(any(feature = "nitro", feature = "dev")))]
+compile_error!("enclave-worker needs an NSM: build with --features nitro (an enclave image) or --features dev (the embedded default)");
+
 /// The NSM this build uses and the model publisher key it trusts. Without a compiled-in publisher
 /// key, only the development NSM runs, with the well-known development publisher.
 pub fn boot_nsm(state_dir: &std::path::Path) -> Result<(Arc<dyn Nsm>, VerifyingKey), String> {
@@ -42,7 +45,7 @@ pub fn boot_nsm(state_dir: &std::path::Path) -> Result<(Arc<dyn Nsm>, VerifyingK
         let nsm = nsm::NitroNsm::open().map_err(|e| format!("NSM: {e}"))?;
         Ok((Arc::new(nsm), publisher))
     }
-    #[cfg(not(feature = "nitro"))]
+    #[cfg(all(feature = "dev", not(feature = "nitro")))]
     {
         let publisher = match PUBLISHER_KEY_HEX {
             Some(hex_key) => parse_publisher(hex_key)?,
@@ -50,6 +53,11 @@ pub fn boot_nsm(state_dir: &std::path::Path) -> Result<(Arc<dyn Nsm>, VerifyingK
         };
         let nsm = nsm::DevNsm::open(state_dir).map_err(|e| format!("development NSM: {e}"))?;
         Ok((Arc::new(nsm), publisher))
+    }
+    #[cfg(not(any(feature = "nitro", feature = "dev")))]
+    {
+        let _ = state_dir;
+        Err("this build has no NSM".to_owned())
     }
 }
 

@@ -254,13 +254,13 @@ fn frame_seeds(w: &mut Writer<'_>) -> io::Result<()> {
         Message::UseFleetEpoch { epoch: fixed::EPOCH, object_key: "fleet/epoch-7.json".into() },
         Message::LoadModel { manifest_key: "models/minilm/manifest.cose".into() },
         Message::Status { ready: true, epochs: vec![6, 7], models: vec![fixed::MODEL_ID.into()], detail: "ok".into() },
-        Message::JobStart { job_id: "6a".repeat(16), attempt: 1 },
+        Message::JobStart { job_id: protocol::JobId([0x6a; 16]), attempt: 1 },
         Message::Input { data: b"EPHB\x01\x01".to_vec() },
         Message::InputEnd,
         Message::Output { data: vec![0; 8] },
         Message::Progress { records: 3, tokens: 21 },
         Message::JobDone { receipt: vec![0xd2, 0x84] },
-        Message::JobFailed { check: "header_authentication".into(), message: "bad".into() },
+        Message::JobFailed { check: protocol::FailedCheck::HeaderAuthentication, message: "bad".into() },
         Message::Error { message: "protocol error".into() },
     ];
     let mut all = Vec::new();

@@ -18,6 +18,7 @@ use cloud::messages::{Failure, JobMessage, LedgerMessage};
 use cloud::workflow::JobEnd;
 use cloud::{layout, Completion, ObjectError, ObjectWriter, PutCondition, QueueError, Received, Services};
 use protocol::cancel;
+use protocol::FailedCheck;
 use protocol::envelope::JobId;
 use protocol::receipt::{Receipt, SignedReceipt};
 use sha2::{Digest, Sha256};
@@ -33,16 +34,6 @@ use crate::status::{self, StatusBoard};
 use crate::worker_link::WorkerEndpoint;
 
 /// Checks about the job's own bytes: another attempt would fail the same way.
-const PERMANENT_CHECKS: [&str; 7] =
-    ["job_id", "header_authentication", "envelope", "stream", "records", "options", "model_manifest"];
-
-/// Checks that fail because the worker is missing something control can give it.
-const CONTROL_CHECKS: [&str; 2] = ["fleet_key", "model"];
-
-/// Whether a worker's `JobFailed` check condemns the job (as opposed to this attempt).
-pub fn is_permanent(check: &str) -> bool {
-    PERMANENT_CHECKS.contains(&check)
-}
 
 /// Whether a read found nothing: S3 answers an absent key with 404 only to a caller allowed
 /// `s3:ListBucket` on it, else 403, and how an account evaluates the host's prefix-conditioned
@@ -63,7 +54,7 @@ pub enum Disposition {
     LostRace,
     Cancelled,
     /// Failed for good (`check` as the worker named it); message deleted.
-    Failed { check: String },
+    Failed { check: FailedCheck },
     /// Left in the queue for another attempt.
     Retry { check: String },
     /// Failed on the queue's last allowed receive: the queue moves it to the dead-letter queue.
@@ -104,7 +95,10 @@ enum LedgerSendError {
 pub(crate) fn handle(ctx: &Context, received: Received) -> Disposition {
     let parsed = serde_json::from_str::<JobMessage>(&received.body)
         .map_err(|e| e.to_string())
-        .and_then(|m| JobId::from_hex(&m.job_id).map(|job| (m, job)).ok_or_else(|| "job_id is not 32 hex digits".to_owned()));
+        .map(|m| {
+            let job = m.job_id;
+            (m, job)
+        });
     let (message, job) = match parsed {
         Ok(parsed) => parsed,
         Err(reason) => {
@@ -226,25 +220,25 @@ impl Delivery<'_> {
     }
 
     /// The worker refused the job.
-    fn refused(&mut self, check: String, message: String) -> Disposition {
-        tracing::warn!(check, message, "worker refused the job");
-        if CONTROL_CHECKS.contains(&check.as_str()) {
+    fn refused(&mut self, check: FailedCheck, message: String) -> Disposition {
+        tracing::warn!(check = check.as_str(), message, "worker refused the job");
+        if check.needs_control() {
             self.ctx.shared.request_rescan();
-            return self.retry(&check, message);
+            return self.retry(check.as_str(), message);
         }
-        if check == "model_manifest" && self.manifest_not_loaded_yet() {
+        if check == FailedCheck::ModelManifest && self.manifest_not_loaded_yet() {
             self.ctx.shared.request_rescan();
-            return self.retry(&check, format!("{message} (the newest manifest is not loaded yet)"));
+            return self.retry(check.as_str(), format!("{message} (the newest manifest is not loaded yet)"));
         }
-        if is_permanent(&check) {
+        if check.is_permanent() {
             self.heartbeat.stop();
             self.delete_message();
             let reason = format!("{check}: {message}");
-            self.status.failed(Failure { check: check.clone(), message });
+            self.status.failed(Failure { check: check.as_str().to_owned(), message });
             self.complete_bulk_task(&JobEnd::Failed { reason });
             return Disposition::Failed { check };
         }
-        self.retry(&check, message)
+        self.retry(check.as_str(), message)
     }
 
     /// A job naming the newest manifest in the store, refused by a worker that runs an older
@@ -441,12 +435,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn failure_classes() {
-        for check in ["job_id", "header_authentication", "envelope", "stream", "records", "options", "model_manifest"] {
-            assert!(is_permanent(check), "{check}");
-        }
-        for check in ["fleet_key", "model", "connection", "protocol", "stalled", "input", "output", "dead_letter"] {
-            assert!(!is_permanent(check), "{check}");
+    fn the_host_has_no_check_names_of_its_own_for_what_the_worker_reports() {
+        // The host's own failure names (a lost attempt) are never taken for a worker's check.
+        for name in ["stalled", "input", "output", "released", "dead_letter"] {
+            assert!(name.parse::<FailedCheck>().is_err(), "{name}");
         }
     }
 }

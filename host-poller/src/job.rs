@@ -13,6 +13,7 @@ use std::time::Duration;
 use cloud::{ObjectError, ObjectStore, ObjectWriter};
 use protocol::envelope::JobId;
 use protocol::frame::{Channel, Message, MAX_DATA_LEN};
+use protocol::FailedCheck;
 
 use crate::shared::Shared;
 use crate::worker_link::{describe, LinkError, WorkerEndpoint, WorkerLink};
@@ -22,7 +23,7 @@ pub(crate) enum Verdict {
     /// The sealed output is in the (uncommitted) writer; `receipt` is the signed receipt.
     Done { receipt: Vec<u8>, output: Box<dyn ObjectWriter>, output_bytes: u64 },
     /// The worker refused the job; `check` names what failed.
-    Failed { check: String, message: String },
+    Failed { check: FailedCheck, message: String },
 }
 
 /// Why an attempt ended without a verdict; every one of these is worth another attempt.
@@ -72,7 +73,7 @@ impl Attempt<'_> {
         let input = crate::retry::transient("open input", || self.jobs.reader(self.input_key)).map_err(AttemptError::Input)?;
         let mut link = self.endpoint.connect(Channel::Job)?;
         link.set_read_timeout(Some(self.stall_timeout)).map_err(|e| AttemptError::Link(LinkError::Frame(e.into())))?;
-        link.send(&Message::JobStart { job_id: self.job.to_hex(), attempt: self.attempt })?;
+        link.send(&Message::JobStart { job_id: *self.job, attempt: self.attempt })?;
         let writer_link = link.try_clone().map_err(|e| AttemptError::Link(LinkError::Frame(e.into())))?;
         let _inflight = self.shared.track(link.try_clone().map_err(|e| AttemptError::Link(LinkError::Frame(e.into())))?);
 
@@ -128,7 +129,7 @@ impl Attempt<'_> {
 
 enum Reading {
     Done { receipt: Vec<u8>, output_bytes: u64 },
-    Failed { check: String, message: String },
+    Failed { check: FailedCheck, message: String },
 }
 
 #[derive(Debug)]

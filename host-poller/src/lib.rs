@@ -29,7 +29,7 @@ mod status;
 mod supervisor;
 pub mod worker_link;
 
-pub use delivery::{is_permanent, Disposition};
+pub use delivery::Disposition;
 pub use poller::{default_host_id, valid_host_id, Poller, PollerConfig, PollerError, WorkerSource};
 pub use shared::ShutdownHandle;
 pub use supervisor::{SpawnConfig, SupervisorError};

@@ -128,11 +128,11 @@ fn run(args: Args) -> Result<(), String> {
         Backend::Local => (local_services(&args.home)?, Some(args.home.clone())),
         // Names from EPHEM_* (as user data writes them) or EPHEM_STACK_OUTPUTS; KMS from EPHEM_KMS.
         Backend::Aws => {
-            let settings = cloud::aws::AwsSettings::from_env().map_err(|e| e.to_string())?;
-            let services = cloud::aws::AwsCloud::from_config(&settings).map_err(|e| format!("AWS backend: {e}"))?;
+            let settings = cloud_aws::AwsSettings::from_env().map_err(|e| e.to_string())?;
+            let services = cloud_aws::AwsCloud::from_config(&settings, Some(cloud_local::open_emulator_kms)).map_err(|e| format!("AWS backend: {e}"))?;
             let local_kms = match &settings.kms {
-                cloud::aws::KmsBackend::Local(dir) => Some(dir.clone()),
-                cloud::aws::KmsBackend::Aws => None,
+                cloud_aws::KmsBackend::Local(dir) => Some(dir.clone()),
+                cloud_aws::KmsBackend::Aws => None,
             };
             (services, local_kms)
         }
@@ -182,7 +182,7 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 fn local_services(home: &std::path::Path) -> Result<cloud::Services, String> {
-    let local = cloud::local::LocalCloud::open(home).map_err(|e| format!("local stack under {}: {e}", home.display()))?;
+    let local = cloud_local::LocalCloud::open(home).map_err(|e| format!("local stack under {}: {e}", home.display()))?;
     Ok(local.services())
 }
 

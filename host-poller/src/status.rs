@@ -23,7 +23,7 @@ pub(crate) struct StatusBoard {
 
 impl StatusBoard {
     pub fn new(store: Arc<dyn ObjectStore>, job: &JobId, records_total: u64, host: &str) -> Self {
-        let mut status = JobStatus::new(&job.to_hex(), JobState::Queued, records_total);
+        let mut status = JobStatus::new(*job, JobState::Queued, records_total);
         status.host = Some(host.to_owned());
         Self { store, key: layout::job_status(job), status, last_write: None }
     }

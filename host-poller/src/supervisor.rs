@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cloud::local::KmsEndpoint;
+use cloud_local::KmsEndpoint;
 use cloud::Kms;
 
 use crate::pidfile::{self, PidFile};

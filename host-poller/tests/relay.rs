@@ -13,6 +13,7 @@ use cloud::hooked::{Hooked, StoreHooks};
 use cloud::{layout, ObjectError, ObjectMeta, ObjectStore, PutCondition, Queue};
 use host_poller::{PollerConfig, WorkerEndpoint, WorkerSource};
 use protocol::cancel::CancelRequest;
+use protocol::FailedCheck;
 use protocol::envelope::{seal_job, FleetSecretKey, JobHeader, JobId, JobOptions, ResultSecretKey};
 use protocol::fleet::{epoch_object_key, EpochRecord};
 use protocol::frame::Message;
@@ -246,7 +247,7 @@ fn fake_receipt(job: &JobId, attempt: u64, document: &[u8]) -> Vec<u8> {
 
 #[test]
 fn a_failure_of_the_jobs_own_bytes_is_final() {
-    let (cloud, worker, config) = setup(JobMode::Fail("stream".into()), 5);
+    let (cloud, worker, config) = setup(JobMode::Fail(FailedCheck::Stream), 5);
     let (job, input) = put_job(&cloud, 0x44, 700_000);
     enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
     let poller = Running::start(cloud.services(), config);
@@ -263,7 +264,7 @@ fn a_failure_of_the_jobs_own_bytes_is_final() {
 
 #[test]
 fn other_failures_are_retried_with_backoff_until_the_dead_letter() {
-    let (cloud, worker, mut config) = setup(JobMode::Fail("protocol".into()), 3);
+    let (cloud, worker, mut config) = setup(JobMode::Fail(FailedCheck::Protocol), 3);
     config.retry_base = Duration::from_millis(600);
     let (job, input) = put_job(&cloud, 0x55, 1000);
     enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);
@@ -371,7 +372,7 @@ fn only_the_submitters_signed_cancel_stops_a_queued_job() {
         (foreign, CancelRequest::new(&tenant, &foreign, 1).to_json().into_bytes()),
         (replayed, {
             let mut lifted = CancelRequest::new(&submitter, &genuine, 1);
-            lifted.job_id = replayed.to_hex();
+            lifted.job_id = replayed;
             lifted.to_json().into_bytes()
         }),
         (genuine, CancelRequest::new(&submitter, &genuine, 1).to_json().into_bytes()),
@@ -431,7 +432,7 @@ fn a_bulk_runs_token_is_completed_after_the_receipt_is_committed() {
 
 #[test]
 fn a_bulk_runs_token_is_failed_with_the_reason_when_the_job_fails() {
-    let (cloud, _worker, config) = setup(JobMode::Fail("stream".into()), 5);
+    let (cloud, _worker, config) = setup(JobMode::Fail(FailedCheck::Stream), 5);
     let (job, input) = put_job(&cloud, 0x83, 1000);
     await_in_bulk_run(&cloud, &job, "token-2");
     enqueue(&*cloud.job_queue, &job, input.len() as u64, 3, [1; 32]);

@@ -12,7 +12,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cloud::local::{LocalCloud, LocalKeyPolicy, FLEET_KEY_ALIAS, MODEL_KEY_ALIAS};
+use cloud_local::{LocalCloud, LocalKeyPolicy, FLEET_KEY_ALIAS, MODEL_KEY_ALIAS};
 use cloud::messages::{JobState, LedgerMessage};
 use cloud::{layout, Kms, ObjectStore, PutCondition, Queue};
 use ed25519_dalek::VerifyingKey;
@@ -226,7 +226,7 @@ fn the_poller_runs_sealed_jobs_through_the_real_worker() {
     let ledger = local.ledger_queue().receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap();
     assert_eq!(ledger.len(), 1);
     let message: LedgerMessage = serde_json::from_str(&ledger[0].body).unwrap();
-    assert_eq!(message.job_id, job.id.to_hex());
+    assert_eq!(message.job_id, job.id);
 
     // A client's nonce comes back in a fresh document from the same enclave.
     let nonce = b"a client's nonce".to_vec();

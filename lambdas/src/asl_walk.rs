@@ -388,8 +388,8 @@ fn check_size(state: &str, data: &Value) -> Result<usize, StateError> {
 }
 
 /// How a closed token ends its task, as Step Functions reports it.
-pub fn token_result(outcome: cloud::local::TokenOutcome) -> Result<Value, StateError> {
-    use cloud::local::TokenOutcome;
+pub fn token_result(outcome: cloud_local::TokenOutcome) -> Result<Value, StateError> {
+    use cloud_local::TokenOutcome;
     match outcome {
         TokenOutcome::Succeeded { output } => {
             serde_json::from_str(&output).map_err(|e| ("States.Runtime".to_owned(), format!("the task's output is not JSON: {e}")))

@@ -170,9 +170,7 @@ pub fn handle_body(body: &str, services: &Services, config: &Config) -> Result<V
             Ok(outcomes)
         }
         DeadLetter::Job { message } => {
-            let Some(job) = JobId::from_hex(&message.job_id) else {
-                return Ok(vec![Outcome::Unattributable { reason: format!("a job message with job id {:?}", message.job_id) }]);
-            };
+            let job = message.job_id;
             let reason = "the job queue dead-lettered the job's message after its last allowed receive, and no end was recorded \
                           (the host holding it stopped)";
             Ok(vec![end_job(&job, DEAD_LETTERED, reason, services)?])
@@ -291,7 +289,7 @@ pub fn mark_failed(jobs: &dyn ObjectStore, job: &JobId, failure: Failure) -> Res
         if jobs.head(&layout::job_receipt(job))?.is_some() {
             return Ok(Marked::Ended { state: JobState::Completed, failure: None });
         }
-        let mut status = JobStatus::new(&job.to_hex(), JobState::Failed, 0);
+        let mut status = JobStatus::new(*job, JobState::Failed, 0);
         let condition = match jobs.head(&key)? {
             None => PutCondition::CreateOnly,
             Some(meta) => {

@@ -62,8 +62,6 @@ pub enum AppendError {
     Body(String),
     #[error("field {0} is not base64")]
     Base64(&'static str),
-    #[error("job id {0:?} is not 32 hex digits")]
-    JobId(String),
     #[error("receipt refused: {0}")]
     Receipt(String),
     #[error("the message names job {message}, the receipt job {receipt}")]
@@ -99,7 +97,7 @@ impl AppendError {
     pub fn fate(&self) -> Fate {
         use receipts_ledger::LedgerError as L;
         match self {
-            Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobId(_) | Self::JobMismatch { .. } => Fate::Refused,
+            Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobMismatch { .. } => Fate::Refused,
             Self::OtherReceipt { .. } => Fate::Refused,
             Self::Receipt(_) | Self::Ledger(L::ReceiptRejected { .. }) if self.check() == "policy" => Fate::Held,
             Self::Receipt(_) | Self::Ledger(L::ReceiptRejected { .. } | L::FieldMismatch { .. } | L::InvalidField { .. }) => {
@@ -128,7 +126,7 @@ impl AppendError {
             Self::OtherReceipt { .. } => "other_receipt",
             Self::Ledger(L::FieldMismatch { .. } | L::InvalidField { .. }) => "fields",
             Self::Ledger(L::Store(store)) if store_fate(store) == Fate::Refused => "receipt_size",
-            Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobId(_) => "message",
+            Self::NoBody | Self::Body(_) | Self::Base64(_) => "message",
             Self::Panicked(_) => "panic",
             Self::Ledger(_) | Self::Proof(_) | Self::Object(_) => "store",
         }
@@ -361,7 +359,7 @@ fn append_one<S: LedgerStore>(
     let b64 = base64::engine::general_purpose::STANDARD;
     let leaf = b64.decode(&parsed.receipt).map_err(|_| AppendError::Base64("receipt"))?;
     let document = b64.decode(&parsed.attestation_document).map_err(|_| AppendError::Base64("attestation_document"))?;
-    let job = JobId::from_hex(&parsed.job_id).ok_or_else(|| AppendError::JobId(parsed.job_id.clone()))?;
+    let job = parsed.job_id;
     let fields = check.check(&leaf, &document).map_err(AppendError::Receipt)?;
     if fields.job_id != job.to_hex() {
         return Err(AppendError::JobMismatch { message: job.to_hex(), receipt: fields.job_id });
@@ -378,7 +376,7 @@ fn append_one<S: LedgerStore>(
     }
     // The proof first: whoever sees `ledgered.json` finds the proof beside it.
     write_proof(ledger, jobs, &job, now_ms)?;
-    let marker = Ledgered { job_id: job.to_hex(), index: outcome.index(), appended_ms: now_ms };
+    let marker = Ledgered { job_id: job, index: outcome.index(), appended_ms: now_ms };
     put_job_object(jobs, &layout::job_ledgered(&job), &serde_json::to_vec_pretty(&marker).expect("serialises"))?;
     tracing::info!(job = %job, index = outcome.index(), "receipt in the ledger");
     Ok(outcome.index())

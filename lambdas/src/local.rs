@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
-use cloud::local::CreatedHook;
+use cloud_local::CreatedHook;
 use cloud::messages::Ledgered;
 use cloud::{layout, ObjectError, ObjectMeta, Queue, QueueError, Received, SendOptions, Services};
 use protocol::envelope::JobId;
@@ -40,7 +40,7 @@ pub fn pump_ledger_queue<S: LedgerStore>(
     }
     let event = sqs_event(queue, &received);
     // The function settles what it did not finish (backoff, dead letter), as in AWS.
-    let budget = RetryBudget { max_receives: cloud::local::MAX_RECEIVES };
+    let budget = RetryBudget { max_receives: cloud_local::MAX_RECEIVES };
     let queues = LedgerQueues { source: services.ledger_queue.clone(), dead_letter: None, budget };
     let handled = process(&event, ledger, check, services.jobs.as_ref(), cloud::now_ms(), budget, &mut |_| {});
     let response = settle(&handled, Some(&queues));

@@ -1,5 +1,5 @@
 //! The embedded default's stand-in for Step Functions. An execution of the bulk workflow is
-//! started through [`cloud::local::LocalWorkflows`] (as `Executions::start`), and the local
+//! started through [`cloud_local::LocalWorkflows`] (as `Executions::start`), and the local
 //! Lambda runtime (`ephem-batch dev run-lambdas`) claims and runs it with [`Runner`]: the very
 //! definition the deployment uses, interpreted by [`crate::asl_walk`], the bulk steps called
 //! in-process, and task tokens issued and awaited in the same SQLite file the host-poller
@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloud::local::LocalWorkflows;
+use cloud_local::LocalWorkflows;
 use cloud::{ExecutionStatus, ObjectStore, Services, WorkflowError};
 use receipts_ledger::ProtocolReceipts;
 use serde::de::DeserializeOwned;

@@ -182,7 +182,7 @@ fn handle_key(key: &str, tenant: &Tenant, services: &Services, config: &Config) 
     match check_upload(key, &job, services, config)? {
         Ok((header, size)) => {
             let message = JobMessage {
-                job_id: job.to_hex(),
+                job_id: job,
                 input_key: key.to_owned(),
                 input_size: size,
                 model_id: header.model_id.clone(),
@@ -192,7 +192,7 @@ fn handle_key(key: &str, tenant: &Tenant, services: &Services, config: &Config) 
                 created_ms: header.created_ms,
             };
             // A re-delivered event must not reset the status of a job that already moved on.
-            let status = JobStatus::new(&job.to_hex(), JobState::Queued, header.record_count);
+            let status = JobStatus::new(job, JobState::Queued, header.record_count);
             match services.jobs.put(&layout::job_status(&job), &status_json(&status), PutCondition::CreateOnly) {
                 Ok(_) | Err(ObjectError::AlreadyExists { .. }) => {}
                 Err(error) => status_not_written(&job, error)?,
@@ -205,7 +205,7 @@ fn handle_key(key: &str, tenant: &Tenant, services: &Services, config: &Config) 
         }
         Err((check, message)) => {
             tracing::warn!(job = %job, check, %message, "upload refused");
-            let mut status = JobStatus::new(&job.to_hex(), JobState::Failed, 0);
+            let mut status = JobStatus::new(job, JobState::Failed, 0);
             status.failure = Some(Failure { check: check.to_owned(), message: message.clone() });
             // Create-only: a re-delivered event refused now (its input deleted after the job
             // completed, its epoch ended since) must not turn an accepted job's status to failed,
@@ -510,7 +510,7 @@ mod shard_tests {
         let out = handle_with(&event(&input_key), &f.services, &config()).unwrap();
         assert!(matches!(&out[0], Outcome::Queued { .. }), "{out:?}");
         // The job completed and its input was deleted after the ledger took the receipt.
-        let done = JobStatus::new(&job.to_hex(), JobState::Completed, 3);
+        let done = JobStatus::new(job, JobState::Completed, 3);
         f.services.jobs.put(&layout::job_status(&job), &status_json(&done), PutCondition::Overwrite).unwrap();
         f.services.jobs.delete(&input_key).unwrap();
         let out = handle_with(&event(&input_key), &f.services, &config()).unwrap();
@@ -541,7 +541,7 @@ mod shard_tests {
     #[test]
     fn a_refused_upload_fails_the_bulk_task_waiting_for_it() {
         use crate::bulk::{await_shard, AwaitInput, AwaitState};
-        use cloud::local::TokenOutcome;
+        use cloud_local::TokenOutcome;
         let f = Fixture::new();
         let workflows = f.cloud.workflows();
         // The manifest the jobs name is withdrawn: every upload is refused as model_manifest.

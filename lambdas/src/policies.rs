@@ -66,7 +66,7 @@ pub fn load(store: &dyn ObjectStore, prefix: &str, publisher: &VerifyingKey) -> 
 }
 
 /// The verified policies the function's environment names (logged, one line each).
-pub fn policies_from_env(clients: &cloud::aws::AwsClients) -> Result<PolicySet, ShellError> {
+pub fn policies_from_env(clients: &cloud_aws::AwsClients) -> Result<PolicySet, ShellError> {
     let invalid = |name: &'static str| move |e: PoliciesError| ShellError::Invalid { name, message: e.to_string() };
     let publisher = publisher_key(&shell::var("EPHEM_IMAGE_PUBLISHER_KEY")?).map_err(invalid("EPHEM_IMAGE_PUBLISHER_KEY"))?;
     let bucket = shell::var("EPHEM_POLICIES_BUCKET")?;
@@ -81,7 +81,7 @@ pub fn policies_from_env(clients: &cloud::aws::AwsClients) -> Result<PolicySet, 
 
 /// The receipt check a function enforces: documents under `root` satisfying the policies its
 /// environment names.
-pub fn receipt_check_from_env(clients: &cloud::aws::AwsClients, root: TrustAnchor) -> Result<ProtocolReceipts, ShellError> {
+pub fn receipt_check_from_env(clients: &cloud_aws::AwsClients, root: TrustAnchor) -> Result<ProtocolReceipts, ShellError> {
     ProtocolReceipts::enforcing(root, policies_from_env(clients)?)
         .map_err(|e| ShellError::Invalid { name: "EPHEM_POLICIES_BUCKET", message: e.to_string() })
 }
@@ -89,7 +89,7 @@ pub fn receipt_check_from_env(clients: &cloud::aws::AwsClients, root: TrustAncho
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cloud::local::DirObjectStore;
+    use cloud_local::DirObjectStore;
     use cloud::PutCondition;
     use ed25519_dalek::SigningKey;
     use receipts_ledger::testing::DevEnclave;

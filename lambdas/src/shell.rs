@@ -4,19 +4,21 @@
 //! The handlers and the `cloud` adapters are blocking, so each invocation runs on
 //! `spawn_blocking`; the adapters drive the AWS SDK on their own runtime.
 
+#[cfg(feature = "runtime")]
 use std::fmt::Display;
 use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloud::aws::AwsClients;
+use cloud_aws::AwsClients;
 use cloud::{
     KeyNames, Kms, ObjectError, ObjectMeta, ObjectStore, ObjectWriter, PutCondition, Queue, QueueError, QueueStats,
     Received, SendOptions, Services,
 };
+#[cfg(feature = "runtime")]
 use lambda_runtime::{service_fn, Diagnostic, LambdaEvent};
-use serde::de::DeserializeOwned;
-use serde::Serialize;
+#[cfg(feature = "runtime")]
+use serde::{de::DeserializeOwned, Serialize};
 
 /// Why a binary could not start.
 #[derive(Debug, thiserror::Error)]
@@ -26,7 +28,7 @@ pub enum ShellError {
     #[error("environment variable {name}: {message}")]
     Invalid { name: &'static str, message: String },
     #[error("AWS clients: {0}")]
-    Aws(#[from] cloud::aws::AwsError),
+    Aws(#[from] cloud_aws::AwsError),
     #[error("{0}")]
     Setup(String),
 }
@@ -100,6 +102,7 @@ pub fn services(clients: &AwsClients) -> Services {
     }
 }
 
+#[cfg(feature = "runtime")]
 /// Runs `init` once (off the async workers), then serves every invocation with `handler`.
 /// A handler error becomes the invocation's error, typed `error_type` (what a state
 /// machine's `Retry`/`Catch` and the logs see).
@@ -130,6 +133,7 @@ where
     .await
 }
 
+#[cfg(feature = "runtime")]
 async fn invoke<O: Send + 'static, E: Display>(
     error_type: &'static str,
     call: impl FnOnce() -> Result<O, E> + Send + 'static,
@@ -234,6 +238,7 @@ pub fn store_prefixes() -> crate::on_upload::Config {
 mod tests {
     use super::*;
 
+    #[cfg(feature = "runtime")]
     #[tokio::test]
     async fn handler_results_become_lambda_answers() {
         assert_eq!(invoke("T", || Ok::<_, String>(7)).await.unwrap(), 7);

@@ -1,7 +1,7 @@
 //! Test fixtures: a local cloud with a published fleet epoch and model manifest, and sealed
 //! job inputs made for them.
 
-use cloud::local::LocalCloud;
+use cloud_local::LocalCloud;
 use cloud::{PutCondition, Services};
 use protocol::envelope::{seal_job, FleetSecretKey, JobHeader, JobId, JobOptions, ResultSecretKey};
 use protocol::fleet::{epoch_object_key, EpochRecord};

@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use aws_lambda_events::sqs::SqsEvent;
 use base64::Engine as _;
-use cloud::aws::{AwsClients, SqsQueue};
+use cloud_aws::{AwsClients, SqsQueue};
 use cloud::hooked::{Hooked, ThrottledPuts};
-use cloud::local::{DirObjectStore, QueueConfig, SqliteQueue};
+use cloud_local::{DirObjectStore, QueueConfig, SqliteQueue};
 use cloud::messages::{LedgerMessage, Ledgered};
 use cloud::{layout, ObjectError, ObjectStore, Queue, SendOptions};
 use lambdas::ledger_append::{FunctionConfig, LedgerFunction, LedgerQueues, RetryBudget, LEDGER_GROUP};
@@ -47,7 +47,7 @@ fn policies(images: &[&DevEnclave]) -> PolicySet {
 fn body(e: &DevEnclave, j: u64) -> String {
     let b64 = base64::engine::general_purpose::STANDARD;
     serde_json::to_string(&LedgerMessage {
-        job_id: job(j),
+        job_id: job(j).parse().unwrap(),
         receipt: b64.encode(e.sign(&e.receipt(j))),
         attestation_document: b64.encode(&e.document),
     })
@@ -179,17 +179,17 @@ fn emulated() -> Option<Deployment> {
     };
     let clients = AwsClients::connect_emulator(&endpoint, "us-east-1").unwrap();
     let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
-    let options = cloud::aws::bootstrap::BootstrapOptions {
+    let options = cloud_aws::bootstrap::BootstrapOptions {
         name_prefix: format!("tpoison-{}-{nanos:x}", std::process::id()),
         max_receives: MAX_RECEIVES,
         ..Default::default()
     };
-    let outputs = cloud::aws::bootstrap::bootstrap(&clients, &options).unwrap();
+    let outputs = cloud_aws::bootstrap::bootstrap(&clients, &options).unwrap();
     let value = |name: &str| outputs.values[name].clone();
-    let source = clients.queue(&value(cloud::aws::settings::LEDGER_QUEUE.output));
-    let dlq = clients.queue(&value(cloud::aws::settings::LEDGER_DLQ.output));
-    let ledger: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&value(cloud::aws::settings::LEDGER_BUCKET.output), ""));
-    let jobs: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&value(cloud::aws::settings::JOBS_BUCKET.output), ""));
+    let source = clients.queue(&value(cloud_aws::settings::LEDGER_QUEUE.output));
+    let dlq = clients.queue(&value(cloud_aws::settings::LEDGER_DLQ.output));
+    let ledger: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&value(cloud_aws::settings::LEDGER_BUCKET.output), ""));
+    let jobs: Arc<dyn ObjectStore> = Arc::new(clients.object_store(&value(cloud_aws::settings::JOBS_BUCKET.output), ""));
     let jobs = Arc::new(Hooked::new(jobs, ThrottledPuts::new(format!("jobs/{}/", job(4)))));
     Some(Deployment { queues: Queues::Sqs { source, dlq, clients: Box::new(clients) }, ledger, jobs, cache: tempfile::tempdir().unwrap() })
 }
@@ -238,7 +238,7 @@ fn poison_then_redrive(d: &Deployment) -> Duration {
     // In the dead-letter queue's order: the new image's two in theirs (SQS hands the whole
     // batch over at once, the local queue one message of the group at a time, so where the
     // throttled one falls differs).
-    let jobs: Vec<String> = report.moved.iter().filter_map(|m| m.job_id.clone()).collect();
+    let jobs: Vec<String> = report.moved.iter().filter_map(|m| m.job_id.map(|j| j.to_hex())).collect();
     assert_eq!(jobs.len(), 3, "{jobs:?}");
     assert_eq!(jobs.iter().filter(|j| **j != job(4)).collect::<Vec<_>>(), [&job(20), &job(21)]);
     d.until(&function, Duration::from_secs(30), |d| [20, 21, 4].iter().all(|j| d.ledgered(*j).is_some()))

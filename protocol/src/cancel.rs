@@ -33,11 +33,11 @@ pub enum CancelError {
     #[error("cancel object malformed: {0}")]
     Malformed(String),
     #[error("cancel object names job {named}, not this job")]
-    OtherJob { named: String },
+    OtherJob { named: JobId },
     #[error("the job's sealed input: {0}")]
     Input(EnvelopeError),
     #[error("the sealed input derives job id {derived}, not this job's")]
-    InputNotThisJob { derived: String },
+    InputNotThisJob { derived: JobId },
     #[error("the job's result key is not a canonical point of Curve25519")]
     ResultKey,
     #[error("the signature does not verify against the job's result key")]
@@ -49,8 +49,8 @@ pub enum CancelError {
 #[serde(deny_unknown_fields)]
 pub struct CancelRequest {
     pub v: u32,
-    /// 32 lowercase hex digits.
-    pub job_id: String,
+    /// The job it cancels (32 lowercase hex digits in JSON).
+    pub job_id: JobId,
     /// Client clock, Unix milliseconds (informative, not signed).
     pub requested_ms: u64,
     /// 128 hex digits: XEdDSA over `CANCEL_LABEL ‖ 0x00 ‖ job id` by the job's result key.
@@ -60,7 +60,7 @@ pub struct CancelRequest {
 impl CancelRequest {
     /// A cancel of `job` signed with `key`.
     pub fn new(key: &ResultSecretKey, job: &JobId, requested_ms: u64) -> CancelRequest {
-        CancelRequest { v: 1, job_id: job.to_hex(), requested_ms, signature: hex::encode(sign(key, job)) }
+        CancelRequest { v: 1, job_id: *job, requested_ms, signature: hex::encode(sign(key, job)) }
     }
 
     pub fn to_json(&self) -> String {
@@ -91,14 +91,14 @@ impl CancelRequest {
 /// must be `job`: the header, and so the key, is the one the job id commits to.
 pub fn check(input_prefix: &[u8], job: &JobId, body: &[u8]) -> Result<(), CancelError> {
     let request = CancelRequest::from_json(body)?;
-    if request.job_id != job.to_hex() {
+    if request.job_id != *job {
         return Err(CancelError::OtherJob { named: request.job_id });
     }
     let signature = request.signature_bytes()?;
     let (preamble, _) = Preamble::parse_complete(input_prefix, StreamKind::JobInput).map_err(CancelError::Input)?;
     let derived = JobId(preamble.stream_id());
     if derived != *job {
-        return Err(CancelError::InputNotThisJob { derived: derived.to_hex() });
+        return Err(CancelError::InputNotThisJob { derived });
     }
     let header = JobHeader::from_bytes(&preamble.header).map_err(CancelError::Input)?;
     verify(&header.result_public_key, job, &signature)
@@ -242,7 +242,7 @@ mod tests {
         let forged = CancelRequest::new(&tenant, &id, 5).to_json();
         assert_eq!(check(&input, &id, forged.as_bytes()), Err(CancelError::Signature));
         assert_eq!(check(&input, &id, b"{}").map_err(|e| matches!(e, CancelError::Malformed(_))), Err(true));
-        assert_eq!(check(&input, &job(9), genuine.as_bytes()), Err(CancelError::OtherJob { named: id.to_hex() }));
+        assert_eq!(check(&input, &job(9), genuine.as_bytes()), Err(CancelError::OtherJob { named: id }));
         // The submitter's cancel of its own job, presented beside another job's input.
         let other = seal_job(&JobHeader { record_count: 2, ..header.clone() }, &fleet).unwrap();
         assert!(matches!(check(&other.preamble, &id, genuine.as_bytes()), Err(CancelError::InputNotThisJob { .. })));

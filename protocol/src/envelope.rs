@@ -132,6 +132,33 @@ impl std::fmt::Display for JobId {
     }
 }
 
+/// Text that is not a job id (32 lowercase hex digits).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not a job id (32 lowercase hex digits)")]
+pub struct InvalidJobId(pub String);
+
+impl std::str::FromStr for JobId {
+    type Err = InvalidJobId;
+
+    fn from_str(text: &str) -> Result<Self, InvalidJobId> {
+        JobId::from_hex(text).ok_or_else(|| InvalidJobId(text.chars().take(80).collect()))
+    }
+}
+
+/// In JSON and CBOR a job id is its hex text, as everywhere else it is written.
+impl serde::Serialize for JobId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for JobId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Keys
 
@@ -852,6 +879,17 @@ mod tests {
         assert_eq!(JobId::from_hex(&id.to_hex()), Some(id));
         assert_eq!(JobId::from_hex(&id.to_hex().to_uppercase()), None);
         assert_eq!(JobId::from_hex("abcd"), None);
+    }
+
+    #[test]
+    fn job_ids_travel_as_their_hex_text() {
+        let id = JobId([0xab; 16]);
+        assert_eq!(serde_json::to_string(&id).unwrap(), format!("\"{}\"", id.to_hex()));
+        assert_eq!(serde_json::from_str::<JobId>(&format!("\"{}\"", id.to_hex())).unwrap(), id);
+        for bad in ["\"ABABABABABABABABABABABABABABABAB\"", "\"abcd\"", "\"\"", "7"] {
+            assert!(serde_json::from_str::<JobId>(bad).is_err(), "{bad}");
+        }
+        assert_eq!("abcd".parse::<JobId>(), Err(InvalidJobId("abcd".into())));
     }
 }
 

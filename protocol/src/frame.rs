@@ -8,6 +8,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::{FailedCheck, JobId};
+
 pub const VERSION: u8 = 1;
 /// Largest frame body accepted.
 pub const MAX_FRAME_LEN: usize = 1024 * 1024;
@@ -102,7 +104,7 @@ pub enum Message {
 
     // --- job connection ----------------------------------------------------------------------
     /// Host → enclave: a job follows; `job_id` is what the host claims, checked by the enclave.
-    JobStart { job_id: String, attempt: u64 },
+    JobStart { job_id: JobId, attempt: u64 },
     /// Host → enclave: the next bytes of the sealed input.
     Input {
         #[serde(with = "serde_bytes")]
@@ -123,7 +125,7 @@ pub enum Message {
         receipt: Vec<u8>,
     },
     /// Enclave → host: the job failed; `check` names what failed.
-    JobFailed { check: String, message: String },
+    JobFailed { check: FailedCheck, message: String },
 
     // --- either ------------------------------------------------------------------------------
     /// A protocol error; the sender closes the connection after it.
@@ -276,7 +278,7 @@ mod tests {
     fn round_trips_through_the_decoder_byte_by_byte() {
         let messages = vec![
             Message::Hello { role: Role::Host, channel: Channel::Job },
-            Message::JobStart { job_id: "ab".repeat(16), attempt: 2 },
+            Message::JobStart { job_id: JobId([0xab; 16]), attempt: 2 },
             Message::Input { data: vec![7; MAX_DATA_LEN] },
             Message::KmsCredentials {
                 request: 9,
@@ -285,7 +287,7 @@ mod tests {
                 secret_access_key: "s".repeat(40),
                 session_token: Some("t".repeat(900)),
             },
-            Message::JobFailed { check: "envelope".into(), message: "bad".into() },
+            Message::JobFailed { check: FailedCheck::Envelope, message: "bad".into() },
         ];
         let mut stream = Vec::new();
         for m in &messages {

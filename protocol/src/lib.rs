@@ -10,6 +10,7 @@ pub mod cbor;
 pub mod cms;
 pub mod cose;
 pub mod envelope;
+pub mod failed_check;
 pub mod fleet;
 pub mod frame;
 pub mod keys;
@@ -19,3 +20,6 @@ pub mod manifest;
 pub mod receipt;
 pub mod records;
 pub mod stream;
+
+pub use envelope::JobId;
+pub use failed_check::FailedCheck;

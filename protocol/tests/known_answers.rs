@@ -155,7 +155,7 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
     v.insert("manifest.file_stream_id", manifest.file_stream_id("model.safetensors").to_vec());
 
     v.insert("frame.input", frame::encode(&Message::Input { data: vec![1, 2, 3] }).unwrap());
-    v.insert("frame.job_start", frame::encode(&Message::JobStart { job_id: job_id.to_hex(), attempt: 1 }).unwrap());
+    v.insert("frame.job_start", frame::encode(&Message::JobStart { job_id, attempt: 1 }).unwrap());
 
     // Attestation vectors: the unit tests of `protocol::attestation` regenerate these constants
     // from their seeds; here they are held against the document.
@@ -265,7 +265,7 @@ fn protocol_md_vectors_open_and_verify() {
     protocol::cancel::verify(&client_key().public_key().to_bytes(), &job_id, &signature).unwrap();
     let edwards = ed25519_dalek::VerifyingKey::from_bytes(&v["cancel.edwards_public"].clone().try_into().unwrap()).unwrap();
     edwards.verify_strict(&v["cancel.message"], &ed25519_dalek::Signature::from_bytes(&signature)).unwrap();
-    let body = protocol::cancel::CancelRequest { v: 1, job_id: job_id.to_hex(), requested_ms: 0, signature: hex::encode(signature) };
+    let body = protocol::cancel::CancelRequest { v: 1, job_id, requested_ms: 0, signature: hex::encode(signature) };
     protocol::cancel::check(&v["job.preamble"], &job_id, body.to_json().as_bytes()).unwrap();
 
     let signed = SignedReceipt::decode(&v["receipt.cose"]).unwrap();

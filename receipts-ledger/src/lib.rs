@@ -29,6 +29,5 @@ pub use receipt_check::{ProtocolLeaves, ProtocolReceipts, ReceiptCheckError, Ver
 pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
 };
-#[cfg(feature = "tiles")]
 pub use store::{TileError, TileStore};
 pub use verify::{verify_entry, verify_ledger, EntryVerdict, Issue, VerifyReport};

@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cloud::aws::AwsClients;
+use cloud_aws::AwsClients;
 use cloud::hooked::{Hooked, RaceBeforePut};
 use cloud::{ObjectError, ObjectStore, PutCondition};
 use receipts_ledger::store::tiles::layout::Layout;

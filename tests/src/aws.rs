@@ -12,8 +12,8 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use cloud::aws::bootstrap::BootstrapOptions;
-use cloud::aws::{AwsClients, AwsCloud, AwsSettings, StackOutputs};
+use cloud_aws::bootstrap::BootstrapOptions;
+use cloud_aws::{AwsClients, AwsCloud, AwsSettings, StackOutputs};
 
 use crate::{bin_dir, model_dir};
 
@@ -55,7 +55,7 @@ pub fn clients(endpoint: &str) -> AwsClients {
 /// Fresh buckets, queues (+ DLQs) and emulator KMS keys, as `dev aws-bootstrap` makes them.
 pub fn fresh_stack(clients: &AwsClients, tag: &str, max_receives: u32) -> StackOutputs {
     let options = BootstrapOptions { name_prefix: unique_prefix(tag), max_receives, job_visibility_s: 30, ..BootstrapOptions::default() };
-    cloud::aws::bootstrap::bootstrap(clients, &options).expect("bootstrap in the emulator")
+    cloud_aws::bootstrap::bootstrap(clients, &options).expect("bootstrap in the emulator")
 }
 
 /// The environment every child process gets: the emulator, fixed credentials, no profile.
@@ -137,7 +137,7 @@ impl AwsStack {
     pub fn cloud(&self) -> AwsCloud {
         let kms = format!("local:{}", self.home().display());
         let settings = AwsSettings::resolve_with(Some(&self.outputs), Some(&kms), |_| None).expect("the stack's settings");
-        AwsCloud::with_clients(clients(&self.endpoint), &settings).expect("the stack's services")
+        AwsCloud::with_clients(clients(&self.endpoint), &settings, Some(cloud_local::open_emulator_kms)).expect("the stack's services")
     }
 
     /// Stops the host-poller (and with it its enclave worker), as a host that dies would.

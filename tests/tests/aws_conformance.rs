@@ -10,8 +10,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloud::aws::{AwsClients, StackOutputs, MIN_PART_SIZE};
-use cloud::local::{DirObjectStore, LocalKeyPolicy, LocalKms, QueueConfig, SqliteQueue};
+use cloud_aws::{AwsClients, StackOutputs, MIN_PART_SIZE};
+use cloud_local::{DirObjectStore, LocalKeyPolicy, LocalKms, QueueConfig, SqliteQueue};
 use cloud::{Kms, KmsError, ObjectError, ObjectStore, Queue, Recipient};
 use tests::aws::{clients, endpoint, fresh_stack};
 use tests::conformance as c;
@@ -38,7 +38,7 @@ impl Aws {
         &self.outputs.values[name]
     }
 
-    fn objects(&self) -> cloud::aws::S3ObjectStore {
+    fn objects(&self) -> cloud_aws::S3ObjectStore {
         self.clients.object_store(self.output("JobsBucketName"), "").with_part_size(MIN_PART_SIZE)
     }
 }
@@ -238,7 +238,7 @@ fn aws_kms_symmetric() {
 #[test]
 fn local_kms_symmetric() {
     let dir = tempfile::tempdir().unwrap();
-    let kms = cloud::aws::open_local_kms(dir.path()).unwrap();
+    let kms = cloud_local::open_kms(dir.path()).unwrap();
     let key = kms.create_key(LocalKeyPolicy::unrestricted(), "test").unwrap();
     c::kms_symmetric(&kms, &key);
 }
@@ -258,7 +258,7 @@ fn aws_kms_refuses_a_recipient_answer_without_cms() {
     // The local KMS does what AWS KMS does: no plaintext, a CMS envelope, and only for a
     // verified document (this one is not).
     let dir = tempfile::tempdir().unwrap();
-    let local: LocalKms = cloud::aws::open_local_kms(dir.path()).unwrap();
+    let local: LocalKms = cloud_local::open_kms(dir.path()).unwrap();
     let key = local.create_key(LocalKeyPolicy::unrestricted(), "test").unwrap();
     assert!(local.generate_data_key(&key, &Default::default(), Some(&recipient)).is_err());
 }

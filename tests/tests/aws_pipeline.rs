@@ -121,7 +121,7 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
         cloud.job_queue().receive(1, Duration::from_secs(1), Duration::from_secs(3)).unwrap().into_iter().next()
     });
     let message: JobMessage = serde_json::from_str(&taken.body).unwrap();
-    assert_eq!((message.job_id.as_str(), taken.receive_count), (second.as_str(), 1));
+    assert_eq!((message.job_id.to_hex().as_str(), taken.receive_count), (second.as_str(), 1));
     stack.up();
     let done = stack.wait_until("the redelivered job to complete", Duration::from_secs(180), || {
         let status = json(&stack.ok(&["status", &second, "--json"]));
@@ -138,7 +138,7 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
     // that is not a job message at all.
     let ghost = "9".repeat(32);
     let ghost_message = JobMessage {
-        job_id: ghost.clone(),
+        job_id: ghost.parse().unwrap(),
         input_key: format!("jobs/{ghost}/input.sealed"),
         input_size: 100,
         model_id: message.model_id.clone(),

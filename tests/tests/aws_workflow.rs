@@ -1,4 +1,4 @@
-//! The Step Functions adapter (`cloud::aws::SfnWorkflow`) against the AWS emulator: executions
+//! The Step Functions adapter (`cloud_aws::SfnWorkflow`) against the AWS emulator: executions
 //! started and described, task tokens completed with SendTaskSuccess / SendTaskFailure, a
 //! second completion reported as closed rather than failed, and the host's side of the
 //! bulk-task hand-off over the emulator's S3 (every waiting run's slot listed and completed).
@@ -16,7 +16,7 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use cloud::aws::{AwsClients, SfnWorkflow};
+use cloud_aws::{AwsClients, SfnWorkflow};
 use cloud::workflow::{complete_bulk_task, complete_bulk_tasks, write_bulk_task, JobEnd};
 use cloud::{Completion, ExecutionStatus, Executions, ObjectStore, Queue, TaskTokens, WorkflowError};
 use protocol::envelope::JobId;
@@ -222,12 +222,12 @@ fn aws_a_token_nobody_completes_times_out_and_a_late_completion_is_closed() {
 fn aws_bootstrap_creates_the_bulk_state_machine_from_the_one_definition() {
     let Some(endpoint) = endpoint() else { return };
     let clients = clients(&endpoint);
-    let options = cloud::aws::bootstrap::BootstrapOptions {
+    let options = cloud_aws::bootstrap::BootstrapOptions {
         name_prefix: unique_prefix("sm"),
         bulk_definition: Some(lambdas::local_workflow::DEFINITION.into()),
         ..Default::default()
     };
-    let outputs = cloud::aws::bootstrap::bootstrap(&clients, &options).unwrap();
+    let outputs = cloud_aws::bootstrap::bootstrap(&clients, &options).unwrap();
     let arn = outputs.values["BulkStateMachineArn"].clone();
     assert_eq!(outputs.values["StorePrefixes"], "stores/");
     let described = clients.runtime.block_on(clients.sfn.describe_state_machine().state_machine_arn(&arn).send()).unwrap();
@@ -244,7 +244,7 @@ fn aws_bootstrap_creates_the_bulk_state_machine_from_the_one_definition() {
     assert_eq!(serde_json::from_str::<Value>(&renamed).unwrap(), lambdas::local_workflow::definition(jobs));
 
     // Idempotent: the same machine again.
-    let again = cloud::aws::bootstrap::bootstrap(&clients, &options).unwrap();
+    let again = cloud_aws::bootstrap::bootstrap(&clients, &options).unwrap();
     assert_eq!(again.values["BulkStateMachineArn"], arn);
     // `submit --bulk` starts executions through the adapter (without the execute switch moto
     // keeps them RUNNING).
@@ -266,8 +266,8 @@ fn aws_a_refused_upload_fails_the_waiting_task_with_send_task_failure() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("outputs.json");
     outputs.write(&path).unwrap();
-    let settings = cloud::aws::AwsSettings::resolve_with(Some(&path), Some("aws"), |_| None).unwrap();
-    let services = cloud::aws::AwsCloud::with_clients(clients.clone(), &settings).unwrap().services();
+    let settings = cloud_aws::AwsSettings::resolve_with(Some(&path), Some("aws"), |_| None).unwrap();
+    let services = cloud_aws::AwsCloud::with_clients(clients.clone(), &settings, None).unwrap().services();
     let (machine, queue_url) = waiting_machine(&clients, "sfr", 300);
     let workflow = clients.step_functions(Some(&machine));
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext};
-use cloud::local::KmsEndpoint;
+use cloud_local::KmsEndpoint;
 use cloud::{AwsCredentials, Kms, KmsError, Queue, Recipient, SendOptions};
 use protocol::envelope::JobId;
 use serde_json::Value;
@@ -137,7 +137,7 @@ fn ledger_appender_killed_mid_append_appends_each_receipt_once() {
         jobs.push((submit(&stack, &corpus), ids));
     }
     wait_until("every receipt committed", JOB_TIMEOUT, || jobs.iter().all(|(job, _)| state(&stack.status(job)) == "completed"));
-    let local = cloud::local::LocalCloud::open(stack.home()).expect("the local cloud");
+    let local = cloud_local::LocalCloud::open(stack.home()).expect("the local cloud");
     let ledger_queue = local.services().ledger_queue;
     wait_until("the receipts on the ledger queue", Duration::from_secs(30), || {
         ledger_queue.stats().map(|s| s.visible).unwrap_or(0) >= jobs.len() as u64
@@ -189,7 +189,7 @@ fn ledger_appender_killed_mid_append_appends_each_receipt_once() {
 fn job_message(stack: &Stack, job: &str) -> String {
     let state = json(&std::fs::read_to_string(stack.home().join("client/jobs").join(job).join("job.json")).unwrap());
     let message = cloud::messages::JobMessage {
-        job_id: job.to_owned(),
+        job_id: job.parse().unwrap(),
         input_key: cloud::layout::job_input(&JobId::from_hex(job).unwrap()),
         input_size: state["sealed_size"].as_u64().unwrap(),
         model_id: state["model_id"].as_str().unwrap().to_owned(),
@@ -399,7 +399,7 @@ fn a_kms_outage_delays_jobs_and_loses_none() {
     // received to show: in flight, or back in the queue with a failed attempt in its status.
     std::thread::sleep(Duration::from_secs(12));
     assert_eq!(state(&stack.status(&job)), "queued", "the job waits for a host with keys");
-    let local = cloud::local::LocalCloud::open(stack.home()).expect("the local cloud");
+    let local = cloud_local::LocalCloud::open(stack.home()).expect("the local cloud");
     let queued = local.services().job_queue.stats().unwrap();
     assert_eq!((queued.visible, queued.in_flight), (1, 0), "never received while KMS is down: {queued:?}");
     assert_eq!(local.job_dlq().stats().unwrap().visible, 0, "nothing dead-lettered");

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cloud::local::SqliteQueue;
+use cloud_local::SqliteQueue;
 use cloud::Queue;
 use tests::{process, short_corpus, wait_until, Stack};
 
@@ -26,7 +26,7 @@ fn job_ids(stack: &Stack) -> Vec<String> {
 }
 
 fn queues_db(stack: &Stack) -> std::path::PathBuf {
-    stack.home().join(cloud::local::QUEUES_DB)
+    stack.home().join(cloud_local::QUEUES_DB)
 }
 
 /// The job queue stops answering sends (every insert into it aborts), as SQS down or a role
@@ -70,7 +70,7 @@ fn an_upload_on_upload_cannot_process_ends_failed_and_wait_returns() {
     let jobs = job_ids(&stack);
     assert_eq!(jobs.len(), 1, "{jobs:?}");
     assert_eq!(failure_of(&stack, &jobs[0]), ("failed".into(), "upload_unprocessed".into()));
-    let failures = SqliteQueue::open_existing(queues_db(&stack), cloud::local::UPLOAD_FAILURES).unwrap();
+    let failures = SqliteQueue::open_existing(queues_db(&stack), cloud_local::UPLOAD_FAILURES).unwrap();
     assert_eq!(failures.stats().unwrap(), Default::default(), "the failure record was consumed");
     eprintln!("submit --wait returned `failed: upload_unprocessed` after {waited:?}");
 
@@ -95,8 +95,8 @@ fn a_job_message_dead_lettered_after_its_host_died_ends_failed() {
     let job = submitted["job_id"].as_str().unwrap().to_owned();
 
     // A host receives the message and dies, on every allowed receive: no delete, no status.
-    let queue = SqliteQueue::open_existing(queues_db(&stack), cloud::local::JOB_QUEUE).unwrap();
-    for receive in 1..=cloud::local::MAX_RECEIVES {
+    let queue = SqliteQueue::open_existing(queues_db(&stack), cloud_local::JOB_QUEUE).unwrap();
+    for receive in 1..=cloud_local::MAX_RECEIVES {
         let got = queue.receive(1, Duration::from_secs(2), Duration::ZERO).unwrap();
         assert_eq!(got.len(), 1, "receive {receive}");
         assert!(got[0].body.contains(&job));
@@ -105,6 +105,6 @@ fn a_job_message_dead_lettered_after_its_host_died_ends_failed() {
 
     wait_until("the dead-lettered job to end failed", Duration::from_secs(30), || failure_of(&stack, &job).0 == "failed");
     assert_eq!(failure_of(&stack, &job), ("failed".into(), "dead_lettered".into()));
-    let dlq = SqliteQueue::open_existing(queues_db(&stack), cloud::local::JOB_DLQ).unwrap();
+    let dlq = SqliteQueue::open_existing(queues_db(&stack), cloud_local::JOB_DLQ).unwrap();
     assert_eq!(dlq.stats().unwrap().visible, 0, "consumed");
 }

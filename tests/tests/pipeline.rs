@@ -87,12 +87,12 @@ fn local_pipeline_end_to_end() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("fleet_kms_key") && stderr.contains(&fleet_key), "{stderr}");
     // A key the host could use to wrap material it chose fails check-key, naming why.
-    let trust = cloud::local::AttestationTrust {
+    let trust = cloud_local::AttestationTrust {
         root_pem_path: stack.home().join("enclave/dev-root.pem"),
         max_document_age: std::time::Duration::from_secs(300),
     };
-    let kms = cloud::local::LocalKms::open(stack.home().join(cloud::local::KMS_DB), trust).unwrap();
-    let host_key = kms.create_key(cloud::local::LocalKeyPolicy::unrestricted(), "a key the host made").unwrap();
+    let kms = cloud_local::LocalKms::open(stack.home().join(cloud_local::KMS_DB), trust).unwrap();
+    let host_key = kms.create_key(cloud_local::LocalKeyPolicy::unrestricted(), "a key the host made").unwrap();
     let out = stack.cli(&["fleet", "check-key", "--fleet-key-arn", &host_key]);
     assert_eq!(out.status.code(), Some(1), "{}", stack.describe(&out));
     let text = String::from_utf8_lossy(&out.stdout);

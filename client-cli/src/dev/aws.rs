@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
-use cloud::aws::bootstrap::BootstrapOptions;
-use cloud::aws::{AwsClients, AwsCloud, KmsBackend, SqsQueue};
-use cloud::local::LocalKms;
+use cloud_aws::bootstrap::BootstrapOptions;
+use cloud_aws::{AwsClients, AwsCloud, KmsBackend, SqsQueue};
+use cloud_local::LocalKms;
 use cloud::{Queue, Services};
 use lambdas::ledger_append::{FunctionConfig, LedgerFunction};
 use protocol::attestation::TrustAnchor;
@@ -62,7 +62,7 @@ pub struct BootstrapArgs {
     #[arg(long, value_name = "FILE")]
     pub outputs: Option<PathBuf>,
     /// The outputs file's stack name.
-    #[arg(long, default_value = cloud::aws::settings::DEFAULT_STACK_NAME)]
+    #[arg(long, default_value = cloud_aws::settings::DEFAULT_STACK_NAME)]
     pub stack_name: String,
 }
 
@@ -89,16 +89,16 @@ pub fn bootstrap(home: &Home, backend: &BackendArgs, args: &BootstrapArgs) -> an
         job_visibility_s: args.job_visibility_s,
         kms_keys,
         stack_name: args.stack_name.clone(),
-        store_prefixes: vec![cloud::aws::bootstrap::DEFAULT_STORE_PREFIX.into()],
+        store_prefixes: vec![cloud_aws::bootstrap::DEFAULT_STORE_PREFIX.into()],
         // The one definition the CDK app deploys (lambdas/asl/bulk-workflow.asl.json).
         bulk_definition: Some(lambdas::local_workflow::DEFINITION.into()),
     };
-    let outputs = cloud::aws::bootstrap::bootstrap(&clients, &options)?;
+    let outputs = cloud_aws::bootstrap::bootstrap(&clients, &options)?;
     let path = args.outputs.clone().unwrap_or_else(|| home.root().join("aws-outputs.json"));
     outputs.write(&path).with_context(|| format!("writing {}", path.display()))?;
     println!("{}", path.display());
     eprintln!("stack outputs written; use them with --stack-outputs {} (or EPHEM_STACK_OUTPUTS)", path.display());
-    let ledger_bucket = &outputs.values[cloud::aws::settings::LEDGER_BUCKET.output];
+    let ledger_bucket = &outputs.values[cloud_aws::settings::LEDGER_BUCKET.output];
     let verifier = ensure_dev_ledger_key(home, ledger_bucket, clients.region())?;
     eprintln!(
         "ledger checkpoints in s3://{ledger_bucket} are signed by a DEVELOPMENT key ({}), pinned for this home: {verifier}",
@@ -113,7 +113,7 @@ pub fn bootstrap(home: &Home, backend: &BackendArgs, args: &BootstrapArgs) -> an
 /// The local KMS `dev up --backend aws` administers (keys bound to the worker's measurement).
 pub fn local_kms_of(cloud: &AwsCloud) -> anyhow::Result<LocalKms> {
     match &cloud.settings().kms {
-        KmsBackend::Local(dir) => Ok(cloud::aws::open_local_kms(dir)?),
+        KmsBackend::Local(dir) => Ok(cloud_local::open_kms(dir)?),
         KmsBackend::Aws => bail!(
             "`dev up --backend aws` runs the development enclave worker, whose attestation only the local KMS \
              can check (AWS KMS trusts Nitro hardware only, and emulators ignore Recipient): add --kms local"
@@ -123,17 +123,17 @@ pub fn local_kms_of(cloud: &AwsCloud) -> anyhow::Result<LocalKms> {
 
 /// The job queue's redrive limit, which the host-poller must know to record dead letters.
 pub fn max_receives(cloud: &AwsCloud) -> anyhow::Result<u32> {
-    Ok(cloud.job_queue().max_receives()?.unwrap_or(cloud::local::MAX_RECEIVES))
+    Ok(cloud.job_queue().max_receives()?.unwrap_or(cloud_local::MAX_RECEIVES))
 }
 
 /// The settings a child process (host-poller, pump) needs, as absolute values.
 pub fn child_env(home: &Home, backend: &BackendArgs) -> anyhow::Result<Vec<(&'static str, String)>> {
     let mut env = Vec::new();
     if let Some(path) = backend.stack_outputs_absolute()? {
-        env.push((cloud::aws::settings::ENV_STACK_OUTPUTS, path.display().to_string()));
+        env.push((cloud_aws::settings::ENV_STACK_OUTPUTS, path.display().to_string()));
     }
     if let Some(kms) = backend.kms_setting(home)? {
-        env.push((cloud::aws::settings::ENV_KMS, kms));
+        env.push((cloud_aws::settings::ENV_KMS, kms));
     }
     Ok(env)
 }
@@ -163,7 +163,7 @@ pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Resu
         anyhow!(
             "no upload-event queue ({} in the outputs of `ephem-batch dev aws-bootstrap`, or EPHEM_UPLOAD_EVENTS_QUEUE_URL); \
              in AWS the bucket notifies the on-upload Lambda and nothing needs pumping",
-            cloud::aws::settings::UPLOAD_EVENTS_OUTPUT
+            cloud_aws::settings::UPLOAD_EVENTS_OUTPUT
         )
     })?;
     let services = cloud.services();
@@ -291,7 +291,10 @@ pub fn ledger_function(
     })?;
     let clients = cloud.clients();
     let signer: Box<dyn NoteSigner> = match &cloud.settings().ledger_signing_key_arn {
-        Some(arn) => Box::new(lambdas::ledger_signer::kms_signer(clients, arn, &lambdas::ledger_signer::origin(&bucket, clients.region()))?),
+        Some(arn) => {
+            let name = lambdas::ledger_signer::origin(&bucket, clients.region());
+            Box::new(lambdas::ledger_signer::kms_signer(Arc::new(clients.kms()), arn, &name)?)
+        }
         None => {
             let path = dev_ledger_key_path(home);
             let text = std::fs::read_to_string(&path).with_context(|| {

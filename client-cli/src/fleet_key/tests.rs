@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use cloud::local::LocalKeyPolicy;
+use cloud_local::LocalKeyPolicy;
 use protocol::attestation::{Policy, TrustAnchor};
 use serde_json::json;
 

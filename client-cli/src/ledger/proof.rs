@@ -65,7 +65,7 @@ mod tests {
 
     use super::*;
     use cloud::PutCondition;
-    use cloud::local::DirObjectStore;
+    use cloud_local::DirObjectStore;
     use receipts_ledger::store::tiles::{Cache, TileOptions, TileStore, layout::Layout};
     use receipts_ledger::testing::DevEnclave;
     use receipts_ledger::{CheckpointPolicy, Ledger, LedgerStore, ProtocolReceipts, SignerKey};

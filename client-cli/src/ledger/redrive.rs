@@ -54,7 +54,7 @@ pub fn redrive_command(opened: &Opened, args: &RedriveArgs) -> anyhow::Result<Ex
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         for m in &report.moved {
-            println!("sent back {} (job {}, received {} time(s) before)", m.message_id, m.job_id.as_deref().unwrap_or("-"), m.receive_count);
+            println!("sent back {} (job {}, received {} time(s) before)", m.message_id, m.job_id.map_or_else(|| "-".to_owned(), |j| j.to_hex()), m.receive_count);
         }
         println!("{} message(s) moved from {} to {}", report.moved.len(), dlq.name(), source.name());
     }

@@ -11,14 +11,14 @@ pub(super) fn ledger_objects(from: &str) -> anyhow::Result<(std::sync::Arc<dyn c
         if bucket.is_empty() {
             return Err(anyhow!("--from {from:?} names no bucket"));
         }
-        let clients = cloud::aws::AwsClients::connect(None, None).context("connecting to S3")?;
+        let clients = cloud_aws::AwsClients::connect(None, None).context("connecting to S3")?;
         return Ok((std::sync::Arc::new(clients.object_store(bucket, "")), prefix.to_owned()));
     }
     let dir = Path::new(from);
     if !dir.is_dir() {
         return Err(anyhow!("--from {from:?} is neither s3://BUCKET[/PREFIX] nor a directory"));
     }
-    let store = cloud::local::DirObjectStore::open(dir).with_context(|| format!("opening {from}"))?;
+    let store = cloud_local::DirObjectStore::open(dir).with_context(|| format!("opening {from}"))?;
     Ok((std::sync::Arc::new(store), String::new()))
 }
 

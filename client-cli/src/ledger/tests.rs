@@ -6,7 +6,7 @@ fn sync_copies_a_bucket_ledger_and_audits_it() {
 
     let tmp = tempfile::tempdir().unwrap();
     let bucket = tmp.path().join("bucket");
-    let objects = std::sync::Arc::new(cloud::local::DirObjectStore::open(&bucket).unwrap());
+    let objects = std::sync::Arc::new(cloud_local::DirObjectStore::open(&bucket).unwrap());
     let signer = SignerKey::from_seed("ledger.example/bucket", &[7; 32]).unwrap();
     let key = signer.verifier();
     let store = tiles::TileStore::open(

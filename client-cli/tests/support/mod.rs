@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cloud::local::LocalCloud;
+use cloud_local::LocalCloud;
 use cloud::{layout, PutCondition, Services};
 use ed25519_dalek::SigningKey;
 use ephem_batch_client::corpus::CorpusOptions;

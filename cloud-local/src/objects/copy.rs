@@ -7,7 +7,7 @@
 use std::io;
 
 use super::{object_meta, DirObjectStore};
-use crate::objects::{same_etag, ObjectError, ObjectMeta, PutCondition};
+use cloud::objects::{same_etag, ObjectError, ObjectMeta, PutCondition};
 
 impl DirObjectStore {
     pub(super) fn copy_file(
@@ -33,8 +33,8 @@ impl DirObjectStore {
 
 #[cfg(test)]
 mod tests {
-    use crate::local::DirObjectStore;
-    use crate::objects::{ObjectError, ObjectStore, PutCondition};
+    use crate::DirObjectStore;
+    use cloud::objects::{ObjectError, ObjectStore, PutCondition};
 
     #[test]
     fn a_copy_is_of_the_version_named_and_fires_the_created_hook() {
@@ -42,7 +42,7 @@ mod tests {
         let s = DirObjectStore::open(dir.path()).unwrap();
         let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let hook_seen = seen.clone();
-        s.set_created_hook("jobs/", "", std::sync::Arc::new(move |m: &crate::ObjectMeta| {
+        s.set_created_hook("jobs/", "", std::sync::Arc::new(move |m: &cloud::ObjectMeta| {
             hook_seen.lock().unwrap().push(m.key.clone());
             Ok(())
         }));

@@ -1,7 +1,7 @@
 //! Access to the Nitro Secure Module (DESIGN.md §4) behind one trait, [`Nsm`], with two
 //! implementations:
 //!
-//! - [`DevNsm`]: the development NSM. It issues documents of exactly the real shape through the
+//! - `DevNsm` (cargo feature `dev`): the development NSM. It issues documents of exactly the real shape through the
 //!   development CA of `protocol::attestation::dev_issuer` (root → intermediate → per-document
 //!   leaf, P-384), whose keys it keeps in a state directory; PCR0 is SHA-384 of the running worker
 //!   binary, PCR1/PCR2 are SHA-384 of fixed labels (see [`dev`]).
@@ -38,10 +38,12 @@ use protocol::envelope::FleetSecretKey;
 
 use crate::key_release::OneShotKey;
 
+#[cfg(feature = "dev")]
 pub mod dev;
 #[cfg(feature = "nitro")]
 pub mod nitro;
 
+#[cfg(feature = "dev")]
 pub use dev::DevNsm;
 #[cfg(feature = "nitro")]
 pub use nitro::NitroNsm;

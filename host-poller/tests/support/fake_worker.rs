@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
-use protocol::envelope::{JobId, JobOptions};
+use protocol::envelope::JobOptions;
+use protocol::FailedCheck;
 use protocol::frame::{read_frame, write_frame, Channel, Message, Role};
 use protocol::receipt::Receipt;
 use sha2::{Digest, Sha256};
@@ -24,7 +25,7 @@ pub enum JobMode {
     /// Like `Echo`, but waits this long before the receipt.
     Slow(Duration),
     /// `JobFailed{check}` after the first input frame, then drains the input.
-    Fail(String),
+    Fail(FailedCheck),
     /// Reads the input and never answers.
     Hang,
     /// Closes the connection after the first input frame.
@@ -181,7 +182,7 @@ fn job(mut connection: UnixStream, state: &Mutex<FakeState>) {
     let Ok(Some(Message::JobStart { job_id, attempt })) = read_frame(&mut connection) else { return };
     let mode = {
         let mut s = state.lock().unwrap();
-        s.job_starts.push((job_id.clone(), attempt));
+        s.job_starts.push((job_id.to_hex(), attempt));
         s.mode.clone()
     };
     let mut input = Sha256::new();
@@ -195,7 +196,7 @@ fn job(mut connection: UnixStream, state: &Mutex<FakeState>) {
                 match &mode {
                     JobMode::Die => return,
                     JobMode::Fail(check) if frames == 1 => {
-                        send(&mut connection, &Message::JobFailed { check: check.clone(), message: "scripted".into() });
+                        send(&mut connection, &Message::JobFailed { check: *check, message: "scripted".into() });
                     }
                     JobMode::Fail(_) | JobMode::Hang => {}
                     JobMode::Echo | JobMode::Slow(_) => {
@@ -221,7 +222,7 @@ fn job(mut connection: UnixStream, state: &Mutex<FakeState>) {
     }
     let document = state.lock().unwrap().document.clone();
     let receipt = Receipt {
-        job_id: JobId::from_hex(&job_id).unwrap(),
+        job_id,
         input_sha256: input.finalize().into(),
         output_sha256: output.finalize().into(),
         records_ok: 2,

@@ -70,7 +70,7 @@ pub fn status(jobs: &dyn ObjectStore, job: &JobId) -> Option<JobStatus> {
 /// Sends the job message `on-upload` would send for an input already in the store.
 pub fn enqueue(queue: &dyn Queue, job: &JobId, input_size: u64, record_count: u64, manifest_hash: [u8; 32]) {
     let message = JobMessage {
-        job_id: job.to_hex(),
+        job_id: *job,
         input_key: layout::job_input(job),
         input_size,
         model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),

@@ -125,7 +125,7 @@ impl Env {
     /// The host-poller's order: the failed status, then the token.
     fn host_fails(&mut self, job_id: &str, reason: &str) -> Option<Completion> {
         let job = JobId::from_hex(job_id).unwrap();
-        let mut status = JobStatus::new(job_id, JobState::Failed, 10);
+        let mut status = JobStatus::new(job, JobState::Failed, 10);
         let (check, message) = reason.split_once(": ").unwrap();
         status.failure = Some(Failure { check: check.into(), message: message.into() });
         self.f.services.jobs.put(&layout::job_status(&job), &serde_json::to_vec(&status).unwrap(), PutCondition::Overwrite).unwrap();

@@ -15,8 +15,8 @@ use receipts_ledger::ProtocolReceipts;
 
 struct App {
     bucket: String,
-    jobs: cloud::aws::S3ObjectStore,
-    attestations: cloud::aws::S3ObjectStore,
+    jobs: cloud_aws::S3ObjectStore,
+    attestations: cloud_aws::S3ObjectStore,
     check: ProtocolReceipts,
 }
 

@@ -15,8 +15,8 @@ use lambdas::shell::{self, ShellError};
 
 struct App {
     bucket: String,
-    jobs: cloud::aws::S3ObjectStore,
-    tokens: cloud::aws::SfnWorkflow,
+    jobs: cloud_aws::S3ObjectStore,
+    tokens: cloud_aws::SfnWorkflow,
 }
 
 fn init() -> Result<App, ShellError> {

@@ -12,7 +12,7 @@ use lambdas::shell::{self, ShellError};
 
 struct App {
     bucket: String,
-    jobs: cloud::aws::S3ObjectStore,
+    jobs: cloud_aws::S3ObjectStore,
     config: Config,
 }
 

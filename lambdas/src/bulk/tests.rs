@@ -1,5 +1,5 @@
 use super::*;
-use cloud::local::DirObjectStore;
+use cloud_local::DirObjectStore;
 use receipts_ledger::testing::DevEnclave;
 use receipts_ledger::{PolicySet, ProtocolReceipts};
 use sha2::{Digest, Sha256};

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use cloud::local::TokenOutcome;
+use cloud_local::TokenOutcome;
 use cloud::hooked::{Hooked, StoreHooks};
 use cloud::{Queue, QueueError, QueueStats, Received, SendOptions};
 
@@ -113,7 +113,7 @@ fn a_job_message_dead_lettered_after_its_host_died_ends_failed_with_a_failed_bul
 
     // Every receive ends with the host gone: no delete, no status, no token completion.
     let queue = f.cloud.job_queue();
-    for receive in 1..=cloud::local::MAX_RECEIVES {
+    for receive in 1..=cloud_local::MAX_RECEIVES {
         let got = queue.receive(1, Duration::ZERO, Duration::ZERO).unwrap();
         assert_eq!(got.len(), 1, "receive {receive}");
     }
@@ -143,7 +143,7 @@ fn a_job_that_ended_is_never_marked_failed() {
     };
 
     let (_, done) = f.sealed(1);
-    let completed = serde_json::to_vec(&JobStatus::new(&done.to_hex(), JobState::Completed, 1)).unwrap();
+    let completed = serde_json::to_vec(&JobStatus::new(done, JobState::Completed, 1)).unwrap();
     f.services.jobs.put(&layout::job_status(&done), &completed, PutCondition::CreateOnly).unwrap();
     let out = handle_body(&message(&done), &f.services, &config()).unwrap();
     assert_eq!(out, [Outcome::AlreadyEnded { job_id: done.to_hex(), state: JobState::Completed }]);
@@ -152,7 +152,7 @@ fn a_job_that_ended_is_never_marked_failed() {
     // The receipt is committed; the host died before it wrote `completed`.
     let (_, committed) = f.sealed(1);
     let token = waiting_token(&f, &committed, "b-committed");
-    let running = serde_json::to_vec(&JobStatus::new(&committed.to_hex(), JobState::InProgress, 1)).unwrap();
+    let running = serde_json::to_vec(&JobStatus::new(committed, JobState::InProgress, 1)).unwrap();
     f.services.jobs.put(&layout::job_status(&committed), &running, PutCondition::CreateOnly).unwrap();
     f.services.jobs.put(&layout::job_receipt(&committed), b"receipt", PutCondition::CreateOnly).unwrap();
     let out = handle_body(&message(&committed), &f.services, &config()).unwrap();
@@ -163,7 +163,7 @@ fn a_job_that_ended_is_never_marked_failed() {
     // Failed by its host on the last receive, which died before completing the token.
     let (_, failed) = f.sealed(1);
     let token = waiting_token(&f, &failed, "b-failed");
-    let mut host_failed = JobStatus::new(&failed.to_hex(), JobState::Failed, 1);
+    let mut host_failed = JobStatus::new(failed, JobState::Failed, 1);
     host_failed.failure = Some(Failure { check: "dead_letter".into(), message: "stalled: no progress (receive 5 of 5)".into() });
     f.services.jobs.put(&layout::job_status(&failed), &serde_json::to_vec(&host_failed).unwrap(), PutCondition::CreateOnly).unwrap();
     handle_body(&message(&failed), &f.services, &config()).unwrap();
@@ -194,9 +194,9 @@ impl StoreHooks for HostFinishesMeanwhile {
 fn a_status_written_meanwhile_is_not_overwritten() {
     let f = Fixture::new();
     let (_, job) = f.sealed(1);
-    let queued = serde_json::to_vec(&JobStatus::new(&job.to_hex(), JobState::InProgress, 1)).unwrap();
+    let queued = serde_json::to_vec(&JobStatus::new(job, JobState::InProgress, 1)).unwrap();
     f.services.jobs.put(&layout::job_status(&job), &queued, PutCondition::CreateOnly).unwrap();
-    let completed = serde_json::to_vec(&JobStatus::new(&job.to_hex(), JobState::Completed, 1)).unwrap();
+    let completed = serde_json::to_vec(&JobStatus::new(job, JobState::Completed, 1)).unwrap();
     let racing = Hooked::new(f.services.jobs.clone(), HostFinishesMeanwhile { end: completed.clone(), done: Default::default() });
     let failure = Failure { check: DEAD_LETTERED.into(), message: "m".into() };
     let marked = mark_failed(&racing, &job, failure.clone()).unwrap();

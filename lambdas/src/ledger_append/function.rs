@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
-use cloud::aws::AwsClients;
+use cloud_aws::AwsClients;
 use cloud::ObjectStore;
 use protocol::attestation::TrustAnchor;
 use receipts_ledger::store::tiles::{cache_file, layout::Layout, TileOptions};
@@ -89,7 +89,7 @@ impl LedgerFunction {
         let config = FunctionConfig {
             ledger: Arc::new(clients.object_store(&bucket, "")),
             jobs: Arc::new(clients.object_store(&jobs, "")),
-            signer: crate::ledger_signer::from_env(clients, &bucket)?,
+            signer: crate::ledger_signer::from_env(Arc::new(clients.kms()), &bucket, clients.region())?,
             cache_dir: PathBuf::from(shell::optional("EPHEM_LEDGER_CACHE_DIR").unwrap_or_else(|| DEFAULT_CACHE_DIR.into())),
             root,
             policies,

@@ -15,6 +15,7 @@
 use std::time::Duration;
 
 use cloud::messages::LedgerMessage;
+use protocol::JobId;
 use cloud::{Queue, QueueError, Received, SendOptions};
 
 use super::LEDGER_GROUP;
@@ -28,7 +29,7 @@ pub struct Redriven {
     /// Its id in the dead-letter queue.
     pub message_id: String,
     /// The job its body names, when it is a ledger message.
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
     pub receive_count: u32,
 }
 
@@ -99,7 +100,7 @@ fn redrive_into(
                 return Err(error);
             }
             let job_id = serde_json::from_str::<LedgerMessage>(&message.body).ok().map(|m| m.job_id);
-            tracing::info!(message = %message.message_id, job = job_id.as_deref().unwrap_or("-"), "dead letter sent back");
+            tracing::info!(message = %message.message_id, job = job_id.map_or_else(|| "-".to_owned(), |j| j.to_hex()), "dead letter sent back");
             report.moved.push(Redriven { message_id: message.message_id.clone(), job_id, receive_count: message.receive_count });
         }
     }
@@ -127,7 +128,7 @@ fn move_one(dead_letter: &dyn Queue, source: &dyn Queue, message: &Received) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use cloud::local::{QueueConfig, SqliteQueue};
+    use cloud_local::{QueueConfig, SqliteQueue};
 
     fn queues(dir: &tempfile::TempDir, max_receives: u32) -> (SqliteQueue, SqliteQueue) {
         let db = dir.path().join("queues.sqlite");

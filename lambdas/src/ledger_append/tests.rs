@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use super::*;
 use cloud::hooked::{Hooked, ThrottledPuts};
-use cloud::local::{DirObjectStore, QueueConfig, SqliteQueue};
+use cloud_local::{DirObjectStore, QueueConfig, SqliteQueue};
 use cloud::ObjectError;
 use receipts_ledger::store::tiles::{layout::Layout, read_head, Cache, TileOptions};
 use receipts_ledger::testing::DevEnclave;
@@ -26,7 +26,7 @@ fn message(id: &str, body: &str) -> serde_json::Value {
 
 fn body(job_id: &str, receipt: &[u8], document: &[u8]) -> String {
     let b64 = base64::engine::general_purpose::STANDARD;
-    serde_json::to_string(&LedgerMessage { job_id: job_id.into(), receipt: b64.encode(receipt), attestation_document: b64.encode(document) })
+    serde_json::to_string(&LedgerMessage { job_id: job_id.parse().expect("a job id"), receipt: b64.encode(receipt), attestation_document: b64.encode(document) })
         .unwrap()
 }
 

@@ -364,6 +364,7 @@ pub(crate) fn sig_structure(protected: &[u8], payload: &[u8]) -> Vec<u8> {
 }
 
 /// An untagged COSE_Sign1 with protected `{1: -35}`, unprotected `{}`.
+#[cfg(feature = "dev-issuer")]
 pub(crate) fn encode_sign1(payload: &[u8], signature: &[u8]) -> Vec<u8> {
     let mut w = cbor::Writer::new();
     w.array(4).bytes(&PROTECTED_ES384).map(0).bytes(payload).bytes(signature);

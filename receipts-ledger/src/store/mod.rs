@@ -2,11 +2,9 @@
 //! behind one trait; SQLite is the embedded implementation.
 
 mod sqlite;
-#[cfg(feature = "tiles")]
 pub mod tiles;
 
 pub use sqlite::{ImportedEntry, Pending, SqliteOptions, SqliteStore};
-#[cfg(feature = "tiles")]
 pub use tiles::{TileError, TileStore};
 
 use crate::checkpoint::CheckpointError;
@@ -108,7 +106,6 @@ pub enum StoreError {
     ImportGap { size: u64, start: u64 },
     #[error("imported entry {index}: the {what} differs from the rebuilt ledger's")]
     ImportMismatch { index: u64, what: &'static str },
-    #[cfg(feature = "tiles")]
     #[error(transparent)]
     Tiles(#[from] Box<TileError>),
 }

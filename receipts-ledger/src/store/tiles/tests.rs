@@ -1,7 +1,7 @@
 use std::sync::{Arc, Mutex};
 
 use cloud::hooked::{Hooked, RaceBeforePut};
-use cloud::local::DirObjectStore;
+use cloud_local::DirObjectStore;
 use cloud::{ObjectStore, PutCondition};
 
 use super::layout::{Layout, TileId};
