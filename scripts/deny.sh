@@ -86,3 +86,9 @@ if [ "$#" -eq 0 ]; then
     refuse lambdas "-e normal --depth 1" '^aws-sdk-kms ' "may not depend on aws-sdk-kms itself"
     refuse client-cli "-e normal" '^lambda_runtime ' "may not reach the Lambda runtime"
 fi
+
+# The rules cargo cannot see: no #[path] include, no file over 900 lines, no import cycle
+# between a crate's modules (scripts/layering.py).
+if [ "$#" -eq 0 ]; then
+    python3 scripts/layering.py
+fi

@@ -175,7 +175,7 @@ pub fn append_job(
     refuse_on_failure(job, &out)?;
     append_local_errors(home, job, writer)?;
     let size = services.jobs.head(&layout::job_output(job, receipt.attempt))?.map_or(0, |m| m.size);
-    let progress = crate::submit::bar(size, "download");
+    let progress = crate::progress::bar(size, "download");
     let opened = crate::opening::open_output(services, job, receipt.attempt, key, Some(state.records), Some(&progress), |record| {
         writer.record(&record).map_err(Into::into)
     });

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use cloud::{layout, ObjectStore, PutCondition, Services};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
+
+use crate::progress::bar;
 use cloud::ObjectWriter;
 use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype, Precision, ResultSecretKey};
 use protocol::records::encode_input;
@@ -137,17 +139,6 @@ impl<R: Read> Read for CountingReader<R> {
         self.progress.inc(n as u64);
         Ok(n)
     }
-}
-
-pub fn bar(len: u64, message: &str) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{msg:>10} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}")
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
-    bar.set_message(message.to_owned());
-    bar
 }
 
 /// What every job of one submission shares: the attested fleet key, the checked model, the

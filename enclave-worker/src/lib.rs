@@ -12,6 +12,7 @@ pub mod inference;
 pub mod job;
 pub mod key_release;
 pub mod nsm;
+pub mod one_shot_key;
 pub mod transport;
 pub mod worker;
 

@@ -3,13 +3,9 @@
 //! ([`fixed`]), the seed corpora built from those and from the project's fixtures ([`seeds`]),
 //! and a deterministic way to cut an input into pieces ([`pieces`]).
 
-/// The client's corpus reader, `client-cli/src/corpus.rs`, compiled here from the same file.
-/// The module is self-contained (protocol, serde_json, sha2); depending on the client-cli crate
-/// instead would bring its whole tree (AWS SDK, Lambda runtime, SQLite) into the instrumented
-/// build and multiply its time (docs/fuzzing.md). If corpus.rs ever needs the rest of its crate,
-/// this stops compiling rather than fuzzing a stale copy.
-#[path = "../../client-cli/src/corpus.rs"]
-pub mod corpus;
+/// The client's corpus reader, from its own small crate: the client-cli crate's whole tree
+/// (AWS SDK, SQLite) would multiply the instrumented build's time (docs/fuzzing.md).
+pub use batch_formats::corpus;
 pub mod fixed;
 pub mod records;
 pub mod seeds;

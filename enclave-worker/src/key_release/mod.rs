@@ -41,9 +41,8 @@ use zeroize::Zeroizing;
 use crate::nsm::{AttestationRequest, Nsm, NsmError};
 
 pub mod kms_https;
-mod one_shot;
 
-pub use one_shot::{OneShotKey, RSA_BITS, RsaKeyPool};
+pub use crate::one_shot_key::{KeyGenerationError, OneShotKey, RSA_BITS, RsaKeyPool};
 
 /// Length of a model data key (AES-256 / HKDF input).
 pub const DATA_KEY_LEN: usize = 32;
@@ -55,7 +54,7 @@ const MAX_RELAYED_TEXT: usize = 512;
 pub enum KeyReleaseError {
     /// No one-shot key could be generated.
     #[error("key_generation: {0}")]
-    KeyGeneration(String),
+    KeyGeneration(#[from] KeyGenerationError),
     /// The NSM failed to attest.
     #[error("nsm: {0}")]
     Nsm(#[from] NsmError),

@@ -28,7 +28,7 @@
 //! (`FleetSecretKey::public_key()` of the released fleet key, the per-boot receipt
 //! `SigningKey::verifying_key()`), never from bytes a frame carried — e.g. with [`own_binding`].
 //!
-//! [`OneShotKey`]: crate::key_release::OneShotKey
+//! [`OneShotKey`]: crate::one_shot_key::OneShotKey
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -36,7 +36,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use protocol::attestation::{TrustAnchor, UserDataBinding};
 use protocol::envelope::FleetSecretKey;
 
-use crate::key_release::OneShotKey;
+use crate::one_shot_key::OneShotKey;
 
 #[cfg(feature = "dev")]
 pub mod dev;

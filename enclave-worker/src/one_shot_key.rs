@@ -10,7 +10,10 @@ use rsa::RsaPrivateKey;
 use rsa::pkcs8::EncodePublicKey;
 use zeroize::Zeroizing;
 
-use super::KeyReleaseError;
+/// Why no one-shot key could be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KeyGenerationError(pub String);
 
 /// RSA modulus size of a recipient key (KMS `RSAES_OAEP_SHA_256` with an RSA-2048 key).
 pub const RSA_BITS: usize = 2048;
@@ -41,14 +44,14 @@ impl core::fmt::Debug for OneShotKey {
 impl OneShotKey {
     /// Generates a key from the OS RNG (slow and variable: tens to hundreds of ms; use a
     /// [`RsaKeyPool`] to generate ahead).
-    pub fn generate() -> Result<OneShotKey, KeyReleaseError> {
+    pub fn generate() -> Result<OneShotKey, KeyGenerationError> {
         let mut rng = rsa::rand_core::UnwrapErr(getrandom::SysRng);
         let private =
-            RsaPrivateKey::new(&mut rng, RSA_BITS).map_err(|e| KeyReleaseError::KeyGeneration(e.to_string()))?;
+            RsaPrivateKey::new(&mut rng, RSA_BITS).map_err(|e| KeyGenerationError(e.to_string()))?;
         let spki_der = private
             .to_public_key()
             .to_public_key_der()
-            .map_err(|e| KeyReleaseError::KeyGeneration(format!("SPKI encoding: {e}")))?
+            .map_err(|e| KeyGenerationError(format!("SPKI encoding: {e}")))?
             .as_bytes()
             .to_vec();
         Ok(OneShotKey { private, spki_der })
@@ -103,7 +106,7 @@ impl RsaKeyPool {
     }
 
     /// Takes a key, waiting for the generator if none is ready.
-    pub fn take(&self) -> Result<OneShotKey, KeyReleaseError> {
+    pub fn take(&self) -> Result<OneShotKey, KeyGenerationError> {
         let Some(receiver) = &self.receiver else { return OneShotKey::generate() };
         let received = {
             let receiver = receiver.lock().map_err(|_| poisoned())?;
@@ -117,7 +120,7 @@ impl RsaKeyPool {
     }
 
     /// Like [`take`](Self::take), giving up after `timeout` when the generator has no key.
-    pub fn take_timeout(&self, timeout: Duration) -> Result<OneShotKey, KeyReleaseError> {
+    pub fn take_timeout(&self, timeout: Duration) -> Result<OneShotKey, KeyGenerationError> {
         let Some(receiver) = &self.receiver else { return OneShotKey::generate() };
         let deadline = Instant::now() + timeout;
         let received = {
@@ -127,15 +130,15 @@ impl RsaKeyPool {
         match received {
             Ok(generated) => self.delivered(generated),
             Err(RecvTimeoutError::Timeout) => {
-                Err(KeyReleaseError::KeyGeneration(format!("no one-shot key within {timeout:?}")))
+                Err(KeyGenerationError(format!("no one-shot key within {timeout:?}")))
             }
             Err(RecvTimeoutError::Disconnected) => OneShotKey::generate(),
         }
     }
 
-    fn delivered(&self, generated: Result<OneShotKey, String>) -> Result<OneShotKey, KeyReleaseError> {
+    fn delivered(&self, generated: Result<OneShotKey, String>) -> Result<OneShotKey, KeyGenerationError> {
         self.ready.fetch_sub(1, Ordering::SeqCst);
-        generated.map_err(KeyReleaseError::KeyGeneration)
+        generated.map_err(KeyGenerationError)
     }
 
     /// Keys generated and waiting.
@@ -144,8 +147,8 @@ impl RsaKeyPool {
     }
 }
 
-fn poisoned() -> KeyReleaseError {
-    KeyReleaseError::KeyGeneration("key pool lock poisoned".into())
+fn poisoned() -> KeyGenerationError {
+    KeyGenerationError("key pool lock poisoned".into())
 }
 
 fn generate_forever(sender: &SyncSender<Result<OneShotKey, String>>, ready: &AtomicUsize) {

@@ -1,0 +1,258 @@
+use super::*;
+use crate::corpus::{LineErrorCode, openai_record_id};
+use protocol::records::f32_to_f16;
+use serde_json::{Value, json};
+
+const MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
+
+fn options(format: OutputFormat) -> OutputOptions {
+    OutputOptions { format, model_id: MODEL.into(), job_id: "ab".repeat(16), dimensions: None }
+}
+
+fn embedding(id: &str, tokens: u32, values: &[f32]) -> OutputRecord {
+    OutputRecord::Embedding { id: id.into(), tokens, vector: Vector::F32(values.to_vec()) }
+}
+
+fn failure(id: &str, code: ErrorCode) -> OutputRecord {
+    OutputRecord::Error { id: id.into(), code, message: format!("{} happened", code.as_str()) }
+}
+
+fn json_lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+fn local_error() -> LineError {
+    LineError { line: 4, id: None, code: LineErrorCode::InvalidJson, message: "not valid JSON".into() }
+}
+
+#[test]
+fn paths_sit_beside_the_output() {
+    let paths = OutputPaths::new(Path::new("out/vectors.npy"), OutputFormat::Npy).unwrap();
+    assert_eq!(paths.errors, Path::new("out/vectors.errors.jsonl"));
+    assert_eq!(paths.ids.as_deref(), Some(Path::new("out/vectors.ids.jsonl")));
+    let paths = OutputPaths::new(Path::new("result"), OutputFormat::Jsonl).unwrap();
+    assert_eq!((paths.errors.as_path(), paths.ids), (Path::new("result.errors.jsonl"), None));
+    let paths = OutputPaths::new(Path::new("x.errors.jsonl"), OutputFormat::Npy).unwrap();
+    assert_eq!(
+        (paths.errors.as_path(), paths.ids.as_deref()),
+        (Path::new("x.errors.errors.jsonl"), Some(Path::new("x.errors.ids.jsonl")))
+    );
+    assert!(matches!(OutputPaths::new(Path::new("/"), OutputFormat::Jsonl), Err(OutputError::NoFileName(_))));
+}
+
+#[test]
+fn jsonl_embeddings_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sub/embeddings.jsonl");
+    let mut writer = OutputWriter::create(&out, options(OutputFormat::Jsonl)).unwrap();
+    writer.line_error(&local_error()).unwrap();
+    writer.record(&embedding("a", 3, &[0.5, -0.25])).unwrap();
+    writer.record(&failure("b", ErrorCode::EmptyText)).unwrap();
+    let half = OutputRecord::Embedding {
+        id: "c".into(),
+        tokens: 2,
+        vector: Vector::F16(vec![f32_to_f16(1.5), f32_to_f16(-2.0)]),
+    };
+    writer.record(&half).unwrap();
+    assert!(!out.exists(), "nothing under the final name before finish");
+    let summary = writer.finish().unwrap();
+    assert_eq!(
+        summary,
+        OutputSummary {
+            records: 2,
+            errors: 2,
+            failed_records: 1,
+            local_errors: 1,
+            received: 3,
+            tokens: 5,
+            dimensions: Some(2)
+        }
+    );
+    assert_eq!(
+        json_lines(&out),
+        [
+            json!({"id": "a", "embedding": [0.5, -0.25], "tokens": 3}),
+            json!({"id": "c", "embedding": [1.5, -2.0], "tokens": 2})
+        ]
+    );
+    assert_eq!(
+        json_lines(&dir.path().join("sub/embeddings.errors.jsonl")),
+        [
+            json!({"id": null, "code": "invalid_json", "message": "not valid JSON", "line": 4}),
+            json!({"id": "b", "code": "empty_text", "message": "empty_text happened"}),
+        ]
+    );
+    let names: Vec<_> =
+        std::fs::read_dir(dir.path().join("sub")).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names.len(), 2, "no partial files left: {names:?}");
+}
+
+#[test]
+fn dimensions_must_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("e.jsonl");
+    let mut writer =
+        OutputWriter::create(&out, OutputOptions { dimensions: Some(2), ..options(OutputFormat::Jsonl) }).unwrap();
+    writer.record(&embedding("a", 1, &[1.0, 0.0])).unwrap();
+    assert!(matches!(
+        writer.record(&embedding("b", 1, &[1.0])),
+        Err(OutputError::Dimensions { expected: 2, found: 1, .. })
+    ));
+    drop(writer);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "a dropped writer removes its partial files");
+}
+
+/// Parses an npy file (format 1.0, `<f4`) the way NumPy does: magic, version, header
+/// length, the dict's fields, then the data.
+fn parse_npy(bytes: &[u8]) -> ((usize, usize), Vec<f32>) {
+    assert_eq!(&bytes[..6], b"\x93NUMPY");
+    assert_eq!(&bytes[6..8], &[1, 0]);
+    let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
+    assert_eq!((10 + header_len) % 64, 0, "data is 64-byte aligned");
+    let header = std::str::from_utf8(&bytes[10..10 + header_len]).unwrap();
+    assert!(header.ends_with('\n'));
+    assert!(header.contains("'descr': '<f4'") && header.contains("'fortran_order': False"), "{header}");
+    let shape = header.split("'shape': (").nth(1).unwrap().split(')').next().unwrap();
+    let dims: Vec<usize> = shape.split(',').map(|d| d.trim().parse().unwrap()).collect();
+    let data: Vec<f32> =
+        bytes[10 + header_len..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(data.len(), dims[0] * dims[1], "{header}");
+    ((dims[0], dims[1]), data)
+}
+
+#[test]
+fn npy_streams_with_a_fixed_up_header_and_an_ids_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("vectors.npy");
+    let mut writer = OutputWriter::create(&out, options(OutputFormat::Npy)).unwrap();
+    let rows = 1000;
+    for i in 0..rows {
+        let id = format!("doc \"{i}\"");
+        if i % 100 == 7 {
+            writer.record(&failure(&id, ErrorCode::TooManyTokens)).unwrap();
+        } else {
+            writer.record(&embedding(&id, 1, &[i as f32, -(i as f32), 0.5])).unwrap();
+        }
+    }
+    let summary = writer.finish().unwrap();
+    assert_eq!((summary.records, summary.errors, summary.dimensions), (990, 10, Some(3)));
+    let ((n, d), data) = parse_npy(&std::fs::read(&out).unwrap());
+    assert_eq!((n, d), (990, 3));
+    let ids: Vec<String> = std::fs::read_to_string(dir.path().join("vectors.ids.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(ids.len(), 990);
+    for (row, id) in ids.iter().enumerate() {
+        let i: f32 = id.trim_start_matches("doc \"").trim_end_matches('"').parse().unwrap();
+        assert_eq!(&data[row * 3..row * 3 + 3], &[i, -i, 0.5]);
+    }
+    assert_eq!(json_lines(&dir.path().join("vectors.errors.jsonl")).len(), 10);
+}
+
+#[test]
+fn npy_without_rows_is_still_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("none.npy");
+    let writer =
+        OutputWriter::create(&out, OutputOptions { dimensions: Some(384), ..options(OutputFormat::Npy) }).unwrap();
+    writer.finish().unwrap();
+    assert_eq!(parse_npy(&std::fs::read(&out).unwrap()).0, (0, 384));
+    assert_eq!(npy_header(u64::MAX, usize::MAX).len(), NPY_HEADER_LEN);
+}
+
+#[test]
+fn openai_lines_regroup_strings_and_failed_lines_go_to_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("batch_output.jsonl");
+    let mut writer = OutputWriter::create(&out, options(OutputFormat::OpenAi)).unwrap();
+    writer
+        .line_error(&LineError {
+            line: 2,
+            id: Some("bad#1".into()),
+            code: LineErrorCode::ModelMismatch,
+            message: "other model".into(),
+        })
+        .unwrap();
+    writer.record(&embedding(&openai_record_id("q1", 0), 4, &[1.0, 0.0])).unwrap();
+    writer.record(&embedding(&openai_record_id("q#2", 0), 2, &[0.0, 1.0])).unwrap();
+    writer.record(&embedding(&openai_record_id("q#2", 1), 3, &[0.5, 0.5])).unwrap();
+    writer.record(&embedding(&openai_record_id("q3", 0), 1, &[0.1, 0.2])).unwrap();
+    writer.record(&failure(&openai_record_id("q3", 1), ErrorCode::EmptyText)).unwrap();
+    writer.record(&failure(&openai_record_id("q3", 2), ErrorCode::TooManyTokens)).unwrap();
+    writer.record(&embedding(&openai_record_id("q4", 0), 5, &[0.3, 0.4])).unwrap();
+    let summary = writer.finish().unwrap();
+    assert_eq!((summary.records, summary.errors, summary.failed_records, summary.tokens), (4, 2, 2, 15));
+
+    let lines = json_lines(&out);
+    assert_eq!(lines.len(), 3);
+    let q2 = &lines[1];
+    assert_eq!(q2["custom_id"], "q#2");
+    assert_eq!(q2["error"], Value::Null);
+    assert!(q2["id"].as_str().unwrap().starts_with("batch_req_"));
+    assert!(q2["response"]["request_id"].as_str().unwrap().starts_with("req_"));
+    assert_eq!(
+        q2["response"]["body"],
+        json!({
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": 0, "embedding": [0.0, 1.0]},
+                {"object": "embedding", "index": 1, "embedding": [0.5, 0.5]},
+            ],
+            "model": MODEL,
+            "usage": {"prompt_tokens": 5, "total_tokens": 5},
+        })
+    );
+    assert_eq!(q2["response"]["status_code"], 200);
+    assert_eq!(lines.iter().map(|l| l["custom_id"].as_str().unwrap()).collect::<Vec<_>>(), ["q1", "q#2", "q4"]);
+
+    let errors = json_lines(&dir.path().join("batch_output.errors.jsonl"));
+    assert_eq!(errors.len(), 2);
+    assert_eq!(errors[0]["custom_id"], "bad#1");
+    assert_eq!(errors[0]["line"], 2);
+    assert_eq!(errors[0]["response"]["body"]["error"]["code"], "model_mismatch");
+    let q3 = &errors[1];
+    assert_eq!(q3["custom_id"], "q3");
+    assert_eq!(q3["error"], Value::Null);
+    assert_eq!(q3["response"]["status_code"], 400);
+    let error = &q3["response"]["body"]["error"];
+    assert_eq!(
+        (error["code"].as_str(), error["type"].as_str(), error["param"].as_str()),
+        (Some("empty_text"), Some("invalid_request_error"), Some("input"))
+    );
+    let message = error["message"].as_str().unwrap();
+    assert!(message.contains("input[1]: empty_text") && message.contains("input[2]: too_many_tokens"), "{message}");
+}
+
+#[test]
+fn openai_ids_are_stable_and_per_job() {
+    let write = |job: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("o.jsonl");
+        let mut writer =
+            OutputWriter::create(&out, OutputOptions { job_id: job.into(), ..options(OutputFormat::OpenAi) })
+                .unwrap();
+        writer.record(&embedding("r#0", 1, &[1.0])).unwrap();
+        writer.finish().unwrap();
+        std::fs::read(&out).unwrap()
+    };
+    assert_eq!(write("j1"), write("j1"));
+    assert_ne!(write("j1"), write("j2"));
+}
+
+#[test]
+fn openai_format_refuses_foreign_ids_and_gaps() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = OutputWriter::create(&dir.path().join("o.jsonl"), options(OutputFormat::OpenAi)).unwrap();
+    assert!(matches!(writer.record(&embedding("plain-id", 1, &[1.0])), Err(OutputError::NotOpenAiId { .. })));
+    writer.record(&embedding("r#0", 1, &[1.0])).unwrap();
+    assert!(matches!(
+        writer.record(&embedding("r#2", 1, &[1.0])),
+        Err(OutputError::OpenAiOrder { expected: 1, found: 2, .. })
+    ));
+    assert!(matches!(
+        writer.record(&embedding("s#1", 1, &[1.0])),
+        Err(OutputError::OpenAiOrder { expected: 0, found: 1, .. })
+    ));
+}

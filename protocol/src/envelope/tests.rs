@@ -1,0 +1,127 @@
+use super::*;
+
+pub(crate) fn job_header(fleet: &FleetPublicKey, client: &ResultPublicKey) -> JobHeader {
+    JobHeader {
+        fleet_key_id: fleet.key_id(),
+        epoch: 3,
+        model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
+        manifest_hash: [0x11; 32],
+        options: JobOptions::default(),
+        result_public_key: client.to_bytes(),
+        record_count: 2,
+        created_ms: 1_700_000_000_000,
+    }
+}
+
+fn seal_all(sealed: Sealed, plaintext: &[u8]) -> Vec<u8> {
+    let Sealed { mut preamble, mut sealer, .. } = sealed;
+    sealer.push(plaintext, &mut preamble).unwrap();
+    sealer.finish(&mut preamble).unwrap();
+    preamble
+}
+
+fn open_all(bytes: &[u8], fleet: &FleetSecretKey, claimed: Option<JobId>) -> Result<Vec<u8>, String> {
+    let (preamble, used) = Preamble::parse_complete(bytes, StreamKind::JobInput).map_err(|e| e.to_string())?;
+    let mut opened = open_job(&preamble, fleet, claimed).map_err(|e| format!("{e:?}"))?;
+    let mut out = Vec::new();
+    opened.opener.push(&bytes[used..], &mut out).map_err(|e| format!("{e:?}"))?;
+    opened.opener.finish(&mut out).map_err(|e| format!("{e:?}"))?;
+    Ok(out)
+}
+
+#[test]
+fn job_round_trip_and_job_id() {
+    let fleet = FleetSecretKey::generate();
+    let client = ResultSecretKey::generate();
+    let header = job_header(&fleet.public_key(), &client.public_key());
+    let sealed = seal_job(&header, &fleet.public_key()).unwrap();
+    let job_id = JobId(sealed.stream_id);
+    let bytes = seal_all(sealed, b"hello records");
+    assert_eq!(open_all(&bytes, &fleet, Some(job_id)).unwrap(), b"hello records");
+    let other = JobId([0; 16]);
+    assert!(open_all(&bytes, &fleet, Some(other)).unwrap_err().contains("JobIdMismatch"));
+}
+
+#[test]
+fn wrong_key_and_tampered_header_are_named() {
+    let fleet = FleetSecretKey::generate();
+    let client = ResultSecretKey::generate();
+    let header = job_header(&fleet.public_key(), &client.public_key());
+    let bytes = seal_all(seal_job(&header, &fleet.public_key()).unwrap(), b"x");
+    let stranger = FleetSecretKey::generate();
+    assert!(open_all(&bytes, &stranger, None).unwrap_err().contains("WrongRecipientKey"));
+
+    // Change the epoch inside the header (3 → 4): still well-formed, no longer authentic.
+    let mut tampered = bytes.clone();
+    let header_bytes = header.to_bytes();
+    let at = 8 + header_bytes.iter().position(|&b| b == 0x03).unwrap();
+    tampered[at] = 0x04;
+    assert!(open_all(&tampered, &fleet, None).unwrap_err().contains("HeaderAuthentication"));
+
+    // Flip a byte of the confirmation.
+    let mut tampered = bytes.clone();
+    tampered[8 + header_bytes.len() + 65] ^= 1;
+    assert!(open_all(&tampered, &fleet, None).unwrap_err().contains("HeaderAuthentication"));
+}
+
+#[test]
+fn chunks_from_another_job_are_named() {
+    let fleet = FleetSecretKey::generate();
+    let client = ResultSecretKey::generate();
+    let header = job_header(&fleet.public_key(), &client.public_key());
+    let a = seal_all(seal_job(&header, &fleet.public_key()).unwrap(), b"first job");
+    let b = seal_all(seal_job(&header, &fleet.public_key()).unwrap(), b"other job");
+    let split = a.len() - (16 + 9 + 16);
+    let mut spliced = a[..split].to_vec();
+    spliced.extend_from_slice(&b[split..]);
+    let error = open_all(&spliced, &fleet, None).unwrap_err();
+    assert!(error.contains("SplicedChunk"), "{error}");
+}
+
+#[test]
+fn result_round_trip_and_wrong_client() {
+    let client = ResultSecretKey::generate();
+    let header = ResultHeader { job_id: JobId([5; 16]), result_key_id: client.public_key().key_id(), attempt: 1, created_ms: 5 };
+    let sealed = seal_result(&header, &client.public_key()).unwrap();
+    let bytes = seal_all(sealed, b"vectors");
+    let (preamble, used) = Preamble::parse_complete(&bytes, StreamKind::JobResult).unwrap();
+    let mut opened = open_result(&preamble, &client, Some(JobId([5; 16]))).unwrap();
+    let mut out = Vec::new();
+    opened.opener.push(&bytes[used..], &mut out).unwrap();
+    opened.opener.finish(&mut out).unwrap();
+    assert_eq!(out, b"vectors");
+    let other = ResultSecretKey::generate();
+    assert!(matches!(open_result(&preamble, &other, None), Err(EnvelopeError::WrongRecipientKey { .. })));
+    assert!(matches!(
+        Preamble::parse_complete(&bytes, StreamKind::JobInput),
+        Err(EnvelopeError::WrongKind { .. })
+    ));
+}
+
+#[test]
+fn pkcs8_fleet_key_derives_its_public_key() {
+    use p256::pkcs8::EncodePrivateKey;
+    let secret = p256::SecretKey::from_slice(&[0x42; 32]).unwrap();
+    let der = secret.to_pkcs8_der().unwrap();
+    let fleet = FleetSecretKey::from_pkcs8_der(der.as_bytes()).unwrap();
+    assert_eq!(fleet.public_key().to_bytes(), secret.public_key().to_sec1_bytes().to_vec());
+}
+
+#[test]
+fn job_ids_parse_only_canonical_hex() {
+    let id = JobId([0xab; 16]);
+    assert_eq!(JobId::from_hex(&id.to_hex()), Some(id));
+    assert_eq!(JobId::from_hex(&id.to_hex().to_uppercase()), None);
+    assert_eq!(JobId::from_hex("abcd"), None);
+}
+
+#[test]
+fn job_ids_travel_as_their_hex_text() {
+    let id = JobId([0xab; 16]);
+    assert_eq!(serde_json::to_string(&id).unwrap(), format!("\"{}\"", id.to_hex()));
+    assert_eq!(serde_json::from_str::<JobId>(&format!("\"{}\"", id.to_hex())).unwrap(), id);
+    for bad in ["\"ABABABABABABABABABABABABABABABAB\"", "\"abcd\"", "\"\"", "7"] {
+        assert!(serde_json::from_str::<JobId>(bad).is_err(), "{bad}");
+    }
+    assert_eq!("abcd".parse::<JobId>(), Err(InvalidJobId("abcd".into())));
+}
