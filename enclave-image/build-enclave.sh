@@ -13,6 +13,10 @@
 #   enclave-image/build-enclave.sh --model-publisher-pubkey HEX64 --policy-signing-key FILE \
 #       [--policy-publisher-pubkey HEX64] [--eif-signing-cert CERT.pem --eif-signing-key KEY.pem] \
 #       [--commit REV] [--out DIR]
+#   enclave-image/build-enclave.sh --unsigned --model-publisher-pubkey HEX64 [--commit REV] [--out DIR]
+#       measure only: stops at policy.unsigned.json (no key, no ephem-batch on the build host); the
+#       CodeBuild image build runs this (enclave-image/buildspec.yml) and the operator signs the
+#       policy on their own machine (scripts/deploy.sh step 2)
 # The policy is signed with `ephem-batch policy sign --key FILE --out policy.json policy.unsigned.json`
 # and checked with `ephem-batch policy verify policy.json [--publisher-key HEX64]`.
 #   enclave-image/build-enclave.sh --pin     # print the RUST_BUILDER_IMAGE line for pins.env
@@ -36,7 +40,7 @@ if [ "${1:-}" = "--pin" ]; then
   exit 0
 fi
 
-publisher_pubkey="" policy_key="" policy_pubkey="" eif_cert="" eif_key="" commit="HEAD" out=""
+publisher_pubkey="" policy_key="" policy_pubkey="" eif_cert="" eif_key="" commit="HEAD" out="" unsigned=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --model-publisher-pubkey) publisher_pubkey="$2"; shift 2 ;;
@@ -46,16 +50,19 @@ while [ $# -gt 0 ]; do
     --eif-signing-key) eif_key="$2"; shift 2 ;;
     --commit) commit="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
+    --unsigned) unsigned=1; shift ;;
     *) die "unknown argument $1 (see the header of this script)" ;;
   esac
 done
 [[ "$publisher_pubkey" =~ ^[0-9a-fA-F]{64}$ ]] || die "--model-publisher-pubkey must be 64 hex characters (the model publisher's Ed25519 public key)"
-[ -n "$policy_key" ] || die "--policy-signing-key is required (the image publisher's key for ephem-batch policy sign)"
+[ -n "$policy_key" ] || [ -n "$unsigned" ] || die "--policy-signing-key is required (the image publisher's key for ephem-batch policy sign)"
 if { [ -n "$eif_cert" ] && [ -z "$eif_key" ]; } || { [ -z "$eif_cert" ] && [ -n "$eif_key" ]; }; then
   die "give both --eif-signing-cert and --eif-signing-key, or neither"
 fi
 [[ "$RUST_BUILDER_IMAGE" =~ @sha256:[0-9a-f]{64}$ ]] || die "RUST_BUILDER_IMAGE in enclave-image/pins.env is not pinned by digest (run $0 --pin and commit the result)"
-for tool in git docker nitro-cli jq ephem-batch; do command -v "$tool" >/dev/null || die "$tool is not installed on this host"; done
+tools="git docker nitro-cli jq"
+[ -n "$unsigned" ] || tools="$tools ephem-batch"
+for tool in $tools; do command -v "$tool" >/dev/null || die "$tool is not installed on this host"; done
 if [ -n "$NITRO_CLI_VERSION" ]; then
   have="$(nitro-cli --version | awk '{print $NF}')"
   [ "$have" = "$NITRO_CLI_VERSION" ] || die "nitro-cli $have installed, pins.env says $NITRO_CLI_VERSION (it supplies the enclave kernel: PCRs would differ)"
@@ -95,12 +102,16 @@ jq '{version: 1, root: "aws-nitro-g1",
      pcrs: ({"0": .Measurements.PCR0, "1": .Measurements.PCR1, "2": .Measurements.PCR2}
             + (if .Measurements.PCR8 then {"8": .Measurements.PCR8} else {} end)),
      allow_debug: false, max_age_s: 3600}' "$out/measurements.json" >"$out/policy.unsigned.json"
-ephem-batch policy sign --key "$policy_key" --out "$out/policy.json" "$out/policy.unsigned.json"
-if [ -n "$policy_pubkey" ]; then
-  ephem-batch policy verify "$out/policy.json" --publisher-key "$policy_pubkey"
+if [ -n "$unsigned" ]; then
+  echo "--unsigned: no policy.json; sign $out/policy.unsigned.json where the image publisher key is"
 else
-  echo "warning: no --policy-publisher-pubkey: checking the signed policy without pinning its key" >&2
-  ephem-batch policy verify "$out/policy.json"
+  ephem-batch policy sign --key "$policy_key" --out "$out/policy.json" "$out/policy.unsigned.json"
+  if [ -n "$policy_pubkey" ]; then
+    ephem-batch policy verify "$out/policy.json" --publisher-key "$policy_pubkey"
+  else
+    echo "warning: no --policy-publisher-pubkey: checking the signed policy without pinning its key" >&2
+    ephem-batch policy verify "$out/policy.json"
+  fi
 fi
 jq -n --arg commit "$rev" --arg epoch "$epoch" --arg builder "$RUST_BUILDER_IMAGE" \
       --arg nitro "$(nitro-cli --version)" --arg eif_sha384 "$(sha384sum "$out/enclave.eif" | cut -d' ' -f1)" \

@@ -4,7 +4,9 @@
 #   2. synthesize through the CDK CLI, as `cdk deploy` would, with dummy measurements and dummy
 #      Lambda zips (cdk-nag AwsSolutions runs inside the synth and fails it on any finding);
 #   3. cfn-lint on the synthesized template (installed into a cached virtualenv);
-#   4. the assertion tests (node --test), which also run cdk-nag.
+#   4. the assertion tests (node --test), which also run cdk-nag;
+#   and on the side: scripts/deploy.sh (shellcheck, scripts/tests/deploy-dry-run.sh) and cfn-lint
+#   on enclave-image/image-build.yaml.
 # Any failure stops the script with a non-zero exit.
 set -euo pipefail
 
@@ -65,6 +67,16 @@ if grep -q '^RUST_BUILDER_IMAGE=.*@sha256:UNPINNED$' "$root/enclave-image/pins.e
   grep -q "not pinned by digest" "$zips/pin.log" || { cat "$zips/pin.log"; fail "build-enclave.sh failed for another reason"; }
 fi
 
+step "scripts/deploy.sh (shellcheck if installed, else bash -n; the dry-run plan and resuming)"
+if command -v shellcheck >/dev/null; then
+  shellcheck "$root/scripts/deploy.sh" "$root/scripts/tests/deploy-dry-run.sh"
+else
+  echo "shellcheck not installed: syntax only"
+  bash -n "$root/scripts/deploy.sh" "$root/scripts/tests/deploy-dry-run.sh"
+fi
+bash "$root/scripts/tests/deploy-dry-run.sh" >"$zips/deploy-test.log" 2>&1 || { cat "$zips/deploy-test.log"; fail "scripts/tests/deploy-dry-run.sh"; }
+tail -n1 "$zips/deploy-test.log"
+
 step "cfn-lint $CFN_LINT_VERSION"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/ephem-batch/cfn-lint-$CFN_LINT_VERSION"
 if [ ! -x "$cache/bin/cfn-lint" ]; then
@@ -81,6 +93,8 @@ if [ ! -x "$cache/bin/cfn-lint" ]; then
 fi
 # W3005 (redundant DependsOn) comes from CDK's own ordering of resources it generates.
 "$cache/bin/cfn-lint" --ignore-checks W3005 -- "$template"
+# The enclave image build stack (CodeBuild; deployed by scripts/deploy.sh step 2).
+"$cache/bin/cfn-lint" -- "$root/enclave-image/image-build.yaml"
 echo "cfn-lint: no findings"
 
 step "assertion tests (node --test)"

@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2015 # ok/not_ok never fail: A && ok || not_ok is if-then-else here
+# Tests scripts/deploy.sh without an account: the dry-run plan (every step, in order, with the
+# exact commands, fake stack outputs resolved), that a dry run runs and writes nothing, resuming
+# (steps 1-3 recorded done: the plan starts at 4, twice the same), a done step whose output is
+# gone, --from, a real run that fails at step 2 naming it and resumes there, and the ledger key
+# string against the known answer of docs/protocol.md §8.5. Run by cdk/scripts/test.sh (make test).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+deploy="$root/scripts/deploy.sh"
+t="$(mktemp -d)"
+trap 'rm -rf "$t"' EXIT
+fails=0
+ok() { echo "ok - $*"; }
+not_ok() { echo "not ok - $*" >&2; fails=$((fails + 1)); }
+has() { grep -qF -- "$2" "$1" && ok "$3" || { not_ok "$3 (no '$2' in $1)"; sed 's/^/    | /' "$1" >&2; }; }
+lacks() { ! grep -qF -- "$2" "$1" && ok "$3" || not_ok "$3 ('$2' found in $1)"; }
+
+# Fake tools: every call is logged; a dry run must make none. aws fails but for sts (so a real
+# run gets past the preflight); ephem-batch can make keys (so a real run can finish step 1).
+mkdir -p "$t/bin"
+cat >"$t/bin/fake" <<'EOF'
+#!/usr/bin/env bash
+echo "$(basename "$0") $*" >>"$FAKE_LOG"
+case "$(basename "$0") $1 ${2:-}" in
+  "aws sts get-caller-identity") echo 123456789012 ;;
+  "ephem-batch policy keygen")
+    out="$4"; [ "$3" = --out ] && [ ! -e "$out" ] || exit 1
+    printf '%064d\n' 7 >"$out"; chmod 600 "$out"; printf 'ab%.0s' {1..32}; echo ;;
+  *) exit 1 ;;
+esac
+EOF
+chmod +x "$t/bin/fake"
+for tool in aws npm npx cargo ephem-batch; do ln -s fake "$t/bin/$tool"; done
+export PATH="$t/bin:$PATH" FAKE_LOG="$t/calls" EPHEM_BIN=ephem-batch
+: >"$FAKE_LOG"
+
+state="$t/deploy"
+mkdir -p "$state"
+cat >"$state/outputs.json" <<'EOF'
+{"EphemBatch": {"Region": "eu-west-1", "ArtifactsBucketName": "fake-artifacts", "AttestationsBucketName": "fake-attestations",
+ "ModelsBucketName": "fake-models", "LedgerBucketName": "fake-ledger", "LedgerSigningKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-ledger",
+ "ModelKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-model", "FleetRotateFunctionName": "fake-fleet-rotate",
+ "ModelPublisherRoleArn": "arn:aws:iam::123456789012:role/fake-publisher", "FleetAutoScalingGroupName": "fake-asg"}}
+EOF
+export EPHEM_DEPLOY_DIR="$state"
+snapshot() { (cd "$t" && { find deploy img -printf '%p %s %T@\n' 2>/dev/null || true; } | sort); }
+
+# --- 1. the whole plan -----------------------------------------------------------------------------
+before="$(snapshot)"
+"$deploy" --dry-run >"$t/plan" 2>&1 || { cat "$t/plan"; not_ok "dry run exits 0"; }
+order="$(grep -Eo '^[0-9]\. [a-z]+' "$t/plan" | tr '\n' ' ')"
+[ "$order" = "0. preflight 1. keys 2. image 3. deploy 4. publish 5. ledger 6. job " ] \
+  && ok "all steps, in order" || not_ok "steps in order: got '$order'"
+has "$t/plan" "ephem-batch policy keygen --out $state/keys/image-publisher.key" "step 1 makes the image publisher key"
+has "$t/plan" "ephem-batch policy keygen --out $state/keys/model-publisher.key" "step 1 makes the model publisher key"
+has "$t/plan" "aws cloudformation deploy --stack-name EphemBatchImageBuild --template-file enclave-image/image-build.yaml" "step 2 deploys the image build stack"
+has "$t/plan" "aws codebuild start-build" "step 2 starts the CodeBuild build"
+has "$t/plan" "ephem-batch policy sign --key $state/keys/image-publisher.key" "step 2 signs the policy with the local key"
+has "$t/plan" "scripts/build-lambdas.sh" "step 3 builds the Lambda zips"
+has "$t/plan" "cdk deploy -c stackName=EphemBatch" "step 3 runs cdk deploy"
+has "$t/plan" "--outputs-file $state/outputs.json" "step 3 writes the outputs file"
+has "$t/plan" "s3://fake-artifacts/artifacts/enclave.eif" "step 3 uploads the EIF (fake outputs resolved)"
+has "$t/plan" "aws lambda invoke --function-name fake-fleet-rotate" "step 4 starts the first fleet epoch"
+has "$t/plan" "aws sts assume-role --role-arn arn:aws:iam::123456789012:role/fake-publisher" "step 4 assumes the publisher role"
+for sub in "model encrypt" "model sign" "model upload" "model verify --published models/all-MiniLM-L6-v2/v1/manifest.cose"; do
+  has "$t/plan" "$sub" "step 4: $sub"
+done
+has "$t/plan" "aws kms get-public-key --key-id arn:aws:kms:eu-west-1:123456789012:key/fake-ledger" "step 5 reads the ledger key"
+has "$t/plan" "ledger-key-string fake-ledger.s3.eu-west-1.amazonaws.com" "step 5 names the origin from the outputs"
+has "$t/plan" "submit examples/corpus.jsonl" "step 6 submits the example corpus"
+has "$t/plan" "EPHEM_LEDGER_KEY=$state/ledger.key" "step 6 verifies against the pinned ledger key"
+has "$t/plan" "! GAP: no client command derives the C2SP key string from KMS" "the plan names the missing client commands"
+lacks "$t/plan" "resume at" "a fresh state starts at step 1"
+[ ! -s "$FAKE_LOG" ] && ok "a dry run calls no tool" || { not_ok "a dry run called: $(cat "$FAKE_LOG")"; }
+[ "$before" = "$(snapshot)" ] && [ ! -e "$state/state" ] && ok "a dry run writes nothing" || not_ok "a dry run wrote files"
+
+# --- 2. steps 1-3 recorded done: the plan resumes at 4, and says the same twice --------------------
+mkdir -p "$state/keys" "$t/img"
+for k in image-publisher model-publisher; do printf '%064d\n' 1 >"$state/keys/$k.key"; printf 'cd%.0s' {1..32} >"$state/keys/$k.pub"; done
+for f in enclave.eif host-poller measurements.json policy.json; do echo x >"$t/img/$f"; done
+cat >"$state/state" <<EOF
+STEP_1=done
+STEP_2=done
+STEP_3=done
+IMAGE_PUBLISHER_KEY=$(cat "$state/keys/image-publisher.pub")
+MODEL_PUBLISHER_KEY=$(cat "$state/keys/model-publisher.pub")
+IMAGE_DIR=$t/img
+IMAGE_COMMIT=0123456789abcdef0123456789abcdef01234567
+EOF
+before="$(snapshot)"
+"$deploy" --dry-run >"$t/resume1" 2>&1 || { cat "$t/resume1"; not_ok "dry run (resume) exits 0"; }
+"$deploy" --dry-run >"$t/resume2" 2>&1
+for n in "1. keys" "2. image" "3. deploy"; do has "$t/resume1" "$n: " "$n is reported"; done
+[ "$(grep -c -- '— done$' "$t/resume1")" = 3 ] && ok "steps 1-3 are done" || not_ok "steps 1-3 done: $(grep -c -- '— done$' "$t/resume1")"
+has "$t/resume1" "-- resume at step 4 (publish)" "the plan resumes at step 4"
+lacks "$t/resume1" "policy keygen" "no step 1 command is planned again"
+lacks "$t/resume1" "cdk deploy -c" "no step 3 command is planned again"
+has "$t/resume1" "aws lambda invoke --function-name fake-fleet-rotate" "step 4 is planned"
+has "$t/resume1" "submit examples/corpus.jsonl --policy $t/img/policy.json --publisher-key $(cat "$state/keys/image-publisher.pub")" "later steps use the recorded outputs"
+cmp -s "$t/resume1" "$t/resume2" && ok "the same plan twice (idempotent)" || not_ok "two dry runs differ"
+[ "$before" = "$(snapshot)" ] && [ ! -s "$FAKE_LOG" ] && ok "the resumed dry runs touch nothing" || not_ok "a resumed dry run wrote or called something"
+
+# --- 3. a step recorded done whose output is gone runs again ------------------------------------------
+mv "$t/img/enclave.eif" "$t/img/enclave.eif.away"
+"$deploy" --dry-run >"$t/gone" 2>&1
+has "$t/gone" "2. image: recorded done, but its output is gone" "a vanished EIF re-plans step 2"
+has "$t/gone" "-- resume at step 2 (image)" "and the plan resumes there"
+mv "$t/img/enclave.eif.away" "$t/img/enclave.eif"
+
+# --- 4. --from ----------------------------------------------------------------------------------------
+"$deploy" --dry-run --from ledger >"$t/from" 2>&1
+[ "$(grep -c -- '— skipped (--from 5)$' "$t/from")" = 4 ] && ok "--from ledger skips 1-4" || not_ok "--from ledger: $(cat "$t/from")"
+has "$t/from" "-- resume at step 5 (ledger)" "--from ledger starts at 5"
+"$deploy" --dry-run --from 3 >"$t/from3" 2>&1
+has "$t/from3" "cdk deploy" "--from 3 re-plans a step recorded done"
+if "$deploy" --dry-run --from nine >"$t/bad" 2>&1; then not_ok "--from nine is refused"; else has "$t/bad" "--from nine: no such step" "--from nine is refused"; fi
+
+# --- 5. a real run: step 1 done and recorded, step 2 fails naming itself, the next run resumes at 2 ----
+real="$t/real"
+mkdir -p "$real"
+cp "$state/outputs.json" "$real/"
+if EPHEM_DEPLOY_DIR="$real" "$deploy" >"$t/run1" 2>&1; then not_ok "a real run without an account fails"; fi
+has "$t/run1" "deploy: step 2" "the failure names step 2"
+grep -qx 'STEP_1=done' "$real/state" && ok "step 1 is recorded done" || not_ok "step 1 recorded: $(cat "$real/state" 2>/dev/null)"
+[ "$(stat -c %a "$real/keys/image-publisher.key")" = 600 ] && ok "the key file is 0600" || not_ok "key mode"
+EPHEM_DEPLOY_DIR="$real" "$deploy" --dry-run >"$t/run2" 2>&1
+has "$t/run2" "-- resume at step 2 (image)" "after the failure the plan resumes at step 2"
+grep -c "policy keygen" "$FAKE_LOG" | grep -qx 2 && ok "the keys were made once each" || not_ok "keygen calls: $(cat "$FAKE_LOG")"
+
+# --- 6. the ledger key string: known answer of docs/protocol.md §8.5 ---------------------------------
+# The verifier key's base64(0x01 || key), as an Ed25519 SubjectPublicKeyInfo the way KMS returns it.
+pub="$(echo 'ASFS+NGbeR0kRTJC4V8uq2y3z/p7al7TAJeWDgaYgdsS' | base64 -d | tail -c 32 | od -An -tx1 | tr -d ' \n')"
+spki="$(echo "302a300506032b6570032100$pub" | xxd -r -p | base64 -w0)"
+got="$("$deploy" ledger-key-string ledger.ephem-batch.example/test "$spki")"
+[ "$got" = "ledger.ephem-batch.example/test+70925f2d+ASFS+NGbeR0kRTJC4V8uq2y3z/p7al7TAJeWDgaYgdsS" ] \
+  && ok "ledger key string matches protocol §8.5" || not_ok "ledger key string: $got"
+if "$deploy" ledger-key-string bad "$(printf 'x%.0s' {1..44} | base64 -w0)" >/dev/null 2>&1; then not_ok "a non-Ed25519 key is refused"; else ok "a non-Ed25519 key is refused"; fi
+
+[ "$fails" = 0 ] || { echo "deploy dry-run tests: $fails failed" >&2; exit 1; }
+echo "deploy dry-run tests: all passed"
