@@ -506,7 +506,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
     tracing::info!(ledger_key = %verifier, "local Lambda runtime started");
     let mut last_expiry = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        match lambdas::local::pump_ledger_queue(&services, &mut ledger, check.as_ref(), Duration::from_secs(1)) {
+        match lambdas::local::pump_ledger_queue(&services, &mut ledger, Duration::from_secs(1)) {
             // Locally a checkpoint right away, so a proof is available as soon as the entry is.
             Ok(n) if n > 0 => {
                 if let Err(error) = ledger.checkpoint_now(cloud::now_ms()) {

@@ -45,7 +45,7 @@ use cloud::messages::{LedgerMessage, Ledgered};
 use cloud::{ObjectStore, PutCondition, Queue, SendOptions};
 use protocol::envelope::JobId;
 use receipts_ledger::{
-    AppendOutcome, AppendRequest, BundleError, IndexedFields, Ledger, LedgerStore, ReceiptCheck, StoreError, TileError,
+    AppendOutcome, BundleError, IndexedFields, Ledger, LedgerError, LedgerStore, StoreError, TileError,
 };
 
 pub use function::{queues_of, FunctionConfig, FunctionError, LedgerFunction, DEFAULT_CACHE_DIR};
@@ -203,7 +203,6 @@ pub enum Outcome<'a> {
 pub fn process<'e, S: LedgerStore>(
     event: &'e SqsEvent,
     ledger: &mut Ledger<S>,
-    check: &dyn ReceiptCheck,
     jobs: &dyn ObjectStore,
     now_ms: u64,
     budget: RetryBudget,
@@ -213,7 +212,7 @@ pub fn process<'e, S: LedgerStore>(
     for message in &event.records {
         let mut appended = |fields: &IndexedFields| outcome(Outcome::Appended(fields));
         // A panic is a bug these bytes met; it must not take the batch (and the group) with it.
-        let result = std::panic::catch_unwind(AssertUnwindSafe(|| append_one(message, ledger, check, jobs, now_ms, &mut appended)))
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| append_one(message, ledger, jobs, now_ms, &mut appended)))
             .unwrap_or_else(|panic| Err(AppendError::Panicked(panic_text(panic.as_ref()))));
         let id = message.message_id.as_deref().unwrap_or_default();
         let verdict = match result {
@@ -257,23 +256,21 @@ pub fn process<'e, S: LedgerStore>(
 pub fn handle<S: LedgerStore>(
     event: &SqsEvent,
     ledger: &mut Ledger<S>,
-    check: &dyn ReceiptCheck,
     jobs: &dyn ObjectStore,
     now_ms: u64,
 ) -> SqsBatchResponse {
-    handle_with(event, ledger, check, jobs, now_ms, &mut |_| {})
+    handle_with(event, ledger, jobs, now_ms, &mut |_| {})
 }
 
 /// [`handle`], telling `outcome` of each message.
 pub fn handle_with<S: LedgerStore>(
     event: &SqsEvent,
     ledger: &mut Ledger<S>,
-    check: &dyn ReceiptCheck,
     jobs: &dyn ObjectStore,
     now_ms: u64,
     outcome: &mut dyn FnMut(Outcome<'_>),
 ) -> SqsBatchResponse {
-    settle(&process(event, ledger, check, jobs, now_ms, RetryBudget::UNKNOWN, outcome), None)
+    settle(&process(event, ledger, jobs, now_ms, RetryBudget::UNKNOWN, outcome), None)
 }
 
 /// The queues a function settles its verdicts on.
@@ -349,7 +346,6 @@ fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
 fn append_one<S: LedgerStore>(
     message: &SqsMessage,
     ledger: &mut Ledger<S>,
-    check: &dyn ReceiptCheck,
     jobs: &dyn ObjectStore,
     now_ms: u64,
     appended: &mut dyn FnMut(&IndexedFields),
@@ -360,11 +356,16 @@ fn append_one<S: LedgerStore>(
     let leaf = b64.decode(&parsed.receipt).map_err(|_| AppendError::Base64("receipt"))?;
     let document = b64.decode(&parsed.attestation_document).map_err(|_| AppendError::Base64("attestation_document"))?;
     let job = parsed.job_id;
-    let fields = check.check(&leaf, &document).map_err(AppendError::Receipt)?;
+    // Checked once, here; the append trusts this check (the ledger's own).
+    let checked = ledger.check(leaf, document).map_err(|error| match error {
+        LedgerError::ReceiptRejected { reason, .. } => AppendError::Receipt(reason),
+        other => other.into(),
+    })?;
+    let fields = checked.fields().clone();
     if fields.job_id != job.to_hex() {
         return Err(AppendError::JobMismatch { message: job.to_hex(), receipt: fields.job_id });
     }
-    let outcome = ledger.append(AppendRequest { leaf, fields: fields.clone(), attestation_document: document }, now_ms)?;
+    let outcome = ledger.append_checked(checked, now_ms)?;
     match outcome {
         AppendOutcome::Appended { .. } => appended(&fields),
         AppendOutcome::Existing { index, same_leaf: false } => {

@@ -12,7 +12,7 @@ use cloud_local::CreatedHook;
 use cloud::messages::Ledgered;
 use cloud::{layout, ObjectError, ObjectMeta, Queue, QueueError, Received, SendOptions, Services};
 use protocol::envelope::JobId;
-use receipts_ledger::{Ledger, LedgerStore, ReceiptCheck};
+use receipts_ledger::{Ledger, LedgerStore};
 
 use crate::on_upload::{self, Config};
 
@@ -29,7 +29,6 @@ pub const UPLOAD_RETRY_DELAYS: [Duration; 2] = [Duration::from_millis(200), Dura
 pub fn pump_ledger_queue<S: LedgerStore>(
     services: &Services,
     ledger: &mut Ledger<S>,
-    check: &dyn ReceiptCheck,
     wait: Duration,
 ) -> Result<usize, QueueError> {
     use crate::ledger_append::{process, settle, LedgerQueues, RetryBudget};
@@ -42,7 +41,7 @@ pub fn pump_ledger_queue<S: LedgerStore>(
     // The function settles what it did not finish (backoff, dead letter), as in AWS.
     let budget = RetryBudget { max_receives: cloud_local::MAX_RECEIVES };
     let queues = LedgerQueues { source: services.ledger_queue.clone(), dead_letter: None, budget };
-    let handled = process(&event, ledger, check, services.jobs.as_ref(), cloud::now_ms(), budget, &mut |_| {});
+    let handled = process(&event, ledger, services.jobs.as_ref(), cloud::now_ms(), budget, &mut |_| {});
     let response = settle(&handled, Some(&queues));
     let failed: Vec<&str> = response.batch_item_failures.iter().map(|f| f.item_identifier.as_str()).collect();
     let mut succeeded = 0;

@@ -2,7 +2,7 @@
 //! refuses claimed fields that differ from the receipt's, and appends through
 //! a [`LedgerStore`], signing checkpoints by the [`CheckpointPolicy`].
 
-use crate::entry::{AppendRequest, FieldError, ReceiptCheck};
+use crate::entry::{AppendRequest, FieldError, IndexedFields, ReceiptCheck};
 use crate::merkle::{consistency_proof, Hash, ProofError};
 use crate::note::{NoteSigner, VerifierKey};
 use crate::store::{AppendOutcome, CheckpointPolicy, LedgerStore, StoreError, StoredCheckpoint};
@@ -22,6 +22,17 @@ pub enum LedgerError {
     Proof(#[from] ProofError),
     #[error("tree size {size} is beyond the ledger's {ledger_size} entries")]
     BeyondEnd { size: u64, ledger_size: u64 },
+}
+
+/// A receipt a ledger's check accepted, with the fields it really carries (the policy the
+/// check enforced among them). Only [`Ledger::check`] makes one.
+#[derive(Debug, Clone)]
+pub struct CheckedReceipt(AppendRequest);
+
+impl CheckedReceipt {
+    pub fn fields(&self) -> &IndexedFields {
+        &self.0.fields
+    }
 }
 
 /// A ledger that appends: storage, receipt check, signing key, policy.
@@ -64,6 +75,24 @@ impl<S: LedgerStore> Ledger<S> {
             }
         }
         Ok(self.store.append(&batch, self.signer.as_ref(), &self.policy, now_ms)?)
+    }
+
+    /// Checks `leaf` and its attestation document with this ledger's check, once: the caller
+    /// may look at the fields the receipt really carries (a queue message's job id, say)
+    /// before [`append_checked`](Self::append_checked) appends it without checking again.
+    pub fn check(&self, leaf: Vec<u8>, attestation_document: Vec<u8>) -> Result<CheckedReceipt, LedgerError> {
+        let fields = self
+            .check
+            .check(&leaf, &attestation_document)
+            .map_err(|reason| LedgerError::ReceiptRejected { position: 0, reason })?;
+        fields.validate().map_err(|error| LedgerError::InvalidField { position: 0, error })?;
+        Ok(CheckedReceipt(AppendRequest { leaf, fields, attestation_document }))
+    }
+
+    /// Appends a receipt [`check`](Self::check) accepted.
+    pub fn append_checked(&mut self, receipt: CheckedReceipt, now_ms: u64) -> Result<AppendOutcome, LedgerError> {
+        let mut out = self.store.append(std::slice::from_ref(&receipt.0), self.signer.as_ref(), &self.policy, now_ms)?;
+        Ok(out.remove(0))
     }
 
     /// Signs a checkpoint if the policy's time or count says so (call it

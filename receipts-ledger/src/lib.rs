@@ -21,7 +21,7 @@ pub mod verify;
 pub use bundle::{prove, verify_bundle, verify_bundle_and_receipt, BundleError, ProofBundle, VerifiedBundle};
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, LeafClaims, LeafReader, ReceiptCheck};
-pub use ledger::{consistency, Ledger, LedgerError};
+pub use ledger::{consistency, CheckedReceipt, Ledger, LedgerError};
 pub use local::{LocalError, LocalLedger};
 pub use note::{NoteError, NoteSigner, RemoteSigner, SignerKey, VerifierKey};
 pub use policy::{policy_id, AllowedPolicy, PolicySet, PolicySetError};

@@ -46,8 +46,6 @@ pub enum FunctionError {
 /// the SQS event Lambda would build.
 pub struct LedgerFunction {
     ledger: Mutex<Ledger<TileStore>>,
-    /// The ledger's own check, shared (one document cache).
-    check: Arc<ProtocolReceipts>,
     jobs: Arc<dyn ObjectStore>,
     queues: Option<LedgerQueues>,
 }
@@ -55,7 +53,7 @@ pub struct LedgerFunction {
 impl LedgerFunction {
     /// Opens the ledger in its bucket and brings the cache up to the bucket's checkpoint.
     pub fn open(config: FunctionConfig, bucket: &str) -> Result<LedgerFunction, FunctionError> {
-        let check = Arc::new(ProtocolReceipts::enforcing(config.root, config.policies)?);
+        let check = ProtocolReceipts::enforcing(config.root, config.policies)?;
         let fail = |source| FunctionError::Ledger { bucket: bucket.to_owned(), source };
         let verifier = config.signer.verifier();
         let mut store =
@@ -63,8 +61,8 @@ impl LedgerFunction {
                 .map_err(fail)?;
         let head = store.refresh().map_err(fail)?;
         tracing::info!(ledger_key = %verifier, size = head.map_or(0, |h| h.size), "ledger-append ready");
-        let ledger = Ledger::new(store, Box::new(check.clone()), config.signer, CheckpointPolicy::default());
-        Ok(LedgerFunction { ledger: Mutex::new(ledger), check, jobs: config.jobs, queues: None })
+        let ledger = Ledger::new(store, Box::new(check), config.signer, CheckpointPolicy::default());
+        Ok(LedgerFunction { ledger: Mutex::new(ledger), jobs: config.jobs, queues: None })
     }
 
     /// Settles verdicts on `queues`: a retried message's visibility is the backoff its receive
@@ -109,7 +107,7 @@ impl LedgerFunction {
         // is a transaction and the bucket is the truth.
         let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
         let budget = self.queues.as_ref().map_or(RetryBudget::UNKNOWN, |q| q.budget);
-        let handled = process(event, &mut ledger, &self.check, self.jobs.as_ref(), now_ms, budget, &mut |outcome| {
+        let handled = process(event, &mut ledger, self.jobs.as_ref(), now_ms, budget, &mut |outcome| {
             if let Outcome::Appended(fields) = outcome {
                 crate::metrics::emit_ledgered(now_ms, fields.ok_count, fields.failed_count)
             }

@@ -6,7 +6,7 @@ use cloud_local::{DirObjectStore, QueueConfig, SqliteQueue};
 use cloud::ObjectError;
 use receipts_ledger::store::tiles::{layout::Layout, read_head, Cache, TileOptions};
 use receipts_ledger::testing::DevEnclave;
-use receipts_ledger::{CheckpointPolicy, PolicySet, ProofBundle, ProtocolReceipts, SignerKey, TileStore};
+use receipts_ledger::{CheckpointPolicy, PolicySet, ProofBundle, ProtocolReceipts, ReceiptCheck, SignerKey, TileStore};
 
 const T: u64 = 1_761_955_200_000;
 
@@ -58,13 +58,12 @@ impl Run {
 fn run_with(
     event: serde_json::Value,
     ledger: &mut Ledger<TileStore>,
-    check: &dyn ReceiptCheck,
     jobs: &dyn ObjectStore,
     budget: RetryBudget,
 ) -> Run {
     let event: SqsEvent = serde_json::from_value(event).unwrap();
     let mut r = Run::default();
-    let handled = process(&event, ledger, check, jobs, T + 1, budget, &mut |o| match o {
+    let handled = process(&event, ledger, jobs, T + 1, budget, &mut |o| match o {
         Outcome::Appended(f) => r.appended.push(f.job_id.clone()),
         Outcome::Refused { message_id, error } => r.refused.push((message_id.to_owned(), error.check().to_owned())),
         Outcome::Held { message_id, error } => r.held.push((message_id.to_owned(), error.check().to_owned())),
@@ -74,11 +73,11 @@ fn run_with(
     r
 }
 
-fn run(event: serde_json::Value, ledger: &mut Ledger<TileStore>, check: &ProtocolReceipts, jobs: &dyn ObjectStore) -> Run {
-    run_with(event, ledger, check, jobs, RetryBudget { max_receives: 3 })
+fn run(event: serde_json::Value, ledger: &mut Ledger<TileStore>, jobs: &dyn ObjectStore) -> Run {
+    run_with(event, ledger, jobs, RetryBudget { max_receives: 3 })
 }
 
-fn bucket_ledger(bucket: Arc<dyn ObjectStore>, check: Arc<ProtocolReceipts>) -> Ledger<TileStore> {
+fn bucket_ledger(bucket: Arc<dyn ObjectStore>, check: impl ReceiptCheck + 'static) -> Ledger<TileStore> {
     let signer = SignerKey::from_seed("ledger.example", &[1; 32]).unwrap();
     let store = TileStore::open(bucket, Layout::new(""), Cache::Memory, signer.verifier(), TileOptions::appender()).unwrap();
     Ledger::new(store, Box::new(check), Box::new(signer), CheckpointPolicy::default())
@@ -109,7 +108,7 @@ fn a_batch_lands_in_the_bucket_ledger_with_refusals_named_and_not_retried() {
         message("m5", &body(&job(5), &leaf(5), &e.document)),
         message("m6", &body(&job(1), &leaf(1), &e.document)), // re-delivered: no second entry
     ];
-    let r = run(serde_json::json!({ "Records": records }), &mut ledger, &check, &jobs);
+    let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
     // Retrying would fail the same way and hold back the FIFO group: every one is done.
     assert!(r.verdicts.iter().all(|(_, v)| *v == Verdict::Done), "{:?}", r.verdicts);
     let refused: Vec<(&str, &str)> = r.refused.iter().map(|(m, c)| (m.as_str(), c.as_str())).collect();
@@ -134,7 +133,7 @@ fn each_ledgered_job_gets_a_proof_it_can_check_alone() {
     let check = enforcing(&[&e]);
     let mut ledger = bucket_ledger(bucket, check.clone());
     let records: Vec<_> = (0..3).map(|j| message(&format!("m{j}"), &body(&job(j), &e.sign(&e.receipt(j)), &e.document))).collect();
-    run(serde_json::json!({ "Records": records }), &mut ledger, &check, &jobs);
+    run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
     for j in 0..3 {
         let id = JobId::from_hex(&job(j)).unwrap();
         let bundle = ProofBundle::from_json(&jobs.get(&layout::job_ledger_proof(&id)).unwrap()).unwrap();
@@ -163,7 +162,7 @@ fn a_different_receipt_for_a_ledgered_job_is_an_alarm_not_a_success() {
         message("other", &body(&job(7), &e.sign(&other), &e.document)),
         message("again", &body(&job(7), &first, &e.document)),
     ];
-    let r = run(serde_json::json!({ "Records": records }), &mut ledger, &check, &jobs);
+    let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
     assert_eq!(r.refused, vec![("other".to_owned(), "other_receipt".to_owned())]);
     assert!(r.verdicts.iter().all(|(_, v)| *v == Verdict::Done));
     assert_eq!(r.appended, vec![job(7)], "the same receipt again is a quiet success");
@@ -188,7 +187,7 @@ fn ledger_refuses_a_receipt_from_another_image() {
         message("evil", &body(&job(5), &squatter.sign(&squatter.receipt(5)), &squatter.document)),
         message("good", &body(&job(5), &genuine.sign(&genuine.receipt(5)), &genuine.document)),
     ];
-    let r = run(serde_json::json!({ "Records": records }), &mut ledger, &check, &jobs);
+    let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
     assert_eq!(r.held, vec![("evil".to_owned(), "policy".to_owned())]);
     assert_eq!((r.verdict("evil"), r.verdict("good")), (Verdict::DeadLetter, Verdict::Done));
     assert_eq!(r.appended, vec![job(5)]);
@@ -196,6 +195,37 @@ fn ledger_refuses_a_receipt_from_another_image() {
     assert_eq!((entry.index, entry.fields.pcr0), (0, hex::encode(genuine.pcrs[0])));
     let id = receipts_ledger::policy_id(&genuine.policy(&publisher()));
     assert_eq!(entry.fields.policy, Some(hex::encode(id)));
+}
+
+/// Counts the checks the ledger runs (each is an Ed25519 and, for a new document, a P-384
+/// chain verification).
+struct Counting(Arc<ProtocolReceipts>, Arc<std::sync::atomic::AtomicUsize>);
+
+impl ReceiptCheck for Counting {
+    fn check(&self, leaf: &[u8], document: &[u8]) -> Result<IndexedFields, String> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.check(leaf, document)
+    }
+}
+
+/// The appender checks a receipt once: the message handler looks at what the ledger's check
+/// found (the job id) and the append trusts it, instead of each checking on its own.
+#[test]
+fn each_receipt_is_checked_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
+    let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
+    let e = DevEnclave::new(2, T);
+    let checks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut ledger = bucket_ledger(bucket, Counting(enforcing(&[&e]), checks.clone()));
+    let records = vec![
+        message("m1", &body(&job(1), &e.sign(&e.receipt(1)), &e.document)),
+        message("m2", &body(&job(9), &e.sign(&e.receipt(2)), &e.document)), // names another job
+    ];
+    let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
+    assert_eq!(r.appended, vec![job(1)]);
+    assert_eq!(r.refused, vec![("m2".to_owned(), "job_id".to_owned())]);
+    assert_eq!(checks.load(std::sync::atomic::Ordering::Relaxed), 2, "one check per message");
 }
 
 /// A check that panics on one receipt (a bug these bytes meet), and is the real check otherwise.
@@ -220,8 +250,8 @@ fn failures_that_may_pass_are_retried_within_the_budget_and_hold_nobody_up() {
     let jobs = Hooked::new(Arc::new(DirObjectStore::open(tmp.path().join("jobs")).unwrap()), ThrottledPuts::new(format!("jobs/{}/", job(4))));
     let e = DevEnclave::new(2, T);
     let check = enforcing(&[&e]);
-    let panicking = Panicking(check.clone(), e.sign(&e.receipt(6)));
-    let mut ledger = bucket_ledger(bucket, check.clone());
+    // The ledger's own check is the one that meets the bug: it checks each receipt once.
+    let mut ledger = bucket_ledger(bucket, Panicking(check.clone(), e.sign(&e.receipt(6))));
     let budget = RetryBudget { max_receives: 3 };
     let mut expected = Vec::new();
     for (receives, after) in [(1, 2), (2, 8), (3, 0)] {
@@ -230,7 +260,7 @@ fn failures_that_may_pass_are_retried_within_the_budget_and_hold_nobody_up() {
             message_at("panics", &body(&job(6), &e.sign(&e.receipt(6)), &e.document), receives),
             message(&format!("fine-{receives}"), &body(&job(10 + receives as u64), &e.sign(&e.receipt(10 + receives as u64)), &e.document)),
         ];
-        let r = run_with(serde_json::json!({ "Records": records }), &mut ledger, &panicking, &jobs, budget);
+        let r = run_with(serde_json::json!({ "Records": records }), &mut ledger, &jobs, budget);
         let retry = Verdict::Retry { after: Duration::from_secs(after) };
         assert_eq!((r.verdict("throttled"), r.verdict("panics")), (retry.clone(), retry), "receive {receives}");
         assert_eq!(r.verdict(&format!("fine-{receives}")), Verdict::Done);
