@@ -6,6 +6,7 @@ pub mod backend;
 pub mod bulk;
 pub mod dev;
 pub mod fleet_key;
+pub mod flows;
 pub mod home;
 pub mod jobstate;
 pub mod keys;

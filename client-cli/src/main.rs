@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ephem_batch_client::backend::{self, BackendArgs};
-use ephem_batch_client::{attest, bulk, dev, home::Home, keys, policy, results, status, submit, trust, verify};
+use ephem_batch_client::{attest, bulk, dev, flows, home::Home, keys, policy, results, status, submit, trust, verify};
 
 #[derive(Parser)]
 #[command(name = "ephem-batch", version, about = "Confidential bulk text embedding on AWS Nitro Enclaves")]
@@ -138,28 +138,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("result key {} (key id {})", home.result_key().display(), hex::encode(key.public_key().key_id()));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Submit(args) if args.bulk => submit_bulk(&home()?, &cli.backend, &args),
         Command::Submit(args) => {
             let home = home()?;
-            let services = backend::open(&home, &cli.backend)?.services;
-            let started = std::time::Instant::now();
-            let job = submit::run(&home, &services, &args)?;
-            if args.json && !args.wait {
-                println!("{}", serde_json::json!({"job_id": job.job_id, "records": job.records, "local_errors": job.local_errors}));
-            } else if !args.wait {
-                println!("job {}", job.job_id);
-            }
-            if !args.wait {
-                return Ok(ExitCode::SUCCESS);
-            }
-            eprintln!("job {} submitted: {} records ({} refused locally)", job.job_id, job.records, job.local_errors);
-            let trust = trust::ClientTrust::load(&home, &args.trust)?;
-            let id = status::parse_job(&job.job_id)?;
-            let timeout = args.wait_timeout.map_or(ephem_batch_client::wait::DEFAULT_WAIT_TIMEOUT, std::time::Duration::from_secs);
-            ephem_batch_client::wait::until_done(&services, &id, job.records, timeout)?;
-            let key = keys::load_result_key(&home.result_key(), false)?;
-            let written = results::run(&home, &services, &trust, &key, &id, args.output.as_deref(), args.format)?;
-            report_written(&job.job_id, &written, started.elapsed(), args.json)
+            let opened = backend::open(&home, &cli.backend)?;
+            if args.bulk { flows::submit_bulk(&home, &opened, &args) } else { flows::submit(&home, &opened.services, &args) }
         }
         Command::Bulk(command) => {
             let home = home()?;
@@ -185,7 +167,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let key = keys::load_result_key(&home.result_key(), false)?;
             let started = std::time::Instant::now();
             let written = results::run(&home, &services, &trust, &key, &status::parse_job(&args.job)?, args.output.as_deref(), args.format)?;
-            report_written(&args.job, &written, started.elapsed(), false)
+            flows::report_written(&args.job, &written, started.elapsed(), false)
         }
         Command::Verify { job, json, trust } => {
             let home = home()?;
@@ -255,66 +237,4 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
-}
-
-fn submit_bulk(home: &Home, backend_args: &backend::BackendArgs, args: &submit::SubmitArgs) -> anyhow::Result<ExitCode> {
-    let opened = backend::open(home, backend_args)?;
-    let started = std::time::Instant::now();
-    let record = bulk::submit(home, &opened, args)?;
-    if !args.wait {
-        if args.json {
-            println!("{}", serde_json::json!({"bulk_id": record.bulk_id, "prefix": record.prefix, "shards": record.shards.len(), "records": record.records, "local_errors": record.local_errors, "execution": record.execution}));
-        } else {
-            println!("bulk {}", record.bulk_id);
-        }
-        return Ok(ExitCode::SUCCESS);
-    }
-    eprintln!(
-        "bulk {} submitted: {} records in {} shards under {} ({} refused locally)",
-        record.bulk_id,
-        record.records,
-        record.shards.len(),
-        record.prefix,
-        record.local_errors
-    );
-    let services = &opened.services;
-    let trust = trust::ClientTrust::load(home, &args.trust)?;
-    let (execution, manifest) = bulk::wait(services, &record)?;
-    bulk::check_execution(&record, &execution, manifest.as_ref())?;
-    bulk::wait_for_ledger(services, &record, manifest.as_ref().expect("checked"))?;
-    let key = keys::load_result_key(&home.result_key(), false)?;
-    let choice = bulk::OutputChoice { output: args.output.clone(), format: args.format, partial: args.partial };
-    let written = bulk::results(home, services, &trust, &key, &record.bulk_id, &choice)?;
-    bulk::report(&record.bulk_id, &written, started.elapsed(), args.json);
-    Ok(if written.shards_missing.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
-}
-
-fn report_written(job: &str, written: &results::Written, elapsed: std::time::Duration, json: bool) -> anyhow::Result<ExitCode> {
-    let s = &written.summary;
-    let ledger_ok = written.verification.checks.iter().any(|c| c.name == "ledger" && c.passed);
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "job_id": job,
-                "embedded": s.records,
-                "errors": s.errors,
-                "tokens": s.tokens,
-                "seconds": elapsed.as_secs_f64(),
-                "output": written.output,
-                "errors_file": written.errors,
-                "verified": true,
-                "in_ledger": ledger_ok,
-            })
-        );
-    } else {
-        println!("job {job}");
-        println!("  embedded  {} records, {} tokens, {} dimensions", s.records, s.tokens, s.dimensions.unwrap_or(0));
-        println!("  errors    {} ({})", s.errors, written.errors.display());
-        println!("  output    {}", written.output.display());
-        println!("  receipt   verified{}", if written.verification.development_root { " (DEVELOPMENT root)" } else { "" });
-        println!("  ledger    {}", if ledger_ok { "entry verified" } else { "not yet in the ledger (see `ephem-batch verify`)" });
-        println!("  seconds   {:.1}", elapsed.as_secs_f64());
-    }
-    Ok(ExitCode::SUCCESS)
 }
