@@ -49,7 +49,7 @@ echo "deny: ${checks[*]} checked in $(( $(now) - t ))s"
 # docs/protocol.md §6.1) is allowed by name; aws-lc and every other TLS stack are not.
 # docs/supply-chain.md lists what it does depend on, and why.
 if [ "$#" -eq 0 ]; then
-    forbidden='^(aws-config|aws-sdk-.*|aws-smithy-.*|aws-runtime|aws-lc-rs|aws-lc-sys|rustls-native-certs|webpki-roots|hyper|h2|http|reqwest|ureq|tokio|mio|openssl|openssl-sys|native-tls|rusqlite|libsqlite3-sys|hf-hub|cloud|host-poller|lambdas|receipts-ledger|lambda_runtime) '
+    forbidden='^(aws-config|aws-sdk-.*|aws-smithy-.*|aws-runtime|aws-lc-rs|aws-lc-sys|rustls-native-certs|webpki-roots|hyper|h2|http|reqwest|ureq|tokio|mio|openssl|openssl-sys|native-tls|rusqlite|libsqlite3-sys|hf-hub|cloud|cloud-aws|cloud-local|host-poller|lambdas|receipts-ledger|lambda_runtime) '
     tree="$(cargo tree --locked -p enclave-worker --features nitro -e normal --prefix none --format '{p}' | sed 's/ (\*)$//')"
     if found="$(grep -E "$forbidden" <<<"$tree" | sort -u)" && [ -n "$found" ]; then
         echo "deny: the enclave worker's tree reaches crates it must not have:" >&2
