@@ -33,8 +33,6 @@ use crate::shared::Shared;
 use crate::status::{self, StatusBoard};
 use crate::worker_link::WorkerEndpoint;
 
-/// Checks about the job's own bytes: another attempt would fail the same way.
-
 /// Whether a read found nothing: S3 answers an absent key with 404 only to a caller allowed
 /// `s3:ListBucket` on it, else 403, and how an account evaluates the host's prefix-conditioned
 /// grant is not something a job may hang on. Nothing is lost by reading 403 as absent here: the
@@ -93,22 +91,18 @@ enum LedgerSendError {
 
 /// Handles one received message to the end.
 pub(crate) fn handle(ctx: &Context, received: Received) -> Disposition {
-    let parsed = serde_json::from_str::<JobMessage>(&received.body)
-        .map_err(|e| e.to_string())
-        .map(|m| {
-            let job = m.job_id;
-            (m, job)
-        });
-    let (message, job) = match parsed {
-        Ok(parsed) => parsed,
-        Err(reason) => {
+    // A job id that is not 32 lowercase hex digits fails the parse: the message is unreadable.
+    let message = match serde_json::from_str::<JobMessage>(&received.body) {
+        Ok(message) => message,
+        Err(error) => {
             // Nothing to attach a status to; the dead-letter queue is where an operator looks.
-            tracing::error!(message_id = received.message_id, reason, "unreadable job message");
+            tracing::error!(message_id = received.message_id, reason = %error, "unreadable job message");
             let delay = retry::jittered(retry::exponential(ctx.settings.retry_base, received.receive_count, ctx.settings.retry_max));
             set_visibility(ctx, &received, delay);
             return Disposition::Unreadable;
         }
     };
+    let job = message.job_id;
     let span = tracing::info_span!("job", job = %job, receive = received.receive_count);
     let _entered = span.enter();
     let heartbeat =

@@ -459,6 +459,35 @@ fn an_unreadable_message_is_left_for_the_dead_letter_queue() {
     assert_eq!(cloud.job_queue.pending().len(), 1, "not deleted");
 }
 
+/// A job message whose job id is not 32 lowercase hex digits (a real one, its last digit not hex) is
+/// unreadable: nothing is run, no status written under either spelling, the message left for
+/// the dead-letter queue.
+#[test]
+fn a_message_whose_job_id_is_not_one_is_unreadable() {
+    let (cloud, worker, config) = setup(JobMode::Echo, 5);
+    let (job, input) = put_job(&cloud, 0x89, 100);
+    let mut message = serde_json::to_value(cloud::messages::JobMessage {
+        job_id: job,
+        input_key: layout::job_input(&job),
+        input_size: input.len() as u64,
+        model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
+        manifest_hash: hex::encode([1; 32]),
+        epoch: 1,
+        record_count: 1,
+        created_ms: 0,
+    })
+    .unwrap();
+    message["job_id"] = format!("{}g", &job.to_hex()[..31]).into();
+    cloud.job_queue.send(&message.to_string(), &Default::default()).unwrap();
+    let poller = Running::start(cloud.services(), config);
+    wait_until("it to be received", WAIT, || cloud.job_queue.pending() == [1]);
+    std::thread::sleep(Duration::from_millis(100));
+    poller.stop();
+    assert_eq!(cloud.job_queue.pending().len(), 1, "not deleted");
+    assert!(worker.job_starts().is_empty(), "nothing ran");
+    assert_eq!(state(&cloud, &job), None, "no status written");
+}
+
 #[test]
 fn a_graceful_stop_finishes_the_job_in_flight() {
     let (cloud, worker, config) = setup(JobMode::Slow(Duration::from_millis(700)), 5);

@@ -242,6 +242,8 @@ mod tests {
         let forged = CancelRequest::new(&tenant, &id, 5).to_json();
         assert_eq!(check(&input, &id, forged.as_bytes()), Err(CancelError::Signature));
         assert_eq!(check(&input, &id, b"{}").map_err(|e| matches!(e, CancelError::Malformed(_))), Err(true));
+        let not_an_id = genuine.replace(&id.to_hex(), &format!("{}g", &id.to_hex()[..31]));
+        assert!(matches!(check(&input, &id, not_an_id.as_bytes()), Err(CancelError::Malformed(m)) if m.contains("is not a job id")));
         assert_eq!(check(&input, &job(9), genuine.as_bytes()), Err(CancelError::OtherJob { named: id }));
         // The submitter's cancel of its own job, presented beside another job's input.
         let other = seal_job(&JobHeader { record_count: 2, ..header.clone() }, &fleet).unwrap();

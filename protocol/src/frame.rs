@@ -275,6 +275,21 @@ mod tests {
     }
 
     #[test]
+    fn a_job_start_whose_job_id_is_not_one_does_not_decode() {
+        let id = JobId([0xab; 16]);
+        let bytes = encode(&Message::JobStart { job_id: id, attempt: 1 }).unwrap();
+        let at = bytes.windows(32).position(|w| w == id.to_hex().as_bytes()).unwrap();
+        let mut upper = bytes.clone();
+        upper[at..at + 32].make_ascii_uppercase();
+        let mut decoder = FrameDecoder::new();
+        decoder.push(&upper);
+        assert!(decoder.next_frame().is_err(), "a host-chosen non-canonical job id is refused");
+        decoder = FrameDecoder::new();
+        decoder.push(&bytes);
+        assert_eq!(decoder.next_frame().unwrap(), Some(Message::JobStart { job_id: id, attempt: 1 }));
+    }
+
+    #[test]
     fn round_trips_through_the_decoder_byte_by_byte() {
         let messages = vec![
             Message::Hello { role: Role::Host, channel: Channel::Job },

@@ -244,6 +244,21 @@ fn records_are_read_as_lambda_writes_them() {
     for body in ["not json", r#"{"hello": 1}"#, r#"{"requestPayload": {"x": 1}}"#] {
         assert!(matches!(&handle_body(body, &f.services, &config()).unwrap()[..], [Outcome::Unattributable { .. }]), "{body}");
     }
+    // A job message whose job id is not one (a real one with a non-hex last digit) names no job to end.
+    let mut message = serde_json::to_value(cloud::messages::JobMessage {
+        job_id: job,
+        input_key: layout::job_input(&job),
+        input_size: 1,
+        model_id: "m".into(),
+        manifest_hash: hex::encode([1; 32]),
+        epoch: 1,
+        record_count: 1,
+        created_ms: 0,
+    })
+    .unwrap();
+    message["job_id"] = format!("{}g", &job.to_hex()[..31]).into();
+    let out = handle_body(&message.to_string(), &f.services, &config()).unwrap();
+    assert!(matches!(&out[..], [Outcome::Unattributable { reason }] if reason.contains("is not a job id")), "{out:?}");
     let elsewhere = failure_record(&on_upload::object_created_event("jobs", "other/x.sealed", 1, "e"), "RetriesExhausted", 3, "boom");
     assert!(matches!(&handle_body(&elsewhere, &f.services, &config()).unwrap()[..], [Outcome::Unattributable { reason }] if reason.contains("neither")));
 }

@@ -107,12 +107,14 @@ fn a_batch_lands_in_the_bucket_ledger_with_refusals_named_and_not_retried() {
         message("m4", &body(&job(9), &leaf(4), &e.document)), // names another job
         message("m5", &body(&job(5), &leaf(5), &e.document)),
         message("m6", &body(&job(1), &leaf(1), &e.document)), // re-delivered: no second entry
+        // A host-chosen job id that is not one (a real one with a non-hex last digit).
+        message("m7", &body(&job(7), &leaf(7), &e.document).replace(&job(7), &format!("{}g", &job(7)[..31]))),
     ];
     let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
     // Retrying would fail the same way and hold back the FIFO group: every one is done.
     assert!(r.verdicts.iter().all(|(_, v)| *v == Verdict::Done), "{:?}", r.verdicts);
     let refused: Vec<(&str, &str)> = r.refused.iter().map(|(m, c)| (m.as_str(), c.as_str())).collect();
-    assert_eq!(refused, vec![("m2", "message"), ("m3", "receipt"), ("m4", "job_id")]);
+    assert_eq!(refused, vec![("m2", "message"), ("m3", "receipt"), ("m4", "job_id"), ("m7", "message")]);
     // The metrics count each job once: the re-delivered m6 appended nothing.
     assert_eq!(r.appended, vec![job(1), job(5)]);
 
