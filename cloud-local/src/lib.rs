@@ -148,8 +148,7 @@ impl LocalCloud {
             QueueConfig { fifo: true, max_receives: Some(MAX_RECEIVES), dead_letter: Some(LEDGER_DLQ.into()) },
         )?;
         let upload_failures = queue(UPLOAD_FAILURES, QueueConfig::default())?;
-        let trust = AttestationTrust { root_pem_path: home.join(DEV_ROOT_PEM), max_document_age: MAX_DOCUMENT_AGE };
-        let kms = Arc::new(LocalKms::open(home.join(KMS_DB), trust)?);
+        let kms = Arc::new(open_kms(home)?);
         let workflows = Arc::new(LocalWorkflows::open(home.join(WORKFLOWS_DB))?);
         Ok(LocalCloud {
             home: home.to_path_buf(),
