@@ -325,10 +325,7 @@ impl LocalKms {
     /// Opens (creating if needed) the key database at `db_path`, readable by its owner only.
     pub fn open(db_path: impl AsRef<Path>, trust: AttestationTrust) -> Result<LocalKms, KmsError> {
         let path = db_path.as_ref().to_path_buf();
-        let mut conn = sqlite::open(&path, true).map_err(|e| db_error(&path, e))?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| db_error(&path, e))?;
-        tx.execute_batch(SCHEMA).map_err(|e| db_error(&path, e))?;
-        tx.commit().map_err(|e| db_error(&path, e))?;
+        let conn = sqlite::open_with_setup(&path, true, |tx| tx.execute_batch(SCHEMA)).map_err(|e| db_error(&path, e))?;
         Ok(LocalKms { path, trust, conn: Mutex::new(conn) })
     }
 

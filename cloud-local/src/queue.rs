@@ -140,23 +140,22 @@ impl SqliteQueue {
             (Some(_), Some(dlq)) => validate_name(dlq)?,
             (None, None) => {}
         }
-        let mut conn = sqlite::open(&path, false).map_err(|e| db_error(&path, e))?;
-        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(|e| db_error(&path, e))?;
-        tx.execute_batch(SCHEMA).map_err(|e| db_error(&path, e))?;
-        tx.execute(
-            "INSERT INTO queues (name, fifo, max_receives, dead_letter) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (name) DO UPDATE SET fifo = ?2, max_receives = ?3, dead_letter = ?4",
-            params![name, config.fifo, config.max_receives, config.dead_letter],
-        )
-        .map_err(|e| db_error(&path, e))?;
-        if let Some(dlq) = &config.dead_letter {
+        let conn = sqlite::open_with_setup(&path, false, |tx| {
+            tx.execute_batch(SCHEMA)?;
             tx.execute(
-                "INSERT INTO queues (name, fifo) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING",
-                params![dlq, config.fifo],
-            )
-            .map_err(|e| db_error(&path, e))?;
-        }
-        tx.commit().map_err(|e| db_error(&path, e))?;
+                "INSERT INTO queues (name, fifo, max_receives, dead_letter) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (name) DO UPDATE SET fifo = ?2, max_receives = ?3, dead_letter = ?4",
+                params![name, config.fifo, config.max_receives, config.dead_letter],
+            )?;
+            if let Some(dlq) = &config.dead_letter {
+                tx.execute(
+                    "INSERT INTO queues (name, fifo) VALUES (?1, ?2) ON CONFLICT (name) DO NOTHING",
+                    params![dlq, config.fifo],
+                )?;
+            }
+            Ok(())
+        })
+        .map_err(|e| db_error(&path, e))?;
         Ok(SqliteQueue { name: name.to_owned(), path, config, conn: Mutex::new(conn) })
     }
 

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rusqlite::{Connection, ErrorCode};
+use rusqlite::{Connection, ErrorCode, Transaction, TransactionBehavior};
 
 /// How long a statement waits for another process's write transaction.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,6 +33,35 @@ pub fn open(path: &Path, private: bool) -> rusqlite::Result<Connection> {
     }
     conn.pragma_update(None, "synchronous", "FULL")?;
     Ok(conn)
+}
+
+/// How long opening keeps retrying when another process holds the file: a process killed in
+/// the middle of a write leaves SQLite a recovery to run, during which some steps of opening
+/// answer "database is locked" at once instead of waiting in the busy handler.
+const OPEN_RETRY_FOR: Duration = Duration::from_secs(30);
+
+/// Opens a database and runs `setup` (schema, configuration rows) in one immediate
+/// transaction; the whole sequence is tried again while the file is busy.
+pub fn open_with_setup(
+    path: &Path,
+    private: bool,
+    setup: impl Fn(&Transaction<'_>) -> rusqlite::Result<()>,
+) -> rusqlite::Result<Connection> {
+    let deadline = std::time::Instant::now() + OPEN_RETRY_FOR;
+    loop {
+        let attempt = open(path, private).and_then(|mut conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            setup(&tx)?;
+            tx.commit()?;
+            Ok(conn)
+        });
+        match attempt {
+            Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            other => return other,
+        }
+    }
 }
 
 pub fn is_busy(e: &rusqlite::Error) -> bool {

@@ -77,8 +77,7 @@ pub fn valid_execution_name(name: &str) -> bool {
 impl LocalWorkflows {
     pub fn open(path: impl AsRef<Path>) -> Result<LocalWorkflows, WorkflowError> {
         let path = path.as_ref().to_path_buf();
-        let conn = sqlite::open(&path, false).map_err(|e| db_error(&path, e))?;
-        conn.execute_batch(SCHEMA).map_err(|e| db_error(&path, e))?;
+        let conn = sqlite::open_with_setup(&path, false, |tx| tx.execute_batch(SCHEMA)).map_err(|e| db_error(&path, e))?;
         Ok(LocalWorkflows { path, conn: Mutex::new(conn) })
     }
 
