@@ -458,7 +458,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
 /// What the home's appenders admit: receipts under its development root whose documents satisfy
 /// its development policy (`dev up` writes it, signed by the development image publisher). A
 /// policy that does not verify stops the appender: it never admits any image instead.
-pub fn home_policies(home: &Home) -> anyhow::Result<(TrustAnchor, receipts_ledger::PolicySet)> {
+pub fn home_policies(home: &Home) -> anyhow::Result<(TrustAnchor, protocol::attestation::PolicySet)> {
     wait_for("the development root and policy", Duration::from_secs(120), || {
         Ok(home.dev_root_pem().is_file() && home.dev_policy().is_file())
     })?;
@@ -468,7 +468,7 @@ pub fn home_policies(home: &Home) -> anyhow::Result<(TrustAnchor, receipts_ledge
     let publisher = crate::trust::parse_key(&publisher, "the development image publisher key")?;
     let file = home.dev_policy();
     let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    let set = receipts_ledger::PolicySet::from_json(&publisher, &[(file.display().to_string(), text)])?;
+    let set = protocol::attestation::PolicySet::from_json(&publisher, &[(file.display().to_string(), text)])?;
     for p in set.policies() {
         tracing::info!(policy = %hex::encode(p.id), source = %p.source, "receipts admitted under this policy");
     }
@@ -486,7 +486,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
     }
     let (services, local) = crate::backend::open_local(home)?;
     let (anchor, policies) = home_policies(home)?;
-    let check = Arc::new(receipts_ledger::ProtocolReceipts::enforcing(anchor, policies)?);
+    let check = Arc::new(protocol::receipt_check::ReceiptVerifier::enforcing(anchor, policies)?);
     let runner = Arc::new(lambdas::local_workflow::Runner {
         services: services.clone(),
         workflows: local.workflows(),

@@ -45,9 +45,10 @@ use protocol::attestation::{RootKind, TrustAnchor, format_ms};
 use protocol::envelope::JobId;
 use receipts_ledger::merkle::{root_at, verify_consistency};
 use receipts_ledger::{
-    BundleError, Checkpoint, IndexedFields, LedgerStore, LocalLedger, ProofBundle, ProtocolReceipts,
-    Query, ReceiptCheckError, SqliteStore, VerifierKey, consistency, prove, verify_bundle, verify_ledger,
+    BundleError, Checkpoint, IndexedFields, LedgerStore, LocalLedger, ProofBundle, Query, ReceiptRefusal, SqliteStore,
+    VerifierKey, consistency, prove, receipt_fields, verify_bundle, verify_ledger,
 };
+use protocol::receipt_check::ReceiptVerifier;
 use receipts_ledger::store::tiles;
 use serde::Serialize;
 

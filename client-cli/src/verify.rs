@@ -20,7 +20,7 @@ use cloud::{layout, ObjectError, Services};
 use protocol::envelope::{JobId, ResultSecretKey};
 use protocol::receipt::{PlaintextCommitment, Receipt};
 use receipts_ledger::local::LocalLedger;
-use receipts_ledger::receipt_check::ProtocolReceipts;
+use protocol::receipt_check::ReceiptVerifier;
 use receipts_ledger::VerifierKey;
 use serde::Serialize;
 
@@ -117,15 +117,16 @@ pub fn fetch_receipt(services: &Services, trust: &ClientTrust, job: &JobId, out:
         }
         Err(error) => return Err(error.into()),
     };
-    let checker = ProtocolReceipts::new(trust.policy.root.clone())
+    let checker = ReceiptVerifier::new(trust.policy.root.clone())
         .with_expected_pcrs(trust.policy.pcrs.clone())
         .allow_debug(trust.policy.allow_debug);
     match checker.verify(&bytes, &document) {
         Ok(verified) => {
+            let pcr0 = verified.receipt.pcrs.get(&0).map(hex::encode).unwrap_or_default();
             out.add(
                 "receipt_attestation",
                 true,
-                format!("signed by the receipt key bound in {} (PCR0 {}…)", verified.module_id, &verified.fields.pcr0[..16]),
+                format!("signed by the receipt key bound in {} (PCR0 {}…)", verified.module_id, pcr0.get(..16).unwrap_or(&pcr0)),
             );
             Ok(Fetched::Verified(VerifiedReceipt { bytes, receipt: verified.receipt }))
         }

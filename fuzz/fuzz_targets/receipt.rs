@@ -1,8 +1,8 @@
-//! Receipts: arbitrary bytes as a receipt leaf, decoded and run through the ledger's full receipt
-//! check against a fixed development enclave (its attestation document binds the receipt key, the
-//! fleet key and the epoch; the seeds pass every check). Checks: strict decoding (a decoded
-//! payload re-encodes to its bytes), a receipt re-signed by the enclave decodes and verifies to
-//! the same content, and the check fails at `receipt` exactly when decoding fails.
+//! Receipts: arbitrary bytes as a receipt leaf, decoded and run through the full receipt check
+//! (`protocol::receipt_check`) against a fixed development enclave (its attestation document binds
+//! the receipt key, the fleet key and the epoch; the seeds pass every check). Checks: strict
+//! decoding (a decoded payload re-encodes to its bytes), a receipt re-signed by the enclave decodes
+//! and verifies to the same content, and the check fails at `receipt` exactly when decoding fails.
 #![no_main]
 
 use std::sync::OnceLock;
@@ -11,11 +11,11 @@ use ephem_fuzz::fixed;
 use libfuzzer_sys::fuzz_target;
 use protocol::cose::Sign1;
 use protocol::receipt::{CONTENT_TYPE, SignedReceipt};
-use receipts_ledger::ProtocolReceipts;
+use protocol::receipt_check::ReceiptVerifier;
 
-fn checker() -> &'static ProtocolReceipts {
-    static CHECKER: OnceLock<ProtocolReceipts> = OnceLock::new();
-    CHECKER.get_or_init(|| ProtocolReceipts::new(fixed::enclave().root.clone()))
+fn checker() -> &'static ReceiptVerifier {
+    static CHECKER: OnceLock<ReceiptVerifier> = OnceLock::new();
+    CHECKER.get_or_init(|| ReceiptVerifier::new(fixed::enclave().root.clone()))
 }
 
 fuzz_target!(|data: &[u8]| {

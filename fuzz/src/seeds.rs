@@ -78,7 +78,7 @@ fn check_valid_seeds(root: &Path) -> io::Result<()> {
     let read = |target: &str, name: &str| fs::read(root.join(target).join(format!("seed-{name}")));
     let fail = |what: &str, e: &dyn std::fmt::Display| io::Error::other(format!("seed {what} does not verify: {e}"));
     let enclave = fixed::enclave();
-    let checker = receipts_ledger::ProtocolReceipts::new(enclave.root.clone());
+    let checker = protocol::receipt_check::ReceiptVerifier::new(enclave.root.clone());
     for name in ["valid", "valid-pcr0-only"] {
         checker.verify(&read("receipt", name)?, &enclave.document).map_err(|e| fail(name, &e))?;
     }

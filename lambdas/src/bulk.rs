@@ -25,7 +25,7 @@ use cloud::messages::{JobState, JobStatus};
 use cloud::workflow::{self, BulkTask, BulkTaskError, Completion, JobEnd, TaskTokens};
 use cloud::{layout, ObjectError, ObjectStore, PutCondition};
 use protocol::envelope::JobId;
-use receipts_ledger::ReceiptCheckError;
+use protocol::receipt_check::ReceiptCheckError;
 use serde::{Deserialize, Serialize};
 
 use crate::on_upload::{derived_job_id, Config, SHARD_SUFFIX};

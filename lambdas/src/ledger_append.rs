@@ -45,7 +45,7 @@ use cloud::messages::{LedgerMessage, Ledgered};
 use cloud::{ObjectStore, PutCondition, Queue, SendOptions};
 use protocol::envelope::JobId;
 use receipts_ledger::{
-    AppendOutcome, BundleError, IndexedFields, Ledger, LedgerError, LedgerStore, StoreError, TileError,
+    AppendOutcome, BundleError, IndexedFields, Ledger, LedgerError, LedgerStore, ReceiptRefusal, StoreError, TileError,
 };
 
 pub use function::{queues_of, FunctionConfig, FunctionError, LedgerFunction, DEFAULT_CACHE_DIR};
@@ -63,7 +63,7 @@ pub enum AppendError {
     #[error("field {0} is not base64")]
     Base64(&'static str),
     #[error("receipt refused: {0}")]
-    Receipt(String),
+    Receipt(ReceiptRefusal),
     #[error("the message names job {message}, the receipt job {receipt}")]
     JobMismatch { message: String, receipt: String },
     /// The ledger already holds a different valid receipt for the job: two receipts for one job
@@ -99,7 +99,7 @@ impl AppendError {
         match self {
             Self::NoBody | Self::Body(_) | Self::Base64(_) | Self::JobMismatch { .. } => Fate::Refused,
             Self::OtherReceipt { .. } => Fate::Refused,
-            Self::Receipt(_) | Self::Ledger(L::ReceiptRejected { .. }) if self.check() == "policy" => Fate::Held,
+            Self::Receipt(reason) | Self::Ledger(L::ReceiptRejected { reason, .. }) if reason.is_policy() => Fate::Held,
             Self::Receipt(_) | Self::Ledger(L::ReceiptRejected { .. } | L::FieldMismatch { .. } | L::InvalidField { .. }) => {
                 Fate::Refused
             }
@@ -110,18 +110,10 @@ impl AppendError {
 
     /// The failed check's name (`policy`, `receipt_signature`, …; `message` for a malformed
     /// message, `store` for an infrastructure failure, `panic` for a bug).
-    pub fn check(&self) -> &str {
+    pub fn check(&self) -> &'static str {
         use receipts_ledger::LedgerError as L;
-        let named = |reason: &str| -> &'static str {
-            // A refusal reads "<check>: <reason>" (receipts_ledger::ReceiptCheckError).
-            const CHECKS: [&str; 10] = [
-                "receipt", "attestation", "policy", "receipt_key_id", "receipt_signature", "attestation_hash", "fleet_key",
-                "pcrs", "fields", "receipt_check",
-            ];
-            CHECKS.iter().find(|c| reason.strip_prefix(**c).is_some_and(|r| r.starts_with(": "))).copied().unwrap_or("receipt_check")
-        };
         match self {
-            Self::Receipt(reason) | Self::Ledger(L::ReceiptRejected { reason, .. }) => named(reason),
+            Self::Receipt(reason) | Self::Ledger(L::ReceiptRejected { reason, .. }) => reason.check(),
             Self::JobMismatch { .. } => "job_id",
             Self::OtherReceipt { .. } => "other_receipt",
             Self::Ledger(L::FieldMismatch { .. } | L::InvalidField { .. }) => "fields",

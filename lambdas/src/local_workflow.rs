@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cloud_local::LocalWorkflows;
 use cloud::{ExecutionStatus, ObjectStore, Services, WorkflowError};
-use receipts_ledger::ProtocolReceipts;
+use protocol::receipt_check::ReceiptVerifier;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::Value;
@@ -46,7 +46,7 @@ pub struct Steps<'a> {
     pub attestations: &'a dyn ObjectStore,
     pub tokens: &'a dyn cloud::TaskTokens,
     pub config: &'a Config,
-    pub check: &'a ProtocolReceipts,
+    pub check: &'a ReceiptVerifier,
     pub now_ms: u64,
 }
 
@@ -79,8 +79,8 @@ pub struct Runner {
     /// The embedded default's store prefixes.
     pub config: Config,
     /// What shard receipts must pass: the development root and the home's signed policy,
-    /// locally ([`ProtocolReceipts::enforcing`]).
-    pub check: Arc<ProtocolReceipts>,
+    /// locally ([`ReceiptVerifier::enforcing`]).
+    pub check: Arc<ReceiptVerifier>,
     /// How often a waiting task looks at its token.
     pub poll: Duration,
 }

@@ -12,7 +12,8 @@
 use cloud::ObjectStore;
 use ed25519_dalek::VerifyingKey;
 use protocol::attestation::TrustAnchor;
-use receipts_ledger::{PolicySet, PolicySetError, ProtocolReceipts};
+use protocol::attestation::{PolicySet, PolicySetError};
+use protocol::receipt_check::ReceiptVerifier;
 
 use crate::shell::{self, ShellError};
 
@@ -81,8 +82,8 @@ pub fn policies_from_env(clients: &cloud_aws::AwsClients) -> Result<PolicySet, S
 
 /// The receipt check a function enforces: documents under `root` satisfying the policies its
 /// environment names.
-pub fn receipt_check_from_env(clients: &cloud_aws::AwsClients, root: TrustAnchor) -> Result<ProtocolReceipts, ShellError> {
-    ProtocolReceipts::enforcing(root, policies_from_env(clients)?)
+pub fn receipt_check_from_env(clients: &cloud_aws::AwsClients, root: TrustAnchor) -> Result<ReceiptVerifier, ShellError> {
+    ReceiptVerifier::enforcing(root, policies_from_env(clients)?)
         .map_err(|e| ShellError::Invalid { name: "EPHEM_POLICIES_BUCKET", message: e.to_string() })
 }
 
@@ -92,7 +93,7 @@ mod tests {
     use cloud_local::DirObjectStore;
     use cloud::PutCondition;
     use ed25519_dalek::SigningKey;
-    use receipts_ledger::testing::DevEnclave;
+    use protocol::dev_enclave::DevEnclave;
 
     const T: u64 = 1_761_955_200_000;
 

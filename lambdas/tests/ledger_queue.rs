@@ -22,8 +22,9 @@ use cloud::messages::{LedgerMessage, Ledgered};
 use cloud::{layout, ObjectError, ObjectStore, Queue, SendOptions};
 use lambdas::ledger_append::{FunctionConfig, LedgerFunction, LedgerQueues, RetryBudget, LEDGER_GROUP};
 use protocol::envelope::JobId;
-use receipts_ledger::testing::DevEnclave;
-use receipts_ledger::{PolicySet, SignerKey};
+use protocol::dev_enclave::DevEnclave;
+use receipts_ledger::SignerKey;
+use protocol::attestation::PolicySet;
 
 /// 2025-11-01T00:00:00Z: the documents' time.
 const T: u64 = 1_761_955_200_000;

@@ -9,6 +9,8 @@ pub mod cancel;
 pub mod cbor;
 pub mod cms;
 pub mod cose;
+#[cfg(feature = "dev-issuer")]
+pub mod dev_enclave;
 pub mod envelope;
 pub mod failed_check;
 pub mod fleet;
@@ -18,6 +20,7 @@ pub mod kms_api;
 pub mod kms_arn;
 pub mod manifest;
 pub mod receipt;
+pub mod receipt_check;
 pub mod records;
 pub mod stream;
 

@@ -6,7 +6,7 @@
 //!   "inclusion_path":[…], "checkpoint", "ledger_key"}`.
 
 use crate::checkpoint::{Checkpoint, CheckpointError};
-use crate::entry::{IndexedFields, ReceiptCheck};
+use crate::entry::{IndexedFields, ReceiptCheck, ReceiptRefusal};
 use crate::merkle::{inclusion_proof, leaf_hash, verify_inclusion, Hash, ProofError, VerifyError};
 use crate::note::VerifierKey;
 use crate::store::{LedgerStore, StoreError};
@@ -59,7 +59,7 @@ pub enum BundleError {
     #[error("inclusion proof: {0}")]
     Inclusion(#[from] VerifyError),
     #[error("receipt check failed: {0}")]
-    ReceiptRejected(String),
+    ReceiptRejected(ReceiptRefusal),
     #[error("job {0} is not in the ledger")]
     UnknownJob(String),
     #[error("entry {index} is not covered by a checkpoint yet (latest checkpoint size {latest})")]

@@ -9,6 +9,8 @@
 //!                          || SHA-256(attestation_document[i]) )
 //! ```
 
+use protocol::receipt_check::ReceiptCheckError;
+
 use crate::merkle::{leaf_hash, Hash};
 use sha2::{Digest, Sha256};
 
@@ -162,11 +164,49 @@ pub struct AppendRequest {
     pub attestation_document: Vec<u8>,
 }
 
+/// Why the ledger refused a receipt. `Display` is `"<check>: <reason>"`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReceiptRefusal {
+    /// One of the protocol's checks (`receipt`, `attestation`, `policy`, …) failed.
+    #[error(transparent)]
+    Receipt(#[from] ReceiptCheckError),
+    /// The receipt verified, but a value the ledger indexes is out of its limits.
+    #[error("fields: {0}")]
+    Fields(FieldError),
+    /// A ledger handle opened without a receipt check (to sign checkpoints only).
+    #[error("receipt_check: this ledger handle does not append")]
+    NotAppending,
+}
+
+impl ReceiptRefusal {
+    /// The name of the failed check (`receipt_signature`, `policy`, `fields`, …).
+    pub fn check(&self) -> &'static str {
+        match self {
+            Self::Receipt(e) => e.check(),
+            Self::Fields(_) => "fields",
+            Self::NotAppending => "receipt_check",
+        }
+    }
+
+    /// Refused by the allow-list: the image is genuine but not (yet) one the publisher signed
+    /// for, which an operator may fix by allowing it.
+    pub fn is_policy(&self) -> bool {
+        matches!(self, Self::Receipt(ReceiptCheckError::Policy { .. }))
+    }
+}
+
+/// Reports carry the refusal as its text (`"<check>: <reason>"`).
+impl serde::Serialize for ReceiptRefusal {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 /// Verifies a receipt and its attestation binding, and returns the fields
 /// the receipt really carries. The real implementation (protocol::receipt)
 /// plugs in here; the ledger refuses a request whose claimed fields differ.
 pub trait ReceiptCheck: Send + Sync {
-    fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, String>;
+    fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, ReceiptRefusal>;
 }
 
 /// What a leaf states about itself, read from its bytes alone: the fields the ledger indexes
@@ -187,7 +227,7 @@ pub trait LeafReader: Send + Sync {
 
 /// One check (and its document cache) shared by an appender and its ledger.
 impl<T: ReceiptCheck + ?Sized> ReceiptCheck for std::sync::Arc<T> {
-    fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, String> {
+    fn check(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<IndexedFields, ReceiptRefusal> {
         (**self).check(leaf, attestation_document)
     }
 }

@@ -2,7 +2,7 @@
 //! refuses claimed fields that differ from the receipt's, and appends through
 //! a [`LedgerStore`], signing checkpoints by the [`CheckpointPolicy`].
 
-use crate::entry::{AppendRequest, FieldError, IndexedFields, ReceiptCheck};
+use crate::entry::{AppendRequest, FieldError, IndexedFields, ReceiptCheck, ReceiptRefusal};
 use crate::merkle::{consistency_proof, Hash, ProofError};
 use crate::note::{NoteSigner, VerifierKey};
 use crate::store::{AppendOutcome, CheckpointPolicy, LedgerStore, StoreError, StoredCheckpoint};
@@ -11,7 +11,7 @@ use crate::store::{AppendOutcome, CheckpointPolicy, LedgerStore, StoreError, Sto
 #[derive(Debug, thiserror::Error)]
 pub enum LedgerError {
     #[error("request {position}: receipt check failed: {reason}")]
-    ReceiptRejected { position: usize, reason: String },
+    ReceiptRejected { position: usize, reason: ReceiptRefusal },
     #[error("request {position}: claimed field {field} differs from the receipt")]
     FieldMismatch { position: usize, field: &'static str },
     #[error("request {position}: {error}")]

@@ -12,7 +12,6 @@ pub mod ledger;
 pub mod local;
 pub mod merkle;
 pub mod note;
-pub mod policy;
 pub mod receipt_check;
 pub mod store;
 pub mod testing;
@@ -20,12 +19,11 @@ pub mod verify;
 
 pub use bundle::{prove, verify_bundle, verify_bundle_and_receipt, BundleError, ProofBundle, VerifiedBundle};
 pub use checkpoint::{Checkpoint, CheckpointError};
-pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, LeafClaims, LeafReader, ReceiptCheck};
+pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, LeafClaims, LeafReader, ReceiptCheck, ReceiptRefusal};
 pub use ledger::{consistency, CheckedReceipt, Ledger, LedgerError};
 pub use local::{LocalError, LocalLedger};
 pub use note::{NoteError, NoteSigner, RemoteSigner, SignerKey, VerifierKey};
-pub use policy::{policy_id, AllowedPolicy, PolicySet, PolicySetError};
-pub use receipt_check::{ProtocolLeaves, ProtocolReceipts, ReceiptCheckError, VerifiedReceipt};
+pub use receipt_check::{append_request, receipt_fields, ProtocolLeaves};
 pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
 };

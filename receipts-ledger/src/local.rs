@@ -18,7 +18,7 @@ use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::entry::{IndexedFields, ReceiptCheck};
+use crate::entry::{IndexedFields, ReceiptCheck, ReceiptRefusal};
 use crate::ledger::{Ledger, LedgerError};
 use crate::note::{NoteError, SignerKey, VerifierKey, check_key_name};
 use crate::store::{CheckpointPolicy, LedgerStore, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint};
@@ -142,8 +142,8 @@ impl LocalLedger {
 struct NoAppends;
 
 impl ReceiptCheck for NoAppends {
-    fn check(&self, _: &[u8], _: &[u8]) -> Result<IndexedFields, String> {
-        Err("this ledger handle does not append".into())
+    fn check(&self, _: &[u8], _: &[u8]) -> Result<IndexedFields, ReceiptRefusal> {
+        Err(ReceiptRefusal::NotAppending)
     }
 }
 

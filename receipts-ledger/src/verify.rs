@@ -4,7 +4,7 @@
 //! Each problem is reported with the entry index (or checkpoint size) it is at.
 
 use crate::checkpoint::Checkpoint;
-use crate::entry::{attestation_sha256, Entry, ReceiptCheck, GENESIS_PREV_HASH};
+use crate::entry::{attestation_sha256, Entry, ReceiptCheck, ReceiptRefusal, GENESIS_PREV_HASH};
 use crate::merkle::{leaf_hash, node_hash, Hash, NodeId, TreeReadError, EMPTY_ROOT};
 use crate::note::VerifierKey;
 use crate::store::{expected_tree_nodes, LedgerStore, StoreError};
@@ -33,7 +33,7 @@ pub enum Issue {
     /// The stored document no longer hashes to its key.
     AttestationAltered { index: u64 },
     InvalidFields { index: u64, error: String },
-    ReceiptRejected { index: u64, reason: String },
+    ReceiptRejected { index: u64, reason: ReceiptRefusal },
     /// An indexed field differs from what the receipt says.
     FieldMismatch { index: u64, field: &'static str },
     /// A stored tree node differs from the one recomputed from the leaves
@@ -380,7 +380,7 @@ pub fn verify_entry(
         return invalid("attestation document was altered".into());
     }
     match check.check(&entry.leaf, &document) {
-        Err(reason) => return invalid(reason),
+        Err(reason) => return invalid(reason.to_string()),
         Ok(actual) => {
             if let Some(field) = entry.fields.first_difference(&actual) {
                 return invalid(format!("indexed field {field} differs from the receipt"));

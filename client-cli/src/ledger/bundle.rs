@@ -102,7 +102,7 @@ pub(super) fn bundle_refusal(e: &BundleError) -> Refusal {
     Refusal { check, message: e.to_string() }
 }
 
-pub(super) fn receipt_refusal(e: &ReceiptCheckError) -> Refusal {
+pub(super) fn receipt_refusal(e: &ReceiptRefusal) -> Refusal {
     Refusal { check: e.check(), message: e.to_string() }
 }
 
@@ -112,22 +112,21 @@ pub(super) fn receipt_refusal(e: &ReceiptCheckError) -> Refusal {
 pub fn check_bundle(
     bytes: &[u8],
     pinned: &VerifierKey,
-    check: &ProtocolReceipts,
+    check: &ReceiptVerifier,
     job: Option<&str>,
 ) -> Result<ProvenReceipt, Refusal> {
     let bundle = ProofBundle::from_json(bytes).map_err(|e| bundle_refusal(&e))?;
     let proven = verify_bundle(&bundle, pinned).map_err(|e| bundle_refusal(&e))?;
-    let receipt = check.verify(&proven.receipt, &proven.attestation_document).map_err(|e| receipt_refusal(&e))?;
+    let receipt =
+        check.verify(&proven.receipt, &proven.attestation_document).map_err(|e| receipt_refusal(&e.into()))?;
+    let fields = receipt_fields(&receipt).map_err(|e| receipt_refusal(&e))?;
     if let Some(job) = job
-        && !receipt.fields.job_id.eq_ignore_ascii_case(job.trim())
+        && !fields.job_id.eq_ignore_ascii_case(job.trim())
     {
-        return Err(Refusal {
-            check: "job",
-            message: format!("the bundle proves job {}, not {job}", receipt.fields.job_id),
-        });
+        return Err(Refusal { check: "job", message: format!("the bundle proves job {}, not {job}", fields.job_id) });
     }
     Ok(ProvenReceipt {
-        fields: receipt.fields,
+        fields,
         tokens: receipt.receipt.tokens,
         leaf_index: proven.leaf_index,
         tree_size: proven.checkpoint.size,

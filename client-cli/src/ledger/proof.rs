@@ -67,8 +67,10 @@ mod tests {
     use cloud::PutCondition;
     use cloud_local::DirObjectStore;
     use receipts_ledger::store::tiles::{Cache, TileOptions, TileStore, layout::Layout};
-    use receipts_ledger::testing::DevEnclave;
-    use receipts_ledger::{CheckpointPolicy, Ledger, LedgerStore, ProtocolReceipts, SignerKey};
+    use protocol::dev_enclave::DevEnclave;
+    use receipts_ledger::testing::dev_request;
+    use receipts_ledger::{CheckpointPolicy, Ledger, LedgerStore, SignerKey};
+    use protocol::receipt_check::ReceiptVerifier;
 
     const T: u64 = 1_761_955_200_000;
 
@@ -90,11 +92,11 @@ mod tests {
         let signer = SignerKey::from_seed("ledger.example/proofs", &[5; 32]).unwrap();
         let key = signer.verifier();
         let store = TileStore::open(bucket, Layout::new(""), Cache::Memory, key.clone(), TileOptions::appender()).unwrap();
-        let check = Box::new(ProtocolReceipts::new(enclave.anchor()));
+        let check = Box::new(ReceiptVerifier::new(enclave.anchor()));
         let mut ledger = Ledger::new(store, check, Box::new(signer), CheckpointPolicy::default());
         let mut proofs = Vec::new();
         for j in 0..4 {
-            ledger.append(enclave.request(j), T + j).unwrap();
+            ledger.append(dev_request(&enclave, j), T + j).unwrap();
             let bundle = receipts_ledger::prove(ledger.store(), &format!("{j:032x}")).unwrap();
             jobs.put(&layout::job_ledger_proof(&id(j)), bundle.to_json().as_bytes(), PutCondition::Overwrite).unwrap();
             proofs.push(bundle);

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use protocol::attestation::format_ms;
 use protocol::receipt::SignedReceipt;
-use receipts_ledger::{EntryVerdict, LedgerStore, LocalLedger, ProtocolReceipts, Query, VerifierKey, verify_entry};
+use receipts_ledger::{EntryVerdict, LedgerStore, LocalLedger, Query, VerifierKey, verify_entry};
+use protocol::receipt_check::ReceiptVerifier;
 use serde::Serialize;
 
 use super::{LedgerTrust, home_key, latest_signed, receipt_check};
@@ -40,7 +41,7 @@ pub fn query_rows(
     store: &dyn LedgerStore,
     query: &Query,
     key: &VerifierKey,
-    check: &ProtocolReceipts,
+    check: &ReceiptVerifier,
 ) -> anyhow::Result<Vec<Row>> {
     let checkpoint = latest_signed(store, key)?;
     let mut rows = Vec::new();
@@ -152,8 +153,9 @@ fn table(rows: &[Row]) -> String {
 mod tests {
     use super::*;
     use ed25519_dalek::SigningKey;
-    use receipts_ledger::testing::DevEnclave;
-    use receipts_ledger::{PolicySet, policy_id};
+    use protocol::dev_enclave::DevEnclave;
+    use receipts_ledger::testing::dev_request;
+    use protocol::attestation::{PolicySet, policy_id};
     use std::sync::Arc;
 
     const T: u64 = 1_761_955_200_000;
@@ -166,19 +168,19 @@ mod tests {
         let (old, new) = (DevEnclave::new(3, T), DevEnclave::with_image(3, 0x0b, T));
         let publisher = SigningKey::from_bytes(&[0x51; 32]);
         {
-            let (mut l, _) = LocalLedger::open(&dir, Box::new(ProtocolReceipts::new(old.anchor()))).unwrap();
-            l.append(old.request(0), T).unwrap();
+            let (mut l, _) = LocalLedger::open(&dir, Box::new(ReceiptVerifier::new(old.anchor()))).unwrap();
+            l.append(dev_request(&old, 0), T).unwrap();
         }
         let signed = vec![("old.json".into(), old.policy(&publisher)), ("new.json".into(), new.policy(&publisher))];
         let set = PolicySet::verify(&publisher.verifying_key(), signed).unwrap();
-        let check = Arc::new(ProtocolReceipts::enforcing(old.anchor(), set).unwrap());
+        let check = Arc::new(ReceiptVerifier::enforcing(old.anchor(), set).unwrap());
         let (mut l, key) = LocalLedger::open(&dir, Box::new(check)).unwrap();
-        l.append(old.request(1), T).unwrap();
-        l.append(new.request(2), T).unwrap();
+        l.append(dev_request(&old, 1), T).unwrap();
+        l.append(dev_request(&new, 2), T).unwrap();
         drop(l);
 
         let store = LocalLedger::open_read_only(&dir).unwrap();
-        let rows = query_rows(&store, &Query::default(), &key, &ProtocolReceipts::new(old.anchor())).unwrap();
+        let rows = query_rows(&store, &Query::default(), &key, &ReceiptVerifier::new(old.anchor())).unwrap();
         let (old_id, new_id) = (hex::encode(policy_id(&old.policy(&publisher))), hex::encode(policy_id(&new.policy(&publisher))));
         let policies: Vec<Option<&str>> = rows.iter().map(|r| r.policy.as_deref()).collect();
         assert_eq!(policies, vec![None, Some(old_id.as_str()), Some(new_id.as_str())]);

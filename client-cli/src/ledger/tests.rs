@@ -1,7 +1,8 @@
 #[test]
 fn sync_copies_a_bucket_ledger_and_audits_it() {
     use cloud::{ObjectStore, PutCondition};
-    use receipts_ledger::testing::DevEnclave;
+    use protocol::dev_enclave::DevEnclave;
+    use receipts_ledger::testing::dev_request;
     use receipts_ledger::{CheckpointPolicy, Ledger, SignerKey};
 
     let tmp = tempfile::tempdir().unwrap();
@@ -18,10 +19,10 @@ fn sync_copies_a_bucket_ledger_and_audits_it() {
     )
     .unwrap();
     let enclave = DevEnclave::new(3, T);
-    let check = Box::new(ProtocolReceipts::new(enclave.anchor()));
+    let check = Box::new(ReceiptVerifier::new(enclave.anchor()));
     let mut ledger = Ledger::new(store, check, Box::new(signer), CheckpointPolicy::default());
     for j in 0..5 {
-        ledger.append(enclave.request(j), T + j).unwrap();
+        ledger.append(dev_request(&enclave, j), T + j).unwrap();
     }
     let home_ledger = tmp.path().join("audit-home/ledger");
     let from = bucket.to_str().unwrap();
@@ -61,7 +62,8 @@ fn sync_copies_a_bucket_ledger_and_audits_it() {
 use super::*;
 use clap::Parser;
 use receipts_ledger::local::{LEDGER_DB, LocalOptions};
-use receipts_ledger::testing::DevEnclave;
+use protocol::dev_enclave::DevEnclave;
+use receipts_ledger::testing::dev_request;
 use receipts_ledger::{CheckpointPolicy, EntryVerdict, SignerKey, SqliteOptions};
 
 /// 2025-11-01T00:00:00Z.
@@ -96,10 +98,10 @@ impl Home {
             policy: CheckpointPolicy { every_appends: 4, every_ms: u64::MAX },
             ..LocalOptions::default()
         };
-        let check = Box::new(ProtocolReceipts::new(enclave.anchor()));
+        let check = Box::new(ReceiptVerifier::new(enclave.anchor()));
         let (mut l, _) = LocalLedger::open_with(&ledger, check, &options).unwrap();
         for j in 0..n {
-            l.append(enclave.request(j), T + j).unwrap();
+            l.append(dev_request(&enclave, j), T + j).unwrap();
         }
         Home { _tmp: tmp, ledger, enclave }
     }
@@ -114,8 +116,8 @@ impl Home {
         LocalLedger::verifier_key(&self.ledger).unwrap()
     }
 
-    fn dev_check(&self) -> ProtocolReceipts {
-        ProtocolReceipts::new(self.enclave.anchor())
+    fn dev_check(&self) -> ReceiptVerifier {
+        ReceiptVerifier::new(self.enclave.anchor())
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -214,7 +216,7 @@ fn query_rows_carry_the_verdict() {
     assert_eq!(q(Query { since_ms: Some(T + 3000), until_ms: Some(T + 5000), ..Query::default() }).len(), 2);
 
     // Under the AWS root these receipts prove nothing: every verdict says why.
-    let aws = ProtocolReceipts::new(TrustAnchor::aws_nitro_g1());
+    let aws = ReceiptVerifier::new(TrustAnchor::aws_nitro_g1());
     let rows = query_rows(&store, &Query::default(), &home.key(), &aws).unwrap();
     assert!(rows.iter().all(
         |r| matches!(&r.verdict, EntryVerdict::Invalid { reason } if reason.starts_with("attestation: root_pinned"))
@@ -307,7 +309,7 @@ fn prove_then_verify_bundle() {
     assert_eq!((v.leaf_index, v.tree_size, v.fields.job_id.as_str()), (5, 6, job(5).as_str()));
     assert_eq!(v.fields, receipts_ledger::receipt_check::indexed_fields(&home.enclave.receipt(5)));
     assert!(v.bundle_key_matches_pinned);
-    let aws = ProtocolReceipts::new(TrustAnchor::aws_nitro_g1());
+    let aws = ReceiptVerifier::new(TrustAnchor::aws_nitro_g1());
     assert_eq!(check_bundle(&bytes, &home.key(), &aws, None).unwrap_err().check, "attestation");
 }
 

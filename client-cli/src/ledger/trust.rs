@@ -75,9 +75,9 @@ pub(super) fn resolve_root(args: &RootArgs, ledger_dir: &Path, home_default: boo
     Ok(root)
 }
 
-pub(super) fn receipt_check(args: &RootArgs, ledger_dir: &Path, home_default: bool) -> anyhow::Result<ProtocolReceipts> {
+pub(super) fn receipt_check(args: &RootArgs, ledger_dir: &Path, home_default: bool) -> anyhow::Result<ReceiptVerifier> {
     let root = resolve_root(args, ledger_dir, home_default)?;
-    Ok(ProtocolReceipts::new(root)
+    Ok(ReceiptVerifier::new(root)
         .with_expected_pcrs(args.expect_pcr.iter().cloned().collect())
         .allow_debug(args.allow_debug))
 }

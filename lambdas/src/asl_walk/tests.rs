@@ -7,8 +7,8 @@ use cloud::messages::{Failure, JobState, JobStatus};
 use cloud::workflow::{complete_bulk_task, JobEnd};
 use cloud::{layout, Completion, PutCondition, TaskTokens};
 use protocol::envelope::JobId;
-use receipts_ledger::testing::DevEnclave;
-use receipts_ledger::ProtocolReceipts;
+use protocol::dev_enclave::DevEnclave;
+use protocol::receipt_check::ReceiptVerifier;
 use std::collections::HashMap;
 
 const T: u64 = 1_761_955_200_000;
@@ -161,7 +161,7 @@ impl Environment for Env {
             let token = payload["task_token"].as_str().unwrap().to_owned();
             self.token_jobs.insert(token, payload["job_id"].as_str().unwrap().to_owned());
         }
-        let check = ProtocolReceipts::new(self.enclave.anchor());
+        let check = ReceiptVerifier::new(self.enclave.anchor());
         let s = &self.f.services;
         let steps = Steps {
             jobs: s.jobs.as_ref(),

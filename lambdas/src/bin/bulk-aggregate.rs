@@ -11,13 +11,13 @@
 
 use lambdas::bulk::{self, AggregateInput};
 use lambdas::shell::{self, ShellError};
-use receipts_ledger::ProtocolReceipts;
+use protocol::receipt_check::ReceiptVerifier;
 
 struct App {
     bucket: String,
     jobs: cloud_aws::S3ObjectStore,
     attestations: cloud_aws::S3ObjectStore,
-    check: ProtocolReceipts,
+    check: ReceiptVerifier,
 }
 
 fn init() -> Result<App, ShellError> {

@@ -4,7 +4,7 @@
 use cloud::workflow::JOB_FAILED_ERROR;
 use cloud::{layout, ObjectError, ObjectStore, PutCondition};
 use protocol::envelope::JobId;
-use receipts_ledger::ProtocolReceipts;
+use protocol::receipt_check::ReceiptVerifier;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -132,7 +132,7 @@ pub fn aggregate(
     input: &AggregateInput,
     jobs: &dyn ObjectStore,
     attestations: &dyn ObjectStore,
-    check: &ProtocolReceipts,
+    check: &ReceiptVerifier,
     now_ms: u64,
 ) -> Result<AggregateOutput, BulkError> {
     check_bulk_id(&input.bulk_id)?;
@@ -179,7 +179,7 @@ pub fn aggregate(
 }
 
 /// The manifest with its totals, over shards of distinct jobs (so each job counts once).
-fn manifest(input: &AggregateInput, check: &ProtocolReceipts, now_ms: u64, shards: Vec<ManifestShard>) -> Manifest {
+fn manifest(input: &AggregateInput, check: &ReceiptVerifier, now_ms: u64, shards: Vec<ManifestShard>) -> Manifest {
     let mut m = Manifest {
         version: 1,
         bulk_id: input.bulk_id.clone(),
@@ -220,7 +220,7 @@ fn verify_shard(
     job: &JobId,
     jobs: &dyn ObjectStore,
     attestations: &dyn ObjectStore,
-    check: &ProtocolReceipts,
+    check: &ReceiptVerifier,
 ) -> Result<Option<ManifestStatus>, BulkError> {
     let receipt_key = layout::job_receipt(job);
     let leaf = match jobs.get_at_most(&receipt_key, cloud::MAX_SMALL_OBJECT) {
@@ -239,7 +239,7 @@ fn verify_leaf(
     receipt_key: &str,
     leaf: &[u8],
     attestations: &dyn ObjectStore,
-    check: &ProtocolReceipts,
+    check: &ReceiptVerifier,
 ) -> Result<ManifestStatus, BulkError> {
     let refused = |check: &str, message: String| ManifestStatus::Refused { receipt_key: receipt_key.to_owned(), check: check.into(), message };
     // The receipt names its document; read it unverified only to know which one to fetch.
@@ -272,7 +272,7 @@ fn verify_leaf(
         model_id: r.model_id.clone(),
         manifest_hash: hex::encode(r.manifest_hash),
         attestation_sha256: hex::encode(r.attestation_sha256),
-        pcr0: verified.fields.pcr0.clone(),
+        pcr0: r.pcrs.get(&0).map(hex::encode).unwrap_or_default(),
         records_ok: r.records_ok,
         records_failed: r.records_failed,
         tokens: r.tokens,

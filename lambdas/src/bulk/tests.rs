@@ -1,7 +1,8 @@
 use super::*;
 use cloud_local::DirObjectStore;
-use receipts_ledger::testing::DevEnclave;
-use receipts_ledger::{PolicySet, ProtocolReceipts};
+use protocol::dev_enclave::DevEnclave;
+use protocol::attestation::PolicySet;
+use protocol::receipt_check::ReceiptVerifier;
 use sha2::{Digest, Sha256};
 
 const T: u64 = 1_761_955_200_000;
@@ -52,12 +53,12 @@ fn bulk_aggregate_refuses_a_shard_receipt_from_another_image() {
         m.shards.into_iter().map(|s| s.status).collect()
     };
     // Any image under the root: the other image's receipt counts as committed.
-    aggregate(&input, &jobs, &attestations, &ProtocolReceipts::new(genuine.anchor()), T).unwrap();
+    aggregate(&input, &jobs, &attestations, &ReceiptVerifier::new(genuine.anchor()), T).unwrap();
     assert!(matches!(statuses(&jobs)[1], ManifestStatus::Committed { .. }));
 
     let publisher = ed25519_dalek::SigningKey::from_bytes(&[0x51; 32]);
     let set = PolicySet::verify(&publisher.verifying_key(), vec![("p.json".into(), genuine.policy(&publisher))]).unwrap();
-    let check = ProtocolReceipts::enforcing(genuine.anchor(), set).unwrap();
+    let check = ReceiptVerifier::enforcing(genuine.anchor(), set).unwrap();
     let err = aggregate(&input, &jobs, &attestations, &check, T).unwrap_err();
     assert!(matches!(&err, BulkError::ReceiptsRefused { refused: 1, total: 2, first, .. } if first.starts_with(&format!("job {}: policy: ", job(2).to_hex()))), "{err}");
     let statuses = statuses(&jobs);
@@ -74,7 +75,7 @@ fn a_listing_with_one_job_twice_is_refused_by_name() {
     let id = job(7);
     jobs.put(&layout::job_receipt(&id), &enclave.sign(&enclave.receipt(7)), PutCondition::Overwrite).unwrap();
     plant_listing(&jobs, "dup", vec![shard("dup", "a", &id), shard("dup", "copy-of-a", &id)]);
-    let err = aggregate(&input("dup", vec![ShardStatus::Committed; 2]), &jobs, &attestations, &ProtocolReceipts::new(enclave.anchor()), T).unwrap_err();
+    let err = aggregate(&input("dup", vec![ShardStatus::Committed; 2]), &jobs, &attestations, &ReceiptVerifier::new(enclave.anchor()), T).unwrap_err();
     match &err {
         BulkError::DuplicateJob { job_id, first, second } => {
             assert_eq!(job_id, &id.to_hex());
@@ -89,7 +90,7 @@ fn a_listing_with_one_job_twice_is_refused_by_name() {
 #[test]
 fn the_aggregate_step_reads_only_its_own_bounded_listing() {
     let (_tmp, jobs, attestations) = stores();
-    let check = ProtocolReceipts::new(DevEnclave::new(4, T).anchor());
+    let check = ReceiptVerifier::new(DevEnclave::new(4, T).anchor());
     let run = |input: &AggregateInput| aggregate(input, &jobs, &attestations, &check, T).unwrap_err();
 
     assert!(matches!(run(&input("none", vec![])), BulkError::Object(ObjectError::NotFound { .. })));
@@ -114,7 +115,7 @@ fn an_oversized_receipt_is_refused_unread() {
     let id = job(3);
     jobs.put(&layout::job_receipt(&id), &vec![0u8; (cloud::MAX_SMALL_OBJECT + 1) as usize], PutCondition::CreateOnly).unwrap();
     plant_listing(&jobs, "big", vec![shard("big", "a", &id)]);
-    let check = ProtocolReceipts::new(DevEnclave::new(4, T).anchor());
+    let check = ReceiptVerifier::new(DevEnclave::new(4, T).anchor());
     let err = aggregate(&input("big", vec![ShardStatus::Committed]), &jobs, &attestations, &check, T).unwrap_err();
     assert!(matches!(&err, BulkError::ReceiptsRefused { refused: 1, first, .. } if first.contains("receipt: larger than")), "{err}");
 }

@@ -272,7 +272,7 @@ fn a_committed_receipt_the_ledger_never_heard_of_is_sent_to_it() {
     use cloud::messages::LedgerMessage;
 
     let f = Fixture::new();
-    let e = receipts_ledger::testing::DevEnclave::new(2, cloud::now_ms());
+    let e = protocol::dev_enclave::DevEnclave::new(2, cloud::now_ms());
     let signed = e.sign(&e.receipt(41));
     let job = e.receipt(41).job_id;
     f.services.jobs.put(&layout::job_receipt(&job), &signed, PutCondition::CreateOnly).unwrap();

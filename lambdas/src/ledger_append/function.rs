@@ -8,7 +8,9 @@ use cloud_aws::AwsClients;
 use cloud::ObjectStore;
 use protocol::attestation::TrustAnchor;
 use receipts_ledger::store::tiles::{cache_file, layout::Layout, TileOptions};
-use receipts_ledger::{CheckpointPolicy, Ledger, NoteSigner, PolicySet, ProtocolReceipts, TileStore, VerifierKey};
+use receipts_ledger::{CheckpointPolicy, Ledger, NoteSigner, TileStore, VerifierKey};
+use protocol::attestation::PolicySet;
+use protocol::receipt_check::ReceiptVerifier;
 
 use super::{process, settle, LedgerQueues, Outcome, RetryBudget};
 use crate::shell::{self, ShellError};
@@ -37,7 +39,7 @@ pub enum FunctionError {
         source: receipts_ledger::TileError,
     },
     #[error("attestation policies: {0}")]
-    Policies(#[from] receipts_ledger::PolicySetError),
+    Policies(#[from] protocol::attestation::PolicySetError),
 }
 
 /// The `ledger-append` function as it lives between invocations: the ledger on S3 with its
@@ -53,7 +55,7 @@ pub struct LedgerFunction {
 impl LedgerFunction {
     /// Opens the ledger in its bucket and brings the cache up to the bucket's checkpoint.
     pub fn open(config: FunctionConfig, bucket: &str) -> Result<LedgerFunction, FunctionError> {
-        let check = ProtocolReceipts::enforcing(config.root, config.policies)?;
+        let check = ReceiptVerifier::enforcing(config.root, config.policies)?;
         let fail = |source| FunctionError::Ledger { bucket: bucket.to_owned(), source };
         let verifier = config.signer.verifier();
         let mut store =

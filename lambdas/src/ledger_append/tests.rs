@@ -5,8 +5,10 @@ use cloud::hooked::{Hooked, ThrottledPuts};
 use cloud_local::{DirObjectStore, QueueConfig, SqliteQueue};
 use cloud::ObjectError;
 use receipts_ledger::store::tiles::{layout::Layout, read_head, Cache, TileOptions};
-use receipts_ledger::testing::DevEnclave;
-use receipts_ledger::{CheckpointPolicy, PolicySet, ProofBundle, ProtocolReceipts, ReceiptCheck, SignerKey, TileStore};
+use protocol::dev_enclave::DevEnclave;
+use receipts_ledger::{CheckpointPolicy, ProofBundle, ReceiptCheck, SignerKey, TileStore};
+use protocol::attestation::PolicySet;
+use protocol::receipt_check::ReceiptVerifier;
 
 const T: u64 = 1_761_955_200_000;
 
@@ -35,10 +37,10 @@ fn publisher() -> ed25519_dalek::SigningKey {
 }
 
 /// The appender's check: `images`' policies, signed by the publisher.
-fn enforcing(images: &[&DevEnclave]) -> Arc<ProtocolReceipts> {
+fn enforcing(images: &[&DevEnclave]) -> Arc<ReceiptVerifier> {
     let signed = images.iter().map(|e| ("policy.json".to_owned(), e.policy(&publisher()))).collect();
     let set = PolicySet::verify(&publisher().verifying_key(), signed).unwrap();
-    Arc::new(ProtocolReceipts::enforcing(images[0].anchor(), set).unwrap())
+    Arc::new(ReceiptVerifier::enforcing(images[0].anchor(), set).unwrap())
 }
 
 #[derive(Default)]
@@ -195,16 +197,16 @@ fn ledger_refuses_a_receipt_from_another_image() {
     assert_eq!(r.appended, vec![job(5)]);
     let entry = ledger.store().entry_by_job(&job(5)).unwrap().unwrap();
     assert_eq!((entry.index, entry.fields.pcr0), (0, hex::encode(genuine.pcrs[0])));
-    let id = receipts_ledger::policy_id(&genuine.policy(&publisher()));
+    let id = protocol::attestation::policy_id(&genuine.policy(&publisher()));
     assert_eq!(entry.fields.policy, Some(hex::encode(id)));
 }
 
 /// Counts the checks the ledger runs (each is an Ed25519 and, for a new document, a P-384
 /// chain verification).
-struct Counting(Arc<ProtocolReceipts>, Arc<std::sync::atomic::AtomicUsize>);
+struct Counting(Arc<ReceiptVerifier>, Arc<std::sync::atomic::AtomicUsize>);
 
 impl ReceiptCheck for Counting {
-    fn check(&self, leaf: &[u8], document: &[u8]) -> Result<IndexedFields, String> {
+    fn check(&self, leaf: &[u8], document: &[u8]) -> Result<IndexedFields, receipts_ledger::ReceiptRefusal> {
         self.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.0.check(leaf, document)
     }
@@ -231,10 +233,10 @@ fn each_receipt_is_checked_once() {
 }
 
 /// A check that panics on one receipt (a bug these bytes meet), and is the real check otherwise.
-struct Panicking(Arc<ProtocolReceipts>, Vec<u8>);
+struct Panicking(Arc<ReceiptVerifier>, Vec<u8>);
 
 impl ReceiptCheck for Panicking {
-    fn check(&self, leaf: &[u8], document: &[u8]) -> Result<IndexedFields, String> {
+    fn check(&self, leaf: &[u8], document: &[u8]) -> Result<IndexedFields, receipts_ledger::ReceiptRefusal> {
         assert_ne!(leaf, self.1.as_slice(), "a bug met by these bytes");
         self.0.check(leaf, document)
     }
@@ -276,18 +278,22 @@ fn failures_that_may_pass_are_retried_within_the_budget_and_hold_nobody_up() {
 
 #[test]
 fn failures_are_classified_by_what_caused_them() {
-    use receipts_ledger::LedgerError as L;
+    use protocol::receipt::ReceiptError;
+    use protocol::receipt_check::ReceiptCheckError;
+    use receipts_ledger::{LedgerError as L, ReceiptRefusal};
+    let policy = || ReceiptRefusal::Receipt(ReceiptCheckError::Policy { pcr0: "ee".repeat(48), debug_mode: false, allowed: 1 });
     let refused = [
         AppendError::Body("x".into()),
-        AppendError::Receipt("receipt_signature: bad".into()),
+        AppendError::Receipt(ReceiptCheckError::ReceiptSignature(ReceiptError::Invalid("bad")).into()),
         AppendError::Ledger(L::Store(StoreError::TooLarge { what: "receipt", size: 2, max: 1 })),
         AppendError::Ledger(L::Store(StoreError::Tiles(Box::new(TileError::EntryTooLarge { index: 3, size: 70_000 })))),
     ];
     for e in &refused {
         assert_eq!(e.fate(), Fate::Refused, "{e}");
     }
-    assert_eq!(AppendError::Receipt("policy: none admits".into()).fate(), Fate::Held);
-    assert_eq!(AppendError::Ledger(L::ReceiptRejected { position: 0, reason: "policy: none".into() }).fate(), Fate::Held);
+    assert_eq!(AppendError::Receipt(policy()).fate(), Fate::Held);
+    assert_eq!(AppendError::Ledger(L::ReceiptRejected { position: 0, reason: policy() }).fate(), Fate::Held);
+    assert_eq!(AppendError::Receipt(policy()).check(), "policy");
     let retried = [
         AppendError::Object(ObjectError::Unavailable { key: "k".into(), message: "503".into() }),
         AppendError::Object(ObjectError::NoSuchBucket { bucket: "b".into(), key: "k".into() }),
@@ -348,5 +354,5 @@ fn the_function_refuses_to_start_on_a_policy_for_another_root() {
         policies: set,
     };
     let err = LedgerFunction::open(config, "ledger").err().expect("refused");
-    assert!(matches!(err, FunctionError::Policies(receipts_ledger::PolicySetError::Root { .. })), "{err}");
+    assert!(matches!(err, FunctionError::Policies(protocol::attestation::PolicySetError::Root { .. })), "{err}");
 }

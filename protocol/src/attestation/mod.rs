@@ -11,6 +11,7 @@
 //! - [`error`]: one error enum per check;
 //! - [`binding`]: the `user_data` key binding;
 //! - [`policy`]: the publisher-signed policy file;
+//! - [`policy_set`]: the verified allow-list of policies a receipt check admits;
 //! - `dev_issuer` (feature `dev-issuer`): the development CA that signs documents of the real shape;
 //! - `vectors` (feature `dev-issuer`): known-answer vectors quoted by the protocol documentation.
 //!
@@ -27,6 +28,7 @@ pub mod dev_issuer;
 pub mod document;
 pub mod error;
 pub mod policy;
+pub mod policy_set;
 pub mod roots;
 #[cfg(feature = "dev-issuer")]
 pub mod vectors;
@@ -40,6 +42,7 @@ pub use dev_issuer::{DevIssuer, DevIssuerError, DevIssuerKeys, DevTlsIdentity, D
 pub use document::AttestationDocument;
 pub use error::AttestationError;
 pub use policy::{Policy, PolicyError, SignedPolicy};
+pub use policy_set::{AllowedPolicy, PolicyId, PolicySet, PolicySetError, policy_id};
 pub use roots::{RootKind, TrustAnchor, TrustAnchorError};
 pub use verify::{VerifyOptions, verify, verify_report};
 pub use x509::format_ms;
