@@ -3,7 +3,7 @@
 CloudFormation, for the emulator flow of docs/operations.md §10.
 
     emulator_stack.py derive TEMPLATE OUT          the emulator template (stdlib only)
-    emulator_stack.py deploy --template T --assets CDK_OUT --stack-name NAME --outputs FILE
+    emulator_stack.py deploy --template T --stack-name NAME --outputs FILE [--assets CDK_OUT]
                                                    needs boto3 (moto's venv) and AWS_ENDPOINT_URL
 
 `derive` keeps every resource whose type moto's CloudFormation creates (KEPT) and strips, by an
@@ -11,9 +11,10 @@ explicit list with the reason for each (STRIPPED), what it cannot create or what
 the emulator instead of the process that stands in for it; a type on neither list stops it.
 What else it changes is in ADAPTED; all of it is printed. `deploy` does what `cdk bootstrap`
 and `cdk deploy` would: the bootstrap version parameter, the assets bucket and the file assets,
-CreateStack, then the bucket notifications of the stripped custom resource (their Lambda
-destination replaced by the upload-events queue the template gains), and writes the stack's
-Outputs in `cdk deploy --outputs-file` form.
+CreateStack (and a check that moto created every resource: it skips a type it does not know
+with a log line), then the bucket notifications of the stripped custom resource (their Lambda
+destination replaced by the upload-events queue the template gains) and the bucket settings moto's
+CloudFormation ignores, and writes the stack's Outputs in `cdk deploy --outputs-file` form.
 """
 
 import argparse
@@ -244,8 +245,10 @@ def print_report(report, out=sys.stderr):
         for rtype in sorted(report[kind]):
             reason = KEPT.get(rtype) if kind == "kept" else STRIPPED.get(rtype)
             print(f"  {len(report[kind][rtype]):3} {rtype}: {reason}", file=out)
-    for item in report["adapted"]:
-        print(f"adapted ({item['what']}): {item['logical_id']}", file=out)
+    for what, reason in ADAPTED.items():
+        names = [item["logical_id"] for item in report["adapted"] if item["what"] == what]
+        if names:
+            print(f"adapted: {', '.join(names)}: {reason}", file=out)
     for name, settings in sorted(report["bucket_settings"].items()):
         print(f"bucket settings applied after creation: {name}: {', '.join(sorted(settings))}", file=out)
     for item in report["references"]:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every Rust test in the workspace against the shared fixtures, with an AWS emulator (moto,
-# scripts/moto.sh) for the AWS-path tests. `--aws` runs only the AWS emulator tests (`make test-aws`).
+# scripts/moto.sh) for the AWS-path tests, whose stack moto creates from the CDK app's template
+# (scripts/emulator-stack.sh). `--aws` runs only the AWS emulator tests (`make test-aws`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 only_aws=false
@@ -21,11 +22,19 @@ else
 fi
 export EPHEM_TEST_AWS_ENDPOINT="$endpoint"
 
+# The AWS tests' stack is the CDK app's template, created by moto's CloudFormation
+# (scripts/emulator-stack.sh): synthesized once here, then the filter that derives the emulator
+# template is tested (on its fixtures and on that template).
+started=$(date +%s)
+bash scripts/emulator-stack.sh synth >/dev/null
+python3 -m unittest discover -s scripts/tests -p 'test_emulator_stack.py'
+echo "emulator stack: synthesized and its filter tested in $(( $(date +%s) - started ))s"
+
 # The cross-component tests run the real binaries: build them first.
 cargo build --workspace --bins --locked
 if $only_aws; then
     cargo test --locked -p cloud-aws --lib
-    cargo test --locked -p tests --test aws_conformance --test aws_pipeline --test aws_workflow -- aws_
+    cargo test --locked -p tests --test aws_conformance --test aws_pipeline --test aws_stack --test aws_workflow -- aws_
 else
     cargo test --workspace --locked
 fi

@@ -5,7 +5,9 @@
 //!
 //! KMS in these tests is the project's local KMS (`--kms local`), not the emulator's: moto's
 //! KMS accepts `Recipient` and ignores it (it would hand the host plaintext) and has no
-//! `GenerateDataKeyPair*`. S3, SQS and the S3 → SQS upload notification are the emulator's.
+//! `GenerateDataKeyPair*`. S3, SQS and the S3 → SQS upload notification are the emulator's; the
+//! pipeline's buckets, queues, DLQs and notification filters come from the CDK app's template,
+//! created by the emulator's CloudFormation ([`deploy_template`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -52,7 +54,9 @@ pub fn clients(endpoint: &str) -> AwsClients {
     AwsClients::connect_emulator(endpoint, REGION).expect("clients for the emulator")
 }
 
-/// Fresh buckets, queues (+ DLQs) and emulator KMS keys, as `dev aws-bootstrap` makes them.
+/// Fresh buckets, queues (+ DLQs) and emulator KMS keys, made by hand (`cloud_aws::bootstrap`):
+/// for the adapters' semantics, each test with queues of its own and the redrive limit it needs,
+/// in milliseconds. The stack itself comes from [`deploy_template`].
 pub fn fresh_stack(clients: &AwsClients, tag: &str, max_receives: u32) -> StackOutputs {
     let options = BootstrapOptions { name_prefix: unique_prefix(tag), max_receives, job_visibility_s: 30, ..BootstrapOptions::default() };
     cloud_aws::bootstrap::bootstrap(clients, &options).expect("bootstrap in the emulator")
@@ -71,10 +75,21 @@ fn emulator_env(command: &mut Command, endpoint: &str) {
         .env_remove("AWS_DEFAULT_REGION");
 }
 
-/// The pipeline with `--backend aws` in a temporary home: resources from
-/// `ephem-batch dev aws-bootstrap`, processes from `ephem-batch --backend aws dev up`
-/// (host-poller in aws mode spawning the local enclave worker; the upload/ledger pump). `dev
-/// down` when dropped.
+/// `scripts/emulator-stack.sh deploy`: the CDK app's synthesized template, as the emulator
+/// template derives it (scripts/emulator_stack.py), created by the emulator's CloudFormation as
+/// stack `stack_name`; its outputs written to `outputs`. Synthesizes the app first unless an
+/// earlier synth is newer than its sources (`scripts/test-rust.sh` synthesizes it once).
+pub fn deploy_template(endpoint: &str, stack_name: &str, outputs: &Path) -> Output {
+    let mut command = Command::new("bash");
+    command.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/emulator-stack.sh")).arg("deploy").arg(outputs).arg(stack_name);
+    emulator_env(&mut command, endpoint);
+    command.output().expect("run scripts/emulator-stack.sh")
+}
+
+/// The pipeline with `--backend aws` in a temporary home: resources created by the emulator's
+/// CloudFormation from the CDK app's template ([`deploy_template`]), processes from
+/// `ephem-batch --backend aws dev up` (host-poller in aws mode spawning the local enclave
+/// worker; the upload/ledger pump). `dev down` when dropped.
 pub struct AwsStack {
     pub home: tempfile::TempDir,
     pub endpoint: String,
@@ -83,15 +98,14 @@ pub struct AwsStack {
 }
 
 impl AwsStack {
-    /// `dev aws-bootstrap` with this redrive limit; nothing runs yet.
-    pub fn bootstrap(endpoint: &str, max_receives: u32) -> AwsStack {
+    /// The template's stack, deployed into the emulator ([`deploy_template`]); nothing runs yet.
+    pub fn deploy(endpoint: &str) -> AwsStack {
         let home = tempfile::tempdir().expect("temporary home");
         let outputs = home.path().join("aws-outputs.json");
         let stack = AwsStack { endpoint: endpoint.to_owned(), outputs, bin: bin_dir(), home };
-        let prefix = unique_prefix("p");
-        let max = max_receives.to_string();
-        let out = stack.cli(&["dev", "aws-bootstrap", "--name-prefix", &prefix, "--max-receives", &max, "--job-visibility-s", "30"]);
-        assert!(out.status.success(), "dev aws-bootstrap failed:\n{}", stack.describe(&out));
+        // A stack name of its own (a letter, then letters, digits and hyphens, as CloudFormation wants).
+        let out = deploy_template(endpoint, &unique_prefix("p"), &stack.outputs);
+        assert!(out.status.success(), "scripts/emulator-stack.sh deploy failed:\n{}", stack.describe(&out));
         assert!(stack.outputs.is_file());
         stack
     }
@@ -118,6 +132,9 @@ impl AwsStack {
             .env("EPHEM_KMS", "local")
             .env("EPHEM_MODEL_DIR", model_dir())
             .env("EPHEM_BIN_DIR", &self.bin)
+            // A failed attempt comes back after 1 s, 2 s, 4 s, … (not 5 s, 10 s, …), so a message
+            // reaches the template's redrive limit (5 receives) within seconds.
+            .env("EPHEM_RETRY_BASE_MS", "1000")
             .env_remove("EPHEM_HOME");
         emulator_env(&mut command, &self.endpoint);
         command

@@ -1,5 +1,7 @@
 //! The pipeline with `--backend aws` against an AWS emulator (moto), through the real binaries:
-//! resources from `ephem-batch dev aws-bootstrap`; `ephem-batch --backend aws dev up` starts the
+//! resources created by the emulator's CloudFormation from the CDK app's synthesized template
+//! (`scripts/emulator-stack.sh deploy`: its bucket and queue names, redrive policies,
+//! notification filters and outputs); `ephem-batch --backend aws dev up` starts the
 //! host-poller in aws mode (spawning the local enclave worker with its development NSM) and the
 //! pump that stands in for the Lambdas — S3's upload event, as moto delivers it to an SQS queue,
 //! goes to the real `on-upload` handler, and the ledger queue's messages go to the
@@ -14,7 +16,7 @@
 //!
 //! One stack, three phases: a job end to end (`verify` exits 0); a job whose first delivery is
 //! abandoned, redelivered after its visibility timeout; messages that fail on every delivery,
-//! dead-lettered by the queue's redrive policy after three receives and taken from the DLQ by
+//! dead-lettered by the template's redrive policy (five receives) and taken from the DLQ by
 //! `job-dead-letter`.
 
 use std::path::Path;
@@ -26,8 +28,8 @@ use serde_json::Value;
 use tests::aws::{endpoint, AwsStack};
 use tests::{canary_hits, corpus_with_canaries};
 
-/// The stack's redrive limit: small, so dead letters come quickly.
-const MAX_RECEIVES: u32 = 3;
+/// The template's redrive limit of the job queue (cdk/lib/queues.ts `JOB_MAX_RECEIVES`).
+const JOB_MAX_RECEIVES: u32 = 5;
 
 fn json(text: &str) -> Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
@@ -48,10 +50,11 @@ fn dump(store: &dyn ObjectStore, dir: &Path) {
 #[test]
 fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
     let Some(endpoint) = endpoint() else { return };
-    let stack = AwsStack::bootstrap(&endpoint, MAX_RECEIVES);
+    let stack = AwsStack::deploy(&endpoint);
     stack.up();
     let cloud = stack.cloud();
     let services = cloud.services();
+    assert_eq!(cloud.job_queue().max_receives().unwrap(), Some(JOB_MAX_RECEIVES), "the job queue's redrive policy is the template's");
     let work = tempfile::tempdir().unwrap();
 
     // --- 1. a job end to end ------------------------------------------------------------------
@@ -95,7 +98,7 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
         assert!(ledger_keys.iter().any(|k| k == key), "{key} is not in the ledger bucket: {ledger_keys:?}\n{}", stack.logs());
     }
     assert!(!stack.home().join("ledger/ledger.sqlite").exists(), "no local ledger stands in for the S3 one");
-    let pinned = stack.home().join("aws-ledger/ledger.pub"); // pinned by dev aws-bootstrap
+    let pinned = stack.home().join("aws-ledger/ledger.pub"); // pinned by dev up (the development ledger key)
     let from = format!("s3://{}", cloud.settings().ledger_bucket.as_deref().unwrap());
     stack.ok(&["ledger", "sync", "--from", &from, "--ledger-key", pinned.to_str().unwrap(), "--json"]);
     let ledger_check = json(&stack.ok(&["ledger", "verify", "--json"]));

@@ -11,7 +11,8 @@
 //! of SendTaskFailure (only `error` reaches the execution), answers a SendTaskSuccess on a
 //! closed or timed-out token with `InvalidToken` (AWS also uses `TaskTimedOut`; both count as
 //! closed), and accepts a SendTaskFailure on a token that already succeeded (AWS refuses it),
-//! so the tests complete a closed token with SendTaskSuccess.
+//! so the tests complete a closed token with SendTaskSuccess. The bulk workflow's own state
+//! machine, as the CDK app's template creates it, is checked in `aws_stack.rs`.
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -213,45 +214,6 @@ fn aws_a_token_nobody_completes_times_out_and_a_late_completion_is_closed() {
     let output: Value = serde_json::from_str(done.output.as_deref().unwrap()).unwrap();
     assert_eq!(output["error"]["Error"], "States.Timeout");
     assert!(matches!(workflow.succeed(&token, "{}").unwrap(), Completion::AlreadyClosed { .. }));
-}
-
-/// `dev aws-bootstrap`'s state machine is the bulk workflow's one definition, placeholders
-/// filled as the CDK app fills them, and takes executions (its Lambda task states do not run in
-/// the emulator: moto's Lambda needs Docker).
-#[test]
-fn aws_bootstrap_creates_the_bulk_state_machine_from_the_one_definition() {
-    let Some(endpoint) = endpoint() else { return };
-    let clients = clients(&endpoint);
-    let options = cloud_aws::bootstrap::BootstrapOptions {
-        name_prefix: unique_prefix("sm"),
-        bulk_definition: Some(lambdas::local_workflow::DEFINITION.into()),
-        ..Default::default()
-    };
-    let outputs = cloud_aws::bootstrap::bootstrap(&clients, &options).unwrap();
-    let arn = outputs.values["BulkStateMachineArn"].clone();
-    assert_eq!(outputs.values["StorePrefixes"], "stores/");
-    let described = clients.runtime.block_on(clients.sfn.describe_state_machine().state_machine_arn(&arn).send()).unwrap();
-    let deployed: Value = serde_json::from_str(described.definition()).unwrap();
-    let jobs = &outputs.values["JobsBucketName"];
-    let await_step = &deployed["States"]["AwaitShards"]["ItemProcessor"]["States"]["AwaitShard"];
-    assert_eq!(await_step["Resource"], "arn:aws:states:::lambda:invoke.waitForTaskToken");
-    assert_eq!(await_step["Parameters"]["Payload"]["bucket"], jobs.as_str());
-    let function = deployed["States"]["ListShards"]["Parameters"]["FunctionName"].as_str().unwrap();
-    assert!(function.starts_with("arn:aws:lambda:us-east-1:") && function.ends_with("-bulk-list-shards"), "{function}");
-    // The same definition as the local runtime walks, function names aside.
-    let prefix = function.trim_end_matches("bulk-list-shards");
-    let renamed = described.definition().replace(prefix, "");
-    assert_eq!(serde_json::from_str::<Value>(&renamed).unwrap(), lambdas::local_workflow::definition(jobs));
-
-    // Idempotent: the same machine again.
-    let again = cloud_aws::bootstrap::bootstrap(&clients, &options).unwrap();
-    assert_eq!(again.values["BulkStateMachineArn"], arn);
-    // `submit --bulk` starts executions through the adapter (without the execute switch moto
-    // keeps them RUNNING).
-    let workflow = clients.step_functions(Some(&arn));
-    let execution = workflow.start(&unique_prefix("bulk"), r#"{"bulk_id":"b1","prefix":"stores/default/incoming/b1/"}"#).unwrap();
-    assert!(execution.contains(":execution:"), "{execution}");
-    workflow.describe(&execution).unwrap();
 }
 
 /// A bulk run waits on a token for a job whose input `on-upload` then refuses: no host will

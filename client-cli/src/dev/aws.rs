@@ -1,23 +1,24 @@
 //! The AWS flow on one machine, against an emulator (moto: `scripts/moto.sh start`, then
-//! `AWS_ENDPOINT_URL=http://127.0.0.1:PORT`):
+//! `AWS_ENDPOINT_URL=http://127.0.0.1:PORT`), on the resources the CDK app's own template creates:
 //!
 //! ```text
-//! ephem-batch dev aws-bootstrap --kms local          # buckets, queues + DLQs, upload notification → <home>/aws-outputs.json
+//! scripts/emulator-stack.sh deploy .ephem/aws-outputs.json   # the synthesized template, created by moto's CloudFormation
 //! export EPHEM_STACK_OUTPUTS=.ephem/aws-outputs.json EPHEM_KMS=local
 //! ephem-batch --backend aws dev up                   # keys, epoch, model; host-poller (aws mode) + aws-pump
 //! ephem-batch --backend aws submit corpus.jsonl --wait
 //! ephem-batch --backend aws verify <JOB>
 //! ```
 //!
-//! What stands in for what AWS runs: the jobs bucket notifies an SQS queue instead of the
-//! `on-upload` Lambda, and [`pump`] calls the real handlers — `on-upload` with the S3 event
-//! the emulator delivered (an event it gives up on goes, as Lambda's failure record, to
-//! `job-dead-letter`, which also consumes the jobs DLQ), and the `ledger-append` function the Lambda binary serves
-//! ([`LedgerFunction`]: the ledger on S3 in the tlog-tiles layout, its SQLite index a cache)
-//! with the SQS event Lambda's event source would build from the ledger queue. KMS is the local
-//! one: the emulator's KMS ignores `Recipient` and has no `GenerateDataKeyPair*`; for the same
-//! reason (no Ed25519 KMS keys) the ledger's checkpoints are signed by a development key that
-//! `dev aws-bootstrap` writes and pins.
+//! What stands in for what AWS runs: the jobs bucket notifies an SQS queue (`UploadEventsQueueUrl`,
+//! which the emulator template adds) instead of the `on-upload` Lambda, and [`pump`] calls the
+//! real handlers — `on-upload` with the S3 event the emulator delivered (an event it gives up on
+//! goes, as Lambda's failure record, to `job-dead-letter`, which also consumes the jobs DLQ), and
+//! the `ledger-append` function the Lambda binary serves ([`LedgerFunction`]: the ledger on S3 in
+//! the tlog-tiles layout, its SQLite index a cache) with the SQS event Lambda's event source would
+//! build from the ledger queue. KMS is the local one: the emulator's KMS ignores `Recipient` and
+//! has no `GenerateDataKeyPair*`; for the same reason (no Ed25519 KMS keys) the ledger's
+//! checkpoints are signed by a development key that [`start_pump`] writes and pins when the
+//! outputs name no `LedgerSigningKeyArn`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,7 +77,9 @@ pub struct PumpArgs {
     pub wait_s: u64,
 }
 
-/// `dev aws-bootstrap`: the stack's storage, queues and (unless KMS is local) keys.
+/// `dev aws-bootstrap`: the stack's storage, queues and (unless KMS is local) keys, made by hand
+/// (cloud_aws::bootstrap) rather than from the CDK app's template; the emulator flow and its
+/// tests use `scripts/emulator-stack.sh deploy` instead.
 pub fn bootstrap(home: &Home, backend: &BackendArgs, args: &BootstrapArgs) -> anyhow::Result<()> {
     if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
         eprintln!("note: AWS_ENDPOINT_URL is not set: creating the resources in the real AWS account of your credentials");
@@ -99,11 +102,7 @@ pub fn bootstrap(home: &Home, backend: &BackendArgs, args: &BootstrapArgs) -> an
     println!("{}", path.display());
     eprintln!("stack outputs written; use them with --stack-outputs {} (or EPHEM_STACK_OUTPUTS)", path.display());
     let ledger_bucket = &outputs.values[cloud_aws::settings::LEDGER_BUCKET.output];
-    let verifier = ensure_dev_ledger_key(home, ledger_bucket, clients.region())?;
-    eprintln!(
-        "ledger checkpoints in s3://{ledger_bucket} are signed by a DEVELOPMENT key ({}), pinned for this home: {verifier}",
-        dev_ledger_key_path(home).display()
-    );
+    announce_dev_ledger_key(home, ledger_bucket, ensure_dev_ledger_key(home, ledger_bucket, clients.region())?);
     if !kms_keys {
         eprintln!("no KMS keys created: KMS is the local one (--kms local); `dev up --backend aws` creates its keys");
     }
@@ -138,10 +137,19 @@ pub fn child_env(home: &Home, backend: &BackendArgs) -> anyhow::Result<Vec<(&'st
     Ok(env)
 }
 
-/// Starts [`pump`] in the background unless it runs.
+/// Starts [`pump`] in the background unless it runs. Without a `LedgerSigningKeyArn` (an
+/// emulator has no Ed25519 KMS keys) the ledger's checkpoints are signed by a development key,
+/// written and pinned for this home first, so `verify` checks against it.
 pub fn start_pump(home: &Home, backend: &BackendArgs) -> anyhow::Result<()> {
     if super::running(home, PUMP).is_some() {
         return Ok(());
+    }
+    let cloud = crate::backend::open(home, backend)?.aws.ok_or_else(|| anyhow!("the pump needs --backend aws"))?;
+    if cloud.settings().ledger_signing_key_arn.is_none() {
+        let bucket = cloud.settings().ledger_bucket.clone().ok_or_else(|| {
+            anyhow!("no ledger bucket (EPHEM_LEDGER_BUCKET / LedgerBucketName): ledger-append writes the ledger to S3")
+        })?;
+        announce_dev_ledger_key(home, &bucket, ensure_dev_ledger_key(home, &bucket, cloud.clients().region())?);
     }
     let me = std::env::current_exe()?;
     let args: Vec<String> =
@@ -161,7 +169,7 @@ pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Resu
     let cloud = crate::backend::open(home, backend)?.aws.ok_or_else(|| anyhow!("dev aws-pump needs --backend aws"))?;
     let events = cloud.upload_events().ok_or_else(|| {
         anyhow!(
-            "no upload-event queue ({} in the outputs of `ephem-batch dev aws-bootstrap`, or EPHEM_UPLOAD_EVENTS_QUEUE_URL); \
+            "no upload-event queue ({} in the outputs of `scripts/emulator-stack.sh deploy`, or EPHEM_UPLOAD_EVENTS_QUEUE_URL); \
              in AWS the bucket notifies the on-upload Lambda and nothing needs pumping",
             cloud_aws::settings::UPLOAD_EVENTS_OUTPUT
         )
@@ -279,12 +287,12 @@ fn with_s3_record_fields(mut event: Value) -> Value {
 /// The `ledger-append` function the Lambda binary runs ([`LedgerFunction`]), on the ledger
 /// bucket of the settings: its cache under `<home>/aws-pump/`, checkpoints signed by the
 /// deployment's KMS key (`LedgerSigningKeyArn`) or, in an emulator without Ed25519 KMS keys, by
-/// the development key `dev aws-bootstrap` wrote.
+/// the development key [`start_pump`] wrote.
 pub fn ledger_function(
     home: &Home,
     cloud: &AwsCloud,
     root: TrustAnchor,
-    policies: protocol::attestation::PolicySet,
+    policies: receipts_ledger::PolicySet,
 ) -> anyhow::Result<LedgerFunction> {
     let bucket = cloud.settings().ledger_bucket.clone().ok_or_else(|| {
         anyhow!("no ledger bucket (EPHEM_LEDGER_BUCKET / LedgerBucketName): ledger-append writes the ledger to S3")
@@ -298,7 +306,7 @@ pub fn ledger_function(
         None => {
             let path = dev_ledger_key_path(home);
             let text = std::fs::read_to_string(&path).with_context(|| {
-                format!("no LedgerSigningKeyArn and no development ledger key {} (run `ephem-batch dev aws-bootstrap`)", path.display())
+                format!("no LedgerSigningKeyArn and no development ledger key {} (`ephem-batch --backend aws dev up` writes it)", path.display())
             })?;
             tracing::warn!(key = %path.display(), "checkpoints are signed with a development key outside KMS");
             Box::new(SignerKey::parse(text.trim()).with_context(|| format!("ledger key {}", path.display()))?)
@@ -374,6 +382,13 @@ pub fn pump_dead_letters(
 /// keys); private, like the local ledger's.
 fn dev_ledger_key_path(home: &Home) -> PathBuf {
     home.root().join("aws-ledger-signing.key")
+}
+
+fn announce_dev_ledger_key(home: &Home, bucket: &str, verifier: VerifierKey) {
+    eprintln!(
+        "ledger checkpoints in s3://{bucket} are signed by a DEVELOPMENT key ({}), pinned for this home: {verifier}",
+        dev_ledger_key_path(home).display()
+    );
 }
 
 /// A development ledger key named after the ledger bucket (the origin `ledger-append` would
