@@ -84,8 +84,8 @@ pub enum LedgerCommand {
     /// The compliance view: one row per receipt (time, job, model, counts, measurement, verdict).
     Query {
         /// Only this job (hex id).
-        #[arg(long, value_name = "ID")]
-        job: Option<String>,
+        #[arg(long, value_name = "ID", value_parser = parse_job)]
+        job: Option<JobId>,
         /// Only this model id.
         #[arg(long, value_name = "ID")]
         model: Option<String>,
@@ -120,7 +120,8 @@ pub enum LedgerCommand {
     /// signed checkpoint).
     Prove {
         /// The job id (hex).
-        job: String,
+        #[arg(value_parser = parse_job)]
+        job: JobId,
         /// Where to write the bundle (`-` for stdout).
         #[arg(short = 'o', long = "output", value_name = "BUNDLE.json")]
         output: PathBuf,
@@ -134,8 +135,8 @@ pub enum LedgerCommand {
         #[arg(long, value_name = "FILE|TEXT", env = "EPHEM_LEDGER_KEY")]
         ledger_key: String,
         /// The bundle must prove this job.
-        #[arg(long, value_name = "ID")]
-        job: Option<String>,
+        #[arg(long, value_name = "ID", value_parser = parse_job)]
+        job: Option<JobId>,
         #[command(flatten)]
         root: RootArgs,
         #[arg(long)]
@@ -205,7 +206,7 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
     match command {
         LedgerCommand::Query { job, model, pcr0, client, since, until, json, trust } => {
             let query = Query {
-                job_id: job.map(|j| j.to_ascii_lowercase()),
+                job_id: job,
                 model_id: model,
                 pcr0: pcr0.map(|p| p.to_ascii_lowercase()),
                 client_key_id: client.map(|c| c.to_ascii_lowercase()),
@@ -219,7 +220,7 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
         LedgerCommand::Checkpoint => checkpoint_command(ledger_dir),
         LedgerCommand::Prove { job, output } => prove_command(ledger_dir, &job, &output),
         LedgerCommand::VerifyBundle { bundle, ledger_key, job, root, json } => {
-            verify_bundle_command(ledger_dir, &bundle, &ledger_key, job.as_deref(), &root, json)
+            verify_bundle_command(ledger_dir, &bundle, &ledger_key, job.as_ref(), &root, json)
         }
         LedgerCommand::Consistency { old_size, new_size, json } => {
             consistency_command(ledger_dir, old_size, new_size, json)
@@ -232,6 +233,11 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
 }
 
 // ---- argument parsers ------------------------------------------------------------------
+
+/// A job id: 32 hex digits, either case (the ledger writes them in lowercase).
+fn parse_job(s: &str) -> Result<JobId, String> {
+    s.trim().to_ascii_lowercase().parse().map_err(|_| format!("job id {s:?} is not 32 hex digits"))
+}
 
 /// RFC 3339, a UTC date `YYYY-MM-DD`, or Unix milliseconds.
 fn parse_time(s: &str) -> Result<u64, String> {

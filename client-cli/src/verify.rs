@@ -294,7 +294,7 @@ pub fn check_ledger(home: &Home, services: &Services, job: &JobId, receipt: &[u8
         };
         let store = LocalLedger::open_read_only(&dir)?;
         let pinned = LocalLedger::verifier_key(&dir)?;
-        let bundle = receipts_ledger::prove(&store, &job.to_hex()).map_err(|e| anyhow!("{e}"))?;
+        let bundle = receipts_ledger::prove(&store, job).map_err(|e| anyhow!("{e}"))?;
         let verified = receipts_ledger::verify_bundle(&bundle, &pinned).map_err(|e| anyhow!("{e}"))?;
         if verified.receipt != receipt {
             return Err(anyhow!("the ledger holds a different receipt for this job"));

@@ -65,12 +65,12 @@ pub enum AppendError {
     #[error("receipt refused: {0}")]
     Receipt(ReceiptRefusal),
     #[error("the message names job {message}, the receipt job {receipt}")]
-    JobMismatch { message: String, receipt: String },
+    JobMismatch { message: JobId, receipt: JobId },
     /// The ledger already holds a different valid receipt for the job: two receipts for one job
     /// should never both exist (one commit wins at `jobs/<id>/receipt.cose`), so it is an alarm,
     /// not a success.
     #[error("the ledger holds another receipt for job {job} (entry {index}); this one is not appended")]
-    OtherReceipt { job: String, index: u64 },
+    OtherReceipt { job: JobId, index: u64 },
     #[error("ledger: {0}")]
     Ledger(#[from] receipts_ledger::LedgerError),
     #[error("the job's ledger proof: {0}")]
@@ -354,8 +354,8 @@ fn append_one<S: LedgerStore>(
         other => other.into(),
     })?;
     let fields = checked.fields().clone();
-    if fields.job_id != job.to_hex() {
-        return Err(AppendError::JobMismatch { message: job.to_hex(), receipt: fields.job_id });
+    if fields.job_id != job {
+        return Err(AppendError::JobMismatch { message: job, receipt: fields.job_id });
     }
     let outcome = ledger.append_checked(checked, now_ms)?;
     match outcome {
@@ -363,7 +363,7 @@ fn append_one<S: LedgerStore>(
         AppendOutcome::Existing { index, same_leaf: false } => {
             // `ledgered.json` must not claim this receipt is in: the entry is another one.
             tracing::error!(alarm = "ledger_holds_another_receipt", job = %job, index, "a second receipt for a ledgered job");
-            return Err(AppendError::OtherReceipt { job: job.to_hex(), index });
+            return Err(AppendError::OtherReceipt { job, index });
         }
         AppendOutcome::Existing { .. } => {}
     }
@@ -378,10 +378,10 @@ fn append_one<S: LedgerStore>(
 /// `jobs/<id>/ledger-proof.json`: the entry proven against the latest checkpoint (signing one
 /// first where the store has not yet), checked under the ledger's own key before it is handed out.
 fn write_proof<S: LedgerStore>(ledger: &mut Ledger<S>, jobs: &dyn ObjectStore, job: &JobId, now_ms: u64) -> Result<(), AppendError> {
-    let bundle = match receipts_ledger::prove(ledger.store(), &job.to_hex()) {
+    let bundle = match receipts_ledger::prove(ledger.store(), job) {
         Err(BundleError::NotCheckpointed { .. }) => {
             ledger.checkpoint_now(now_ms)?;
-            receipts_ledger::prove(ledger.store(), &job.to_hex())?
+            receipts_ledger::prove(ledger.store(), job)?
         }
         other => other?,
     };

@@ -5,6 +5,7 @@
 //! `{"version":1, "receipt", "attestation_document", "leaf_index", "tree_size",
 //!   "inclusion_path":[…], "checkpoint", "ledger_key"}`.
 
+use protocol::JobId;
 use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::entry::{IndexedFields, ReceiptCheck, ReceiptRefusal};
 use crate::merkle::{inclusion_proof, leaf_hash, verify_inclusion, Hash, ProofError, VerifyError};
@@ -61,7 +62,7 @@ pub enum BundleError {
     #[error("receipt check failed: {0}")]
     ReceiptRejected(ReceiptRefusal),
     #[error("job {0} is not in the ledger")]
-    UnknownJob(String),
+    UnknownJob(JobId),
     #[error("entry {index} is not covered by a checkpoint yet (latest checkpoint size {latest})")]
     NotCheckpointed { index: u64, latest: u64 },
     #[error("entry {index}: attestation document is missing from the ledger")]
@@ -108,8 +109,8 @@ impl ProofBundle {
 }
 
 /// Builds the bundle for `job_id` against the latest checkpoint.
-pub fn prove(store: &dyn LedgerStore, job_id: &str) -> Result<ProofBundle, BundleError> {
-    let entry = store.entry_by_job(job_id)?.ok_or_else(|| BundleError::UnknownJob(job_id.to_owned()))?;
+pub fn prove(store: &dyn LedgerStore, job_id: &JobId) -> Result<ProofBundle, BundleError> {
+    let entry = store.entry_by_job(job_id)?.ok_or(BundleError::UnknownJob(*job_id))?;
     let cp = store.latest_checkpoint()?;
     let latest = cp.as_ref().map_or(0, |c| c.size);
     let cp = cp
@@ -203,7 +204,7 @@ mod tests {
     #[test]
     fn known_answer_bundle() {
         let (s, key) = two_leaf_ledger();
-        let b = prove(&s, &format!("{:032x}", 1)).unwrap();
+        let b = prove(&s, &crate::testing::test_job(1)).unwrap();
         let want = ProofBundle {
             version: 1,
             receipt: "726563656970742d31".into(),
@@ -233,7 +234,7 @@ mod tests {
     fn any_changed_hex_digit_fails() {
         let (s, key) = two_leaf_ledger();
         let pinned = key.verifier();
-        let good = prove(&s, &format!("{:032x}", 0)).unwrap();
+        let good = prove(&s, &crate::testing::test_job(0)).unwrap();
         verify_bundle(&good, &pinned).unwrap();
         for i in 0..good.receipt.len() {
             let mut b = good.clone();
@@ -268,7 +269,7 @@ mod tests {
     #[test]
     fn only_the_pinned_key_is_trusted() {
         let (s, key) = two_leaf_ledger();
-        let good = prove(&s, &format!("{:032x}", 1)).unwrap();
+        let good = prove(&s, &crate::testing::test_job(1)).unwrap();
         // An attacker re-signs a checkpoint over a forged tree with their own
         // key under the same origin, and names that key in the bundle.
         let evil = SignerKey::from_seed(ORIGIN, &[0x66; 32]).unwrap();
@@ -297,16 +298,16 @@ mod tests {
     #[test]
     fn json_is_strict_and_unproven_jobs_are_named() {
         let (mut s, key) = two_leaf_ledger();
-        let good = prove(&s, &format!("{:032x}", 1)).unwrap();
+        let good = prove(&s, &crate::testing::test_job(1)).unwrap();
         let mut v: serde_json::Value = serde_json::from_str(&good.to_json()).unwrap();
         v["extra"] = 1.into();
         assert!(matches!(ProofBundle::from_json(v.to_string().as_bytes()), Err(BundleError::Json(_))));
         assert!(matches!(ProofBundle::from_json(b"{}"), Err(BundleError::Json(_))));
-        assert!(matches!(prove(&s, "ff"), Err(BundleError::UnknownJob(_))));
+        assert!(matches!(prove(&s, &crate::testing::test_job(0xff)), Err(BundleError::UnknownJob(_))));
         let req = AppendRequest { leaf: b"receipt-2".to_vec(), fields: sample_fields(2), attestation_document: b"d".to_vec() };
         s.append(&[req], &key, &CheckpointPolicy { every_appends: 2, every_ms: u64::MAX }, 2).unwrap();
         assert!(matches!(
-            prove(&s, &format!("{:032x}", 2)),
+            prove(&s, &crate::testing::test_job(2)),
             Err(BundleError::NotCheckpointed { index: 2, latest: 2 })
         ));
     }

@@ -9,6 +9,7 @@
 //!                          || SHA-256(attestation_document[i]) )
 //! ```
 
+use protocol::JobId;
 use protocol::receipt_check::ReceiptCheckError;
 
 use crate::merkle::{leaf_hash, Hash};
@@ -53,7 +54,7 @@ pub fn attestation_sha256(document: &[u8]) -> Hash {
 /// other policies or none.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IndexedFields {
-    pub job_id: String,
+    pub job_id: JobId,
     pub model_id: String,
     pub manifest_hash: String,
     pub pcr0: String,
@@ -108,7 +109,6 @@ fn check_int(field: &'static str, v: u64) -> Result<(), FieldError> {
 
 impl IndexedFields {
     pub fn validate(&self) -> Result<(), FieldError> {
-        check_hex("job_id", &self.job_id)?;
         if self.model_id.is_empty() {
             return Err(FieldError::Empty { field: "model_id" });
         }
@@ -259,7 +259,7 @@ impl Entry {
 #[cfg(test)]
 pub(crate) fn sample_fields(job: u64) -> IndexedFields {
     IndexedFields {
-        job_id: format!("{job:032x}"),
+        job_id: crate::testing::test_job(job),
         model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
         manifest_hash: "ab".repeat(32),
         pcr0: "cd".repeat(48),
@@ -297,9 +297,11 @@ mod tests {
     fn field_validation_names_the_field() {
         let ok = sample_fields(1);
         ok.validate().unwrap();
-        let mut f = ok.clone();
-        f.job_id = "ABCD".into();
-        assert_eq!(f.validate(), Err(FieldError::NotLowerHex { field: "job_id" }));
+        // A job id that is not 32 lowercase hex digits does not even decode (a tiles metadata
+        // record, a query's filter): the type holds only valid ones.
+        let mut json = serde_json::to_value(&ok).unwrap();
+        json["job_id"] = "ABCD".into();
+        assert!(serde_json::from_value::<IndexedFields>(json).is_err());
         let mut f = ok.clone();
         f.pcr0 = "abc".into();
         assert_eq!(f.validate(), Err(FieldError::NotLowerHex { field: "pcr0" }));

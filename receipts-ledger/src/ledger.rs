@@ -152,7 +152,7 @@ mod tests {
         let mut r = test_request(1, 100);
         l.append(r.clone(), 1).unwrap();
         r.fields.ok_count += 1;
-        r.fields.job_id = format!("{:032x}", 2);
+        r.fields.job_id = crate::testing::test_job(2);
         assert!(matches!(l.append(r, 2), Err(LedgerError::FieldMismatch { field: "job_id", position: 0 })));
         let mut r = test_request(3, 100);
         r.attestation_document.push(0);

@@ -47,7 +47,7 @@ impl LeafReader for ProtocolLeaves {
 /// The fields the ledger indexes, as `receipt` states them (lowercase hex).
 pub fn indexed_fields(receipt: &Receipt) -> IndexedFields {
     IndexedFields {
-        job_id: receipt.job_id.to_hex(),
+        job_id: receipt.job_id,
         model_id: receipt.model_id.clone(),
         manifest_hash: hex::encode(receipt.manifest_hash),
         pcr0: receipt.pcrs.get(&0).map(hex::encode).unwrap_or_default(),

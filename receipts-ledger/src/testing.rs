@@ -42,10 +42,15 @@ impl LeafReader for TestReceipts {
     }
 }
 
+/// The id of test job `job` (its number, big-endian, as the development enclave numbers jobs).
+pub fn test_job(job: u64) -> protocol::JobId {
+    protocol::JobId(u128::from(job).to_be_bytes())
+}
+
 /// Fields for test job `job`.
 pub fn test_fields(job: u64) -> IndexedFields {
     IndexedFields {
-        job_id: format!("{job:032x}"),
+        job_id: test_job(job),
         model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
         manifest_hash: "ab".repeat(32),
         pcr0: "cd".repeat(48),

@@ -87,7 +87,7 @@ fn concurrent_processes_never_fork_the_chain() {
     assert_eq!(assert_sound(&db), JOBS, "every job exactly once");
     let store = SqliteStore::open(&db, &SqliteOptions::default()).unwrap();
     for j in 0..JOBS {
-        let e = store.entry_by_job(&format!("{j:032x}")).unwrap().unwrap();
+        let e = store.entry_by_job(&receipts_ledger::testing::test_job(j)).unwrap().unwrap();
         assert_eq!(e.leaf, test_request(j, 600).leaf);
     }
 }

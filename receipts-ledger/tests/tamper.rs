@@ -165,7 +165,7 @@ fn inserted_row_is_named() {
              failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms) \
              VALUES (12, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 0)",
             params![
-                f.job_id, f.model_id, f.manifest_hash, f.pcr0, f.client_key_id, f.start_ms as i64, f.end_ms as i64,
+                f.job_id.to_hex(), f.model_id, f.manifest_hash, f.pcr0, f.client_key_id, f.start_ms as i64, f.end_ms as i64,
                 f.ok_count as i64, f.failed_count as i64, forged.leaf, att, &prev[..], &h[..]
             ],
         )

@@ -9,13 +9,8 @@ pub(super) fn clock_ms() -> anyhow::Result<u64> {
     u64::try_from(d.as_millis()).context("system clock out of range")
 }
 
-pub(super) fn job_hex(job: &str) -> anyhow::Result<String> {
-    let lower = job.trim().to_ascii_lowercase();
-    JobId::from_hex(&lower).map(|j| j.to_hex()).ok_or_else(|| anyhow!("job id {job:?} is not 32 hex digits"))
-}
-
 /// The bundle for `job`, signing a checkpoint first if none covers the entry yet.
-pub(super) fn bundle_for(dir: &Path, job: &str) -> anyhow::Result<Option<ProofBundle>> {
+pub(super) fn bundle_for(dir: &Path, job: &JobId) -> anyhow::Result<Option<ProofBundle>> {
     let store = LocalLedger::open_read_only(dir)?;
     match prove(&store, job) {
         Ok(b) => Ok(Some(b)),
@@ -31,9 +26,8 @@ pub(super) fn bundle_for(dir: &Path, job: &str) -> anyhow::Result<Option<ProofBu
     }
 }
 
-pub(super) fn prove_command(dir: &Path, job: &str, output: &Path) -> anyhow::Result<ExitCode> {
-    let job = job_hex(job)?;
-    let Some(bundle) = bundle_for(dir, &job)? else {
+pub(super) fn prove_command(dir: &Path, job: &JobId, output: &Path) -> anyhow::Result<ExitCode> {
+    let Some(bundle) = bundle_for(dir, job)? else {
         eprintln!("job {job} is not in the ledger");
         return Ok(ExitCode::from(1));
     };
@@ -113,7 +107,7 @@ pub fn check_bundle(
     bytes: &[u8],
     pinned: &VerifierKey,
     check: &ReceiptVerifier,
-    job: Option<&str>,
+    job: Option<&JobId>,
 ) -> Result<ProvenReceipt, Refusal> {
     let bundle = ProofBundle::from_json(bytes).map_err(|e| bundle_refusal(&e))?;
     let proven = verify_bundle(&bundle, pinned).map_err(|e| bundle_refusal(&e))?;
@@ -121,7 +115,7 @@ pub fn check_bundle(
         check.verify(&proven.receipt, &proven.attestation_document).map_err(|e| receipt_refusal(&e.into()))?;
     let fields = receipt_fields(&receipt).map_err(|e| receipt_refusal(&e))?;
     if let Some(job) = job
-        && !fields.job_id.eq_ignore_ascii_case(job.trim())
+        && fields.job_id != *job
     {
         return Err(Refusal { check: "job", message: format!("the bundle proves job {}, not {job}", fields.job_id) });
     }
@@ -152,7 +146,7 @@ pub(super) fn verify_bundle_command(
     dir: &Path,
     path: &Path,
     ledger_key: &str,
-    job: Option<&str>,
+    job: Option<&JobId>,
     root: &RootArgs,
     json: bool,
 ) -> anyhow::Result<ExitCode> {

@@ -97,7 +97,7 @@ mod tests {
         let mut proofs = Vec::new();
         for j in 0..4 {
             ledger.append(dev_request(&enclave, j), T + j).unwrap();
-            let bundle = receipts_ledger::prove(ledger.store(), &format!("{j:032x}")).unwrap();
+            let bundle = receipts_ledger::prove(ledger.store(), &receipts_ledger::testing::test_job(j)).unwrap();
             jobs.put(&layout::job_ledger_proof(&id(j)), bundle.to_json().as_bytes(), PutCondition::Overwrite).unwrap();
             proofs.push(bundle);
         }

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use protocol::attestation::format_ms;
+use protocol::JobId;
 use protocol::receipt::SignedReceipt;
 use receipts_ledger::{EntryVerdict, LedgerStore, LocalLedger, Query, VerifierKey, verify_entry};
 use protocol::receipt_check::ReceiptVerifier;
@@ -16,7 +17,7 @@ use super::{LedgerTrust, home_key, latest_signed, receipt_check};
 #[derive(Serialize, Debug, Clone, PartialEq, Eq)]
 pub struct Row {
     pub index: u64,
-    pub job_id: String,
+    pub job_id: JobId,
     pub model_id: String,
     pub manifest_hash: String,
     pub pcr0: String,
@@ -112,7 +113,7 @@ fn table(rows: &[Row]) -> String {
             [
                 r.index.to_string(),
                 r.finished.clone(),
-                r.job_id.clone(),
+                r.job_id.to_hex(),
                 r.model_id.clone(),
                 r.ok_count.to_string(),
                 r.failed_count.to_string(),

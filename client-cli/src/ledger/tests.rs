@@ -43,7 +43,7 @@ fn sync_copies_a_bucket_ledger_and_audits_it() {
     let fresh = tmp.path().join("fresh-home/ledger");
     assert_eq!(sync_command(&fresh, from, &key.to_string(), true, true).unwrap(), ExitCode::from(1));
     let copy = LocalLedger::open_read_only(&fresh).unwrap();
-    assert_eq!(copy.entry_by_job(&format!("{:032x}", 2)).unwrap().map(|e| e.index), Some(2));
+    assert_eq!(copy.entry_by_job(&job_id(2)).unwrap().map(|e| e.index), Some(2));
     drop(copy);
     objects.put(meta_key, &original_meta, PutCondition::Overwrite).unwrap();
 
@@ -125,8 +125,13 @@ impl Home {
     }
 }
 
+/// Job `j`'s id as it is typed on a command line.
 fn job(j: u64) -> String {
-    format!("{j:032x}")
+    job_id(j).to_hex()
+}
+
+fn job_id(j: u64) -> JobId {
+    receipts_ledger::testing::test_job(j)
 }
 
 #[test]
@@ -136,7 +141,7 @@ fn clap_definition_follows_the_issue() {
     let LedgerCommand::Query { job, model, pcr0, since, until, json, .. } = parse(&[
         "query",
         "--job",
-        "AB",
+        "000000000000000000000000000000AB",
         "--model",
         "m",
         "--pcr0",
@@ -149,12 +154,15 @@ fn clap_definition_follows_the_issue() {
     ]) else {
         panic!()
     };
-    assert_eq!((job.as_deref(), model.as_deref(), pcr0.as_deref()), (Some("AB"), Some("m"), Some("CD")));
+    assert_eq!((job, model.as_deref(), pcr0.as_deref()), (Some(job_id(0xab)), Some("m"), Some("CD")));
     assert_eq!((since, until, json), (Some(T), Some(T + 100_000), true));
     assert!(matches!(parse(&["verify", "--json"]), LedgerCommand::Verify { json: true, .. }));
     assert!(matches!(parse(&["checkpoint"]), LedgerCommand::Checkpoint));
-    let LedgerCommand::Prove { job, output } = parse(&["prove", "J", "-o", "b.json"]) else { panic!() };
-    assert_eq!((job.as_str(), output.as_path()), ("J", Path::new("b.json")));
+    let LedgerCommand::Prove { job, output } = parse(&["prove", &job_id(7).to_hex(), "-o", "b.json"]) else { panic!() };
+    assert_eq!((job, output.as_path()), (job_id(7), Path::new("b.json")));
+    // Not a job id: refused by the parser, naming the value.
+    let refused = Wrapper::try_parse_from(["ledger", "prove", "J", "-o", "b.json"]).map(|_| ()).unwrap_err().to_string();
+    assert!(refused.contains("job id \"J\" is not 32 hex digits"), "{refused}");
     let LedgerCommand::VerifyBundle { bundle, ledger_key, root, .. } =
         parse(&["verify-bundle", "b.json", "--ledger-key", "k", "--development-root"])
     else {
@@ -203,14 +211,14 @@ fn query_rows_carry_the_verdict() {
     let r = &rows[5];
     let want = home.enclave.receipt(5);
     assert_eq!(
-        (r.job_id.as_str(), r.ok_count, r.failed_count, r.tokens),
-        (job(5).as_str(), 1005, 2, Some(want.tokens))
+        (r.job_id, r.ok_count, r.failed_count, r.tokens),
+        (job_id(5), 1005, 2, Some(want.tokens))
     );
     assert_eq!(r.pcr0, hex::encode(want.pcrs[&0].as_slice()));
     assert_eq!(r.finished, "2025-11-01T00:00:05.500Z");
 
     let q = |query: Query| query_rows(&store, &query, &home.key(), &home.dev_check()).unwrap();
-    assert_eq!(q(Query { job_id: Some(job(2)), ..Query::default() }).len(), 1);
+    assert_eq!(q(Query { job_id: Some(job_id(2)), ..Query::default() }).len(), 1);
     assert_eq!(q(Query { pcr0: Some(rows[0].pcr0.clone()), ..Query::default() }).len(), 6);
     assert_eq!(q(Query { pcr0: Some("00".into()), ..Query::default() }).len(), 0);
     assert_eq!(q(Query { since_ms: Some(T + 3000), until_ms: Some(T + 5000), ..Query::default() }).len(), 2);
@@ -278,7 +286,7 @@ fn prove_then_verify_bundle() {
     let store = LocalLedger::open_read_only(&home.ledger).unwrap();
     assert_eq!(store.latest_checkpoint().unwrap().unwrap().size, 6);
     assert_eq!(home.run(&["prove", &job(99), "-o", out_s]), 1);
-    assert!(run(parse(&["prove", "xyz", "-o", out_s]), &home.ledger).is_err());
+    assert!(Wrapper::try_parse_from(["ledger", "prove", "xyz", "-o", out_s]).is_err(), "not a job id");
 
     assert_eq!(home.run(&["verify-bundle", out_s, "--ledger-key", key_file, "--development-root"]), 0);
     assert_eq!(
@@ -306,7 +314,7 @@ fn prove_then_verify_bundle() {
 
     let bytes = std::fs::read(&out).unwrap();
     let v = check_bundle(&bytes, &home.key(), &home.dev_check(), None).unwrap();
-    assert_eq!((v.leaf_index, v.tree_size, v.fields.job_id.as_str()), (5, 6, job(5).as_str()));
+    assert_eq!((v.leaf_index, v.tree_size, v.fields.job_id), (5, 6, job_id(5)));
     assert_eq!(v.fields, receipts_ledger::receipt_check::indexed_fields(&home.enclave.receipt(5)));
     assert!(v.bundle_key_matches_pinned);
     let aws = ReceiptVerifier::new(TrustAnchor::aws_nitro_g1());

@@ -48,7 +48,7 @@ struct Run {
     verdicts: Vec<(String, Verdict)>,
     refused: Vec<(String, String)>,
     held: Vec<(String, String)>,
-    appended: Vec<String>,
+    appended: Vec<JobId>,
 }
 
 impl Run {
@@ -66,7 +66,7 @@ fn run_with(
     let event: SqsEvent = serde_json::from_value(event).unwrap();
     let mut r = Run::default();
     let handled = process(&event, ledger, jobs, T + 1, budget, &mut |o| match o {
-        Outcome::Appended(f) => r.appended.push(f.job_id.clone()),
+        Outcome::Appended(f) => r.appended.push(f.job_id),
         Outcome::Refused { message_id, error } => r.refused.push((message_id.to_owned(), error.check().to_owned())),
         Outcome::Held { message_id, error } => r.held.push((message_id.to_owned(), error.check().to_owned())),
         Outcome::Retried { .. } => {}
@@ -85,8 +85,13 @@ fn bucket_ledger(bucket: Arc<dyn ObjectStore>, check: impl ReceiptCheck + 'stati
     Ledger::new(store, Box::new(check), Box::new(signer), CheckpointPolicy::default())
 }
 
+/// Job `j`'s id as a message carries it.
 fn job(j: u64) -> String {
-    format!("{j:032x}")
+    job_id(j).to_hex()
+}
+
+fn job_id(j: u64) -> JobId {
+    receipts_ledger::testing::test_job(j)
 }
 
 /// The Lambda's path: a real-shaped SQS batch into the tlog-tiles ledger in a bucket.
@@ -118,7 +123,7 @@ fn a_batch_lands_in_the_bucket_ledger_with_refusals_named_and_not_retried() {
     let refused: Vec<(&str, &str)> = r.refused.iter().map(|(m, c)| (m.as_str(), c.as_str())).collect();
     assert_eq!(refused, vec![("m2", "message"), ("m3", "receipt"), ("m4", "job_id"), ("m7", "message")]);
     // The metrics count each job once: the re-delivered m6 appended nothing.
-    assert_eq!(r.appended, vec![job(1), job(5)]);
+    assert_eq!(r.appended, vec![job_id(1), job_id(5)]);
 
     let head = read_head(bucket.as_ref(), &Layout::new(""), &ledger.verifier()).unwrap().unwrap();
     assert_eq!(head.size, 2);
@@ -142,7 +147,7 @@ fn each_ledgered_job_gets_a_proof_it_can_check_alone() {
         let id = JobId::from_hex(&job(j)).unwrap();
         let bundle = ProofBundle::from_json(&jobs.get(&layout::job_ledger_proof(&id)).unwrap()).unwrap();
         let (proven, fields) = receipts_ledger::verify_bundle_and_receipt(&bundle, &ledger.verifier(), check.as_ref()).unwrap();
-        assert_eq!((proven.leaf_index, fields.job_id), (j, job(j)));
+        assert_eq!((proven.leaf_index, fields.job_id), (j, job_id(j)));
         assert_eq!(proven.receipt, e.sign(&e.receipt(j)));
         assert!(proven.checkpoint.size > j);
     }
@@ -169,8 +174,8 @@ fn a_different_receipt_for_a_ledgered_job_is_an_alarm_not_a_success() {
     let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
     assert_eq!(r.refused, vec![("other".to_owned(), "other_receipt".to_owned())]);
     assert!(r.verdicts.iter().all(|(_, v)| *v == Verdict::Done));
-    assert_eq!(r.appended, vec![job(7)], "the same receipt again is a quiet success");
-    let entry = ledger.store().entry_by_job(&job(7)).unwrap().unwrap();
+    assert_eq!(r.appended, vec![job_id(7)], "the same receipt again is a quiet success");
+    let entry = ledger.store().entry_by_job(&job_id(7)).unwrap().unwrap();
     assert_eq!((entry.index, entry.leaf), (0, first));
 }
 
@@ -194,8 +199,8 @@ fn ledger_refuses_a_receipt_from_another_image() {
     let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
     assert_eq!(r.held, vec![("evil".to_owned(), "policy".to_owned())]);
     assert_eq!((r.verdict("evil"), r.verdict("good")), (Verdict::DeadLetter, Verdict::Done));
-    assert_eq!(r.appended, vec![job(5)]);
-    let entry = ledger.store().entry_by_job(&job(5)).unwrap().unwrap();
+    assert_eq!(r.appended, vec![job_id(5)]);
+    let entry = ledger.store().entry_by_job(&job_id(5)).unwrap().unwrap();
     assert_eq!((entry.index, entry.fields.pcr0), (0, hex::encode(genuine.pcrs[0])));
     let id = protocol::attestation::policy_id(&genuine.policy(&publisher()));
     assert_eq!(entry.fields.policy, Some(hex::encode(id)));
@@ -227,7 +232,7 @@ fn each_receipt_is_checked_once() {
         message("m2", &body(&job(9), &e.sign(&e.receipt(2)), &e.document)), // names another job
     ];
     let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
-    assert_eq!(r.appended, vec![job(1)]);
+    assert_eq!(r.appended, vec![job_id(1)]);
     assert_eq!(r.refused, vec![("m2".to_owned(), "job_id".to_owned())]);
     assert_eq!(checks.load(std::sync::atomic::Ordering::Relaxed), 2, "one check per message");
 }
@@ -268,11 +273,11 @@ fn failures_that_may_pass_are_retried_within_the_budget_and_hold_nobody_up() {
         let retry = Verdict::Retry { after: Duration::from_secs(after) };
         assert_eq!((r.verdict("throttled"), r.verdict("panics")), (retry.clone(), retry), "receive {receives}");
         assert_eq!(r.verdict(&format!("fine-{receives}")), Verdict::Done);
-        expected.push(job(10 + receives as u64));
+        expected.push(job_id(10 + receives as u64));
     }
     // Job 4 is in (its marker is what failed): a retry only writes the marker and proof again.
-    assert_eq!(ledger.store().entry_by_job(&job(4)).unwrap().map(|e| e.index), Some(0));
-    assert!(ledger.store().entry_by_job(&job(6)).unwrap().is_none());
+    assert_eq!(ledger.store().entry_by_job(&job_id(4)).unwrap().map(|e| e.index), Some(0));
+    assert!(ledger.store().entry_by_job(&job_id(6)).unwrap().is_none());
     assert!(expected.iter().all(|j| ledger.store().entry_by_job(j).unwrap().is_some()));
 }
 

@@ -46,7 +46,7 @@ fn the_fields_are_the_receipts_own_with_the_policy_the_check_found() {
     assert_eq!(
         fields,
         IndexedFields {
-            job_id: "00000000000000000000000000000005".into(),
+            job_id: "00000000000000000000000000000005".parse().unwrap(),
             model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
             manifest_hash: "33".repeat(32),
             pcr0: "a1".repeat(48),
@@ -110,7 +110,7 @@ fn the_ledger_appends_real_receipts_and_refuses_the_rest_by_name() {
     assert!(report.is_ok(), "{:?}", report.issues);
     assert_eq!((report.size, report.checkpoints, report.receipts_checked), (8, 2, true));
 
-    let bundle = prove(l.store(), &format!("{:032x}", 6)).unwrap();
+    let bundle = prove(l.store(), &crate::testing::test_job(6)).unwrap();
     let (v, fields) = verify_bundle_and_receipt(&bundle, &key.verifier(), &check).unwrap();
     assert_eq!((v.leaf_index, v.checkpoint.size), (6, 8));
     assert_eq!(fields, indexed_fields(&a.receipt(6)));
@@ -148,7 +148,7 @@ mod policies {
     }
 
     fn policy_of(l: &Ledger<SqliteStore>, job: u64) -> Option<String> {
-        l.store().entry_by_job(&format!("{job:032x}")).unwrap().unwrap().fields.policy
+        l.store().entry_by_job(&crate::testing::test_job(job)).unwrap().unwrap().fields.policy
     }
 
     /// A host runs its own image on genuine hardware (same root, another PCR0) and signs a

@@ -7,6 +7,7 @@ pub mod tiles;
 pub use sqlite::{ImportedEntry, Pending, SqliteOptions, SqliteStore};
 pub use tiles::{TileError, TileStore};
 
+use protocol::JobId;
 use crate::checkpoint::CheckpointError;
 use crate::entry::{AppendRequest, Entry, FieldError};
 use crate::merkle::{Hash, TreeReadError, TreeReader};
@@ -70,7 +71,7 @@ impl AppendOutcome {
 /// in `[since_ms, until_ms)`. Results in index order.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Query {
-    pub job_id: Option<String>,
+    pub job_id: Option<JobId>,
     pub model_id: Option<String>,
     pub pcr0: Option<String>,
     pub client_key_id: Option<String>,
@@ -138,7 +139,7 @@ pub trait LedgerStore: TreeReader {
     /// Number of entries (= tree size).
     fn size(&self) -> Result<u64, StoreError>;
     fn entry(&self, index: u64) -> Result<Option<Entry>, StoreError>;
-    fn entry_by_job(&self, job_id: &str) -> Result<Option<Entry>, StoreError>;
+    fn entry_by_job(&self, job_id: &JobId) -> Result<Option<Entry>, StoreError>;
     fn attestation_document(&self, sha256: &Hash) -> Result<Option<Vec<u8>>, StoreError>;
     /// All checkpoints, by increasing size.
     fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, StoreError>;

@@ -1,6 +1,8 @@
 //! The SQLite ledger store: WAL, one writer at a time (`BEGIN IMMEDIATE`),
 //! every append batch one transaction.
 
+use protocol::JobId;
+
 #[cfg(test)]
 use super::expected_tree_nodes;
 use super::{
@@ -118,7 +120,10 @@ fn entry_from_row(row: &Row<'_>) -> Result<Entry, StoreError> {
         index: u64::try_from(idx).map_err(|_| StoreError::CorruptRow { table: t, index: idx, what: "negative index" })?,
         leaf: row.get("leaf")?,
         fields: IndexedFields {
-            job_id: row.get("job_id")?,
+            job_id: row
+                .get::<_, String>("job_id")?
+                .parse()
+                .map_err(|_| StoreError::CorruptRow { table: t, index: idx, what: "job_id is not a job id" })?,
             model_id: row.get("model_id")?,
             manifest_hash: row.get("manifest_hash")?,
             pcr0: row.get("pcr0")?,
@@ -320,7 +325,7 @@ impl SqliteStore {
         }
         let existing = tx
             .prepare_cached("SELECT idx, leaf FROM entries WHERE job_id = ?1")?
-            .query_row([&req.fields.job_id], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
+            .query_row([req.fields.job_id.to_hex()], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?)))
             .optional()?;
         if let Some((idx, leaf)) = existing {
             return Ok(AppendOutcome::Existing { index: idx.max(0) as u64, same_leaf: leaf == req.leaf });
@@ -339,7 +344,7 @@ impl SqliteStore {
         )?
         .execute(params![
             to_i64("index", index)?,
-            f.job_id,
+            f.job_id.to_hex(),
             f.model_id,
             f.manifest_hash,
             f.pcr0,
@@ -575,9 +580,9 @@ impl LedgerStore for SqliteStore {
         rows.next()?.map(entry_from_row).transpose()
     }
 
-    fn entry_by_job(&self, job_id: &str) -> Result<Option<Entry>, StoreError> {
+    fn entry_by_job(&self, job_id: &JobId) -> Result<Option<Entry>, StoreError> {
         let mut stmt = self.conn.prepare_cached(&format!("SELECT {} FROM entries WHERE job_id = ?1", self.columns))?;
-        let mut rows = stmt.query([job_id])?;
+        let mut rows = stmt.query([job_id.to_hex()])?;
         rows.next()?.map(entry_from_row).transpose()
     }
 
@@ -618,7 +623,7 @@ impl LedgerStore for SqliteStore {
         let mut sql = format!("SELECT {} FROM entries WHERE 1 = 1", self.columns);
         let mut args: Vec<Value> = Vec::new();
         for (col, v) in [
-            ("job_id", &q.job_id),
+            ("job_id", &q.job_id.map(|j| j.to_hex())),
             ("model_id", &q.model_id),
             ("pcr0", &q.pcr0),
             ("client_key_id", &q.client_key_id),
@@ -784,12 +789,12 @@ mod tests {
         assert_eq!(q(Query::default()), vec![0, 1, 2, 3, 4, 5]);
         assert_eq!(q(Query { model_id: Some("other/model".into()), ..Default::default() }), vec![2]);
         assert_eq!(q(Query { pcr0: Some("00".repeat(48)), ..Default::default() }), vec![4]);
-        assert_eq!(q(Query { job_id: Some(format!("{:032x}", 3)), ..Default::default() }), vec![3]);
+        assert_eq!(q(Query { job_id: Some(crate::testing::test_job(3)), ..Default::default() }), vec![3]);
         let end = |i: u64| sample_fields(i).end_ms;
         assert_eq!(q(Query { since_ms: Some(end(2)), until_ms: Some(end(4)), ..Default::default() }), vec![2, 3]);
         assert_eq!(q(Query { limit: Some(2), ..Default::default() }), vec![0, 1]);
-        assert_eq!(s.entry_by_job(&format!("{:032x}", 5)).unwrap().unwrap().index, 5);
-        assert!(s.entry_by_job("ff").unwrap().is_none());
+        assert_eq!(s.entry_by_job(&crate::testing::test_job(5)).unwrap().unwrap().index, 5);
+        assert!(s.entry_by_job(&crate::testing::test_job(0xff)).unwrap().is_none());
     }
 
     /// A version 1 file (no `policy` column) is read as it is and migrated by a writer.

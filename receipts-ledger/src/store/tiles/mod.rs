@@ -30,6 +30,7 @@ mod sync;
 
 pub use sync::{audit, copy_root, sync, AuditProblem, AuditReport, SyncReport};
 
+use protocol::JobId;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -742,7 +743,7 @@ impl LedgerStore for TileStore {
     fn entry(&self, index: u64) -> Result<Option<Entry>, StoreError> {
         self.cache.entry(index)
     }
-    fn entry_by_job(&self, job_id: &str) -> Result<Option<Entry>, StoreError> {
+    fn entry_by_job(&self, job_id: &JobId) -> Result<Option<Entry>, StoreError> {
         self.cache.entry_by_job(job_id)
     }
     fn attestation_document(&self, sha256: &Hash) -> Result<Option<Vec<u8>>, StoreError> {

@@ -1,3 +1,4 @@
+use protocol::JobId;
 use std::sync::{Arc, Mutex};
 
 use cloud::hooked::{Hooked, RaceBeforePut};
@@ -174,8 +175,8 @@ fn a_concurrent_appender_loses_the_swap_and_retries() {
     assert_eq!(interleaved.hooks.refused(), 1, "the first swap must lose");
     // The loser's entries land after the winner's, nothing is lost or duplicated.
     assert_eq!(out.iter().map(AppendOutcome::index).collect::<Vec<_>>(), vec![5, 6]);
-    let jobs: Vec<String> = all_entries(&loser).iter().map(|e| e.fields.job_id.clone()).collect();
-    let want: Vec<String> = [0u64, 1, 2, 100, 101, 3, 4].iter().map(|j| format!("{j:032x}")).collect();
+    let jobs: Vec<JobId> = all_entries(&loser).iter().map(|e| e.fields.job_id).collect();
+    let want: Vec<JobId> = [0u64, 1, 2, 100, 101, 3, 4].into_iter().map(crate::testing::test_job).collect();
     assert_eq!(jobs, want);
     // Both see the same tree, and the lost attempt left no signed checkpoint behind.
     let mut check = appender(objects.clone());
@@ -368,7 +369,7 @@ fn edited_metadata_is_ignored_and_alarmed_never_trusted() {
     let again = fresh.append(&[test_request(2, 200)], &key(), &CheckpointPolicy::default(), 2_000).unwrap();
     assert_eq!(again, vec![AppendOutcome::Existing { index: 2, same_leaf: true }]);
     assert_eq!(fresh.size().unwrap(), 5, "job 2 doubled");
-    assert!(fresh.entry_by_job(&format!("{:032x}", 99)).unwrap().is_none(), "job 99 squatted");
+    assert!(fresh.entry_by_job(&crate::testing::test_job(99)).unwrap().is_none(), "job 99 squatted");
     assert_eq!(fresh.entry(3).unwrap().unwrap().fields, crate::testing::test_fields(3));
     assert_eq!(all_entries(&fresh), all_entries(&store));
     let key_of = layout.meta(t);
