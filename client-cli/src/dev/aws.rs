@@ -292,7 +292,7 @@ pub fn ledger_function(
     home: &Home,
     cloud: &AwsCloud,
     root: TrustAnchor,
-    policies: receipts_ledger::PolicySet,
+    policies: protocol::attestation::PolicySet,
 ) -> anyhow::Result<LedgerFunction> {
     let bucket = cloud.settings().ledger_bucket.clone().ok_or_else(|| {
         anyhow!("no ledger bucket (EPHEM_LEDGER_BUCKET / LedgerBucketName): ledger-append writes the ledger to S3")
