@@ -33,6 +33,10 @@
 //! **Exit status.** 0: success. 1: a negative answer — a query row or the ledger does
 //! not verify, a bundle is invalid, a job is not in the ledger, no checkpoint verifies.
 //! 2: usage, I/O or storage errors.
+//!
+//! One file per subcommand under `ledger/` (`query.rs`, `verify.rs`, `checkpoint.rs`, `prove.rs`,
+//! `verify_bundle.rs`, `consistency.rs`, `sync.rs`, `redrive.rs`), with the shared trust options in
+//! `trust.rs` and a job's own proof object (`jobs/<id>/ledger-proof.json`) in `proof.rs`.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -52,19 +56,25 @@ use protocol::receipt_check::ReceiptVerifier;
 use receipts_ledger::store::tiles;
 use serde::Serialize;
 
-mod bundle;
-mod check;
+mod checkpoint;
+mod consistency;
 mod proof;
+mod prove;
 mod query;
 mod redrive;
 mod sync;
 mod trust;
+mod verify;
+mod verify_bundle;
 #[cfg(test)]
 mod tests;
 
-pub use bundle::{ProvenReceipt, Refusal, check_bundle};
-use bundle::{consistency_command, prove_command, verify_bundle_command};
-use check::{checkpoint_command, verify_command};
+use checkpoint::checkpoint_command;
+use consistency::consistency_command;
+use prove::prove_command;
+use verify::verify_command;
+pub use verify_bundle::{ProvenReceipt, Refusal, check_bundle};
+use verify_bundle::verify_bundle_command;
 pub use proof::{JobProof, check_job_proof, check_proof};
 pub use query::{Row, query_rows};
 pub use redrive::{RedriveArgs, redrive_command};

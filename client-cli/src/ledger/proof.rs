@@ -16,7 +16,7 @@ use receipts_ledger::bundle::MAX_BUNDLE_SIZE;
 use receipts_ledger::{ProofBundle, VerifiedBundle, VerifierKey, verify_bundle};
 
 use super::Refusal;
-use super::bundle::bundle_refusal;
+use super::verify_bundle::bundle_refusal;
 
 /// What a job's proof object says, checked.
 pub enum JobProof {

@@ -1,64 +1,6 @@
-//! `ledger prove`, `ledger verify-bundle` and `ledger consistency`: offline proofs.
+//! `ledger verify-bundle`: a proof bundle checked offline against a pinned ledger key.
 
 use super::*;
-
-// ---- prove -----------------------------------------------------------------------------
-
-pub(super) fn clock_ms() -> anyhow::Result<u64> {
-    let d = SystemTime::now().duration_since(UNIX_EPOCH).context("system clock is before 1970")?;
-    u64::try_from(d.as_millis()).context("system clock out of range")
-}
-
-/// The bundle for `job`, signing a checkpoint first if none covers the entry yet.
-pub(super) fn bundle_for(dir: &Path, job: &JobId) -> anyhow::Result<Option<ProofBundle>> {
-    let store = LocalLedger::open_read_only(dir)?;
-    match prove(&store, job) {
-        Ok(b) => Ok(Some(b)),
-        Err(BundleError::UnknownJob(_)) => Ok(None),
-        Err(BundleError::NotCheckpointed { index, .. }) => {
-            drop(store);
-            if let Some(cp) = LocalLedger::sign_checkpoint(dir, clock_ms()?)? {
-                eprintln!("signed checkpoint of size {} to cover entry {index}", cp.size);
-            }
-            Ok(Some(prove(&LocalLedger::open_read_only(dir)?, job)?))
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-pub(super) fn prove_command(dir: &Path, job: &JobId, output: &Path) -> anyhow::Result<ExitCode> {
-    let Some(bundle) = bundle_for(dir, job)? else {
-        eprintln!("job {job} is not in the ledger");
-        return Ok(ExitCode::from(1));
-    };
-    // What we hand out must verify under the key we publish.
-    let key = LocalLedger::verifier_key(dir)?;
-    let proven = verify_bundle(&bundle, &key).context("the bundle does not verify under this ledger's own key")?;
-    let mut text = bundle.to_json();
-    text.push('\n');
-    if output == Path::new("-") {
-        std::io::stdout().write_all(text.as_bytes())?;
-    } else {
-        write_atomically(output, text.as_bytes())?;
-    }
-    eprintln!(
-        "job {job}: entry {} of the tree of size {}, checkpoint signed by {}{}",
-        proven.leaf_index,
-        proven.checkpoint.size,
-        key,
-        if output == Path::new("-") { String::new() } else { format!("; wrote {}", output.display()) }
-    );
-    Ok(ExitCode::SUCCESS)
-}
-
-pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let name = path.file_name().ok_or_else(|| anyhow!("{} is not a file name", path.display()))?;
-    let tmp = path.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
-}
-
-// ---- verify-bundle ---------------------------------------------------------------------
 
 /// What a valid bundle proves.
 #[derive(Serialize, Debug, Clone, PartialEq, Eq)]
@@ -198,52 +140,4 @@ pub(super) fn print_proven(p: &ProvenReceipt, root: &TrustAnchor) {
         println!("note: the bundle names another ledger key; it was ignored");
     }
     println!("valid");
-}
-
-// ---- consistency -----------------------------------------------------------------------
-
-#[derive(Serialize)]
-struct ConsistencyJson {
-    old_size: u64,
-    new_size: u64,
-    old_root: String,
-    new_root: String,
-    proof: Vec<String>,
-    /// The stored signed checkpoints of these sizes, if any.
-    old_checkpoint: Option<String>,
-    new_checkpoint: Option<String>,
-}
-
-pub(super) fn consistency_command(dir: &Path, old_size: u64, new_size: u64, json: bool) -> anyhow::Result<ExitCode> {
-    let store: SqliteStore = LocalLedger::open_read_only(dir)?;
-    let proof = consistency(&store, old_size, new_size)?;
-    let old_root = root_at(&store, old_size)?;
-    let new_root = root_at(&store, new_size)?;
-    // A proof this ledger cannot verify itself is a storage fault, not an answer.
-    verify_consistency(old_size, new_size, &old_root, &new_root, &proof)
-        .context("the stored tree does not yield a valid consistency proof")?;
-    let hexes: Vec<String> = proof.iter().map(hex::encode).collect();
-    if json {
-        let out = ConsistencyJson {
-            old_size,
-            new_size,
-            old_root: hex::encode(old_root),
-            new_root: hex::encode(new_root),
-            proof: hexes,
-            old_checkpoint: store.checkpoint_at(old_size)?.map(|c| c.note),
-            new_checkpoint: store.checkpoint_at(new_size)?.map(|c| c.note),
-        };
-        println!("{}", serde_json::to_string_pretty(&out)?);
-    } else {
-        for h in &hexes {
-            println!("{h}");
-        }
-        eprintln!(
-            "consistency proof from size {old_size} (root {}) to size {new_size} (root {}): {} hash(es)",
-            hex::encode(old_root),
-            hex::encode(new_root),
-            hexes.len()
-        );
-    }
-    Ok(ExitCode::SUCCESS)
 }

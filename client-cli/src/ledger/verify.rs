@@ -1,8 +1,6 @@
-//! `ledger verify` (the whole ledger replayed) and `ledger checkpoint`.
+//! `ledger verify`: the whole ledger replayed (chain, tree, checkpoints, receipts).
 
 use super::*;
-
-// ---- verify ----------------------------------------------------------------------------
 
 #[derive(Serialize)]
 struct VerifyJson<'a> {
@@ -62,29 +60,4 @@ pub(super) fn verify_command(dir: &Path, json: bool, trust: &LedgerTrust) -> any
         }
     }
     Ok(if report.is_ok() { ExitCode::SUCCESS } else { ExitCode::from(1) })
-}
-
-// ---- checkpoint ------------------------------------------------------------------------
-
-pub(super) fn checkpoint_command(dir: &Path) -> anyhow::Result<ExitCode> {
-    let store = LocalLedger::open_read_only(dir)?;
-    let Some(latest) = store.latest_checkpoint()? else {
-        eprintln!("the ledger has no checkpoint yet");
-        return Ok(ExitCode::from(1));
-    };
-    let key = LocalLedger::verifier_key(dir)?;
-    if let Err(e) = Checkpoint::open(latest.note.as_bytes(), &key) {
-        eprintln!("checkpoint of size {} does not verify under {key}: {e}", latest.size);
-        return Ok(ExitCode::from(1));
-    }
-    print!("{}", latest.note);
-    let size = store.size()?;
-    if size > latest.size {
-        eprintln!(
-            "note: {} entr{} appended since; `ephem-batch ledger prove` signs a new checkpoint when it needs one",
-            size - latest.size,
-            if size - latest.size == 1 { "y" } else { "ies" }
-        );
-    }
-    Ok(ExitCode::SUCCESS)
 }
