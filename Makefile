@@ -1,12 +1,14 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-rust test-cdk test-aws test-supply-chain deny fuzz
+.PHONY: demo test test-rust test-cdk test-aws test-supply-chain test-lambda-glibc deny fuzz
 
 demo:
 	bash scripts/demo.sh
 
 # test-supply-chain: the cargo-deny policy and a short pass of every fuzz target
 # (docs/supply-chain.md, docs/fuzzing.md); EPHEM_CI_FUZZ=0 leaves the fuzz pass out.
-test: test-rust test-cdk test-supply-chain
+# test-lambda-glibc: the Lambda binaries, linked by Zig against glibc 2.34, need no newer glibc
+# symbol (scripts/tests/lambda-glibc.sh; docs/operations.md §1.4).
+test: test-rust test-cdk test-supply-chain test-lambda-glibc
 
 test-rust:
 	bash scripts/test-rust.sh
@@ -20,6 +22,9 @@ test-cdk:
 
 test-supply-chain: deny
 	@if [ "$${EPHEM_CI_FUZZ:-1}" = 0 ]; then echo "fuzz: skipped (EPHEM_CI_FUZZ=0)"; else bash scripts/fuzz.sh; fi
+
+test-lambda-glibc:
+	bash scripts/tests/lambda-glibc.sh
 
 deny:
 	bash scripts/deny.sh
