@@ -85,6 +85,11 @@ if [ "$#" -eq 0 ]; then
     refuse receipts-ledger "-e normal" '^aws-(sdk-.*|config|smithy-.*|runtime) ' "may not reach an AWS SDK"
     refuse lambdas "-e normal --depth 1" '^aws-sdk-kms ' "may not depend on aws-sdk-kms itself"
     refuse client-cli "-e normal" '^lambda_runtime ' "may not reach the Lambda runtime"
+    refuse ephem-batch "-e normal" '^lambda_runtime ' "may not reach the Lambda runtime"
+    # The embedded default is composed at the top, by the binary: no library below it may reach it,
+    # and the Lambda handlers run on the ports alone (the local adapters only in their tests).
+    refuse client-cli "-e normal" '^devstack ' "may not reach the embedded default"
+    refuse lambdas "-e normal" '^(devstack|cloud-local) ' "may not reach the embedded default or the local adapters"
 fi
 
 # The rules cargo cannot see: no #[path] include, no file over 900 lines, no import cycle

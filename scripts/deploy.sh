@@ -400,7 +400,7 @@ echo "0. preflight (every run)"
 x aws sts get-caller-identity --query Account --output text
 if ! command -v "$EPHEM" >/dev/null 2>&1; then
   note "the client ($EPHEM is not there yet)"
-  x cargo build --release --locked -p client-cli --bin ephem-batch
+  x cargo build --release --locked -p ephem-batch --bin ephem-batch
 fi
 
 resumed=""

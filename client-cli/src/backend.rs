@@ -2,7 +2,8 @@
 //!
 //! * `local` (the embedded default): the local cloud under `$EPHEM_HOME`, with the `on-upload`
 //!   handler wired to the jobs store the way an S3 bucket notification wires it to the Lambda
-//!   (job inputs, and sealed shards under `stores/`).
+//!   (job inputs, and sealed shards under `stores/`). The wiring is the embedded default's
+//!   (`devstack::upload_wiring`), installed once by the binary ([`install_local_wiring`]).
 //! * `aws`: S3, SQS and KMS, named by the `cdk deploy --outputs-file` JSON (`--stack-outputs`)
 //!   or `EPHEM_*` variables, reached through the standard AWS credential, region and endpoint
 //!   settings. Nothing runs in-process on upload: the bucket notification and the Lambdas do
@@ -15,7 +16,7 @@ use anyhow::Context;
 use clap::{Args, ValueEnum};
 use cloud_aws::{AwsCloud, AwsSettings};
 use cloud_local::LocalCloud;
-use cloud::{layout, Services};
+use cloud::Services;
 use protocol::kms_arn::KmsKeyArn;
 
 use crate::home::Home;
@@ -158,17 +159,23 @@ pub fn ledger_dir(home: &Home, args: &BackendArgs) -> PathBuf {
     }
 }
 
-/// Opens the local cloud and subscribes `on-upload` to `jobs/…/input.sealed` and to sealed
-/// shards under the local store prefix (`stores/…`), as the deployment's two notifications do;
-/// an upload it gives up on goes to its on-failure queue (`upload-failures`).
+/// What runs in-process when the local jobs store receives an object (`on-upload`, in the
+/// embedded default): composed once, by the binary, like a crypto provider.
+pub type LocalWiring = fn(&Services, &LocalCloud);
+
+static LOCAL_WIRING: OnceLock<LocalWiring> = OnceLock::new();
+
+/// Installs the local backend's upload wiring; the first installation wins.
+pub fn install_local_wiring(wiring: LocalWiring) {
+    let _ = LOCAL_WIRING.set(wiring);
+}
+
+/// Opens the local cloud with the installed upload wiring. Without one, nothing would ever pick
+/// up a submitted job, so opening is refused rather than leaving jobs to wait forever.
 pub fn open_local(home: &Home) -> anyhow::Result<(Services, LocalCloud)> {
+    let wiring = LOCAL_WIRING.get().context("the local backend has no upload wiring installed (the ephem-batch binary installs the embedded default's)")?;
     let local = LocalCloud::open(home.root()).with_context(|| format!("opening the local cloud in {}", home.root().display()))?;
     let services = local.services();
-    let config = lambdas::on_upload::Config::from_list(cloud_local::STORE_PREFIX);
-    for (prefix, suffix) in [(layout::JOBS_PREFIX, layout::INPUT_SUFFIX), (cloud_local::STORE_PREFIX, lambdas::on_upload::SHARD_SUFFIX)] {
-        let delays = lambdas::local::UPLOAD_RETRY_DELAYS.to_vec();
-        let hook = lambdas::local::on_upload_hook(services.clone(), config.clone(), local.upload_failures(), delays);
-        local.jobs_store().set_created_hook(prefix, suffix, hook);
-    }
+    wiring(&services, &local);
     Ok((services, local))
 }

@@ -154,7 +154,7 @@ pub fn submit(home: &Home, opened: &Opened, args: &SubmitArgs) -> anyhow::Result
         Some(_) => {}
         None => eprintln!("note: the stack outputs name no StorePrefixes; shards go to {store}, which on-upload must be notified for"),
     }
-    if opened.local.is_some() && crate::dev::running(home, "lambdas").is_none() {
+    if opened.local.is_some() && home.running("lambdas").is_none() {
         bail!("the local runtime that runs bulk workflows is not running: `ephem-batch dev up` first");
     }
     let bulk_id = new_bulk_id()?;

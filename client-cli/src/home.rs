@@ -95,6 +95,16 @@ impl Home {
         self.run_dir().join(format!("{process}.pid"))
     }
 
+    /// The pid in `run/<process>.pid` if that process is alive and is `process`.
+    pub fn running(&self, process: &str) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.pid_file(process)).ok()?.trim().parse().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // A zombie is not running.
+        let state = stat.rsplit(')').next()?.split_whitespace().next()?;
+        (state != "Z" && String::from_utf8_lossy(&cmdline).contains(process)).then_some(pid)
+    }
+
     pub fn log_file(&self, process: &str) -> PathBuf {
         self.logs_dir().join(format!("{process}.log"))
     }

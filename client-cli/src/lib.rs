@@ -1,10 +1,10 @@
 #![forbid(unsafe_code)]
-//! The library half of `ephem-batch`; `main.rs` is a thin shell over it.
+//! The library half of `ephem-batch` (the binary, in the `ephem-batch` crate, is a thin shell
+//! over it and the embedded default's `devstack`).
 
 pub mod attest;
 pub mod backend;
 pub mod bulk;
-pub mod dev;
 pub mod fleet_key;
 pub mod flows;
 pub mod home;

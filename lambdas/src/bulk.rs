@@ -30,6 +30,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::on_upload::{derived_job_id, Config, SHARD_SUFFIX};
 
+/// The bulk workflow's Amazon States Language definition, as the deployment deploys it
+/// (placeholders unfilled): the CDK app reads the same file.
+pub const WORKFLOW_DEFINITION: &str = include_str!("../asl/bulk-workflow.asl.json");
+
 /// Shards one run takes: each is a Map item, and an inline Map's history must stay under
 /// 25,000 events (docs/operations.md §6).
 pub const MAX_SHARDS: usize = 1000;

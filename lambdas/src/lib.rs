@@ -12,27 +12,26 @@
 //! - [`fleet_rotate`]: a new fleet-key epoch, wrapped by KMS.
 //! - [`bulk`]: the bulk workflow's steps (list the shards, await each shard on a task token,
 //!   aggregate verified receipts).
-//! - [`asl_walk`], [`local_workflow`]: the embedded default's stand-in for Step Functions — the
-//!   bulk workflow's own definition run by a small ASL interpreter, with the steps in-process.
-//! - [`local`]: what AWS would run around the handlers, for the embedded default (an event
-//!   source for the ledger queue, the input-expiry lifecycle rule).
 //! - [`metrics`]: the deployment's metrics as CloudWatch Embedded Metric Format lines.
 //! - [`policies`]: the publisher-signed attestation policies receipts must satisfy.
 //! - [`shell`]: what the `lambda_runtime` binaries (`src/bin/`) share.
+//! - [`sqs_event`]: the event an SQS event source delivers, for the runtimes that stand in for it.
+//!
+//! What runs around the handlers in the embedded default (the ASL interpreter standing in for
+//! Step Functions, the queues' event sources, the upload notification) is `devstack`'s.
 
-pub mod asl_walk;
 pub mod bulk;
 pub mod dead_letter;
 pub mod fleet_rotate;
 pub mod job_limits;
 pub mod ledger_append;
 pub mod ledger_signer;
-pub mod local;
-pub mod local_workflow;
 pub mod metrics;
 pub mod on_upload;
 pub mod policies;
 pub mod shell;
+pub mod sqs_event;
 
-#[cfg(test)]
-mod testing;
+/// Fixtures for this crate's tests and the embedded default's (`devstack`): feature `testing`.
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;

@@ -37,6 +37,38 @@ impl Fixture {
         Self { _dir: dir, cloud, services, fleet, manifest_hash: Sha256::digest(&manifest).into() }
     }
 
+    /// The job's `status.json`.
+    pub fn status(&self, job: &JobId) -> cloud::messages::JobStatus {
+        serde_json::from_slice(&self.services.jobs.get(&cloud::layout::job_status(job)).unwrap()).unwrap()
+    }
+
+    /// A bulk run waits for `job` on a token (bulk-await-shard wrote it before the job ended).
+    pub fn waiting_token(&self, job: &JobId, bulk_id: &str) -> String {
+        let workflows = self.cloud.workflows();
+        let token = workflows.issue_token(&format!("local:execution:{bulk_id}")).unwrap();
+        let input = crate::bulk::AwaitInput {
+            bulk_id: bulk_id.into(),
+            bucket: "jobs".into(),
+            key: format!("stores/acme/{job}.sealed"),
+            job_id: job.to_hex(),
+            task_token: token.clone(),
+        };
+        crate::bulk::await_shard(&input, self.services.jobs.as_ref(), workflows.as_ref(), cloud::now_ms()).unwrap();
+        assert_eq!(workflows.outcome(&token).unwrap(), None, "the token waits");
+        token
+    }
+
+    /// The cause a failed bulk task token was failed with.
+    pub fn failed_cause(&self, token: &str) -> String {
+        match self.cloud.workflows().outcome(token).unwrap() {
+            Some(cloud_local::TokenOutcome::Failed { error, cause }) => {
+                assert_eq!(error, cloud::workflow::JOB_FAILED_ERROR);
+                cause
+            }
+            other => panic!("the token is {other:?}, not failed"),
+        }
+    }
+
     /// A sealed job input (preamble and some body bytes) and its job id.
     pub fn sealed(&self, records: u64) -> (Vec<u8>, JobId) {
         let header = JobHeader {

@@ -92,7 +92,7 @@ impl Queues {
             Queues::Local { source, .. } => {
                 let received = source.receive(10, Duration::from_millis(200), VISIBILITY).unwrap();
                 let handles = received.iter().map(|m| (m.message_id.clone(), m.receipt_handle.clone())).collect();
-                (lambdas::local::sqs_event(source.as_ref(), &received), handles)
+                (lambdas::sqs_event::sqs_event(source.as_ref(), &received), handles)
             }
             Queues::Sqs { source, .. } => {
                 let batch = source.receive_lambda_batch(10, Duration::from_secs(1), VISIBILITY).unwrap();

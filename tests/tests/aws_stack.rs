@@ -200,9 +200,9 @@ fn aws_stack_state_machine_is_the_one_definition_filled_in() {
     // The functions are the stack's own (one ARN each); named as the local runtime names them,
     // the definition is the one the local runtime walks.
     let functions = [
-        (deployed["States"]["ListShards"]["Parameters"]["FunctionName"].clone(), lambdas::local_workflow::LIST_SHARDS),
-        (await_step["Parameters"]["FunctionName"].clone(), lambdas::local_workflow::AWAIT_SHARD),
-        (deployed["States"]["Aggregate"]["Parameters"]["FunctionName"].clone(), lambdas::local_workflow::AGGREGATE),
+        (deployed["States"]["ListShards"]["Parameters"]["FunctionName"].clone(), devstack::local_workflow::LIST_SHARDS),
+        (await_step["Parameters"]["FunctionName"].clone(), devstack::local_workflow::AWAIT_SHARD),
+        (deployed["States"]["Aggregate"]["Parameters"]["FunctionName"].clone(), devstack::local_workflow::AGGREGATE),
     ];
     let mut renamed = definition.to_owned();
     for (arn, local) in &functions {
@@ -210,7 +210,7 @@ fn aws_stack_state_machine_is_the_one_definition_filled_in() {
         assert!(arn.starts_with("arn:aws:lambda:us-east-1:") && arn.contains(":function:"), "{arn}");
         renamed = renamed.replace(arn, local);
     }
-    assert_eq!(serde_json::from_str::<Value>(&renamed).unwrap(), lambdas::local_workflow::definition(jobs));
+    assert_eq!(serde_json::from_str::<Value>(&renamed).unwrap(), devstack::local_workflow::definition(jobs));
     // `submit --bulk` starts executions through the adapter (without moto's execute switch they
     // stay RUNNING; with it, the first Lambda task fails: moto runs Lambda only in Docker).
     let workflow = clients.step_functions(Some(arn));

@@ -78,6 +78,8 @@ mod tests {
     fn the_home_s_dead_letters_go_back_to_its_ledger_queue() {
         let tmp = tempfile::tempdir().unwrap();
         let home = crate::home::Home::resolve(Some(tmp.path())).unwrap();
+        // Only the queues matter here: no upload runs anything.
+        crate::backend::install_local_wiring(|_, _| {});
         let opened = crate::backend::open(&home, &crate::backend::BackendArgs::default()).unwrap();
         let local = opened.local.as_ref().unwrap();
         let ledger = local.ledger_queue();

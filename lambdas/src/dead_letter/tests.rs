@@ -1,132 +1,13 @@
-use std::sync::Arc;
 use std::time::Duration;
 
 use cloud_local::TokenOutcome;
 use cloud::hooked::{Hooked, StoreHooks};
-use cloud::{Queue, QueueError, QueueStats, Received, SendOptions};
 
 use super::*;
-use crate::bulk::{await_shard, AwaitInput};
-use crate::local::{on_upload_hook, pump_dead_letters};
 use crate::testing::Fixture;
-
-/// The job queue as on-upload meets it when SQS is down (or its role may not send): every
-/// send fails, however often it is tried.
-struct Unreachable;
-
-impl Queue for Unreachable {
-    fn name(&self) -> &str {
-        "jobs"
-    }
-    fn send(&self, _: &str, _: &SendOptions) -> Result<String, QueueError> {
-        Err(QueueError::Unavailable("the job queue does not answer".into()))
-    }
-    fn receive(&self, _: usize, _: Duration, _: Duration) -> Result<Vec<Received>, QueueError> {
-        Err(QueueError::Unavailable("the job queue does not answer".into()))
-    }
-    fn change_visibility(&self, _: &str, _: Duration) -> Result<(), QueueError> {
-        Err(QueueError::Unavailable("the job queue does not answer".into()))
-    }
-    fn delete(&self, _: &str) -> Result<(), QueueError> {
-        Err(QueueError::Unavailable("the job queue does not answer".into()))
-    }
-    fn stats(&self) -> Result<QueueStats, QueueError> {
-        Err(QueueError::Unavailable("the job queue does not answer".into()))
-    }
-}
 
 fn config() -> Config {
     Config::from_list("stores/acme/")
-}
-
-fn status(f: &Fixture, job: &JobId) -> JobStatus {
-    serde_json::from_slice(&f.services.jobs.get(&layout::job_status(job)).unwrap()).unwrap()
-}
-
-/// A bulk run waits for `job` on a token (bulk-await-shard wrote it before the job ended).
-fn waiting_token(f: &Fixture, job: &JobId, bulk_id: &str) -> String {
-    let workflows = f.cloud.workflows();
-    let token = workflows.issue_token(&format!("local:execution:{bulk_id}")).unwrap();
-    let input = AwaitInput {
-        bulk_id: bulk_id.into(),
-        bucket: "jobs".into(),
-        key: format!("stores/acme/{job}.sealed"),
-        job_id: job.to_hex(),
-        task_token: token.clone(),
-    };
-    await_shard(&input, f.services.jobs.as_ref(), workflows.as_ref(), cloud::now_ms()).unwrap();
-    assert_eq!(workflows.outcome(&token).unwrap(), None, "the token waits");
-    token
-}
-
-fn failed_cause(f: &Fixture, token: &str) -> String {
-    match f.cloud.workflows().outcome(token).unwrap() {
-        Some(TokenOutcome::Failed { error, cause }) => {
-            assert_eq!(error, workflow::JOB_FAILED_ERROR);
-            cause
-        }
-        other => panic!("the token is {other:?}, not failed"),
-    }
-}
-
-/// An upload on-upload cannot turn into a job — the job queue refuses every send — ends
-/// `failed` with `upload_unprocessed`, through the same path as in AWS: the invocation's
-/// retries, the failure record on the on-failure destination, the consumer. The bulk run that
-/// waited for the job has its task failed instead of waiting out its day.
-#[test]
-fn an_upload_on_upload_cannot_process_ends_failed_and_fails_its_bulk_task() {
-    let f = Fixture::new();
-    let mut broken = f.services.clone();
-    broken.job_queue = Arc::new(Unreachable);
-    let failures = f.cloud.upload_failures();
-    let delays = vec![Duration::from_millis(10), Duration::from_millis(10)];
-    let hook = on_upload_hook(broken, config(), failures.clone(), delays);
-    f.cloud.jobs_store().set_created_hook(layout::JOBS_PREFIX, layout::INPUT_SUFFIX, hook);
-
-    let (bytes, job) = f.sealed(4);
-    let token = waiting_token(&f, &job, "b-unprocessed");
-    f.services.jobs.put(&layout::job_input(&job), &bytes, PutCondition::CreateOnly).unwrap();
-    assert_eq!(failures.stats().unwrap().visible, 1, "one failure record on the destination");
-
-    let handled = pump_dead_letters(&f.services, &config(), failures.as_ref(), Duration::ZERO).unwrap();
-    assert_eq!(handled, 1);
-    let status = status(&f, &job);
-    let failure = status.failure.expect("a named failure");
-    assert_eq!((status.state, failure.check.as_str()), (JobState::Failed, UPLOAD_UNPROCESSED));
-    assert!(failure.message.contains("after 3 invocation(s)") && failure.message.contains("the job queue does not answer"), "{}", failure.message);
-    assert!(failed_cause(&f, &token).starts_with("upload_unprocessed: on-upload gave up"));
-    assert_eq!(failures.stats().unwrap(), QueueStats::default(), "the record is consumed");
-}
-
-/// A host received the job message on its last allowed receive and died: it wrote no end. The
-/// queue dead-letters the message at the next receive; the consumer ends the job `failed` with
-/// `dead_lettered` and fails the bulk task waiting for it.
-#[test]
-fn a_job_message_dead_lettered_after_its_host_died_ends_failed_with_a_failed_bulk_token() {
-    let f = Fixture::new();
-    let (bytes, job) = f.sealed(2);
-    let key = layout::job_input(&job);
-    f.services.jobs.put(&key, &bytes, PutCondition::CreateOnly).unwrap();
-    let out = on_upload::handle_with(&on_upload::object_created_event("jobs", &key, 1, "e"), &f.services, &config()).unwrap();
-    assert!(matches!(&out[0], on_upload::Outcome::Queued { .. }), "{out:?}");
-    let token = waiting_token(&f, &job, "b-dead");
-
-    // Every receive ends with the host gone: no delete, no status, no token completion.
-    let queue = f.cloud.job_queue();
-    for receive in 1..=cloud_local::MAX_RECEIVES {
-        let got = queue.receive(1, Duration::ZERO, Duration::ZERO).unwrap();
-        assert_eq!(got.len(), 1, "receive {receive}");
-    }
-    assert!(queue.receive(1, Duration::ZERO, Duration::ZERO).unwrap().is_empty(), "dead-lettered, not returned");
-    assert_eq!(status(&f, &job).state, JobState::Queued, "nobody else marks it");
-
-    let dlq = f.cloud.job_dlq();
-    assert_eq!(pump_dead_letters(&f.services, &config(), dlq.as_ref(), Duration::ZERO).unwrap(), 1);
-    let status = status(&f, &job);
-    assert_eq!((status.state, status.failure.as_ref().map(|f| f.check.as_str())), (JobState::Failed, Some(DEAD_LETTERED)));
-    assert_eq!(status.records_total, 2, "the counts on-upload wrote are kept");
-    assert!(failed_cause(&f, &token).starts_with("dead_lettered: the job queue dead-lettered"));
-    assert_eq!(dlq.stats().unwrap().visible, 0);
 }
 
 /// A job that ended stays as it ended: a completed or failed status, or a committed receipt
@@ -151,7 +32,7 @@ fn a_job_that_ended_is_never_marked_failed() {
 
     // The receipt is committed; the host died before it wrote `completed`.
     let (_, committed) = f.sealed(1);
-    let token = waiting_token(&f, &committed, "b-committed");
+    let token = f.waiting_token(&committed, "b-committed");
     let running = serde_json::to_vec(&JobStatus::new(committed, JobState::InProgress, 1)).unwrap();
     f.services.jobs.put(&layout::job_status(&committed), &running, PutCondition::CreateOnly).unwrap();
     f.services.jobs.put(&layout::job_receipt(&committed), b"receipt", PutCondition::CreateOnly).unwrap();
@@ -162,13 +43,13 @@ fn a_job_that_ended_is_never_marked_failed() {
 
     // Failed by its host on the last receive, which died before completing the token.
     let (_, failed) = f.sealed(1);
-    let token = waiting_token(&f, &failed, "b-failed");
+    let token = f.waiting_token(&failed, "b-failed");
     let mut host_failed = JobStatus::new(failed, JobState::Failed, 1);
     host_failed.failure = Some(Failure { check: "dead_letter".into(), message: "stalled: no progress (receive 5 of 5)".into() });
     f.services.jobs.put(&layout::job_status(&failed), &serde_json::to_vec(&host_failed).unwrap(), PutCondition::CreateOnly).unwrap();
     handle_body(&message(&failed), &f.services, &config()).unwrap();
-    assert_eq!(status(&f, &failed), host_failed);
-    assert_eq!(failed_cause(&f, &token), "dead_letter: stalled: no progress (receive 5 of 5)");
+    assert_eq!(f.status(&failed), host_failed);
+    assert_eq!(f.failed_cause(&token), "dead_letter: stalled: no progress (receive 5 of 5)");
 }
 
 /// A host that writes the job's end right after the consumer read the status it is about to
@@ -206,7 +87,7 @@ fn a_status_written_meanwhile_is_not_overwritten() {
     // Without a status at all: create-only.
     let (_, fresh) = f.sealed(1);
     assert_eq!(mark_failed(f.services.jobs.as_ref(), &fresh, failure).unwrap(), Marked::Failed);
-    assert_eq!(status(&f, &fresh).state, JobState::Failed);
+    assert_eq!(f.status(&fresh).state, JobState::Failed);
 }
 
 /// The failure record as AWS documents it (asynchronous invocation, SQS destination), a

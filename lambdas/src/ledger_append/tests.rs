@@ -329,7 +329,7 @@ fn verdicts_are_settled_on_the_queues() {
         source.send(body, &options(group)).unwrap();
     }
     let received = source.receive(10, Duration::ZERO, Duration::from_secs(600)).unwrap();
-    let event = crate::local::sqs_event(source.as_ref(), &received);
+    let event = crate::sqs_event::sqs_event(source.as_ref(), &received);
     let verdicts = [Verdict::Retry { after: Duration::from_secs(2) }, Verdict::DeadLetter, Verdict::Done];
     let handled: Vec<Handled<'_>> =
         event.records.iter().zip(verdicts).map(|(message, verdict)| Handled { message, verdict }).collect();

@@ -7,14 +7,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent, SqsMessage};
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
+use lambdas::sqs_event::sqs_event;
 use cloud_local::CreatedHook;
 use cloud::messages::Ledgered;
-use cloud::{layout, ObjectError, ObjectMeta, Queue, QueueError, Received, SendOptions, Services};
+use cloud::{layout, ObjectError, ObjectMeta, Queue, QueueError, SendOptions, Services};
 use protocol::envelope::JobId;
 use receipts_ledger::{Ledger, LedgerStore};
 
-use crate::on_upload::{self, Config};
+use lambdas::on_upload::{self, Config};
 
 /// Lambda's SQS batch size for FIFO sources is at most 10.
 const BATCH: usize = 10;
@@ -31,7 +32,7 @@ pub fn pump_ledger_queue<S: LedgerStore>(
     ledger: &mut Ledger<S>,
     wait: Duration,
 ) -> Result<usize, QueueError> {
-    use crate::ledger_append::{process, settle, LedgerQueues, RetryBudget};
+    use lambdas::ledger_append::{process, settle, LedgerQueues, RetryBudget};
     let queue = services.ledger_queue.as_ref();
     let received = queue.receive(BATCH, wait, Duration::from_secs(60))?;
     if received.is_empty() {
@@ -55,7 +56,7 @@ pub fn pump_ledger_queue<S: LedgerStore>(
 /// One round of `job-dead-letter`'s event source on `queue` (on-upload's failures, or the jobs
 /// DLQ): returns how many records were handled.
 pub fn pump_dead_letters(services: &Services, config: &Config, queue: &dyn Queue, wait: Duration) -> Result<usize, QueueError> {
-    pump(queue, wait, |event| crate::dead_letter::handle(event, services, config))
+    pump(queue, wait, |event| lambdas::dead_letter::handle(event, services, config))
 }
 
 /// Receives a batch, invokes `function` with Lambda's event, deletes what succeeded and hides
@@ -96,42 +97,11 @@ pub fn on_upload_hook(services: Services, config: Config, failures: Arc<dyn Queu
         let Err(error) = outcome else { return Ok(()) };
         let invocations = retry_delays.len() as u32 + 1;
         tracing::error!(key = %meta.key, %error, invocations, "on-upload gave up; the failure record goes to its on-failure destination");
-        let record = crate::dead_letter::failure_record(&event, "RetriesExhausted", invocations, &error.to_string());
+        let record = lambdas::dead_letter::failure_record(&event, "RetriesExhausted", invocations, &error.to_string());
         failures.send(&record, &SendOptions::default()).map(drop).map_err(|e| format!("on-upload failed ({error}) and its failure record was not sent: {e}"))
     })
 }
 
-/// The event Lambda would deliver for these messages.
-pub fn sqs_event(queue: &dyn Queue, received: &[Received]) -> SqsEvent {
-    let records: Vec<serde_json::Value> = received
-        .iter()
-        .map(|m| {
-            let mut attributes = serde_json::json!({
-                "ApproximateReceiveCount": m.receive_count.to_string(),
-                "SentTimestamp": m.sent_ms.to_string(),
-            });
-            if let Some(group) = &m.group_id {
-                attributes["MessageGroupId"] = group.clone().into();
-            }
-            serde_json::json!({
-                "messageId": m.message_id,
-                "receiptHandle": m.receipt_handle,
-                "body": m.body,
-                "attributes": attributes,
-                "messageAttributes": {},
-                "md5OfBody": "",
-                "eventSource": "aws:sqs",
-                "eventSourceARN": format!("arn:aws:sqs:local:000000000000:{}", queue.name()),
-                "awsRegion": "local",
-            })
-        })
-        .collect();
-    let records: Vec<SqsMessage> =
-        records.into_iter().map(|r| serde_json::from_value(r).expect("the SQS message shape")).collect();
-    let mut event = SqsEvent::default();
-    event.records = records;
-    event
-}
 
 /// Deletes the sealed input of every job whose receipt the ledger has held for `retention`.
 /// Returns the number of inputs deleted.
@@ -162,3 +132,6 @@ pub fn expire_inputs(services: &Services, retention: Duration, now_ms: u64) -> R
     }
     Ok(deleted)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,4 +1,5 @@
-//! `ephem-batch`: a thin command-line shell over the project's libraries.
+//! `ephem-batch`: a thin command-line shell over the project's libraries, where the client
+//! (`ephem_batch_client`) and the embedded default (`devstack`) are composed.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -6,7 +7,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use ephem_batch_client::backend::{self, BackendArgs};
-use ephem_batch_client::{attest, bulk, dev, flows, home::Home, keys, policy, results, status, submit, trust, verify};
+use devstack::dev;
+use ephem_batch_client::{attest, bulk, flows, home::Home, keys, policy, results, status, submit, trust, verify};
 
 #[derive(Parser)]
 #[command(name = "ephem-batch", version, about = "Confidential bulk text embedding on AWS Nitro Enclaves")]
@@ -113,6 +115,8 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_max_level(if service { tracing::Level::INFO } else { tracing::Level::WARN })
         .init();
+    // The one place the embedded default meets the client: what the local backend runs on upload.
+    backend::install_local_wiring(devstack::upload_wiring);
     match run(cli) {
         Ok(code) => code,
         Err(error) => {

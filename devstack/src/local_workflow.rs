@@ -18,11 +18,11 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::asl_walk::{self, Ending, Environment, Run, StateError, ABORTED};
-use crate::bulk::{self, AggregateInput, AwaitInput, ListInput};
-use crate::on_upload::Config;
+use lambdas::bulk::{self, AggregateInput, AwaitInput, ListInput};
+use lambdas::on_upload::Config;
 
 /// The definition the deployment deploys (placeholders unfilled).
-pub const DEFINITION: &str = include_str!("../asl/bulk-workflow.asl.json");
+pub const DEFINITION: &str = bulk::WORKFLOW_DEFINITION;
 /// The functions the local runtime names in the definition.
 pub const LIST_SHARDS: &str = "bulk-list-shards";
 pub const AWAIT_SHARD: &str = "bulk-await-shard";

@@ -36,8 +36,8 @@ use protocol::attestation::TrustAnchor;
 use receipts_ledger::{NoteSigner, SignerKey, VerifierKey};
 use serde_json::Value;
 
-use crate::backend::BackendArgs;
-use crate::home::{write_private, Home};
+use ephem_batch_client::backend::BackendArgs;
+use ephem_batch_client::home::{write_private, Home};
 
 /// The pump's process name (`run/aws-pump.pid`, `logs/aws-pump.log`).
 pub const PUMP: &str = "aws-pump";
@@ -94,7 +94,7 @@ pub fn bootstrap(home: &Home, backend: &BackendArgs, args: &BootstrapArgs) -> an
         stack_name: args.stack_name.clone(),
         store_prefixes: vec![cloud_aws::bootstrap::DEFAULT_STORE_PREFIX.into()],
         // The one definition the CDK app deploys (lambdas/asl/bulk-workflow.asl.json).
-        bulk_definition: Some(lambdas::local_workflow::DEFINITION.into()),
+        bulk_definition: Some(crate::local_workflow::DEFINITION.into()),
     };
     let outputs = cloud_aws::bootstrap::bootstrap(&clients, &options)?;
     let path = args.outputs.clone().unwrap_or_else(|| home.root().join("aws-outputs.json"));
@@ -141,10 +141,10 @@ pub fn child_env(home: &Home, backend: &BackendArgs) -> anyhow::Result<Vec<(&'st
 /// emulator has no Ed25519 KMS keys) the ledger's checkpoints are signed by a development key,
 /// written and pinned for this home first, so `verify` checks against it.
 pub fn start_pump(home: &Home, backend: &BackendArgs) -> anyhow::Result<()> {
-    if super::running(home, PUMP).is_some() {
+    if home.running(PUMP).is_some() {
         return Ok(());
     }
-    let cloud = crate::backend::open(home, backend)?.aws.ok_or_else(|| anyhow!("the pump needs --backend aws"))?;
+    let cloud = ephem_batch_client::backend::open(home, backend)?.aws.ok_or_else(|| anyhow!("the pump needs --backend aws"))?;
     if cloud.settings().ledger_signing_key_arn.is_none() {
         let bucket = cloud.settings().ledger_bucket.clone().ok_or_else(|| {
             anyhow!("no ledger bucket (EPHEM_LEDGER_BUCKET / LedgerBucketName): ledger-append writes the ledger to S3")
@@ -166,7 +166,7 @@ pub fn pump(home: &Home, backend: &BackendArgs, args: &PumpArgs) -> anyhow::Resu
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
-    let cloud = crate::backend::open(home, backend)?.aws.ok_or_else(|| anyhow!("dev aws-pump needs --backend aws"))?;
+    let cloud = ephem_batch_client::backend::open(home, backend)?.aws.ok_or_else(|| anyhow!("dev aws-pump needs --backend aws"))?;
     let events = cloud.upload_events().ok_or_else(|| {
         anyhow!(
             "no upload-event queue ({} in the outputs of `scripts/emulator-stack.sh deploy`, or EPHEM_UPLOAD_EVENTS_QUEUE_URL); \
@@ -406,7 +406,7 @@ fn ensure_dev_ledger_key(home: &Home, bucket: &str, region: &str) -> anyhow::Res
     let key = SignerKey::generate(&name).map_err(|e| anyhow!("ledger key {name:?}: {e}"))?;
     write_private(&path, key.to_secret_string().as_bytes())?;
     // Another ledger: the old copy and the pump's cache belong to it.
-    let copy = crate::backend::aws_ledger_copy(home);
+    let copy = ephem_batch_client::backend::aws_ledger_copy(home);
     let _ = std::fs::remove_dir_all(&copy);
     let _ = std::fs::remove_dir_all(home.root().join("aws-pump"));
     std::fs::create_dir_all(&copy)?;

@@ -1,8 +1,8 @@
 use super::*;
-use crate::bulk::{self, ListInput, Manifest, ManifestStatus};
+use lambdas::bulk::{self, ListInput, Manifest, ManifestStatus};
 use crate::local_workflow::{self, Steps, AWAIT_SHARD};
-use crate::on_upload::Config;
-use crate::testing::Fixture;
+use lambdas::on_upload::Config;
+use lambdas::testing::Fixture;
 use cloud::messages::{Failure, JobState, JobStatus};
 use cloud::workflow::{complete_bulk_task, JobEnd};
 use cloud::{layout, Completion, PutCondition, TaskTokens};

@@ -32,9 +32,9 @@ use protocol::attestation::dev_issuer::development_pcrs;
 use protocol::attestation::{Policy, TrustAnchor};
 use sha2::{Digest, Sha384};
 
-use crate::backend::{Backend, BackendArgs};
-use crate::home::{write_private, Home};
-use crate::submit::DEFAULT_MODEL;
+use ephem_batch_client::backend::{Backend, BackendArgs};
+use ephem_batch_client::home::{write_private, Home};
+use ephem_batch_client::submit::DEFAULT_MODEL;
 
 /// Fleet-key epochs the local stack creates are valid this long; a new one is made when less
 /// than a day is left.
@@ -113,16 +113,6 @@ fn sha384_file(path: &Path) -> anyhow::Result<[u8; 48]> {
 
 // --- processes -------------------------------------------------------------------------------
 
-/// The pid in `run/<name>.pid` if that process is alive and is `name`.
-pub fn running(home: &Home, name: &str) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(home.pid_file(name)).ok()?.trim().parse().ok()?;
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // A zombie is not running.
-    let state = stat.rsplit(')').next()?.split_whitespace().next()?;
-    (state != "Z" && String::from_utf8_lossy(&cmdline).contains(name)).then_some(pid)
-}
-
 fn spawn(home: &Home, name: &str, program: &Path, args: &[String], env: &[(&str, String)]) -> anyhow::Result<u32> {
     use std::os::unix::process::CommandExt;
     std::fs::create_dir_all(home.logs_dir())?;
@@ -154,7 +144,7 @@ fn alive(pid: u32) -> bool {
 
 /// SIGTERM, then up to `grace` for the process to finish its work, then SIGKILL.
 fn stop(home: &Home, name: &str, grace: Duration) -> bool {
-    let Some(pid) = running(home, name) else {
+    let Some(pid) = home.running(name) else {
         let _ = std::fs::remove_file(home.pid_file(name));
         return false;
     };
@@ -218,7 +208,7 @@ fn ensure_model(services: &Services, model_key: &str, model_dir: &Path) -> anyho
             bail!("{} has no {file}: run scripts/setup-model.sh (or pass --model-dir)", model_dir.display());
         }
     }
-    let published = crate::model::publish(
+    let published = ephem_batch_client::model::publish(
         model_dir,
         DEFAULT_MODEL,
         newest + 1,
@@ -234,7 +224,7 @@ fn ensure_model(services: &Services, model_key: &str, model_dir: &Path) -> anyho
 fn image_publisher(home: &Home) -> anyhow::Result<SigningKey> {
     let path = home.dev_image_publisher_key();
     if path.exists() {
-        return crate::keys::read_signing_key(&path);
+        return ephem_batch_client::keys::read_signing_key(&path);
     }
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| anyhow!("random: {e}"))?;
@@ -281,13 +271,13 @@ fn published_pcr0(services: &Services) -> anyhow::Result<Vec<Vec<u8>>> {
 }
 
 pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<()> {
-    let opened = crate::backend::open(home, backend)?;
+    let opened = ephem_batch_client::backend::open(home, backend)?;
     let services = opened.services.clone();
     let worker_bin = binary("enclave-worker")?;
     let poller_bin = binary("host-poller")?;
     let pcr0 = sha384_file(&worker_bin)?;
 
-    if running(home, "host-poller").is_some() {
+    if home.running("host-poller").is_some() {
         let published = published_pcr0(&services)?;
         if !published.is_empty() && !published.contains(&pcr0.to_vec()) {
             bail!(
@@ -309,7 +299,7 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     let manifest_key = ensure_model(&services, &model_key, &model_dir)?;
 
     let started = cloud::now_ms();
-    if running(home, "host-poller").is_none() {
+    if home.running("host-poller").is_none() {
         let (backend_name, env, max_receives) = match &opened.aws {
             None => ("local", Vec::new(), cloud_local::MAX_RECEIVES),
             Some(cloud) => ("aws", aws::child_env(home, backend)?, aws::max_receives(cloud)?),
@@ -346,7 +336,7 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
 
     if opened.aws.is_some() {
         aws::start_pump(home, backend)?;
-    } else if running(home, "lambdas").is_none() {
+    } else if home.running("lambdas").is_none() {
         let me = std::env::current_exe()?;
         let args: Vec<String> = vec![
             "--home".into(),
@@ -401,7 +391,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
             (local.services(), dlqs)
         }
         Backend::Aws => {
-            let cloud = crate::backend::open(home, backend)?.aws.expect("the aws backend");
+            let cloud = ephem_batch_client::backend::open(home, backend)?.aws.expect("the aws backend");
             let dlqs = [("jobs-dlq", cloud.job_dlq()), ("ledger-dlq", cloud.ledger_dlq())]
                 .into_iter()
                 .filter_map(|(name, q)| q.map(|q| (name.to_owned(), Arc::new(q) as Arc<dyn cloud::Queue>)))
@@ -410,7 +400,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
         }
     };
     let processes: BTreeMap<&str, Option<u32>> =
-        ["host-poller", "enclave-worker", "lambdas", aws::PUMP].into_iter().map(|n| (n, running(home, n))).collect();
+        ["host-poller", "enclave-worker", "lambdas", aws::PUMP].into_iter().map(|n| (n, home.running(n))).collect();
     let mut queues = BTreeMap::new();
     for (name, queue) in [("jobs", &services.job_queue), ("ledger", &services.ledger_queue)] {
         queues.insert(name.to_owned(), queue.stats()?);
@@ -465,7 +455,7 @@ pub fn home_policies(home: &Home) -> anyhow::Result<(TrustAnchor, protocol::atte
     let anchor = TrustAnchor::from_pem(&std::fs::read_to_string(home.dev_root_pem())?)?;
     let publisher = std::fs::read_to_string(home.dev_image_publisher_pub())
         .with_context(|| format!("reading {}", home.dev_image_publisher_pub().display()))?;
-    let publisher = crate::trust::parse_key(&publisher, "the development image publisher key")?;
+    let publisher = ephem_batch_client::trust::parse_key(&publisher, "the development image publisher key")?;
     let file = home.dev_policy();
     let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
     let set = protocol::attestation::PolicySet::from_json(&publisher, &[(file.display().to_string(), text)])?;
@@ -484,10 +474,10 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
     for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(signal, Arc::clone(&stop))?;
     }
-    let (services, local) = crate::backend::open_local(home)?;
+    let (services, local) = ephem_batch_client::backend::open_local(home)?;
     let (anchor, policies) = home_policies(home)?;
     let check = Arc::new(protocol::receipt_check::ReceiptVerifier::enforcing(anchor, policies)?);
-    let runner = Arc::new(lambdas::local_workflow::Runner {
+    let runner = Arc::new(crate::local_workflow::Runner {
         services: services.clone(),
         workflows: local.workflows(),
         config: lambdas::on_upload::Config::from_list(cloud_local::STORE_PREFIX),
@@ -506,7 +496,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
     tracing::info!(ledger_key = %verifier, "local Lambda runtime started");
     let mut last_expiry = Instant::now();
     while !stop.load(Ordering::Relaxed) {
-        match lambdas::local::pump_ledger_queue(&services, &mut ledger, Duration::from_secs(1)) {
+        match crate::local::pump_ledger_queue(&services, &mut ledger, Duration::from_secs(1)) {
             // Locally a checkpoint right away, so a proof is available as soon as the entry is.
             Ok(n) if n > 0 => {
                 if let Err(error) = ledger.checkpoint_now(cloud::now_ms()) {
@@ -521,12 +511,12 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
         }
         let config = lambdas::on_upload::Config::from_list(cloud_local::STORE_PREFIX);
         for queue in [local.upload_failures(), local.job_dlq()] {
-            if let Err(error) = lambdas::local::pump_dead_letters(&services, &config, queue.as_ref(), Duration::ZERO) {
+            if let Err(error) = crate::local::pump_dead_letters(&services, &config, queue.as_ref(), Duration::ZERO) {
                 tracing::warn!(%error, queue = cloud::Queue::name(queue.as_ref()), "dead letters");
             }
         }
         if last_expiry.elapsed() > Duration::from_secs(5) {
-            if let Err(error) = lambdas::local::expire_inputs(&services, input_retention, cloud::now_ms()) {
+            if let Err(error) = crate::local::expire_inputs(&services, input_retention, cloud::now_ms()) {
                 tracing::warn!(%error, "input expiry");
             }
             last_expiry = Instant::now();
