@@ -42,17 +42,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use enclave_worker::dev_model;
 use cloud::kms::{DataKey, DataKeyPair, Decrypted, EncryptionContext};
 use cloud_local::{KmsEndpoint, LocalCloud, LocalKeyPolicy, FLEET_KEY_ALIAS, MODEL_KEY_ALIAS};
 use cloud::{layout, AwsCredentials, Kms, KmsError, ObjectStore, PutCondition, Recipient};
 use enclave_worker::key_release::OneShotKey;
 use protocol::fleet::{encryption_context, epoch_object_key, EpochRecord};
 use protocol::frame::{read_frame, write_frame, Channel, Message, Role, MAX_DATA_LEN};
-use protocol::manifest::{development_publisher, Manifest, ModelFile, Pooling};
-use sha2::{Digest, Sha256, Sha384};
+use protocol::manifest::{development_publisher, Manifest};
+use sha2::{Digest, Sha384};
 
-const MODEL_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
-const FILES: [&str; 3] = ["config.json", "model.safetensors", "tokenizer.json"];
 const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
 struct Args {
@@ -93,12 +92,6 @@ fn parse_args() -> Args {
     }
     args.boots = args.boots.max(1);
     args
-}
-
-fn model_dir() -> PathBuf {
-    std::env::var_os("EPHEM_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2").into())
 }
 
 /// The local KMS, with the start and end of every `Decrypt` it serves recorded.
@@ -163,39 +156,16 @@ fn provision(local: &LocalCloud, worker: &Path) -> String {
     };
     local.attestations_store().put(&epoch_object_key(1), record.to_json().as_bytes(), PutCondition::CreateOnly).unwrap();
 
-    let dir = model_dir();
-    let files: Vec<(&str, Vec<u8>)> = FILES
-        .into_iter()
-        .map(|name| {
-            let bytes = std::fs::read(dir.join(name))
-                .unwrap_or_else(|e| usage(&format!("{}/{name}: {e} (run scripts/setup-model.sh)", dir.display())));
-            (name, bytes)
-        })
-        .collect();
+    let files = dev_model::read_files(&dev_model::model_dir());
     let mut dek = [0u8; 32];
     getrandom::fill(&mut dek).unwrap();
-    let context = [("model_id".to_owned(), MODEL_ID.to_owned()), ("version".to_owned(), "1".to_owned())].into_iter().collect();
+    let context = [("model_id".to_owned(), dev_model::MODEL_ID.to_owned()), ("version".to_owned(), "1".to_owned())].into_iter().collect();
     let wrapped_dek = kms.encrypt(&model_key, &dek, &context).unwrap();
-    let manifest = Manifest {
-        model_id: MODEL_ID.into(),
-        version: 1,
-        files: files
-            .iter()
-            .map(|(name, bytes)| ModelFile { name: (*name).into(), sha256: Sha256::digest(bytes).into(), size: bytes.len() as u64 })
-            .collect(),
-        dimensions: 384,
-        pooling: Pooling::Mean,
-        normalize: true,
-        max_tokens: 256,
-        kms_key_id: model_key,
-        wrapped_dek,
-        created_ms: cloud::now_ms(),
-    };
-    let manifest_key = layout::model_manifest(MODEL_ID, 1);
+    let manifest = dev_model::manifest(1, &files, &model_key, wrapped_dek, cloud::now_ms());
+    let manifest_key = layout::model_manifest(dev_model::MODEL_ID, 1);
     let models = local.models_store();
-    for (name, bytes) in &files {
-        let sealed = manifest.seal_file(&dek, name, bytes);
-        models.put(&Manifest::file_object_key(&manifest_key, name), &sealed, PutCondition::CreateOnly).unwrap();
+    for (name, sealed) in dev_model::seal(&manifest, &dek, &files) {
+        models.put(&Manifest::file_object_key(&manifest_key, &name), &sealed, PutCondition::CreateOnly).unwrap();
     }
     models.put(&manifest_key, &manifest.sign(&development_publisher()), PutCondition::CreateOnly).unwrap();
     manifest_key
@@ -408,10 +378,10 @@ fn main() {
         first_file_asked: None,
         last_file_byte: None,
     };
-    let weights = std::fs::metadata(model_dir().join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
+    let weights = std::fs::metadata(dev_model::model_dir().join("model.safetensors")).map(|m| m.len()).unwrap_or(0);
     println!(
         "cold start of {} ({} MB of weights), {} boots + 1 that creates the development CA, --threads {}",
-        MODEL_ID,
+        dev_model::MODEL_ID,
         weights / 1_000_000,
         args.boots,
         args.threads
@@ -463,7 +433,7 @@ fn main() {
 
     if let Some(path) = &args.json {
         let doc = serde_json::json!({
-            "model": MODEL_ID,
+            "model": dev_model::MODEL_ID,
             "weights_bytes": weights,
             "boots": args.boots,
             "threads": args.threads,

@@ -10,13 +10,13 @@
 
 use std::time::{Duration, Instant};
 
+use enclave_worker::dev_model;
 use enclave_worker::inference::{Embedder, EmbedderSettings, ModelFiles};
 use enclave_worker::key_release::OneShotKey;
-use protocol::manifest::{development_publisher, Manifest, ModelFile, Pooling, SignedManifest};
+use protocol::manifest::{development_publisher, SignedManifest};
 use protocol::stream::StreamOpener;
 use sha2::{Digest, Sha256};
 
-const NAMES: [&str; 3] = ["config.json", "model.safetensors", "tokenizer.json"];
 
 fn median(mut samples: Vec<Duration>) -> (Duration, Duration) {
     samples.sort();
@@ -29,32 +29,11 @@ fn main() {
         .nth(1)
         .and_then(|v| v.parse().ok())
         .unwrap_or(10);
-    let dir = std::env::var_os("EPHEM_MODEL_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2").into());
-    let files: Vec<Vec<u8>> = NAMES
-        .iter()
-        .map(|n| std::fs::read(dir.join(n)).unwrap_or_else(|e| panic!("{n}: {e} (run scripts/setup-model.sh)")))
-        .collect();
+    let files = dev_model::read_files(&dev_model::model_dir());
     let dek = [0x5a; 32];
-    let manifest = Manifest {
-        model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
-        version: 1,
-        files: NAMES
-            .iter()
-            .zip(&files)
-            .map(|(n, b)| ModelFile { name: (*n).into(), sha256: Sha256::digest(b).into(), size: b.len() as u64 })
-            .collect(),
-        dimensions: 384,
-        pooling: Pooling::Mean,
-        normalize: true,
-        max_tokens: 256,
-        kms_key_id: "bench".into(),
-        wrapped_dek: vec![1],
-        created_ms: 0,
-    };
+    let manifest = dev_model::manifest(1, &files, "bench", vec![1], 0);
     let signed = manifest.sign(&development_publisher());
-    let sealed: Vec<Vec<u8>> = NAMES.iter().zip(&files).map(|(n, b)| manifest.seal_file(&dek, n, b)).collect();
+    let sealed: Vec<Vec<u8>> = dev_model::seal(&manifest, &dek, &files).into_iter().map(|(_, ciphertext)| ciphertext).collect();
     drop(files);
     let publisher = development_publisher().verifying_key();
 
@@ -66,7 +45,7 @@ fn main() {
         let verified = SignedManifest::decode(&signed).unwrap();
         let manifest = verified.verify(&publisher).unwrap();
         let mut plain = Vec::new();
-        for (name, ciphertext) in NAMES.iter().zip(&sealed) {
+        for (name, ciphertext) in dev_model::FILES.iter().zip(&sealed) {
             let entry = manifest.file(name).unwrap();
             let mut opener = StreamOpener::new(&manifest.file_key(&dek, name), manifest.file_stream_id(name));
             let mut out = Vec::with_capacity(entry.size as usize);

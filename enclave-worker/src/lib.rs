@@ -8,6 +8,8 @@
 //! from outside arrives as a frame from the host, and is authenticated before it is used.
 
 pub mod control;
+#[cfg(feature = "dev")]
+pub mod dev_model;
 pub mod inference;
 pub mod job;
 pub mod key_release;

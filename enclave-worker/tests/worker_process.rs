@@ -26,19 +26,13 @@ use protocol::envelope::{
 };
 use protocol::fleet::{epoch_object_key, EpochRecord};
 use protocol::frame::{read_frame, write_frame, Channel, Message, Role, MAX_DATA_LEN};
-use protocol::manifest::{development_publisher, manifest_hash, Manifest, ModelFile, Pooling};
+use protocol::manifest::{development_publisher, manifest_hash, Manifest};
 use protocol::receipt::{PlaintextCommitment, SignedReceipt};
 use protocol::records::{encode_input, ErrorCode, InputRecord, OutputDecoder, OutputRecord};
 use sha2::{Digest, Sha256};
 
-const MODEL_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
+use enclave_worker::dev_model::{self, MODEL_ID};
 const MANIFEST_KEY: &str = "models/all-MiniLM-L6-v2/v1/manifest.cose";
-
-fn model_dir() -> PathBuf {
-    std::env::var_os("EPHEM_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2").into())
-}
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
@@ -243,33 +237,13 @@ fn connect(socket: &Path, channel: Channel) -> UnixStream {
 
 /// Encrypts the model directory and signs its manifest with the development publisher.
 fn publish_model(host: &mut Host) -> [u8; 32] {
-    let dir = model_dir();
-    let read = |name: &str| {
-        std::fs::read(dir.join(name))
-            .unwrap_or_else(|e| panic!("{}/{name}: {e} (run scripts/setup-model.sh)", dir.display()))
-    };
-    let files: Vec<(&str, Vec<u8>)> =
-        ["config.json", "model.safetensors", "tokenizer.json"].into_iter().map(|n| (n, read(n))).collect();
+    let files = dev_model::read_files(&dev_model::model_dir());
     let mut dek = [0u8; 32];
     getrandom::fill(&mut dek).unwrap();
     let wrapped = b"wrapped model dek".to_vec();
-    let manifest = Manifest {
-        model_id: MODEL_ID.into(),
-        version: 1,
-        files: files
-            .iter()
-            .map(|(name, bytes)| ModelFile { name: (*name).into(), sha256: Sha256::digest(bytes).into(), size: bytes.len() as u64 })
-            .collect(),
-        dimensions: 384,
-        pooling: Pooling::Mean,
-        normalize: true,
-        max_tokens: 256,
-        kms_key_id: "local:model".into(),
-        wrapped_dek: wrapped.clone(),
-        created_ms: now_ms(),
-    };
-    for (name, bytes) in &files {
-        host.objects.insert(Manifest::file_object_key(MANIFEST_KEY, name), manifest.seal_file(&dek, name, bytes));
+    let manifest = dev_model::manifest(1, &files, "local:model", wrapped.clone(), now_ms());
+    for (name, sealed) in dev_model::seal(&manifest, &dek, &files) {
+        host.objects.insert(Manifest::file_object_key(MANIFEST_KEY, &name), sealed);
     }
     let signed = manifest.sign(&development_publisher());
     host.objects.insert(MANIFEST_KEY.into(), signed.clone());
