@@ -21,13 +21,13 @@ use p256::pkcs8::DecodePublicKey;
 use protocol::attestation::{self, TrustAnchor, UserDataBinding, VerifyOptions};
 use protocol::envelope::{self, FleetPublicKey, JobHeader, JobId, JobOptions, Preamble, ResultSecretKey, StreamKind};
 use protocol::fleet::{encryption_context, epoch_object_key, EpochRecord};
-use protocol::manifest::{development_publisher, manifest_hash, Manifest, ModelFile, Pooling};
+use protocol::manifest::{development_publisher, manifest_hash, Manifest};
 use protocol::receipt::SignedReceipt;
 use protocol::records::{encode_input, InputRecord, OutputDecoder, OutputRecord};
 use sha2::{Digest, Sha256, Sha384};
 use support::{enqueue, status, wait_until, Running};
 
-const MODEL_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
+use enclave_worker::dev_model::{self, MODEL_ID};
 const WAIT: Duration = Duration::from_secs(120);
 
 fn worker_binary() -> PathBuf {
@@ -43,12 +43,6 @@ fn worker_binary() -> PathBuf {
         binary.display()
     );
     binary
-}
-
-fn model_dir() -> PathBuf {
-    std::env::var_os("EPHEM_MODEL_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../.ephem/models/all-MiniLM-L6-v2").into())
 }
 
 /// What `ephem-batch dev up` puts in place: keys, epoch 1, the model. Returns the fleet public key
@@ -76,36 +70,16 @@ fn provision(local: &LocalCloud, worker: &Path) -> (FleetPublicKey, [u8; 32]) {
     let attestations = local.attestations_store();
     attestations.put(&epoch_object_key(1), record.to_json().as_bytes(), PutCondition::CreateOnly).unwrap();
 
-    let dir = model_dir();
-    let read = |name: &str| {
-        std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{}/{name}: {e} (run scripts/setup-model.sh)", dir.display()))
-    };
-    let files: Vec<(&str, Vec<u8>)> =
-        ["config.json", "model.safetensors", "tokenizer.json"].into_iter().map(|n| (n, read(n))).collect();
+    let files = dev_model::read_files(&dev_model::model_dir());
     let mut dek = [0u8; 32];
     getrandom::fill(&mut dek).unwrap();
     let context = [("model_id".to_owned(), MODEL_ID.to_owned()), ("version".to_owned(), "1".to_owned())].into_iter().collect();
     let wrapped_dek = kms.encrypt(&model_key, &dek, &context).unwrap();
-    let manifest = Manifest {
-        model_id: MODEL_ID.into(),
-        version: 1,
-        files: files
-            .iter()
-            .map(|(name, bytes)| ModelFile { name: (*name).into(), sha256: Sha256::digest(bytes).into(), size: bytes.len() as u64 })
-            .collect(),
-        dimensions: 384,
-        pooling: Pooling::Mean,
-        normalize: true,
-        max_tokens: 256,
-        kms_key_id: model_key,
-        wrapped_dek,
-        created_ms: cloud::now_ms(),
-    };
+    let manifest = dev_model::manifest(1, &files, &model_key, wrapped_dek, cloud::now_ms());
     let manifest_key = layout::model_manifest(MODEL_ID, 1);
     let models = local.models_store();
-    for (name, bytes) in &files {
-        let sealed = manifest.seal_file(&dek, name, bytes);
-        models.put(&Manifest::file_object_key(&manifest_key, name), &sealed, PutCondition::CreateOnly).unwrap();
+    for (name, sealed) in dev_model::seal(&manifest, &dek, &files) {
+        models.put(&Manifest::file_object_key(&manifest_key, &name), &sealed, PutCondition::CreateOnly).unwrap();
     }
     let signed = manifest.sign(&development_publisher());
     models.put(&manifest_key, &signed, PutCondition::CreateOnly).unwrap();
