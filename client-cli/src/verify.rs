@@ -234,7 +234,7 @@ pub fn unopened_output(job: &JobId, attempt: u64, error: &anyhow::Error, out: &m
 
 /// The key a deployment's ledger is pinned to: `EPHEM_LEDGER_KEY` (the key string or a file
 /// holding it), else the key the home's copy was synced under before (`ledger sync
-/// --ledger-key`, or the development key `dev aws-bootstrap` pinned). Never a key the bucket or
+/// --ledger-key`, or the development key `dev up --backend aws` pinned). Never a key the bucket or
 /// a proof object supplies.
 fn deployment_ledger_key(bucket: &str, copy: &std::path::Path) -> anyhow::Result<VerifierKey> {
     match std::env::var("EPHEM_LEDGER_KEY").ok().filter(|v| !v.is_empty()) {

@@ -1,6 +1,8 @@
-//! The stack's storage, queues and keys in an emulator (or a scratch account), for
-//! `ephem-batch dev aws-bootstrap`: what `cdk deploy` creates that the binaries talk to, with
-//! the same names in the same outputs file. Idempotent: what exists is kept.
+//! The stack's storage, queues and keys made by hand in an emulator, for the adapters'
+//! conformance tests (each needs fresh queues with its own redrive limit): what `cdk deploy`
+//! creates that the binaries talk to, with the same names in the same outputs file. The emulator
+//! flow itself runs on the synthesized template (`scripts/emulator-stack.sh`). Idempotent: what
+//! exists is kept.
 //!
 //! One difference, on purpose: in AWS the jobs bucket notifies the `on-upload` Lambda; here it
 //! notifies an SQS queue (`UploadEventsQueueUrl`), because emulators run no Lambda without

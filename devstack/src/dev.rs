@@ -59,9 +59,6 @@ pub enum DevCommand {
         #[arg(long, default_value_t = 0)]
         input_retention_s: u64,
     },
-    /// Create the stack's buckets, queues, upload notification and keys in an AWS emulator
-    /// (AWS_ENDPOINT_URL) and write its outputs file, as `cdk deploy --outputs-file` would.
-    AwsBootstrap(aws::BootstrapArgs),
     /// Against an emulator: feed S3 upload events to `on-upload` and the ledger queue to
     /// `ledger-append`, as the bucket notification and the Lambdas do in AWS (started by
     /// `dev up --backend aws`).

@@ -5,7 +5,7 @@
 //! for the `dev` commands).
 //!
 //! - [`dev`]: `ephem-batch dev up | down | status | run-lambdas`, and against an AWS emulator
-//!   `dev aws-bootstrap | aws-pump` ([`dev::aws`]);
+//!   `dev aws-pump` ([`dev::aws`]) on the stack `scripts/emulator-stack.sh` deploys;
 //! - [`local`]: the event sources of `ledger-append` and `job-dead-letter`, Lambda's asynchronous
 //!   invocation of `on-upload` (retries, failure record), the input-expiry lifecycle rule;
 //! - [`local_workflow`], [`asl_walk`]: the bulk workflow's own definition run by a small ASL

@@ -235,7 +235,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 dev::DevCommand::RunLambdas { input_retention_s } => {
                     dev::run_lambdas(&home, std::time::Duration::from_secs(input_retention_s))?
                 }
-                dev::DevCommand::AwsBootstrap(args) => dev::aws::bootstrap(&home, &cli.backend, &args)?,
                 dev::DevCommand::AwsPump(args) => dev::aws::pump(&home, &cli.backend, &args)?,
             }
             Ok(ExitCode::SUCCESS)

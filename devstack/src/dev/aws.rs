@@ -27,8 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
-use cloud_aws::bootstrap::BootstrapOptions;
-use cloud_aws::{AwsClients, AwsCloud, KmsBackend, SqsQueue};
+use cloud_aws::{AwsCloud, KmsBackend, SqsQueue};
 use cloud_local::LocalKms;
 use cloud::{Queue, Services};
 use lambdas::ledger_append::{FunctionConfig, LedgerFunction};
@@ -49,25 +48,6 @@ const BATCH: usize = 10;
 const UPLOAD_EVENT_TRIES: u32 = 3;
 
 #[derive(Args, Debug)]
-pub struct BootstrapArgs {
-    /// Every bucket and queue name starts with this.
-    #[arg(long, default_value = "ephem")]
-    pub name_prefix: String,
-    /// Receives before a message goes to its dead-letter queue (the stack's: 5).
-    #[arg(long, default_value_t = 5)]
-    pub max_receives: u32,
-    /// The job queue's visibility timeout, seconds (the stack's: 300).
-    #[arg(long, default_value_t = 300)]
-    pub job_visibility_s: u32,
-    /// Where to write the outputs file. Default: `<home>/aws-outputs.json`.
-    #[arg(long, value_name = "FILE")]
-    pub outputs: Option<PathBuf>,
-    /// The outputs file's stack name.
-    #[arg(long, default_value = cloud_aws::settings::DEFAULT_STACK_NAME)]
-    pub stack_name: String,
-}
-
-#[derive(Args, Debug)]
 pub struct PumpArgs {
     /// Handle what is there and stop (default: until SIGTERM).
     #[arg(long)]
@@ -75,38 +55,6 @@ pub struct PumpArgs {
     /// Long-poll wait of each receive, seconds.
     #[arg(long, default_value_t = 1)]
     pub wait_s: u64,
-}
-
-/// `dev aws-bootstrap`: the stack's storage, queues and (unless KMS is local) keys, made by hand
-/// (cloud_aws::bootstrap) rather than from the CDK app's template; the emulator flow and its
-/// tests use `scripts/emulator-stack.sh deploy` instead.
-pub fn bootstrap(home: &Home, backend: &BackendArgs, args: &BootstrapArgs) -> anyhow::Result<()> {
-    if std::env::var_os("AWS_ENDPOINT_URL").is_none() {
-        eprintln!("note: AWS_ENDPOINT_URL is not set: creating the resources in the real AWS account of your credentials");
-    }
-    let kms_keys = !matches!(backend.kms_setting(home)?, Some(text) if text.starts_with("local:"));
-    let clients = AwsClients::connect(None, None)?;
-    let options = BootstrapOptions {
-        name_prefix: args.name_prefix.clone(),
-        max_receives: args.max_receives,
-        job_visibility_s: args.job_visibility_s,
-        kms_keys,
-        stack_name: args.stack_name.clone(),
-        store_prefixes: vec![cloud_aws::bootstrap::DEFAULT_STORE_PREFIX.into()],
-        // The one definition the CDK app deploys (lambdas/asl/bulk-workflow.asl.json).
-        bulk_definition: Some(crate::local_workflow::DEFINITION.into()),
-    };
-    let outputs = cloud_aws::bootstrap::bootstrap(&clients, &options)?;
-    let path = args.outputs.clone().unwrap_or_else(|| home.root().join("aws-outputs.json"));
-    outputs.write(&path).with_context(|| format!("writing {}", path.display()))?;
-    println!("{}", path.display());
-    eprintln!("stack outputs written; use them with --stack-outputs {} (or EPHEM_STACK_OUTPUTS)", path.display());
-    let ledger_bucket = &outputs.values[cloud_aws::settings::LEDGER_BUCKET.output];
-    announce_dev_ledger_key(home, ledger_bucket, ensure_dev_ledger_key(home, ledger_bucket, clients.region())?);
-    if !kms_keys {
-        eprintln!("no KMS keys created: KMS is the local one (--kms local); `dev up --backend aws` creates its keys");
-    }
-    Ok(())
 }
 
 /// The local KMS `dev up --backend aws` administers (keys bound to the worker's measurement).
