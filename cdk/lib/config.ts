@@ -62,6 +62,14 @@ export interface DeployConfig {
   readonly rotationDays: number;
   /** Directory holding `<name>/bootstrap.zip` for each Lambda, as scripts/build-lambdas.sh writes them. */
   readonly lambdaAssetsDir: string;
+  /**
+   * The enclave image and the host-poller binary the hosts run (`-c enclaveEif=PATH -c
+   * hostPoller=PATH`, both or neither): published by `cdk deploy` as assets named by their
+   * content, so a new image is a new launch template version. Unset: placeholders, and a
+   * template CloudFormation refuses to deploy (host-artifacts.ts).
+   */
+  readonly enclaveEif?: string;
+  readonly hostPoller?: string;
 }
 
 /** Reads context values (`-c key=value`, cdk.json or `new App({context})`). */
@@ -121,6 +129,7 @@ export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process
     storePrefixes,
     rotationDays: int(read, 'rotationDays', 7, 1, 365),
     lambdaAssetsDir: path.resolve(lambdaAssetsDir),
+    ...hostArtifactPaths(read),
   };
   if (cfg.maxHosts < cfg.minHosts) {
     throw new ConfigError(`maxHosts (${cfg.maxHosts}) must be at least minHosts (${cfg.minHosts})`);
@@ -129,6 +138,30 @@ export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process
     throw new ConfigError(`enclaveCpuCount must be even (an enclave takes whole cores, two vCPUs each): got ${cfg.enclaveCpuCount}`);
   }
   return cfg;
+}
+
+/**
+ * `-c enclaveEif=PATH -c hostPoller=PATH`: both (each an existing file) or neither, so a fleet
+ * never runs a new image with an old poller or the reverse by accident.
+ */
+export function hostArtifactPaths(read: ContextReader): { enclaveEif?: string; hostPoller?: string } {
+  const eif = str(read, 'enclaveEif', '');
+  const poller = str(read, 'hostPoller', '');
+  if (eif === '' && poller === '') return {};
+  if (eif === '' || poller === '') {
+    throw new ConfigError(
+      `give both -c enclaveEif=PATH and -c hostPoller=PATH (the image and the poller built with it), or neither; got only ${eif === '' ? 'hostPoller' : 'enclaveEif'}`,
+    );
+  }
+  const out = { enclaveEif: path.resolve(eif), hostPoller: path.resolve(poller) };
+  for (const [key, file] of Object.entries(out)) {
+    if (!fs.existsSync(file) || !fs.statSync(file).isFile()) {
+      throw new ConfigError(
+        `${key}: ${file} is not a file. scripts/deploy.sh step 2 (image) writes enclave.eif and host-poller to dist/enclave/<commit>/ (docs/operations.md §1.3)`,
+      );
+    }
+  }
+  return out;
 }
 
 /**

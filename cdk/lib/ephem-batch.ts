@@ -92,6 +92,8 @@ export class EphemBatch extends Construct {
       storage: this.storage,
       queues: this.queues,
       expectedPcr0: cfg.measurements.pcr0,
+      enclaveEif: cfg.enclaveEif,
+      hostPoller: cfg.hostPoller,
       instanceType: cfg.instanceType,
       hostImage: cfg.hostImage,
       enclaveCpuCount: cfg.enclaveCpuCount,
@@ -190,7 +192,7 @@ export class EphemBatch extends Construct {
     out('JobsBucketName', s.jobs.bucketName, 'jobs/<job_id>/..., store prefixes, bulk/<bulk_id>/manifest.json');
     out('ModelsBucketName', s.models.bucketName, 'encrypted models and signed manifests');
     out('AttestationsBucketName', s.attestations.bucketName, 'published attestation documents (attestations/) and fleet-key epochs (fleet-keys/)');
-    out('ArtifactsBucketName', s.artifacts.bucketName, 'artifacts/enclave.eif and artifacts/host-poller, fetched by hosts at boot');
+    out('ArtifactsBucketName', s.artifacts.bucketName, 'artifacts/policies/: the image publisher\'s signed policies the ledger appenders accept');
     out('LedgerBucketName', s.ledger.bucketName, 'the ledger (C2SP tlog-tiles), under Object Lock (ledgerLockMode)');
     out('JobQueueUrl', q.jobs.queueUrl, 'job messages (on-upload -> hosts)');
     out('JobDlqUrl', q.jobsDlq.queueUrl, 'jobs that failed repeatedly');

@@ -13,9 +13,10 @@ import { HostImage } from './config';
 import { allow } from './identities';
 import { justifyWildcardResources } from './nag';
 import {
-  ATTESTATION_CURRENT_PREFIX, DRAIN_HOOK_NAME, DRAIN_TIMEOUT_S, ENCLAVE_CID, ENCLAVE_EIF_KEY, HOST_POLLER_KEY, LAUNCH_HOOK_NAME, LAUNCH_TIMEOUT_S,
+  ATTESTATION_CURRENT_PREFIX, DRAIN_HOOK_NAME, DRAIN_TIMEOUT_S, ENCLAVE_CID, FetchedFile, LAUNCH_HOOK_NAME, LAUNCH_TIMEOUT_S,
   hostUserData,
 } from './host-user-data';
+import { HostArtifact, HostArtifacts } from './host-artifacts';
 import { Queues } from './queues';
 import { Storage } from './storage';
 
@@ -24,6 +25,9 @@ export interface FleetProps {
   readonly storage: Storage;
   readonly queues: Queues;
   readonly expectedPcr0: string;
+  /** The enclave image and host-poller files (both or neither: placeholders, host-artifacts.ts). */
+  readonly enclaveEif?: string;
+  readonly hostPoller?: string;
   readonly instanceType: string;
   readonly hostImage: HostImage;
   readonly enclaveCpuCount: number;
@@ -44,6 +48,8 @@ export class Fleet extends Construct {
   readonly vpc: ec2.IVpc;
   readonly hosts: autoscaling.AutoScalingGroup;
   readonly launchTemplate: ec2.LaunchTemplate;
+  /** The enclave image and host-poller the launch template names (CDK assets, by content). */
+  readonly artifacts: HostArtifacts;
   /** Where the hosts' agent ships their journal (JSON) and boot log. */
   readonly hostLogs: logs.LogGroup;
 
@@ -52,6 +58,7 @@ export class Fleet extends Construct {
 
     this.vpc = props.vpc ?? this.network(props.maxAzs);
     this.hostLogs = new logs.LogGroup(this, 'HostLogs', { retention: logs.RetentionDays.THREE_MONTHS });
+    this.artifacts = new HostArtifacts(this, 'Artifacts', { enclaveEif: props.enclaveEif, hostPoller: props.hostPoller });
     this.grantHostPermissions(props);
     this.sessionManager(props.hostRole);
 
@@ -74,7 +81,8 @@ export class Fleet extends Construct {
       ...hostUserData({
         region: Aws.REGION,
         hostLogGroup: this.hostLogs.logGroupName,
-        artifactsBucket: props.storage.artifacts.bucketName,
+        enclaveEif: fetched(this.artifacts.enclaveEif),
+        hostPoller: fetched(this.artifacts.hostPoller),
         expectedPcr0: props.expectedPcr0,
         enclaveCpuCount: props.enclaveCpuCount,
         enclaveMemoryMib: props.enclaveMemoryMib,
@@ -127,7 +135,8 @@ export class Fleet extends Construct {
           autoscaling.GroupMetric.TERMINATING_INSTANCES,
         ),
       ],
-      // A new image (new measurements, new launch template) rolls through the group host by host.
+      // A new launch template version (a new image or poller: new asset keys and digests in the user
+      // data; new measurements; a new AMI) rolls through the group host by host.
       updatePolicy: autoscaling.UpdatePolicy.rollingUpdate({ maxBatchSize: 1 }),
     });
     Validations.of(this.hosts).acknowledge(
@@ -255,7 +264,7 @@ export class Fleet extends Construct {
    * this behaviour, which AWS's reference leaves unsaid, and the fallback).
    */
   private grantHostPermissions(p: FleetProps): void {
-    const { jobs, models, attestations, artifacts } = p.storage;
+    const { jobs, models, attestations } = p.storage;
     const role = p.hostRole;
     const perJob = 'Job ids are derived from each sealed header and only known at run time; the pattern admits one kind of object per job.';
     const prefixes = (...patterns: string[]) => ({ StringLike: { 's3:prefix': patterns } });
@@ -330,7 +339,10 @@ export class Fleet extends Construct {
 
     // The CloudWatch agent ships the journal and the boot log to the host log group only.
     allow(role, 'ShipHostLogs', ['logs:CreateLogStream', 'logs:PutLogEvents', 'logs:DescribeLogStreams'], [this.hostLogs.logGroupArn]);
-    allow(role, 'FetchArtifacts', ['s3:GetObject'], [artifacts.arnForObjects(ENCLAVE_EIF_KEY), artifacts.arnForObjects(HOST_POLLER_KEY)]);
+    // Exactly the two objects this launch template names in the CDK assets bucket: not the bucket's
+    // other assets (the Lambda code, earlier images), no list.
+    const object = (a: HostArtifact) => a.asset.bucket.arnForObjects(a.asset.s3ObjectKey);
+    allow(role, 'FetchArtifacts', ['s3:GetObject'], [object(this.artifacts.enclaveEif), object(this.artifacts.hostPoller)]);
     // KMS: nothing here. The fleet and model key policies name this role directly, and only
     // for requests that carry the enclave's attestation (keys.ts). CloudWatch metrics: nothing
     // either; the dashboard's job counts come from ledger-append (lambdas.ts). Step Functions: the
@@ -390,7 +402,7 @@ export class Fleet extends Construct {
    * enclave's attestation published and called CompleteLifecycleAction (CONTINUE); without that
    * within the heartbeat timeout, Auto Scaling abandons it: terminates it and launches another.
    * The hook is its own resource, created after the group: the hosts the group launches when it
-   * is created (a first deployment's, which wait for artifacts uploaded after it) are not held.
+   * is created (a first deployment's) are not held.
    */
   private inServiceOnlyOnceAttested(): void {
     this.hosts.addLifecycleHook('Launch', {
@@ -434,6 +446,11 @@ export class Fleet extends Construct {
     });
     justifyWildcardResources(drainPolicy, [groupArn], 'An Auto Scaling group ARN contains a generated UUID; the pattern fixes the group by name.');
   }
+}
+
+/** An asset as the boot script fetches it. */
+function fetched(a: HostArtifact): FetchedFile {
+  return { bucket: a.asset.s3BucketName, key: a.asset.s3ObjectKey, sha256: a.sha256 };
 }
 
 /**

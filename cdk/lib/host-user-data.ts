@@ -1,12 +1,22 @@
 // The boot script of a fleet host (Amazon Linux 2023): install nitro-cli, reserve the
-// enclave's CPUs and memory, fetch the enclave image and the host-poller from the artifacts
-// bucket, refuse an image whose PCR0 is not the deployed measurement, then run the enclave,
-// the poller and the drain watcher as systemd services. The host is untrusted: this script
-// only saves time (a wrong image could not obtain keys anyway, the KMS key policies see to that).
+// enclave's CPUs and memory, fetch the enclave image and the host-poller (CDK assets, named by
+// their content: host-artifacts.ts), refuse either if its SHA-256 is not the one this launch
+// template names and the image if its PCR0 is not the deployed measurement, then run the
+// enclave, the poller and the drain watcher as systemd services. The host is untrusted: these
+// checks only save time (a wrong image could not obtain keys anyway, the KMS key policies see to that).
 
-/** Artifact keys in the artifacts bucket (uploaded as in docs/operations.md). */
-export const ENCLAVE_EIF_KEY = 'artifacts/enclave.eif';
-export const HOST_POLLER_KEY = 'artifacts/host-poller';
+/** An object the host fetches at boot, and the SHA-256 it must have. */
+export interface FetchedFile {
+  /** Bucket and key (tokens allowed: the CDK assets bucket's name is one). */
+  readonly bucket: string;
+  readonly key: string;
+  /** 64 lowercase hex. */
+  readonly sha256: string;
+}
+
+/** Where the boot script puts them. */
+export const ENCLAVE_EIF_PATH = '/opt/ephem-batch/enclave.eif';
+export const HOST_POLLER_PATH = '/opt/ephem-batch/host-poller';
 /** The enclave's vsock context id on every host. */
 export const ENCLAVE_CID = 16;
 /** Name of the termination lifecycle hook that the host's drain watcher completes. */
@@ -63,7 +73,9 @@ export interface HostUserDataProps {
   readonly region: string;
   /** The log group the CloudWatch agent ships to (a token). */
   readonly hostLogGroup: string;
-  readonly artifactsBucket: string;
+  /** The enclave image and the poller, as published by `cdk deploy` (host-artifacts.ts). */
+  readonly enclaveEif: FetchedFile;
+  readonly hostPoller: FetchedFile;
   readonly expectedPcr0: string;
   readonly enclaveCpuCount: number;
   readonly enclaveMemoryMib: number;
@@ -93,19 +105,31 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'EOF',
     'systemctl enable --now nitro-enclaves-allocator.service',
     '',
-    '# 2. The enclave image and the poller, from the artifacts bucket (through the S3 gateway endpoint).',
-    '#    A first deployment boots hosts before the artifacts are uploaded: wait for them (up to an hour).',
+    '# 2. The enclave image and the poller: the CDK assets this launch template version names, by a key',
+    '#    derived from their content (through the S3 gateway endpoint). `cdk deploy` published them before',
+    '#    it created this version, so they are there; a few retries cover a network not yet up.',
     'install -d -m 0755 /opt/ephem-batch /etc/ephem-batch',
-    'fetch() { for i in $(seq 1 120); do aws s3 cp --only-show-errors "$1" "$2" && return 0; echo "waiting for $1 ($i/120)"; sleep 30; done; return 1; }',
-    `fetch s3://${p.artifactsBucket}/${ENCLAVE_EIF_KEY} /opt/ephem-batch/enclave.eif`,
-    `fetch s3://${p.artifactsBucket}/${HOST_POLLER_KEY} /opt/ephem-batch/host-poller`,
-    'chmod 0755 /opt/ephem-batch/host-poller',
+    'fetch() { for i in $(seq 1 10); do aws s3 cp --only-show-errors "$1" "$2" && return 0; echo "fetching $1 failed ($i/10)"; sleep 15; done; return 1; }',
+    '# Each file must be the one this version was made for: an object replaced in the bucket fails the boot here.',
+    'check_sha256() {',
+    '  local actual; actual=$(sha256sum "$1" | cut -d" " -f1)',
+    '  if [ "$actual" != "$2" ]; then',
+    '    echo "SHA-256 check failed: $1 has SHA-256 ${actual}, but this launch template names $2: the object in the bucket was replaced; not running it" >&2',
+    '    exit 1',
+    '  fi',
+    '  echo "SHA-256 check passed: $1 is $2"',
+    '}',
+    `fetch s3://${p.enclaveEif.bucket}/${p.enclaveEif.key} ${ENCLAVE_EIF_PATH}`,
+    `check_sha256 ${ENCLAVE_EIF_PATH} ${p.enclaveEif.sha256}`,
+    `fetch s3://${p.hostPoller.bucket}/${p.hostPoller.key} ${HOST_POLLER_PATH}`,
+    `check_sha256 ${HOST_POLLER_PATH} ${p.hostPoller.sha256}`,
+    `chmod 0755 ${HOST_POLLER_PATH}`,
     '',
     '# 3. Fail fast on an image other than the one the key policies were bound to.',
     `expected_pcr0=${p.expectedPcr0}`,
-    "actual_pcr0=$(nitro-cli describe-eif --eif-path /opt/ephem-batch/enclave.eif | jq -r '.Measurements.PCR0')",
+    `actual_pcr0=$(nitro-cli describe-eif --eif-path ${ENCLAVE_EIF_PATH} | jq -r '.Measurements.PCR0')`,
     'if [ "${actual_pcr0,,}" != "${expected_pcr0,,}" ]; then',
-    '  echo "enclave.eif has PCR0 ${actual_pcr0}, but this stack was deployed for ${expected_pcr0}: upload the matching image" >&2',
+    '  echo "PCR0 check failed: enclave.eif has PCR0 ${actual_pcr0}, but this stack was deployed for ${expected_pcr0}: deploy the image its measurements came from" >&2',
     '  exit 1',
     'fi',
     '',
@@ -125,7 +149,7 @@ export function hostUserData(p: HostUserDataProps): string[] {
     '[Service]',
     'Type=oneshot',
     'RemainAfterExit=yes',
-    `ExecStart=/usr/bin/nitro-cli run-enclave --eif-path /opt/ephem-batch/enclave.eif --cpu-count ${p.enclaveCpuCount} --memory ${p.enclaveMemoryMib} --enclave-cid ${ENCLAVE_CID}`,
+    `ExecStart=/usr/bin/nitro-cli run-enclave --eif-path ${ENCLAVE_EIF_PATH} --cpu-count ${p.enclaveCpuCount} --memory ${p.enclaveMemoryMib} --enclave-cid ${ENCLAVE_CID}`,
     'ExecStop=/usr/bin/nitro-cli terminate-enclave --all',
     '[Install]',
     'WantedBy=multi-user.target',
@@ -176,7 +200,7 @@ export function hostUserData(p: HostUserDataProps): string[] {
     '[Service]',
     'User=ephem',
     'EnvironmentFile=/etc/ephem-batch/host-poller.env',
-    'ExecStart=/opt/ephem-batch/host-poller',
+    `ExecStart=${HOST_POLLER_PATH}`,
     'Restart=always',
     'RestartSec=5',
     `MemoryMax=${POLLER_MEMORY_MAX}`,
@@ -273,7 +297,7 @@ const IMDS_FUNCTION = [
  * the host leaves it (CONTINUE) only once its enclave has published its attestation document,
  * which the poller does after the enclave took up a fleet key from KMS — the proof that the
  * image, its measurements, the key policies and the KMS relay all work on this host. A host
- * that fails anywhere before (a PCR0 mismatch, artifacts missing, an enclave that does not
+ * that fails anywhere before (a SHA-256 or PCR0 mismatch, an enclave that does not
  * start or cannot reach KMS) never completes the hook, and Auto Scaling abandons it after
  * LAUNCH_TIMEOUT_S: it is terminated and replaced, instead of counting InService forever.
  * Quoted heredoc: the script's `$` are its own.

@@ -8,14 +8,15 @@ import { repoRoot } from '../lib/config';
 import { flattenForNag } from '../lib/nag';
 import { asArray, CfnTemplate, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
 
-const { json } = defaultStack();
+const { json, stack } = defaultStack();
 const statements = identityStatements(json);
 
 /** A resource as the docs write it: `JOBS/jobs/*`, `ATTESTATIONS` (bucket logical ids → names). */
 function resourceName(resource: unknown): string {
   return flattenForNag(resource)
     .replace(/<Storage(Jobs|Models|Attestations|Artifacts|Ledger)[0-9A-F]{8}\.Arn>/g, (_m, b: string) => b.toUpperCase())
-    .replace(/<Queues(\w+?)[0-9A-F]{8}\.Arn>/g, (_m, q: string) => `queue:${q}`);
+    .replace(/<Queues(\w+?)[0-9A-F]{8}\.Arn>/g, (_m, q: string) => `queue:${q}`)
+    .replace(/^arn:<AWS::Partition>:s3:::cdk-hnb659fds-assets-<AWS::AccountId>-<AWS::Region>/, 'CDK_ASSETS');
 }
 
 interface Grant {
@@ -78,7 +79,11 @@ describe('host-poller (HostRole)', () => {
       KnowAbsentAttestationDocuments: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('attestations/by-hash/*') },
       ConfirmOwnAttestationPublished: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/attestations/current/*'] },
       DeleteAnsweredAttestationRequests: { actions: ['s3:DeleteObject'], resources: ['ATTESTATIONS/attestations/requests/*'] },
-      FetchArtifacts: { actions: ['s3:GetObject'], resources: ['ARTIFACTS/artifacts/enclave.eif', 'ARTIFACTS/artifacts/host-poller'] },
+      // The two objects the launch template names in the CDK assets bucket (host-artifacts.ts).
+      FetchArtifacts: {
+        actions: ['s3:GetObject'],
+        resources: [`CDK_ASSETS/${stack.fleet.artifacts.enclaveEif.asset.s3ObjectKey}`, `CDK_ASSETS/${stack.fleet.artifacts.hostPoller.asset.s3ObjectKey}`],
+      },
     });
   });
 

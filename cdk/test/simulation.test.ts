@@ -11,6 +11,7 @@ import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
 import { allowedContextKeysForRequest, isWildcardOnlyAction, runSimulation, runUnsafeSimulation, type Simulation, type SimulationIdentityPolicy } from '@cloud-copilot/iam-simulate';
+import { DefaultStackSynthesizer } from 'aws-cdk-lib';
 import { repoRoot } from '../lib/config';
 import { CallRow, CallTable, DenyRow, readTable, sdkOperations } from './aws-calls';
 import { CfnTemplate, TEST_PCR0, TEST_PCR8, asArray, defaultStack, referencedId, resourcesOfType } from './helpers';
@@ -20,6 +21,10 @@ const REGION = 'eu-west-1';
 const OTHER_MEASUREMENT = 'cc'.repeat(48);
 const BUCKETS: Record<string, string> = { JOBS: 'Jobs', MODELS: 'Models', ATTESTATIONS: 'Attestations', ARTIFACTS: 'Artifacts', LEDGER: 'Ledger' };
 const KEYS: Record<string, string> = { fleet: 'FleetKey', model: 'ModelKey', ledger: 'LedgerSigningKey' };
+/** The CDK bootstrap's assets bucket (outside the template: its policy, TLS only, is the bootstrap's). */
+const CDK_ASSETS_BUCKET = DefaultStackSynthesizer.DEFAULT_FILE_ASSETS_BUCKET_NAME.replace('${Qualifier}', DefaultStackSynthesizer.DEFAULT_QUALIFIER)
+  .replace('${AWS::AccountId}', ACCOUNT)
+  .replace('${AWS::Region}', REGION);
 /** The roles of the template the table names, by construct id under Identities. */
 const ROLES = ['HostRole', 'FleetRotateRole', 'LedgerAppendRole', 'OnUploadRole', 'BulkListShardsRole', 'BulkAwaitShardRole', 'BulkAggregateRole', 'JobDeadLetterRole', 'ModelPublisherRole'];
 /** Managed policies attached to those roles, which the simulation leaves out (it has no copy of them), with why that is safe. */
@@ -86,6 +91,8 @@ export class ResolvedTemplate {
       if (typeof o.Ref === 'string') return this.ref(o.Ref);
       if (Array.isArray(o['Fn::GetAtt'])) return this.getAtt(o['Fn::GetAtt'][0], o['Fn::GetAtt'][1]);
       if (Array.isArray(o['Fn::Join'])) return (this.resolve(o['Fn::Join'][1]) as string[]).join(o['Fn::Join'][0]);
+      // The string form only, as CDK writes the assets bucket's name: ${AWS::AccountId}, ${LogicalId}.
+      if (typeof o['Fn::Sub'] === 'string') return o['Fn::Sub'].replace(/\$\{([\w:]+)\}/g, (_m: string, name: string) => this.ref(name));
       const fn = Object.keys(o).find((k) => k.startsWith('Fn::'));
       if (fn) throw new Error(`${fn} is not modelled`);
       return Object.fromEntries(Object.entries(o).map(([k, x]) => [k, this.resolve(x)]));
@@ -143,7 +150,7 @@ export class ResolvedTemplate {
     const sub = tail.join('/');
     switch (scheme) {
       case 's3': {
-        const bucket = this.ref(this.idOf('AWS::S3::Bucket', new RegExp(`^Storage${BUCKETS[name]}[0-9A-F]{8}$`)));
+        const bucket = name === 'CDK_ASSETS' ? CDK_ASSETS_BUCKET : this.ref(this.idOf('AWS::S3::Bucket', new RegExp(`^Storage${BUCKETS[name]}[0-9A-F]{8}$`)));
         return tail.length ? `arn:aws:s3:::${bucket}/${sub}` : `arn:aws:s3:::${bucket}`;
       }
       case 'sqs':
@@ -286,8 +293,16 @@ const table: CallTable = readTable();
 const template = new ResolvedTemplate(defaultStack().json);
 const who = principals(template);
 
+/** The keys of the test deployment's enclave image and host-poller in the assets bucket (host-artifacts.ts). */
+const { fleet } = defaultStack().stack;
+const OBJECTS: Record<string, string> = {
+  '${ENCLAVE_EIF}': fleet.artifacts.enclaveEif.asset.s3ObjectKey,
+  '${HOST_POLLER}': fleet.artifacts.hostPoller.asset.s3ObjectKey,
+};
+
 function request(row: CallRow | DenyRow, principal: Principal, resource: string = row.resource): Request {
-  return { principal, action: row.action, resource: template.arn(resource), context: context(row.action, row.context) };
+  const named = resource.replace(/\$\{[A-Z_]+\}/g, (v) => OBJECTS[v] ?? v);
+  return { principal, action: row.action, resource: template.arn(named), context: context(row.action, row.context) };
 }
 
 /** A deny row for each principal and key it names (`*`: every role, the tenant, the administrator, the account root; kms://*: each key). */

@@ -51,13 +51,16 @@ describe('fleet', () => {
     assert.equal(asg.Properties?.MaxSize, '4');
   });
 
-  it('user data fetches the artifacts, checks PCR0, runs the enclave (not in debug mode) and the poller under systemd', () => {
+  it('user data fetches the artifacts, checks their SHA-256 and PCR0, runs the enclave (not in debug mode) and the poller under systemd', () => {
     const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
     const userData = JSON.stringify(lt.Properties?.LaunchTemplateData?.UserData);
+    const { enclaveEif, hostPoller } = stack.fleet.artifacts;
     for (const needle of [
       'dnf install -y aws-nitro-enclaves-cli',
-      'artifacts/enclave.eif',
-      'artifacts/host-poller',
+      `/${enclaveEif.asset.s3ObjectKey} /opt/ephem-batch/enclave.eif`,
+      `check_sha256 /opt/ephem-batch/enclave.eif ${enclaveEif.sha256}`,
+      `/${hostPoller.asset.s3ObjectKey} /opt/ephem-batch/host-poller`,
+      `check_sha256 /opt/ephem-batch/host-poller ${hostPoller.sha256}`,
       `expected_pcr0=${TEST_PCR0}`,
       'nitro-cli describe-eif',
       'nitro-cli run-enclave',
