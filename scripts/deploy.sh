@@ -3,7 +3,8 @@
 #   1 keys     the two publisher keys (ephem-batch policy keygen), kept on this machine
 #   2 image    the enclave image built in your account by CodeBuild (enclave-image/image-build.yaml,
 #              enclave-image/buildspec.yml); its measurements fetched back, the policy signed here
-#   3 deploy   Lambda zips (scripts/build-lambdas.sh), cdk deploy --outputs-file, artifacts uploaded
+#   3 deploy   Lambda zips (scripts/build-lambdas.sh), cdk deploy --outputs-file with the EIF and
+#              host-poller of step 2 as assets (published by their content), the policy uploaded
 #   4 publish  the first fleet-key epoch (fleet-rotate) and the model (encrypt, sign, upload as
 #              ModelPublisherRoleArn)
 #   5 ledger   the ledger key string derived from LedgerSigningKeyArn (GetPublicKey) and pinned
@@ -51,7 +52,7 @@ STEPS=(keys image deploy publish ledger job)
 TITLES=(
   "publisher keys (on this machine, never uploaded)"
   "enclave image built by CodeBuild in your account; measurements fetched, policy signed here"
-  "Lambda zips, cdk deploy, artifacts uploaded"
+  "Lambda zips, cdk deploy (the EIF and host-poller as assets), policy uploaded"
   "first fleet-key epoch; model encrypted, signed, uploaded as the publisher role"
   "ledger key pinned from the stack outputs"
   "first job submitted and verified"
@@ -286,15 +287,16 @@ step_deploy() {
   in_cdk npx --no-install tsc -p tsconfig.json
   note "once per account and region (a no-op afterwards):"
   in_cdk npx --no-install cdk bootstrap
+  note "the EIF and host-poller are assets: cdk deploy publishes them to the CDK assets bucket under keys"
+  note "derived from their content before it updates the stack; the launch template names those keys and"
+  note "each file's SHA-256, so a new image is a new launch template version the group rolls onto"
   in_cdk npx --no-install cdk deploy "${approval[@]}" -c "stackName=$STACK" -c "policyFile=$(from_cdk "$d/policy.json")" \
+      -c "enclaveEif=$(from_cdk "$d/enclave.eif")" -c "hostPoller=$(from_cdk "$d/host-poller")" \
       -c "imagePublisherKey=$(sv IMAGE_PUBLISHER_KEY IMAGE_PUBLISHER_KEY)" "${extra[@]}" --outputs-file "$(from_cdk "$OUT")"
   check_deploy || [ "$DRY" = 1 ] || die "step 3: cdk deploy wrote no $STACK outputs into $OUT"
   artifacts="$(outp ArtifactsBucketName)"
-  note "the hosts boot with the stack and wait (up to an hour) for these:"
-  x aws s3 cp "$d/enclave.eif" "s3://$artifacts/artifacts/enclave.eif"
-  x aws s3 cp "$d/host-poller" "s3://$artifacts/artifacts/host-poller"
+  note "the ledger accepts receipts only from images an uploaded, publisher-signed policy allows"
   x aws s3 cp "$d/policy.json" "s3://$artifacts/artifacts/policies/$(commit="$(get IMAGE_COMMIT)"; echo "${commit:-$COMMIT}").json"
-  note "a host that gave up waiting: aws autoscaling start-instance-refresh --auto-scaling-group-name $(outp FleetAutoScalingGroupName)"
 }
 
 check_publish() { [ -n "$(get MODEL_MANIFEST)" ] && [ -s "$STATE_DIR/model/v$MODEL_VERSION/manifest.cose" ]; }

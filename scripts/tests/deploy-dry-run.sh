@@ -61,7 +61,12 @@ has "$t/plan" "ephem-batch policy sign --key $state/keys/image-publisher.key" "s
 has "$t/plan" "scripts/build-lambdas.sh" "step 3 builds the Lambda zips"
 has "$t/plan" "cdk deploy -c stackName=EphemBatch" "step 3 runs cdk deploy"
 has "$t/plan" "--outputs-file $state/outputs.json" "step 3 writes the outputs file"
-has "$t/plan" "s3://fake-artifacts/artifacts/enclave.eif" "step 3 uploads the EIF (fake outputs resolved)"
+has "$t/plan" "-c enclaveEif=../dist/enclave/" "step 3 gives cdk deploy the EIF of step 2 as an asset"
+grep -Eq -- "-c enclaveEif=\.\./dist/enclave/[0-9a-f]{40}/enclave\.eif -c hostPoller=\.\./dist/enclave/[0-9a-f]{40}/host-poller " "$t/plan" \
+  && ok "step 3 passes the EIF and host-poller of the same image directory" || not_ok "step 3 asset paths: $(grep -- 'cdk deploy' "$t/plan")"
+lacks "$t/plan" "/artifacts/enclave.eif" "no EIF is uploaded to a fixed key"
+lacks "$t/plan" "/artifacts/host-poller" "no host-poller is uploaded to a fixed key"
+has "$t/plan" "s3://fake-artifacts/artifacts/policies/" "step 3 uploads the signed policy (fake outputs resolved)"
 has "$t/plan" "aws lambda invoke --function-name fake-fleet-rotate" "step 4 starts the first fleet epoch"
 has "$t/plan" "aws sts assume-role --role-arn arn:aws:iam::123456789012:role/fake-publisher" "step 4 assumes the publisher role"
 for sub in "model encrypt" "model sign" "model upload" "model verify --published models/all-MiniLM-L6-v2/v1/manifest.cose"; do
@@ -115,6 +120,7 @@ mv "$t/img/enclave.eif.away" "$t/img/enclave.eif"
 has "$t/from" "-- resume at step 5 (ledger)" "--from ledger starts at 5"
 "$deploy" --dry-run --from 3 >"$t/from3" 2>&1
 has "$t/from3" "cdk deploy" "--from 3 re-plans a step recorded done"
+has "$t/from3" "-c enclaveEif=$t/img/enclave.eif -c hostPoller=$t/img/host-poller" "step 3 takes the assets from the recorded image directory"
 if "$deploy" --dry-run --from nine >"$t/bad" 2>&1; then not_ok "--from nine is refused"; else has "$t/bad" "--from nine: no such step" "--from nine is refused"; fi
 
 # --- 5. a real run: step 1 done and recorded, step 2 fails naming itself, the next run resumes at 2 ----
