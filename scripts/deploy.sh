@@ -277,12 +277,18 @@ step_image() {
 
 check_deploy() { [ -s "$OUT" ] && jq -e --arg s "$STACK" '.[$s].ArtifactsBucketName' "$OUT" >/dev/null 2>&1; }
 step_deploy() {
-  local d artifacts approval=() extra=()
+  local d policy_key before="" approval=() extra=()
   d="$(image_dir)"
+  policy_key="artifacts/policies/$(commit="$(get IMAGE_COMMIT)"; echo "${commit:-$COMMIT}").json"
   [ "$YES" = 0 ] || approval=(--require-approval never)
   # shellcheck disable=SC2206 # EPHEM_CDK_CONTEXT is a list of -c key=value words
   [ -z "${EPHEM_CDK_CONTEXT:-}" ] || extra=($EPHEM_CDK_CONTEXT)
   x scripts/build-lambdas.sh
+  if check_deploy; then
+    note "an update: the policy goes first, so the ledger accepts the receipts of the hosts the deploy rolls in"
+    x aws s3 cp "$d/policy.json" "s3://$(outp ArtifactsBucketName)/$policy_key"
+    before=1
+  fi
   x npm ci --loglevel=error
   in_cdk npx --no-install tsc -p tsconfig.json
   note "once per account and region (a no-op afterwards):"
@@ -294,9 +300,10 @@ step_deploy() {
       -c "enclaveEif=$(from_cdk "$d/enclave.eif")" -c "hostPoller=$(from_cdk "$d/host-poller")" \
       -c "imagePublisherKey=$(sv IMAGE_PUBLISHER_KEY IMAGE_PUBLISHER_KEY)" "${extra[@]}" --outputs-file "$(from_cdk "$OUT")"
   check_deploy || [ "$DRY" = 1 ] || die "step 3: cdk deploy wrote no $STACK outputs into $OUT"
-  artifacts="$(outp ArtifactsBucketName)"
-  note "the ledger accepts receipts only from images an uploaded, publisher-signed policy allows"
-  x aws s3 cp "$d/policy.json" "s3://$artifacts/artifacts/policies/$(commit="$(get IMAGE_COMMIT)"; echo "${commit:-$COMMIT}").json"
+  if [ -z "$before" ]; then
+    note "the ledger accepts receipts only from images an uploaded, publisher-signed policy allows"
+    x aws s3 cp "$d/policy.json" "s3://$(outp ArtifactsBucketName)/$policy_key"
+  fi
 }
 
 check_publish() { [ -n "$(get MODEL_MANIFEST)" ] && [ -s "$STATE_DIR/model/v$MODEL_VERSION/manifest.cose" ]; }

@@ -67,6 +67,11 @@ grep -Eq -- "-c enclaveEif=\.\./dist/enclave/[0-9a-f]{40}/enclave\.eif -c hostPo
 lacks "$t/plan" "/artifacts/enclave.eif" "no EIF is uploaded to a fixed key"
 lacks "$t/plan" "/artifacts/host-poller" "no host-poller is uploaded to a fixed key"
 has "$t/plan" "s3://fake-artifacts/artifacts/policies/" "step 3 uploads the signed policy (fake outputs resolved)"
+policy_at="$(grep -n -- "/artifacts/policies/" "$t/plan" | head -n1 | cut -d: -f1)"
+deploy_at="$(grep -n -- "cdk deploy -c" "$t/plan" | cut -d: -f1)"
+[ "$(grep -c -- "/artifacts/policies/" "$t/plan")" = 1 ] && [ "$policy_at" -lt "$deploy_at" ] \
+  && ok "a stack that exists (outputs file) gets the policy once, before cdk deploy rolls new hosts in" \
+  || not_ok "policy upload order: policy at line $policy_at, cdk deploy at $deploy_at"
 has "$t/plan" "aws lambda invoke --function-name fake-fleet-rotate" "step 4 starts the first fleet epoch"
 has "$t/plan" "aws sts assume-role --role-arn arn:aws:iam::123456789012:role/fake-publisher" "step 4 assumes the publisher role"
 for sub in "model encrypt" "model sign" "model upload" "model verify --published models/all-MiniLM-L6-v2/v1/manifest.cose"; do
@@ -80,6 +85,16 @@ has "$t/plan" "! GAP: no client command derives the C2SP key string from KMS" "t
 lacks "$t/plan" "resume at" "a fresh state starts at step 1"
 [ ! -s "$FAKE_LOG" ] && ok "a dry run calls no tool" || { not_ok "a dry run called: $(cat "$FAKE_LOG")"; }
 [ "$before" = "$(snapshot)" ] && [ ! -e "$state/state" ] && ok "a dry run writes nothing" || not_ok "a dry run wrote files"
+# A first deploy (no outputs file yet): the policy after cdk deploy.
+mv "$state/outputs.json" "$t/outputs.away"
+"$deploy" --dry-run >"$t/first" 2>&1 || { cat "$t/first"; not_ok "dry run (first deploy) exits 0"; }
+policy_at="$(grep -n -- "/artifacts/policies/" "$t/first" | head -n1 | cut -d: -f1)"
+deploy_at="$(grep -n -- "cdk deploy -c" "$t/first" | cut -d: -f1)"
+[ "$(grep -c -- "/artifacts/policies/" "$t/first")" = 1 ] && [ "$policy_at" -gt "$deploy_at" ] \
+  && ok "a first deploy uploads the policy after cdk deploy (the bucket is the stack's)" \
+  || not_ok "first deploy policy order: policy at line $policy_at, cdk deploy at $deploy_at"
+has "$t/first" "s3://<ArtifactsBucketName>/artifacts/policies/" "a first deploy's plan names the bucket the stack will output"
+mv "$t/outputs.away" "$state/outputs.json"
 
 # --- 2. steps 1-3 recorded done: the plan resumes at 4, and says the same twice --------------------
 mkdir -p "$state/keys" "$t/img"
