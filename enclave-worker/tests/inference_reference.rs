@@ -119,6 +119,10 @@ fn reference() -> &'static Reference {
     })
 }
 
+/// int8's worst cosine on the reference texts, to the reference and to fp32 (measured: see the
+/// test below), with a small margin.
+const INT8_MIN_COSINE: f64 = 0.99;
+
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
@@ -257,15 +261,53 @@ fn truncation_off_refuses_long_texts() {
     assert_eq!(truncated[0].as_ref().unwrap().tokens, 256);
 }
 
+/// int8 runs only on the fused encoder with AVX-512 VNNI, bf16 only on the fused encoder:
+/// elsewhere the job is refused by name, never served at another precision.
 #[test]
-fn int8_is_refused_not_faked() {
+fn reduced_precisions_are_refused_where_they_cannot_run() {
     let job = JobOptions { precision: Precision::Int8, ..Default::default() };
-    for (name, engine) in engines() {
-        let refused = EmbedOptions::for_job(&job, engine.embedder()).unwrap_err();
-        assert!(refused.to_string().contains("int8"), "{name}: {refused}");
+    let refused = EmbedOptions::for_job(&job, candle_engine().embedder()).unwrap_err();
+    assert!(refused.to_string().contains("int8"), "candle-bert: {refused}");
+    match EmbedOptions::for_job(&job, engine().embedder()) {
+        Ok(options) => assert_eq!(options.precision, Precision::Int8),
+        Err(refused) => {
+            assert!(!std::arch::is_x86_feature_detected!("avx512vnni"), "int8 refused on a CPU that has VNNI");
+            assert!(refused.to_string().contains("int8"), "fused: {refused}");
+        }
     }
     let job = JobOptions { precision: Precision::Bf16, ..Default::default() };
     assert!(EmbedOptions::for_job(&job, candle_engine().embedder()).is_err(), "bf16 on the candle backend");
+}
+
+/// int8 (VNNI kernels in the dense layers, weights per output channel, activations per token)
+/// stays within its measured bound of the sentence-transformers reference and of our own fp32
+/// vectors on every reference text.
+#[test]
+fn int8_stays_within_its_bound_on_every_reference_text() {
+    let job = JobOptions { precision: Precision::Int8, ..Default::default() };
+    let Ok(options) = EmbedOptions::for_job(&job, engine().embedder()) else {
+        assert!(!std::arch::is_x86_feature_detected!("avx512vnni"), "int8 refused on a CPU that has it");
+        eprintln!("skipped: this CPU has no AVX-512 VNNI, so int8 jobs are refused");
+        return;
+    };
+    let reference = reference();
+    let texts: Vec<&str> = reference.cases.iter().map(|c| c.text.as_str()).collect();
+    let int8 = engine().embed_window(&texts, &options);
+    let fp32 = engine().embed_window(&texts, &EmbedOptions::default());
+    let (mut to_reference, mut to_fp32) = (Vec::new(), Vec::new());
+    for ((case, int8), fp32) in reference.cases.iter().zip(&int8).zip(&fp32) {
+        let (int8, fp32) = (int8.as_ref().unwrap(), fp32.as_ref().unwrap());
+        assert_eq!(int8.tokens, case.tokens, "{}", case.name);
+        assert_ne!(int8.vector, fp32.vector, "{}: int8 computed exactly the fp32 vector", case.name);
+        to_reference.push((cosine(&int8.vector, &case.vector), case.name.as_str()));
+        to_fp32.push((cosine(&int8.vector, &fp32.vector), case.name.as_str()));
+    }
+    for (what, cosines) in [("sentence-transformers", &mut to_reference), ("our fp32", &mut to_fp32)] {
+        cosines.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (min, name) = cosines[0];
+        eprintln!("int8 to {what}: min cosine {min:.6} ({name}), median {:.6}", cosines[cosines.len() / 2].0);
+        assert!(min >= INT8_MIN_COSINE, "int8 to {what}: minimum cosine {min:.6} on {name}");
+    }
 }
 
 /// bf16 (AVX-512 BF16 kernels in the dense layers) stays at cosine ≥ 0.999 to the

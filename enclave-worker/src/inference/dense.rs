@@ -196,7 +196,7 @@ fn rows_bf16(x: &[f32], rows: usize, k: usize, depth: usize) -> Rows<'static, u3
 /// Panics if the lengths do not match or the CPU lacks AVX-512 ([`f32_supported`]).
 pub(crate) fn matmul_f32(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32]) {
     assert!(f32_supported(), "the CPU has no AVX-512");
-    product(x, m, w, out, |x, rows| rows_f32(x, rows, w.k));
+    product(x, m, w.k, w.n, out, |x, rows| rows_f32(x, rows, w.k), |a, panel, out, ldc| run_panel(a, w, panel, out, ldc));
 }
 
 /// `out ← x · w` with bf16 inputs and f32 sums: `x` is `(m, k)` row-major f32, `out` `(m, n)`.
@@ -204,19 +204,30 @@ pub(crate) fn matmul_f32(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32]) 
 /// Panics if the lengths do not match or the CPU lacks AVX-512 BF16 ([`bf16_supported`]).
 pub(crate) fn matmul_bf16(x: &[f32], m: usize, w: &Packed<u32>, out: &mut [f32]) {
     assert!(bf16_supported(), "the CPU has no AVX-512 BF16");
-    product(x, m, w, out, |x, rows| rows_bf16(x, rows, w.k, w.depth));
+    product(
+        x,
+        m,
+        w.k,
+        w.n,
+        out,
+        |x, rows| rows_bf16(x, rows, w.k, w.depth),
+        |a, panel, out, ldc| run_panel(a, w, panel, out, ldc),
+    );
 }
 
 /// Runs on the current rayon pool: one task per [`MC`] rows when there are enough rows for
-/// every thread, otherwise (short batches, one text) one task per weight panel.
-fn product<'x, T: Lane>(
+/// every thread, otherwise (short batches, one text) one task per weight panel. `prepare` turns
+/// rows of `x` into what the kernel reads; `run(a, panel, out, ldc)` computes one panel's
+/// columns for all of `a`'s rows into `out` (row stride `ldc`, see [`run_panel`]).
+fn product<'x, A: Sync>(
     x: &'x [f32],
     m: usize,
-    w: &Packed<T>,
+    k: usize,
+    n: usize,
     out: &mut [f32],
-    prepare: impl Fn(&'x [f32], usize) -> Rows<'x, T> + Sync,
+    prepare: impl Fn(&'x [f32], usize) -> A + Sync,
+    run: impl Fn(&A, usize, &mut [f32], usize) + Sync,
 ) {
-    let (k, n) = (w.k, w.n);
     assert_eq!(x.len(), m * k, "activations are not (m, k)");
     assert_eq!(out.len(), m * n, "output is not (m, n)");
     if m == 0 || n == 0 {
@@ -227,7 +238,7 @@ fn product<'x, T: Lane>(
         out.par_chunks_mut(MC * n).zip(x.par_chunks(MC * k)).for_each(|(out, x)| {
             let a = prepare(x, x.len() / k);
             for panel in 0..panels {
-                run_panel(&a, w, panel, &mut out[panel * NR..], n);
+                run(&a, panel, &mut out[panel * NR..], n);
             }
         });
     } else {
@@ -236,7 +247,7 @@ fn product<'x, T: Lane>(
             .into_par_iter()
             .map(|panel| {
                 let mut block = vec![0f32; m * NR];
-                run_panel(&a, w, panel, &mut block, NR);
+                run(&a, panel, &mut block, NR);
                 block
             })
             .collect();
@@ -250,25 +261,249 @@ fn product<'x, T: Lane>(
 }
 
 /// Every row tile of `a` against weight panel `panel`, into `out` (row stride `ldc`, the panel's
-/// first column at `out[0]`). Rows past `a.rows` are not written; columns past the matrix's `n`
-/// are written only where `ldc` leaves room for a whole panel (the caller's scratch block).
+/// first column at `out[0]`).
 fn run_panel<T: Lane>(a: &Rows<'_, T>, w: &Packed<T>, panel: usize, out: &mut [f32], ldc: usize) {
     let depth = w.depth;
     let lanes = &w.panels[panel * depth * NR..(panel + 1) * depth * NR];
-    let width = NR.min(w.n - panel * NR);
-    let tiles = a.whole.chunks_exact(MR * depth).chain(a.tail.as_deref());
+    let mut tiles = a.whole.chunks_exact(MR * depth).chain(a.tail.as_deref());
+    tiles_of_panel(a.rows, NR.min(w.n - panel * NR), out, ldc, |_, valid, out, ldc| {
+        T::tile(tiles.next().expect("a tile per MR rows"), lanes, depth, out, ldc, valid)
+    });
+}
+
+/// Calls `tile(index, valid_rows, out, ldc)` for every `MR`-row tile of `rows` rows of one panel
+/// `width` columns wide. Rows past `rows` are not written; columns past `width` are written only
+/// where `ldc` leaves room for a whole panel (the caller's scratch block), else the tile goes
+/// through scratch and only its real columns are copied.
+fn tiles_of_panel(rows: usize, width: usize, out: &mut [f32], ldc: usize, mut tile: impl FnMut(usize, usize, &mut [f32], usize)) {
     let mut scratch = [0f32; MR * NR];
-    for (tile, a_tile) in tiles.enumerate() {
-        let valid = MR.min(a.rows - tile * MR);
-        let out = &mut out[tile * MR * ldc..];
+    for index in 0..rows.div_ceil(MR) {
+        let valid = MR.min(rows - index * MR);
+        let out = &mut out[index * MR * ldc..];
         if width == NR || ldc == NR {
-            T::tile(a_tile, lanes, depth, out, ldc, valid);
+            tile(index, valid, out, ldc);
         } else {
             // The matrix's last, narrower panel: through scratch, then only its real columns.
-            T::tile(a_tile, lanes, depth, &mut scratch, NR, valid);
+            tile(index, valid, &mut scratch, NR);
             for r in 0..valid {
                 out[r * ldc..r * ldc + width].copy_from_slice(&scratch[r * NR..r * NR + width]);
             }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// int8: u8 activations × i8 weights, int32 sums (`vpdpbusd`), dequantised to f32.
+
+/// Whether this CPU executes the int8 kernel (AVX-512 F + BW + VNNI).
+pub(crate) fn int8_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        f32_supported()
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Four bytes as one `vpdpbusd` lane (byte 0 = the lowest k).
+#[inline(always)]
+fn quad(bytes: [u8; 4]) -> u32 {
+    u32::from_le_bytes(bytes)
+}
+
+/// A `(k, n)` weight matrix quantised for the int8 kernel: per output column `j` a symmetric
+/// scale `scale[j] = max_p |w[p][j]| / 127` and values `q = round(w / scale)` in `[-127, 127]`,
+/// packed as panels of k-quads (4 i8 per u32 lane, `ceil(k/4)` panel rows); `sum[j] = Σ_p q[p][j]`
+/// for the activations' zero-point term. Optionally smoothed: weight row `p` was multiplied by
+/// `smooth[p]` before quantising, and activations are divided by it before theirs.
+pub(crate) struct Int8Weights {
+    panels: Packed<u32>,
+    /// Per column, padded with zeros to whole panels.
+    scale: Vec<f32>,
+    sum: Vec<i32>,
+    /// `1 / smooth[p]` per input channel, or none.
+    inv_smooth: Option<Vec<f32>>,
+}
+
+impl Int8Weights {
+    /// Quantises `w` (packed for the f32 kernel), after multiplying its row `p` by `smooth[p]`
+    /// when given (SmoothQuant: the activations' channel `p` is divided by the same factor).
+    pub(crate) fn new(w: &Packed<f32>, smooth: Option<&[f32]>) -> Self {
+        let (k, n) = (w.k, w.n);
+        if let Some(s) = smooth {
+            assert_eq!(s.len(), k, "one smoothing factor per input channel");
+        }
+        let value = |row: usize, col: usize| w.value(row, col) * smooth.map_or(1.0, |s| s.get(row).copied().unwrap_or(1.0));
+        let cols = n.div_ceil(NR) * NR;
+        let mut scale = vec![0f32; cols];
+        let mut sum = vec![0i32; cols];
+        let mut q = vec![0i8; k * cols];
+        for (col, scale) in scale.iter_mut().enumerate().take(n) {
+            let max = (0..k).map(|row| value(row, col).abs()).fold(0f32, f32::max);
+            *scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+        }
+        for row in 0..k {
+            for col in 0..n {
+                let v = (value(row, col) / scale[col]).round_ties_even().clamp(-127.0, 127.0) as i8;
+                q[row * cols + col] = v;
+                sum[col] += i32::from(v);
+            }
+        }
+        let at = |row: usize, col: usize| if row < k { q[row * cols + col] as u8 } else { 0 };
+        let panels = Packed::pack(k, n, k.div_ceil(4), |p, col| {
+            quad([at(4 * p, col), at(4 * p + 1, col), at(4 * p + 2, col), at(4 * p + 3, col)])
+        });
+        Self { panels, scale, sum, inv_smooth: smooth.map(|s| s.iter().map(|&s| 1.0 / s).collect()) }
+    }
+
+    pub(crate) fn rows(&self) -> usize {
+        self.panels.k
+    }
+
+    pub(crate) fn cols(&self) -> usize {
+        self.panels.n
+    }
+}
+
+/// Rows of activations quantised per row (per token), asymmetric u8: `x ≈ scale · (q − zero)`,
+/// the range `[min(x, 0), max(x, 0)]` mapped onto `[0, 255]`. `lanes` holds `MR`-padded rows of
+/// `depth` k-quads; padding rows and k past the row's end are zero.
+struct Quantized {
+    lanes: Vec<u32>,
+    scale: Vec<f32>,
+    zero: Vec<i32>,
+    rows: usize,
+}
+
+/// Quantises `rows` rows of `x` (`k` values each, divided by `1/inv_smooth` first when given).
+fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: Option<&[f32]>) -> Quantized {
+    let depth = k.div_ceil(4);
+    let padded = rows.div_ceil(MR) * MR;
+    let mut q = Quantized { lanes: vec![0u32; padded * depth], scale: vec![0f32; padded], zero: vec![0i32; padded], rows };
+    let mut bytes = vec![0u8; depth * 4];
+    let mut smoothed = vec![0f32; if inv_smooth.is_some() { k } else { 0 }];
+    super::kernels::vectorized(
+        #[inline(always)]
+        || {
+            for (((row, lanes), scale), zero) in
+                x[..rows * k].chunks_exact(k).zip(q.lanes.chunks_exact_mut(depth)).zip(&mut q.scale).zip(&mut q.zero)
+            {
+                let row = match inv_smooth {
+                    Some(inv) => {
+                        for ((s, &v), &i) in smoothed.iter_mut().zip(row).zip(inv) {
+                            *s = v * i;
+                        }
+                        &smoothed[..]
+                    }
+                    None => row,
+                };
+                (*scale, *zero) = quantize_row(row, &mut bytes[..k]);
+                for (lane, four) in lanes.iter_mut().zip(bytes.chunks_exact(4)) {
+                    *lane = quad([four[0], four[1], four[2], four[3]]);
+                }
+            }
+        },
+    );
+    q
+}
+
+/// One row to u8: returns `(scale, zero)` with `row[p] ≈ scale · (bytes[p] − zero)`.
+#[inline(always)]
+fn quantize_row(row: &[f32], bytes: &mut [u8]) -> (f32, i32) {
+    let (mut lo, mut hi) = ([0f32; 16], [0f32; 16]);
+    let chunks = row.chunks_exact(16);
+    for v in chunks.remainder() {
+        lo[0] = lo[0].min(*v);
+        hi[0] = hi[0].max(*v);
+    }
+    for chunk in chunks {
+        for ((lo, hi), &v) in lo.iter_mut().zip(&mut hi).zip(chunk) {
+            *lo = lo.min(v);
+            *hi = hi.max(v);
+        }
+    }
+    let (lo, hi) = (lo.iter().copied().fold(0f32, f32::min), hi.iter().copied().fold(0f32, f32::max));
+    let range = hi - lo;
+    if range == 0.0 || !range.is_finite() {
+        // All zeros: exact. An infinite value: NaN out, as the f32 product would give.
+        bytes.fill(0);
+        return (if range == 0.0 { 1.0 } else { f32::NAN }, 0);
+    }
+    let scale = range / 255.0;
+    let inv = 1.0 / scale;
+    let zero = (-lo * inv).round_ties_even().clamp(0.0, 255.0);
+    for (b, &v) in bytes.iter_mut().zip(row) {
+        *b = (v * inv + zero).round_ties_even().clamp(0.0, 255.0) as u8;
+    }
+    (scale, zero as i32)
+}
+
+/// `out ← x · w` in int8: each row of `x` (`(m, k)` row-major f32) quantised to u8 on the fly,
+/// multiplied by `w`'s i8 values with int32 sums, dequantised to f32 into `out` (`(m, n)`).
+///
+/// Panics if the lengths do not match or the CPU lacks AVX-512 VNNI ([`int8_supported`]).
+pub(crate) fn matmul_int8(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32]) {
+    assert!(int8_supported(), "the CPU has no AVX-512 VNNI");
+    int8_product(x, m, w, out, kernel::int8_tile);
+}
+
+/// [`matmul_int8`] with the given tile kernel.
+fn int8_product(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32], tile: Int8Tile) {
+    let (k, n) = (w.panels.k, w.panels.n);
+    let inv = w.inv_smooth.as_deref();
+    product(x, m, k, n, out, |x, rows| quantize_rows(x, rows, k, inv), |a, panel, out, ldc| {
+        int8_panel(a, w, panel, out, ldc, tile)
+    });
+}
+
+/// The dequantisation inputs of one `MR × NR` tile.
+struct Dequant<'a> {
+    row_scale: &'a [f32],
+    row_zero: &'a [i32],
+    col_scale: &'a [f32],
+    col_sum: &'a [i32],
+}
+
+/// What an int8 tile kernel computes, [`kernel::int8_tile`] and [`int8_tile_reference`] alike:
+/// `out[r·ldc + j] = f32(acc − zero[r]·sum[j]) · (row_scale[r] · col_scale[j])` where
+/// `acc = Σ_p Σ_b a[r][p].byte(b) · b[p][j].byte(b)` (u8 × i8, wrapping int32).
+type Int8Tile = fn(&[u32], &[u32], usize, &mut [f32], usize, usize, &Dequant<'_>);
+
+fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc: usize, tile: Int8Tile) {
+    let depth = w.panels.depth;
+    let lanes = &w.panels.panels[panel * depth * NR..(panel + 1) * depth * NR];
+    let cols = panel * NR..(panel + 1) * NR;
+    tiles_of_panel(a.rows, NR.min(w.panels.n - panel * NR), out, ldc, |index, valid, out, ldc| {
+        let rows = index * MR..(index + 1) * MR;
+        let dequant = Dequant {
+            row_scale: &a.scale[rows.clone()],
+            row_zero: &a.zero[rows],
+            col_scale: &w.scale[cols.clone()],
+            col_sum: &w.sum[cols.clone()],
+        };
+        tile(&a.lanes[index * MR * depth..(index + 1) * MR * depth], lanes, depth, out, ldc, valid, &dequant)
+    });
+}
+
+/// The int8 tile in plain scalar Rust: the same integer arithmetic and the same f32 operations
+/// as the VNNI kernel, so the two agree bit for bit.
+#[cfg_attr(not(test), allow(dead_code))]
+fn int8_tile_reference(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, d: &Dequant<'_>) {
+    for r in 0..rows {
+        for j in 0..NR {
+            let mut acc = 0i32;
+            for p in 0..depth {
+                let (x, w) = (a[r * depth + p].to_le_bytes(), b[p * NR + j].to_le_bytes());
+                for byte in 0..4 {
+                    acc = acc.wrapping_add(i32::from(x[byte]) * i32::from(w[byte] as i8));
+                }
+            }
+            let corrected = acc.wrapping_sub(d.row_zero[r].wrapping_mul(d.col_sum[j]));
+            out[r * ldc + j] = corrected as f32 * (d.row_scale[r] * d.col_scale[j]);
         }
     }
 }
@@ -299,6 +534,35 @@ mod kernel {
         assert!(super::bf16_supported());
         // SAFETY: as for `f32_tile`, with AVX-512 BF16 as well.
         unsafe { bf16_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows) }
+    }
+
+    pub(super) fn int8_tile(
+        a: &[u32],
+        b: &[u32],
+        depth: usize,
+        out: &mut [f32],
+        ldc: usize,
+        rows: usize,
+        d: &super::Dequant<'_>,
+    ) {
+        check(a, b, depth, out, ldc, rows);
+        assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
+        assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
+        assert!(super::int8_supported());
+        // SAFETY: as for `f32_tile`, with AVX-512 BW and VNNI as well; the kernel reads `rows`
+        // row scales and zero points and `NR` column scales and sums (checked above).
+        unsafe {
+            int8_avx512(
+                a.as_ptr(),
+                b.as_ptr(),
+                depth,
+                out.as_mut_ptr(),
+                ldc,
+                rows,
+                [d.row_scale.as_ptr(), d.col_scale.as_ptr()],
+                [d.row_zero.as_ptr(), d.col_sum.as_ptr()],
+            )
+        }
     }
 
     /// The 32 bf16 halves of 16 u32 lanes, as the type `vdpbf16ps` takes (same bits).
@@ -369,10 +633,68 @@ mod kernel {
         // SAFETY: see `store`.
         unsafe { store(&acc, out, ldc, rows) }
     }
+
+    /// `vpdpbusd acc, a, b` adds, in each of its 16 int32 lanes, the four products of `a`'s
+    /// unsigned bytes with `b`'s signed bytes: `a` is one row's k-quad of u8 activations
+    /// broadcast, `b` four panel vectors of i8 weight quads. Then per lane
+    /// `f32(acc − zero[r]·sum[j]) · (row_scale[r] · col_scale[j])`, exactly as
+    /// `int8_tile_reference` computes it (wrapping int32, `vcvtdq2ps` rounds to nearest even like
+    /// `as f32`, separate multiplies).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn int8_avx512(
+        a: *const u32,
+        b: *const u32,
+        depth: usize,
+        out: *mut f32,
+        ldc: usize,
+        rows: usize,
+        [row_scale, col_scale]: [*const f32; 2],
+        [row_zero, col_sum]: [*const i32; 2],
+    ) {
+        let mut acc = [[_mm512_setzero_si512(); NR / 16]; MR];
+        for p in 0..depth {
+            // SAFETY: see above.
+            let bp = unsafe { b.add(p * NR) };
+            let bv = unsafe {
+                [
+                    _mm512_loadu_si512(bp.cast()),
+                    _mm512_loadu_si512(bp.add(16).cast()),
+                    _mm512_loadu_si512(bp.add(32).cast()),
+                    _mm512_loadu_si512(bp.add(48).cast()),
+                ]
+            };
+            for (r, acc_row) in acc.iter_mut().enumerate() {
+                let av = _mm512_set1_epi32(unsafe { *a.add(r * depth + p) } as i32);
+                for (v, acc) in acc_row.iter_mut().enumerate() {
+                    *acc = _mm512_dpbusd_epi32(*acc, av, bv[v]);
+                }
+            }
+        }
+        // SAFETY: `NR` column scales and sums, `rows` row scales and zero points (checked by
+        // `int8_tile`); stores as in `store`.
+        unsafe {
+            let scale = [0, 16, 32, 48].map(|v| _mm512_loadu_ps(col_scale.add(v)));
+            let sum = [0, 16, 32, 48].map(|v| _mm512_loadu_si512(col_sum.add(v).cast()));
+            for (r, acc_row) in acc.iter().enumerate().take(rows) {
+                let zero = _mm512_set1_epi32(*row_zero.add(r));
+                let row = _mm512_set1_ps(*row_scale.add(r));
+                for (v, acc) in acc_row.iter().enumerate() {
+                    let corrected = _mm512_sub_epi32(*acc, _mm512_mullo_epi32(zero, sum[v]));
+                    let value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
+                    _mm512_storeu_ps(out.add(r * ldc + v * 16), value);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 mod kernel {
+    pub(super) fn int8_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: &super::Dequant<'_>) {
+        unreachable!("int8_supported() is false off x86-64")
+    }
+
     pub(super) fn f32_tile(_: &[f32], _: &[f32], _: usize, _: &mut [f32], _: usize, _: usize) {
         unreachable!("f32_supported() is false off x86-64")
     }
@@ -483,5 +805,131 @@ mod tests {
                 * got.iter().map(|&b| f64::from(b).powi(2)).sum::<f64>().sqrt();
             assert!(dot / norms > 0.9999, "row {i}: cosine {}", dot / norms);
         }
+    }
+
+    /// The int8 product written out plainly from its definition: weights quantised per column,
+    /// rows per row (by `quantize_row`), integer sums, the same dequantisation formula.
+    fn int8_plain(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+        let mut scale = vec![1f32; n];
+        for (j, scale) in scale.iter_mut().enumerate() {
+            let max = (0..k).map(|p| w[p * n + j].abs()).fold(0f32, f32::max);
+            if max > 0.0 {
+                *scale = max / 127.0;
+            }
+        }
+        let q = |p: usize, j: usize| (w[p * n + j] / scale[j]).round_ties_even().clamp(-127.0, 127.0) as i32;
+        let mut out = vec![0f32; m * n];
+        let mut bytes = vec![0u8; k];
+        for i in 0..m {
+            let (row_scale, zero) = quantize_row(&x[i * k..(i + 1) * k], &mut bytes);
+            for j in 0..n {
+                let (mut acc, mut sum) = (0i32, 0i32);
+                for (p, &b) in bytes.iter().enumerate() {
+                    acc += i32::from(b) * q(p, j);
+                    sum += q(p, j);
+                }
+                out[i * n + j] = (acc - zero * sum) as f32 * (row_scale * scale[j]);
+            }
+        }
+        out
+    }
+
+    /// int8 shapes: k not a multiple of 4 (ragged quads), n not a multiple of 64 (narrow last
+    /// panel), m not a multiple of 6 (padded last tile), both ways of splitting the work.
+    const INT8_SHAPES: [(usize, usize, usize); 10] = [
+        (1, 1, 1),
+        (1, 3, 5),
+        (5, 7, 13),
+        (6, 64, 64),
+        (7, 383, 65),
+        (13, 1, 130),
+        (97, 384, 1152),
+        (203, 7, 70),
+        (200, 1536, 384),
+        (250, 385, 129),
+    ];
+
+    /// Inputs with an offset and the occasional outlier, as real activations have.
+    fn activations(seed: u64, m: usize, k: usize) -> Vec<f32> {
+        values(seed, m * k).iter().enumerate().map(|(i, &v)| if i % 97 == 5 { 8.0 * v } else { v + 0.3 }).collect()
+    }
+
+    #[test]
+    fn int8_kernel_equals_the_scalar_reference_bit_for_bit() {
+        if !int8_supported() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+            return;
+        }
+        for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate() {
+            let x = activations(seed as u64, m, k);
+            let w = values(100 + seed as u64, k * n);
+            let weights = Int8Weights::new(&Packed::f32(&w, k, n), None);
+            let (mut vnni, mut reference) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            matmul_int8(&x, m, &weights, &mut vnni);
+            int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
+            let plain = int8_plain(&x, &w, m, k, n);
+            for (i, ((a, b), c)) in vnni.iter().zip(&reference).zip(&plain).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
+                assert_eq!(a.to_bits(), c.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs plain reference {c}");
+            }
+        }
+    }
+
+    #[test]
+    fn int8_tile_reference_matches_the_plain_product_anywhere() {
+        // The scalar tile runs on every CPU, so packing and dequantisation are checked even
+        // where the VNNI kernel cannot run.
+        for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate().take(6) {
+            let x = activations(seed as u64, m, k);
+            let w = values(100 + seed as u64, k * n);
+            let weights = Int8Weights::new(&Packed::f32(&w, k, n), None);
+            let mut reference = vec![f32::NAN; m * n];
+            int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
+            let plain = int8_plain(&x, &w, m, k, n);
+            for (i, (a, b)) in reference.iter().zip(&plain).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: {a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn int8_stays_close_to_full_precision_and_smoothing_is_exact_in_f32() {
+        if !int8_supported() {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+            return;
+        }
+        let (m, k, n) = (33, 384, 256);
+        let x = activations(7, m, k);
+        let w = values(8, k * n);
+        let exact = reference(&x, &w, m, k, n, f64::from);
+        // Smoothing factors that flatten the outlier channels are a change of basis: same product.
+        let smooth: Vec<f32> = (0..k).map(|p| if p % 7 == 3 { 2.5 } else { 0.75 }).collect();
+        for smooth in [None, Some(&smooth[..])] {
+            let mut out = vec![0f32; m * n];
+            matmul_int8(&x, m, &Int8Weights::new(&Packed::f32(&w, k, n), smooth), &mut out);
+            for i in 0..m {
+                let (exact, got) = (&exact[i * n..(i + 1) * n], &out[i * n..(i + 1) * n]);
+                let dot: f64 = exact.iter().zip(got).map(|(a, &b)| a * f64::from(b)).sum();
+                let norms = exact.iter().map(|a| a * a).sum::<f64>().sqrt()
+                    * got.iter().map(|&b| f64::from(b).powi(2)).sum::<f64>().sqrt();
+                assert!(dot / norms > 0.999, "row {i}: cosine {}", dot / norms);
+            }
+        }
+    }
+
+    #[test]
+    fn int8_rows_quantise_within_half_a_step() {
+        let row = [-1.0f32, 0.0, 0.5, 3.0, 2.999, -0.25];
+        let mut bytes = [0u8; 6];
+        let (scale, zero) = quantize_row(&row, &mut bytes);
+        assert_eq!(scale, 4.0 / 255.0);
+        for (&v, &b) in row.iter().zip(&bytes) {
+            assert!((scale * (i32::from(b) - zero) as f32 - v).abs() <= scale / 2.0 + 1e-6, "{v} → {b}");
+        }
+        assert_eq!(i32::from(bytes[1]), zero, "zero is exact");
+        assert_eq!(quantize_row(&[0.0; 5], &mut [7u8; 5]), (1.0, 0));
+        let mut positive = [0u8; 3];
+        assert_eq!(quantize_row(&[1.0, 2.0, 0.5], &mut positive).1, 0);
+        assert_eq!(positive[1], 255);
     }
 }

@@ -167,7 +167,7 @@ impl Embedder {
 
     /// The backend actually in use (the fused one falls back for configs it does not implement).
     /// Whether this model computes at `precision` here: fp32 always; bf16 with the fused encoder
-    /// on a CPU with AVX-512 BF16.
+    /// on a CPU with AVX-512 BF16; int8 with the fused encoder on a CPU with AVX-512 VNNI.
     pub fn supports_precision(&self, precision: Precision) -> bool {
         match self.model {
             Model::Fused(_) => Encoder::supports_precision(precision),

@@ -23,7 +23,7 @@ use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::InferenceError;
-use super::dense::{self, Packed};
+use super::dense::{self, Int8Weights, Packed};
 use super::kernels;
 
 /// Rows per element-wise task.
@@ -73,6 +73,40 @@ struct Bf16Layer {
     ff2: Packed<u32>,
 }
 
+/// A layer's dense weights quantised to int8 per output channel (`precision: int8`).
+struct Int8Layer {
+    qkv: Int8Weights,
+    out: Int8Weights,
+    ff1: Int8Weights,
+    ff2: Int8Weights,
+}
+
+/// The weights one layer's products use at the job's precision.
+#[derive(Clone, Copy)]
+enum Reduced<'a> {
+    Fp32,
+    Bf16(&'a Bf16Layer),
+    Int8(&'a Int8Layer),
+}
+
+/// One product's weights: the f32 ones, or their bf16 or int8 copy.
+#[derive(Clone, Copy)]
+enum Product<'a> {
+    Fp32,
+    Bf16(&'a Packed<u32>),
+    Int8(&'a Int8Weights),
+}
+
+impl<'a> Reduced<'a> {
+    fn pick(self, bf16: impl Fn(&'a Bf16Layer) -> &'a Packed<u32>, int8: impl Fn(&'a Int8Layer) -> &'a Int8Weights) -> Product<'a> {
+        match self {
+            Reduced::Fp32 => Product::Fp32,
+            Reduced::Bf16(layer) => Product::Bf16(bf16(layer)),
+            Reduced::Int8(layer) => Product::Int8(int8(layer)),
+        }
+    }
+}
+
 pub(crate) struct Encoder {
     word: Vec<f32>,
     position: Vec<f32>,
@@ -89,6 +123,8 @@ pub(crate) struct Encoder {
     /// Packed on the first bf16 job, so that fp32-only workers neither pay for it at boot nor
     /// hold it in memory.
     bf16: OnceLock<Result<Vec<Bf16Layer>, InferenceError>>,
+    /// Quantised on the first int8 job, likewise.
+    int8: OnceLock<Result<Vec<Int8Layer>, InferenceError>>,
 }
 
 fn weights_err(e: impl std::fmt::Display) -> InferenceError {
@@ -208,6 +244,7 @@ impl Encoder {
             max_positions: config.max_position_embeddings,
             eps: config.layer_norm_eps as f32,
             bf16: OnceLock::new(),
+            int8: OnceLock::new(),
         })
     }
 
@@ -222,7 +259,7 @@ impl Encoder {
         match precision {
             Precision::Fp32 => true,
             Precision::Bf16 => dense::bf16_supported(),
-            Precision::Int8 => false,
+            Precision::Int8 => dense::int8_supported(),
         }
     }
 
@@ -243,6 +280,28 @@ impl Encoder {
         packed.as_deref().map_err(Clone::clone)
     }
 
+    /// The dense weights quantised to int8 per output channel, once.
+    fn int8_layers(&self) -> Result<&[Int8Layer], InferenceError> {
+        let quantised = self.int8.get_or_init(|| {
+            let quantise = |w: &Weight| match w {
+                Weight::Packed(w) => Ok(Int8Weights::new(w, None)),
+                Weight::Candle(_) => Err(InferenceError::UnsupportedPrecision(Precision::Int8.as_str())),
+            };
+            self.layers
+                .iter()
+                .map(|l| {
+                    Ok(Int8Layer {
+                        qkv: quantise(&l.qkv_w)?,
+                        out: quantise(&l.out_w)?,
+                        ff1: quantise(&l.ff1_w)?,
+                        ff2: quantise(&l.ff2_w)?,
+                    })
+                })
+                .collect()
+        });
+        quantised.as_deref().map_err(Clone::clone)
+    }
+
     /// Final hidden states of the given sequences, packed: `(Σ lengths, hidden)`, sequence after
     /// sequence, computed at `precision` (the dense layers' inputs rounded to bf16 for
     /// [`Precision::Bf16`]; attention, element-wise work and accumulation stay f32). Runs on the
@@ -251,9 +310,10 @@ impl Encoder {
         if !Self::supports_precision(precision) {
             return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
         }
-        let bf16_layers = match precision {
-            Precision::Bf16 => Some(self.bf16_layers()?),
-            _ => None,
+        let (bf16_layers, int8_layers) = match precision {
+            Precision::Fp32 => (None, None),
+            Precision::Bf16 => (Some(self.bf16_layers()?), None),
+            Precision::Int8 => (None, Some(self.int8_layers()?)),
         };
         let h = self.hidden;
         let mut offsets = Vec::with_capacity(sequences.len() + 1);
@@ -299,7 +359,12 @@ impl Encoder {
         });
         let mut scratch = Scratch::default();
         for (i, layer) in self.layers.iter().enumerate() {
-            self.layer(layer, bf16_layers.map(|l| &l[i]), &mut x, &offsets, &mut scratch)?;
+            let reduced = match (bf16_layers, int8_layers) {
+                (Some(l), _) => Reduced::Bf16(&l[i]),
+                (_, Some(l)) => Reduced::Int8(&l[i]),
+                _ => Reduced::Fp32,
+            };
+            self.layer(layer, reduced, &mut x, &offsets, &mut scratch)?;
         }
         Ok(x)
     }
@@ -308,7 +373,7 @@ impl Encoder {
     fn layer(
         &self,
         layer: &Layer,
-        bf16: Option<&Bf16Layer>,
+        reduced: Reduced<'_>,
         x: &mut [f32],
         offsets: &[usize],
         scratch: &mut Scratch,
@@ -318,18 +383,18 @@ impl Encoder {
         let Scratch { qkv, proj, h1, ff } = scratch;
 
         // Self-attention, then LayerNorm(projection + bias + x) into h1.
-        dense(x, total, &layer.qkv_w, bf16.map(|b| &b.qkv), qkv)?;
+        dense(x, total, &layer.qkv_w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
         let context = self.attention(qkv, &layer.qkv_b, offsets)?;
-        dense(&context, total, &layer.out_w, bf16.map(|b| &b.out), proj)?;
+        dense(&context, total, &layer.out_w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
         drop(context);
         resize(h1, total * h);
         self.residual_layer_norm(h1, proj, &layer.out_b, x, &layer.attn_ln);
 
         // Feed-forward: GELU(h1 · W1 + b1) in place, then LayerNorm(· W2 + b2 + h1) into x.
-        dense(h1, total, &layer.ff1_w, bf16.map(|b| &b.ff1), ff)?;
+        dense(h1, total, &layer.ff1_w, reduced.pick(|b| &b.ff1, |q| &q.ff1), ff)?;
         let inter = layer.ff1_b.len();
         fused_rows(ff, inter, #[inline(always)] |_, row| kernels::bias_gelu_in_place(row, &layer.ff1_b));
-        dense(ff, total, &layer.ff2_w, bf16.map(|b| &b.ff2), proj)?;
+        dense(ff, total, &layer.ff2_w, reduced.pick(|b| &b.ff2, |q| &q.ff2), proj)?;
         self.residual_layer_norm(x, proj, &layer.ff2_b, h1, &layer.ff_ln);
         Ok(())
     }
@@ -437,22 +502,24 @@ fn resize(buffer: &mut Vec<f32>, len: usize) {
 }
 
 /// `out ← x · w` (`x`: `m` rows): through our f32 kernel (candle's gemm on a CPU without
-/// AVX-512), or through the bf16 kernel with `w`'s bf16 copy.
-fn dense(x: &[f32], m: usize, w: &Weight, bf16: Option<&Packed<u32>>, out: &mut Vec<f32>) -> Result<(), InferenceError> {
+/// AVX-512), or through the bf16 or int8 kernel with `w`'s bf16 or int8 copy.
+fn dense(x: &[f32], m: usize, w: &Weight, reduced: Product<'_>, out: &mut Vec<f32>) -> Result<(), InferenceError> {
     let k = x.len() / m.max(1);
-    let (rows, cols) = match (w, bf16) {
-        (_, Some(packed)) => (packed.rows(), packed.cols()),
-        (Weight::Packed(packed), None) => (packed.rows(), packed.cols()),
-        (Weight::Candle(w), None) => w.dims2().map_err(forward_err)?,
+    let (rows, cols) = match (w, reduced) {
+        (_, Product::Bf16(packed)) => (packed.rows(), packed.cols()),
+        (_, Product::Int8(quantised)) => (quantised.rows(), quantised.cols()),
+        (Weight::Packed(packed), Product::Fp32) => (packed.rows(), packed.cols()),
+        (Weight::Candle(w), Product::Fp32) => w.dims2().map_err(forward_err)?,
     };
     if k != rows || x.len() != m * k {
         return Err(InferenceError::Forward(format!("({m}, {k}) · ({rows}, {cols})")));
     }
     resize(out, m * cols);
-    match (w, bf16) {
-        (_, Some(packed)) => dense::matmul_bf16(x, m, packed, out),
-        (Weight::Packed(packed), None) => dense::matmul_f32(x, m, packed, out),
-        (Weight::Candle(w), None) => {
+    match (w, reduced) {
+        (_, Product::Bf16(packed)) => dense::matmul_bf16(x, m, packed, out),
+        (_, Product::Int8(quantised)) => dense::matmul_int8(x, m, quantised, out),
+        (Weight::Packed(packed), Product::Fp32) => dense::matmul_f32(x, m, packed, out),
+        (Weight::Candle(w), Product::Fp32) => {
             let product = tensor(x.to_vec(), m, k)?.matmul(w).map_err(forward_err)?;
             with_slice(&product, |values| out.copy_from_slice(values))?;
         }
@@ -510,14 +577,14 @@ mod tests {
         let packed = Weight::Packed(Packed::f32(&w, k, n));
         let candle = Weight::Candle(Tensor::from_vec(w, (k, n), &Device::Cpu).unwrap());
         let (mut ours, mut theirs) = (Vec::new(), vec![1.0; 3]);
-        dense(&x, m, &packed, None, &mut ours).unwrap();
-        dense(&x, m, &candle, None, &mut theirs).unwrap();
+        dense(&x, m, &packed, Product::Fp32, &mut ours).unwrap();
+        dense(&x, m, &candle, Product::Fp32, &mut theirs).unwrap();
         assert_eq!(ours.len(), m * n);
         assert_eq!(theirs.len(), m * n);
         for (a, b) in ours.iter().zip(&theirs) {
             assert!((a - b).abs() < 1e-4, "{a} vs {b}");
         }
-        let wrong = dense(&x[..k * 3], 4, &packed, None, &mut ours).unwrap_err();
+        let wrong = dense(&x[..k * 3], 4, &packed, Product::Fp32, &mut ours).unwrap_err();
         assert!(wrong.to_string().contains("(4, "), "{wrong}");
     }
 }

@@ -158,7 +158,7 @@ pub enum InferenceError {
     Weights(String),
     #[error("settings: {0}")]
     Settings(String),
-    #[error("precision {0} is not supported by this worker (bf16 needs the fused encoder and a CPU with AVX-512 BF16; int8 is not implemented)")]
+    #[error("precision {0} is not supported by this worker (bf16 needs the fused encoder and a CPU with AVX-512 BF16, int8 the fused encoder and a CPU with AVX-512 VNNI)")]
     UnsupportedPrecision(&'static str),
     #[error("thread pool: {0}")]
     ThreadPool(String),
