@@ -76,7 +76,7 @@ use verify::verify_command;
 pub use verify_bundle::{ProvenReceipt, Refusal, check_bundle};
 use verify_bundle::verify_bundle_command;
 pub use proof::{JobProof, check_job_proof, check_proof};
-pub use query::{Row, query_rows};
+pub use query::{Row, query_ledger, query_rows};
 pub use redrive::{RedriveArgs, redrive_command};
 use query::query_command;
 pub use sync::sync_copy;
@@ -211,20 +211,31 @@ pub struct RootArgs {
     pub allow_debug: bool,
 }
 
+/// The filter of `ledger query`'s options (hex ids compared in lower case).
+pub fn query_filter(
+    job: Option<JobId>,
+    model: Option<String>,
+    pcr0: Option<String>,
+    client: Option<String>,
+    since: Option<u64>,
+    until: Option<u64>,
+) -> Query {
+    Query {
+        job_id: job,
+        model_id: model,
+        pcr0: pcr0.map(|p| p.to_ascii_lowercase()),
+        client_key_id: client.map(|c| c.to_ascii_lowercase()),
+        since_ms: since,
+        until_ms: until,
+        limit: None,
+    }
+}
+
 /// Runs a ledger command on the ledger in `ledger_dir` (`$EPHEM_HOME/ledger`).
 pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode> {
     match command {
         LedgerCommand::Query { job, model, pcr0, client, since, until, json, trust } => {
-            let query = Query {
-                job_id: job,
-                model_id: model,
-                pcr0: pcr0.map(|p| p.to_ascii_lowercase()),
-                client_key_id: client.map(|c| c.to_ascii_lowercase()),
-                since_ms: since,
-                until_ms: until,
-                limit: None,
-            };
-            query_command(ledger_dir, &query, json, &trust)
+            query_command(ledger_dir, &query_filter(job, model, pcr0, client, since, until), json, &trust)
         }
         LedgerCommand::Verify { json, trust } => verify_command(ledger_dir, json, &trust),
         LedgerCommand::Checkpoint => checkpoint_command(ledger_dir),

@@ -86,6 +86,15 @@ fn verdict_text(v: &EntryVerdict) -> String {
     }
 }
 
+/// The compliance view of the ledger in `dir` under `trust` (the ledger key and root `query`
+/// pins): the rows `query` matches, each with its verdict.
+pub fn query_ledger(dir: &Path, query: &Query, trust: &LedgerTrust) -> anyhow::Result<Vec<Row>> {
+    let store = LocalLedger::open_read_only(dir)?;
+    let pinned = home_key(trust.ledger_key.as_deref(), dir)?;
+    let check = receipt_check(&trust.root, dir, true)?;
+    query_rows(&store, query, &pinned.key, &check)
+}
+
 pub(super) fn query_command(dir: &Path, query: &Query, json: bool, trust: &LedgerTrust) -> anyhow::Result<ExitCode> {
     let store = LocalLedger::open_read_only(dir)?;
     let pinned = home_key(trust.ledger_key.as_deref(), dir)?;
