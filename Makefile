@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-rust test-cdk test-aws test-supply-chain test-lambda-glibc deny fuzz
+.PHONY: demo test test-rust test-python test-cdk test-aws test-supply-chain test-lambda-glibc deny fuzz
 
 demo:
 	bash scripts/demo.sh
@@ -8,10 +8,15 @@ demo:
 # (docs/supply-chain.md, docs/fuzzing.md); EPHEM_CI_FUZZ=0 leaves the fuzz pass out.
 # test-lambda-glibc: the Lambda binaries, linked by Zig against glibc 2.34, need no newer glibc
 # symbol (scripts/tests/lambda-glibc.sh; docs/operations.md §1.4).
-test: test-rust test-cdk test-supply-chain test-lambda-glibc
+test: test-rust test-python test-cdk test-supply-chain test-lambda-glibc
 
 test-rust:
 	bash scripts/test-rust.sh
+
+# The Python SDK (python/, docs/python.md) against a local stack, with the extension module the
+# workspace build makes.
+test-python:
+	bash scripts/test-python.sh
 
 # Only the tests against the AWS emulator (moto, started and stopped by the script).
 test-aws:

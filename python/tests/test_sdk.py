@@ -1,0 +1,199 @@
+"""The Python SDK against the local stack: submit, wait, results, errors, verify, ledger."""
+
+import glob
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+import ephem_batch
+from ephem_batch import ConfigurationError, NotAvailableError, VerificationError
+
+TEXTS = [
+    "Confidential embeddings are computed inside a measured enclave.",
+    "The receipt names the attestation document of the enclave that ran the job.",
+    "A harbour lantern glows over the granite quay at dusk.",
+    "Receipts are appended to a hash-chained, Merkle-proven ledger.",
+    "Copper kettles and saffron buns for the falcon keepers.",
+]
+
+EVERY_CHECK = {
+    "receipt",
+    "receipt_attestation",
+    "job_id",
+    "model",
+    "options",
+    "result_key",
+    "fleet_key",
+    "records",
+    "input_sha256",
+    "output_sha256",
+    "record_ids",
+    "commitment",
+    "ledger",
+}
+
+
+def _object(stack, job, name):
+    """A job's object in the local object store (the host side of the stack)."""
+    found = [p for p in glob.glob(os.path.join(stack.home, "objects", "**", name), recursive=True) if job.id in p]
+    assert len(found) == 1, found
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def done_job(client):
+    """A job from a list of strings, completed (its results not yet opened)."""
+    return client.submit(TEXTS).wait()
+
+
+def test_submit_from_a_list_gives_unit_vectors(client, done_job):
+    assert done_job.records == len(TEXTS)
+    status = done_job.status()
+    assert status.state == "completed" and status.receipt_committed and status.ledger_index is not None
+    ids, vectors = done_job.results()
+    assert ids == [str(i) for i in range(len(TEXTS))]
+    assert isinstance(vectors, np.ndarray)
+    assert vectors.dtype == np.float32 and vectors.shape == (len(TEXTS), 384)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+    # Related sentences are nearer than unrelated ones: real embeddings, not noise.
+    sims = vectors @ vectors.T
+    assert sims[1, 3] > sims[1, 4]
+    assert done_job.errors() == []
+    summary = done_job.summary()
+    assert summary["records"] == len(TEXTS) and summary["dimensions"] == 384
+
+
+def test_verify_names_every_check(done_job):
+    verification = done_job.verify()
+    assert verification.passed
+    assert {c.name for c in verification} == EVERY_CHECK
+    assert verification.development_root
+    assert verification["ledger"].passed and "entry" in verification["ledger"].detail
+
+
+def test_results_from_a_file_equal_the_clis(client, stack, tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    records = [{"id": f"doc-{i}", "text": f"Record {i}: {t}"} for i, t in enumerate(TEXTS * 2)]
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    job = client.submit(str(corpus))
+    job.wait(progress=True)
+    ids, vectors = job.results()
+    assert ids == [r["id"] for r in records]
+
+    out = tmp_path / "cli.jsonl"
+    stack.cli("results", job.id, "-o", str(out))
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    assert [l["id"] for l in lines] == ids
+    cli_vectors = np.array([l["embedding"] for l in lines], dtype=np.float32)
+    np.testing.assert_array_equal(cli_vectors, vectors)
+    # A job found again by its id (another notebook, later) gives the same.
+    again_ids, again = client.job(job.id).results(mmap=True)
+    assert again_ids == ids
+    np.testing.assert_array_equal(np.asarray(again), vectors)
+
+
+def test_a_bad_line_lands_in_errors_and_the_job_goes_on(client):
+    source = [
+        {"id": "good-1", "text": "An ordinary sentence."},
+        {"id": "no-text", "text": 42},
+        {"id": "good-2", "text": "Another ordinary sentence."},
+        {"id": "good-1", "text": "A duplicate id."},
+    ]
+    job = client.submit(source)
+    assert job.records == 2
+    ids, vectors = job.wait().results()
+    assert ids == ["good-1", "good-2"] and vectors.shape == (2, 384)
+    errors = job.errors()
+    assert len(errors) == 2, errors
+    assert {e.get("id") for e in errors} == {"no-text", "good-1"}
+    job.verify()
+
+
+def test_a_tampered_output_fails_verify_naming_the_check(client, stack):
+    job = client.submit(TEXTS[:2]).wait()
+    path = _object(stack, job, "output.sealed")
+    data = bytearray(open(path, "rb").read())
+    data[len(data) // 2] ^= 0x01
+    os.chmod(path, 0o600)
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(VerificationError) as raised:
+        job.verify()
+    assert raised.value.check == "output_sha256"
+    assert ("output_sha256" in dict(raised.value.failed))
+    assert raised.value.verification is not None and not raised.value.verification.passed
+    # results() refuses too, and writes nothing.
+    with pytest.raises(VerificationError) as raised:
+        job.results()
+    assert raised.value.check == "output_sha256"
+    assert not glob.glob(os.path.join(stack.home, "client", "jobs", job.id, "embeddings.*"))
+
+
+def test_a_receipt_from_another_job_fails_verify_naming_the_check(client, stack, done_job):
+    job = client.submit(TEXTS[2:4]).wait()
+    theirs = _object(stack, done_job, "receipt.cose")
+    ours = _object(stack, job, "receipt.cose")
+    os.chmod(ours, 0o600)
+    shutil.copyfile(theirs, ours)
+    verification = job.verify(raise_on_failure=False)
+    assert not verification.passed
+    assert verification["receipt_attestation"].passed, "a genuine receipt, of another job"
+    with pytest.raises(VerificationError) as raised:
+        job.verify()
+    assert raised.value.check == "job_id"
+    with pytest.raises(VerificationError):
+        job.results()
+
+
+def test_results_need_the_key_they_were_sealed_to(client, stack):
+    job = client.submit(TEXTS[:1]).wait()
+    key = os.path.join(stack.home, "client", "result.key")
+    saved = open(key, "rb").read()
+    try:
+        os.chmod(key, 0o600)
+        with open(key, "w") as f:
+            f.write(os.urandom(32).hex())
+        with pytest.raises(VerificationError) as raised:
+            job.results()
+        assert raised.value.check == "output_sha256"
+    finally:
+        with open(key, "wb") as f:
+            f.write(saved)
+    ids, vectors = job.results()
+    assert vectors.shape == (1, 384)
+
+
+def test_the_ledger_query_returns_the_jobs_row(client, done_job):
+    rows = client.ledger.query(job=done_job, dataframe=False)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["job_id"] == done_job.id
+    assert row["ok_count"] == len(TEXTS) and row["failed_count"] == 0
+    assert row["model_id"] == ephem_batch.DEFAULT_MODEL
+    assert row["verdict"] in ("verified", "not_checkpointed"), row
+    everything = client.ledger.query(dataframe=False)
+    assert any(r["job_id"] == done_job.id for r in everything)
+    assert client.ledger.query(model="no/such-model", dataframe=False) == []
+
+
+def test_embed_says_the_online_path_does_not_exist(client):
+    with pytest.raises(NotAvailableError) as raised:
+        client.embed(["a query"])
+    assert "online" in str(raised.value)
+    assert isinstance(raised.value, ephem_batch.EphemBatchError)
+
+
+def test_configuration_errors_are_exceptions(client, tmp_path):
+    with pytest.raises(ConfigurationError):
+        ephem_batch.Client(home=client.home, backend="gcp")
+    with pytest.raises(ConfigurationError) as raised:
+        ephem_batch.Client(home=str(tmp_path))
+    assert "one backend per process" in str(raised.value)
+    with pytest.raises(ephem_batch.EphemBatchError):
+        client.job("0" * 32)
+    with pytest.raises(ephem_batch.EphemBatchError):
+        client.job("not-a-job")
+    with pytest.raises(NotAvailableError):
+        client.submit(["x"], dimensions=128)

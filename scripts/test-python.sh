@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The Python SDK's tests (python/tests, pytest) against the embedded default: a local stack in a
+# temporary home per session, the workspace's own binaries and model. The extension module is the
+# one the workspace build makes (target/debug/lib_native.so, the same build and target directory
+# as every other crate, so nothing is compiled twice); it is put beside the package's Python
+# sources in a temporary directory, as `pip install ./python` would install it.
+#
+# pytest and numpy come from PyPI, pinned in python/requirements-test.txt, into
+# $EPHEM_HOME/venv-python (default .ephem/venv-python), reinstalled when that file changes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+now() { date +%s; }
+started=$(now)
+home="${EPHEM_HOME:-$PWD/.ephem}"
+venv="$home/venv-python"
+requirements=python/requirements-test.txt
+
+if ! cmp -s "$requirements" "$venv/requirements-test.txt" 2>/dev/null; then
+    t=$(now)
+    python3 -m venv --clear "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
+    cp "$requirements" "$venv/requirements-test.txt"
+    echo "python: test environment installed in $(( $(now) - t ))s"
+fi
+
+export EPHEM_FIXTURES="${EPHEM_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
+bash scripts/setup-model.sh
+export EPHEM_MODEL_DIR="${EPHEM_MODEL_DIR:-$home/models/all-MiniLM-L6-v2}"
+
+# The binaries the stack runs and the extension module, with the workspace's feature set (the
+# same artifacts `cargo build --workspace --bins` and `cargo test --workspace` made).
+t=$(now)
+cargo build --workspace --bins --lib --locked
+echo "python: workspace build (extension module included) in $(( $(now) - t ))s"
+export EPHEM_BIN_DIR="$PWD/target/debug"
+
+package="$(mktemp -d)"
+trap 'rm -rf "$package"' EXIT
+cp -R python/ephem_batch "$package/ephem_batch"
+ln -s "$PWD/target/debug/lib_native.so" "$package/ephem_batch/_native.abi3.so"
+
+t=$(now)
+# The package from the temporary directory, never from the source tree (which has no extension).
+(cd "$package" && PYTHONPATH="$package" "$venv/bin/python" -m pytest -p no:cacheprovider -q "$OLDPWD/python/tests" "$@")
+echo "python: tests in $(( $(now) - t ))s; whole script $(( $(now) - started ))s"
