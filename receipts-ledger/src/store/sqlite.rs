@@ -246,8 +246,23 @@ fn checkpoint_in(
 }
 
 impl SqliteStore {
-    /// Opens (creating if needed) the ledger at `path`.
+    /// Opens (creating if needed) the ledger at `path`. Opening is tried again while another
+    /// process holds the file (up to the busy timeout): switching a new file to WAL needs a moment
+    /// of exclusive access, and SQLite answers "locked" at once there instead of waiting in the
+    /// busy handler, so several processes opening one new ledger would otherwise fail.
     pub fn open(path: &Path, options: &SqliteOptions) -> Result<Self, StoreError> {
+        let deadline = std::time::Instant::now() + options.busy_timeout;
+        loop {
+            match Self::open_once(path, options) {
+                Err(StoreError::Sqlite(e)) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn open_once(path: &Path, options: &SqliteOptions) -> Result<Self, StoreError> {
         let conn = Connection::open(path)?;
         conn.busy_timeout(options.busy_timeout)?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
@@ -675,6 +690,10 @@ impl LedgerStore for SqliteStore {
         let n: i64 = self.conn.query_row("SELECT count(*) FROM tree_nodes", [], |r| r.get(0))?;
         Ok(n.max(0) as u64)
     }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
 }
 
 #[cfg(test)]
