@@ -85,7 +85,8 @@ fn parse_args() -> Args {
                 args.precision = match value().as_str() {
                     "fp32" => Precision::Fp32,
                     "bf16" => Precision::Bf16,
-                    _ => usage("--precision fp32|bf16"),
+                    "int8" => Precision::Int8,
+                    _ => usage("--precision fp32|bf16|int8"),
                 }
             }
             "--child" => args.child = true,
@@ -103,7 +104,7 @@ fn parse_args() -> Args {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 2048] \
-         [--max-batch 128] [--window 1024] [--backend fused|candle] [--precision fp32|bf16] [--json OUT]"
+         [--max-batch 128] [--window 1024] [--backend fused|candle] [--precision fp32|bf16|int8] [--json OUT]"
     );
     std::process::exit(2)
 }

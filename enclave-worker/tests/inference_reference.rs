@@ -119,9 +119,10 @@ fn reference() -> &'static Reference {
     })
 }
 
-/// int8's worst cosine on the reference texts, to the reference and to fp32 (measured: see the
-/// test below), with a small margin.
-const INT8_MIN_COSINE: f64 = 0.99;
+/// int8's worst cosine on the reference texts, to the reference and to fp32: measured 0.99782
+/// for both (median 0.99896) on all-MiniLM-L6-v2, with a small margin. ONNX Runtime's dynamic
+/// int8 reaches 0.985–0.987 to sentence-transformers on the benchmark corpus.
+const INT8_MIN_COSINE: f64 = 0.997;
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());

@@ -470,30 +470,36 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     assert_eq!(receipt.commitment, commitment.finish(&job.commitment_key), "keyed plaintext commitment");
     assert_eq!(receipt.options.precision, Precision::Fp32);
 
-    // bf16 is the client's explicit choice: computed as asked where the CPU has AVX-512 BF16 (close
-    // to, but not bit-equal with, fp32) and recorded in the receipt; refused by name elsewhere.
-    let bf16 = JobOptions { precision: Precision::Bf16, ..JobOptions::default() };
-    // (Its own job: the tampering below needs a job that every CPU runs.)
-    let bf16_job = seal_job_with(&fleet, &client, manifest, &records, bf16);
-    match run_job(&worker.socket, bf16_job.job_id, &bf16_job.bytes) {
-        Ok((output, receipt_bytes)) => {
-            let signed = SignedReceipt::decode(&receipt_bytes).unwrap();
-            assert_eq!(signed.verify(&receipt_key).unwrap().options.precision, Precision::Bf16);
-            let (_, reduced) = open_output(&client, bf16_job.job_id, &output, records.len());
-            for i in [0, 2, 3] {
-                let (OutputRecord::Embedding { vector: full, .. }, OutputRecord::Embedding { vector: half, .. }) =
-                    (&outputs[i], &reduced[i])
-                else {
-                    panic!("record {i}: {:?}", reduced[i]);
-                };
-                let (full, half) = (full.to_f32(), half.to_f32());
-                let cosine: f32 = full.iter().zip(&half).map(|(a, b)| a * b).sum();
-                assert!(cosine >= 0.999 && full != half, "record {i}: cosine {cosine}");
+    // bf16 and int8 are the client's explicit choice: computed as asked where the CPU has AVX-512
+    // BF16 / VNNI (close to, but not bit-equal with, fp32) and recorded in the receipt; refused by
+    // name elsewhere.
+    for (precision, feature, min_cosine) in [
+        (Precision::Bf16, std::arch::is_x86_feature_detected!("avx512bf16"), 0.999),
+        (Precision::Int8, std::arch::is_x86_feature_detected!("avx512vnni"), 0.99),
+    ] {
+        let options = JobOptions { precision, ..JobOptions::default() };
+        // (Its own job: the tampering below needs a job that every CPU runs.)
+        let reduced_job = seal_job_with(&fleet, &client, manifest, &records, options);
+        match run_job(&worker.socket, reduced_job.job_id, &reduced_job.bytes) {
+            Ok((output, receipt_bytes)) => {
+                let signed = SignedReceipt::decode(&receipt_bytes).unwrap();
+                assert_eq!(signed.verify(&receipt_key).unwrap().options.precision, precision);
+                let (_, reduced) = open_output(&client, reduced_job.job_id, &output, records.len());
+                for i in [0, 2, 3] {
+                    let (OutputRecord::Embedding { vector: full, .. }, OutputRecord::Embedding { vector: low, .. }) =
+                        (&outputs[i], &reduced[i])
+                    else {
+                        panic!("{precision:?} record {i}: {:?}", reduced[i]);
+                    };
+                    let (full, low) = (full.to_f32(), low.to_f32());
+                    let cosine: f32 = full.iter().zip(&low).map(|(a, b)| a * b).sum();
+                    assert!(cosine >= min_cosine && full != low, "{precision:?} record {i}: cosine {cosine}");
+                }
             }
-        }
-        Err((check, message)) => {
-            assert!(!std::arch::is_x86_feature_detected!("avx512bf16"), "bf16 refused on a CPU that has it: {message}");
-            assert_eq!(check.as_str(), "options", "{message}");
+            Err((check, message)) => {
+                assert!(!feature, "{precision:?} refused on a CPU that has its instructions: {message}");
+                assert_eq!(check.as_str(), "options", "{message}");
+            }
         }
     }
 

@@ -1,11 +1,19 @@
 //! The dense layers' matrix products `x · w` on AVX-512, with kernels of our own: f32 inputs
-//! (`vfmadd231ps`), and bf16 inputs with f32 accumulation (`vdpbf16ps`) for jobs that ask for
-//! `precision: bf16`.
+//! (`vfmadd231ps`), bf16 inputs with f32 accumulation (`vdpbf16ps`) for jobs that ask for
+//! `precision: bf16`, and u8 × i8 with int32 accumulation (`vpdpbusd`) for `precision: int8`.
 //!
 //! This is the only module of the crate with `unsafe` code: the SIMD intrinsics, behind a safe
-//! API ([`Packed`], [`matmul_f32`], [`matmul_bf16`]) that checks every length before a kernel
-//! runs and refuses to run on a CPU without the instructions ([`f32_supported`],
-//! [`bf16_supported`]).
+//! API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`], [`matmul_int8`]) that
+//! checks every length before a kernel runs and refuses to run on a CPU without the instructions
+//! ([`f32_supported`], [`bf16_supported`], [`int8_supported`]).
+//!
+//! int8: weights are quantised once per output column (symmetric, `[-127, 127]`), activations per
+//! row as they come (asymmetric u8 over `[min(x, 0), max(x, 0)]`, scale and zero point per row).
+//! `vpdpbusd` sums four u8 × i8 products per int32 lane, so both operands hold *quads along k*,
+//! as bf16 holds pairs. With `x ≈ s_x (u − z)` and `w ≈ s_w q`,
+//! `x · w ≈ s_x s_w (Σ u q − z Σ q)`: the column sums `Σ q` are computed at quantisation, and the
+//! tile kernel dequantises its int32 sums to f32 before storing. A scalar reference of the same
+//! arithmetic (`int8_tile_reference`) must equal the kernel bit for bit (tests).
 //!
 //! `vdpbf16ps acc, a, b` adds, in each of its 16 f32 lanes, `a.lo·b.lo + a.hi·b.hi` of the lane's
 //! two bf16 halves. So for bf16 both operands hold *pairs along k*: a weight panel lane holds
@@ -113,6 +121,11 @@ impl Packed<f32> {
     pub(crate) fn f32(w: &[f32], k: usize, n: usize) -> Self {
         assert_eq!(w.len(), k * n, "weights are not (k, n)");
         Self::pack(k, n, k, |p, col| if col < n { w[p * n + col] } else { 0.0 })
+    }
+
+    /// Per row (input channel), the largest |weight|.
+    pub(crate) fn row_abs_max(&self) -> Vec<f32> {
+        (0..self.k).map(|row| (0..self.n).map(|col| self.value(row, col).abs()).fold(0f32, f32::max)).collect()
     }
 
     /// `w[row][col]`; zero outside the matrix.

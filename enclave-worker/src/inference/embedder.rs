@@ -87,6 +87,22 @@ impl Tokenized {
     }
 }
 
+/// Texts whose activations set the int8 smoothing factors of the dense layers' input channels
+/// (the fused encoder's `int8_layers`): a fixed set, so a model's int8 weights are the same on
+/// every worker and for every job. Varied on purpose — prose, a question, punctuation, digits,
+/// code, other scripts — since the outlier channels are a property of the model, not of a text.
+const INT8_CALIBRATION: [&str; 8] = [
+    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
+    "What is the capital of France, and how many people live there?",
+    "Install the package with apt-get install -y libssl-dev (version 3.0.2, 2024-05-01).",
+    "!!! ??? ... --- ;;; ((( ))) [[[ ]]]",
+    "fn main() { let x: Vec<u32> = (0..10).collect(); println!(\"{x:?}\"); }",
+    "Der schnelle braune Fuchs springt über den faulen Hund. Le renard brun saute par-dessus le chien.",
+    "東京は日本の首都です。 Москва — столица России. القاهرة هي عاصمة مصر.",
+    "A library for parsing, validating and transforming JSON documents in memory, with streaming support \
+     for large inputs, a command-line tool, and bindings for several languages including Python and C.",
+];
+
 /// A sentence-embedding model: tokenizer + BERT encoder + pooling. `Send + Sync`; one instance
 /// serves every job for its model.
 pub struct Embedder {
@@ -151,7 +167,11 @@ impl Embedder {
         let fused =
             settings.backend == Backend::Fused && Encoder::supports(&config).is_ok() && Encoder::reads(files.weights);
         let model = if fused {
-            Model::Fused(Encoder::load(files.weights, &config)?)
+            let mut encoder = Encoder::load(files.weights, &config)?;
+            encoder.calibrate_with(
+                INT8_CALIBRATION.iter().filter_map(|text| tokenizer.encode_fast(*text, true).ok()).map(|e| e.get_ids().to_vec()),
+            );
+            Model::Fused(encoder)
         } else {
             let tensors = candle_core::safetensors::load_buffer(files.weights, &device)
                 .map_err(|e| InferenceError::Weights(e.to_string()))?;

@@ -6,8 +6,12 @@
 //!   attention). Dense layers see only real tokens; attention runs per sequence over its own
 //!   tokens, so nothing is computed for, or masked out of, padding.
 //! * **Dense layers through our own AVX-512 kernels** ([`super::dense`]: f32, or bf16 inputs with
-//!   f32 sums when a job asks for it), with weights transposed and packed once at load time and
-//!   Q/K/V fused into one `(hidden, 3·hidden)` product; candle's gemm on a CPU without AVX-512.
+//!   f32 sums, or int8 with int32 sums, when a job asks for it), with weights transposed and
+//!   packed once at load time and Q/K/V fused into one `(hidden, 3·hidden)` product; candle's gemm
+//!   on a CPU without AVX-512. For int8 the activations' outlier channels are first moved into
+//!   the weights (SmoothQuant, α = 0.5, power-of-two factors from the largest |activation| of each
+//!   input channel over a fixed calibration set run in fp32), then the weights are quantised per
+//!   output channel; the products that measurably need it stay f32 ([`INT8_IN_F32`]).
 //! * **Fused element-wise work** in vectorisable safe Rust ([`super::kernels`]): bias + GELU(erf),
 //!   bias + residual + LayerNorm, softmax — one pass each instead of one tensor op per step.
 //! * Parallel over the engine's rayon pool: gemm splits its work there, attention runs one task
@@ -73,12 +77,13 @@ struct Bf16Layer {
     ff2: Packed<u32>,
 }
 
-/// A layer's dense weights quantised to int8 per output channel (`precision: int8`).
+/// A layer's dense weights quantised to int8 per output channel (`precision: int8`); `None`:
+/// this product stays f32 ([`INT8_IN_F32`]).
 struct Int8Layer {
-    qkv: Int8Weights,
-    out: Int8Weights,
-    ff1: Int8Weights,
-    ff2: Int8Weights,
+    qkv: Option<Int8Weights>,
+    out: Option<Int8Weights>,
+    ff1: Option<Int8Weights>,
+    ff2: Option<Int8Weights>,
 }
 
 /// The weights one layer's products use at the job's precision.
@@ -98,11 +103,15 @@ enum Product<'a> {
 }
 
 impl<'a> Reduced<'a> {
-    fn pick(self, bf16: impl Fn(&'a Bf16Layer) -> &'a Packed<u32>, int8: impl Fn(&'a Int8Layer) -> &'a Int8Weights) -> Product<'a> {
+    fn pick(
+        self,
+        bf16: impl Fn(&'a Bf16Layer) -> &'a Packed<u32>,
+        int8: impl Fn(&'a Int8Layer) -> &'a Option<Int8Weights>,
+    ) -> Product<'a> {
         match self {
             Reduced::Fp32 => Product::Fp32,
             Reduced::Bf16(layer) => Product::Bf16(bf16(layer)),
-            Reduced::Int8(layer) => Product::Int8(int8(layer)),
+            Reduced::Int8(layer) => int8(layer).as_ref().map_or(Product::Fp32, Product::Int8),
         }
     }
 }
@@ -125,6 +134,34 @@ pub(crate) struct Encoder {
     bf16: OnceLock<Result<Vec<Bf16Layer>, InferenceError>>,
     /// Quantised on the first int8 job, likewise.
     int8: OnceLock<Result<Vec<Int8Layer>, InferenceError>>,
+    /// Token sequences whose fp32 activations set the int8 smoothing factors ([`Encoder::calibrate_with`]).
+    calibration: Vec<Vec<u32>>,
+}
+
+/// The products of every layer (QKV, attention output, FFN in, FFN out) that int8 jobs leave in
+/// f32. Measured on all-MiniLM-L6-v2 (docs/benchmarks.md): all four in int8 gives a minimum
+/// cosine of 0.9985 to fp32 over the benchmark corpus; FFN out in f32 gives 0.9990 at bf16's
+/// speed instead of 1.45× it. Int8 is the fast mode, so none.
+const INT8_IN_F32: [bool; 4] = [false; 4];
+
+/// The SmoothQuant migration strength: activation channel `c` is divided by
+/// `s_c = max|x_c|^α / max|w_c|^(1−α)` and weight row `c` multiplied by it.
+const SMOOTHING_ALPHA: f32 = 0.5;
+
+/// Per input channel, the largest |activation| each of a layer's four products saw.
+#[derive(Clone)]
+struct LayerStats([Vec<f32>; 4]);
+
+impl LayerStats {
+    fn observe(&mut self, product: usize, x: &[f32]) {
+        let max = &mut self.0[product];
+        let k = max.len();
+        for row in x.chunks_exact(k) {
+            for (m, &v) in max.iter_mut().zip(row) {
+                *m = m.max(v.abs());
+            }
+        }
+    }
 }
 
 fn weights_err(e: impl std::fmt::Display) -> InferenceError {
@@ -245,6 +282,7 @@ impl Encoder {
             eps: config.layer_norm_eps as f32,
             bf16: OnceLock::new(),
             int8: OnceLock::new(),
+            calibration: Vec::new(),
         })
     }
 
@@ -280,26 +318,63 @@ impl Encoder {
         packed.as_deref().map_err(Clone::clone)
     }
 
-    /// The dense weights quantised to int8 per output channel, once.
+    /// Sets the token sequences (a fixed calibration set, tokenized by the embedder) whose fp32
+    /// activations choose the int8 smoothing factors. Without any, int8 quantises unsmoothed.
+    pub(crate) fn calibrate_with(&mut self, sequences: impl IntoIterator<Item = Vec<u32>>) {
+        let limit = self.max_positions;
+        self.calibration =
+            sequences.into_iter().filter(|s| !s.is_empty() && s.len() <= limit && s.iter().all(|&id| (id as usize) < self.vocab)).collect();
+    }
+
+    /// Per layer, the largest |input| of each product over the calibration set, in fp32.
+    fn calibration_stats(&self) -> Result<Vec<LayerStats>, InferenceError> {
+        let (h, inter) = (self.hidden, self.layers.first().map_or(0, |l| l.ff1_b.len()));
+        let mut stats = vec![LayerStats([vec![0f32; h], vec![0f32; h], vec![0f32; h], vec![0f32; inter]]); self.layers.len()];
+        if !self.calibration.is_empty() {
+            let sequences: Vec<&[u32]> = self.calibration.iter().map(Vec::as_slice).collect();
+            self.run(&sequences, |_| Reduced::Fp32, Some(&mut stats))?;
+        }
+        Ok(stats)
+    }
+
+    /// The dense weights quantised to int8 per output channel, once, after smoothing the
+    /// activations' outlier channels into the weights (SmoothQuant): `x · w = (x / s) · (s · w)`
+    /// for any per-channel `s > 0`, exact in real arithmetic, so the factors change only where
+    /// the rounding error falls.
+    ///
+    /// Not under `OnceLock::get_or_init`: the calibration pass runs on the rayon pool, whose
+    /// waiting threads may pick up another window of an int8 job and come back here, which
+    /// must not block on the initialisation in progress. Such a thread computes the same
+    /// (deterministic) layers again, and the first one stored is kept.
     fn int8_layers(&self) -> Result<&[Int8Layer], InferenceError> {
-        let quantised = self.int8.get_or_init(|| {
-            let quantise = |w: &Weight| match w {
-                Weight::Packed(w) => Ok(Int8Weights::new(w, None)),
+        if let Some(quantised) = self.int8.get() {
+            return quantised.as_deref().map_err(Clone::clone);
+        }
+        let computed = (|| {
+            let stats = self.calibration_stats()?;
+            let quantise = |product: usize, w: &Weight, seen: &[f32]| match w {
+                _ if INT8_IN_F32[product] => Ok(None),
+                Weight::Packed(w) => {
+                    let smooth = seen.iter().any(|&m| m > 0.0).then(|| smoothing(w, seen, SMOOTHING_ALPHA));
+                    Ok(Some(Int8Weights::new(w, smooth.as_deref())))
+                }
                 Weight::Candle(_) => Err(InferenceError::UnsupportedPrecision(Precision::Int8.as_str())),
             };
             self.layers
                 .iter()
-                .map(|l| {
+                .zip(&stats)
+                .map(|(l, LayerStats(seen))| {
                     Ok(Int8Layer {
-                        qkv: quantise(&l.qkv_w)?,
-                        out: quantise(&l.out_w)?,
-                        ff1: quantise(&l.ff1_w)?,
-                        ff2: quantise(&l.ff2_w)?,
+                        qkv: quantise(0, &l.qkv_w, &seen[0])?,
+                        out: quantise(1, &l.out_w, &seen[1])?,
+                        ff1: quantise(2, &l.ff1_w, &seen[2])?,
+                        ff2: quantise(3, &l.ff2_w, &seen[3])?,
                     })
                 })
                 .collect()
-        });
-        quantised.as_deref().map_err(Clone::clone)
+        })();
+        let _ = self.int8.set(computed);
+        self.int8.get().expect("set above").as_deref().map_err(Clone::clone)
     }
 
     /// Final hidden states of the given sequences, packed: `(Σ lengths, hidden)`, sequence after
@@ -310,11 +385,27 @@ impl Encoder {
         if !Self::supports_precision(precision) {
             return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
         }
-        let (bf16_layers, int8_layers) = match precision {
-            Precision::Fp32 => (None, None),
-            Precision::Bf16 => (Some(self.bf16_layers()?), None),
-            Precision::Int8 => (None, Some(self.int8_layers()?)),
-        };
+        match precision {
+            Precision::Fp32 => self.run(sequences, |_| Reduced::Fp32, None),
+            Precision::Bf16 => {
+                let layers = self.bf16_layers()?;
+                self.run(sequences, |i| Reduced::Bf16(&layers[i]), None)
+            }
+            Precision::Int8 => {
+                let layers = self.int8_layers()?;
+                self.run(sequences, |i| Reduced::Int8(&layers[i]), None)
+            }
+        }
+    }
+
+    /// [`Encoder::forward`] with layer `i`'s products at `reduced(i)`, recording the largest
+    /// |input| of every product into `stats` when given.
+    fn run<'a>(
+        &'a self,
+        sequences: &[&[u32]],
+        reduced: impl Fn(usize) -> Reduced<'a>,
+        mut stats: Option<&mut [LayerStats]>,
+    ) -> Result<Vec<f32>, InferenceError> {
         let h = self.hidden;
         let mut offsets = Vec::with_capacity(sequences.len() + 1);
         offsets.push(0usize);
@@ -359,12 +450,8 @@ impl Encoder {
         });
         let mut scratch = Scratch::default();
         for (i, layer) in self.layers.iter().enumerate() {
-            let reduced = match (bf16_layers, int8_layers) {
-                (Some(l), _) => Reduced::Bf16(&l[i]),
-                (_, Some(l)) => Reduced::Int8(&l[i]),
-                _ => Reduced::Fp32,
-            };
-            self.layer(layer, reduced, &mut x, &offsets, &mut scratch)?;
+            let stats = stats.as_deref_mut().map(|s| &mut s[i]);
+            self.layer(layer, reduced(i), &mut x, &offsets, &mut scratch, stats)?;
         }
         Ok(x)
     }
@@ -377,23 +464,33 @@ impl Encoder {
         x: &mut [f32],
         offsets: &[usize],
         scratch: &mut Scratch,
+        mut stats: Option<&mut LayerStats>,
     ) -> Result<(), InferenceError> {
+        let mut observe = |product: usize, x: &[f32]| {
+            if let Some(stats) = stats.as_deref_mut() {
+                stats.observe(product, x);
+            }
+        };
         let h = self.hidden;
         let total = offsets[offsets.len() - 1];
         let Scratch { qkv, proj, h1, ff } = scratch;
 
         // Self-attention, then LayerNorm(projection + bias + x) into h1.
+        observe(0, x);
         dense(x, total, &layer.qkv_w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
         let context = self.attention(qkv, &layer.qkv_b, offsets)?;
+        observe(1, &context);
         dense(&context, total, &layer.out_w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
         drop(context);
         resize(h1, total * h);
         self.residual_layer_norm(h1, proj, &layer.out_b, x, &layer.attn_ln);
 
         // Feed-forward: GELU(h1 · W1 + b1) in place, then LayerNorm(· W2 + b2 + h1) into x.
+        observe(2, h1);
         dense(h1, total, &layer.ff1_w, reduced.pick(|b| &b.ff1, |q| &q.ff1), ff)?;
         let inter = layer.ff1_b.len();
         fused_rows(ff, inter, #[inline(always)] |_, row| kernels::bias_gelu_in_place(row, &layer.ff1_b));
+        observe(3, ff);
         dense(ff, total, &layer.ff2_w, reduced.pick(|b| &b.ff2, |q| &q.ff2), proj)?;
         self.residual_layer_norm(x, proj, &layer.ff2_b, h1, &layer.ff_ln);
         Ok(())
@@ -484,6 +581,24 @@ impl Encoder {
         let context = probs.matmul(&v).map_err(forward_err)?;
         with_slice(&context, |c| c.to_vec())
     }
+}
+
+/// SmoothQuant factors for weights `w` (`(k, n)`) whose input channel `c` reached `seen[c]`:
+/// `s_c = seen_c^α / max_j|w[c][j]|^(1−α)` rounded to a power of two, 1 for a channel never seen
+/// or without weights.
+fn smoothing(w: &Packed<f32>, seen: &[f32], alpha: f32) -> Vec<f32> {
+    let row_max = w.row_abs_max();
+    seen.iter()
+        .zip(&row_max)
+        .map(|(&x, &w)| {
+            if x > 0.0 && w > 0.0 {
+                // A power of two: scaling by it is exact in f32, so smoothing itself rounds nothing.
+                (x.powf(alpha) / w.powf(1.0 - alpha)).log2().round().clamp(-14.0, 14.0).exp2()
+            } else {
+                1.0
+            }
+        })
+        .collect()
 }
 
 /// A forward pass's intermediate matrices, reused from layer to layer: same sizes every layer,

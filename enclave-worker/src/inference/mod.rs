@@ -16,6 +16,10 @@
 //!     attention mask and zero `token_type_ids` — the straightforward reference path.
 //!
 //!   Both are checked against the same reference vectors (`tests/inference_reference.rs`).
+//!   The fused encoder also computes at the reduced precisions a job may ask for (`dense.rs`):
+//!   bf16 (AVX-512 BF16) and int8 (AVX-512 VNNI: weights per output channel, activations per
+//!   token, after smoothing outlier channels into the weights); attention, softmax, LayerNorm,
+//!   GELU, residuals and pooling stay f32. A precision the worker cannot compute is refused.
 //! * [`plan_batches`] — the pure batching policy: sort by length, cut into batches whose *padded*
 //!   size (`batch size × longest member`) stays under a token budget and a batch-size cap.
 //! * [`Engine`] — the serving side: owns a dedicated rayon thread pool, embeds a bounded window of
