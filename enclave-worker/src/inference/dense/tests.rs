@@ -1,0 +1,226 @@
+use super::*;
+
+/// A deterministic pseudo-random stream in [-1, 1).
+fn values(seed: u64, len: usize) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+    (0..len)
+        .map(|_| {
+            state = state.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// `x · w` in f64 after `round` is applied to every input.
+fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, round: impl Fn(f32) -> f64) -> Vec<f64> {
+    let mut out = vec![0f64; m * n];
+    for i in 0..m {
+        for p in 0..k {
+            let a = round(x[i * k + p]);
+            for j in 0..n {
+                out[i * n + j] += a * round(w[p * n + j]);
+            }
+        }
+    }
+    out
+}
+
+/// Every shape class: tile and panel edges, odd depth, a single row, the encoder's shapes, both
+/// ways of splitting the work (by rows from MC·threads rows on, by panels below).
+const SHAPES: [(usize, usize, usize); 8] =
+    [(1, 2, 1), (5, 7, 13), (6, 64, 64), (7, 383, 65), (97, 384, 1152), (200, 1536, 384), (13, 1, 130), (203, 7, 70)];
+
+/// Runs `product` on every shape and compares with the f64 product of the inputs as `round`
+/// sees them, within f32 summation error.
+fn check_shapes(product: impl Fn(&[f32], usize, &[f32], usize, usize, &mut [f32]), round: impl Fn(f32) -> f64 + Copy) {
+    for (seed, &(m, k, n)) in SHAPES.iter().enumerate() {
+        let x = values(seed as u64, m * k);
+        let w = values(100 + seed as u64, k * n);
+        let mut out = vec![f32::NAN; m * n];
+        product(&x, m, &w, k, n, &mut out);
+        let want = reference(&x, &w, m, k, n, round);
+        // f32 accumulation of k products of magnitude ≤ 1: error ≲ k · 2^-24 · |sum terms|.
+        let bound = k as f64 * 1.2e-7 + 1e-6;
+        for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+            assert!((f64::from(got) - want).abs() <= bound, "({m},{k},{n}) [{i}]: {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn rounding_is_to_nearest_even() {
+    assert_eq!(bf16_value(bf16_bits(1.0)), 1.0);
+    // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+    assert_eq!(bf16_value(bf16_bits(1.0 + 1.0 / 256.0)), 1.0);
+    // 1 + 3·2^-8 lies halfway between 1 + 2^-7 and 1 + 2^-6: ties to even (1 + 2^-6).
+    assert_eq!(bf16_value(bf16_bits(1.0 + 3.0 / 256.0)), 1.0 + 1.0 / 64.0);
+    assert_eq!(bf16_value(bf16_bits(-2.5)), -2.5);
+    let x = 0.123_456_79f32;
+    assert!(((bf16_value(bf16_bits(x)) - x) / x).abs() <= 1.0 / 256.0);
+}
+
+#[test]
+fn f32_matches_the_exact_product() {
+    if !f32_supported() {
+        eprintln!("skipped: this CPU has no AVX-512");
+        return;
+    }
+    check_shapes(|x, m, w, k, n, out| matmul_f32(x, m, &Packed::f32(w, k, n), out), f64::from);
+}
+
+#[test]
+fn bf16_matches_the_rounded_product() {
+    if !bf16_supported() {
+        eprintln!("skipped: this CPU has no AVX-512 BF16");
+        return;
+    }
+    let round = |v: f32| f64::from(bf16_value(bf16_bits(v)));
+    check_shapes(|x, m, w, k, n, out| matmul_bf16(x, m, &Packed::bf16(&Packed::f32(w, k, n)), out), round);
+}
+
+#[test]
+fn bf16_stays_close_to_full_precision() {
+    if !bf16_supported() {
+        eprintln!("skipped: this CPU has no AVX-512 BF16");
+        return;
+    }
+    let (m, k, n) = (33, 384, 256);
+    let x = values(7, m * k);
+    let w = values(8, k * n);
+    let mut out = vec![0f32; m * n];
+    matmul_bf16(&x, m, &Packed::bf16(&Packed::f32(&w, k, n)), &mut out);
+    let exact = reference(&x, &w, m, k, n, f64::from);
+    for i in 0..m {
+        let (exact, got) = (&exact[i * n..(i + 1) * n], &out[i * n..(i + 1) * n]);
+        let dot: f64 = exact.iter().zip(got).map(|(a, &b)| a * f64::from(b)).sum();
+        let norms = exact.iter().map(|a| a * a).sum::<f64>().sqrt()
+            * got.iter().map(|&b| f64::from(b).powi(2)).sum::<f64>().sqrt();
+        assert!(dot / norms > 0.9999, "row {i}: cosine {}", dot / norms);
+    }
+}
+
+/// The int8 product written out plainly from its definition: weights quantised per column,
+/// rows per row (by `quantize_row`), integer sums, the same dequantisation formula.
+fn int8_plain(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
+    let mut scale = vec![1f32; n];
+    for (j, scale) in scale.iter_mut().enumerate() {
+        let max = (0..k).map(|p| w[p * n + j].abs()).fold(0f32, f32::max);
+        if max > 0.0 {
+            *scale = max / 127.0;
+        }
+    }
+    let q = |p: usize, j: usize| (w[p * n + j] / scale[j]).round_ties_even().clamp(-127.0, 127.0) as i32;
+    let mut out = vec![0f32; m * n];
+    let mut bytes = vec![0u8; k];
+    for i in 0..m {
+        let (row_scale, zero) = quantize_row(&x[i * k..(i + 1) * k], &mut bytes);
+        for j in 0..n {
+            let (mut acc, mut sum) = (0i32, 0i32);
+            for (p, &b) in bytes.iter().enumerate() {
+                acc += i32::from(b) * q(p, j);
+                sum += q(p, j);
+            }
+            out[i * n + j] = (acc - zero * sum) as f32 * (row_scale * scale[j]);
+        }
+    }
+    out
+}
+
+/// int8 shapes: k not a multiple of 4 (ragged quads), n not a multiple of 64 (narrow last
+/// panel), m not a multiple of 6 (padded last tile), both ways of splitting the work.
+const INT8_SHAPES: [(usize, usize, usize); 10] = [
+    (1, 1, 1),
+    (1, 3, 5),
+    (5, 7, 13),
+    (6, 64, 64),
+    (7, 383, 65),
+    (13, 1, 130),
+    (97, 384, 1152),
+    (203, 7, 70),
+    (200, 1536, 384),
+    (250, 385, 129),
+];
+
+/// Inputs with an offset and the occasional outlier, as real activations have.
+fn activations(seed: u64, m: usize, k: usize) -> Vec<f32> {
+    values(seed, m * k).iter().enumerate().map(|(i, &v)| if i % 97 == 5 { 8.0 * v } else { v + 0.3 }).collect()
+}
+
+#[test]
+fn int8_kernel_equals_the_scalar_reference_bit_for_bit() {
+    if !int8_supported() {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        return;
+    }
+    for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate() {
+        let x = activations(seed as u64, m, k);
+        let w = values(100 + seed as u64, k * n);
+        let weights = Int8Weights::new(&Packed::f32(&w, k, n), None);
+        let (mut vnni, mut reference) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+        matmul_int8(&x, m, &weights, &mut vnni);
+        int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
+        let plain = int8_plain(&x, &w, m, k, n);
+        for (i, ((a, b), c)) in vnni.iter().zip(&reference).zip(&plain).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
+            assert_eq!(a.to_bits(), c.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs plain reference {c}");
+        }
+    }
+}
+
+#[test]
+fn int8_tile_reference_matches_the_plain_product_anywhere() {
+    // The scalar tile runs on every CPU, so packing and dequantisation are checked even
+    // where the VNNI kernel cannot run.
+    for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate().take(6) {
+        let x = activations(seed as u64, m, k);
+        let w = values(100 + seed as u64, k * n);
+        let weights = Int8Weights::new(&Packed::f32(&w, k, n), None);
+        let mut reference = vec![f32::NAN; m * n];
+        int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
+        let plain = int8_plain(&x, &w, m, k, n);
+        for (i, (a, b)) in reference.iter().zip(&plain).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn int8_stays_close_to_full_precision_and_smoothing_is_exact_in_f32() {
+    if !int8_supported() {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        return;
+    }
+    let (m, k, n) = (33, 384, 256);
+    let x = activations(7, m, k);
+    let w = values(8, k * n);
+    let exact = reference(&x, &w, m, k, n, f64::from);
+    // Smoothing factors that flatten the outlier channels are a change of basis: same product.
+    let smooth: Vec<f32> = (0..k).map(|p| if p % 7 == 3 { 2.5 } else { 0.75 }).collect();
+    for smooth in [None, Some(&smooth[..])] {
+        let mut out = vec![0f32; m * n];
+        matmul_int8(&x, m, &Int8Weights::new(&Packed::f32(&w, k, n), smooth), &mut out);
+        for i in 0..m {
+            let (exact, got) = (&exact[i * n..(i + 1) * n], &out[i * n..(i + 1) * n]);
+            let dot: f64 = exact.iter().zip(got).map(|(a, &b)| a * f64::from(b)).sum();
+            let norms = exact.iter().map(|a| a * a).sum::<f64>().sqrt()
+                * got.iter().map(|&b| f64::from(b).powi(2)).sum::<f64>().sqrt();
+            assert!(dot / norms > 0.999, "row {i}: cosine {}", dot / norms);
+        }
+    }
+}
+
+#[test]
+fn int8_rows_quantise_within_half_a_step() {
+    let row = [-1.0f32, 0.0, 0.5, 3.0, 2.999, -0.25];
+    let mut bytes = [0u8; 6];
+    let (scale, zero) = quantize_row(&row, &mut bytes);
+    assert_eq!(scale, 4.0 / 255.0);
+    for (&v, &b) in row.iter().zip(&bytes) {
+        assert!((scale * (i32::from(b) - zero) as f32 - v).abs() <= scale / 2.0 + 1e-6, "{v} → {b}");
+    }
+    assert_eq!(i32::from(bytes[1]), zero, "zero is exact");
+    assert_eq!(quantize_row(&[0.0; 5], &mut [7u8; 5]), (1.0, 0));
+    let mut positive = [0u8; 3];
+    assert_eq!(quantize_row(&[1.0, 2.0, 0.5], &mut positive).1, 0);
+    assert_eq!(positive[1], 255);
+}
