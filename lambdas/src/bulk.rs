@@ -25,7 +25,7 @@ use cloud::messages::{JobState, JobStatus};
 use cloud::workflow::{self, BulkTask, BulkTaskError, Completion, JobEnd, TaskTokens};
 use cloud::{layout, ObjectError, ObjectStore, PutCondition};
 use protocol::envelope::JobId;
-use protocol::receipt_check::ReceiptCheckError;
+use receipts_ledger::ReceiptRefusal;
 use serde::{Deserialize, Serialize};
 
 use crate::on_upload::{derived_job_id, Config, SHARD_SUFFIX};
@@ -256,7 +256,7 @@ fn failed_status(jobs: &dyn ObjectStore, job: &JobId) -> Result<Option<String>, 
 }
 
 /// The error text without its leading `<check>: `.
-fn strip_check(e: &ReceiptCheckError) -> String {
+fn strip_check(e: &ReceiptRefusal) -> String {
     let text = e.to_string();
     text.strip_prefix(&format!("{}: ", e.check())).map(str::to_owned).unwrap_or(text)
 }

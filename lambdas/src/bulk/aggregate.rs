@@ -5,6 +5,7 @@ use cloud::workflow::JOB_FAILED_ERROR;
 use cloud::{layout, ObjectError, ObjectStore, PutCondition};
 use protocol::envelope::JobId;
 use protocol::receipt_check::ReceiptVerifier;
+use receipts_ledger::{receipt_fields, ReceiptRefusal};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -255,8 +256,10 @@ fn verify_leaf(
         Err(ObjectError::Rejected { message, .. }) => return Ok(refused("attestation", message)),
         Err(e) => return Err(e.into()),
     };
-    let verified = match check.verify(leaf, &document) {
-        Ok(v) => v,
+    // The ledger's checks, all eight: a receipt it would refuse never makes a shard committed.
+    let checked = check.verify(leaf, &document).map_err(ReceiptRefusal::from).and_then(|v| Ok((receipt_fields(&v)?, v)));
+    let (fields, verified) = match checked {
+        Ok(checked) => checked,
         Err(e) => return Ok(refused(e.check(), strip_check(&e))),
     };
     let r = &verified.receipt;
@@ -272,7 +275,7 @@ fn verify_leaf(
         model_id: r.model_id.clone(),
         manifest_hash: hex::encode(r.manifest_hash),
         attestation_sha256: hex::encode(r.attestation_sha256),
-        pcr0: r.pcrs.get(&0).map(hex::encode).unwrap_or_default(),
+        pcr0: fields.pcr0,
         records_ok: r.records_ok,
         records_failed: r.records_failed,
         tokens: r.tokens,

@@ -132,3 +132,22 @@ fn a_bulk_id_lists_one_set_of_shards() {
     assert!(matches!(write_listing(&jobs, &other), Err(BulkError::ListingTaken { prefix, .. }) if prefix == "stores/s/a/"));
     assert_eq!(read_listing(&jobs, "once").unwrap(), listing);
 }
+
+/// A receipt that verifies but carries a count the ledger cannot index (its check `fields`)
+/// never makes a shard committed: the ledger would refuse it, so the manifest would name a
+/// receipt the ledger never holds.
+#[test]
+fn a_receipt_the_ledger_would_refuse_as_fields_is_refused() {
+    let (_tmp, jobs, attestations) = stores();
+    let enclave = DevEnclave::new(4, T);
+    let id = job(5);
+    let mut receipt = enclave.receipt(5);
+    receipt.records_ok = u64::MAX;
+    jobs.put(&layout::job_receipt(&id), &enclave.sign(&receipt), PutCondition::Overwrite).unwrap();
+    let sha: [u8; 32] = Sha256::digest(&enclave.document).into();
+    attestations.put(&layout::attestation_by_hash(&sha), &enclave.document, PutCondition::Overwrite).unwrap();
+    plant_listing(&jobs, "f", vec![shard("f", "a", &id)]);
+    let check = ReceiptVerifier::new(enclave.anchor());
+    let err = aggregate(&input("f", vec![ShardStatus::Committed]), &jobs, &attestations, &check, T).unwrap_err();
+    assert!(matches!(&err, BulkError::ReceiptsRefused { refused: 1, first, .. } if first.contains("fields: field ok_count is above")), "{err}");
+}
