@@ -19,6 +19,11 @@ pub struct DevEnclave {
     pub document_ms: u64,
 }
 
+/// The id of test job `job`: its number, big-endian (every test names jobs this way).
+pub fn job_id(job: u64) -> crate::envelope::JobId {
+    crate::envelope::JobId(u128::from(job).to_be_bytes())
+}
+
 /// Fleet key epoch of every [`DevEnclave`].
 pub const DEV_EPOCH: u64 = 7;
 
@@ -79,9 +84,9 @@ impl DevEnclave {
 
     /// The receipt this enclave signs for test job `job`, naming [`DevEnclave::document`].
     pub fn receipt(&self, job: u64) -> crate::receipt::Receipt {
-        let job_id: [u8; 16] = u128::from(job).to_be_bytes();
+        let job_id = self::job_id(job).0;
         crate::receipt::Receipt {
-            job_id: crate::envelope::JobId(job_id),
+            job_id: self::job_id(job),
             input_sha256: Sha256::digest([b"input".as_slice(), &job_id].concat()).into(),
             output_sha256: Sha256::digest([b"output".as_slice(), &job_id].concat()).into(),
             records_ok: 1000 + job % 7,

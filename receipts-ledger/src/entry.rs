@@ -259,7 +259,7 @@ impl Entry {
 #[cfg(test)]
 pub(crate) fn sample_fields(job: u64) -> IndexedFields {
     IndexedFields {
-        job_id: JobId(u128::from(job).to_be_bytes()),
+        job_id: protocol::dev_enclave::job_id(job),
         model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
         manifest_hash: "ab".repeat(32),
         pcr0: "cd".repeat(48),

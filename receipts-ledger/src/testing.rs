@@ -42,10 +42,8 @@ impl LeafReader for TestReceipts {
     }
 }
 
-/// The id of test job `job` (its number, big-endian, as the development enclave numbers jobs).
-pub fn test_job(job: u64) -> protocol::JobId {
-    protocol::JobId(u128::from(job).to_be_bytes())
-}
+/// The id of test job `job`, as the development enclave numbers jobs.
+pub use protocol::dev_enclave::job_id as test_job;
 
 /// Fields for test job `job`.
 pub fn test_fields(job: u64) -> IndexedFields {

@@ -15,7 +15,7 @@ fn stores() -> (tempfile::TempDir, DirObjectStore, DirObjectStore) {
 }
 
 fn job(n: u64) -> JobId {
-    JobId(u128::from(n).to_be_bytes())
+    protocol::dev_enclave::job_id(n)
 }
 
 /// What `bulk-list-shards` writes, planted directly.
