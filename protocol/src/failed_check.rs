@@ -29,10 +29,14 @@ pub enum FailedCheck {
     ModelManifest,
     /// The job's options are invalid for its model or this worker.
     Options,
+    /// Online: the request does not decapsulate (unknown key id, suite, or ciphertext).
+    Encapsulation,
+    /// Online: the request was seen before, or its date is outside the window.
+    Replay,
 }
 
 impl FailedCheck {
-    pub const ALL: [FailedCheck; 11] = [
+    pub const ALL: [FailedCheck; 13] = [
         FailedCheck::Connection,
         FailedCheck::Protocol,
         FailedCheck::JobId,
@@ -44,6 +48,8 @@ impl FailedCheck {
         FailedCheck::Model,
         FailedCheck::ModelManifest,
         FailedCheck::Options,
+        FailedCheck::Encapsulation,
+        FailedCheck::Replay,
     ];
 
     /// The stable name: on the wire, in logs and in job status files.
@@ -60,6 +66,8 @@ impl FailedCheck {
             FailedCheck::Model => "model",
             FailedCheck::ModelManifest => "model_manifest",
             FailedCheck::Options => "options",
+            FailedCheck::Encapsulation => "encapsulation",
+            FailedCheck::Replay => "replay",
         }
     }
 

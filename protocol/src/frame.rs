@@ -44,6 +44,9 @@ pub enum Channel {
     Control,
     /// One job.
     Job,
+    /// Online embedding requests, one at a time: Oblivious HTTP (RFC 9458) the host relays and
+    /// cannot read (docs/protocol.md §9).
+    Online,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -126,6 +129,32 @@ pub enum Message {
     },
     /// Enclave → host: the job failed; `check` names what failed.
     JobFailed { check: FailedCheck, message: String },
+
+    // --- online connection -------------------------------------------------------------------
+    /// Host → enclave: an encapsulated request (`message/ohttp-req`, at most one frame).
+    OnlineRequest {
+        request: u64,
+        #[serde(with = "serde_bytes")]
+        encapsulated: Vec<u8>,
+    },
+    /// Enclave → host: part of the encapsulated response (`message/ohttp-res`); `last` ends it.
+    OnlineResponse {
+        request: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        last: bool,
+    },
+    /// Enclave → host: the request was refused before anything could be encrypted to its sender
+    /// (it does not decapsulate, or it was replayed); `check` names what failed.
+    OnlineRefused { request: u64, check: FailedCheck, message: String },
+    /// Enclave → host, on the control connection: a signed usage receipt of online requests
+    /// (docs/protocol.md §9.5), for the ledger.
+    UsageReceipt {
+        #[serde(with = "serde_bytes")]
+        receipt: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        attestation_document: Vec<u8>,
+    },
 
     // --- either ------------------------------------------------------------------------------
     /// A protocol error; the sender closes the connection after it.

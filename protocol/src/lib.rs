@@ -19,6 +19,7 @@ pub mod keys;
 pub mod kms_api;
 pub mod kms_arn;
 pub mod manifest;
+pub mod ohttp;
 pub mod receipt;
 pub mod receipt_check;
 pub mod records;

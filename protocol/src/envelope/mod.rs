@@ -49,7 +49,7 @@ const EXPORT_STREAM_KEY: &[u8] = b"ephem-batch/v1 stream key";
 const EXPORT_COMMITMENT_KEY: &[u8] = b"ephem-batch/v1 plaintext commitment";
 const LABEL_STREAM_ID: &[u8] = b"ephem-batch/v1 stream id";
 
-type FleetKem = DhP256HkdfSha256;
+pub(crate) type FleetKem = DhP256HkdfSha256;
 type ResultKem = X25519HkdfSha256;
 
 /// Why an envelope was refused; each check has its own variant.
@@ -183,6 +183,10 @@ impl std::fmt::Debug for ResultPublicKey {
 }
 
 impl FleetPublicKey {
+    pub(crate) fn hpke(&self) -> &<FleetKem as Kem>::PublicKey {
+        &self.0
+    }
+
     /// From the 65-byte uncompressed SEC1 encoding.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, EnvelopeError> {
         <FleetKem as Kem>::PublicKey::from_bytes(bytes)
@@ -202,6 +206,16 @@ impl FleetPublicKey {
 impl FleetSecretKey {
     pub fn generate() -> Self {
         Self(FleetKem::gen_keypair().0)
+    }
+
+    /// RFC 9180 DeriveKeyPair: only for tests and known-answer vectors.
+    #[doc(hidden)]
+    pub fn derive_from_ikm(ikm: &[u8]) -> Self {
+        Self(FleetKem::derive_keypair(ikm).0)
+    }
+
+    pub(crate) fn hpke(&self) -> &<FleetKem as Kem>::PrivateKey {
+        &self.0
     }
 
     /// From the 32-byte big-endian scalar.
