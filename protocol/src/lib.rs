@@ -20,6 +20,7 @@ pub mod kms_api;
 pub mod kms_arn;
 pub mod manifest;
 pub mod ohttp;
+pub mod online;
 pub mod receipt;
 pub mod receipt_check;
 pub mod records;

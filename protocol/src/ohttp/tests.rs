@@ -26,7 +26,7 @@ fn theirs() -> Server {
 fn the_key_configuration_is_encoded_as_rfc_9458_says() {
     let (_, config) = ours();
     assert_eq!(config.key_id, 2, "epoch 258 mod 256");
-    let mut their_config =
+    let their_config =
         TheirConfig::derive(2, TheirKem::P256Sha256, vec![SymmetricSuite::new(Kdf::HkdfSha256, Aead::ChaCha20Poly1305)], &IKM)
             .unwrap();
     assert_eq!(config.encode(), their_config.encode().unwrap());

@@ -1,0 +1,262 @@
+//! What travels inside an Oblivious HTTP request to the enclave (docs/protocol.md §9.2): a Binary
+//! HTTP (RFC 9292) `POST /v1/embeddings` whose body is OpenAI's embeddings request, answered by a
+//! Binary HTTP response whose body is OpenAI's embeddings response or error object.
+//!
+//! Two headers travel inside the encryption, so the relay never sees them:
+//! - `ephem-sent-ms`: when the client sent the request (ms since the UNIX epoch); the gateway
+//!   refuses one outside its replay window;
+//! - `ephem-client`: the 32-byte id (hex) the client's usage is accounted under; a label the
+//!   client chooses, not an authentication.
+
+use std::io::Cursor;
+
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::envelope::{valid_model_id, Precision};
+
+pub const EMBEDDINGS_PATH: &str = "/v1/embeddings";
+pub const SENT_HEADER: &str = "ephem-sent-ms";
+pub const CLIENT_HEADER: &str = "ephem-client";
+/// Inputs in one request.
+pub const MAX_INPUTS: usize = 256;
+/// Bytes of one request's JSON body.
+pub const MAX_BODY: usize = 256 * 1024;
+
+/// Who a request's usage is accounted to (docs/protocol.md §9.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClientLabel(pub [u8; 32]);
+
+impl ClientLabel {
+    /// The label of a request that named none.
+    pub const ANONYMOUS: ClientLabel = ClientLabel([0; 32]);
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+/// How the vectors are written in the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    Float,
+    /// Little-endian f32, base64 (what OpenAI's clients ask for by default).
+    Base64,
+}
+
+/// A request the gateway will compute.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbeddingsCall {
+    pub inputs: Vec<String>,
+    pub model: String,
+    pub encoding: Encoding,
+    /// OpenAI's `dimensions`: served only when it equals the model's.
+    pub dimensions: Option<usize>,
+    /// Extension field `precision` (fp32 by default), as `submit --precision`.
+    pub precision: Precision,
+    /// Extension field `truncate` (false by default: an over-long input is an error, as OpenAI's).
+    pub truncate: bool,
+}
+
+/// An opened request: its routing headers and the call, or the error to answer with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OnlineRequest {
+    pub sent_ms: u64,
+    pub client: ClientLabel,
+    pub call: Result<EmbeddingsCall, ApiError>,
+}
+
+/// Why an opened request is not a request at all: no answer can be meaningful, so the gateway
+/// refuses it like a replay (the relay learns only that).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestFormError {
+    #[error("not Binary HTTP: {0}")]
+    NotBinaryHttp(String),
+    #[error("no {SENT_HEADER} header, or not a decimal number")]
+    SentTime,
+    #[error("{CLIENT_HEADER} is not 64 hex digits")]
+    ClientLabel,
+}
+
+/// An OpenAI-shaped error (`{"error": {"message", "type", "param", "code"}}`) and its status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub kind: &'static str,
+    pub param: Option<&'static str>,
+    pub code: Option<&'static str>,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn invalid(param: &'static str, code: &'static str, message: impl Into<String>) -> Self {
+        Self { status: 400, kind: "invalid_request_error", param: Some(param), code: Some(code), message: message.into() }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self { status: 404, kind: "invalid_request_error", param: None, code: Some("not_found"), message: message.into() }
+    }
+
+    pub fn server(message: impl Into<String>) -> Self {
+        Self { status: 500, kind: "server_error", param: None, code: None, message: message.into() }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        let body = json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}});
+        body.to_string().into_bytes()
+    }
+}
+
+/// Builds the Binary HTTP request the client encapsulates.
+pub fn encode_request(method: &str, path: &str, body: &[u8], sent_ms: u64, client: ClientLabel) -> Vec<u8> {
+    let mut message = bhttp::Message::request(
+        method.as_bytes().to_vec(),
+        b"https".to_vec(),
+        b"enclave.ephem-batch.invalid".to_vec(),
+        path.as_bytes().to_vec(),
+    );
+    message.put_header("content-type", "application/json");
+    message.put_header(SENT_HEADER, sent_ms.to_string());
+    message.put_header(CLIENT_HEADER, client.to_hex());
+    message.write_content(body);
+    let mut out = Vec::new();
+    // Writing to a Vec cannot fail.
+    let _ = message.write_bhttp(bhttp::Mode::KnownLength, &mut out);
+    out
+}
+
+/// Reads a decapsulated request. `Err` only when there is nothing to answer (see
+/// [`RequestFormError`]); a request that is well formed but wrong answers with an [`ApiError`].
+pub fn decode_request(bytes: &[u8]) -> Result<OnlineRequest, RequestFormError> {
+    let message = bhttp::Message::read_bhttp(&mut Cursor::new(bytes))
+        .map_err(|e| RequestFormError::NotBinaryHttp(e.to_string()))?;
+    let header = message.header();
+    let sent_ms = header
+        .get(SENT_HEADER.as_bytes())
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(|v| v.parse().ok())
+        .ok_or(RequestFormError::SentTime)?;
+    let client = match header.get(CLIENT_HEADER.as_bytes()) {
+        None => ClientLabel::ANONYMOUS,
+        Some(value) => hex::decode(value)
+            .ok()
+            .and_then(|b| b.try_into().ok())
+            .map(ClientLabel)
+            .ok_or(RequestFormError::ClientLabel)?,
+    };
+    let control = message.control();
+    let call = match (control.method(), control.path()) {
+        (Some(b"POST"), Some(path)) if path == EMBEDDINGS_PATH.as_bytes() => parse_call(message.content()),
+        (method, path) => Err(ApiError::not_found(format!(
+            "{} {} is not served; the enclave serves POST {EMBEDDINGS_PATH}",
+            String::from_utf8_lossy(method.unwrap_or_default()),
+            String::from_utf8_lossy(path.unwrap_or_default()),
+        ))),
+    };
+    Ok(OnlineRequest { sent_ms, client, call })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCall {
+    input: Value,
+    model: String,
+    #[serde(default)]
+    encoding_format: Option<String>,
+    #[serde(default)]
+    dimensions: Option<u64>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    precision: Option<String>,
+    #[serde(default)]
+    truncate: Option<bool>,
+}
+
+fn parse_call(body: &[u8]) -> Result<EmbeddingsCall, ApiError> {
+    if body.len() > MAX_BODY {
+        return Err(ApiError::invalid("input", "request_too_large", format!("the body is {} bytes; at most {MAX_BODY}", body.len())));
+    }
+    let raw: RawCall = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid("input", "invalid_json", format!("the body is not an embeddings request: {e}")))?;
+    let _ = raw.user;
+    let inputs = match raw.input {
+        Value::String(text) => vec![text],
+        Value::Array(items) if items.iter().all(Value::is_string) => {
+            items.into_iter().filter_map(|v| v.as_str().map(str::to_owned)).collect()
+        }
+        Value::Array(_) => {
+            return Err(ApiError::invalid("input", "unsupported_input", "input as token ids is not supported; send text"))
+        }
+        _ => return Err(ApiError::invalid("input", "invalid_input", "input must be a string or an array of strings")),
+    };
+    if inputs.is_empty() {
+        return Err(ApiError::invalid("input", "invalid_input", "input is empty"));
+    }
+    if inputs.len() > MAX_INPUTS {
+        return Err(ApiError::invalid("input", "too_many_inputs", format!("{} inputs; at most {MAX_INPUTS} per request", inputs.len())));
+    }
+    if !valid_model_id(&raw.model) {
+        return Err(ApiError::invalid("model", "invalid_model", "model is not a model id"));
+    }
+    let encoding = match raw.encoding_format.as_deref() {
+        None | Some("float") => Encoding::Float,
+        Some("base64") => Encoding::Base64,
+        Some(other) => return Err(ApiError::invalid("encoding_format", "invalid_encoding_format", format!("{other:?} is not float or base64"))),
+    };
+    let precision = match raw.precision.as_deref() {
+        None => Precision::Fp32,
+        Some(name) => Precision::parse(name)
+            .ok_or_else(|| ApiError::invalid("precision", "invalid_precision", format!("{name:?} is not fp32, bf16 or int8")))?,
+    };
+    let dimensions = raw
+        .dimensions
+        .map(|d| usize::try_from(d).ok().filter(|d| *d > 0))
+        .map(|d| d.ok_or_else(|| ApiError::invalid("dimensions", "invalid_dimensions", "dimensions must be a positive integer")))
+        .transpose()?;
+    Ok(EmbeddingsCall { inputs, model: raw.model, encoding, dimensions, precision, truncate: raw.truncate.unwrap_or(false) })
+}
+
+/// The JSON body of a successful answer.
+pub fn embeddings_body(model: &str, vectors: &[Vec<f32>], tokens: u64, encoding: Encoding) -> Vec<u8> {
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(index, vector)| {
+            let embedding = match encoding {
+                Encoding::Float => json!(vector),
+                Encoding::Base64 => {
+                    let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                }
+            };
+            json!({"object": "embedding", "index": index, "embedding": embedding})
+        })
+        .collect();
+    json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        .to_string()
+        .into_bytes()
+}
+
+/// Builds the Binary HTTP response the gateway encapsulates.
+pub fn encode_response(status: u16, body: &[u8]) -> Vec<u8> {
+    let status = bhttp::StatusCode::try_from(status).unwrap_or_else(|_| bhttp::StatusCode::try_from(500u16).expect("500"));
+    let mut message = bhttp::Message::response(status);
+    message.put_header("content-type", "application/json");
+    message.write_content(body);
+    let mut out = Vec::new();
+    let _ = message.write_bhttp(bhttp::Mode::KnownLength, &mut out);
+    out
+}
+
+/// Reads a decapsulated response: its status and body.
+pub fn decode_response(bytes: &[u8]) -> Result<(u16, Vec<u8>), RequestFormError> {
+    let message = bhttp::Message::read_bhttp(&mut Cursor::new(bytes))
+        .map_err(|e| RequestFormError::NotBinaryHttp(e.to_string()))?;
+    let status = message.control().status().map(|s| s.code()).ok_or_else(|| RequestFormError::NotBinaryHttp("a request, not a response".into()))?;
+    Ok((status, message.content().to_vec()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,77 @@
+use super::*;
+
+fn call(body: &str) -> Result<EmbeddingsCall, ApiError> {
+    let label = ClientLabel([5; 32]);
+    let request = decode_request(&encode_request("POST", EMBEDDINGS_PATH, body.as_bytes(), 1_700, label)).unwrap();
+    assert_eq!((request.sent_ms, request.client), (1_700, label));
+    request.call
+}
+
+#[test]
+fn openai_requests_are_read_as_openai_sends_them() {
+    let one = call(r#"{"input":"a query","model":"m/x"}"#).unwrap();
+    assert_eq!(one.inputs, ["a query"]);
+    assert_eq!((one.encoding, one.precision, one.truncate, one.dimensions), (Encoding::Float, Precision::Fp32, false, None));
+    let many = call(r#"{"input":["a","b"],"model":"m/x","encoding_format":"base64","user":"u","dimensions":384,"precision":"bf16","truncate":true}"#).unwrap();
+    assert_eq!(many.inputs, ["a", "b"]);
+    assert_eq!((many.encoding, many.precision, many.truncate, many.dimensions), (Encoding::Base64, Precision::Bf16, true, Some(384)));
+}
+
+#[test]
+fn bad_requests_get_openai_errors_naming_the_parameter() {
+    let cases = [
+        (r#"{"input":[1,2,3],"model":"m"}"#, "input", "unsupported_input"),
+        (r#"{"input":[],"model":"m"}"#, "input", "invalid_input"),
+        (r#"{"input":7,"model":"m"}"#, "input", "invalid_input"),
+        (r#"{"input":"x","model":""}"#, "model", "invalid_model"),
+        (r#"{"input":"x","model":"m","encoding_format":"int"}"#, "encoding_format", "invalid_encoding_format"),
+        (r#"{"input":"x","model":"m","precision":"fp64"}"#, "precision", "invalid_precision"),
+        (r#"{"input":"x","model":"m","dimensions":0}"#, "dimensions", "invalid_dimensions"),
+        (r#"{"input":"x","model":"m","surprise":1}"#, "input", "invalid_json"),
+        ("not json", "input", "invalid_json"),
+    ];
+    for (body, param, code) in cases {
+        let error = call(body).unwrap_err();
+        assert_eq!((error.status, error.param, error.code), (400, Some(param), Some(code)), "{body}");
+        let json: Value = serde_json::from_slice(&error.to_json()).unwrap();
+        assert_eq!(json["error"]["type"], "invalid_request_error");
+    }
+    let too_many = format!(r#"{{"input":[{}],"model":"m"}}"#, vec!["\"t\""; MAX_INPUTS + 1].join(","));
+    assert_eq!(call(&too_many).unwrap_err().code, Some("too_many_inputs"));
+    let huge = format!(r#"{{"input":"{}","model":"m"}}"#, "x".repeat(MAX_BODY));
+    assert_eq!(call(&huge).unwrap_err().code, Some("request_too_large"));
+}
+
+#[test]
+fn only_post_embeddings_is_served() {
+    let request = decode_request(&encode_request("GET", "/v1/models", b"", 1, ClientLabel::ANONYMOUS)).unwrap();
+    assert_eq!(request.call.unwrap_err().status, 404);
+}
+
+#[test]
+fn requests_without_a_sent_time_or_with_a_bad_label_are_not_requests() {
+    assert!(matches!(decode_request(b"\x00garbage"), Err(RequestFormError::NotBinaryHttp(_))));
+    let mut message = bhttp::Message::request(b"POST".to_vec(), b"https".to_vec(), b"a".to_vec(), EMBEDDINGS_PATH.as_bytes().to_vec());
+    let mut bytes = Vec::new();
+    message.write_bhttp(bhttp::Mode::KnownLength, &mut bytes).unwrap();
+    assert_eq!(decode_request(&bytes), Err(RequestFormError::SentTime));
+    message.put_header(SENT_HEADER, "5");
+    message.put_header(CLIENT_HEADER, "zz");
+    let mut bytes = Vec::new();
+    message.write_bhttp(bhttp::Mode::KnownLength, &mut bytes).unwrap();
+    assert_eq!(decode_request(&bytes), Err(RequestFormError::ClientLabel));
+}
+
+#[test]
+fn responses_round_trip_and_base64_is_little_endian_f32() {
+    let vectors = vec![vec![1.0f32, -0.5], vec![0.25, 3.0e-8]];
+    let float: Value = serde_json::from_slice(&embeddings_body("m", &vectors, 9, Encoding::Float)).unwrap();
+    assert_eq!(float["data"][1]["embedding"][1].as_f64().unwrap() as f32, 3.0e-8);
+    assert_eq!(float["usage"]["prompt_tokens"], 9);
+    let b64: Value = serde_json::from_slice(&embeddings_body("m", &vectors, 9, Encoding::Base64)).unwrap();
+    let bytes = base64::engine::general_purpose::STANDARD.decode(b64["data"][0]["embedding"].as_str().unwrap()).unwrap();
+    assert_eq!(bytes, [1.0f32.to_le_bytes(), (-0.5f32).to_le_bytes()].concat());
+    let (status, body) = decode_response(&encode_response(200, b"{}")).unwrap();
+    assert_eq!((status, body.as_slice()), (200, b"{}".as_slice()));
+    assert!(decode_response(&encode_request("POST", "/", b"", 1, ClientLabel::ANONYMOUS)).is_err());
+}
