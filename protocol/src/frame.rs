@@ -102,6 +102,9 @@ pub enum Message {
     UseFleetEpoch { epoch: u64, object_key: String },
     /// Host → enclave: load a model from its signed manifest's object name.
     LoadModel { manifest_key: String },
+    /// Host → enclave: send the usage receipts of the periods that have ended (each as a
+    /// `UsageReceipt` frame), then `Status`.
+    CollectUsage,
     /// Enclave → host: state of the worker.
     Status { ready: bool, epochs: Vec<u64>, models: Vec<String>, detail: String },
 
@@ -147,8 +150,8 @@ pub enum Message {
     /// Enclave → host: the request was refused before anything could be encrypted to its sender
     /// (it does not decapsulate, or it was replayed); `check` names what failed.
     OnlineRefused { request: u64, check: FailedCheck, message: String },
-    /// Enclave → host, on the control connection: a signed usage receipt of online requests
-    /// (docs/protocol.md §9.5), for the ledger.
+    /// Enclave → host, on the control connection in answer to `CollectUsage`: a signed usage
+    /// receipt of online requests (docs/protocol.md §9.5), for the ledger.
     UsageReceipt {
         #[serde(with = "serde_bytes")]
         receipt: Vec<u8>,

@@ -25,6 +25,7 @@ pub mod receipt;
 pub mod receipt_check;
 pub mod records;
 pub mod stream;
+pub mod usage;
 
 pub use envelope::JobId;
 pub use failed_check::FailedCheck;
