@@ -231,6 +231,31 @@ pub fn query_filter(
     }
 }
 
+/// `ledger prove` for a library caller (the Python SDK): the job's bundle, a checkpoint signed
+/// first if none covers it, checked under the ledger's own key (returned with it); `None` if
+/// the job is not in it.
+pub fn prove_job(ledger_dir: &Path, job: &JobId) -> anyhow::Result<Option<(ProofBundle, VerifierKey)>> {
+    let Some(bundle) = prove::bundle_for(ledger_dir, job)? else { return Ok(None) };
+    let key = LocalLedger::verifier_key(ledger_dir)?;
+    verify_bundle(&bundle, &key).context("the bundle does not verify under this ledger's own key")?;
+    Ok(Some((bundle, key)))
+}
+
+/// `ledger verify-bundle` for a library caller: `bytes` checked against the pinned key (either
+/// form of `--ledger-key`) and the root options; `ledger_dir` only locates a home's development
+/// root. `Err`: the options are unusable; `Ok(Err)`: the bundle is invalid, by named check.
+pub fn verify_bundle_bytes(
+    ledger_dir: &Path,
+    bytes: &[u8],
+    ledger_key: &str,
+    job: Option<&JobId>,
+    root: &RootArgs,
+) -> anyhow::Result<Result<ProvenReceipt, Refusal>> {
+    let pinned = parse_ledger_key(ledger_key)?;
+    let check = receipt_check(root, ledger_dir, false)?;
+    Ok(check_bundle(bytes, &pinned.key, &check, job))
+}
+
 /// Runs a ledger command on the ledger in `ledger_dir` (`$EPHEM_HOME/ledger`).
 pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode> {
     match command {
