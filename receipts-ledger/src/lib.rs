@@ -7,6 +7,7 @@
 
 pub mod bundle;
 pub mod checkpoint;
+pub mod cosignature;
 pub mod entry;
 pub mod ledger;
 pub mod local;
@@ -19,6 +20,7 @@ pub mod verify;
 
 pub use bundle::{prove, verify_bundle, verify_bundle_and_receipt, BundleError, ProofBundle, VerifiedBundle};
 pub use checkpoint::{Checkpoint, CheckpointError};
+pub use cosignature::{CosignatureError, CosignerKey, CosignerSigner, WitnessPolicy, WitnessPolicyError};
 pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, LeafClaims, LeafReader, ReceiptCheck, ReceiptRefusal};
 pub use ledger::{consistency, CheckedReceipt, Ledger, LedgerError};
 pub use local::{LocalError, LocalLedger};
