@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
+from .bundle import BundleVerification, ProofBundle, verify_bundle
 from .errors import (
     ConfigurationError,
     EphemBatchError,
@@ -41,6 +42,9 @@ __all__ = [
     "Verification",
     "Check",
     "Ledger",
+    "ProofBundle",
+    "BundleVerification",
+    "verify_bundle",
     "DEFAULT_MODEL",
     "EphemBatchError",
     "ConfigurationError",
@@ -354,6 +358,18 @@ class Job:
             ids = [json.loads(line) for line in f if line.strip()]
         return ids, vectors
 
+    def to_parquet(self, path: Union[str, "os.PathLike[str]"], compression: str = "zstd") -> Dict[str, Any]:
+        """Writes the job's results to a Parquet file at ``path``: columns ``id`` (string),
+        ``vector`` (fixed-size list of float32, the model's dimensions) and ``tokens`` (int64,
+        the record's token count), one row per embedded record in the corpus's order; the job id
+        and model in the schema's metadata. The results are opened and checked by the library
+        first (:class:`VerificationError` naming the failed check, nothing written), then
+        streamed block by block. Needs pyarrow (the ``parquet`` extra). Returns ``{"path",
+        "rows", "dimensions"}``."""
+        from .parquet import write_parquet
+
+        return write_parquet(self, path, compression=compression)
+
     def errors(self) -> List[Dict[str, Any]]:
         """The lines refused at submission and the records the enclave could not embed, one
         dict each (``ephem-batch results``' errors file)."""
@@ -438,6 +454,18 @@ class Ledger:
                 raise NotAvailableError("dataframe=True needs pandas (pip install pandas)") from None
             return rows
         return pd.DataFrame(rows)
+
+    def prove(self, job: Union[str, Job], path: Optional[Union[str, "os.PathLike[str]"]] = None) -> ProofBundle:
+        """Writes the job's offline proof bundle (``ephem-batch ledger prove``): its receipt,
+        the attestation document, the inclusion proof and a signed checkpoint (one is signed
+        first if none covers the entry yet), checked under the ledger's own key before it is
+        written. ``path`` defaults to ``<home>/client/jobs/<id>/ledger-bundle.json``. Anyone can
+        check it offline with :func:`ephem_batch.verify_bundle` and the ledger key."""
+        job_id = job.id if isinstance(job, Job) else str(job)
+        if path is None:
+            path = os.path.join(self._client.home, "client", "jobs", job_id, "ledger-bundle.json")
+        out = json.loads(self._client._native.ledger_prove(job_id, os.fspath(path)))
+        return ProofBundle(path=os.fspath(out["path"]), ledger_key=out["ledger_key"], job_id=job_id)
 
 
 def _time_arg(value: Union[int, str, _dt.datetime, _dt.date]) -> str:

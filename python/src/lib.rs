@@ -60,6 +60,20 @@ struct QueryArgs {
     root: RootArgs,
 }
 
+/// `ledger verify-bundle`'s options (the CLI's own: `EPHEM_LEDGER_KEY`, the root options).
+#[derive(Parser, Debug)]
+#[command(name = "ephem_batch.verify_bundle", no_binary_name = true, disable_help_flag = true, disable_version_flag = true)]
+struct VerifyBundleArgs {
+    #[arg(long, env = "EPHEM_LEDGER_KEY")]
+    ledger_key: String,
+    #[arg(long)]
+    job: Option<String>,
+    #[arg(long)]
+    home: Option<PathBuf>,
+    #[command(flatten)]
+    root: RootArgs,
+}
+
 /// The backend a process opened first: the client library keeps one backend per process (its
 /// fleet KMS key and ledger are process-wide), so a second, different one is refused.
 static OPENED: Mutex<Option<(PathBuf, String)>> = Mutex::new(None);
@@ -242,19 +256,26 @@ impl NativeClient {
     }
 
     /// Downloads, opens and checks a job's results (`ephem-batch results JOB -o OUTPUT --format
-    /// npy`): a float32 `.npy` matrix at `output`, its ids beside it, the errors file beside it.
-    /// Nothing is written if any check fails. JSON: the summary, the paths, the verification.
-    fn results(&self, py: Python<'_>, job: &str, output: PathBuf) -> PyResult<String> {
+    /// npy|jsonl`): a float32 `.npy` matrix at `output` and its ids beside it, or `{"id",
+    /// "embedding", "tokens"}` lines; the errors file beside it. Nothing is written if any check
+    /// fails. JSON: the summary, the paths, the verification.
+    #[pyo3(signature = (job, output, format="npy"))]
+    fn results(&self, py: Python<'_>, job: &str, output: PathBuf, format: &str) -> PyResult<String> {
+        let format = match format {
+            "npy" => results::Format::Npy,
+            "jsonl" => results::Format::Jsonl,
+            other => return Err(config_error(py, format!("format {other:?}: expected \"npy\" or \"jsonl\""))),
+        };
         let id = status::parse_job(job).map_err(|e| library_error(py, e))?;
         let written = py
             .detach(|| -> anyhow::Result<results::Written> {
                 let trust = ClientTrust::load(&self.home, &self.trust)?;
                 trust.warn_if_development();
                 let key = keys::load_result_key(&self.home.result_key(), false)?;
-                results::run(&self.home, &self.opened.services, &trust, &key, &id, Some(&output), Some(results::Format::Npy))
+                results::run(&self.home, &self.opened.services, &trust, &key, &id, Some(&output), Some(format))
             })
             .map_err(|e| library_error(py, e))?;
-        let ids = ids_path(&written.output);
+        let ids = matches!(format, results::Format::Npy).then(|| ids_path(&written.output));
         let value = serde_json::json!({
             "summary": written.summary,
             "output": written.output,
@@ -304,6 +325,27 @@ impl NativeClient {
         to_json(py, &rows)
     }
 
+    /// `ephem-batch ledger prove JOB -o OUTPUT`: the job's offline proof bundle (a checkpoint
+    /// signed first if none covers its entry), checked under the ledger's own key before it is
+    /// written. JSON: the path and the ledger key that verifies it.
+    fn ledger_prove(&self, py: Python<'_>, job: &str, output: PathBuf) -> PyResult<String> {
+        let id = status::parse_job(job).map_err(|e| library_error(py, e))?;
+        let dir = self.ledger_dir();
+        let key = py
+            .detach(|| -> anyhow::Result<Option<String>> {
+                let Some((bundle, key)) = ephem_batch_client::ledger::prove_job(&dir, &id)? else { return Ok(None) };
+                let mut text = bundle.to_json();
+                text.push('\n');
+                write_private(&output, text.as_bytes())?;
+                Ok(Some(key.to_string()))
+            })
+            .map_err(|e| library_error(py, e))?;
+        match key {
+            Some(key) => to_json(py, &serde_json::json!({ "path": output, "ledger_key": key })),
+            None => Err(raise(py, "EphemBatchError", format!("job {id} is not in the ledger (yet): wait() for it first"), &[])),
+        }
+    }
+
     /// The ledger directory this client's backend reads (`ephem-batch ledger …`'s).
     fn ledger_dir(&self) -> PathBuf {
         let args = BackendArgs { backend: if self.backend == "aws" { backend::Backend::Aws } else { backend::Backend::Local }, ..BackendArgs::default() };
@@ -333,6 +375,37 @@ fn parse_time(py: Python<'_>, text: &str) -> PyResult<u64> {
     }
 }
 
+/// `ephem-batch ledger verify-bundle BUNDLE --json` with `args` (its options, as on its command
+/// line): offline, against the pinned ledger key only. JSON `{"valid", "error": {"check",
+/// "message"}, "proven"}`; unusable options raise `ConfigurationError`.
+#[pyfunction]
+fn verify_bundle(py: Python<'_>, path: PathBuf, args: Vec<String>) -> PyResult<String> {
+    let parsed = VerifyBundleArgs::try_parse_from(&args).map_err(|e| config_error(py, e.to_string().trim_end()))?;
+    let job = parsed.job.as_deref().map(status::parse_job).transpose().map_err(|e| library_error(py, e))?;
+    let bytes = py
+        .detach(|| std::fs::read(&path))
+        .map_err(|e| raise(py, "EphemBatchError", format!("reading {}: {e}", path.display()), &[]))?;
+    // The home is only where a bare `development_root=True` finds its root: not created here.
+    let home = parsed.home.or_else(|| std::env::var_os("EPHEM_HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(".ephem"));
+    let dir = home.join("ledger");
+    let outcome = py
+        .detach(|| ephem_batch_client::ledger::verify_bundle_bytes(&dir, &bytes, &parsed.ledger_key, job.as_ref(), &parsed.root))
+        .map_err(|e| config_error(py, format!("{e:#}")))?;
+    let value = match outcome {
+        Ok(proven) => serde_json::json!({ "valid": true, "error": null, "proven": proven }),
+        Err(refusal) => serde_json::json!({ "valid": false, "error": refusal, "proven": null }),
+    };
+    to_json(py, &value)
+}
+
+/// Writes `bytes` to `path` through a private temporary file beside it, renamed into place.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let name = path.file_name().ok_or_else(|| anyhow::anyhow!("{} is not a file name", path.display()))?;
+    let tmp = path.with_file_name(format!(".{}.tmp-{}", name.to_string_lossy(), std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| anyhow::anyhow!("writing {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+}
+
 /// The version of the client library this module was built from.
 #[pyfunction]
 fn version() -> &'static str {
@@ -345,5 +418,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     backend::install_local_wiring(devstack::upload_wiring);
     m.add_class::<NativeClient>()?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_bundle, m)?)?;
     Ok(())
 }

@@ -1,0 +1,54 @@
+"""Documents through one batch job, for the framework integrations (``langchain``,
+``llama_index``): the vectors in the texts' order, every one opened and checked by the client
+library (``Job.results``), or an exception naming what is missing."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from .errors import EphemBatchError, NotAvailableError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from . import Client, Job
+
+
+def embed_texts(
+    client: "Client",
+    texts: Sequence[str],
+    *,
+    model: str,
+    precision: str,
+    timeout: Optional[float],
+    progress: bool,
+) -> "tuple[Any, Optional[Job]]":
+    """``(vectors, job)``: a float32 matrix, row ``i`` the vector of ``texts[i]``; ``job`` is
+    ``None`` for no texts. A text the job could not embed raises :class:`EphemBatchError`
+    naming it and the job (a framework expects one vector per text)."""
+    import numpy as np
+
+    texts = list(texts)
+    if not texts:
+        return np.zeros((0, 0), dtype=np.float32), None
+    job = client.submit(texts, model=model, precision=precision)
+    ids, vectors = job.wait(progress=progress, timeout=timeout).results()
+    if len(ids) != len(texts):
+        failed = job.errors()
+        first = failed[0] if failed else {}
+        raise EphemBatchError(
+            f"job {job.id} embedded {len(ids)} of {len(texts)} texts; first failure: text "
+            f"{first.get('id')} ({first.get('code')}: {first.get('message')})",
+            check=first.get("code"),
+        )
+    order = [int(i) for i in ids]
+    if order != list(range(len(texts))):  # the library keeps the corpus's order
+        vectors = vectors[np.argsort(order)]
+    return np.asarray(vectors, dtype=np.float32), job
+
+
+def query_unavailable(owner: str, error: NotAvailableError) -> NotAvailableError:
+    """``client.embed``'s refusal, said in the integration's terms."""
+    return NotAvailableError(
+        f"{owner}: a query embedding needs ephem-batch's online (query-time) path, which this "
+        f"deployment does not have yet ({error}). Documents go through batch jobs; to embed a "
+        f"query text now, pass it as a document (one batch job, seconds to minutes)."
+    )

@@ -1,0 +1,66 @@
+"""A LangChain ``Embeddings`` over ephem-batch (the ``langchain`` extra: langchain-core).
+
+>>> from ephem_batch.langchain import EphemBatchEmbeddings
+>>> embeddings = EphemBatchEmbeddings()              # or EphemBatchEmbeddings(client=...)
+>>> vectors = embeddings.embed_documents(["first text", "second text"])   # one verified batch job
+
+Documents go through one batch job per ``embed_documents`` call, opened and checked by the
+client library before any vector is returned; queries go through ``client.embed`` (the online
+path), which raises :class:`~ephem_batch.NotAvailableError` until it exists."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+try:
+    from langchain_core.embeddings import Embeddings
+except ImportError as error:  # pragma: no cover
+    raise ImportError("ephem_batch.langchain needs langchain-core: pip install 'ephem-batch[langchain]'") from error
+
+from . import DEFAULT_MODEL, Client, Job
+from ._documents import embed_texts, query_unavailable
+from .errors import NotAvailableError
+
+__all__ = ["EphemBatchEmbeddings"]
+
+
+class EphemBatchEmbeddings(Embeddings):
+    """LangChain embeddings computed in attested enclaves. ``client``: an
+    :class:`ephem_batch.Client` (default: ``Client(**client_options)``, configured from the
+    ``EPHEM_*`` variables like the CLI). ``timeout``: seconds to wait for a job (default a
+    day); ``progress``: a tqdm bar while waiting. ``last_job`` is the last batch job, for
+    ``verify()`` or the ledger."""
+
+    def __init__(
+        self,
+        client: Optional[Client] = None,
+        *,
+        model: str = DEFAULT_MODEL,
+        precision: str = "fp32",
+        timeout: Optional[float] = None,
+        progress: bool = False,
+        **client_options: Any,
+    ) -> None:
+        self.client = client if client is not None else Client(**client_options)
+        self.model = model
+        self.precision = precision
+        self.timeout = timeout
+        self.progress = progress
+        self.last_job: Optional[Job] = None
+
+    def embed_documents(self, texts: List[str]) -> List[List[float]]:
+        """One vector per text, from one batch job (every check passed)."""
+        vectors, job = embed_texts(
+            self.client, texts, model=self.model, precision=self.precision, timeout=self.timeout, progress=self.progress
+        )
+        if job is not None:
+            self.last_job = job
+        return vectors.tolist()
+
+    def embed_query(self, text: str) -> List[float]:
+        """The query's vector through the online path; raises :class:`NotAvailableError`
+        saying so while the deployment has none."""
+        try:
+            return [float(x) for x in self.client.embed([text])[0]]
+        except NotAvailableError as error:
+            raise query_unavailable("EphemBatchEmbeddings.embed_query", error) from error

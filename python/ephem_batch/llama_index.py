@@ -1,0 +1,103 @@
+"""A LlamaIndex ``BaseEmbedding`` over ephem-batch (the ``llama-index`` extra:
+llama-index-core).
+
+>>> from ephem_batch.llama_index import EphemBatchEmbedding
+>>> embed_model = EphemBatchEmbedding()               # or EphemBatchEmbedding(client=...)
+>>> vectors = embed_model.get_text_embedding_batch(["first text", "second text"])
+
+Texts (documents, nodes) go through batch jobs — one per ``embed_batch_size`` texts (at most
+2,048, LlamaIndex's bound; the default here is that bound) — opened and checked by the client
+library before any vector is returned. Queries go through ``client.embed`` (the online path),
+which raises :class:`~ephem_batch.NotAvailableError` until it exists."""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+try:
+    from llama_index.core.base.embeddings.base import BaseEmbedding
+    from pydantic import PrivateAttr
+except ImportError as error:  # pragma: no cover
+    raise ImportError("ephem_batch.llama_index needs llama-index-core: pip install 'ephem-batch[llama-index]'") from error
+
+from . import DEFAULT_MODEL, Client, Job
+from ._documents import embed_texts, query_unavailable
+from .errors import NotAvailableError
+
+__all__ = ["EphemBatchEmbedding"]
+
+
+class EphemBatchEmbedding(BaseEmbedding):
+    """LlamaIndex embeddings computed in attested enclaves. ``client``: an
+    :class:`ephem_batch.Client` (default: ``Client(**client_options)``, configured from the
+    ``EPHEM_*`` variables). ``precision``, ``timeout`` (seconds per job, default a day) and
+    ``progress`` as for :meth:`Job.wait`. ``last_job`` is the last batch job."""
+
+    precision: str = "fp32"
+    timeout: Optional[float] = None
+    progress: bool = False
+    _client: Client = PrivateAttr()
+    _last_job: Optional[Job] = PrivateAttr(default=None)
+
+    def __init__(
+        self,
+        client: Optional[Client] = None,
+        *,
+        model_name: str = DEFAULT_MODEL,
+        precision: str = "fp32",
+        timeout: Optional[float] = None,
+        progress: bool = False,
+        embed_batch_size: int = 2048,
+        **client_options: Any,
+    ) -> None:
+        super().__init__(
+            model_name=model_name,
+            embed_batch_size=embed_batch_size,
+            precision=precision,
+            timeout=timeout,
+            progress=progress,
+        )
+        self._client = client if client is not None else Client(**client_options)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "EphemBatchEmbedding"
+
+    @property
+    def client(self) -> Client:
+        return self._client
+
+    @property
+    def last_job(self) -> Optional[Job]:
+        return self._last_job
+
+    def _get_text_embeddings(self, texts: List[str]) -> List[List[float]]:
+        vectors, job = embed_texts(
+            self._client,
+            texts,
+            model=self.model_name,
+            precision=self.precision,
+            timeout=self.timeout,
+            progress=self.progress,
+        )
+        if job is not None:
+            self._last_job = job
+        return vectors.tolist()
+
+    def _get_text_embedding(self, text: str) -> List[float]:
+        return self._get_text_embeddings([text])[0]
+
+    def _get_query_embedding(self, query: str) -> List[float]:
+        try:
+            return [float(x) for x in self._client.embed([query])[0]]
+        except NotAvailableError as error:
+            raise query_unavailable("EphemBatchEmbedding.get_query_embedding", error) from error
+
+    async def _aget_query_embedding(self, query: str) -> List[float]:
+        return self._get_query_embedding(query)
+
+    async def _aget_text_embedding(self, text: str) -> List[float]:
+        return self._get_text_embedding(text)
+
+    async def _aget_text_embeddings(self, texts: List[str]) -> List[List[float]]:
+        return self._get_text_embeddings(texts)

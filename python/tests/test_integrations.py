@@ -1,0 +1,66 @@
+"""The LangChain and LlamaIndex classes: documents through batch jobs (vectors of the right
+shape, equal to the batch path's for the same texts), queries refused clearly while the
+online path does not exist."""
+
+import numpy as np
+import pytest
+
+from ephem_batch import NotAvailableError
+from ephem_batch.langchain import EphemBatchEmbeddings
+from ephem_batch.llama_index import EphemBatchEmbedding
+
+TEXTS = [
+    "Retrieval-augmented generation needs document embeddings.",
+    "The enclave's attestation is checked before any text is sealed.",
+    "A tern dives for sprats off the breakwater.",
+    "Vector stores index embeddings for nearest-neighbour search.",
+    "Rhubarb crumble with vanilla custard.",
+]
+
+
+@pytest.fixture(scope="module")
+def batch_vectors(client):
+    """The same texts through the batch path directly."""
+    ids, vectors = client.submit(TEXTS).wait().results()
+    assert ids == [str(i) for i in range(len(TEXTS))]
+    return vectors
+
+
+def test_langchain_documents_equal_the_batch_path(client, batch_vectors):
+    from langchain_core.embeddings import Embeddings
+
+    embeddings = EphemBatchEmbeddings(client=client)
+    assert isinstance(embeddings, Embeddings)
+    vectors = embeddings.embed_documents(TEXTS)
+    assert len(vectors) == len(TEXTS) and all(len(v) == 384 for v in vectors)
+    assert all(isinstance(x, float) for x in vectors[0])
+    np.testing.assert_allclose(np.array(vectors, dtype=np.float32), batch_vectors, rtol=0, atol=1e-6)
+    assert embeddings.last_job is not None and embeddings.last_job.verify().passed
+    assert embeddings.embed_documents([]) == []
+
+
+def test_langchain_query_says_the_online_path_is_missing(client):
+    embeddings = EphemBatchEmbeddings(client=client)
+    with pytest.raises(NotAvailableError) as raised:
+        embeddings.embed_query("where are the receipts?")
+    assert "EphemBatchEmbeddings.embed_query" in str(raised.value) and "online" in str(raised.value)
+
+
+def test_llama_index_documents_equal_the_batch_path(client, batch_vectors):
+    from llama_index.core.base.embeddings.base import BaseEmbedding
+
+    embed_model = EphemBatchEmbedding(client=client, embed_batch_size=3)
+    assert isinstance(embed_model, BaseEmbedding)
+    vectors = embed_model.get_text_embedding_batch(TEXTS)  # two jobs: 3 texts, then 2
+    assert len(vectors) == len(TEXTS) and all(len(v) == 384 for v in vectors)
+    np.testing.assert_allclose(np.array(vectors, dtype=np.float32), batch_vectors, rtol=0, atol=1e-6)
+    single = embed_model.get_text_embedding(TEXTS[2])
+    np.testing.assert_allclose(np.array(single, dtype=np.float32), batch_vectors[2], rtol=0, atol=1e-6)
+    assert embed_model.last_job is not None and embed_model.last_job.records == 1
+
+
+def test_llama_index_query_says_the_online_path_is_missing(client):
+    embed_model = EphemBatchEmbedding(client=client)
+    with pytest.raises(NotAvailableError) as raised:
+        embed_model.get_query_embedding("where are the receipts?")
+    assert "online" in str(raised.value)
