@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-rust test-python test-cdk test-aws test-supply-chain test-lambda-glibc deny fuzz
+.PHONY: demo test test-rust test-python test-python-wheel test-cdk test-aws test-supply-chain test-lambda-glibc deny fuzz
 
 demo:
 	bash scripts/demo.sh
@@ -17,6 +17,11 @@ test-rust:
 # workspace build makes.
 test-python:
 	bash scripts/test-python.sh
+
+# The SDK's release wheel (maturin build --release), installed into a clean venv without Rust,
+# running the README's Python example against a local stack; not in `make test` (a release build).
+test-python-wheel:
+	bash scripts/tests/python-wheel.sh
 
 # Only the tests against the AWS emulator (moto, started and stopped by the script).
 test-aws:

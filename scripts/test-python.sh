@@ -5,8 +5,12 @@
 # as every other crate, so nothing is compiled twice); it is put beside the package's Python
 # sources in a temporary directory, as `pip install ./python` would install it.
 #
-# pytest and numpy come from PyPI, pinned in python/requirements-test.txt, into
-# $EPHEM_HOME/venv-python (default .ephem/venv-python), reinstalled when that file changes.
+# pytest, numpy and the optional extras under test (pyarrow, langchain-core, llama-index-core,
+# tqdm) come from PyPI, pinned in python/requirements-test.txt, into $EPHEM_HOME/venv-python
+# (default .ephem/venv-python), reinstalled when that file changes.
+#
+#   scripts/test-python.sh [PYTEST ARGS]          the tests (make test-python, in make test)
+#   scripts/test-python.sh --bench-memory [N]     instead: results()' peak RSS on N records (100000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 now() { date +%s; }
@@ -40,6 +44,13 @@ cp -R python/ephem_batch "$package/ephem_batch"
 ln -s "$PWD/target/debug/lib_native.so" "$package/ephem_batch/_native.abi3.so"
 
 t=$(now)
+if [ "${1:-}" = --bench-memory ]; then
+    # Not a test: results()' peak RSS against the vectors' size (python/bench/results_memory.py).
+    shift
+    (cd "$package" && PYTHONPATH="$package" "$venv/bin/python" "$OLDPWD/python/bench/results_memory.py" "$@")
+    echo "python: memory benchmark in $(( $(now) - t ))s"
+    exit 0
+fi
 # The package from the temporary directory, never from the source tree (which has no extension).
 (cd "$package" && PYTHONPATH="$package" "$venv/bin/python" -m pytest -p no:cacheprovider -q "$OLDPWD/python/tests" "$@")
 echo "python: tests in $(( $(now) - t ))s; whole script $(( $(now) - started ))s"

@@ -429,9 +429,9 @@ class Ledger:
         for flag, value in (("--job", job), ("--model", model), ("--pcr0", pcr0), ("--client", client)):
             if value is not None:
                 args += [flag, str(value)]
-        for flag, value in (("--since", since), ("--until", until)):
-            if value is not None:
-                args += [flag, _time_arg(value)]
+        for flag, when in (("--since", since), ("--until", until)):
+            if when is not None:
+                args += [flag, _time_arg(when)]
         if ledger_key is not None:
             args += ["--ledger-key", ledger_key]
         if root is not None:

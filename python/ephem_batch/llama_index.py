@@ -50,13 +50,10 @@ class EphemBatchEmbedding(BaseEmbedding):
         embed_batch_size: int = 2048,
         **client_options: Any,
     ) -> None:
-        super().__init__(
-            model_name=model_name,
-            embed_batch_size=embed_batch_size,
-            precision=precision,
-            timeout=timeout,
-            progress=progress,
-        )
+        super().__init__(model_name=model_name, embed_batch_size=embed_batch_size)
+        self.precision = precision
+        self.timeout = timeout
+        self.progress = progress
         self._client = client if client is not None else Client(**client_options)
 
     @classmethod
