@@ -20,6 +20,7 @@ use cloud::MAX_SMALL_OBJECT;
 use crate::relay::Relay;
 use crate::retry;
 use crate::shared::{Inflight, Shared};
+use crate::usage;
 use crate::worker_link::{describe, LinkError, WorkerEndpoint, WorkerLink};
 
 #[derive(Debug, Clone)]
@@ -192,9 +193,10 @@ impl Control {
                 self.shared.sleep(RECONNECT_DELAY);
                 continue;
             }
-            // An idle control connection shows a dead or restarted worker only when read.
-            if connection.is_broken() {
-                tracing::warn!("control channel closed by the worker");
+            // An idle control connection shows a dead or restarted worker only when read; what
+            // it sends unasked meanwhile (usage receipts) is taken, anything else ends it.
+            if let Err(error) = take_unasked(connection) {
+                tracing::warn!(%error, "control channel closed by the worker");
                 self.shared.set_ready(generation, false);
                 link = None;
                 continue;
@@ -397,6 +399,7 @@ impl Control {
                 Message::KmsCredentialsRequest { request } => self.relay.kms_credentials(link, request)?,
                 Message::PublishAttestation { document } => self.relay.publish(document),
                 Message::Attested { document: fresh, .. } => document = Some(fresh),
+                Message::UsageReceipt { receipt, attestation_document } => usage::received(&receipt, &attestation_document),
                 Message::Status { ready, epochs, models, detail } => {
                     tracing::debug!(ready, ?epochs, ?models, detail, "worker status");
                     return Ok(Reply { ready, document });
@@ -439,6 +442,17 @@ impl Control {
         }
         Ok(Wanted { epochs, manifests: manifests.into_iter().map(|(dir, (_, key, etag))| (dir, (key, etag))).collect() })
     }
+}
+
+/// Reads what the worker sent unasked on the idle connection, until nothing is waiting.
+fn take_unasked(link: &mut WorkerLink) -> Result<(), ControlError> {
+    while let Some(message) = link.poll_frame()? {
+        match message {
+            Message::UsageReceipt { receipt, attestation_document } => usage::received(&receipt, &attestation_document),
+            other => return Err(ControlError::Unexpected(describe(&other))),
+        }
+    }
+    Ok(())
 }
 
 /// A request dated within the TTL either side of now (saturating: any `u64` is a date here).

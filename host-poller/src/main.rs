@@ -103,6 +103,27 @@ struct Args {
     #[arg(long, env = "EPHEM_RESCAN_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     rescan_s: u64,
 
+    /// Serve the Oblivious HTTP relay (POST /v1/ohttp, GET /healthz) on this address; off when
+    /// unset.
+    #[arg(long, env = "EPHEM_ONLINE_LISTEN")]
+    online_listen: Option<std::net::SocketAddr>,
+
+    /// Online requests at the enclave at once.
+    #[arg(long, env = "EPHEM_ONLINE_CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    online_concurrency: u32,
+
+    /// Online requests waiting for a slot at most; beyond, 503.
+    #[arg(long, env = "EPHEM_ONLINE_QUEUE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(0..=65_536))]
+    online_queue: u32,
+
+    /// Longest wait for a slot (`2s`, `500ms`; a bare number is seconds); then 503.
+    #[arg(long, env = "EPHEM_ONLINE_QUEUE_TIMEOUT", default_value = "2s", value_parser = parse_duration)]
+    online_queue_timeout: Duration,
+
+    /// Deadline of one online request, from its arrival to the enclave's last byte; then 504.
+    #[arg(long, env = "EPHEM_ONLINE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    online_timeout: Duration,
+
     #[arg(long, env = "EPHEM_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
 }
@@ -172,6 +193,14 @@ fn run(args: Args) -> Result<(), String> {
     config.retry_max = Duration::from_secs(args.retry_max_s).max(config.retry_base);
     config.rescan_interval = Duration::from_secs(args.rescan_s);
     config.refusal_retry = Duration::from_secs(args.refusal_retry_s);
+    if let Some(listen) = args.online_listen {
+        let mut online = host_poller::OnlineSettings::new(listen);
+        online.concurrency = args.online_concurrency as usize;
+        online.queue = args.online_queue as usize;
+        online.queue_timeout = args.online_queue_timeout;
+        online.request_timeout = args.online_timeout;
+        config.online = Some(online);
+    }
     if backend == Backend::Local {
         config.pid_file = Some(args.home.join("run").join("host-poller.pid"));
     }
@@ -179,6 +208,19 @@ fn run(args: Args) -> Result<(), String> {
     let poller = Poller::new(services, config);
     poller.shutdown_handle().on_signals().map_err(|e| format!("cannot install signal handlers: {e}"))?;
     poller.run().map_err(|e| e.to_string())
+}
+
+/// `30s`, `500ms`, or a bare number of seconds; at least a millisecond, at most an hour.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let (number, unit_ms) = match text.strip_suffix("ms") {
+        Some(number) => (number, 1),
+        None => (text.strip_suffix('s').unwrap_or(text), 1_000),
+    };
+    let ms = number.trim().parse::<u64>().map_err(|_| format!("{text:?}: expected e.g. 30s or 500ms"))?.saturating_mul(unit_ms);
+    if !(1..=3_600_000).contains(&ms) {
+        return Err(format!("{text:?}: between 1ms and 3600s"));
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 fn local_services(home: &std::path::Path) -> Result<cloud::Services, String> {

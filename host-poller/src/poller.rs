@@ -12,6 +12,7 @@ use cloud::{Received, Services};
 
 use crate::control::{Control, ControlSettings};
 use crate::delivery::{self, Context, Disposition, Settings};
+use crate::online_relay::{OnlineRelay, OnlineRelayError, OnlineSettings};
 use crate::pidfile::{self, PidFile};
 use crate::relay::Relay;
 use crate::retry;
@@ -67,6 +68,8 @@ pub struct PollerConfig {
     pub attestation_poll: Duration,
     /// This process's pid file (`<home>/run/host-poller.pid`), removed on a clean exit.
     pub pid_file: Option<PathBuf>,
+    /// The Oblivious HTTP relay to the worker's online channel; off when `None`.
+    pub online: Option<OnlineSettings>,
 }
 
 impl PollerConfig {
@@ -86,6 +89,7 @@ impl PollerConfig {
             refusal_retry: Duration::from_secs(30),
             attestation_poll: Duration::from_secs(2),
             pid_file: None,
+            online: None,
         }
     }
 }
@@ -123,6 +127,8 @@ pub enum PollerError {
     Supervisor(#[from] SupervisorError),
     #[error("cannot start a thread: {0}")]
     Thread(std::io::Error),
+    #[error(transparent)]
+    OnlineRelay(#[from] OnlineRelayError),
 }
 
 /// After an abort, how long `run` waits for job threads to hand their jobs back.
@@ -167,6 +173,11 @@ impl Poller {
             host = config.host_id, worker = %endpoint, concurrency = config.concurrency,
             visibility_s = config.visibility.as_secs_f64(), max_receives = config.max_receives, "host-poller starting"
         );
+        // Bound before the worker starts, so a taken port fails the start with nothing to undo.
+        let online_relay = match &config.online {
+            Some(settings) => Some(OnlineRelay::start(settings.clone(), endpoint.clone())?),
+            None => None,
+        };
         let mut supervisor = match &config.worker {
             WorkerSource::Spawn(spawn) => Some(Supervisor::start(spawn.clone(), Arc::clone(&self.shared))?),
             WorkerSource::Connect(_) => None,
@@ -218,6 +229,9 @@ impl Poller {
 
         self.wait_for(jobs);
         self.shared.stop();
+        if let Some(relay) = online_relay {
+            relay.stop();
+        }
         // No job needs the worker any more: a control request still waiting on it ends now.
         self.shared.cut_links();
         if self.shared.is_aborting() {

@@ -63,6 +63,12 @@ impl WorkerEndpoint {
 
     /// Connects and exchanges `Hello` for `channel`.
     pub fn connect(&self, channel: Channel) -> Result<WorkerLink, LinkError> {
+        self.connect_within(channel, None)
+    }
+
+    /// [`connect`](Self::connect) whose `Hello` exchange gives up after `timeout` (a worker that
+    /// accepts and says nothing must not hold the caller); the timeouts stay set on the link.
+    pub fn connect_within(&self, channel: Channel, timeout: Option<Duration>) -> Result<WorkerLink, LinkError> {
         let connect_error = |source| LinkError::Connect { endpoint: self.to_string(), source };
         let stream = match self {
             WorkerEndpoint::Unix(path) => Stream::Unix(UnixStream::connect(path).map_err(connect_error)?),
@@ -77,6 +83,10 @@ impl WorkerEndpoint {
             }
         };
         let mut link = WorkerLink { stream };
+        if timeout.is_some() {
+            let timeouts = link.set_read_timeout(timeout).and_then(|()| link.set_write_timeout(timeout));
+            timeouts.map_err(connect_error)?;
+        }
         link.send(&Message::Hello { role: Role::Host, channel })?;
         match link.recv()? {
             Message::Hello { role: Role::Enclave, channel: answered } if answered == channel => Ok(link),
@@ -183,6 +193,35 @@ impl WorkerLink {
         each!(&self.stream, s => s.set_read_timeout(timeout))
     }
 
+    /// `None`: block forever.
+    pub fn set_write_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+        each!(&self.stream, s => s.set_write_timeout(timeout))
+    }
+
+    /// A frame the worker sent unasked on an idle connection (a usage receipt on control), read
+    /// without blocking when none has begun: `Ok(None)` when nothing is waiting. Once a frame's
+    /// first byte is there, the rest is read under the link's read timeout.
+    pub fn poll_frame(&mut self) -> Result<Option<Message>, LinkError> {
+        let io_error = |e: io::Error| LinkError::Frame(FrameIoError::from(e));
+        each!(&self.stream, s => s.set_nonblocking(true)).map_err(io_error)?;
+        let mut first_byte = [0u8; 1];
+        let first = loop {
+            match self.read(&mut first_byte) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                other => break other,
+            }
+        };
+        let blocking = each!(&self.stream, s => s.set_nonblocking(false));
+        match first {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return blocking.map(|()| None).map_err(io_error),
+            Err(e) => return Err(io_error(e)),
+            Ok(0) => return Err(LinkError::Closed),
+            Ok(_) => blocking.map_err(io_error)?,
+        }
+        let mut rest = first_byte.chain(&mut *self);
+        frame::read_frame(&mut rest)?.ok_or(LinkError::Closed).map(Some)
+    }
+
     /// Whether the worker has gone (closed, reset, or sent bytes nobody asked for), checked
     /// without blocking. An idle control connection is how a restarted worker shows itself.
     pub fn is_broken(&mut self) -> bool {
@@ -229,6 +268,7 @@ pub fn describe(message: &Message) -> &'static str {
         Message::Attested { .. } => "Attested",
         Message::UseFleetEpoch { .. } => "UseFleetEpoch",
         Message::LoadModel { .. } => "LoadModel",
+        Message::CollectUsage { .. } => "CollectUsage",
         Message::Status { .. } => "Status",
         Message::JobStart { .. } => "JobStart",
         Message::Input { .. } => "Input",
@@ -237,6 +277,10 @@ pub fn describe(message: &Message) -> &'static str {
         Message::Progress { .. } => "Progress",
         Message::JobDone { .. } => "JobDone",
         Message::JobFailed { .. } => "JobFailed",
+        Message::OnlineRequest { .. } => "OnlineRequest",
+        Message::OnlineResponse { .. } => "OnlineResponse",
+        Message::OnlineRefused { .. } => "OnlineRefused",
+        Message::UsageReceipt { .. } => "UsageReceipt",
         Message::Error { .. } => "Error",
     }
 }

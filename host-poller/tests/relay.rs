@@ -55,6 +55,19 @@ fn setup(mode: JobMode, max_receives: u32) -> (MemCloud, FakeWorker, PollerConfi
     (cloud, worker, config)
 }
 
+#[test]
+fn usage_receipts_sent_unasked_on_control_keep_the_connection() {
+    let (cloud, worker, config) = setup(JobMode::Echo, 5);
+    let before = host_poller::usage::received_count();
+    let poller = Running::start(cloud.services(), config);
+    wait_until("the epoch taken up", WAIT, || !worker.state.lock().unwrap().epochs.is_empty());
+    // Several rescans (every 300 ms) after the receipt that arrived on the idle connection.
+    std::thread::sleep(Duration::from_millis(1200));
+    poller.stop();
+    assert!(host_poller::usage::received_count() >= before + 2);
+    assert_eq!(worker.state.lock().unwrap().control_connections, 1, "a usage receipt is not a broken connection");
+}
+
 /// A sealed-looking input of `len` bytes (the fake worker does not open it).
 fn put_job(cloud: &MemCloud, seed: u8, len: usize) -> (JobId, Vec<u8>) {
     let job = JobId([seed; 16]);

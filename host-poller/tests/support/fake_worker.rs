@@ -42,6 +42,8 @@ pub struct FakeState {
     pub kms_answers: Vec<Message>,
     /// The document published for the newest epoch (receipts name it).
     pub document: Vec<u8>,
+    /// Control connections the host opened.
+    pub control_connections: u32,
 }
 
 pub struct FakeWorker {
@@ -67,6 +69,7 @@ impl FakeWorker {
             fetched: Vec::new(),
             kms_answers: Vec::new(),
             document: Vec::new(),
+            control_connections: 0,
         }));
         let shared = Arc::clone(&state);
         std::thread::spawn(move || {
@@ -92,8 +95,12 @@ fn serve(mut connection: UnixStream, state: &Mutex<FakeState>) {
     let Ok(Some(Message::Hello { role: Role::Host, channel })) = read_frame(&mut connection) else { return };
     send(&mut connection, &Message::Hello { role: Role::Enclave, channel });
     match channel {
-        Channel::Control => control(connection, state),
+        Channel::Control => {
+            state.lock().unwrap().control_connections += 1;
+            control(connection, state)
+        }
         Channel::Job => job(connection, state),
+        Channel::Online => {}
     }
 }
 
@@ -143,10 +150,14 @@ fn control(mut connection: UnixStream, state: &Mutex<FakeState>) {
                 }
                 let document = format!("document for epoch {epoch}").into_bytes();
                 send(&mut connection, &Message::PublishAttestation { document: document.clone() });
+                // Usage receipts come unasked: inside a request, and on the idle connection.
+                let usage = || Message::UsageReceipt { receipt: b"usage receipt".to_vec(), attestation_document: document.clone() };
+                send(&mut connection, &usage());
                 let mut s = state.lock().unwrap();
-                s.document = document;
+                s.document = document.clone();
                 s.epochs.push(epoch);
                 send(&mut connection, &status(&s));
+                send(&mut connection, &usage());
             }
             Message::LoadModel { manifest_key } => {
                 let manifest = fetch(&mut connection, request, &manifest_key);
