@@ -17,6 +17,7 @@ pub mod receipt_check;
 pub mod store;
 pub mod testing;
 pub mod verify;
+pub mod witness_client;
 
 pub use bundle::{prove, verify_bundle, verify_bundle_and_receipt, BundleError, ProofBundle, VerifiedBundle};
 pub use checkpoint::{Checkpoint, CheckpointError};
@@ -30,4 +31,5 @@ pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
 };
 pub use store::{TileError, TileStore};
+pub use witness_client::{CosignReport, WitnessClient, WitnessEndpoint};
 pub use verify::{verify_entry, verify_ledger, EntryVerdict, Issue, VerifyReport};

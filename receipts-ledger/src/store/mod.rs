@@ -109,6 +109,8 @@ pub enum StoreError {
     ImportMismatch { index: u64, what: &'static str },
     #[error(transparent)]
     Tiles(#[from] Box<TileError>),
+    #[error("the note offered for checkpoint {size} is not the stored one with signature lines added")]
+    NotSameCheckpoint { size: u64 },
 }
 
 /// The ledger's storage. Every `append` is one atomic, serialised write

@@ -14,7 +14,7 @@ use crate::entry::{
     MAX_LEAF_SIZE,
 };
 use crate::merkle::{completed_by_append, leaf_hash, node_hash, root_at, Hash, NodeId, TreeReadError, TreeReader};
-use crate::note::NoteSigner;
+use crate::note::{Note, NoteSigner};
 use rusqlite::{params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior};
 use std::path::Path;
 use std::time::Duration;
@@ -476,6 +476,29 @@ impl SqliteStore {
         }
         tx.commit().map_err(StoreError::from)?;
         Ok(Some(out))
+    }
+
+    /// Replaces the note of the checkpoint of `size` with `note`, which must be the same
+    /// checkpoint text with every stored signature line and only lines added (witness
+    /// cosignatures): nothing signed can change this way.
+    pub fn add_cosignatures(&self, size: u64, note: &str) -> Result<(), StoreError> {
+        let tx = self.write_txn()?;
+        let stored: String = tx.query_row(
+            "SELECT note FROM checkpoints WHERE tree_size = ?1",
+            [to_i64("tree size", size)?],
+            |r| r.get(0),
+        )?;
+        let (old, new) = (Note::parse(stored.as_bytes()), Note::parse(note.as_bytes()));
+        let same = match (&old, &new) {
+            (Ok(old), Ok(new)) => old.text == new.text && old.signatures.iter().all(|s| new.signatures.contains(s)),
+            _ => false,
+        };
+        if !same {
+            return Err(StoreError::NotSameCheckpoint { size });
+        }
+        tx.execute("UPDATE checkpoints SET note = ?2 WHERE tree_size = ?1", params![to_i64("tree size", size)?, note])?;
+        tx.commit()?;
+        Ok(())
     }
 
     /// Adds entries copied from elsewhere, starting at index `start` (the current size), and
