@@ -301,7 +301,11 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
             None => ("local", Vec::new(), cloud_local::MAX_RECEIVES),
             Some(cloud) => ("aws", aws::child_env(home, backend)?, aws::max_receives(cloud)?),
         };
+        // The Oblivious HTTP relay on a free loopback port, recorded for `serve` and `status`.
+        let relay_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
         let args: Vec<String> = vec![
+            "--online-listen".into(),
+            format!("127.0.0.1:{relay_port}"),
             "--backend".into(),
             backend_name.into(),
             "--max-receives".into(),
@@ -315,6 +319,8 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
             "--concurrency".into(),
             args.concurrency.to_string(),
         ];
+        std::fs::create_dir_all(home.run_dir())?;
+        write_private(&relay_url_file(home), format!("http://127.0.0.1:{relay_port}/v1/ohttp\n").as_bytes())?;
         let pid = spawn(home, "host-poller", &poller_bin, &args, &env)?;
         eprintln!("started host-poller (pid {pid}), which starts enclave-worker");
         wait_for("the enclave worker to publish its attestation document", Duration::from_secs(120), || {
@@ -356,7 +362,22 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     println!("  model         {manifest_key}");
     println!("  PCR0          {}", hex::encode(pcr0));
     println!("  policy        {}", home.dev_policy().display());
+    if let Some(url) = relay_url(home) {
+        println!("  online relay  {url}");
+    }
     Ok(())
+}
+
+fn relay_url_file(home: &Home) -> PathBuf {
+    home.run_dir().join("online-relay.url")
+}
+
+/// The local stack's Oblivious HTTP relay resource (`http://127.0.0.1:PORT/v1/ohttp`), while its
+/// host-poller runs: where `ephem-batch serve` sends encapsulated requests by default.
+pub fn relay_url(home: &Home) -> Option<String> {
+    home.running("host-poller")?;
+    let text = std::fs::read_to_string(relay_url_file(home)).ok()?;
+    Some(text.trim().to_owned()).filter(|url| url.starts_with("http://127.0.0.1:"))
 }
 
 pub fn down(home: &Home) -> anyhow::Result<()> {
@@ -416,6 +437,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
             "epochs": epochs.iter().map(|e| serde_json::json!({"epoch": e.epoch, "not_after_ms": e.not_after_ms})).collect::<Vec<_>>(),
             "models": models,
             "published_documents": published.iter().map(|m| &m.key).collect::<Vec<_>>(),
+            "online_relay": relay_url(home),
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -438,6 +460,9 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
     }
     for meta in &published {
         println!("  published {} ({})", meta.key, protocol::attestation::format_ms(meta.modified_ms));
+    }
+    if let Some(url) = relay_url(home) {
+        println!("  online relay  {url}");
     }
     Ok(())
 }
