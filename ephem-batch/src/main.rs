@@ -73,6 +73,15 @@ enum Command {
     /// The embedded default: the whole stack on this machine.
     #[command(subcommand)]
     Dev(dev::DevCommand),
+    /// A C2SP tlog-witness that cosigns the ledger's consistent checkpoints.
+    #[command(subcommand)]
+    Witness(WitnessCommand),
+}
+
+#[derive(Subcommand)]
+enum WitnessCommand {
+    /// Serve add-checkpoint until SIGTERM/SIGINT.
+    Serve(witness::ServeArgs),
 }
 
 #[derive(clap::Args)]
@@ -108,7 +117,7 @@ enum FleetCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The local Lambda runtime is a service with a log file; commands only warn.
-    let service = matches!(cli.command, Command::Dev(dev::DevCommand::RunLambdas { .. } | dev::DevCommand::AwsPump(_)));
+    let service = matches!(cli.command, Command::Dev(dev::DevCommand::RunLambdas { .. } | dev::DevCommand::AwsPump(_)) | Command::Witness(_));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -226,6 +235,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ephem_batch_client::ledger::redrive_command(&backend::open(&home()?, &cli.backend)?, &args)
         }
         Command::Ledger(command) => ephem_batch_client::ledger::run(command, &backend::ledger_dir(&home()?, &cli.backend)),
+        Command::Witness(WitnessCommand::Serve(args)) => witness::serve_command(&args).map(|()| ExitCode::SUCCESS),
         Command::Dev(command) => {
             let home = home()?;
             match command {
