@@ -168,6 +168,7 @@ pub fn serve<C: Read + Write>(worker: &Worker, pool: &RsaKeyPool, connection: &m
             Message::UseFleetEpoch { epoch, object_key } => use_epoch(worker, pool, &mut control, epoch, &object_key),
             Message::LoadModel { manifest_key } => load_model(worker, pool, &mut control, &manifest_key),
             Message::Attest { request, nonce } => attest(worker, &mut control, request, &nonce),
+            Message::CollectUsage { flush } => collect_usage(worker, &mut control, flush),
             other => Err(ControlError::Protocol(format!("unexpected message {other:?}"))),
         };
         match outcome {
@@ -179,6 +180,15 @@ pub fn serve<C: Read + Write>(worker: &Worker, pool: &RsaKeyPool, connection: &m
             }
         }
     }
+}
+
+/// Sends the usage receipts of ended periods (all if `flush`); `Status` follows.
+fn collect_usage<C: Read + Write>(worker: &Worker, control: &mut Control<'_, C>, flush: bool) -> Result<(), ControlError> {
+    let receipts = worker.online().usage.lock().unwrap_or_else(|e| e.into_inner()).collect(worker, worker.now_ms(), flush);
+    for (receipt, attestation_document) in receipts {
+        control.send(&Message::UsageReceipt { receipt, attestation_document })?;
+    }
+    Ok(())
 }
 
 fn status(worker: &Worker, detail: &str) -> Message {

@@ -15,6 +15,7 @@ pub mod job;
 pub mod key_release;
 pub mod nsm;
 pub mod one_shot_key;
+pub mod online;
 pub mod transport;
 pub mod worker;
 
@@ -97,6 +98,11 @@ pub fn serve_connection(worker: &Worker, pool: &RsaKeyPool, mut connection: Box<
         }
         Channel::Job => {
             let _ = job::serve(worker, &mut connection);
+        }
+        Channel::Online => {
+            if let Err(error) = online::serve(worker, &mut connection) {
+                tracing::debug!(%error, "online connection ended");
+            }
         }
     }
 }

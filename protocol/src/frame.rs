@@ -102,9 +102,9 @@ pub enum Message {
     UseFleetEpoch { epoch: u64, object_key: String },
     /// Host → enclave: load a model from its signed manifest's object name.
     LoadModel { manifest_key: String },
-    /// Host → enclave: send the usage receipts of the periods that have ended (each as a
-    /// `UsageReceipt` frame), then `Status`.
-    CollectUsage,
+    /// Host → enclave: send the usage receipts of the periods that have ended, or of every
+    /// period if `flush` (each as a `UsageReceipt` frame), then `Status`.
+    CollectUsage { flush: bool },
     /// Enclave → host: state of the worker.
     Status { ready: bool, epochs: Vec<u64>, models: Vec<String>, detail: String },
 

@@ -129,7 +129,7 @@ impl Packed<f32> {
     }
 
     /// `w[row][col]`; zero outside the matrix.
-    fn value(&self, row: usize, col: usize) -> f32 {
+    pub(crate) fn value(&self, row: usize, col: usize) -> f32 {
         if row < self.k && col < self.n { self.panels[(col / NR * self.depth + row) * NR + col % NR] } else { 0.0 }
     }
 }

@@ -450,6 +450,8 @@ impl Encoder {
         });
         let mut scratch = Scratch::default();
         for (i, layer) in self.layers.iter().enumerate() {
+            #[cfg(test)]
+            study::LAYER.with(|l| l.set(i));
             let stats = stats.as_deref_mut().map(|s| &mut s[i]);
             self.layer(layer, reduced(i), &mut x, &offsets, &mut scratch, stats)?;
         }
@@ -477,21 +479,21 @@ impl Encoder {
 
         // Self-attention, then LayerNorm(projection + bias + x) into h1.
         observe(0, x);
-        dense(x, total, &layer.qkv_w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
+        if !study::sim(0, x, total, qkv) { dense(x, total, &layer.qkv_w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?; }
         let context = self.attention(qkv, &layer.qkv_b, offsets)?;
         observe(1, &context);
-        dense(&context, total, &layer.out_w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
+        if !study::sim(1, &context, total, proj) { dense(&context, total, &layer.out_w, reduced.pick(|b| &b.out, |q| &q.out), proj)?; }
         drop(context);
         resize(h1, total * h);
         self.residual_layer_norm(h1, proj, &layer.out_b, x, &layer.attn_ln);
 
         // Feed-forward: GELU(h1 · W1 + b1) in place, then LayerNorm(· W2 + b2 + h1) into x.
         observe(2, h1);
-        dense(h1, total, &layer.ff1_w, reduced.pick(|b| &b.ff1, |q| &q.ff1), ff)?;
+        if !study::sim(2, h1, total, ff) { dense(h1, total, &layer.ff1_w, reduced.pick(|b| &b.ff1, |q| &q.ff1), ff)?; }
         let inter = layer.ff1_b.len();
         fused_rows(ff, inter, #[inline(always)] |_, row| kernels::bias_gelu_in_place(row, &layer.ff1_b));
         observe(3, ff);
-        dense(ff, total, &layer.ff2_w, reduced.pick(|b| &b.ff2, |q| &q.ff2), proj)?;
+        if !study::sim(3, ff, total, proj) { dense(ff, total, &layer.ff2_w, reduced.pick(|b| &b.ff2, |q| &q.ff2), proj)?; }
         self.residual_layer_norm(x, proj, &layer.ff2_b, h1, &layer.ff_ln);
         Ok(())
     }
@@ -673,6 +675,11 @@ fn fused_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + S
         })
     });
 }
+
+#[cfg(test)]
+mod study;
+#[cfg(not(test))]
+mod study { pub(super) fn sim(_: usize, _: &[f32], _: usize, _: &mut Vec<f32>) -> bool { false } }
 
 #[cfg(test)]
 mod tests {

@@ -291,7 +291,7 @@ impl ResultSecretKey {
 // Headers
 
 /// Model compute precision; anything but fp32 is an explicit opt-in recorded in the receipt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub enum Precision {
     #[default]
     Fp32,

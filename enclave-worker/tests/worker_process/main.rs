@@ -732,3 +732,5 @@ fn a_fleet_key_wrapped_under_a_host_owned_kms_key_is_refused() {
 fn worker_pcr0() -> Vec<u8> {
     sha2::Sha384::digest(std::fs::read(env!("CARGO_BIN_EXE_enclave-worker")).unwrap()).to_vec()
 }
+
+mod online;

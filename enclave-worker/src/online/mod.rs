@@ -1,0 +1,173 @@
+//! The enclave as an Oblivious HTTP gateway (docs/protocol.md §9): each request on an online
+//! connection is opened with the fleet key of the epoch its key id names, checked against the
+//! replay window, answered by the same engine as batch jobs, and encapsulated back. The host sees
+//! ciphertext sizes and, for a request that cannot be opened or was replayed, the check refused.
+
+pub mod replay;
+pub mod usage;
+
+use std::io::{Read, Write};
+use std::sync::Mutex;
+
+use protocol::frame::{self, FrameIoError, Message, MAX_DATA_LEN};
+use protocol::ohttp::{self, ResponseSealer};
+use protocol::online::{self, ApiError, EmbeddingsCall, OnlineRequest};
+use protocol::records::ErrorCode;
+use protocol::FailedCheck;
+
+use crate::inference::EmbedOptions;
+use crate::worker::Worker;
+use replay::ReplayCache;
+use usage::{Answered, UsageBook};
+
+/// What the online gateway remembers across connections.
+#[derive(Default)]
+pub struct OnlineState {
+    pub replay: Mutex<ReplayCache>,
+    pub usage: Mutex<UsageBook>,
+}
+
+/// A request refused before anything could be encrypted to its sender.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error("no fleet key with OHTTP key id {0} is held")]
+    UnknownKeyId(u8),
+    #[error("{0}")]
+    Encapsulation(#[from] ohttp::OhttpError),
+    #[error("replay: {0}")]
+    Replay(#[from] replay::ReplayRefusal),
+}
+
+impl Refusal {
+    pub fn check(&self) -> FailedCheck {
+        match self {
+            Refusal::UnknownKeyId(_) | Refusal::Encapsulation(_) => FailedCheck::Encapsulation,
+            Refusal::Replay(_) => FailedCheck::Replay,
+        }
+    }
+}
+
+/// Serves an online connection after its `Hello`: requests one at a time until the host closes.
+pub fn serve<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), FrameIoError> {
+    while let Some(message) = frame::read_frame(connection)? {
+        let Message::OnlineRequest { request, encapsulated } = message else {
+            frame::write_frame(connection, &Message::Error { message: "expected OnlineRequest".into() })?;
+            return Ok(());
+        };
+        match answer(worker, &encapsulated) {
+            Ok(response) => {
+                let mut chunks = response.chunks(MAX_DATA_LEN).peekable();
+                while let Some(chunk) = chunks.next() {
+                    let last = chunks.peek().is_none();
+                    frame::write_frame(connection, &Message::OnlineResponse { request, data: chunk.to_vec(), last })?;
+                }
+            }
+            Err(refusal) => {
+                tracing::info!(check = refusal.check().as_str(), %refusal, "online request refused");
+                let refused = Message::OnlineRefused { request, check: refusal.check(), message: refusal.to_string() };
+                frame::write_frame(connection, &refused)?;
+            }
+        }
+        connection.flush()?;
+    }
+    Ok(())
+}
+
+/// Opens, checks, computes and encapsulates one request.
+pub fn answer(worker: &Worker, encapsulated: &[u8]) -> Result<Vec<u8>, Refusal> {
+    let key_id = ohttp::request_key_id(encapsulated)?;
+    let (epoch, held) = worker
+        .epochs()
+        .into_iter()
+        .filter(|e| ohttp::key_id(*e) == key_id)
+        .find_map(|e| worker.epoch(e).map(|held| (e, held)))
+        .ok_or(Refusal::UnknownKeyId(key_id))?;
+    let (plaintext, sealer) = ohttp::decapsulate_request(&held.secret, key_id, encapsulated)?;
+    let now = worker.now_ms();
+    let request = match online::decode_request(&plaintext) {
+        Ok(request) => request,
+        Err(error) => {
+            let error = ApiError::invalid("input", "invalid_request", error.to_string());
+            return seal(&sealer, &online::encode_response(error.status, &error.to_json()));
+        }
+    };
+    lock(&worker.online().replay).admit(sealer.encapsulated_key(), request.sent_ms, now)?;
+    let (status, body, served) = match respond(worker, &request) {
+        Ok((body, served)) => (200, body, Some(served)),
+        Err(error) => (error.status, error.to_json(), None),
+    };
+    let response = online::encode_response(status, &body);
+    if let Some(served) = served {
+        let answered = Answered {
+            client: request.client,
+            model_id: &served.model_id,
+            manifest_hash: served.manifest_hash,
+            precision: served.precision,
+            epoch,
+            inputs: served.inputs,
+            tokens: served.tokens,
+            request: &plaintext,
+            response: &response,
+        };
+        lock(&worker.online().usage).record(answered, now);
+    }
+    seal(&sealer, &response)
+}
+
+fn seal(sealer: &ResponseSealer, response: &[u8]) -> Result<Vec<u8>, Refusal> {
+    Ok(sealer.seal(response)?)
+}
+
+/// What a successful request is accounted as.
+struct Served {
+    model_id: String,
+    manifest_hash: [u8; 32],
+    precision: protocol::envelope::Precision,
+    inputs: u64,
+    tokens: u64,
+}
+
+fn respond(worker: &Worker, request: &OnlineRequest) -> Result<(Vec<u8>, Served), ApiError> {
+    let call = request.call.as_ref().map_err(Clone::clone)?;
+    embed(worker, call)
+}
+
+fn embed(worker: &Worker, call: &EmbeddingsCall) -> Result<(Vec<u8>, Served), ApiError> {
+    let model = worker.model(&call.model).ok_or_else(|| ApiError {
+        status: 404,
+        ..ApiError::invalid("model", "model_not_found", format!("model {} is not loaded in this enclave", call.model))
+    })?;
+    let embedder = model.engine.embedder();
+    if !embedder.supports_precision(call.precision) {
+        let message = format!("this enclave cannot compute {} (its CPU lacks the instructions)", call.precision.as_str());
+        return Err(ApiError::invalid("precision", "unsupported_precision", message));
+    }
+    if let Some(dimensions) = call.dimensions.filter(|d| *d != embedder.dimensions()) {
+        let message = format!("{} serves {} dimensions, not {dimensions}", call.model, embedder.dimensions());
+        return Err(ApiError::invalid("dimensions", "unsupported_dimensions", message));
+    }
+    let options = EmbedOptions { truncate: call.truncate, normalize: true, precision: call.precision };
+    let mut vectors = Vec::with_capacity(call.inputs.len());
+    let mut tokens = 0u64;
+    for (index, result) in model.engine.embed_window(&call.inputs, &options).into_iter().enumerate() {
+        let embedding = result.map_err(|failure| {
+            let code = if failure.code == ErrorCode::TooManyTokens { "context_length_exceeded" } else { "invalid_input" };
+            ApiError::invalid("input", code, format!("input {index}: {}", failure.message))
+        })?;
+        tokens += u64::from(embedding.tokens);
+        vectors.push(embedding.vector);
+    }
+    let body = online::embeddings_body(&call.model, &vectors, tokens, call.encoding);
+    let served = Served {
+        model_id: call.model.clone(),
+        manifest_hash: model.manifest_hash,
+        precision: call.precision,
+        inputs: vectors.len() as u64,
+        tokens,
+    };
+    Ok((body, served))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}

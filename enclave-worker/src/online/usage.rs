@@ -1,0 +1,104 @@
+//! Usage accounting of online requests: per client label, model, precision and epoch, over
+//! periods of [`PERIOD_MS`]; a period that has ended becomes a signed usage receipt when the host
+//! collects it.
+
+use std::collections::BTreeMap;
+
+use protocol::envelope::Precision;
+use protocol::online::ClientLabel;
+use protocol::usage::{UsageCommitment, UsageReceipt};
+
+use crate::worker::Worker;
+
+pub const PERIOD_MS: u64 = 60_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Account {
+    period_start_ms: u64,
+    client: ClientLabel,
+    model_id: String,
+    precision: Precision,
+    epoch: u64,
+}
+
+#[derive(Default)]
+struct Tally {
+    manifest_hash: [u8; 32],
+    requests: u64,
+    inputs: u64,
+    tokens: u64,
+    commitment: UsageCommitment,
+}
+
+/// One answered request, as accounted.
+pub struct Answered<'a> {
+    pub client: ClientLabel,
+    pub model_id: &'a str,
+    pub manifest_hash: [u8; 32],
+    pub precision: Precision,
+    pub epoch: u64,
+    pub inputs: u64,
+    pub tokens: u64,
+    pub request: &'a [u8],
+    pub response: &'a [u8],
+}
+
+#[derive(Default)]
+pub struct UsageBook {
+    open: BTreeMap<Account, Tally>,
+    issued: u64,
+}
+
+impl UsageBook {
+    pub fn record(&mut self, answered: Answered<'_>, now_ms: u64) {
+        let account = Account {
+            period_start_ms: now_ms - now_ms % PERIOD_MS,
+            client: answered.client,
+            model_id: answered.model_id.to_owned(),
+            precision: answered.precision,
+            epoch: answered.epoch,
+        };
+        let tally = self.open.entry(account).or_default();
+        tally.manifest_hash = answered.manifest_hash;
+        tally.requests += 1;
+        tally.inputs += answered.inputs;
+        tally.tokens += answered.tokens;
+        tally.commitment.absorb(answered.request, answered.response);
+    }
+
+    /// Signs the receipts of every period that ended by `now_ms` (all of them if `flush`).
+    pub fn collect(&mut self, worker: &Worker, now_ms: u64, flush: bool) -> Vec<(Vec<u8>, Vec<u8>)> {
+        let ended: Vec<Account> =
+            self.open.keys().filter(|a| flush || a.period_start_ms + PERIOD_MS <= now_ms).cloned().collect();
+        let mut out = Vec::new();
+        for account in ended {
+            let Some(tally) = self.open.remove(&account) else { continue };
+            // A receipt names the document of its epoch; an epoch no longer held cannot be named.
+            let Some(epoch) = worker.held_epoch(account.epoch) else {
+                tracing::warn!(epoch = account.epoch, "usage of an epoch no longer held is dropped");
+                continue;
+            };
+            let receipt = UsageReceipt {
+                client: account.client,
+                model_id: account.model_id,
+                manifest_hash: tally.manifest_hash,
+                precision: account.precision,
+                period_start_ms: account.period_start_ms,
+                // A flushed period ends now.
+                period_end_ms: (account.period_start_ms + PERIOD_MS).min(now_ms.max(account.period_start_ms + 1)),
+                requests: tally.requests,
+                inputs: tally.inputs,
+                tokens: tally.tokens,
+                commitment: tally.commitment.0,
+                sequence: self.issued,
+                attestation_sha256: epoch.document_sha256,
+                pcrs: worker.receipt_pcrs(),
+                fleet_key_id: epoch.secret.public_key().key_id(),
+                epoch: account.epoch,
+            };
+            self.issued += 1;
+            out.push((receipt.sign(worker.receipt_key()), epoch.document.clone()));
+        }
+        out
+    }
+}
