@@ -70,6 +70,14 @@ export interface DeployConfig {
    */
   readonly enclaveEif?: string;
   readonly hostPoller?: string;
+  /**
+   * The online relay (`-c onlineCertificateArn=arn:aws:acm:…`): with it, every host runs the
+   * Oblivious HTTP relay behind an internal Network Load Balancer whose TLS listener uses this
+   * certificate; without it, no relay and no balancer.
+   */
+  readonly onlineCertificateArn?: string;
+  /** Scaling target for online load: TLS flows open at the balancer per host. */
+  readonly onlineFlowsPerHost: number;
 }
 
 /** Reads context values (`-c key=value`, cdk.json or `new App({context})`). */
@@ -130,6 +138,8 @@ export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process
     rotationDays: int(read, 'rotationDays', 7, 1, 365),
     lambdaAssetsDir: path.resolve(lambdaAssetsDir),
     ...hostArtifactPaths(read),
+    onlineCertificateArn: certificateArn(read, 'onlineCertificateArn'),
+    onlineFlowsPerHost: int(read, 'onlineFlowsPerHost', 16, 1, 100000),
   };
   if (cfg.maxHosts < cfg.minHosts) {
     throw new ConfigError(`maxHosts (${cfg.maxHosts}) must be at least minHosts (${cfg.minHosts})`);
@@ -138,6 +148,16 @@ export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process
     throw new ConfigError(`enclaveCpuCount must be even (an enclave takes whole cores, two vCPUs each): got ${cfg.enclaveCpuCount}`);
   }
   return cfg;
+}
+
+/** An ACM certificate ARN, or undefined when the key is not given. */
+function certificateArn(read: ContextReader, key: string): string | undefined {
+  const value = str(read, key, '');
+  if (value === '') return undefined;
+  if (!/^arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate\/[0-9a-f-]{36}$/.test(value)) {
+    throw new ConfigError(`${key}: ${value} is not an ACM certificate ARN (arn:aws:acm:REGION:ACCOUNT:certificate/UUID)`);
+  }
+  return value;
 }
 
 /**

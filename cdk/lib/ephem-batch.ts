@@ -105,6 +105,8 @@ export class EphemBatch extends Construct {
       vpc: props.vpc,
       hostSubnets: props.hostSubnets,
       vpcEndpoints: props.vpcEndpoints,
+      onlineCertificateArn: cfg.onlineCertificateArn,
+      onlineFlowsPerHost: cfg.onlineFlowsPerHost,
     });
     this.lambdas = new Lambdas(this, 'Lambdas', {
       identities: this.identities,
@@ -211,5 +213,8 @@ export class EphemBatch extends Construct {
     out('ImageSha384', cfg.measurements.pcr0, 'PCR0 the fleet and model keys are bound to');
     out('Pcr8', cfg.measurements.pcr8 ?? 'none', 'PCR8 the keys are bound to (none: not bound)');
     out('StorePrefixes', cfg.storePrefixes.join(','), 'jobs-bucket prefixes whose sealed shards become jobs');
+    if (this.fleet.onlineRelay !== undefined) {
+      out('OnlineRelayDnsName', this.fleet.onlineRelay.loadBalancer.loadBalancerDnsName, 'the online relay (POST https://<name>/v1/ohttp); internal to the VPC');
+    }
   }
 }

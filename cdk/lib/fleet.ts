@@ -17,6 +17,7 @@ import {
   hostUserData,
 } from './host-user-data';
 import { HostArtifact, HostArtifacts } from './host-artifacts';
+import { OnlineRelay, RELAY_PORT } from './online-relay';
 import { Queues } from './queues';
 import { Storage } from './storage';
 
@@ -42,6 +43,9 @@ export interface FleetProps {
   readonly hostSubnets?: ec2.SubnetSelection;
   /** In an existing VPC: add the S3 gateway and interface endpoints the hosts need (default true). */
   readonly vpcEndpoints?: boolean;
+  /** With a certificate: the online relay on every host, behind a TLS load balancer (online-relay.ts). */
+  readonly onlineCertificateArn?: string;
+  readonly onlineFlowsPerHost: number;
 }
 
 export class Fleet extends Construct {
@@ -52,6 +56,8 @@ export class Fleet extends Construct {
   readonly artifacts: HostArtifacts;
   /** Where the hosts' agent ships their journal (JSON) and boot log. */
   readonly hostLogs: logs.LogGroup;
+  /** The online relay's load balancer, when the deployment has a certificate for it. */
+  readonly onlineRelay?: OnlineRelay;
 
   constructor(scope: Construct, id: string, props: FleetProps) {
     super(scope, id);
@@ -66,7 +72,7 @@ export class Fleet extends Construct {
     const cpuType =
       instanceType.architecture === ec2.InstanceArchitecture.ARM_64 ? ec2.AmazonLinuxCpuType.ARM_64 : ec2.AmazonLinuxCpuType.X86_64;
 
-    // Hosts accept no inbound connection; outbound HTTPS can only reach the VPC endpoints,
+    // Hosts accept no inbound connection (but the online relay's, from its balancer, when enabled); outbound HTTPS can only reach the VPC endpoints,
     // since the VPC has neither an internet gateway nor a NAT.
     const hostSg = new ec2.SecurityGroup(this, 'HostSecurityGroup', {
       vpc: this.vpc,
@@ -96,6 +102,8 @@ export class Fleet extends Construct {
           EPHEM_ENCLAVE_CID: String(ENCLAVE_CID),
           // One JSON object per line in the journal, as the log group receives it.
           EPHEM_LOG_FORMAT: 'json',
+          // The Oblivious HTTP relay, reachable only from its load balancer (online-relay.ts).
+          ...(props.onlineCertificateArn === undefined ? {} : { EPHEM_ONLINE_LISTEN: `0.0.0.0:${RELAY_PORT}` }),
         },
       }),
     );
@@ -153,6 +161,16 @@ export class Fleet extends Construct {
     );
 
     this.scaleOnBacklog(props);
+    if (props.onlineCertificateArn !== undefined) {
+      this.onlineRelay = new OnlineRelay(this, 'OnlineRelay', {
+        vpc: this.vpc,
+        subnets: props.hostSubnets ?? { subnetType: ec2.SubnetType.PRIVATE_ISOLATED },
+        hosts: this.hosts,
+        hostSecurityGroup: hostSg,
+        certificateArn: props.onlineCertificateArn,
+        flowsPerHost: props.onlineFlowsPerHost,
+      });
+    }
     this.inServiceOnlyOnceAttested();
     this.drainBeforeTermination(props.hostRole);
   }
