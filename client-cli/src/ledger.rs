@@ -3,10 +3,10 @@
 //!
 //! ```text
 //! ledger query [--job ID] [--model ID] [--pcr0 HEX] [--client KEYID] [--since T] [--until T] [--json]
-//! ledger verify [--json]
+//! ledger verify [--witness KEY... [--witness-quorum N]] [--json]
 //! ledger checkpoint
 //! ledger prove JOB -o BUNDLE.json
-//! ledger verify-bundle BUNDLE.json --ledger-key FILE|TEXT [--job ID] [--json]
+//! ledger verify-bundle BUNDLE.json --ledger-key FILE|TEXT [--job ID] [--witness KEY... [--witness-quorum N]] [--json]
 //! ledger consistency OLD_SIZE NEW_SIZE [--json]
 //! ledger sync --from s3://BUCKET[/PREFIX]|DIR --ledger-key FILE|TEXT [--no-audit] [--json]
 //! ledger redrive [--max N] [--json]
@@ -66,6 +66,7 @@ mod sync;
 mod trust;
 mod verify;
 mod verify_bundle;
+mod witness_policy;
 #[cfg(test)]
 mod tests;
 
@@ -73,7 +74,8 @@ use checkpoint::checkpoint_command;
 use consistency::consistency_command;
 use prove::prove_command;
 use verify::verify_command;
-pub use verify_bundle::{ProvenReceipt, Refusal, check_bundle};
+pub use verify_bundle::{ProvenReceipt, Refusal, check_bundle, check_bundle_witnessed};
+pub use witness_policy::{SeenCheck, WitnessArgs, check_seen, check_witnessed};
 use verify_bundle::verify_bundle_command;
 pub use proof::{JobProof, check_job_proof, check_proof};
 pub use query::{Row, query_ledger, query_rows};
@@ -123,6 +125,8 @@ pub enum LedgerCommand {
         json: bool,
         #[command(flatten)]
         trust: LedgerTrust,
+        #[command(flatten)]
+        witness: WitnessArgs,
     },
     /// Print the latest signed checkpoint (C2SP signed note).
     Checkpoint,
@@ -149,6 +153,8 @@ pub enum LedgerCommand {
         job: Option<JobId>,
         #[command(flatten)]
         root: RootArgs,
+        #[command(flatten)]
+        witness: WitnessArgs,
         #[arg(long)]
         json: bool,
     },
@@ -262,11 +268,11 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
         LedgerCommand::Query { job, model, pcr0, client, since, until, json, trust } => {
             query_command(ledger_dir, &query_filter(job, model, pcr0, client, since, until), json, &trust)
         }
-        LedgerCommand::Verify { json, trust } => verify_command(ledger_dir, json, &trust),
+        LedgerCommand::Verify { json, trust, witness } => verify_command(ledger_dir, json, &trust, &witness),
         LedgerCommand::Checkpoint => checkpoint_command(ledger_dir),
         LedgerCommand::Prove { job, output } => prove_command(ledger_dir, &job, &output),
-        LedgerCommand::VerifyBundle { bundle, ledger_key, job, root, json } => {
-            verify_bundle_command(ledger_dir, &bundle, &ledger_key, job.as_ref(), &root, json)
+        LedgerCommand::VerifyBundle { bundle, ledger_key, job, root, witness, json } => {
+            verify_bundle_command(ledger_dir, &bundle, &ledger_key, job.as_ref(), &root, &witness, json)
         }
         LedgerCommand::Consistency { old_size, new_size, json } => {
             consistency_command(ledger_dir, old_size, new_size, json)

@@ -76,12 +76,28 @@ pub fn check_bundle(
     })
 }
 
+/// [`check_bundle`], then the bundle's checkpoint must carry a quorum of `policy`'s witnesses'
+/// cosignatures (check `witness_quorum`, or `witness_cosignature` for one that fails).
+pub fn check_bundle_witnessed(
+    bytes: &[u8],
+    pinned: &VerifierKey,
+    check: &ReceiptVerifier,
+    job: Option<&JobId>,
+    policy: Option<&receipts_ledger::WitnessPolicy>,
+) -> Result<(ProvenReceipt, Vec<String>), Refusal> {
+    let proven = check_bundle(bytes, pinned, check, job)?;
+    let Some(policy) = policy else { return Ok((proven, Vec::new())) };
+    let bundle = ProofBundle::from_json(bytes).map_err(|e| bundle_refusal(&e))?;
+    Ok((proven, check_witnessed(policy, &bundle.checkpoint)?))
+}
+
 #[derive(Serialize)]
 struct BundleJson {
     valid: bool,
     error: Option<Refusal>,
     root: RootJson,
     proven: Option<ProvenReceipt>,
+    witnesses: Vec<String>,
 }
 
 pub(super) fn verify_bundle_command(
@@ -90,23 +106,28 @@ pub(super) fn verify_bundle_command(
     ledger_key: &str,
     job: Option<&JobId>,
     root: &RootArgs,
+    witness: &WitnessArgs,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let pinned = parse_ledger_key(ledger_key)?;
     let check = receipt_check(root, dir, false)?;
-    let outcome = check_bundle(&bytes, &pinned.key, &check, job);
+    let policy = witness.policy()?;
+    let outcome = check_bundle_witnessed(&bytes, &pinned.key, &check, job, policy.as_ref());
     if json {
-        let (proven, error) = match &outcome {
-            Ok(p) => (Some(p.clone()), None),
-            Err(r) => (None, Some(r.clone())),
+        let (proven, witnesses, error) = match &outcome {
+            Ok((p, w)) => (Some(p.clone()), w.clone(), None),
+            Err(r) => (None, Vec::new(), Some(r.clone())),
         };
-        let out = BundleJson { valid: error.is_none(), error, root: RootJson::of(check.root()), proven };
+        let out = BundleJson { valid: error.is_none(), error, root: RootJson::of(check.root()), proven, witnesses };
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     match outcome {
-        Ok(p) => {
+        Ok((p, witnesses)) => {
             if !json {
+                if let Some(policy) = &policy {
+                    println!("witnesses    {} cosigned (quorum {})", witnesses.join(", "), policy.quorum);
+                }
                 print_proven(&p, check.root());
             }
             Ok(ExitCode::SUCCESS)

@@ -1,0 +1,169 @@
+//! The client's witness policy (`--witness KEY... --witness-quorum N`) and the checkpoints it
+//! has seen: a checkpoint is taken only with a quorum of the trusted witnesses' cosignatures,
+//! and each newer one must be consistent with the last one seen (kept in
+//! `<ledger dir>/seen/<sha256(origin) hex>`), so an operator who forks or rewrites the ledger
+//! after this client saw it is caught here even if no witness were asked.
+
+use super::*;
+use receipts_ledger::{CosignerKey, WitnessPolicy, WitnessPolicyError};
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct WitnessArgs {
+    /// A witness's cosigner key (`name+hex8+base64(0x04 || key)`, or a file holding one);
+    /// repeat for more.
+    #[arg(long = "witness", value_name = "FILE|KEY")]
+    pub witnesses: Vec<String>,
+    /// How many of the --witness keys must have cosigned the checkpoint (default: all given).
+    #[arg(long = "witness-quorum", value_name = "N")]
+    pub quorum: Option<usize>,
+}
+
+impl WitnessArgs {
+    /// The policy, or `None` when no witness is asked for.
+    pub fn policy(&self) -> anyhow::Result<Option<WitnessPolicy>> {
+        if self.witnesses.is_empty() {
+            if self.quorum.is_some_and(|q| q > 0) {
+                return Err(anyhow!("--witness-quorum needs --witness keys"));
+            }
+            return Ok(None);
+        }
+        let keys = self
+            .witnesses
+            .iter()
+            .map(|w| {
+                let text = if Path::new(w).is_file() { std::fs::read_to_string(w)? } else { w.clone() };
+                CosignerKey::parse(text.trim()).with_context(|| format!("witness key {w:?}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let quorum = self.quorum.unwrap_or(keys.len());
+        Ok(Some(WitnessPolicy::new(keys, quorum)?))
+    }
+}
+
+/// Checks a signed checkpoint against the policy: the names of the witnesses that cosigned.
+pub fn check_witnessed(policy: &WitnessPolicy, note: &str) -> Result<Vec<String>, Refusal> {
+    match policy.check(note.as_bytes()) {
+        Ok(cosigned) => Ok(cosigned.into_iter().map(|(k, _)| k.name().to_owned()).collect()),
+        Err(e @ WitnessPolicyError::QuorumNotMet { .. }) => Err(Refusal { check: "witness_quorum", message: e.to_string() }),
+        Err(e) => Err(Refusal { check: "witness_cosignature", message: e.to_string() }),
+    }
+}
+
+fn seen_path(dir: &Path, origin: &str) -> PathBuf {
+    use sha2::Digest as _;
+    dir.join("seen").join(hex::encode(sha2::Sha256::digest(origin.as_bytes())))
+}
+
+/// What the seen-checkpoint check found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SeenCheck {
+    /// The size of the checkpoint seen before, if any.
+    pub previous: Option<u64>,
+    pub size: u64,
+}
+
+/// Checks the ledger's latest checkpoint (already verified under the pinned key) against the
+/// one this client saw last, then records it. Refusals: `rollback` (smaller), `fork` (same
+/// size, other root), `consistency` (the ledger cannot prove the newer one extends it).
+pub fn check_seen(dir: &Path, store: &dyn LedgerStore, latest: &Checkpoint, note: &str) -> anyhow::Result<Result<SeenCheck, Refusal>> {
+    let path = seen_path(dir, &latest.origin);
+    let previous = match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let text = receipts_ledger::note::Note::parse(text.as_bytes()).with_context(|| format!("{}", path.display()))?.text;
+            Some(Checkpoint::parse(&text).with_context(|| format!("{}", path.display()))?)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    if let Some(seen) = &previous {
+        let refuse = |check: &'static str, message: String| Ok(Err(Refusal { check, message }));
+        if latest.size < seen.size {
+            return refuse("rollback", format!("the ledger's checkpoint has {} entries; this client saw {} before", latest.size, seen.size));
+        }
+        if latest.size == seen.size && latest.root != seen.root {
+            return refuse("fork", format!("checkpoint {} has another root than the one this client saw", latest.size));
+        }
+        if latest.size > seen.size && seen.size > 0 {
+            let proof = match consistency(store, seen.size, latest.size) {
+                Ok(p) => p,
+                Err(e) => return refuse("consistency", format!("no consistency proof {} -> {}: {e}", seen.size, latest.size)),
+            };
+            if let Err(e) = verify_consistency(seen.size, latest.size, &seen.root, &latest.root, &proof) {
+                return refuse("consistency", format!("checkpoint {} does not extend the {} seen before: {e}", latest.size, seen.size));
+            }
+        }
+    }
+    std::fs::create_dir_all(path.parent().unwrap_or(dir))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, note).and_then(|()| std::fs::rename(&tmp, &path)).with_context(|| format!("writing {}", path.display()))?;
+    Ok(Ok(SeenCheck { previous: previous.map(|p| p.size), size: latest.size }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use receipts_ledger::cosignature::{add_signature_lines, CosignerSigner};
+    use receipts_ledger::testing::{test_request, TestReceipts};
+    use receipts_ledger::{Ledger, SignerKey};
+    use receipts_ledger::store::CheckpointPolicy;
+
+    fn ledger(jobs: std::ops::Range<u64>) -> Ledger<SqliteStore> {
+        let mut l = Ledger::new(
+            SqliteStore::open_in_memory().unwrap(),
+            Box::new(TestReceipts),
+            Box::new(SignerKey::from_seed("ledger.client.test", &[5; 32]).unwrap()),
+            CheckpointPolicy { every_appends: u64::MAX, every_ms: u64::MAX },
+        );
+        for j in jobs {
+            l.append(test_request(j, 64), j).unwrap();
+        }
+        l.checkpoint_now(1).unwrap();
+        l
+    }
+
+    fn latest(l: &Ledger<SqliteStore>) -> (Checkpoint, String) {
+        let note = l.store().latest_checkpoint().unwrap().unwrap().note;
+        (Checkpoint::open(note.as_bytes(), &l.verifier()).unwrap(), note)
+    }
+
+    #[test]
+    fn quorum_is_required_by_name() {
+        let l = ledger(0..3);
+        let (cp, note) = latest(&l);
+        let (w1, w2) = (CosignerSigner::from_seed("w1.test", &[1; 32]).unwrap(), CosignerSigner::from_seed("w2.test", &[2; 32]).unwrap());
+        let args = WitnessArgs { witnesses: vec![w1.verifier().to_string(), w2.verifier().to_string()], quorum: None };
+        let policy = args.policy().unwrap().unwrap();
+        assert_eq!(policy.quorum, 2);
+        let one = add_signature_lines(&note, &w1.cosign(&cp.to_text(), 7)).unwrap();
+        assert_eq!(check_witnessed(&policy, &one).unwrap_err().check, "witness_quorum");
+        let both = add_signature_lines(&one, &w2.cosign(&cp.to_text(), 8)).unwrap();
+        assert_eq!(check_witnessed(&policy, &both).unwrap(), vec!["w1.test", "w2.test"]);
+        // A cosignature that does not verify is named as such.
+        let bad = both.replace(&w2.cosign(&cp.to_text(), 8), &w2.cosign(&cp.to_text(), 9).replace('A', "B"));
+        assert!(check_witnessed(&policy, &bad).is_err());
+        let one_of_two = WitnessArgs { quorum: Some(1), ..args.clone() }.policy().unwrap().unwrap();
+        assert!(check_witnessed(&one_of_two, &one).is_ok());
+        assert!(WitnessArgs { quorum: Some(3), ..args }.policy().is_err());
+        assert!(WitnessArgs { witnesses: vec![], quorum: Some(1) }.policy().is_err());
+    }
+
+    #[test]
+    fn seen_checkpoints_catch_forks_rollbacks_and_rewrites() {
+        let dir = tempfile::tempdir().unwrap();
+        let check = |l: &Ledger<SqliteStore>| {
+            let (cp, note) = latest(l);
+            check_seen(dir.path(), l.store(), &cp, &note).unwrap().map_err(|r| r.check)
+        };
+        assert_eq!(check(&ledger(0..4)), Ok(SeenCheck { previous: None, size: 4 }));
+        assert_eq!(check(&ledger(0..4)), Ok(SeenCheck { previous: Some(4), size: 4 }));
+        assert_eq!(check(&ledger(0..9)), Ok(SeenCheck { previous: Some(4), size: 9 }));
+        // The operator shows another tree of the size seen: a fork.
+        assert_eq!(check(&ledger(100..109)), Err("fork"));
+        // An older, smaller tree: a rollback.
+        assert_eq!(check(&ledger(0..5)), Err("rollback"));
+        // A bigger tree whose history was rewritten: no consistency with the one seen.
+        assert_eq!(check(&ledger(100..120)), Err("consistency"));
+        // None of the refused ones replaced the one seen.
+        assert_eq!(check(&ledger(0..12)), Ok(SeenCheck { previous: Some(9), size: 12 }));
+    }
+}
