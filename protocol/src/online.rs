@@ -6,7 +6,10 @@
 //! - `ephem-sent-ms`: when the client sent the request (ms since the UNIX epoch); the gateway
 //!   refuses one outside its replay window;
 //! - `ephem-client`: the 32-byte id (hex) the client's usage is accounted under; a label the
-//!   client chooses, not an authentication.
+//!   client chooses, not an authentication;
+//! - `ephem-manifest` (optional): the SHA-256 (hex) of the signed model manifest the client
+//!   checked; the gateway answers 409 if the model it runs is another (as a job header's
+//!   manifest hash).
 
 use std::io::Cursor;
 
@@ -19,6 +22,7 @@ use crate::envelope::{valid_model_id, Precision};
 pub const EMBEDDINGS_PATH: &str = "/v1/embeddings";
 pub const SENT_HEADER: &str = "ephem-sent-ms";
 pub const CLIENT_HEADER: &str = "ephem-client";
+pub const MANIFEST_HEADER: &str = "ephem-manifest";
 /// Inputs in one request.
 pub const MAX_INPUTS: usize = 256;
 /// Bytes of one request's JSON body.
@@ -64,6 +68,8 @@ pub struct EmbeddingsCall {
 pub struct OnlineRequest {
     pub sent_ms: u64,
     pub client: ClientLabel,
+    /// The manifest hash the client expects, if it named one.
+    pub manifest: Option<[u8; 32]>,
     pub call: Result<EmbeddingsCall, ApiError>,
 }
 
@@ -77,6 +83,8 @@ pub enum RequestFormError {
     SentTime,
     #[error("{CLIENT_HEADER} is not 64 hex digits")]
     ClientLabel,
+    #[error("{MANIFEST_HEADER} is not 64 hex digits")]
+    Manifest,
 }
 
 /// An OpenAI-shaped error (`{"error": {"message", "type", "param", "code"}}`) and its status.
@@ -108,8 +116,22 @@ impl ApiError {
     }
 }
 
+/// The routing headers a client puts inside its request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHeaders {
+    pub sent_ms: u64,
+    pub client: ClientLabel,
+    pub manifest: Option<[u8; 32]>,
+}
+
 /// Builds the Binary HTTP request the client encapsulates.
 pub fn encode_request(method: &str, path: &str, body: &[u8], sent_ms: u64, client: ClientLabel) -> Vec<u8> {
+    encode_request_with(method, path, body, RequestHeaders { sent_ms, client, manifest: None })
+}
+
+/// [`encode_request`] with every header.
+pub fn encode_request_with(method: &str, path: &str, body: &[u8], headers: RequestHeaders) -> Vec<u8> {
+    let RequestHeaders { sent_ms, client, manifest } = headers;
     let mut message = bhttp::Message::request(
         method.as_bytes().to_vec(),
         b"https".to_vec(),
@@ -119,6 +141,9 @@ pub fn encode_request(method: &str, path: &str, body: &[u8], sent_ms: u64, clien
     message.put_header("content-type", "application/json");
     message.put_header(SENT_HEADER, sent_ms.to_string());
     message.put_header(CLIENT_HEADER, client.to_hex());
+    if let Some(manifest) = manifest {
+        message.put_header(MANIFEST_HEADER, hex::encode(manifest));
+    }
     message.write_content(body);
     let mut out = Vec::new();
     // Writing to a Vec cannot fail.
@@ -145,6 +170,10 @@ pub fn decode_request(bytes: &[u8]) -> Result<OnlineRequest, RequestFormError> {
             .map(ClientLabel)
             .ok_or(RequestFormError::ClientLabel)?,
     };
+    let manifest = match header.get(MANIFEST_HEADER.as_bytes()) {
+        None => None,
+        Some(value) => Some(hex::decode(value).ok().and_then(|b| b.try_into().ok()).ok_or(RequestFormError::Manifest)?),
+    };
     let control = message.control();
     let call = match (control.method(), control.path()) {
         (Some(b"POST"), Some(path)) if path == EMBEDDINGS_PATH.as_bytes() => parse_call(message.content()),
@@ -154,7 +183,7 @@ pub fn decode_request(bytes: &[u8]) -> Result<OnlineRequest, RequestFormError> {
             String::from_utf8_lossy(path.unwrap_or_default()),
         ))),
     };
-    Ok(OnlineRequest { sent_ms, client, call })
+    Ok(OnlineRequest { sent_ms, client, manifest, call })
 }
 
 #[derive(Deserialize)]

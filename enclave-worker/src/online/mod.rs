@@ -129,14 +129,23 @@ struct Served {
 
 fn respond(worker: &Worker, request: &OnlineRequest) -> Result<(Vec<u8>, Served), ApiError> {
     let call = request.call.as_ref().map_err(Clone::clone)?;
-    embed(worker, call)
+    embed(worker, call, request.manifest)
 }
 
-fn embed(worker: &Worker, call: &EmbeddingsCall) -> Result<(Vec<u8>, Served), ApiError> {
+fn embed(worker: &Worker, call: &EmbeddingsCall, expected_manifest: Option<[u8; 32]>) -> Result<(Vec<u8>, Served), ApiError> {
     let model = worker.model(&call.model).ok_or_else(|| ApiError {
         status: 404,
         ..ApiError::invalid("model", "model_not_found", format!("model {} is not loaded in this enclave", call.model))
     })?;
+    if let Some(expected) = expected_manifest.filter(|m| *m != model.manifest_hash) {
+        let message = format!(
+            "model {}: the client checked manifest {}, this enclave runs {}",
+            call.model,
+            hex::encode(expected),
+            hex::encode(model.manifest_hash)
+        );
+        return Err(ApiError { status: 409, ..ApiError::invalid("model", "model_manifest_mismatch", message) });
+    }
     let embedder = model.engine.embedder();
     if !embedder.supports_precision(call.precision) {
         let message = format!("this enclave cannot compute {} (its CPU lacks the instructions)", call.precision.as_str());

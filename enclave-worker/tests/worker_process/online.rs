@@ -108,6 +108,12 @@ fn online_requests_are_answered_as_batch_jobs_once_and_accounted_in_a_signed_usa
     let narrow = exchange(&config, &serde_json::json!({"input": "x", "model": MODEL_ID, "dimensions": 128}), now_ms());
     let (status, body, _) = opened(&narrow, relay(&mut connection, 7, &narrow.encapsulated));
     assert_eq!((status, body["error"]["param"].as_str()), (400, Some("dimensions")));
+    let headers = online::RequestHeaders { sent_ms: now_ms(), client: ClientLabel([9; 32]), manifest: Some([1; 32]) };
+    let request = online::encode_request_with("POST", EMBEDDINGS_PATH, br#"{"input":"x","model":"sentence-transformers/all-MiniLM-L6-v2"}"#, headers);
+    let (encapsulated, opener) = ohttp::encapsulate_request(&config, &request).unwrap();
+    let pinned = Exchange { request, encapsulated, opener };
+    let (status, body, _) = opened(&pinned, relay(&mut connection, 10, &pinned.encapsulated));
+    assert_eq!((status, body["error"]["code"].as_str()), (409, Some("model_manifest_mismatch")));
     let long = exchange(&config, &serde_json::json!({"input": "word ".repeat(600), "model": MODEL_ID}), now_ms());
     let (status, body, _) = opened(&long, relay(&mut connection, 8, &long.encapsulated));
     assert_eq!((status, body["error"]["code"].as_str()), (400, Some("context_length_exceeded")));

@@ -43,6 +43,14 @@ fn bad_requests_get_openai_errors_naming_the_parameter() {
 }
 
 #[test]
+fn the_manifest_the_client_checked_travels_inside() {
+    let headers = RequestHeaders { sent_ms: 3, client: ClientLabel::ANONYMOUS, manifest: Some([0xab; 32]) };
+    let request = decode_request(&encode_request_with("POST", EMBEDDINGS_PATH, b"{}", headers)).unwrap();
+    assert_eq!(request.manifest, Some([0xab; 32]));
+    assert_eq!(decode_request(&encode_request("POST", EMBEDDINGS_PATH, b"{}", 3, ClientLabel::ANONYMOUS)).unwrap().manifest, None);
+}
+
+#[test]
 fn only_post_embeddings_is_served() {
     let request = decode_request(&encode_request("GET", "/v1/models", b"", 1, ClientLabel::ANONYMOUS)).unwrap();
     assert_eq!(request.call.unwrap_err().status, 404);
