@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The benchmark suite: our worker's inference against sentence-transformers and ONNX Runtime
-# (fp32 and dynamic int8) on the same corpus, same thread counts, in the same run; agreement of
+# The benchmark suite: our worker's inference (fp32, and bf16 and int8 where the CPU has them)
+# against sentence-transformers and ONNX Runtime (fp32 and dynamic int8, per channel) on the same
+# corpus, same thread counts, in the same run, with issue 23's ratios in one table; agreement of
 # the vectors; throughput against corpus size; the whole local pipeline; cold start of the
 # worker process. Writes bench/results/<date>.json, .md and .png, and puts the table and plot
 # into docs/benchmarks.md. See docs/benchmarks.md.
@@ -107,6 +108,7 @@ else
 fi
 quick_flag=()
 [ "$quick" = 1 ] && quick_flag=(--quick)
+say "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ') model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
 say "measuring (load average now: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$py" bench/suite.py --corpus "$corpus" --docs "$docs" --threads "$threads" --repeats "$repeats" \
     --sizes "$sizes" --boots "$boots" --rss-sizes "$rss_sizes" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \

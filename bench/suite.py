@@ -24,10 +24,13 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, "bench", "peers.py")
-ENGINES = ["ours", "ours-bf16", "ort-fp32", "ort-int8", "st"]
+ENGINES = ["ours", "ours-bf16", "ours-int8", "ort-fp32", "ort-int8", "st"]
+# Our reduced precisions run only where the CPU has the instructions (elsewhere they are refused).
+NEEDS_FLAG = {"ours-bf16": "avx512_bf16", "ours-int8": "avx512_vnni"}
 LABELS = {
     "ours": "ephem-batch worker (fp32)",
     "ours-bf16": "ephem-batch worker (precision bf16)",
+    "ours-int8": "ephem-batch worker (precision int8)",
     "st": "sentence-transformers (PyTorch CPU)",
     "ort-fp32": "ONNX Runtime fp32",
     "ort-int8": "ONNX Runtime dynamic int8",
@@ -67,8 +70,12 @@ def machine():
         with open("/proc/cpuinfo") as f:
             text = f.read()
         info["cpu"] = re.search(r"model name\s*:\s*(.*)", text).group(1).strip()
+        # Vendor, family and model name the machine kind (the model name alone may be generic under KVM).
+        info["cpu_vendor"] = re.search(r"vendor_id\s*:\s*(.*)", text).group(1).strip()
+        info["cpu_family"] = int(re.search(r"cpu family\s*:\s*(\d+)", text).group(1))
+        info["cpu_model"] = int(re.search(r"^model\s*:\s*(\d+)", text, re.M).group(1))
         flags = set(re.search(r"flags\s*:\s*(.*)", text).group(1).split())
-        info["cpu_flags"] = sorted(f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16") if f in flags)
+        info["cpu_flags"] = sorted(f for f in ("avx2", "avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16", "amx_int8") if f in flags)
         with open("/proc/meminfo") as f:
             info["memory_gib"] = round(int(re.search(r"MemTotal:\s*(\d+)", f.read()).group(1)) / 2**20, 1)
     except (OSError, AttributeError):
@@ -120,9 +127,9 @@ class Suite:
     def measure(self, engine, corpus, threads, repeats, tag, vectors=None):
         if engine == "ours":
             return self.ours(corpus, threads, repeats, tag)
-        if engine == "ours-bf16":
+        if engine in ("ours-bf16", "ours-int8"):
             # Also measures its minimum cosine to our fp32 vectors over the corpus.
-            return self.ours(corpus, threads, repeats, tag, precision="bf16")
+            return self.ours(corpus, threads, repeats, tag, precision=engine.removeprefix("ours-"))
         return self.peer(engine, corpus, threads, repeats, tag, vectors)
 
     def our_vectors(self, corpus, threads):
@@ -219,7 +226,8 @@ def main():
 
     # 1. Throughput and latency, every engine at every thread count, same corpus.
     vectors = {}
-    engines = [e for e in ENGINES if e != "ours-bf16" or "avx512_bf16" in doc["machine"].get("cpu_flags", [])]
+    flags = doc["machine"].get("cpu_flags", [])
+    engines = [e for e in ENGINES if e not in NEEDS_FLAG or NEEDS_FLAG[e] in flags]
     throughput = {engine: {} for engine in engines}
     for t in threads:
         for engine in engines:
@@ -280,7 +288,8 @@ def main():
     report.plot(doc, stem + ".png")
     log(f"wrote {stem}.json, .md, .png ({doc['wall_s']:.0f} s)")
     if args.docs_md:
-        report.update_docs(args.docs_md, table, os.path.relpath(stem + ".png", os.path.dirname(args.docs_md)))
+        report.update_docs(args.docs_md, table, os.path.relpath(stem + ".png", os.path.dirname(args.docs_md)),
+                           report.machine_kind(doc["machine"]))
         log(f"updated {args.docs_md}")
     print()
     print(table)
