@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-rust test-python test-python-wheel test-cdk test-aws test-supply-chain test-lambda-glibc deny fuzz
+.PHONY: demo test test-rust test-python test-python-wheel test-cdk test-aws test-supply-chain test-lambda-glibc test-go-interop deny fuzz
 
 demo:
 	bash scripts/demo.sh
@@ -8,7 +8,9 @@ demo:
 # (docs/supply-chain.md, docs/fuzzing.md); EPHEM_CI_FUZZ=0 leaves the fuzz pass out.
 # test-lambda-glibc: the Lambda binaries, linked by Zig against glibc 2.34, need no newer glibc
 # symbol (scripts/tests/lambda-glibc.sh; docs/operations.md §1.4).
-test: test-rust test-python test-cdk test-supply-chain test-lambda-glibc
+# test-go-interop: checkpoints, witness cosignatures and Merkle proofs against the transparency
+# ecosystem's Go code, both ways (scripts/tests/go-interop.sh; docs/protocol.md §8.12).
+test: test-rust test-python test-cdk test-supply-chain test-lambda-glibc test-go-interop
 
 test-rust:
 	bash scripts/test-rust.sh
@@ -35,6 +37,9 @@ test-supply-chain: deny
 
 test-lambda-glibc:
 	bash scripts/tests/lambda-glibc.sh
+
+test-go-interop:
+	bash scripts/tests/go-interop.sh
 
 deny:
 	bash scripts/deny.sh
