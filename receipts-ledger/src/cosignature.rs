@@ -273,5 +273,4 @@ impl WitnessPolicy {
 }
 
 #[cfg(test)]
-#[path = "cosignature/tests.rs"]
 mod tests;
