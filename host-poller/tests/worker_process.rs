@@ -22,6 +22,7 @@ use protocol::attestation::{self, TrustAnchor, UserDataBinding, VerifyOptions};
 use protocol::envelope::{self, FleetPublicKey, JobHeader, JobId, JobOptions, Preamble, ResultSecretKey, StreamKind};
 use protocol::fleet::{encryption_context, epoch_object_key, EpochRecord};
 use protocol::manifest::{development_publisher, manifest_hash, Manifest};
+use protocol::{ohttp, online};
 use protocol::receipt::SignedReceipt;
 use protocol::records::{encode_input, InputRecord, OutputDecoder, OutputRecord};
 use sha2::{Digest, Sha256, Sha384};
@@ -129,6 +130,30 @@ fn queue_empty(local: &LocalCloud) -> bool {
     local.job_queue().stats().map(|s| s.visible + s.in_flight + s.delayed == 0).unwrap_or(false)
 }
 
+/// `POST /v1/ohttp` over HTTP/1.1: (status, content type, body).
+fn post_ohttp(relay: std::net::SocketAddr, encapsulated: &[u8]) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(relay).unwrap();
+    let head = format!(
+        "POST /v1/ohttp HTTP/1.1\r\nHost: relay\r\nConnection: close\r\nContent-Type: message/ohttp-req\r\nContent-Length: {}\r\n\r\n",
+        encapsulated.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(encapsulated).unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).unwrap();
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8(raw[..split].to_vec()).unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let media_type = head
+        .split("\r\n")
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.eq_ignore_ascii_case("content-type"))
+        .map(|(_, value)| value.trim().to_owned())
+        .unwrap_or_default();
+    (status, media_type, raw[split + 4..].to_vec())
+}
+
 fn texts(n: usize) -> Vec<String> {
     (0..n).map(|i| format!("Document {i}: confidential embedding of sealed records inside an enclave, line {i}.")).collect()
 }
@@ -151,6 +176,8 @@ fn the_poller_runs_sealed_jobs_through_the_real_worker() {
     config.retry_max = Duration::from_secs(2);
     config.visibility = Duration::from_secs(10);
     config.pid_file = Some(home.path().join("run").join("host-poller.pid"));
+    let relay_address = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    config.online = Some(host_poller::OnlineSettings::new(relay_address));
     let started = Instant::now();
     let poller = Running::start(local.services(), config);
     let client = ResultSecretKey::generate();
@@ -189,12 +216,34 @@ fn the_poller_runs_sealed_jobs_through_the_real_worker() {
     opened.opener.finish(&mut plain).unwrap();
     let mut decoder = OutputDecoder::new();
     decoder.push(&plain);
-    let mut vectors = 0;
+    let mut batch_vectors = Vec::new();
     while let Some(record) = decoder.next_record().unwrap() {
-        assert!(matches!(record, OutputRecord::Embedding { .. }), "{record:?}");
-        vectors += 1;
+        let OutputRecord::Embedding { vector, .. } = record else { panic!("{record:?}") };
+        batch_vectors.push(vector.to_f32());
     }
-    assert_eq!(vectors, 3);
+    assert_eq!(batch_vectors.len(), 3);
+
+    // The same texts online, through the Oblivious HTTP relay: the same vectors; the same
+    // encapsulated request again is refused as a replay, by name.
+    let key_config = ohttp::KeyConfig::for_epoch(1, fleet.clone());
+    let body = serde_json::json!({"input": texts(3), "model": MODEL_ID}).to_string();
+    let request = online::encode_request("POST", online::EMBEDDINGS_PATH, body.as_bytes(), cloud::now_ms(), online::ClientLabel([3; 32]));
+    let (encapsulated, opener) = ohttp::encapsulate_request(&key_config, &request).unwrap();
+    let (http_status, media_type, answer) = post_ohttp(relay_address, &encapsulated);
+    assert_eq!((http_status, media_type.as_str()), (200, "message/ohttp-res"));
+    let (api_status, answer) = online::decode_response(&opener.open(&answer).unwrap()).unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(api_status, 200, "{answer}");
+    let data = answer["data"].as_array().unwrap();
+    assert_eq!(data.len(), 3);
+    for (item, batch) in data.iter().zip(&batch_vectors) {
+        let online: Vec<f32> = item["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect();
+        let cosine: f32 = online.iter().zip(batch).map(|(a, b)| a * b).sum();
+        assert!(cosine > 0.9999, "online and batch differ: cosine {cosine}");
+    }
+    let (http_status, media_type, problem) = post_ohttp(relay_address, &encapsulated);
+    assert_eq!((http_status, media_type.as_str()), (400, "application/problem+json"));
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&problem).unwrap()["check"], "replay");
 
     // The ledger queue holds the receipt and the document it names.
     let ledger = local.ledger_queue().receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap();
