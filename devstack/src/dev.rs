@@ -14,6 +14,7 @@
 //! development worker's attestation is one only the local KMS can check.
 
 pub mod aws;
+pub mod witness;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -349,7 +350,9 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
             "--input-retention-s".into(),
             args.input_retention_s.to_string(),
         ];
-        let pid = spawn(home, "lambdas", &me, &args, &[])?;
+        // Every checkpoint the runtime signs goes to the local witness.
+        let witnesses = witness::start(home)?;
+        let pid = spawn(home, "lambdas", &me, &args, &[(receipts_ledger::witness_client::WITNESSES_ENV, witnesses)])?;
         eprintln!("started the local Lambda runtime (pid {pid})");
     }
     eprintln!(
@@ -383,7 +386,7 @@ pub fn relay_url(home: &Home) -> Option<String> {
 pub fn down(home: &Home) -> anyhow::Result<()> {
     let mut stopped = Vec::new();
     // The poller first: it finishes in-flight jobs and stops its worker itself.
-    for name in ["host-poller", "lambdas", aws::PUMP, "enclave-worker"] {
+    for name in ["host-poller", "lambdas", aws::PUMP, "enclave-worker", witness::PROCESS] {
         if stop(home, name, Duration::from_secs(120)) {
             stopped.push(name);
         }
@@ -515,6 +518,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
         })?
     };
     let (mut ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(check.clone()))?;
+    let witnesses = receipts_ledger::WitnessClient::from_env()?;
     tracing::info!(ledger_key = %verifier, "local Lambda runtime started");
     let mut last_expiry = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -523,6 +527,11 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
             Ok(n) if n > 0 => {
                 if let Err(error) = ledger.checkpoint_now(cloud::now_ms()) {
                     tracing::warn!(%error, "checkpoint not signed");
+                }
+                if let Some(witnesses) = &witnesses
+                    && let Err(error) = witnesses.cosign_latest(ledger.store())
+                {
+                    tracing::warn!(%error, "checkpoint not cosigned");
                 }
             }
             Ok(_) => {}
