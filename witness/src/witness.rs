@@ -194,3 +194,75 @@ impl Witness {
             .map(|l| l.checkpoint.clone())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use receipts_ledger::merkle::MemoryTree;
+    use receipts_ledger::note::SignerKey;
+    use receipts_ledger::witness_client::add_checkpoint_body;
+
+    fn setup() -> (tempfile::TempDir, SignerKey, Witness) {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SignerKey::from_seed("log.example", &[1; 32]).unwrap();
+        let state = State::open(&dir.path().join("s.json")).unwrap();
+        let w = Witness::new(CosignerSigner::from_seed("w.example", &[2; 32]).unwrap(), vec![log.verifier()], state);
+        (dir, log, w.with_clock(|| 1_700_000_000))
+    }
+
+    fn signed(log: &SignerKey, size: u64, root: Hash) -> String {
+        Checkpoint::new("log.example", size, root).sign(log).unwrap()
+    }
+
+    fn tree(n: u64, salt: &str) -> MemoryTree {
+        let mut t = MemoryTree::new();
+        for i in 0..n {
+            t.push(format!("{salt}{i}").as_bytes());
+        }
+        t
+    }
+
+    fn root(t: &MemoryTree, size: u64) -> Hash {
+        receipts_ledger::merkle::root_at(t, size).unwrap()
+    }
+
+    fn check(w: &Witness, old: u64, proof: &[Hash], note: &str) -> Result<String, &'static str> {
+        w.add_checkpoint(add_checkpoint_body(old, proof, note).as_bytes()).map_err(|r| r.check())
+    }
+
+    #[test]
+    fn each_check_refuses_by_name() {
+        let (_d, log, w) = setup();
+        let t = tree(5, "e");
+        let five = signed(&log, 5, root(&t, 5));
+        // A proof from old size 0, and a size-0 tree with another root than the empty one.
+        assert_eq!(check(&w, 0, &[[0; 32]], &five), Err("proof_from_empty"));
+        assert_eq!(check(&w, 0, &[], &signed(&log, 0, [1; 32])), Err("empty_root"));
+        assert_eq!(check(&w, 6, &[], &five), Err("old_size"));
+        assert!(check(&w, 0, &[], &five).is_ok());
+        // The same checkpoint again from old size 5 is cosigned again; from 0 it is a conflict.
+        assert!(check(&w, 5, &[], &five).is_ok());
+        assert_eq!(check(&w, 0, &[], &five), Err("conflict"));
+        // 5 -> 8: a right proof is cosigned, a wrong one and a rewritten tree are not.
+        let t8 = tree(8, "e");
+        let proof = receipts_ledger::merkle::consistency_proof(&t8, 5, 8).unwrap();
+        let eight = signed(&log, 8, root(&t8, 8));
+        let mut bad = proof.clone();
+        bad[0][0] ^= 1;
+        assert_eq!(check(&w, 5, &bad, &eight), Err("consistency"));
+        let other = tree(8, "x");
+        let other_proof = receipts_ledger::merkle::consistency_proof(&other, 5, 8).unwrap();
+        assert_eq!(check(&w, 5, &other_proof, &signed(&log, 8, root(&other, 8))), Err("consistency"));
+        let line = check(&w, 5, &proof, &eight).unwrap();
+        assert!(line.starts_with("\u{2014} w.example "));
+        assert_eq!(check(&w, 8, &[], &signed(&log, 8, root(&other, 8))), Err("fork"));
+        // Malformed bodies.
+        for body in ["", "old 01\n\n", "old 1\nAAAA\n\nx", "old 1\n"] {
+            assert_eq!(w.add_checkpoint(body.as_bytes()).map_err(|r| r.check()), Err("request"), "{body:?}");
+        }
+        let lines: String = (0..64).map(|_| "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=\n").collect();
+        assert_eq!(w.add_checkpoint(format!("old 8\n{lines}\n{eight}").as_bytes()).map_err(|r| r.check()), Err("request"));
+        assert_eq!(Refusal::Conflict { old: 0, known: 5 }.status(), 409);
+        assert!(w.latest(&hex::encode(Sha256::digest(b"log.example"))).unwrap().contains(line.trim_end()));
+    }
+}
