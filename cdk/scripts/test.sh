@@ -51,6 +51,13 @@ rm -rf "$cdk_dir/cdk.out"
 template="$cdk_dir/cdk.out/EphemBatch.template.json"
 [ -s "$template" ] || fail "synth wrote no template at $template"
 
+step "synth with the online relay (-c onlineCertificateArn, a dummy ARN)"
+(cd "$cdk_dir" && npx --no-install cdk synth --quiet --no-notices --no-version-reporting -o "$zips/online" \
+  -c pcr0="$DUMMY_PCR0" -c pcr8="$DUMMY_PCR8" -c lambdaAssetsDir="$zips" -c hostAmi="$DUMMY_AMI" \
+  -c onlineCertificateArn=arn:aws:acm:eu-west-1:123456789012:certificate/00000000-0000-0000-0000-000000000000)
+online_template="$zips/online/EphemBatch.template.json"
+[ -s "$online_template" ] || fail "synth wrote no template at $online_template"
+
 step "a synth without measurements must fail"
 if (cd "$cdk_dir" && npx --no-install cdk synth --quiet --no-notices -c lambdaAssetsDir="$zips" -o "$zips/out" >"$zips/nomeasure.log" 2>&1); then
   fail "synth without measurements succeeded"
@@ -92,7 +99,7 @@ if [ ! -x "$cache/bin/cfn-lint" ]; then
   fi
 fi
 # W3005 (redundant DependsOn) comes from CDK's own ordering of resources it generates.
-"$cache/bin/cfn-lint" --ignore-checks W3005 -- "$template"
+"$cache/bin/cfn-lint" --ignore-checks W3005 -- "$template" "$online_template"
 # The enclave image build stack (CodeBuild; deployed by scripts/deploy.sh step 2).
 "$cache/bin/cfn-lint" -- "$root/enclave-image/image-build.yaml"
 echo "cfn-lint: no findings"
