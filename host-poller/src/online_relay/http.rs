@@ -44,7 +44,9 @@ pub(crate) async fn serve(state: Arc<State>, request: Request<Incoming>) -> Resu
     };
     let status = response.status().as_u16();
     let response_bytes = hyper::body::Body::size_hint(response.body()).exact().unwrap_or(0);
-    state.stats.count(status);
+    if route == "/v1/ohttp" {
+        state.stats.count(status);
+    }
     let duration_ms = started.elapsed().as_secs_f64() * 1e3;
     if route == "/healthz" {
         tracing::debug!(method = %method, route, status, duration_ms, "online relay");
