@@ -243,7 +243,10 @@ pub struct WitnessPolicy {
 }
 
 impl WitnessPolicy {
-    pub fn new(keys: Vec<CosignerKey>, quorum: usize) -> Result<Self, WitnessPolicyError> {
+    pub fn new(mut keys: Vec<CosignerKey>, quorum: usize) -> Result<Self, WitnessPolicyError> {
+        // One witness given twice is still one witness.
+        let mut seen = Vec::new();
+        keys.retain(|k| if seen.contains(k) { false } else { seen.push(k.clone()); true });
         if quorum > keys.len() {
             return Err(WitnessPolicyError::QuorumTooLarge { need: quorum, keys: keys.len() });
         }

@@ -35,8 +35,9 @@ impl WitnessArgs {
                 CosignerKey::parse(text.trim()).with_context(|| format!("witness key {w:?}"))
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let quorum = self.quorum.unwrap_or(keys.len());
-        Ok(Some(WitnessPolicy::new(keys, quorum)?))
+        let all = WitnessPolicy::new(keys, 0)?; // duplicates dropped
+        let quorum = self.quorum.unwrap_or(all.keys.len());
+        Ok(Some(WitnessPolicy::new(all.keys, quorum)?))
     }
 }
 

@@ -59,6 +59,10 @@ fn cosigned_note_verifies_and_the_log_signature_still_does() {
     // A log-type (0x01) key with the witness's name is another key: its id differs.
     assert_ne!(crate::note::key_id("w1.example", &w1.key.verifying_key()), w1.verifier().id());
     assert!(matches!(WitnessPolicy::new(vec![w1.verifier()], 2), Err(WitnessPolicyError::QuorumTooLarge { .. })));
+    assert!(matches!(
+        WitnessPolicy::new(vec![w1.verifier(), w1.verifier()], 2),
+        Err(WitnessPolicyError::QuorumTooLarge { need: 2, keys: 1 })
+    ));
 }
 
 #[test]
