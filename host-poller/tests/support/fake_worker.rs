@@ -168,6 +168,8 @@ fn control(mut connection: UnixStream, state: &Mutex<FakeState>) {
                 s.fetched.push(("jobs/0123/input.sealed".into(), secret));
                 s.models.push(manifest_key);
                 send(&mut connection, &status(&s));
+                // The last request of a pass: this receipt waits on the idle connection.
+                send(&mut connection, &Message::UsageReceipt { receipt: b"usage receipt".to_vec(), attestation_document: s.document.clone() });
             }
             Message::Attest { request, nonce } => {
                 let mut document = b"fresh:".to_vec();
