@@ -119,10 +119,11 @@ fn reference() -> &'static Reference {
     })
 }
 
-/// int8's worst cosine on the reference texts, to the reference and to fp32: measured 0.99782
-/// for both (median 0.99896) on all-MiniLM-L6-v2, with a small margin. ONNX Runtime's dynamic
-/// int8 reaches 0.985–0.987 to sentence-transformers on the benchmark corpus.
-const INT8_MIN_COSINE: f64 = 0.997;
+/// Issue 23's bound for int8 on every reference text, to the reference and to fp32: measured
+/// 0.99939 for both (median 0.99969) on all-MiniLM-L6-v2 with 8 exact channels per int8 product
+/// and the FFN output in bf16 (0.99782 with all four products plain int8). ONNX Runtime's
+/// dynamic int8 reaches 0.985–0.987 to sentence-transformers on the benchmark corpus.
+const INT8_MIN_COSINE: f64 = 0.999;
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());

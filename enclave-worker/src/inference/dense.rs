@@ -129,7 +129,7 @@ impl Packed<f32> {
     }
 
     /// `w[row][col]`; zero outside the matrix.
-    pub(crate) fn value(&self, row: usize, col: usize) -> f32 {
+    fn value(&self, row: usize, col: usize) -> f32 {
         if row < self.k && col < self.n { self.panels[(col / NR * self.depth + row) * NR + col % NR] } else { 0.0 }
     }
 }
@@ -332,25 +332,38 @@ fn quad(bytes: [u8; 4]) -> u32 {
 /// scale `scale[j] = max_p |w[p][j]| / 127` and values `q = round(w / scale)` in `[-127, 127]`,
 /// packed as panels of k-quads (4 i8 per u32 lane, `ceil(k/4)` panel rows); `sum[j] = Σ_p q[p][j]`
 /// for the activations' zero-point term. Optionally smoothed: weight row `p` was multiplied by
-/// `smooth[p]` before quantising, and activations are divided by it before theirs.
+/// `smooth[p]` before quantising, and activations are divided by it before theirs. Optionally a
+/// few input channels stay exact (LLM.int8()-style decomposition): their weight rows are left
+/// out of the int8 matrix (zero), the activations' values in them are zeroed before
+/// quantising, and their share of the product is computed in f32 and added.
 pub(crate) struct Int8Weights {
     panels: Packed<u32>,
     /// Per column, padded with zeros to whole panels.
     scale: Vec<f32>,
     sum: Vec<i32>,
-    /// `1 / smooth[p]` per input channel, or none.
+    /// `1 / smooth[p]` per input channel (0 for an exact channel), or none.
     inv_smooth: Option<Vec<f32>>,
+    /// The exact channels and their original weight rows, `(channels, n)`.
+    exact: Option<(Vec<usize>, Packed<f32>)>,
 }
 
 impl Int8Weights {
     /// Quantises `w` (packed for the f32 kernel), after multiplying its row `p` by `smooth[p]`
     /// when given (SmoothQuant: the activations' channel `p` is divided by the same factor).
-    pub(crate) fn new(w: &Packed<f32>, smooth: Option<&[f32]>) -> Self {
+    ///
+    /// `exact` lists input channels (each below `k`, no repeats) computed in f32 instead.
+    pub(crate) fn new(w: &Packed<f32>, smooth: Option<&[f32]>, exact: &[usize]) -> Self {
         let (k, n) = (w.k, w.n);
         if let Some(s) = smooth {
             assert_eq!(s.len(), k, "one smoothing factor per input channel");
         }
-        let value = |row: usize, col: usize| w.value(row, col) * smooth.map_or(1.0, |s| s.get(row).copied().unwrap_or(1.0));
+        let mut is_exact = vec![false; k];
+        for &c in exact {
+            assert!(c < k && !is_exact[c], "exact channels are distinct input channels");
+            is_exact[c] = true;
+        }
+        let factor = |row: usize| if is_exact[row] { 0.0 } else { smooth.map_or(1.0, |s| s[row]) };
+        let value = |row: usize, col: usize| w.value(row, col) * factor(row);
         let cols = n.div_ceil(NR) * NR;
         let mut scale = vec![0f32; cols];
         let mut sum = vec![0i32; cols];
@@ -370,7 +383,13 @@ impl Int8Weights {
         let panels = Packed::pack(k, n, k.div_ceil(4), |p, col| {
             quad([at(4 * p, col), at(4 * p + 1, col), at(4 * p + 2, col), at(4 * p + 3, col)])
         });
-        Self { panels, scale, sum, inv_smooth: smooth.map(|s| s.iter().map(|&s| 1.0 / s).collect()) }
+        let inv_smooth = (smooth.is_some() || !exact.is_empty())
+            .then(|| (0..k).map(|row| if is_exact[row] { 0.0 } else { 1.0 / factor(row) }).collect());
+        let exact = (!exact.is_empty()).then(|| {
+            let rows: Vec<f32> = exact.iter().flat_map(|&c| (0..n).map(move |col| w.value(c, col))).collect();
+            (exact.to_vec(), Packed::f32(&rows, exact.len(), n))
+        });
+        Self { panels, scale, sum, inv_smooth, exact }
     }
 
     pub(crate) fn rows(&self) -> usize {
@@ -471,6 +490,28 @@ fn int8_product(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32], tile: Int
     product(x, m, k, n, out, |x, rows| quantize_rows(x, rows, k, inv), |a, panel, out, ldc| {
         int8_panel(a, w, panel, out, ldc, tile)
     });
+    if let Some((channels, rows)) = &w.exact {
+        // The exact channels' share, `x[:, channels] · rows`, in f32.
+        let gathered: Vec<f32> = x.chunks_exact(k).flat_map(|row| channels.iter().map(|&c| row[c])).collect();
+        let mut share = vec![0f32; m * n];
+        if f32_supported() {
+            matmul_f32(&gathered, m, rows, &mut share);
+        } else {
+            // Only the scalar tests get here (int8 itself needs AVX-512).
+            for (i, share) in share.chunks_exact_mut(n).enumerate() {
+                for (p, &v) in gathered[i * channels.len()..(i + 1) * channels.len()].iter().enumerate() {
+                    for (j, s) in share.iter_mut().enumerate() {
+                        *s += v * rows.value(p, j);
+                    }
+                }
+            }
+        }
+        out.par_chunks_mut(n * MC).zip(share.par_chunks(n * MC)).for_each(|(out, share)| {
+            for (o, s) in out.iter_mut().zip(share) {
+                *o += s;
+            }
+        });
+    }
 }
 
 /// The dequantisation inputs of one `MR × NR` tile.

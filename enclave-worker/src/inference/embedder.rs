@@ -91,7 +91,7 @@ impl Tokenized {
 /// (the fused encoder's `int8_layers`): a fixed set, so a model's int8 weights are the same on
 /// every worker and for every job. Varied on purpose — prose, a question, punctuation, digits,
 /// code, other scripts — since the outlier channels are a property of the model, not of a text.
-pub(crate) const INT8_CALIBRATION: [&str; 8] = [
+const INT8_CALIBRATION: [&str; 8] = [
     "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
     "What is the capital of France, and how many people live there?",
     "Install the package with apt-get install -y libssl-dev (version 3.0.2, 2024-05-01).",

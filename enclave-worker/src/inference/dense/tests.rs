@@ -155,7 +155,7 @@ fn int8_kernel_equals_the_scalar_reference_bit_for_bit() {
     for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate() {
         let x = activations(seed as u64, m, k);
         let w = values(100 + seed as u64, k * n);
-        let weights = Int8Weights::new(&Packed::f32(&w, k, n), None);
+        let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
         let (mut vnni, mut reference) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
         matmul_int8(&x, m, &weights, &mut vnni);
         int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
@@ -174,7 +174,7 @@ fn int8_tile_reference_matches_the_plain_product_anywhere() {
     for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate().take(6) {
         let x = activations(seed as u64, m, k);
         let w = values(100 + seed as u64, k * n);
-        let weights = Int8Weights::new(&Packed::f32(&w, k, n), None);
+        let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
         let mut reference = vec![f32::NAN; m * n];
         int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
         let plain = int8_plain(&x, &w, m, k, n);
@@ -198,7 +198,7 @@ fn int8_stays_close_to_full_precision_and_smoothing_is_exact_in_f32() {
     let smooth: Vec<f32> = (0..k).map(|p| if p % 7 == 3 { 2.5 } else { 0.75 }).collect();
     for smooth in [None, Some(&smooth[..])] {
         let mut out = vec![0f32; m * n];
-        matmul_int8(&x, m, &Int8Weights::new(&Packed::f32(&w, k, n), smooth), &mut out);
+        matmul_int8(&x, m, &Int8Weights::new(&Packed::f32(&w, k, n), smooth, &[]), &mut out);
         for i in 0..m {
             let (exact, got) = (&exact[i * n..(i + 1) * n], &out[i * n..(i + 1) * n]);
             let dot: f64 = exact.iter().zip(got).map(|(a, &b)| a * f64::from(b)).sum();
@@ -223,4 +223,74 @@ fn int8_rows_quantise_within_half_a_step() {
     let mut positive = [0u8; 3];
     assert_eq!(quantize_row(&[1.0, 2.0, 0.5], &mut positive).1, 0);
     assert_eq!(positive[1], 255);
+}
+
+/// Every fifth input channel, at most eight: the exact ones of an int8 test product.
+fn some_channels(k: usize) -> Vec<usize> {
+    (0..k).step_by(5).take(8).collect()
+}
+
+#[test]
+fn int8_with_exact_channels_equals_its_references_on_odd_shapes() {
+    // Tile reference: the same path bit for bit. Plain: the int8 part with the exact channels
+    // left out (rows zero, activations zeroed before quantising) plus their f32 share, summed
+    // in another order, so within f32 rounding.
+    for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate() {
+        let x = activations(seed as u64, m, k);
+        let w = values(100 + seed as u64, k * n);
+        let exact = some_channels(k);
+        let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &exact);
+        let mut reference = vec![f32::NAN; m * n];
+        int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
+        let kept = |p: usize| !exact.contains(&p);
+        let x_int8: Vec<f32> = x.iter().enumerate().map(|(i, &v)| if kept(i % k) { v } else { 0.0 }).collect();
+        let w_int8: Vec<f32> = w.iter().enumerate().map(|(i, &v)| if kept(i / n) { v } else { 0.0 }).collect();
+        let mut plain = int8_plain(&x_int8, &w_int8, m, k, n);
+        for i in 0..m {
+            for j in 0..n {
+                plain[i * n + j] += exact.iter().map(|&c| x[i * k + c] * w[c * n + j]).sum::<f32>();
+            }
+        }
+        for (i, (a, b)) in reference.iter().zip(&plain).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "({m},{k},{n}) [{i}]: {a} vs {b}");
+        }
+        if int8_supported() {
+            let mut vnni = vec![f32::NAN; m * n];
+            matmul_int8(&x, m, &weights, &mut vnni);
+            for (i, (a, b)) in vnni.iter().zip(&reference).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
+            }
+        }
+    }
+}
+
+#[test]
+fn an_outlier_in_an_exact_channel_does_not_coarsen_its_row() {
+    if !int8_supported() {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        return;
+    }
+    // One channel 300× the others (what a model's outlier dimension looks like): quantised with
+    // its row, it takes the whole u8 range and every other channel rounds to a few levels.
+    let (m, k, n) = (24, 384, 128);
+    let outlier = 17;
+    let x: Vec<f32> = values(11, m * k).iter().enumerate().map(|(i, &v)| if i % k == outlier { 300.0 } else { v }).collect();
+    let w = values(12, k * n);
+    let exact = reference(&x, &w, m, k, n, f64::from);
+    let worst = |weights: &Int8Weights| {
+        let mut out = vec![0f32; m * n];
+        matmul_int8(&x, m, weights, &mut out);
+        (0..m)
+            .map(|i| {
+                let (e, g) = (&exact[i * n..(i + 1) * n], &out[i * n..(i + 1) * n]);
+                let err: f64 = e.iter().zip(g).map(|(a, &b)| (a - f64::from(b)).powi(2)).sum::<f64>().sqrt();
+                err / e.iter().map(|a| a * a).sum::<f64>().sqrt()
+            })
+            .fold(0f64, f64::max)
+    };
+    let packed = Packed::f32(&w, k, n);
+    let (plain, split) = (worst(&Int8Weights::new(&packed, None, &[])), worst(&Int8Weights::new(&packed, None, &[outlier])));
+    eprintln!("worst relative error of a row: {plain:.5} plain, {split:.5} with the outlier channel exact");
+    assert!(plain > 0.01, "the outlier should ruin the plain int8 row (relative error {plain})");
+    assert!(split < 0.01, "with the outlier channel exact, relative error {split}");
 }
