@@ -14,7 +14,8 @@ started=$(date +%s)
 command -v go >/dev/null || { echo "go-interop: the Go toolchain (go) is not on PATH" >&2; exit 1; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-cargo build --locked -q -p witness --example interop
+# The workspace's feature set, so the build reuses what the workspace build compiled.
+cargo build --workspace --locked -q --example interop
 interop=target/debug/examples/interop
 "$interop" write "$dir"
 (cd tests/go-interop && EPHEM_INTEROP_DIR="$dir" go test -mod=readonly -count=1 -v ./... | grep -E '^(--- |ok|FAIL|PASS)')
