@@ -13,7 +13,9 @@
 //! as bf16 holds pairs. With `x ≈ s_x (u − z)` and `w ≈ s_w q`,
 //! `x · w ≈ s_x s_w (Σ u q − z Σ q)`: the column sums `Σ q` are computed at quantisation, and the
 //! tile kernel dequantises its int32 sums to f32 before storing. A scalar reference of the same
-//! arithmetic (`int8_tile_reference`) must equal the kernel bit for bit (tests).
+//! arithmetic (`int8_tile_reference`) must equal the kernel bit for bit (tests). A few input
+//! channels may stay exact: left out of both quantisations, their f32 share is added by the tile
+//! kernel after dequantising (one FMA per channel, with the tile still in registers).
 //!
 //! `vdpbf16ps acc, a, b` adds, in each of its 16 f32 lanes, `a.lo·b.lo + a.hi·b.hi` of the lane's
 //! two bf16 halves. So for bf16 both operands hold *pairs along k*: a weight panel lane holds
@@ -408,14 +410,29 @@ struct Quantized {
     lanes: Vec<u32>,
     scale: Vec<f32>,
     zero: Vec<i32>,
+    /// Per padded row, the values of the weights' exact channels (f32, unquantised).
+    exact: Vec<f32>,
     rows: usize,
 }
 
 /// Quantises `rows` rows of `x` (`k` values each, divided by `1/inv_smooth` first when given).
-fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: Option<&[f32]>) -> Quantized {
+/// The values of the `exact` channels are gathered as they are.
+fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: Option<&[f32]>, exact: &[usize]) -> Quantized {
     let depth = k.div_ceil(4);
     let padded = rows.div_ceil(MR) * MR;
-    let mut q = Quantized { lanes: vec![0u32; padded * depth], scale: vec![0f32; padded], zero: vec![0i32; padded], rows };
+    let mut gathered = vec![0f32; padded * exact.len()];
+    for (values, row) in gathered.chunks_exact_mut(exact.len().max(1)).zip(x[..rows * k].chunks_exact(k)) {
+        for (v, &c) in values.iter_mut().zip(exact) {
+            *v = row[c];
+        }
+    }
+    let mut q = Quantized {
+        lanes: vec![0u32; padded * depth],
+        scale: vec![0f32; padded],
+        zero: vec![0i32; padded],
+        exact: gathered,
+        rows,
+    };
     let mut bytes = vec![0u8; depth * 4];
     let mut smoothed = vec![0f32; if inv_smooth.is_some() { k } else { 0 }];
     super::kernels::vectorized(
@@ -487,31 +504,10 @@ pub(crate) fn matmul_int8(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32])
 fn int8_product(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32], tile: Int8Tile) {
     let (k, n) = (w.panels.k, w.panels.n);
     let inv = w.inv_smooth.as_deref();
-    product(x, m, k, n, out, |x, rows| quantize_rows(x, rows, k, inv), |a, panel, out, ldc| {
+    let exact = w.exact.as_ref().map_or(&[][..], |(channels, _)| channels);
+    product(x, m, k, n, out, |x, rows| quantize_rows(x, rows, k, inv, exact), |a, panel, out, ldc| {
         int8_panel(a, w, panel, out, ldc, tile)
     });
-    if let Some((channels, rows)) = &w.exact {
-        // The exact channels' share, `x[:, channels] · rows`, in f32.
-        let gathered: Vec<f32> = x.chunks_exact(k).flat_map(|row| channels.iter().map(|&c| row[c])).collect();
-        let mut share = vec![0f32; m * n];
-        if f32_supported() {
-            matmul_f32(&gathered, m, rows, &mut share);
-        } else {
-            // Only the scalar tests get here (int8 itself needs AVX-512).
-            for (i, share) in share.chunks_exact_mut(n).enumerate() {
-                for (p, &v) in gathered[i * channels.len()..(i + 1) * channels.len()].iter().enumerate() {
-                    for (j, s) in share.iter_mut().enumerate() {
-                        *s += v * rows.value(p, j);
-                    }
-                }
-            }
-        }
-        out.par_chunks_mut(n * MC).zip(share.par_chunks(n * MC)).for_each(|(out, share)| {
-            for (o, s) in out.iter_mut().zip(share) {
-                *o += s;
-            }
-        });
-    }
 }
 
 /// The dequantisation inputs of one `MR × NR` tile.
@@ -520,24 +516,37 @@ struct Dequant<'a> {
     row_zero: &'a [i32],
     col_scale: &'a [f32],
     col_sum: &'a [i32],
+    /// The exact channels' share: `exact` values per row (`MR × exact`) and the panel of their
+    /// f32 weight rows (`exact × NR`).
+    exact: usize,
+    exact_x: &'a [f32],
+    exact_w: &'a [f32],
 }
 
 /// What an int8 tile kernel computes, [`kernel::int8_tile`] and [`int8_tile_reference`] alike:
 /// `out[r·ldc + j] = f32(acc − zero[r]·sum[j]) · (row_scale[r] · col_scale[j])` where
-/// `acc = Σ_p Σ_b a[r][p].byte(b) · b[p][j].byte(b)` (u8 × i8, wrapping int32).
+/// `acc = Σ_p Σ_b a[r][p].byte(b) · b[p][j].byte(b)` (u8 × i8, wrapping int32), then for each
+/// exact channel `c` in order `out ← fma(exact_x[r][c], exact_w[c][j], out)`.
 type Int8Tile = fn(&[u32], &[u32], usize, &mut [f32], usize, usize, &Dequant<'_>);
 
 fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc: usize, tile: Int8Tile) {
     let depth = w.panels.depth;
     let lanes = &w.panels.panels[panel * depth * NR..(panel + 1) * depth * NR];
     let cols = panel * NR..(panel + 1) * NR;
+    let (exact, exact_w) = match &w.exact {
+        Some((channels, rows)) => (channels.len(), &rows.panels[panel * channels.len() * NR..(panel + 1) * channels.len() * NR]),
+        None => (0, &[][..]),
+    };
     tiles_of_panel(a.rows, NR.min(w.panels.n - panel * NR), out, ldc, |index, valid, out, ldc| {
         let rows = index * MR..(index + 1) * MR;
         let dequant = Dequant {
             row_scale: &a.scale[rows.clone()],
-            row_zero: &a.zero[rows],
+            row_zero: &a.zero[rows.clone()],
             col_scale: &w.scale[cols.clone()],
             col_sum: &w.sum[cols.clone()],
+            exact,
+            exact_x: &a.exact[rows.start * exact..rows.end * exact],
+            exact_w,
         };
         tile(&a.lanes[index * MR * depth..(index + 1) * MR * depth], lanes, depth, out, ldc, valid, &dequant)
     });
@@ -557,7 +566,11 @@ fn int8_tile_reference(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc:
                 }
             }
             let corrected = acc.wrapping_sub(d.row_zero[r].wrapping_mul(d.col_sum[j]));
-            out[r * ldc + j] = corrected as f32 * (d.row_scale[r] * d.col_scale[j]);
+            let mut value = corrected as f32 * (d.row_scale[r] * d.col_scale[j]);
+            for c in 0..d.exact {
+                value = d.exact_x[r * d.exact + c].mul_add(d.exact_w[c * NR + j], value);
+            }
+            out[r * ldc + j] = value;
         }
     }
 }
@@ -602,6 +615,7 @@ mod kernel {
         check(a, b, depth, out, ldc, rows);
         assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
         assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
+        assert!(d.exact_x.len() >= MR * d.exact && d.exact_w.len() >= d.exact * NR);
         assert!(super::int8_supported());
         // SAFETY: as for `f32_tile`, with AVX-512 BW and VNNI as well; the kernel reads `rows`
         // row scales and zero points and `NR` column scales and sums (checked above).
@@ -615,6 +629,7 @@ mod kernel {
                 rows,
                 [d.row_scale.as_ptr(), d.col_scale.as_ptr()],
                 [d.row_zero.as_ptr(), d.col_sum.as_ptr()],
+                (d.exact, d.exact_x.as_ptr(), d.exact_w.as_ptr()),
             )
         }
     }
@@ -705,6 +720,7 @@ mod kernel {
         rows: usize,
         [row_scale, col_scale]: [*const f32; 2],
         [row_zero, col_sum]: [*const i32; 2],
+        (exact, exact_x, exact_w): (usize, *const f32, *const f32),
     ) {
         let mut acc = [[_mm512_setzero_si512(); NR / 16]; MR];
         for p in 0..depth {
@@ -725,8 +741,8 @@ mod kernel {
                 }
             }
         }
-        // SAFETY: `NR` column scales and sums, `rows` row scales and zero points (checked by
-        // `int8_tile`); stores as in `store`.
+        // SAFETY: `NR` column scales and sums, `rows` row scales and zero points, `MR × exact`
+        // exact values and `exact × NR` exact weights (checked by `int8_tile`); stores as in `store`.
         unsafe {
             let scale = [0, 16, 32, 48].map(|v| _mm512_loadu_ps(col_scale.add(v)));
             let sum = [0, 16, 32, 48].map(|v| _mm512_loadu_si512(col_sum.add(v).cast()));
@@ -735,7 +751,11 @@ mod kernel {
                 let row = _mm512_set1_ps(*row_scale.add(r));
                 for (v, acc) in acc_row.iter().enumerate() {
                     let corrected = _mm512_sub_epi32(*acc, _mm512_mullo_epi32(zero, sum[v]));
-                    let value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
+                    let mut value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
+                    for c in 0..exact {
+                        let x = _mm512_set1_ps(*exact_x.add(r * exact + c));
+                        value = _mm512_fmadd_ps(x, _mm512_loadu_ps(exact_w.add(c * NR + v * 16)), value);
+                    }
                     _mm512_storeu_ps(out.add(r * ldc + v * 16), value);
                 }
             }
