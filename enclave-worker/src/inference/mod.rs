@@ -18,7 +18,8 @@
 //!   Both are checked against the same reference vectors (`tests/inference_reference.rs`).
 //!   The fused encoder also computes at the reduced precisions a job may ask for (`dense.rs`):
 //!   bf16 (AVX-512 BF16) and int8 (AVX-512 VNNI: weights per output channel, activations per
-//!   token, after smoothing outlier channels into the weights); attention, softmax, LayerNorm,
+//!   token, after smoothing outlier channels into the weights, 8 channels per product exact, the
+//!   FFN output in bf16); attention, softmax, LayerNorm,
 //!   GELU, residuals and pooling stay f32. A precision the worker cannot compute is refused.
 //! * [`plan_batches`] — the pure batching policy: sort by length, cut into batches whose *padded*
 //!   size (`batch size × longest member`) stays under a token budget and a batch-size cap.
