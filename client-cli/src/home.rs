@@ -47,6 +47,19 @@ impl Home {
         self.dir("run")
     }
 
+    /// Where the local stack records its Oblivious HTTP relay's URL while its host-poller runs.
+    pub fn local_relay_url_file(&self) -> PathBuf {
+        self.run_dir().join("online-relay.url")
+    }
+
+    /// The local stack's relay (`http://127.0.0.1:PORT/v1/ohttp`), while its host-poller runs:
+    /// where `serve` sends encapsulated requests by default.
+    pub fn local_relay_url(&self) -> Option<String> {
+        self.running("host-poller")?;
+        let text = std::fs::read_to_string(self.local_relay_url_file()).ok()?;
+        Some(text.trim().to_owned()).filter(|url| url.starts_with("http://127.0.0.1:"))
+    }
+
     pub fn logs_dir(&self) -> PathBuf {
         self.dir("logs")
     }

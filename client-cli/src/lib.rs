@@ -18,6 +18,7 @@ pub mod opening;
 pub mod policy;
 pub mod progress;
 pub mod results;
+pub mod serve;
 pub mod status;
 pub mod submit;
 pub mod trust;

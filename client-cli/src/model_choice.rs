@@ -302,3 +302,22 @@ pub fn upload_minimum(models: &dyn ObjectStore, signed: &[u8]) -> Result<String,
     models.put(&key, signed, PutCondition::Overwrite)?;
     Ok(key)
 }
+
+/// The ids of every model with a manifest the publisher signed (`GET /v1/models` of `serve`).
+pub fn published_model_ids(models: &dyn ObjectStore, publisher: &VerifyingKey) -> Result<Vec<String>, ModelChoiceError> {
+    let mut ids = std::collections::BTreeSet::new();
+    for meta in models.list(layout::MODELS_PREFIX)? {
+        if layout::manifest_version(&meta.key).is_none() {
+            continue;
+        }
+        let bytes = match models.get_at_most(&meta.key, cloud::MAX_SMALL_OBJECT) {
+            Ok(bytes) => bytes,
+            Err(ObjectError::NotFound { .. }) => continue,
+            Err(error) => return Err(error.into()),
+        };
+        if let Ok(manifest) = SignedManifest::decode(&bytes).and_then(|s| s.verify(publisher).cloned()) {
+            ids.insert(manifest.model_id);
+        }
+    }
+    Ok(ids.into_iter().collect())
+}

@@ -321,7 +321,7 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
             args.concurrency.to_string(),
         ];
         std::fs::create_dir_all(home.run_dir())?;
-        write_private(&relay_url_file(home), format!("http://127.0.0.1:{relay_port}/v1/ohttp\n").as_bytes())?;
+        write_private(&home.local_relay_url_file(), format!("http://127.0.0.1:{relay_port}/v1/ohttp\n").as_bytes())?;
         let pid = spawn(home, "host-poller", &poller_bin, &args, &env)?;
         eprintln!("started host-poller (pid {pid}), which starts enclave-worker");
         wait_for("the enclave worker to publish its attestation document", Duration::from_secs(120), || {
@@ -371,16 +371,10 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     Ok(())
 }
 
-fn relay_url_file(home: &Home) -> PathBuf {
-    home.run_dir().join("online-relay.url")
-}
-
-/// The local stack's Oblivious HTTP relay resource (`http://127.0.0.1:PORT/v1/ohttp`), while its
-/// host-poller runs: where `ephem-batch serve` sends encapsulated requests by default.
+/// The local stack's Oblivious HTTP relay resource, while its host-poller runs (the home records
+/// it: `serve` reads it there too).
 pub fn relay_url(home: &Home) -> Option<String> {
-    home.running("host-poller")?;
-    let text = std::fs::read_to_string(relay_url_file(home)).ok()?;
-    Some(text.trim().to_owned()).filter(|url| url.starts_with("http://127.0.0.1:"))
+    home.local_relay_url()
 }
 
 pub fn down(home: &Home) -> anyhow::Result<()> {

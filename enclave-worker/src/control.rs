@@ -22,6 +22,7 @@ use crate::inference::{Embedder, EmbedderSettings, Engine, ModelFiles};
 use crate::key_release::kms_https::KmsHttps;
 use crate::key_release::{self, KmsTransport, KmsTransportError, RsaKeyPool};
 use crate::nsm::AttestationRequest;
+use crate::online::OnlineState;
 use crate::worker::{Epoch, LoadedModel, Worker};
 
 /// Largest object the worker fetches (model weights included).
@@ -158,7 +159,7 @@ impl<C: Read + Write> KmsTransport for Control<'_, C> {
 }
 
 /// Serves a control connection after its `Hello` until the host closes it.
-pub fn serve<C: Read + Write>(worker: &Worker, pool: &RsaKeyPool, connection: &mut C) -> Result<(), ControlError> {
+pub fn serve<C: Read + Write>(worker: &Worker, online: &OnlineState, pool: &RsaKeyPool, connection: &mut C) -> Result<(), ControlError> {
     let mut control = Control { connection, next_request: 0, kms: worker.kms() };
     loop {
         let Some(message) = frame::read_frame(control.connection)? else {
@@ -168,7 +169,7 @@ pub fn serve<C: Read + Write>(worker: &Worker, pool: &RsaKeyPool, connection: &m
             Message::UseFleetEpoch { epoch, object_key } => use_epoch(worker, pool, &mut control, epoch, &object_key),
             Message::LoadModel { manifest_key } => load_model(worker, pool, &mut control, &manifest_key),
             Message::Attest { request, nonce } => attest(worker, &mut control, request, &nonce),
-            Message::CollectUsage { flush } => collect_usage(worker, &mut control, flush),
+            Message::CollectUsage { flush } => collect_usage(worker, online, &mut control, flush),
             other => Err(ControlError::Protocol(format!("unexpected message {other:?}"))),
         };
         match outcome {
@@ -183,8 +184,8 @@ pub fn serve<C: Read + Write>(worker: &Worker, pool: &RsaKeyPool, connection: &m
 }
 
 /// Sends the usage receipts of ended periods (all if `flush`); `Status` follows.
-fn collect_usage<C: Read + Write>(worker: &Worker, control: &mut Control<'_, C>, flush: bool) -> Result<(), ControlError> {
-    let receipts = worker.online().usage.lock().unwrap_or_else(|e| e.into_inner()).collect(worker, worker.now_ms(), flush);
+fn collect_usage<C: Read + Write>(worker: &Worker, online: &OnlineState, control: &mut Control<'_, C>, flush: bool) -> Result<(), ControlError> {
+    let receipts = online.usage.lock().unwrap_or_else(|e| e.into_inner()).collect(worker, worker.now_ms(), flush);
     for (receipt, attestation_document) in receipts {
         control.send(&Message::UsageReceipt { receipt, attestation_document })?;
     }

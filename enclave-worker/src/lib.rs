@@ -74,7 +74,7 @@ fn parse_publisher(hex_key: &str) -> Result<VerifyingKey, String> {
 }
 
 /// Answers the host's `Hello` and serves the connection as the channel it names.
-pub fn serve_connection(worker: &Worker, pool: &RsaKeyPool, mut connection: Box<dyn Connection>) {
+pub fn serve_connection(worker: &Worker, online: &online::OnlineState, pool: &RsaKeyPool, mut connection: Box<dyn Connection>) {
     let channel = match frame::read_frame(&mut connection) {
         Ok(Some(Message::Hello { role: Role::Host, channel })) => channel,
         Ok(other) => {
@@ -92,7 +92,7 @@ pub fn serve_connection(worker: &Worker, pool: &RsaKeyPool, mut connection: Box<
     }
     match channel {
         Channel::Control => {
-            if let Err(error) = control::serve(worker, pool, &mut connection) {
+            if let Err(error) = control::serve(worker, online, pool, &mut connection) {
                 tracing::warn!(%error, "control connection ended");
             }
         }
@@ -100,7 +100,7 @@ pub fn serve_connection(worker: &Worker, pool: &RsaKeyPool, mut connection: Box<
             let _ = job::serve(worker, &mut connection);
         }
         Channel::Online => {
-            if let Err(error) = online::serve(worker, &mut connection) {
+            if let Err(error) = online::serve(worker, online, &mut connection) {
                 tracing::debug!(%error, "online connection ended");
             }
         }

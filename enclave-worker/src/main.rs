@@ -110,6 +110,7 @@ fn main() -> ExitCode {
     };
     let settings = EngineSettings { threads: args.threads, ..EngineSettings::default() };
     let worker = Arc::new(Worker::new(nsm, publisher, settings, kms));
+    let online = Arc::new(enclave_worker::online::OnlineState::default());
     let listener = match Listener::bind(&args.listen) {
         Ok(listener) => listener,
         Err(error) => {
@@ -123,7 +124,8 @@ fn main() -> ExitCode {
             Ok(connection) => {
                 let worker = Arc::clone(&worker);
                 let pool = Arc::clone(&pool);
-                std::thread::spawn(move || serve_connection(&worker, &pool, connection));
+                let online = Arc::clone(&online);
+                std::thread::spawn(move || serve_connection(&worker, &online, &pool, connection));
             }
             Err(error) => tracing::warn!(%error, "accept failed"),
         }

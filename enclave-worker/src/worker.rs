@@ -46,7 +46,6 @@ pub struct Worker {
     kms: KmsHttps,
     epochs: RwLock<BTreeMap<u64, Arc<Epoch>>>,
     models: RwLock<BTreeMap<String, Arc<LoadedModel>>>,
-    online: crate::online::OnlineState,
 }
 
 impl Worker {
@@ -62,7 +61,6 @@ impl Worker {
             kms,
             epochs: RwLock::new(BTreeMap::new()),
             models: RwLock::new(BTreeMap::new()),
-            online: crate::online::OnlineState::default(),
         }
     }
 
@@ -153,11 +151,6 @@ impl Worker {
     /// The epoch as held, expired or not: what a receipt about past work names.
     pub fn held_epoch(&self, epoch: u64) -> Option<Arc<Epoch>> {
         self.epochs.read().unwrap_or_else(|e| e.into_inner()).get(&epoch).cloned()
-    }
-
-    /// The online gateway's replay window and usage book.
-    pub fn online(&self) -> &crate::online::OnlineState {
-        &self.online
     }
 
     pub fn epochs(&self) -> Vec<u64> {

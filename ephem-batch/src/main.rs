@@ -46,6 +46,9 @@ enum Command {
         #[command(flatten)]
         trust: trust::TrustArgs,
     },
+    /// OpenAI's embeddings API on loopback, answered by the attested enclaves through Oblivious
+    /// HTTP: set an application's `base_url` to http://127.0.0.1:8089/v1.
+    Serve(ephem_batch_client::serve::ServeArgs),
     /// Cancel a job no host has started (signed with this home's result key: only the job's
     /// submitter can cancel it).
     Cancel { job: String },
@@ -117,7 +120,7 @@ enum FleetCommand {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The local Lambda runtime is a service with a log file; commands only warn.
-    let service = matches!(cli.command, Command::Dev(dev::DevCommand::RunLambdas { .. } | dev::DevCommand::AwsPump(_)) | Command::Witness(_));
+    let service = matches!(cli.command, Command::Dev(dev::DevCommand::RunLambdas { .. } | dev::DevCommand::AwsPump(_)) | Command::Witness(_) | Command::Serve(_));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
@@ -155,6 +158,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let home = home()?;
             let opened = backend::open(&home, &cli.backend)?;
             if args.bulk { flows::submit_bulk(&home, &opened, &args) } else { flows::submit(&home, &opened.services, &args) }
+        }
+        Command::Serve(args) => {
+            let home = home()?;
+            let opened = backend::open(&home, &cli.backend)?;
+            ephem_batch_client::serve::run(&home, opened.services, &args).map(|()| ExitCode::SUCCESS)
         }
         Command::Bulk(command) => {
             let home = home()?;

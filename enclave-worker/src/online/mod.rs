@@ -20,7 +20,7 @@ use crate::worker::Worker;
 use replay::ReplayCache;
 use usage::{Answered, UsageBook};
 
-/// What the online gateway remembers across connections.
+/// What the online gateway remembers across connections (one per worker process).
 #[derive(Default)]
 pub struct OnlineState {
     pub replay: Mutex<ReplayCache>,
@@ -48,13 +48,13 @@ impl Refusal {
 }
 
 /// Serves an online connection after its `Hello`: requests one at a time until the host closes.
-pub fn serve<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), FrameIoError> {
+pub fn serve<C: Read + Write>(worker: &Worker, state: &OnlineState, connection: &mut C) -> Result<(), FrameIoError> {
     while let Some(message) = frame::read_frame(connection)? {
         let Message::OnlineRequest { request, encapsulated } = message else {
             frame::write_frame(connection, &Message::Error { message: "expected OnlineRequest".into() })?;
             return Ok(());
         };
-        match answer(worker, &encapsulated) {
+        match answer(worker, state, &encapsulated) {
             Ok(response) => {
                 let mut chunks = response.chunks(MAX_DATA_LEN).peekable();
                 while let Some(chunk) = chunks.next() {
@@ -74,7 +74,7 @@ pub fn serve<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(),
 }
 
 /// Opens, checks, computes and encapsulates one request.
-pub fn answer(worker: &Worker, encapsulated: &[u8]) -> Result<Vec<u8>, Refusal> {
+pub fn answer(worker: &Worker, state: &OnlineState, encapsulated: &[u8]) -> Result<Vec<u8>, Refusal> {
     let key_id = ohttp::request_key_id(encapsulated)?;
     let (epoch, held) = worker
         .epochs()
@@ -91,7 +91,7 @@ pub fn answer(worker: &Worker, encapsulated: &[u8]) -> Result<Vec<u8>, Refusal> 
             return seal(&sealer, &online::encode_response(error.status, &error.to_json()));
         }
     };
-    lock(&worker.online().replay).admit(sealer.encapsulated_key(), request.sent_ms, now)?;
+    lock(&state.replay).admit(sealer.encapsulated_key(), request.sent_ms, now)?;
     let (status, body, served) = match respond(worker, &request) {
         Ok((body, served)) => (200, body, Some(served)),
         Err(error) => (error.status, error.to_json(), None),
@@ -109,7 +109,7 @@ pub fn answer(worker: &Worker, encapsulated: &[u8]) -> Result<Vec<u8>, Refusal> 
             request: &plaintext,
             response: &response,
         };
-        lock(&worker.online().usage).record(answered, now);
+        lock(&state.usage).record(answered, now);
     }
     seal(&sealer, &response)
 }

@@ -1,0 +1,87 @@
+//! `ephem-batch serve`: OpenAI's embeddings API on loopback, answered by the attested enclaves
+//! through Oblivious HTTP (docs/protocol.md §9). An application sets `base_url` to this proxy; the
+//! proxy verifies the fleet's attestation as `submit` does, pins each model's signed manifest,
+//! encapsulates every request to the verified fleet key and opens the answer. It fails closed: when
+//! no document verifies, it answers 503 naming the check and sends nothing.
+
+mod models;
+mod proxy;
+mod relay_client;
+mod target;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use clap::Args;
+use cloud::Services;
+use protocol::online::ClientLabel;
+use sha2::{Digest, Sha256};
+
+use crate::home::Home;
+use crate::trust::{ClientTrust, TrustArgs};
+
+pub use relay_client::{RelayClient, Relayed};
+pub use target::{AttestationFailed, Target, Targets};
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Where applications connect; loopback only (the proxy carries plaintext).
+    #[arg(long, env = "EPHEM_SERVE_LISTEN", default_value = "127.0.0.1:8089")]
+    pub listen: SocketAddr,
+    /// The relay's OHTTP resource; by default the running local stack's (`dev status`).
+    #[arg(long, env = "EPHEM_RELAY_URL")]
+    pub relay: Option<String>,
+    /// Re-verify the fleet's attestation document (and each model's manifest) this often.
+    #[arg(long, default_value_t = 60)]
+    pub refresh_seconds: u64,
+    #[command(flatten)]
+    pub trust: TrustArgs,
+}
+
+/// Everything a request needs.
+pub struct Proxy {
+    pub services: Services,
+    pub targets: Targets,
+    pub models: models::ModelPinning,
+    pub relay: RelayClient,
+    /// The label this client's usage is accounted under: derived from its result key, so stable
+    /// per home and revealing nothing of the key.
+    pub label: ClientLabel,
+}
+
+impl Proxy {
+    pub fn new(home: &Home, services: Services, args: &ServeArgs) -> anyhow::Result<Self> {
+        if !args.listen.ip().is_loopback() {
+            bail!("--listen {}: serve carries plaintext and listens on loopback only", args.listen);
+        }
+        let relay_url = match &args.relay {
+            Some(url) => url.clone(),
+            None => home.local_relay_url().ok_or_else(|| anyhow!("no relay: start the local stack (`ephem-batch dev up`) or give --relay URL"))?,
+        };
+        let trust = ClientTrust::load(home, &args.trust)?;
+        trust.warn_if_development();
+        let refresh = Duration::from_secs(args.refresh_seconds.max(1));
+        let result_key = crate::keys::load_result_key(&home.result_key(), true)?;
+        let label = ClientLabel(Sha256::new().chain_update(b"ephem-batch/v1 client label").chain_update(result_key.public_key().to_bytes()).finalize().into());
+        let models = models::ModelPinning::new(home.clone(), trust.model_publisher, refresh);
+        let targets = Targets::new(services.clone(), trust, refresh);
+        Ok(Self { services, targets, models, relay: RelayClient::new(&relay_url)?, label })
+    }
+}
+
+/// Runs the proxy until the process is stopped.
+pub fn run(home: &Home, services: Services, args: &ServeArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("tokio runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+        let proxy = Arc::new(tokio::task::block_in_place(|| Proxy::new(home, services, args))?);
+        match proxy.targets.get() {
+            Ok(target) => eprintln!("serve: fleet epoch {} verified", target.epoch),
+            Err(failure) => eprintln!("serve: refusing requests until the fleet verifies — {failure}"),
+        }
+        eprintln!("serve: OpenAI embeddings API on http://{}/v1", listener.local_addr()?);
+        proxy::accept(listener, proxy).await
+    })
+}

@@ -1,0 +1,135 @@
+//! The proxy's HTTP side: OpenAI's `/v1/embeddings` and `/v1/models`, every error in OpenAI's
+//! shape. Nothing here logs a body.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::CONTENT_TYPE;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use protocol::ohttp;
+use protocol::online::{self, ApiError, RequestHeaders, EMBEDDINGS_PATH, MAX_BODY};
+
+use super::{Proxy, Relayed};
+
+pub async fn accept(listener: tokio::net::TcpListener, proxy: Arc<Proxy>) -> anyhow::Result<()> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let proxy = Arc::clone(&proxy);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| handle(Arc::clone(&proxy), request));
+            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+        });
+    }
+}
+
+type Answer = Response<Full<Bytes>>;
+
+async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Result<Answer, std::convert::Infallible> {
+    Ok(match (request.method(), request.uri().path()) {
+        (&Method::POST, EMBEDDINGS_PATH) => embeddings(proxy, request).await,
+        (&Method::GET, "/v1/models") => models(proxy).await,
+        _ => error(&ApiError::not_found("this proxy serves POST /v1/embeddings and GET /v1/models")),
+    })
+}
+
+async fn embeddings(proxy: Arc<Proxy>, request: Request<Incoming>) -> Answer {
+    let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => return error(&ApiError { status: 413, ..ApiError::invalid("input", "request_too_large", format!("the body exceeds {MAX_BODY} bytes")) }),
+    };
+    // The model is read here only to pin its manifest; the enclave reads the request itself.
+    let model = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v["model"].as_str().map(str::to_owned));
+    let Some(model) = model else {
+        return error(&ApiError::invalid("model", "invalid_model", "the request names no model"));
+    };
+    let checked = {
+        let proxy = Arc::clone(&proxy);
+        tokio::task::spawn_blocking(move || {
+            let target = proxy.targets.get();
+            let manifest = proxy.models.manifest(proxy.services.models.as_ref(), &model);
+            (target, manifest)
+        })
+        .await
+    };
+    let (target, manifest) = match checked {
+        Ok(pair) => pair,
+        Err(join) => return error(&ApiError::server(format!("verification task: {join}"))),
+    };
+    let mut target = match target {
+        Ok(target) => target,
+        Err(failure) => return refusal(StatusCode::SERVICE_UNAVAILABLE, "attestation_error", "attestation", &failure.to_string()),
+    };
+    let manifest = match manifest {
+        Ok(hash) => hash,
+        Err(message) => return error(&ApiError { status: 404, ..ApiError::invalid("model", "model_not_found", message) }),
+    };
+    // One retry after re-verifying, when the enclave no longer holds the key (epoch rotated).
+    for attempt in 0..2 {
+        let headers = RequestHeaders { sent_ms: cloud::now_ms(), client: proxy.label, manifest: Some(manifest) };
+        let plaintext = online::encode_request_with("POST", EMBEDDINGS_PATH, &body, headers);
+        let (encapsulated, opener) = match ohttp::encapsulate_request(&target.config, &plaintext) {
+            Ok(pair) => pair,
+            Err(e) => return error(&ApiError::server(format!("encapsulation: {e}"))),
+        };
+        match proxy.relay.send(encapsulated).await {
+            Relayed::Response(encapsulated) => {
+                let opened = opener.open(&encapsulated).map_err(|e| e.to_string()).and_then(|plain| online::decode_response(&plain).map_err(|e| e.to_string()));
+                return match opened {
+                    Ok((status, body)) => json(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), body),
+                    Err(check) => refusal(StatusCode::BAD_GATEWAY, "relay_error", "response", &format!("the response did not open: {check}")),
+                };
+            }
+            Relayed::Refused { check, .. } if check == "encapsulation" && attempt == 0 => {
+                let proxy = Arc::clone(&proxy);
+                match tokio::task::spawn_blocking(move || proxy.targets.refresh()).await {
+                    Ok(Ok(fresh)) => target = fresh,
+                    Ok(Err(failure)) => return refusal(StatusCode::SERVICE_UNAVAILABLE, "attestation_error", "attestation", &failure.to_string()),
+                    Err(join) => return error(&ApiError::server(format!("verification task: {join}"))),
+                }
+            }
+            Relayed::Refused { check, detail } => {
+                return refusal(StatusCode::BAD_GATEWAY, "relay_error", &check, &format!("the enclave refused the request ({check}) {detail}"));
+            }
+            Relayed::Failed { status, detail } => {
+                let status = if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS { status } else { StatusCode::BAD_GATEWAY };
+                return refusal(status, "relay_error", "relay", &format!("relay answered {status}: {detail}"));
+            }
+        }
+    }
+    refusal(StatusCode::BAD_GATEWAY, "relay_error", "encapsulation", "the enclave refused the freshly verified key")
+}
+
+/// The models a client can use: every model with a manifest the trusted publisher signed.
+async fn models(proxy: Arc<Proxy>) -> Answer {
+    let listed = tokio::task::spawn_blocking(move || crate::model_choice::published_model_ids(proxy.services.models.as_ref(), &proxy.models.publisher())).await;
+    match listed {
+        Ok(Ok(ids)) => {
+            let data: Vec<serde_json::Value> =
+                ids.iter().map(|id| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "ephem-batch"})).collect();
+            json(StatusCode::OK, serde_json::json!({"object": "list", "data": data}).to_string().into_bytes())
+        }
+        Ok(Err(e)) => error(&ApiError::server(format!("listing models: {e}"))),
+        Err(join) => error(&ApiError::server(format!("listing models: {join}"))),
+    }
+}
+
+fn refusal(status: StatusCode, kind: &'static str, code: &str, message: &str) -> Answer {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+    json(status, body.to_string().into_bytes())
+}
+
+fn error(error: &ApiError) -> Answer {
+    json(StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), error.to_json())
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Answer {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    response
+}
