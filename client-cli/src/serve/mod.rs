@@ -5,7 +5,7 @@
 //! no document verifies, it answers 503 naming the check and sends nothing.
 
 mod models;
-mod proxy;
+pub mod proxy;
 mod relay_client;
 mod target;
 
@@ -84,4 +84,36 @@ pub fn run(home: &Home, services: Services, args: &ServeArgs) -> anyhow::Result<
         eprintln!("serve: OpenAI embeddings API on http://{}/v1", listener.local_addr()?);
         proxy::accept(listener, proxy).await
     })
+}
+
+/// An online request the proxy or the enclave answered with an error (OpenAI's `error` object):
+/// `code` names the check or parameter (`attestation`, `replay`, `model_not_found`, …).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} ({code}, HTTP {status}): {message}")]
+pub struct OnlineError {
+    pub status: u16,
+    pub kind: String,
+    pub code: String,
+    pub message: String,
+}
+
+/// Embeds `texts` once through the online path, exactly as a request to `serve` (the Python SDK's
+/// `embed`): verified fleet document, pinned manifest, Oblivious HTTP through the relay.
+pub fn embed(home: &Home, services: Services, args: &ServeArgs, model: &str, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
+    let proxy = Arc::new(Proxy::new(home, services, args)?);
+    let body = serde_json::json!({"input": texts, "model": model}).to_string();
+    let (status, answer) = runtime.block_on(proxy::forward(&proxy, body.into()));
+    let answer: serde_json::Value = serde_json::from_slice(&answer).context("the answer is not JSON")?;
+    if !status.is_success() {
+        let field = |name: &str| answer["error"][name].as_str().unwrap_or_default().to_owned();
+        return Err(OnlineError { status: status.as_u16(), kind: field("type"), code: field("code"), message: field("message") }.into());
+    }
+    let data = answer["data"].as_array().ok_or_else(|| anyhow!("the answer has no data"))?;
+    data.iter()
+        .map(|item| {
+            let values = item["embedding"].as_array().ok_or_else(|| anyhow!("an answer item has no embedding"))?;
+            values.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| anyhow!("a vector value is not a number"))).collect()
+        })
+        .collect()
 }

@@ -42,13 +42,20 @@ async fn embeddings(proxy: Arc<Proxy>, request: Request<Incoming>) -> Answer {
         Ok(body) => body.to_bytes(),
         Err(_) => return error(&ApiError { status: 413, ..ApiError::invalid("input", "request_too_large", format!("the body exceeds {MAX_BODY} bytes")) }),
     };
+    let (status, body) = forward(&proxy, body).await;
+    json(status, body)
+}
+
+/// One OpenAI embeddings request body through the verified enclave: the answer's status and
+/// JSON body, or an OpenAI-shaped error of the proxy's own.
+pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
     // The model is read here only to pin its manifest; the enclave reads the request itself.
     let model = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v["model"].as_str().map(str::to_owned));
     let Some(model) = model else {
-        return error(&ApiError::invalid("model", "invalid_model", "the request names no model"));
+        return error_body(&ApiError::invalid("model", "invalid_model", "the request names no model"));
     };
     let checked = {
-        let proxy = Arc::clone(&proxy);
+        let proxy = Arc::clone(proxy);
         tokio::task::spawn_blocking(move || {
             let target = proxy.targets.get();
             let manifest = proxy.models.manifest(proxy.services.models.as_ref(), &model);
@@ -58,15 +65,15 @@ async fn embeddings(proxy: Arc<Proxy>, request: Request<Incoming>) -> Answer {
     };
     let (target, manifest) = match checked {
         Ok(pair) => pair,
-        Err(join) => return error(&ApiError::server(format!("verification task: {join}"))),
+        Err(join) => return error_body(&ApiError::server(format!("verification task: {join}"))),
     };
     let mut target = match target {
         Ok(target) => target,
-        Err(failure) => return refusal(StatusCode::SERVICE_UNAVAILABLE, "attestation_error", "attestation", &failure.to_string()),
+        Err(failure) => return refusal_body(StatusCode::SERVICE_UNAVAILABLE, "attestation_error", "attestation", &failure.to_string()),
     };
     let manifest = match manifest {
         Ok(hash) => hash,
-        Err(message) => return error(&ApiError { status: 404, ..ApiError::invalid("model", "model_not_found", message) }),
+        Err(message) => return error_body(&ApiError { status: 404, ..ApiError::invalid("model", "model_not_found", message) }),
     };
     // One retry after re-verifying, when the enclave no longer holds the key (epoch rotated).
     for attempt in 0..2 {
@@ -74,34 +81,34 @@ async fn embeddings(proxy: Arc<Proxy>, request: Request<Incoming>) -> Answer {
         let plaintext = online::encode_request_with("POST", EMBEDDINGS_PATH, &body, headers);
         let (encapsulated, opener) = match ohttp::encapsulate_request(&target.config, &plaintext) {
             Ok(pair) => pair,
-            Err(e) => return error(&ApiError::server(format!("encapsulation: {e}"))),
+            Err(e) => return error_body(&ApiError::server(format!("encapsulation: {e}"))),
         };
         match proxy.relay.send(encapsulated).await {
             Relayed::Response(encapsulated) => {
                 let opened = opener.open(&encapsulated).map_err(|e| e.to_string()).and_then(|plain| online::decode_response(&plain).map_err(|e| e.to_string()));
                 return match opened {
-                    Ok((status, body)) => json(StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), body),
-                    Err(check) => refusal(StatusCode::BAD_GATEWAY, "relay_error", "response", &format!("the response did not open: {check}")),
+                    Ok((status, body)) => (StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), body),
+                    Err(check) => refusal_body(StatusCode::BAD_GATEWAY, "relay_error", "response", &format!("the response did not open: {check}")),
                 };
             }
             Relayed::Refused { check, .. } if check == "encapsulation" && attempt == 0 => {
-                let proxy = Arc::clone(&proxy);
+                let proxy = Arc::clone(proxy);
                 match tokio::task::spawn_blocking(move || proxy.targets.refresh()).await {
                     Ok(Ok(fresh)) => target = fresh,
-                    Ok(Err(failure)) => return refusal(StatusCode::SERVICE_UNAVAILABLE, "attestation_error", "attestation", &failure.to_string()),
-                    Err(join) => return error(&ApiError::server(format!("verification task: {join}"))),
+                    Ok(Err(failure)) => return refusal_body(StatusCode::SERVICE_UNAVAILABLE, "attestation_error", "attestation", &failure.to_string()),
+                    Err(join) => return error_body(&ApiError::server(format!("verification task: {join}"))),
                 }
             }
             Relayed::Refused { check, detail } => {
-                return refusal(StatusCode::BAD_GATEWAY, "relay_error", &check, &format!("the enclave refused the request ({check}) {detail}"));
+                return refusal_body(StatusCode::BAD_GATEWAY, "relay_error", &check, &format!("the enclave refused the request ({check}) {detail}"));
             }
             Relayed::Failed { status, detail } => {
                 let status = if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS { status } else { StatusCode::BAD_GATEWAY };
-                return refusal(status, "relay_error", "relay", &format!("relay answered {status}: {detail}"));
+                return refusal_body(status, "relay_error", "relay", &format!("relay answered {status}: {detail}"));
             }
         }
     }
-    refusal(StatusCode::BAD_GATEWAY, "relay_error", "encapsulation", "the enclave refused the freshly verified key")
+    refusal_body(StatusCode::BAD_GATEWAY, "relay_error", "encapsulation", "the enclave refused the freshly verified key")
 }
 
 /// The models a client can use: every model with a manifest the trusted publisher signed.
@@ -118,13 +125,18 @@ async fn models(proxy: Arc<Proxy>) -> Answer {
     }
 }
 
-fn refusal(status: StatusCode, kind: &'static str, code: &str, message: &str) -> Answer {
+fn refusal_body(status: StatusCode, kind: &'static str, code: &str, message: &str) -> (StatusCode, Vec<u8>) {
     let body = serde_json::json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
-    json(status, body.to_string().into_bytes())
+    (status, body.to_string().into_bytes())
+}
+
+fn error_body(error: &ApiError) -> (StatusCode, Vec<u8>) {
+    (StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), error.to_json())
 }
 
 fn error(error: &ApiError) -> Answer {
-    json(StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR), error.to_json())
+    let (status, body) = error_body(error);
+    json(status, body)
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Answer {
