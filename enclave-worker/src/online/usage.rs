@@ -11,6 +11,9 @@ use protocol::usage::{UsageCommitment, UsageReceipt};
 use crate::worker::Worker;
 
 pub const PERIOD_MS: u64 = 60_000;
+/// Open accounts held at most: a host that never collects cannot grow the enclave's memory. Past
+/// it, the oldest account is dropped (and counted, see [`UsageBook::dropped`]).
+pub const MAX_OPEN_ACCOUNTS: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Account {
@@ -47,6 +50,7 @@ pub struct Answered<'a> {
 pub struct UsageBook {
     open: BTreeMap<Account, Tally>,
     issued: u64,
+    dropped: u64,
 }
 
 impl UsageBook {
@@ -58,12 +62,24 @@ impl UsageBook {
             precision: answered.precision,
             epoch: answered.epoch,
         };
+        if !self.open.contains_key(&account) && self.open.len() >= MAX_OPEN_ACCOUNTS {
+            // Accounts sort by period first: the first is the oldest.
+            if let Some((oldest, _)) = self.open.pop_first() {
+                self.dropped += 1;
+                tracing::warn!(period_start_ms = oldest.period_start_ms, "usage book full: the host has not collected; oldest account dropped");
+            }
+        }
         let tally = self.open.entry(account).or_default();
         tally.manifest_hash = answered.manifest_hash;
         tally.requests += 1;
         tally.inputs += answered.inputs;
         tally.tokens += answered.tokens;
         tally.commitment.absorb(answered.request, answered.response);
+    }
+
+    /// Accounts dropped because the book was full (the host did not collect in time).
+    pub fn dropped(&self) -> u64 {
+        self.dropped
     }
 
     /// Signs the receipts of every period that ended by `now_ms` (all of them if `flush`).
@@ -100,5 +116,47 @@ impl UsageBook {
             out.push((receipt.sign(worker.receipt_key()), epoch.document.clone()));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(client: u8) -> Answered<'static> {
+        Answered {
+            client: ClientLabel([client; 32]),
+            model_id: "m",
+            manifest_hash: [0; 32],
+            precision: Precision::Fp32,
+            epoch: 1,
+            inputs: 1,
+            tokens: 3,
+            request: b"q",
+            response: b"r",
+        }
+    }
+
+    #[test]
+    fn a_host_that_never_collects_cannot_grow_the_book_past_its_bound() {
+        let mut book = UsageBook::default();
+        for minute in 0..(MAX_OPEN_ACCOUNTS as u64 + 10) {
+            book.record(answered(1), minute * PERIOD_MS);
+        }
+        assert_eq!(book.open.len(), MAX_OPEN_ACCOUNTS);
+        assert_eq!(book.dropped(), 10);
+        // The newest periods are the ones kept.
+        assert_eq!(book.open.keys().next().unwrap().period_start_ms, 10 * PERIOD_MS);
+    }
+
+    #[test]
+    fn requests_of_one_period_and_client_share_an_account() {
+        let mut book = UsageBook::default();
+        book.record(answered(1), 5);
+        book.record(answered(1), PERIOD_MS - 1);
+        book.record(answered(2), 7);
+        assert_eq!(book.open.len(), 2);
+        let tally = &book.open.values().next().unwrap();
+        assert_eq!((tally.requests, tally.inputs, tally.tokens), (2, 2, 6));
     }
 }
