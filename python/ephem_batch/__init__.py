@@ -31,6 +31,7 @@ from .errors import (
     EphemBatchError,
     JobFailedError,
     NotAvailableError,
+    OnlineError,
     VerificationError,
     WaitTimeoutError,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "JobFailedError",
     "WaitTimeoutError",
     "NotAvailableError",
+    "OnlineError",
 ]
 
 __version__ = _native.version()
@@ -181,13 +183,18 @@ class Client:
         record = json.loads(self._native.job_record(job_id))
         return Job(self, record["job_id"], record)
 
-    def embed(self, texts: Union[str, Sequence[str]]) -> Any:
-        """Query-time embeddings through the online path. That path does not exist yet in this
-        deployment: this raises :class:`NotAvailableError`. Use :meth:`submit` (batch jobs)."""
-        raise NotAvailableError(
-            "client.embed: the online (query-time) path does not exist yet; embed texts with "
-            "client.submit(texts).wait().results() (a batch job) until it does"
-        )
+    def embed(self, texts: Union[str, Sequence[str]], model: str = DEFAULT_MODEL, *, relay: Optional[str] = None) -> Any:
+        """Query-time embeddings through the online path: the fleet's attestation document is
+        verified with ``submit``'s checks and the model's signed manifest pinned, then the texts
+        travel by Oblivious HTTP through the host's relay, which cannot read them. Returns a
+        ``numpy.ndarray`` (float32, one unit-norm row per text), the batch path's vectors for the
+        same texts. ``relay`` defaults to the running local stack's. Raises :class:`OnlineError`
+        naming the check (``attestation`` when the document fails: nothing is sent)."""
+        import numpy as np
+
+        batch = [texts] if isinstance(texts, str) else list(texts)
+        rows = self._native.embed(model, batch, relay)
+        return np.asarray(rows, dtype=np.float32).reshape(len(batch), -1)
 
     def __repr__(self) -> str:
         return f"ephem_batch.Client(home={self.home!r}, backend={self.backend!r})"

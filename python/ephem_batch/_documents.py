@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from .errors import EphemBatchError, NotAvailableError
+from .errors import EphemBatchError
 
 if TYPE_CHECKING:  # pragma: no cover
     from . import Client, Job
@@ -43,12 +43,3 @@ def embed_texts(
     if order != list(range(len(texts))):  # the library keeps the corpus's order
         vectors = vectors[np.argsort(order)]
     return np.asarray(vectors, dtype=np.float32), job
-
-
-def query_unavailable(owner: str, error: NotAvailableError) -> NotAvailableError:
-    """``client.embed``'s refusal, said in the integration's terms."""
-    return NotAvailableError(
-        f"{owner}: a query embedding needs ephem-batch's online (query-time) path, which this "
-        f"deployment does not have yet ({error}). Documents go through batch jobs; to embed a "
-        f"query text now, pass it as a document (one batch job, seconds to minutes)."
-    )

@@ -12,6 +12,7 @@ __all__ = [
     "JobFailedError",
     "WaitTimeoutError",
     "NotAvailableError",
+    "OnlineError",
 ]
 
 
@@ -73,3 +74,16 @@ class WaitTimeoutError(EphemBatchError, TimeoutError):
 
 class NotAvailableError(EphemBatchError, NotImplementedError):
     """What was asked for does not exist in this deployment or this version."""
+
+
+class OnlineError(EphemBatchError):
+    """An online (query-time) request was refused. ``check`` is the code that names why —
+    ``attestation`` (the fleet's document failed a check; nothing was sent), ``replay``,
+    ``encapsulation``, ``relay``, or an OpenAI error code such as ``model_not_found`` or
+    ``context_length_exceeded``; ``status`` is the HTTP status ``serve`` would answer."""
+
+    status: Optional[int] = None
+
+    def __init__(self, message: str, *, check: Optional[str] = None, status: Optional[int] = None) -> None:
+        super().__init__(message, check=check)
+        self.status = status

@@ -6,7 +6,7 @@
 
 Documents go through one batch job per ``embed_documents`` call, opened and checked by the
 client library before any vector is returned; queries go through ``client.embed`` (the online
-path), which raises :class:`~ephem_batch.NotAvailableError` until it exists."""
+path: Oblivious HTTP to the same attested enclaves)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ except ImportError as error:  # pragma: no cover
     raise ImportError("ephem_batch.langchain needs langchain-core: pip install 'ephem-batch[langchain]'") from error
 
 from . import DEFAULT_MODEL, Client, Job
-from ._documents import embed_texts, query_unavailable
-from .errors import NotAvailableError
+from ._documents import embed_texts
 
 __all__ = ["EphemBatchEmbeddings"]
 
@@ -58,9 +57,5 @@ class EphemBatchEmbeddings(Embeddings):
         return vectors.tolist()
 
     def embed_query(self, text: str) -> List[float]:
-        """The query's vector through the online path; raises :class:`NotAvailableError`
-        saying so while the deployment has none."""
-        try:
-            return [float(x) for x in self.client.embed([text])[0]]
-        except NotAvailableError as error:
-            raise query_unavailable("EphemBatchEmbeddings.embed_query", error) from error
+        """The query's vector through the online path (:meth:`ephem_batch.Client.embed`)."""
+        return [float(x) for x in self.client.embed([text])[0]]

@@ -7,8 +7,8 @@ llama-index-core).
 
 Texts (documents, nodes) go through batch jobs — one per ``embed_batch_size`` texts (at most
 2,048, LlamaIndex's bound; the default here is that bound) — opened and checked by the client
-library before any vector is returned. Queries go through ``client.embed`` (the online path),
-which raises :class:`~ephem_batch.NotAvailableError` until it exists."""
+library before any vector is returned. Queries go through ``client.embed`` (the online path:
+Oblivious HTTP to the same attested enclaves)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ except ImportError as error:  # pragma: no cover
     raise ImportError("ephem_batch.llama_index needs llama-index-core: pip install 'ephem-batch[llama-index]'") from error
 
 from . import DEFAULT_MODEL, Client, Job
-from ._documents import embed_texts, query_unavailable
-from .errors import NotAvailableError
+from ._documents import embed_texts
 
 __all__ = ["EphemBatchEmbedding"]
 
@@ -85,10 +84,7 @@ class EphemBatchEmbedding(BaseEmbedding):
         return self._get_text_embeddings([text])[0]
 
     def _get_query_embedding(self, query: str) -> List[float]:
-        try:
-            return [float(x) for x in self._client.embed([query])[0]]
-        except NotAvailableError as error:
-            raise query_unavailable("EphemBatchEmbedding.get_query_embedding", error) from error
+        return [float(x) for x in self._client.embed([query])[0]]
 
     async def _aget_query_embedding(self, query: str) -> List[float]:
         return self._get_query_embedding(query)

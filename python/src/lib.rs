@@ -20,7 +20,7 @@ use ephem_batch_client::ledger::{LedgerTrust, RootArgs};
 use ephem_batch_client::results::{self, ResultsError};
 use ephem_batch_client::submit::{self, PrecisionArg, SubmitArgs};
 use ephem_batch_client::trust::{ClientTrust, TrustArgs};
-use ephem_batch_client::{keys, status, verify, wait};
+use ephem_batch_client::{keys, serve, status, verify, wait};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -109,6 +109,13 @@ fn library_error(py: Python<'_>, error: anyhow::Error) -> PyErr {
         ];
         return raise(py, "WaitTimeoutError", format!("{error:#}"), &attributes);
     }
+    if let Some(online) = error.downcast_ref::<serve::OnlineError>() {
+        let attributes = [
+            ("check", online.code.clone().into_pyobject(py).unwrap().into_any().unbind()),
+            ("status", online.status.into_pyobject(py).unwrap().into_any().unbind()),
+        ];
+        return raise(py, "OnlineError", format!("{error:#}"), &attributes);
+    }
     raise(py, "EphemBatchError", format!("{error:#}"), &[])
 }
 
@@ -159,6 +166,20 @@ impl NativeClient {
         let backend_args = config.backend.clone();
         let opened = py.detach(|| backend::open(&home, &backend_args)).map_err(|e| library_error(py, e))?;
         Ok(NativeClient { home, opened, trust: config.trust, backend })
+    }
+
+    /// Embeds `texts` through the online path (`serve::embed`: the fleet document verified, the
+    /// model's manifest pinned, Oblivious HTTP through the relay); the vectors, row by row.
+    #[pyo3(signature = (model, texts, relay=None))]
+    fn embed(&self, py: Python<'_>, model: &str, texts: Vec<String>, relay: Option<String>) -> PyResult<Vec<Vec<f32>>> {
+        let args = serve::ServeArgs {
+            listen: ([127, 0, 0, 1], 0).into(),
+            relay,
+            refresh_seconds: 60,
+            trust: self.trust.clone(),
+        };
+        let services = self.opened.services.clone();
+        py.detach(|| serve::embed(&self.home, services, &args, model, &texts)).map_err(|e| library_error(py, e))
     }
 
     #[getter]

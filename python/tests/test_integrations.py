@@ -5,7 +5,6 @@ online path does not exist."""
 import numpy as np
 import pytest
 
-from ephem_batch import NotAvailableError
 from ephem_batch.langchain import EphemBatchEmbeddings
 from ephem_batch.llama_index import EphemBatchEmbedding
 
@@ -39,11 +38,11 @@ def test_langchain_documents_equal_the_batch_path(client, batch_vectors):
     assert embeddings.embed_documents([]) == []
 
 
-def test_langchain_query_says_the_online_path_is_missing(client):
+def test_langchain_query_goes_online_and_equals_the_batch_vector(client, batch_vectors):
     embeddings = EphemBatchEmbeddings(client=client)
-    with pytest.raises(NotAvailableError) as raised:
-        embeddings.embed_query("where are the receipts?")
-    assert "EphemBatchEmbeddings.embed_query" in str(raised.value) and "online" in str(raised.value)
+    query = embeddings.embed_query(TEXTS[1])
+    assert len(query) == 384
+    assert float(np.dot(np.array(query, dtype=np.float32), batch_vectors[1])) > 0.9999
 
 
 def test_llama_index_documents_equal_the_batch_path(client, batch_vectors):
@@ -59,8 +58,8 @@ def test_llama_index_documents_equal_the_batch_path(client, batch_vectors):
     assert embed_model.last_job is not None and embed_model.last_job.records == 1
 
 
-def test_llama_index_query_says_the_online_path_is_missing(client):
+def test_llama_index_query_goes_online_and_equals_the_batch_vector(client, batch_vectors):
     embed_model = EphemBatchEmbedding(client=client)
-    with pytest.raises(NotAvailableError) as raised:
-        embed_model.get_query_embedding("where are the receipts?")
-    assert "online" in str(raised.value)
+    query = embed_model.get_query_embedding(TEXTS[3])
+    assert len(query) == 384
+    assert float(np.dot(np.array(query, dtype=np.float32), batch_vectors[3])) > 0.9999

@@ -178,11 +178,20 @@ def test_the_ledger_query_returns_the_jobs_row(client, done_job):
     assert client.ledger.query(model="no/such-model", dataframe=False) == []
 
 
-def test_embed_says_the_online_path_does_not_exist(client):
-    with pytest.raises(NotAvailableError) as raised:
-        client.embed(["a query"])
-    assert "online" in str(raised.value)
-    assert isinstance(raised.value, ephem_batch.EphemBatchError)
+def test_embed_goes_online_and_equals_the_batch_path(client, done_job):
+    ids, batch = done_job.results()
+    online = client.embed(TEXTS)
+    assert online.shape == batch.shape and online.dtype == np.float32
+    assert np.min(np.sum(online * batch, axis=1)) > 0.9999
+    assert client.embed("one text").shape == (1, 384)
+
+
+def test_embed_refuses_a_fleet_that_fails_the_policy_and_sends_nothing(stack):
+    other = ephem_batch.Client(home=stack.home, backend="local", fleet_key_arn="arn:aws:kms:local:000000000000:key/0000-not-the-deployments")
+    with pytest.raises(ephem_batch.OnlineError) as raised:
+        other.embed(["a query"])
+    assert raised.value.check == "attestation" and raised.value.status == 503
+    assert "fleet_kms_key" in str(raised.value)
 
 
 def test_configuration_errors_are_exceptions(client, tmp_path):
