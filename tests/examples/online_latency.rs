@@ -4,7 +4,6 @@
 //! p50/p99 of each, on a local stack of its own. Not a test: `cargo run --release -p tests
 //! --example online_latency [REQUESTS]` (docs/benchmarks.md).
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
@@ -13,19 +12,12 @@ use std::time::{Duration, Instant};
 use protocol::envelope::FleetPublicKey;
 use protocol::ohttp::{self, KeyConfig};
 use protocol::online::{self, ClientLabel, EMBEDDINGS_PATH};
-use tests::{wait_until, Stack};
+use tests::{http_exchange, wait_until, Stack};
 
 const BODY: &str = r#"{"input":"a tool to encrypt and sign my email","model":"sentence-transformers/all-MiniLM-L6-v2"}"#;
 
 fn post(port: u16, path: &str, content_type: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let head = format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let split = response.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    (std::str::from_utf8(&response[9..12]).unwrap().parse().unwrap(), response[split + 4..].to_vec())
+    http_exchange(port, "POST", path, content_type, body)
 }
 
 /// Runs `requests` calls of `call` from `clients` threads; latencies in ms, sorted.

@@ -277,3 +277,21 @@ pub fn canary_hits_in(files: impl IntoIterator<Item = PathBuf>, canaries: &[Stri
     }
     hits
 }
+
+/// One HTTP/1.1 exchange with a server on loopback (`Connection: close`): status and body.
+pub fn http_exchange(port: u16, method: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(120))).expect("timeout");
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).expect("send the head");
+    stream.write_all(body).expect("send the body");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).expect("read the response");
+    let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP response");
+    let status = std::str::from_utf8(&response[9..12]).ok().and_then(|s| s.parse().ok()).expect("a status code");
+    (status, response[split + 4..].to_vec())
+}

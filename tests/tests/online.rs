@@ -2,35 +2,17 @@
 //! API, the host's relay carrying Oblivious HTTP it cannot read, the enclave answering with the
 //! batch path's vectors.
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tests::{canary_hits, corpus_with_canaries, wait_until, Stack};
+use tests::{canary_hits, corpus_with_canaries, http_exchange, wait_until, Stack};
 
 const MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// One HTTP/1.1 exchange: status and body.
-fn http(port: u16, method: &str, path: &str, content_type: &str, body: &[u8]) -> (u16, Vec<u8>) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body).unwrap();
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).unwrap();
-    let split = response.windows(4).position(|w| w == b"\r\n\r\n").expect("an HTTP response");
-    let status = std::str::from_utf8(&response[9..12]).unwrap().parse().unwrap();
-    (status, response[split + 4..].to_vec())
 }
 
 struct Serve {
@@ -81,19 +63,19 @@ fn serve_answers_openai_requests_with_the_batch_vectors_and_the_host_never_sees_
     // The same texts online. The batch job's input is the client's: only online traffic may
     // carry this canary from here on, so the scan below looks at what the online path left.
     let proxy = serve(&stack, &[]);
-    let (status, body) = http(proxy.port, "POST", "/v1/embeddings", "application/json", json!({"input": texts, "model": MODEL}).to_string().as_bytes());
+    let (status, body) = http_exchange(proxy.port, "POST", "/v1/embeddings", "application/json", json!({"input": texts, "model": MODEL}).to_string().as_bytes());
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(status, 200, "{body}");
     for (online, batch) in vectors(&body).iter().zip(&batch) {
         let cosine: f64 = online.iter().zip(batch).map(|(a, b)| a * b).sum();
         assert!(cosine > 0.9999, "online and batch differ: {cosine}");
     }
-    let (status, models) = http(proxy.port, "GET", "/v1/models", "application/json", b"");
+    let (status, models) = http_exchange(proxy.port, "GET", "/v1/models", "application/json", b"");
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&models).contains(MODEL));
 
     // Errors in OpenAI's shape.
-    let (status, body) = http(proxy.port, "POST", "/v1/embeddings", "application/json", json!({"input": [1, 2], "model": MODEL}).to_string().as_bytes());
+    let (status, body) = http_exchange(proxy.port, "POST", "/v1/embeddings", "application/json", json!({"input": [1, 2], "model": MODEL}).to_string().as_bytes());
     assert_eq!((status, serde_json::from_slice::<Value>(&body).unwrap()["error"]["code"].clone()), (400, json!("unsupported_input")));
 
     // The relay refuses what does not open, naming the check; it never answers an unopened request.
@@ -102,7 +84,7 @@ fn serve_answers_openai_requests_with_the_batch_vectors_and_the_host_never_sees_
     let relay_port: u16 = relay.trim_start_matches("http://127.0.0.1:").split('/').next().unwrap().parse().unwrap();
     let mut garbage = vec![1u8, 0, 0x10, 0, 1, 0, 3];
     garbage.extend(std::iter::repeat_n(7u8, 120));
-    let (status, problem) = http(relay_port, "POST", "/v1/ohttp", "message/ohttp-req", &garbage);
+    let (status, problem) = http_exchange(relay_port, "POST", "/v1/ohttp", "message/ohttp-req", &garbage);
     assert_eq!(status, 400);
     assert_eq!(serde_json::from_slice::<Value>(&problem).unwrap()["check"], "encapsulation");
 
@@ -119,7 +101,7 @@ fn serve_answers_openai_requests_with_the_batch_vectors_and_the_host_never_sees_
     drop(proxy);
     let elsewhere = "arn:aws:kms:local:000000000000:key/0000-not-the-deployments";
     let refusing = serve(&stack, &["--fleet-key-arn", elsewhere]);
-    let (status, body) = http(refusing.port, "POST", "/v1/embeddings", "application/json", json!({"input": "x", "model": MODEL}).to_string().as_bytes());
+    let (status, body) = http_exchange(refusing.port, "POST", "/v1/embeddings", "application/json", json!({"input": "x", "model": MODEL}).to_string().as_bytes());
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!((status, body["error"]["type"].as_str()), (503, Some("attestation_error")), "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("fleet_kms_key"), "{body}");

@@ -15,8 +15,7 @@ use super::admission::Busy;
 use super::exchange::{ExchangeError, Outcome};
 use super::State;
 
-pub const REQUEST_MEDIA_TYPE: &str = "message/ohttp-req";
-pub const RESPONSE_MEDIA_TYPE: &str = "message/ohttp-res";
+pub use protocol::ohttp::{REQUEST_MEDIA_TYPE, RESPONSE_MEDIA_TYPE};
 const PROBLEM_MEDIA_TYPE: &str = "application/problem+json";
 /// How long a health check waits for the worker's `Hello`.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
