@@ -365,16 +365,10 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     println!("  model         {manifest_key}");
     println!("  PCR0          {}", hex::encode(pcr0));
     println!("  policy        {}", home.dev_policy().display());
-    if let Some(url) = relay_url(home) {
+    if let Some(url) = home.local_relay_url() {
         println!("  online relay  {url}");
     }
     Ok(())
-}
-
-/// The local stack's Oblivious HTTP relay resource, while its host-poller runs (the home records
-/// it: `serve` reads it there too).
-pub fn relay_url(home: &Home) -> Option<String> {
-    home.local_relay_url()
 }
 
 pub fn down(home: &Home) -> anyhow::Result<()> {
@@ -434,7 +428,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
             "epochs": epochs.iter().map(|e| serde_json::json!({"epoch": e.epoch, "not_after_ms": e.not_after_ms})).collect::<Vec<_>>(),
             "models": models,
             "published_documents": published.iter().map(|m| &m.key).collect::<Vec<_>>(),
-            "online_relay": relay_url(home),
+            "online_relay": home.local_relay_url(),
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -458,7 +452,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
     for meta in &published {
         println!("  published {} ({})", meta.key, protocol::attestation::format_ms(meta.modified_ms));
     }
-    if let Some(url) = relay_url(home) {
+    if let Some(url) = home.local_relay_url() {
         println!("  online relay  {url}");
     }
     Ok(())

@@ -10,7 +10,7 @@
 //! around every call into the library (network, sealing, opening, waiting).
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use clap::Parser;
 use ephem_batch_client::backend::{self, BackendArgs, Opened};
@@ -134,6 +134,9 @@ struct NativeClient {
     opened: Opened,
     trust: TrustArgs,
     backend: String,
+    /// The online path, made at the first `embed` (per relay): its verified document and pinned
+    /// manifests serve later calls until they are due for a refresh.
+    online: Mutex<Option<(Option<String>, Arc<serve::OnlineClient>)>>,
 }
 
 #[pymethods]
@@ -165,21 +168,15 @@ impl NativeClient {
         }
         let backend_args = config.backend.clone();
         let opened = py.detach(|| backend::open(&home, &backend_args)).map_err(|e| library_error(py, e))?;
-        Ok(NativeClient { home, opened, trust: config.trust, backend })
+        Ok(NativeClient { home, opened, trust: config.trust, backend, online: Mutex::new(None) })
     }
 
-    /// Embeds `texts` through the online path (`serve::embed`: the fleet document verified, the
-    /// model's manifest pinned, Oblivious HTTP through the relay); the vectors, row by row.
+    /// Embeds `texts` through the online path (`serve::OnlineClient`, made once per client: the
+    /// fleet document verified, the model's manifest pinned, Oblivious HTTP through the relay);
+    /// the vectors, row by row.
     #[pyo3(signature = (model, texts, relay=None))]
     fn embed(&self, py: Python<'_>, model: &str, texts: Vec<String>, relay: Option<String>) -> PyResult<Vec<Vec<f32>>> {
-        let args = serve::ServeArgs {
-            listen: ([127, 0, 0, 1], 0).into(),
-            relay,
-            refresh_seconds: 60,
-            trust: self.trust.clone(),
-        };
-        let services = self.opened.services.clone();
-        py.detach(|| serve::embed(&self.home, services, &args, model, &texts)).map_err(|e| library_error(py, e))
+        py.detach(|| self.online_client(relay).and_then(|client| client.embed(model, &texts))).map_err(|e| library_error(py, e))
     }
 
     #[getter]
@@ -375,6 +372,20 @@ impl NativeClient {
 }
 
 /// The ids file the npy writer puts beside `output` (`<stem>.ids.jsonl`).
+impl NativeClient {
+    /// The online client for `relay`, made once (again only if another relay is named).
+    fn online_client(&self, relay: Option<String>) -> anyhow::Result<Arc<serve::OnlineClient>> {
+        let mut online = self.online.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, client)) = online.as_ref().filter(|(made_for, _)| *made_for == relay) {
+            return Ok(Arc::clone(client));
+        }
+        let args = serve::ServeArgs { listen: ([127, 0, 0, 1], 0).into(), relay: relay.clone(), refresh_seconds: 60, trust: self.trust.clone() };
+        let client = Arc::new(serve::OnlineClient::new(&self.home, self.opened.services.clone(), &args)?);
+        *online = Some((relay, Arc::clone(&client)));
+        Ok(client)
+    }
+}
+
 fn ids_path(output: &Path) -> PathBuf {
     let stem = output.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
     output.with_file_name(format!("{stem}.ids.jsonl"))

@@ -97,23 +97,35 @@ pub struct OnlineError {
     pub message: String,
 }
 
-/// Embeds `texts` once through the online path, exactly as a request to `serve` (the Python SDK's
-/// `embed`): verified fleet document, pinned manifest, Oblivious HTTP through the relay.
-pub fn embed(home: &Home, services: Services, args: &ServeArgs, model: &str, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
-    let proxy = Arc::new(Proxy::new(home, services, args)?);
-    let body = serde_json::json!({"input": texts, "model": model}).to_string();
-    let (status, answer) = runtime.block_on(proxy::forward(&proxy, body.into()));
-    let answer: serde_json::Value = serde_json::from_slice(&answer).context("the answer is not JSON")?;
-    if !status.is_success() {
-        let field = |name: &str| answer["error"][name].as_str().unwrap_or_default().to_owned();
-        return Err(OnlineError { status: status.as_u16(), kind: field("type"), code: field("code"), message: field("message") }.into());
+/// The online path for a library caller (the Python SDK's `embed`): exactly a request to `serve`,
+/// with the verified document and pinned manifests kept between calls and refreshed as `serve`
+/// refreshes them.
+pub struct OnlineClient {
+    runtime: tokio::runtime::Runtime,
+    proxy: Arc<Proxy>,
+}
+
+impl OnlineClient {
+    pub fn new(home: &Home, services: Services, args: &ServeArgs) -> anyhow::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("tokio runtime")?;
+        Ok(Self { runtime, proxy: Arc::new(Proxy::new(home, services, args)?) })
     }
-    let data = answer["data"].as_array().ok_or_else(|| anyhow!("the answer has no data"))?;
-    data.iter()
-        .map(|item| {
-            let values = item["embedding"].as_array().ok_or_else(|| anyhow!("an answer item has no embedding"))?;
-            values.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| anyhow!("a vector value is not a number"))).collect()
-        })
-        .collect()
+
+    /// The vectors of `texts`, row by row; an [`OnlineError`] for a refusal.
+    pub fn embed(&self, model: &str, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
+        let body = serde_json::json!({"input": texts, "model": model}).to_string();
+        let (status, answer) = self.runtime.block_on(proxy::forward(&self.proxy, body.into()));
+        let answer: serde_json::Value = serde_json::from_slice(&answer).context("the answer is not JSON")?;
+        if !status.is_success() {
+            let field = |name: &str| answer["error"][name].as_str().unwrap_or_default().to_owned();
+            return Err(OnlineError { status: status.as_u16(), kind: field("type"), code: field("code"), message: field("message") }.into());
+        }
+        let data = answer["data"].as_array().ok_or_else(|| anyhow!("the answer has no data"))?;
+        data.iter()
+            .map(|item| {
+                let values = item["embedding"].as_array().ok_or_else(|| anyhow!("an answer item has no embedding"))?;
+                values.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| anyhow!("a vector value is not a number"))).collect()
+            })
+            .collect()
+    }
 }

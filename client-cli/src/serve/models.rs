@@ -31,8 +31,7 @@ impl ModelPinning {
     /// The manifest hash requests for `model_id` must be served with.
     pub fn manifest(&self, models: &dyn ObjectStore, model_id: &str) -> Result<[u8; 32], String> {
         let mut checked = self.checked.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((hash, at)) = checked.get(model_id).filter(|(_, at)| at.elapsed() < self.refresh) {
-            let _ = at;
+        if let Some((hash, _)) = checked.get(model_id).filter(|(_, at)| at.elapsed() < self.refresh) {
             return Ok(*hash);
         }
         let model = choose_model(models, model_id, &self.publisher, &self.home, &ModelPins::default()).map_err(|e| e.to_string())?;
