@@ -78,7 +78,8 @@ pub use verify_bundle::{ProvenReceipt, Refusal, check_bundle, check_bundle_witne
 pub use witness_policy::{SeenCheck, WitnessArgs, check_seen, check_witnessed};
 use verify_bundle::verify_bundle_command;
 pub use proof::{JobProof, check_job_proof, check_proof};
-pub use query::{Row, query_ledger, query_rows};
+pub use query::{Row, UsageDetail, query_ledger, query_rows, usage_gaps};
+pub use receipts_ledger::EntryKind;
 pub use redrive::{RedriveArgs, redrive_command};
 use query::query_command;
 pub use sync::sync_copy;
@@ -113,6 +114,12 @@ pub enum LedgerCommand {
         /// Only jobs that finished before T.
         #[arg(long, value_name = "T", value_parser = parse_time)]
         until: Option<u64>,
+        /// Only usage receipts of online requests (`serve`, the SDK's `embed`).
+        #[arg(long, conflicts_with = "jobs")]
+        online: bool,
+        /// Only batch jobs' receipts.
+        #[arg(long)]
+        jobs: bool,
         /// One JSON array of rows on stdout.
         #[arg(long)]
         json: bool,
@@ -225,12 +232,14 @@ pub fn query_filter(
     client: Option<String>,
     since: Option<u64>,
     until: Option<u64>,
+    kind: Option<EntryKind>,
 ) -> Query {
     Query {
         job_id: job,
         model_id: model,
         pcr0: pcr0.map(|p| p.to_ascii_lowercase()),
         client_key_id: client.map(|c| c.to_ascii_lowercase()),
+        kind,
         since_ms: since,
         until_ms: until,
         limit: None,
@@ -265,8 +274,13 @@ pub fn verify_bundle_bytes(
 /// Runs a ledger command on the ledger in `ledger_dir` (`$EPHEM_HOME/ledger`).
 pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode> {
     match command {
-        LedgerCommand::Query { job, model, pcr0, client, since, until, json, trust } => {
-            query_command(ledger_dir, &query_filter(job, model, pcr0, client, since, until), json, &trust)
+        LedgerCommand::Query { job, model, pcr0, client, since, until, online, jobs, json, trust } => {
+            let kind = match (online, jobs) {
+                (true, _) => Some(EntryKind::Usage),
+                (_, true) => Some(EntryKind::Job),
+                _ => None,
+            };
+            query_command(ledger_dir, &query_filter(job, model, pcr0, client, since, until, kind), json, &trust)
         }
         LedgerCommand::Verify { json, trust, witness } => verify_command(ledger_dir, json, &trust, &witness),
         LedgerCommand::Checkpoint => checkpoint_command(ledger_dir),

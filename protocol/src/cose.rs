@@ -52,6 +52,15 @@ pub fn sign(payload: Vec<u8>, content_type: &'static str, key: &SigningKey) -> V
     message.to_tagged_vec().unwrap_or_default()
 }
 
+/// The content type a message declares, read without any other check: for dispatching bytes
+/// to the strict decoder of their kind, which then checks everything.
+pub fn declared_content_type(bytes: &[u8]) -> Option<String> {
+    match CoseSign1::from_tagged_slice(bytes).ok()?.protected.header.content_type? {
+        coset::ContentType::Text(text) => Some(text),
+        coset::ContentType::Assigned(_) => None,
+    }
+}
+
 impl Sign1 {
     pub fn decode(bytes: &[u8], content_type: &'static str) -> Result<Self, CoseError> {
         let message = CoseSign1::from_tagged_slice(bytes).map_err(|e| CoseError::Structure(e.to_string()))?;

@@ -107,6 +107,27 @@ impl DevEnclave {
         }
     }
 
+    /// The usage receipt this enclave signs as its `sequence`-th, naming [`DevEnclave::document`].
+    pub fn usage_receipt(&self, sequence: u64) -> crate::usage::UsageReceipt {
+        crate::usage::UsageReceipt {
+            client: crate::online::ClientLabel([0x55; 32]),
+            model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
+            manifest_hash: [0x33; 32],
+            precision: crate::envelope::Precision::Fp32,
+            period_start_ms: self.document_ms + sequence * 60_000,
+            period_end_ms: self.document_ms + (sequence + 1) * 60_000,
+            requests: 3 + sequence,
+            inputs: 7 + sequence,
+            tokens: 90 + sequence,
+            commitment: [0x66; 32],
+            sequence,
+            attestation_sha256: Sha256::digest(&self.document).into(),
+            pcrs: (0u8..).zip(self.pcrs.iter()).map(|(i, v)| (i, v.to_vec())).collect(),
+            fleet_key_id: self.binding.fleet_key_id(),
+            epoch: DEV_EPOCH,
+        }
+    }
+
     /// Signs `receipt` with this enclave's receipt key.
     pub fn sign(&self, receipt: &crate::receipt::Receipt) -> Vec<u8> {
         receipt.sign(&self.receipt_key)

@@ -14,7 +14,8 @@
 //! | 6 | `fleet_key` | the receipt's fleet key id and epoch are the ones the binding names |
 //! | 7 | `pcrs` | the receipt carries PCR0 and every PCR it carries equals the document's |
 //!
-//! (The ledger adds an eighth, `fields`: the values it indexes fit its limits.)
+//! (The ledger adds an eighth, `fields`: the values it indexes fit its limits.) A usage receipt
+//! (§9.5, [`ReceiptVerifier::verify_usage`]) passes the same checks; only 1 decodes its own schema.
 //!
 //! Nothing the receipt says is used before 4 has passed. The document is verified at its
 //! own timestamp because an auditor checks receipts long after the document's leaf
@@ -32,7 +33,10 @@ use crate::attestation::policy_set::{PolicyId, PolicySet, PolicySetError};
 use crate::attestation::{
     AttestationDocument, AttestationError, BindingError, RootInfo, TrustAnchor, UserDataBinding, VerifyOptions, verify,
 };
+use crate::envelope::JobId;
+use crate::keys::KeyId;
 use crate::receipt::{Receipt, ReceiptError, SignedReceipt};
+use crate::usage::{SignedUsageReceipt, UsageReceipt};
 
 type Hash = [u8; 32];
 
@@ -107,6 +111,49 @@ pub struct VerifiedReceipt {
     pub debug_mode: bool,
 }
 
+/// A usage receipt that passed every check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifiedUsage {
+    pub usage: UsageReceipt,
+    /// Its ledger id (§9.5): the receipt key's id and the sequence number, hashed.
+    pub usage_id: JobId,
+    pub policy: Option<PolicyId>,
+    pub document_timestamp_ms: u64,
+    pub debug_mode: bool,
+}
+
+/// What a signed statement claims about the enclave that signed it: checks 5–7 compare these
+/// with the attestation document.
+pub struct EnclaveClaimsRef<'a> {
+    pub attestation_sha256: &'a Hash,
+    pub fleet_key_id: &'a KeyId,
+    pub epoch: u64,
+    pub pcrs: &'a BTreeMap<u8, Vec<u8>>,
+}
+
+/// A statement an enclave signs with its receipt key: a job receipt or a usage receipt.
+pub trait EnclaveClaims {
+    fn enclave_claims(&self) -> EnclaveClaimsRef<'_>;
+}
+
+impl EnclaveClaims for Receipt {
+    fn enclave_claims(&self) -> EnclaveClaimsRef<'_> {
+        EnclaveClaimsRef { attestation_sha256: &self.attestation_sha256, fleet_key_id: &self.fleet_key_id, epoch: self.epoch, pcrs: &self.pcrs }
+    }
+}
+
+impl EnclaveClaims for UsageReceipt {
+    fn enclave_claims(&self) -> EnclaveClaimsRef<'_> {
+        EnclaveClaimsRef { attestation_sha256: &self.attestation_sha256, fleet_key_id: &self.fleet_key_id, epoch: self.epoch, pcrs: &self.pcrs }
+    }
+}
+
+/// The document behind a statement that passed checks 2–7, and the policy it satisfied.
+struct CheckedEnclave {
+    attested: Attested,
+    policy: Option<PolicyId>,
+}
+
 /// What a verified document contributes to receipt checks.
 #[derive(Clone)]
 struct Attested {
@@ -172,6 +219,41 @@ impl ReceiptVerifier {
     pub fn verify(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<VerifiedReceipt, ReceiptCheckError> {
         // 1. receipt
         let signed = SignedReceipt::decode(leaf).map_err(ReceiptCheckError::Receipt)?;
+        let (receipt, enclave) = self.check_statement(signed.kid, |key| signed.verify(key).cloned(), attestation_document)?;
+        Ok(VerifiedReceipt {
+            receipt,
+            policy: enclave.policy,
+            binding: enclave.attested.binding,
+            document_timestamp_ms: enclave.attested.timestamp_ms,
+            module_id: enclave.attested.module_id,
+            root: enclave.attested.root,
+            debug_mode: enclave.attested.debug_mode,
+        })
+    }
+
+    /// The same checks for a usage receipt (docs/protocol.md §9.5): check 1 decodes a usage
+    /// receipt instead of a job receipt, 2–7 are the job receipt's.
+    pub fn verify_usage(&self, leaf: &[u8], attestation_document: &[u8]) -> Result<VerifiedUsage, ReceiptCheckError> {
+        // 1. receipt
+        let signed = SignedUsageReceipt::decode(leaf).map_err(ReceiptCheckError::Receipt)?;
+        let (usage, enclave) = self.check_statement(signed.kid, |key| signed.verify(key).cloned(), attestation_document)?;
+        Ok(VerifiedUsage {
+            usage_id: JobId(signed.usage_id()),
+            usage,
+            policy: enclave.policy,
+            document_timestamp_ms: enclave.attested.timestamp_ms,
+            debug_mode: enclave.attested.debug_mode,
+        })
+    }
+
+    /// Checks 2–7 for a statement signed by key `kid`; `verify_signature` is check 4 and yields
+    /// the statement, whose claims 5–7 are then compared with the document.
+    fn check_statement<S: EnclaveClaims>(
+        &self,
+        kid: KeyId,
+        verify_signature: impl FnOnce(&VerifyingKey) -> Result<S, ReceiptError>,
+        attestation_document: &[u8],
+    ) -> Result<(S, CheckedEnclave), ReceiptCheckError> {
         // 2. attestation
         let doc_sha256: Hash = Sha256::digest(attestation_document).into();
         let attested = self.attest(attestation_document, &doc_sha256)?;
@@ -191,42 +273,32 @@ impl ReceiptVerifier {
         };
         // 3. receipt_key_id
         let bound_kid = attested.binding.receipt_key_id();
-        if signed.kid != bound_kid {
-            return Err(ReceiptCheckError::ReceiptKeyId {
-                signed_by: hex::encode(signed.kid),
-                bound: hex::encode(bound_kid),
-            });
+        if kid != bound_kid {
+            return Err(ReceiptCheckError::ReceiptKeyId { signed_by: hex::encode(kid), bound: hex::encode(bound_kid) });
         }
         // 4. receipt_signature
-        let receipt = signed.verify(&attested.receipt_key).map_err(ReceiptCheckError::ReceiptSignature)?.clone();
+        let statement = verify_signature(&attested.receipt_key).map_err(ReceiptCheckError::ReceiptSignature)?;
+        let claims = statement.enclave_claims();
         // 5. attestation_hash
-        if receipt.attestation_sha256 != doc_sha256 {
+        if *claims.attestation_sha256 != doc_sha256 {
             return Err(ReceiptCheckError::AttestationHash {
-                named: hex::encode(receipt.attestation_sha256),
+                named: hex::encode(claims.attestation_sha256),
                 given: hex::encode(doc_sha256),
             });
         }
         // 6. fleet_key
         let bound_fleet = attested.binding.fleet_key_id();
-        if receipt.fleet_key_id != bound_fleet || receipt.epoch != attested.binding.epoch {
+        if *claims.fleet_key_id != bound_fleet || claims.epoch != attested.binding.epoch {
             return Err(ReceiptCheckError::FleetKey {
-                receipt: hex::encode(receipt.fleet_key_id),
-                receipt_epoch: receipt.epoch,
+                receipt: hex::encode(claims.fleet_key_id),
+                receipt_epoch: claims.epoch,
                 bound: hex::encode(bound_fleet),
                 bound_epoch: attested.binding.epoch,
             });
         }
         // 7. pcrs
-        check_pcrs(&receipt.pcrs, &attested.pcrs).map_err(ReceiptCheckError::Pcrs)?;
-        Ok(VerifiedReceipt {
-            receipt,
-            policy,
-            binding: attested.binding,
-            document_timestamp_ms: attested.timestamp_ms,
-            module_id: attested.module_id,
-            root: attested.root,
-            debug_mode: attested.debug_mode,
-        })
+        check_pcrs(claims.pcrs, &attested.pcrs).map_err(ReceiptCheckError::Pcrs)?;
+        Ok((statement, CheckedEnclave { attested, policy }))
     }
 
     fn attest(&self, document: &[u8], sha256: &Hash) -> Result<Attested, ReceiptCheckError> {

@@ -117,6 +117,12 @@ impl UsageReceipt {
     }
 }
 
+/// Whether `leaf` declares itself a usage receipt (nothing else checked): which strict decoder
+/// a ledger leaf goes to. Anything else goes to the job receipt's, which refuses what it is not.
+pub fn is_usage_receipt(leaf: &[u8]) -> bool {
+    cose::declared_content_type(leaf).as_deref() == Some(CONTENT_TYPE)
+}
+
 /// A decoded usage receipt whose signature has not been checked yet.
 #[derive(Debug, Clone)]
 pub struct SignedUsageReceipt {
@@ -196,6 +202,9 @@ mod tests {
         assert!(SignedUsageReceipt::decode(&tampered).and_then(|s| s.verify(&key.verifying_key()).cloned()).is_err());
         // A job receipt's content type is not a usage receipt's, and the other way round.
         assert!(crate::receipt::SignedReceipt::decode(&bytes).is_err());
+        assert!(is_usage_receipt(&bytes));
+        assert!(!is_usage_receipt(&crate::cose::sign(b"x".to_vec(), crate::receipt::CONTENT_TYPE, &key)));
+        assert!(!is_usage_receipt(b"not cose"));
         assert_ne!(signed.usage_id(), UsageReceipt::usage_id(&signed.kid, 3));
     }
 

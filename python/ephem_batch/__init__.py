@@ -420,6 +420,7 @@ class Ledger:
         since: Optional[Union[int, str, _dt.datetime, _dt.date]] = None,
         until: Optional[Union[int, str, _dt.datetime, _dt.date]] = None,
         *,
+        kind: Optional[str] = None,
         ledger_key: Optional[str] = None,
         root: Optional[str] = None,
         development_root: Optional[Union[bool, str]] = None,
@@ -428,12 +429,13 @@ class Ledger:
         dataframe: Optional[bool] = None,
     ) -> Any:
         """The compliance view (``ephem-batch ledger query``): one row per receipt, each with
-        its verdict, filtered like the command. A pandas ``DataFrame`` when pandas is installed
-        (``dataframe=False``: always a list of dicts)."""
+        its verdict, filtered like the command. ``kind="usage"`` keeps only the usage receipts of
+        online requests (``embed``, ``ephem-batch serve``), ``kind="job"`` only batch jobs. A pandas
+        ``DataFrame`` when pandas is installed (``dataframe=False``: always a list of dicts)."""
         args: List[str] = []
         if isinstance(job, Job):
             job = job.id
-        for flag, value in (("--job", job), ("--model", model), ("--pcr0", pcr0), ("--client", client)):
+        for flag, value in (("--job", job), ("--model", model), ("--pcr0", pcr0), ("--client", client), ("--kind", kind)):
             if value is not None:
                 args += [flag, str(value)]
         for flag, when in (("--since", since), ("--until", until)):

@@ -54,6 +54,9 @@ struct QueryArgs {
     since: Option<String>,
     #[arg(long)]
     until: Option<String>,
+    /// Only usage receipts of online requests, or only jobs.
+    #[arg(long, value_parser = ["job", "usage"])]
+    kind: Option<String>,
     #[arg(long)]
     ledger_key: Option<String>,
     #[command(flatten)]
@@ -336,7 +339,8 @@ impl NativeClient {
         let job = parsed.job.as_deref().map(status::parse_job).transpose().map_err(|e| library_error(py, e))?;
         let since = parsed.since.as_deref().map(|t| parse_time(py, t)).transpose()?;
         let until = parsed.until.as_deref().map(|t| parse_time(py, t)).transpose()?;
-        let filter = ephem_batch_client::ledger::query_filter(job, parsed.model, parsed.pcr0, parsed.client, since, until);
+        let kind = parsed.kind.as_deref().and_then(ephem_batch_client::ledger::EntryKind::parse);
+        let filter = ephem_batch_client::ledger::query_filter(job, parsed.model, parsed.pcr0, parsed.client, since, until, kind);
         let trust = LedgerTrust { ledger_key: parsed.ledger_key, root: parsed.root };
         let dir = self.ledger_dir();
         let rows = py.detach(|| ephem_batch_client::ledger::query_ledger(&dir, &filter, &trust)).map_err(|e| library_error(py, e))?;

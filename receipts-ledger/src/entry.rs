@@ -44,6 +44,37 @@ pub fn attestation_sha256(document: &[u8]) -> Hash {
     Sha256::digest(document).into()
 }
 
+/// What a leaf is: a job's receipt, or a usage receipt of online requests (docs/protocol.md
+/// §9.5), read from the leaf's own content type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    #[default]
+    Job,
+    Usage,
+}
+
+impl EntryKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Job => "job",
+            Self::Usage => "usage",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "job" => Some(Self::Job),
+            "usage" => Some(Self::Usage),
+            _ => None,
+        }
+    }
+
+    pub fn is_job(&self) -> bool {
+        *self == Self::Job
+    }
+}
+
 /// The receipt fields the ledger indexes for compliance queries. Hex fields
 /// are lowercase; times are Unix milliseconds.
 ///
@@ -52,8 +83,14 @@ pub fn attestation_sha256(document: &[u8]) -> Hash {
 /// check without an allow-list (and rows appended before there was one). The chain does not
 /// cover it, and [`IndexedFields::first_difference`] leaves it out: an auditor's check may hold
 /// other policies or none.
+///
+/// A usage receipt fills the same fields (§9.5): `job_id` is its usage id, `client_key_id` the
+/// client label, `start_ms`/`end_ms` its period, `ok_count` the inputs embedded, `failed_count` 0.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct IndexedFields {
+    /// Absent in records written before usage receipts: those are all jobs.
+    #[serde(default, skip_serializing_if = "EntryKind::is_job")]
+    pub kind: EntryKind,
     pub job_id: JobId,
     pub model_id: String,
     pub manifest_hash: String,
@@ -139,7 +176,8 @@ impl IndexedFields {
 
     /// The name of the first receipt field that differs from `other` (`policy` is not one).
     pub fn first_difference(&self, other: &Self) -> Option<&'static str> {
-        let pairs: [(&'static str, bool); 9] = [
+        let pairs: [(&'static str, bool); 10] = [
+            ("kind", self.kind == other.kind),
             ("job_id", self.job_id == other.job_id),
             ("model_id", self.model_id == other.model_id),
             ("manifest_hash", self.manifest_hash == other.manifest_hash),
@@ -259,6 +297,7 @@ impl Entry {
 #[cfg(test)]
 pub(crate) fn sample_fields(job: u64) -> IndexedFields {
     IndexedFields {
+        kind: EntryKind::Job,
         job_id: protocol::dev_enclave::job_id(job),
         model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
         manifest_hash: "ab".repeat(32),
@@ -321,6 +360,13 @@ mod tests {
         f.failed_count = 9;
         assert_eq!(ok.first_difference(&f), Some("failed_count"));
         assert_eq!(ok.first_difference(&ok), None);
+        let mut f = ok.clone();
+        f.kind = EntryKind::Usage;
+        assert_eq!(ok.first_difference(&f), Some("kind"));
+        // A record without a kind is a job's; a job's is written without one.
+        let json = serde_json::to_value(&ok).unwrap();
+        assert!(json.get("kind").is_none());
+        assert_eq!(serde_json::to_value(&f).unwrap()["kind"], "usage");
         let mut f = ok.clone();
         f.policy = Some("ab".repeat(32));
         f.validate().unwrap();

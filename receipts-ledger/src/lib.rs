@@ -22,7 +22,7 @@ pub mod witness_client;
 pub use bundle::{prove, verify_bundle, verify_bundle_and_receipt, BundleError, ProofBundle, VerifiedBundle};
 pub use checkpoint::{Checkpoint, CheckpointError};
 pub use cosignature::{CosignatureError, CosignerKey, CosignerSigner, WitnessPolicy, WitnessPolicyError};
-pub use entry::{AppendRequest, Entry, FieldError, IndexedFields, LeafClaims, LeafReader, ReceiptCheck, ReceiptRefusal};
+pub use entry::{AppendRequest, Entry, EntryKind, FieldError, IndexedFields, LeafClaims, LeafReader, ReceiptCheck, ReceiptRefusal};
 pub use ledger::{consistency, CheckedReceipt, Ledger, LedgerError};
 pub use local::{LocalError, LocalLedger};
 pub use note::{NoteError, NoteSigner, RemoteSigner, SignerKey, VerifierKey};

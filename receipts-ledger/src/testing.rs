@@ -48,6 +48,7 @@ pub use protocol::dev_enclave::job_id as test_job;
 /// Fields for test job `job`.
 pub fn test_fields(job: u64) -> IndexedFields {
     IndexedFields {
+        kind: crate::EntryKind::Job,
         job_id: test_job(job),
         model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
         manifest_hash: "ab".repeat(32),

@@ -1,5 +1,7 @@
 //! `ephem-batch ledger query`: the compliance view, one row per receipt with its verdict and
-//! the attestation policy the appender admitted it under.
+//! the attestation policy the appender admitted it under. Usage receipts of online requests
+//! (docs/protocol.md §9.5) are rows too (`kind` `usage`; `--online` shows only them), and a
+//! gap in an enclave's usage sequence — a receipt a host withheld — is reported.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -7,7 +9,8 @@ use std::process::ExitCode;
 use protocol::attestation::format_ms;
 use protocol::JobId;
 use protocol::receipt::SignedReceipt;
-use receipts_ledger::{EntryVerdict, LedgerStore, LocalLedger, Query, VerifierKey, verify_entry};
+use protocol::usage::SignedUsageReceipt;
+use receipts_ledger::{EntryKind, EntryVerdict, LedgerStore, LocalLedger, Query, VerifierKey, verify_entry};
 use protocol::receipt_check::ReceiptVerifier;
 use serde::Serialize;
 
@@ -17,6 +20,8 @@ use super::{LedgerTrust, home_key, latest_signed, receipt_check};
 #[derive(Serialize, Debug, Clone, PartialEq, Eq)]
 pub struct Row {
     pub index: u64,
+    pub kind: EntryKind,
+    /// A job's id, or a usage receipt's usage id.
     pub job_id: JobId,
     pub model_id: String,
     pub manifest_hash: String,
@@ -29,12 +34,41 @@ pub struct Row {
     pub failed_count: u64,
     /// From the receipt, once it verified.
     pub tokens: Option<u64>,
+    /// A usage receipt's own counts, once it verified.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageDetail>,
     pub appended_ms: u64,
     /// Id (hex SHA-256 of the signed bytes) of the publisher-signed attestation policy the
     /// appender found the receipt's document to satisfy; `null` for rows appended without one.
     pub policy: Option<String>,
     #[serde(flatten)]
     pub verdict: EntryVerdict,
+}
+
+/// What a verified usage receipt adds to its row.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+pub struct UsageDetail {
+    pub requests: u64,
+    /// The enclave's count of usage receipts before this one, under `receipt_key_id`.
+    pub sequence: u64,
+    pub receipt_key_id: String,
+    pub precision: String,
+}
+
+/// Usage sequence numbers missing between the lowest and highest seen per enclave receipt key:
+/// receipts signed but never appended (withheld by a host, or still on their way).
+pub fn usage_gaps(rows: &[Row]) -> Vec<(String, Vec<u64>)> {
+    let mut seen: std::collections::BTreeMap<&str, std::collections::BTreeSet<u64>> = Default::default();
+    for usage in rows.iter().filter_map(|r| r.usage.as_ref()) {
+        seen.entry(&usage.receipt_key_id).or_default().insert(usage.sequence);
+    }
+    seen.into_iter()
+        .filter_map(|(key, sequences)| {
+            let (first, last) = (*sequences.first()?, *sequences.last()?);
+            let missing: Vec<u64> = (first..=last).filter(|n| !sequences.contains(n)).take(32).collect();
+            (!missing.is_empty()).then(|| (key.to_owned(), missing))
+        })
+        .collect()
 }
 
 /// The rows `query` matches, each with its verdict.
@@ -52,13 +86,27 @@ pub fn query_rows(
         if let (EntryVerdict::NotCheckpointed, Err(reason)) = (&verdict, &checkpoint) {
             verdict = EntryVerdict::Invalid { reason: reason.clone() };
         }
-        let tokens = match verdict {
-            EntryVerdict::Invalid { .. } => None,
-            _ => SignedReceipt::decode(&entry.leaf).ok().map(|s| s.receipt.tokens),
+        let valid = !matches!(verdict, EntryVerdict::Invalid { .. });
+        let (tokens, usage) = match entry.fields.kind {
+            _ if !valid => (None, None),
+            EntryKind::Job => (SignedReceipt::decode(&entry.leaf).ok().map(|s| s.receipt.tokens), None),
+            EntryKind::Usage => match SignedUsageReceipt::decode(&entry.leaf) {
+                Ok(signed) => (
+                    Some(signed.receipt.tokens),
+                    Some(UsageDetail {
+                        requests: signed.receipt.requests,
+                        sequence: signed.receipt.sequence,
+                        receipt_key_id: hex::encode(signed.kid),
+                        precision: signed.receipt.precision.as_str().to_owned(),
+                    }),
+                ),
+                Err(_) => (None, None),
+            },
         };
         let f = entry.fields;
         rows.push(Row {
             index: entry.index,
+            kind: f.kind,
             finished: format_ms(f.end_ms),
             job_id: f.job_id,
             model_id: f.model_id,
@@ -70,6 +118,7 @@ pub fn query_rows(
             ok_count: f.ok_count,
             failed_count: f.failed_count,
             tokens,
+            usage,
             appended_ms: entry.appended_ms,
             policy: f.policy,
             verdict,
@@ -107,6 +156,9 @@ pub(super) fn query_command(dir: &Path, query: &Query, json: bool, trust: &Ledge
         println!();
         println!("{} receipt(s); ledger key {} ({})", rows.len(), pinned.key, pinned.source);
         println!("attestation root {}", check.root().label());
+        for (key, missing) in usage_gaps(&rows) {
+            println!("usage receipts missing from enclave receipt key {}…: sequence {missing:?}", &key[..16]);
+        }
     }
     let invalid = rows.iter().any(|r| matches!(r.verdict, EntryVerdict::Invalid { .. }));
     Ok(if invalid { ExitCode::from(1) } else { ExitCode::SUCCESS })
@@ -115,13 +167,14 @@ pub(super) fn query_command(dir: &Path, query: &Query, json: bool, trust: &Ledge
 /// The human view: one line per row, `policy` the first 16 hex digits of the policy id (`-`:
 /// appended before the ledger enforced one).
 fn table(rows: &[Row]) -> String {
-    let header = ["#", "finished (UTC)", "job", "model", "ok", "failed", "tokens", "pcr0", "policy", "verdict"];
-    let cells: Vec<[String; 10]> = rows
+    let header = ["#", "finished (UTC)", "kind", "job", "model", "ok", "failed", "tokens", "pcr0", "policy", "verdict"];
+    let cells: Vec<[String; 11]> = rows
         .iter()
         .map(|r| {
             [
                 r.index.to_string(),
                 r.finished.clone(),
+                r.kind.as_str().to_owned(),
                 r.job_id.to_hex(),
                 r.model_id.clone(),
                 r.ok_count.to_string(),

@@ -182,3 +182,61 @@ fn verification_is_cached_per_document_only() {
     edited[at] ^= 0x01;
     assert_eq!(refusal(&check, &leaf, &edited), "attestation: signature");
 }
+
+/// The failed check's name for a usage receipt.
+fn usage_refusal(check: &ReceiptVerifier, leaf: &[u8], doc: &[u8]) -> String {
+    match check.verify_usage(leaf, doc) {
+        Ok(_) => "accepted".into(),
+        Err(ReceiptCheckError::Attestation(e)) => format!("attestation: {}", e.check()),
+        Err(e) => e.check().into(),
+    }
+}
+
+#[test]
+fn usage_receipts_pass_the_same_checks() {
+    let e = enclave();
+    let check = check_of(&e);
+    let usage = e.usage_receipt(2);
+    let leaf = usage.sign(&e.receipt_key);
+    let verified = check.verify_usage(&leaf, &e.document).unwrap();
+    assert_eq!(verified.usage, usage);
+    assert_eq!(verified.usage_id.0, crate::usage::UsageReceipt::usage_id(&e.binding.receipt_key_id(), 2));
+
+    // A job receipt is not a usage receipt, and the other way round.
+    assert_eq!(usage_refusal(&check, &e.sign(&e.receipt(1)), &e.document), "receipt");
+    assert_eq!(refusal(&check, &leaf, &e.document), "receipt");
+    // A host's own key, however it labels the message.
+    let mallory = ed25519_dalek::SigningKey::from_bytes(&[0x66; 32]);
+    assert_eq!(usage_refusal(&check, &usage.sign(&mallory), &e.document), "receipt_key_id");
+    // Another enclave's document; claims that are not the document's.
+    let foreign = DevEnclave::new(2, T);
+    assert_eq!(usage_refusal(&check, &leaf, &foreign.document), "attestation: root_pinned");
+    let signed = |f: &dyn Fn(&mut crate::usage::UsageReceipt)| {
+        let mut u = e.usage_receipt(2);
+        f(&mut u);
+        u.sign(&e.receipt_key)
+    };
+    assert_eq!(usage_refusal(&check, &signed(&|u| u.attestation_sha256 = [1; 32]), &e.document), "attestation_hash");
+    assert_eq!(usage_refusal(&check, &signed(&|u| u.epoch += 1), &e.document), "fleet_key");
+    assert_eq!(usage_refusal(&check, &signed(&|u| u.pcrs.clear()), &e.document), "pcrs");
+    // Every payload byte is covered by the signature.
+    let payload = usage.to_payload();
+    let start = leaf.windows(payload.len()).position(|w| w == payload).unwrap();
+    for i in start..start + payload.len() {
+        let mut t = leaf.clone();
+        t[i] ^= 0x01;
+        let name = usage_refusal(&check, &t, &e.document);
+        assert!(name == "receipt" || name == "receipt_signature", "payload byte {i}: {name}");
+    }
+}
+
+#[test]
+fn usage_receipts_of_an_image_no_policy_admits_are_refused() {
+    let e = enclave();
+    let publisher = ed25519_dalek::SigningKey::from_bytes(&[0x21; 32]);
+    let other_image = DevEnclave::with_image(1, 9, T);
+    let set = PolicySet::verify(&publisher.verifying_key(), vec![("other.json".into(), other_image.policy(&publisher))]).unwrap();
+    let check = ReceiptVerifier::enforcing(e.anchor(), set).unwrap();
+    let leaf = e.usage_receipt(0).sign(&e.receipt_key);
+    assert_eq!(usage_refusal(&check, &leaf, &e.document), "policy");
+}

@@ -46,6 +46,7 @@ fn the_fields_are_the_receipts_own_with_the_policy_the_check_found() {
     assert_eq!(
         fields,
         IndexedFields {
+            kind: EntryKind::Job,
             job_id: "00000000000000000000000000000005".parse().unwrap(),
             model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
             manifest_hash: "33".repeat(32),
@@ -118,6 +119,66 @@ fn the_ledger_appends_real_receipts_and_refuses_the_rest_by_name() {
     let other = ReceiptVerifier::new(DevEnclave::new(2, T).anchor());
     let err = verify_bundle_and_receipt(&bundle, &key.verifier(), &other).unwrap_err();
     assert!(err.to_string().contains("attestation: root_pinned"), "{err}");
+}
+
+/// Usage receipts of online requests go into the same ledger, checked the same way, and a query
+/// tells them from jobs.
+#[test]
+fn usage_receipts_are_appended_verified_and_queried_beside_jobs() {
+    let a = enclave();
+    let (mut l, key) = ledger(check_of(&a));
+    let usage_request = |u: &UsageReceipt| {
+        let leaf = u.sign(&a.receipt_key);
+        append_request(&check_of(&a), leaf, a.document.clone()).unwrap()
+    };
+    l.append(dev_request(&a, 0), T).unwrap();
+    let first = a.usage_receipt(0);
+    let appended = usage_request(&first);
+    assert_eq!(appended.fields.kind, EntryKind::Usage);
+    assert_eq!(appended.fields.job_id.0, UsageReceipt::usage_id(&a.binding.receipt_key_id(), 0));
+    assert_eq!((appended.fields.ok_count, appended.fields.client_key_id.as_str()), (7, "55".repeat(32).as_str()));
+    l.append(appended.clone(), T).unwrap();
+    l.append(usage_request(&a.usage_receipt(1)), T).unwrap();
+    l.append(dev_request(&a, 1), T).unwrap();
+    // The same usage receipt again is the entry the ledger holds; nothing new.
+    assert!(matches!(l.append(appended, T).unwrap(), AppendOutcome::Existing { index: 1, same_leaf: true }));
+
+    // What a host can do to a usage receipt is refused by name.
+    let reason = |r: Result<_, LedgerError>| match r {
+        Err(LedgerError::ReceiptRejected { reason, .. }) => reason.to_string(),
+        other => panic!("{:?}", other.map(|_| ())),
+    };
+    let mallory = ed25519_dalek::SigningKey::from_bytes(&[0x66; 32]);
+    let mut forged = usage_request(&a.usage_receipt(2));
+    forged.leaf = a.usage_receipt(2).sign(&mallory);
+    assert!(reason(l.append(forged, T)).starts_with("receipt_key_id: "));
+    let mut inflated = usage_request(&a.usage_receipt(3));
+    let count = inflated.leaf.windows(7).position(|w| w == b"\x66inputs").unwrap() + 7;
+    inflated.leaf[count] ^= 0x01;
+    assert!(reason(l.append(inflated, T)).starts_with("receipt_signature: "));
+    let mut lying = usage_request(&a.usage_receipt(4));
+    lying.fields.kind = EntryKind::Job;
+    assert!(matches!(l.append(lying, T), Err(LedgerError::FieldMismatch { field: "kind", .. })));
+    assert_eq!(l.store().size().unwrap(), 4);
+
+    let check = check_of(&a);
+    let report = verify_ledger(l.store(), &key.verifier(), Some(&check)).unwrap();
+    assert!(report.is_ok(), "{:?}", report.issues);
+    let kinds = |kind| {
+        let rows = l.store().query(&crate::store::Query { kind, ..Default::default() }).unwrap();
+        rows.iter().map(|e| e.index).collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(Some(EntryKind::Usage)), vec![1, 2]);
+    assert_eq!(kinds(Some(EntryKind::Job)), vec![0, 3]);
+    assert_eq!(kinds(None), vec![0, 1, 2, 3]);
+    // A copy rebuilt from the leaves alone reads the same kind and fields.
+    let entry = l.store().entry(1).unwrap().unwrap();
+    let claims = ProtocolLeaves.read(&entry.leaf).unwrap();
+    assert_eq!(claims.fields.first_difference(&entry.fields), None);
+    // A usage entry proves like a job's.
+    let bundle = prove(l.store(), &entry.fields.job_id).unwrap();
+    let (_, fields) = verify_bundle_and_receipt(&bundle, &key.verifier(), &check).unwrap();
+    assert_eq!(fields.kind, EntryKind::Usage);
 }
 
 /// The allow-list as the ledger applies it.

@@ -9,7 +9,7 @@ pub use tiles::{TileError, TileStore};
 
 use protocol::JobId;
 use crate::checkpoint::CheckpointError;
-use crate::entry::{AppendRequest, Entry, FieldError};
+use crate::entry::{AppendRequest, Entry, EntryKind, FieldError};
 use crate::merkle::{Hash, TreeReadError, TreeReader};
 use crate::note::NoteSigner;
 
@@ -75,6 +75,8 @@ pub struct Query {
     pub model_id: Option<String>,
     pub pcr0: Option<String>,
     pub client_key_id: Option<String>,
+    /// Jobs only, or online usage only (`ledger query --online`).
+    pub kind: Option<EntryKind>,
     pub since_ms: Option<u64>,
     pub until_ms: Option<u64>,
     pub limit: Option<u64>,

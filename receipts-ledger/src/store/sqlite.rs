@@ -10,6 +10,7 @@ use super::{
 };
 use crate::checkpoint::Checkpoint;
 use crate::entry::{
+    EntryKind,
     attestation_sha256, entry_hash, AppendRequest, Entry, IndexedFields, GENESIS_PREV_HASH, MAX_ATTESTATION_SIZE,
     MAX_LEAF_SIZE,
 };
@@ -20,9 +21,10 @@ use std::path::Path;
 use std::time::Duration;
 
 /// 2 added `entries.policy` (the id of the attestation policy the appender enforced; NULL for
-/// rows appended before, or without an allow-list). A version 1 file is migrated when opened
-/// for writing and read as it is.
-const SCHEMA_VERSION: &str = "2";
+/// rows appended before, or without an allow-list); 3 added `entries.kind` (`job` or `usage`,
+/// every older row a job's). An older file is migrated when opened for writing and read as it is.
+const SCHEMA_VERSION: &str = "3";
+const SCHEMA_VERSION_2: &str = "2";
 const SCHEMA_VERSION_1: &str = "1";
 
 const SCHEMA: &str = "
@@ -50,7 +52,8 @@ CREATE TABLE IF NOT EXISTS entries (
   prev_hash          BLOB NOT NULL,
   entry_hash         BLOB NOT NULL,
   appended_ms        INTEGER NOT NULL,
-  policy             TEXT
+  policy             TEXT,
+  kind               TEXT NOT NULL DEFAULT 'job' CHECK (kind IN ('job', 'usage'))
 );
 CREATE INDEX IF NOT EXISTS entries_by_model  ON entries (model_id, end_ms);
 CREATE INDEX IF NOT EXISTS entries_by_pcr0   ON entries (pcr0, end_ms);
@@ -71,10 +74,14 @@ CREATE TABLE IF NOT EXISTS checkpoints (
 ";
 
 const ENTRY_COLUMNS: &str = "idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
-     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, policy";
+     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, policy, kind";
+/// The same, from a version 2 file opened read-only.
+const ENTRY_COLUMNS_V2: &str = "idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
+     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, policy, 'job' AS kind";
 /// The same, from a version 1 file opened read-only.
 const ENTRY_COLUMNS_V1: &str = "idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
-     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, NULL AS policy";
+     ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, NULL AS policy, \
+     'job' AS kind";
 
 /// How the database is opened.
 #[derive(Clone, Debug)]
@@ -120,6 +127,8 @@ fn entry_from_row(row: &Row<'_>) -> Result<Entry, StoreError> {
         index: u64::try_from(idx).map_err(|_| StoreError::CorruptRow { table: t, index: idx, what: "negative index" })?,
         leaf: row.get("leaf")?,
         fields: IndexedFields {
+            kind: EntryKind::parse(&row.get::<_, String>("kind")?)
+                .ok_or(StoreError::CorruptRow { table: t, index: idx, what: "kind is neither job nor usage" })?,
             job_id: row
                 .get::<_, String>("job_id")?
                 .parse()
@@ -283,6 +292,7 @@ impl SqliteStore {
         conn.busy_timeout(options.busy_timeout)?;
         let columns = match meta(&conn, "schema_version")?.unwrap_or_default() {
             v if v == SCHEMA_VERSION => ENTRY_COLUMNS,
+            v if v == SCHEMA_VERSION_2 => ENTRY_COLUMNS_V2,
             v if v == SCHEMA_VERSION_1 => ENTRY_COLUMNS_V1,
             found => return Err(StoreError::SchemaVersion { found, want: SCHEMA_VERSION }),
         };
@@ -302,9 +312,15 @@ impl SqliteStore {
         let tx = self.write_txn()?;
         tx.execute_batch(SCHEMA)?;
         tx.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION])?;
+        // Same transaction as the version bump: a crash leaves the old version, unchanged.
         if meta(&tx, "schema_version")?.as_deref() == Some(SCHEMA_VERSION_1) {
-            // Same transaction as the version bump: a crash leaves version 1, unchanged.
             tx.execute_batch("ALTER TABLE entries ADD COLUMN policy TEXT")?;
+            tx.execute("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", [SCHEMA_VERSION_2])?;
+        }
+        if meta(&tx, "schema_version")?.as_deref() == Some(SCHEMA_VERSION_2) {
+            tx.execute_batch(
+                "ALTER TABLE entries ADD COLUMN kind TEXT NOT NULL DEFAULT 'job' CHECK (kind IN ('job', 'usage'))",
+            )?;
             tx.execute("UPDATE meta SET value = ?1 WHERE key = 'schema_version'", [SCHEMA_VERSION])?;
         }
         let found = meta(&tx, "schema_version")?.unwrap_or_default();
@@ -354,8 +370,8 @@ impl SqliteStore {
         let f = &req.fields;
         tx.prepare_cached(
             "INSERT INTO entries (idx, job_id, model_id, manifest_hash, pcr0, client_key_id, start_ms, end_ms, \
-             ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, policy) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+             ok_count, failed_count, leaf, attestation_sha256, prev_hash, entry_hash, appended_ms, policy, kind) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
         )?
         .execute(params![
             to_i64("index", index)?,
@@ -374,6 +390,7 @@ impl SqliteStore {
             &eh[..],
             to_i64("now_ms", now_ms)?,
             f.policy,
+            f.kind.as_str(),
         ])?;
         let mut insert = tx.prepare_cached("INSERT INTO tree_nodes (level, idx, hash) VALUES (?1, ?2, ?3)")?;
         insert.execute(params![0u8, to_i64("index", index)?, &lh[..]])?;
@@ -665,6 +682,7 @@ impl LedgerStore for SqliteStore {
             ("model_id", &q.model_id),
             ("pcr0", &q.pcr0),
             ("client_key_id", &q.client_key_id),
+            ("kind", &q.kind.map(|k| k.as_str().to_owned())),
         ] {
             if let Some(v) = v {
                 args.push(Value::Text(v.clone()));
@@ -720,152 +738,4 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::entry::sample_fields;
-    use crate::merkle::{inclusion_proof, verify_inclusion, MemoryTree};
-    use crate::note::SignerKey;
-
-    fn req(job: u64) -> AppendRequest {
-        AppendRequest {
-            leaf: format!("receipt {job}").into_bytes(),
-            fields: sample_fields(job),
-            attestation_document: format!("doc {}", job % 3).into_bytes(),
-        }
-    }
-
-    fn key() -> SignerKey {
-        SignerKey::from_seed("ledger.test", &[5; 32]).unwrap()
-    }
-
-    #[test]
-    fn appends_chain_tree_and_dedupe() {
-        let mut s = SqliteStore::open_in_memory().unwrap();
-        let k = key();
-        let policy = CheckpointPolicy { every_appends: 4, every_ms: u64::MAX };
-        let mut mem = MemoryTree::new();
-        let mut prev = GENESIS_PREV_HASH;
-        for job in 0..10u64 {
-            let out = s.append(&[req(job)], &k, &policy, 1000 + job).unwrap();
-            let AppendOutcome::Appended { index, entry_hash: eh, checkpoint } = out[0] else { panic!() };
-            assert_eq!(index, job);
-            mem.push(&req(job).leaf);
-            let e = s.entry(index).unwrap().unwrap();
-            assert_eq!(e.prev_hash, prev);
-            assert_eq!(e.recompute_hash(), eh);
-            prev = eh;
-            assert_eq!(checkpoint, if (job + 1) % 4 == 0 { Some(job + 1) } else { None });
-        }
-        assert_eq!(s.size().unwrap(), 10);
-        assert_eq!(s.tree_node_count().unwrap(), expected_tree_nodes(10));
-        for n in 1..=10 {
-            assert_eq!(root_at(&s, n).unwrap(), root_at(&mem, n).unwrap());
-        }
-        // Dedupe by job id, in separate calls and within one batch.
-        let again = s.append(&[req(3), req(10), req(10)], &k, &policy, 2000).unwrap();
-        assert_eq!(again[0], AppendOutcome::Existing { index: 3, same_leaf: true });
-        assert_eq!(again[1].index(), 10);
-        assert_eq!(again[2], AppendOutcome::Existing { index: 10, same_leaf: true });
-        let mut other = req(4);
-        other.leaf = b"another attempt".to_vec();
-        assert_eq!(s.append(&[other], &k, &policy, 2001).unwrap()[0], AppendOutcome::Existing { index: 4, same_leaf: false });
-        // Attestation documents are stored once each.
-        let docs: i64 = s.conn.query_row("SELECT count(*) FROM attestation_documents", [], |r| r.get(0)).unwrap();
-        assert_eq!(docs, 3);
-        assert_eq!(s.attestation_document(&attestation_sha256(b"doc 1")).unwrap().unwrap(), b"doc 1");
-        // Checkpoints at 4 and 8, each verifiable against the pinned key.
-        let cps = s.checkpoints().unwrap();
-        assert_eq!(cps.iter().map(|c| c.size).collect::<Vec<_>>(), vec![4, 8]);
-        for cp in &cps {
-            let parsed = Checkpoint::open(cp.note.as_bytes(), &k.verifier()).unwrap();
-            assert_eq!((parsed.size, parsed.root), (cp.size, cp.root));
-            assert_eq!(cp.root, root_at(&mem, cp.size).unwrap());
-        }
-        let p = inclusion_proof(&s, 5, 8).unwrap();
-        verify_inclusion(5, 8, &leaf_hash(&req(5).leaf), &p, &cps[1].root).unwrap();
-        assert_eq!(s.ledger_key().unwrap().unwrap(), k.verifier().to_string());
-    }
-
-    #[test]
-    fn time_based_and_forced_checkpoints() {
-        let mut s = SqliteStore::open_in_memory().unwrap();
-        let k = key();
-        let policy = CheckpointPolicy { every_appends: 1000, every_ms: 500 };
-        assert_eq!(s.checkpoint(&k, &policy, 0, true).unwrap(), None, "nothing to checkpoint");
-        s.append(&[req(0)], &k, &policy, 1000).unwrap();
-        assert_eq!(s.checkpoint(&k, &policy, 1499, false).unwrap(), None);
-        assert_eq!(s.checkpoint(&k, &policy, 1500, false).unwrap().unwrap().size, 1);
-        let out = s.append(&[req(1)], &k, &policy, 1600).unwrap();
-        assert_eq!(out[0], AppendOutcome::Appended { index: 1, entry_hash: s.entry(1).unwrap().unwrap().entry_hash, checkpoint: None });
-        let out = s.append(&[req(2)], &k, &policy, 2000).unwrap();
-        assert!(matches!(out[0], AppendOutcome::Appended { checkpoint: Some(3), .. }));
-        assert_eq!(s.checkpoint(&k, &policy, 9000, false).unwrap(), None, "no growth, no checkpoint");
-        s.append(&[req(3)], &k, &policy, 2001).unwrap();
-        assert_eq!(s.checkpoint(&k, &policy, 2002, true).unwrap().unwrap().size, 4);
-    }
-
-    #[test]
-    fn refuses_another_key_and_bad_input_atomically() {
-        let mut s = SqliteStore::open_in_memory().unwrap();
-        let policy = CheckpointPolicy::default();
-        s.append(&[req(0)], &key(), &policy, 1).unwrap();
-        let other = SignerKey::from_seed("ledger.test", &[6; 32]).unwrap();
-        assert!(matches!(s.append(&[req(1)], &other, &policy, 2), Err(StoreError::KeyMismatch { .. })));
-        let mut bad = req(2);
-        bad.fields.pcr0 = "XY".into();
-        // The good first request of the batch is rolled back with the bad one.
-        assert!(matches!(s.append(&[req(1), bad], &key(), &policy, 3), Err(StoreError::Field(_))));
-        assert_eq!(s.size().unwrap(), 1);
-        assert_eq!(s.tree_node_count().unwrap(), 1);
-    }
-
-    #[test]
-    fn queries_filter_by_fields_and_time() {
-        let mut s = SqliteStore::open_in_memory().unwrap();
-        let policy = CheckpointPolicy::default();
-        let mut reqs: Vec<_> = (0..6).map(req).collect();
-        reqs[2].fields.model_id = "other/model".into();
-        reqs[4].fields.pcr0 = "00".repeat(48);
-        s.append(&reqs, &key(), &policy, 1).unwrap();
-        let q = |q: Query| s.query(&q).unwrap().iter().map(|e| e.index).collect::<Vec<_>>();
-        assert_eq!(q(Query::default()), vec![0, 1, 2, 3, 4, 5]);
-        assert_eq!(q(Query { model_id: Some("other/model".into()), ..Default::default() }), vec![2]);
-        assert_eq!(q(Query { pcr0: Some("00".repeat(48)), ..Default::default() }), vec![4]);
-        assert_eq!(q(Query { job_id: Some(crate::testing::test_job(3)), ..Default::default() }), vec![3]);
-        let end = |i: u64| sample_fields(i).end_ms;
-        assert_eq!(q(Query { since_ms: Some(end(2)), until_ms: Some(end(4)), ..Default::default() }), vec![2, 3]);
-        assert_eq!(q(Query { limit: Some(2), ..Default::default() }), vec![0, 1]);
-        assert_eq!(s.entry_by_job(&crate::testing::test_job(5)).unwrap().unwrap().index, 5);
-        assert!(s.entry_by_job(&crate::testing::test_job(0xff)).unwrap().is_none());
-    }
-
-    /// A version 1 file (no `policy` column) is read as it is and migrated by a writer.
-    #[test]
-    fn a_version_1_ledger_is_read_then_migrated() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ledger.sqlite");
-        let policy = CheckpointPolicy::default();
-        {
-            let mut s = SqliteStore::open(&path, &SqliteOptions::default()).unwrap();
-            s.append(&[req(0)], &key(), &policy, 1).unwrap();
-            s.conn.execute_batch("ALTER TABLE entries DROP COLUMN policy; UPDATE meta SET value = '1' WHERE key = 'schema_version';").unwrap();
-        }
-        let old = SqliteStore::open_read_only(&path, &SqliteOptions::default()).unwrap();
-        assert_eq!(old.entry(0).unwrap().unwrap().fields, sample_fields(0));
-        drop(old);
-        let mut s = SqliteStore::open(&path, &SqliteOptions::default()).unwrap();
-        assert_eq!(meta(&s.conn, "schema_version").unwrap().as_deref(), Some(SCHEMA_VERSION));
-        let mut admitted = req(1);
-        admitted.fields.policy = Some("5e".repeat(32));
-        s.append(&[admitted.clone()], &key(), &policy, 2).unwrap();
-        assert_eq!(s.entry(0).unwrap().unwrap().fields.policy, None, "appended before there was an allow-list");
-        assert_eq!(s.entry_by_job(&admitted.fields.job_id).unwrap().unwrap().fields, admitted.fields);
-        let q = s.query(&Query::default()).unwrap();
-        assert_eq!(q.iter().map(|e| e.fields.policy.clone()).collect::<Vec<_>>(), vec![None, admitted.fields.policy]);
-        // Another version is still refused.
-        s.conn.execute("UPDATE meta SET value = '9' WHERE key = 'schema_version'", []).unwrap();
-        drop(s);
-        assert!(matches!(SqliteStore::open(&path, &SqliteOptions::default()), Err(StoreError::SchemaVersion { .. })));
-        assert!(matches!(SqliteStore::open_read_only(&path, &SqliteOptions::default()), Err(StoreError::SchemaVersion { .. })));
-    }
-}
+mod tests;
