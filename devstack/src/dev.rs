@@ -319,6 +319,10 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
             args.threads.to_string(),
             "--concurrency".into(),
             args.concurrency.to_string(),
+            // Online usage reaches the local ledger within seconds, not after each minute.
+            "--usage-collect-s".into(),
+            "2".into(),
+            "--usage-flush-each".into(),
         ];
         std::fs::create_dir_all(home.run_dir())?;
         write_private(&home.local_relay_url_file(), format!("http://127.0.0.1:{relay_port}/v1/ohttp\n").as_bytes())?;

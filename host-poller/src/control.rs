@@ -5,7 +5,8 @@
 //! version), re-sends the newest epoch now and then so that the published document — whose
 //! certificate lives about three hours — stays fresh, and answers clients' requests for a fresh
 //! document carrying their nonce (`attestations/requests/<nonce>.json` →
-//! `attestations/fresh/<nonce>.cbor`).
+//! `attestations/fresh/<nonce>.cbor`), and collects the usage receipts of online requests for
+//! the ledger ([`crate::usage`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use cloud::MAX_SMALL_OBJECT;
 use crate::relay::Relay;
 use crate::retry;
 use crate::shared::{Inflight, Shared};
-use crate::usage;
+use crate::usage::{UsageDelivery, UsageSettings};
 use crate::worker_link::{describe, LinkError, WorkerEndpoint, WorkerLink};
 
 #[derive(Debug, Clone)]
@@ -35,6 +36,7 @@ pub(crate) struct ControlSettings {
     pub request_timeout: Duration,
     /// Picks where this host starts its passes over clients' attestation requests.
     pub host_id: String,
+    pub usage: UsageSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -114,11 +116,13 @@ pub(crate) struct Control {
     last_publication: Instant,
     /// The last attestation request key handled: the next pass lists from there.
     request_cursor: Option<String>,
+    usage: UsageDelivery,
 }
 
 impl Control {
     pub fn new(services: Services, endpoint: WorkerEndpoint, relay: Arc<Relay>, shared: Arc<Shared>, settings: ControlSettings) -> Self {
         Self {
+            usage: UsageDelivery::new(Arc::clone(&services.ledger_queue)),
             services,
             endpoint,
             relay,
@@ -138,6 +142,7 @@ impl Control {
         // a request that waits on the worker, a model load say).
         let mut link: Option<(WorkerLink, u64, Option<Inflight>)> = None;
         let mut next_scan = Instant::now();
+        let mut next_usage = Instant::now() + self.settings.usage.interval;
         let mut unreachable = 0u32;
         while !self.shared.is_stopping() {
             let generation = self.shared.generation();
@@ -183,6 +188,10 @@ impl Control {
             if outcome.is_ok() {
                 outcome = self.answer_attestation_requests(connection).map(|more| backlog = more);
             }
+            if outcome.is_ok() && Instant::now() >= next_usage {
+                outcome = self.collect_usage(connection, self.settings.usage.flush_each);
+                next_usage = Instant::now() + self.settings.usage.interval;
+            }
             if let Err(error) = outcome {
                 if self.shared.is_stopping() {
                     break;
@@ -195,20 +204,39 @@ impl Control {
             }
             // An idle control connection shows a dead or restarted worker only when read; what
             // it sends unasked meanwhile (usage receipts) is taken, anything else ends it.
-            if let Err(error) = take_unasked(connection) {
+            if let Err(error) = take_unasked(connection, &self.usage) {
                 tracing::warn!(%error, "control channel closed by the worker");
                 self.shared.set_ready(generation, false);
                 link = None;
                 continue;
             }
             // With requests left over, the next pass starts at once (configure still gets its turn).
-            let until_scan = next_scan.saturating_duration_since(Instant::now());
-            let wait = if backlog { Duration::ZERO } else { until_scan.min(self.settings.attestation_poll) };
+            let until_next = next_scan.min(next_usage).saturating_duration_since(Instant::now());
+            let wait = if backlog { Duration::ZERO } else { until_next.min(self.settings.attestation_poll) };
             if self.shared.wait_for_control(generation, wait) {
                 next_scan = Instant::now();
             }
         }
+        // What the worker accounted so far, before the host goes (best effort: a stop may already
+        // have cut the connection; the periods then end unsigned, no receipt is lost from the sequence).
+        if let Some((connection, _, _)) = &mut link
+            && let Err(error) = self.collect_usage(connection, true)
+        {
+            tracing::debug!(%error, "usage not collected at stop");
+        }
         tracing::debug!("control stopped");
+    }
+
+    /// Asks the worker for its usage receipts (those of ended periods, or all with `flush`) and
+    /// sends them, with any left from before, to the ledger queue.
+    fn collect_usage(&mut self, link: &mut WorkerLink, flush: bool) -> Result<(), ControlError> {
+        match self.request(link, &Message::CollectUsage { flush }) {
+            Ok(_) => {}
+            Err(ControlError::Refused(message)) => tracing::warn!(message, "worker refused to hand over usage receipts"),
+            Err(error) => return Err(error),
+        }
+        self.usage.send_pending();
+        Ok(())
     }
 
     /// One pass: every epoch and newest manifest the worker does not have yet, then a fresh
@@ -399,7 +427,7 @@ impl Control {
                 Message::KmsCredentialsRequest { request } => self.relay.kms_credentials(link, request)?,
                 Message::PublishAttestation { document } => self.relay.publish(document),
                 Message::Attested { document: fresh, .. } => document = Some(fresh),
-                Message::UsageReceipt { receipt, attestation_document } => usage::received(&receipt, &attestation_document),
+                Message::UsageReceipt { receipt, attestation_document } => self.usage.received(&receipt, &attestation_document),
                 Message::Status { ready, epochs, models, detail } => {
                     tracing::debug!(ready, ?epochs, ?models, detail, "worker status");
                     return Ok(Reply { ready, document });
@@ -445,10 +473,10 @@ impl Control {
 }
 
 /// Reads what the worker sent unasked on the idle connection, until nothing is waiting.
-fn take_unasked(link: &mut WorkerLink) -> Result<(), ControlError> {
+fn take_unasked(link: &mut WorkerLink, usage: &UsageDelivery) -> Result<(), ControlError> {
     while let Some(message) = link.poll_frame()? {
         match message {
-            Message::UsageReceipt { receipt, attestation_document } => usage::received(&receipt, &attestation_document),
+            Message::UsageReceipt { receipt, attestation_document } => usage.received(&receipt, &attestation_document),
             other => return Err(ControlError::Unexpected(describe(&other))),
         }
     }

@@ -103,6 +103,15 @@ struct Args {
     #[arg(long, env = "EPHEM_RESCAN_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
     rescan_s: u64,
 
+    /// How often the usage receipts of online requests are collected for the ledger, seconds.
+    #[arg(long, env = "EPHEM_USAGE_COLLECT_S", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    usage_collect_s: u64,
+
+    /// End the worker's open usage periods at each collection: receipts within seconds instead of
+    /// after each minute (the development stack; more, shorter receipts).
+    #[arg(long, env = "EPHEM_USAGE_FLUSH_EACH")]
+    usage_flush_each: bool,
+
     /// Serve the Oblivious HTTP relay (POST /v1/ohttp, GET /healthz) on this address; off when
     /// unset.
     #[arg(long, env = "EPHEM_ONLINE_LISTEN")]
@@ -193,6 +202,10 @@ fn run(args: Args) -> Result<(), String> {
     config.retry_max = Duration::from_secs(args.retry_max_s).max(config.retry_base);
     config.rescan_interval = Duration::from_secs(args.rescan_s);
     config.refusal_retry = Duration::from_secs(args.refusal_retry_s);
+    config.usage = host_poller::usage::UsageSettings {
+        interval: Duration::from_secs(args.usage_collect_s),
+        flush_each: args.usage_flush_each,
+    };
     if let Some(listen) = args.online_listen {
         let mut online = host_poller::OnlineSettings::new(listen);
         online.concurrency = args.online_concurrency as usize;

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use cloud::{Received, Services};
 
 use crate::control::{Control, ControlSettings};
+use crate::usage::UsageSettings;
 use crate::delivery::{self, Context, Disposition, Settings};
 use crate::online_relay::{OnlineRelay, OnlineRelayError, OnlineSettings};
 use crate::pidfile::{self, PidFile};
@@ -70,6 +71,8 @@ pub struct PollerConfig {
     pub pid_file: Option<PathBuf>,
     /// The Oblivious HTTP relay to the worker's online channel; off when `None`.
     pub online: Option<OnlineSettings>,
+    /// When the usage receipts of online requests are collected for the ledger.
+    pub usage: UsageSettings,
 }
 
 impl PollerConfig {
@@ -90,6 +93,7 @@ impl PollerConfig {
             attestation_poll: Duration::from_secs(2),
             pid_file: None,
             online: None,
+            usage: UsageSettings::default(),
         }
     }
 }
@@ -196,6 +200,7 @@ impl Poller {
                 attestation_poll: config.attestation_poll,
                 request_timeout: config.stall_timeout,
                 host_id: config.host_id.clone(),
+                usage: config.usage,
             },
         );
         let control_thread = spawn_thread("control", move || control.run())?;

@@ -68,6 +68,32 @@ fn usage_receipts_sent_unasked_on_control_keep_the_connection() {
     assert_eq!(worker.state.lock().unwrap().control_connections, 1, "a usage receipt is not a broken connection");
 }
 
+/// Collected usage receipts go to the ledger queue under their usage id; what the worker sends
+/// that does not decode as one (the fake's unasked bytes) is not sent.
+#[test]
+fn collected_usage_receipts_reach_the_ledger_queue_under_their_usage_id() {
+    let (cloud, worker, mut config) = setup(JobMode::Echo, 5);
+    config.usage = host_poller::usage::UsageSettings { interval: Duration::from_millis(200), flush_each: true };
+    worker.state.lock().unwrap().usage_to_hand_over = 3;
+    let poller = Running::start(cloud.services(), config);
+    wait_until("three usage receipts in the ledger queue", WAIT, || cloud.ledger_queue.sent.lock().unwrap().len() >= 3);
+    poller.stop();
+    let sent = cloud.ledger_queue.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 3, "the unasked bytes that are no usage receipt were not sent");
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for (n, (body, options)) in sent.iter().enumerate() {
+        let message: LedgerMessage = serde_json::from_str(body).unwrap();
+        let receipt = b64.decode(&message.receipt).unwrap();
+        let signed = protocol::usage::SignedUsageReceipt::decode(&receipt).unwrap();
+        assert_eq!(signed.receipt.sequence, n as u64);
+        assert_eq!(message.job_id, JobId(signed.usage_id()));
+        assert_eq!(options.deduplication_id.as_deref(), Some(message.job_id.to_hex().as_str()));
+        assert_eq!(b64.decode(&message.attestation_document).unwrap(), worker.state.lock().unwrap().document);
+    }
+    let collections = worker.state.lock().unwrap().usage_collections.clone();
+    assert!(!collections.is_empty() && collections.iter().all(|flush| *flush), "{collections:?}");
+}
+
 /// A sealed-looking input of `len` bytes (the fake worker does not open it).
 fn put_job(cloud: &MemCloud, seed: u8, len: usize) -> (JobId, Vec<u8>) {
     let job = JobId([seed; 16]);

@@ -1,7 +1,8 @@
 //! `ledger-append`: a batch from the ledger queue (FIFO, one group, deduplicated by job id) →
 //! receipts verified and appended to the ledger, with partial batch failure reporting.
 //!
-//! Each message is a [`LedgerMessage`]: the receipt's exact COSE bytes and the attestation
+//! Each message is a [`LedgerMessage`]: the receipt's exact COSE bytes (a job's receipt, or a
+//! usage receipt of online requests under its usage id, docs/protocol.md §9.5) and the attestation
 //! document it names. The ledger's [`ReceiptCheck`] verifies the document (at its own time), the
 //! binding of the receipt key, the receipt signature, and that the document's measurements
 //! satisfy one of the publisher-signed policies the function was given ([`crate::policies`]);
@@ -45,7 +46,7 @@ use cloud::messages::{LedgerMessage, Ledgered};
 use cloud::{ObjectStore, PutCondition, Queue, SendOptions};
 use protocol::envelope::JobId;
 use receipts_ledger::{
-    AppendOutcome, BundleError, IndexedFields, Ledger, LedgerError, LedgerStore, ReceiptRefusal, StoreError, TileError,
+    AppendOutcome, BundleError, EntryKind, IndexedFields, Ledger, LedgerError, LedgerStore, ReceiptRefusal, StoreError, TileError,
 };
 
 pub use function::{queues_of, FunctionConfig, FunctionError, LedgerFunction, DEFAULT_CACHE_DIR};
@@ -366,6 +367,11 @@ fn append_one<S: LedgerStore>(
             return Err(AppendError::OtherReceipt { job, index });
         }
         AppendOutcome::Existing { .. } => {}
+    }
+    if fields.kind == EntryKind::Usage {
+        // A usage receipt has no job objects; its client proves it from the ledger by its id.
+        tracing::info!(usage = %job, index = outcome.index(), "usage receipt in the ledger");
+        return Ok(outcome.index());
     }
     // The proof first: whoever sees `ledgered.json` finds the proof beside it.
     write_proof(ledger, jobs, &job, now_ms)?;

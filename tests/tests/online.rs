@@ -78,6 +78,22 @@ fn serve_answers_openai_requests_with_the_batch_vectors_and_the_host_never_sees_
     let (status, body) = http_exchange(proxy.port, "POST", "/v1/embeddings", "application/json", json!({"input": [1, 2], "model": MODEL}).to_string().as_bytes());
     assert_eq!((status, serde_json::from_slice::<Value>(&body).unwrap()["error"]["code"].clone()), (400, json!("unsupported_input")));
 
+    // The enclave's usage receipts for these requests reach the ledger (the local stack collects
+    // them every 2 s): counts and a commitment, no text; they verify like job receipts.
+    let mut usage = Vec::new();
+    wait_until("usage receipts in the ledger", Duration::from_secs(60), || {
+        usage = tests::json(&stack.ok(&["ledger", "query", "--online", "--json"])).as_array().unwrap().clone();
+        usage.iter().map(|r| r["ok_count"].as_u64().unwrap()).sum::<u64>() >= texts.len() as u64
+    });
+    for row in &usage {
+        assert_eq!((row["kind"].as_str(), row["model_id"].as_str()), (Some("usage"), Some(MODEL)), "{row}");
+        assert!(row["tokens"].as_u64().unwrap() > 0 && row["usage"]["requests"].as_u64().unwrap() >= 1, "{row}");
+        assert_ne!(row["verdict"], "invalid", "{row}");
+    }
+    let jobs = tests::json(&stack.ok(&["ledger", "query", "--jobs", "--json"]));
+    assert!(jobs.as_array().unwrap().iter().all(|r| r["kind"] == "job"), "{jobs}");
+    stack.ok(&["ledger", "verify"]);
+
     // The relay refuses what does not open, naming the check; it never answers an unopened request.
     let relay = stack.ok(&["dev", "status", "--json"]);
     let relay = serde_json::from_str::<Value>(&relay).unwrap()["online_relay"].as_str().expect("dev status names the relay").to_owned();

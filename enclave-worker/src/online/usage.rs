@@ -1,6 +1,7 @@
 //! Usage accounting of online requests: per client label, model, precision and epoch, over
 //! periods of [`PERIOD_MS`]; a period that has ended becomes a signed usage receipt when the host
-//! collects it.
+//! collects it. A flush ends every open period early; what comes after it in the same minute
+//! starts at the flush, so no two receipts' periods of one account overlap.
 
 use std::collections::BTreeMap;
 
@@ -51,12 +52,19 @@ pub struct UsageBook {
     open: BTreeMap<Account, Tally>,
     issued: u64,
     dropped: u64,
+    /// The last flush: no period starts before it.
+    flushed_at_ms: u64,
+}
+
+/// The end of the whole minute `period_start_ms` lies in.
+fn minute_end(period_start_ms: u64) -> u64 {
+    period_start_ms - period_start_ms % PERIOD_MS + PERIOD_MS
 }
 
 impl UsageBook {
     pub fn record(&mut self, answered: Answered<'_>, now_ms: u64) {
         let account = Account {
-            period_start_ms: now_ms - now_ms % PERIOD_MS,
+            period_start_ms: (now_ms - now_ms % PERIOD_MS).max(self.flushed_at_ms.min(now_ms)),
             client: answered.client,
             model_id: answered.model_id.to_owned(),
             precision: answered.precision,
@@ -84,11 +92,9 @@ impl UsageBook {
 
     /// Signs the receipts of every period that ended by `now_ms` (all of them if `flush`).
     pub fn collect(&mut self, worker: &Worker, now_ms: u64, flush: bool) -> Vec<(Vec<u8>, Vec<u8>)> {
-        let ended: Vec<Account> =
-            self.open.keys().filter(|a| flush || a.period_start_ms + PERIOD_MS <= now_ms).cloned().collect();
+        let ended = self.take_ended(now_ms, flush);
         let mut out = Vec::new();
-        for account in ended {
-            let Some(tally) = self.open.remove(&account) else { continue };
+        for (account, tally) in ended {
             // A receipt names the document of its epoch; an epoch no longer held cannot be named.
             let Some(epoch) = worker.held_epoch(account.epoch) else {
                 tracing::warn!(epoch = account.epoch, "usage of an epoch no longer held is dropped");
@@ -101,7 +107,7 @@ impl UsageBook {
                 precision: account.precision,
                 period_start_ms: account.period_start_ms,
                 // A flushed period ends now.
-                period_end_ms: (account.period_start_ms + PERIOD_MS).min(now_ms.max(account.period_start_ms + 1)),
+                period_end_ms: minute_end(account.period_start_ms).min(now_ms.max(account.period_start_ms + 1)),
                 requests: tally.requests,
                 inputs: tally.inputs,
                 tokens: tally.tokens,
@@ -116,6 +122,19 @@ impl UsageBook {
             out.push((receipt.sign(worker.receipt_key()), epoch.document.clone()));
         }
         out
+    }
+}
+
+impl UsageBook {
+    /// Takes the accounts whose period ended by `now_ms` (every one if `flush`, and then no new
+    /// period starts before `now_ms`).
+    fn take_ended(&mut self, now_ms: u64, flush: bool) -> Vec<(Account, Tally)> {
+        if flush {
+            self.flushed_at_ms = self.flushed_at_ms.max(now_ms);
+        }
+        let ended: Vec<Account> =
+            self.open.keys().filter(|a| flush || minute_end(a.period_start_ms) <= now_ms).cloned().collect();
+        ended.into_iter().filter_map(|a| self.open.remove(&a).map(|t| (a, t))).collect()
     }
 }
 
@@ -147,6 +166,26 @@ mod tests {
         assert_eq!(book.dropped(), 10);
         // The newest periods are the ones kept.
         assert_eq!(book.open.keys().next().unwrap().period_start_ms, 10 * PERIOD_MS);
+    }
+
+    /// A host that flushes often (the development stack does) gets receipts whose periods follow
+    /// one another: none starts before the previous flush.
+    #[test]
+    fn periods_after_a_flush_start_at_the_flush() {
+        let mut book = UsageBook::default();
+        book.record(answered(1), PERIOD_MS + 5);
+        let first = book.take_ended(PERIOD_MS + 30_000, true);
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].0.period_start_ms, PERIOD_MS);
+        book.record(answered(1), PERIOD_MS + 40_000);
+        assert!(book.take_ended(PERIOD_MS + 50_000, false).is_empty(), "the minute has not ended");
+        let second = book.take_ended(2 * PERIOD_MS, false);
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].0.period_start_ms, PERIOD_MS + 30_000);
+        assert_eq!(minute_end(second[0].0.period_start_ms), 2 * PERIOD_MS);
+        // The next minute starts at its own beginning.
+        book.record(answered(1), 2 * PERIOD_MS + 1);
+        assert_eq!(book.open.keys().next().unwrap().period_start_ms, 2 * PERIOD_MS);
     }
 
     #[test]

@@ -44,6 +44,12 @@ pub struct FakeState {
     pub document: Vec<u8>,
     /// Control connections the host opened.
     pub control_connections: u32,
+    /// Usage receipts the next `CollectUsage` hands over (real ones, signed by [`receipt_key`]).
+    pub usage_to_hand_over: u64,
+    /// Usage receipts handed over so far (the next one's sequence number).
+    pub usage_issued: u64,
+    /// The `flush` of every `CollectUsage` received.
+    pub usage_collections: Vec<bool>,
 }
 
 pub struct FakeWorker {
@@ -70,6 +76,9 @@ impl FakeWorker {
             kms_answers: Vec::new(),
             document: Vec::new(),
             control_connections: 0,
+            usage_to_hand_over: 0,
+            usage_issued: 0,
+            usage_collections: Vec::new(),
         }));
         let shared = Arc::clone(&state);
         std::thread::spawn(move || {
@@ -171,6 +180,17 @@ fn control(mut connection: UnixStream, state: &Mutex<FakeState>) {
                 // The last request of a pass: this receipt waits on the idle connection.
                 send(&mut connection, &Message::UsageReceipt { receipt: b"usage receipt".to_vec(), attestation_document: s.document.clone() });
             }
+            Message::CollectUsage { flush } => {
+                let mut s = state.lock().unwrap();
+                s.usage_collections.push(flush);
+                while s.usage_to_hand_over > 0 {
+                    s.usage_to_hand_over -= 1;
+                    let receipt = usage_receipt(s.usage_issued, &s.document);
+                    s.usage_issued += 1;
+                    send(&mut connection, &Message::UsageReceipt { receipt, attestation_document: s.document.clone() });
+                }
+                send(&mut connection, &status(&s));
+            }
             Message::Attest { request, nonce } => {
                 let mut document = b"fresh:".to_vec();
                 document.extend(&nonce);
@@ -180,6 +200,28 @@ fn control(mut connection: UnixStream, state: &Mutex<FakeState>) {
             other => panic!("fake worker: unexpected control message {other:?}"),
         }
     }
+}
+
+/// A usage receipt as the real worker signs them (the host reads only its id).
+pub fn usage_receipt(sequence: u64, document: &[u8]) -> Vec<u8> {
+    protocol::usage::UsageReceipt {
+        client: protocol::online::ClientLabel([0x55; 32]),
+        model_id: MODEL_ID.into(),
+        manifest_hash: [0x33; 32],
+        precision: protocol::envelope::Precision::Fp32,
+        period_start_ms: 60_000 * (sequence + 1),
+        period_end_ms: 60_000 * (sequence + 2),
+        requests: 2,
+        inputs: 3,
+        tokens: 40,
+        commitment: [0x66; 32],
+        sequence,
+        attestation_sha256: Sha256::digest(document).into(),
+        pcrs: BTreeMap::from([(0u8, vec![0xa1; 48])]),
+        fleet_key_id: [0x22; 32],
+        epoch: 1,
+    }
+    .sign(&receipt_key())
 }
 
 fn status(state: &FakeState) -> Message {

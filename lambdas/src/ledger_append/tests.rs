@@ -131,6 +131,45 @@ fn a_batch_lands_in_the_bucket_ledger_with_refusals_named_and_not_retried() {
     assert_eq!(marker.index, 1);
 }
 
+/// Usage receipts of online requests travel the same queue under their usage id: appended to the
+/// tiles ledger beside jobs, nothing written under `jobs/`, and what a host can bend refused.
+#[test]
+fn usage_receipts_are_appended_under_their_usage_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
+    let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
+    let e = DevEnclave::new(2, T);
+    let squatter = DevEnclave::with_image(2, 0xee, T);
+    let mut ledger = bucket_ledger(bucket.clone(), enforcing(&[&e]));
+    let usage = |enclave: &DevEnclave, n: u64| {
+        let leaf = enclave.usage_receipt(n).sign(&enclave.receipt_key);
+        let id = protocol::usage::SignedUsageReceipt::decode(&leaf).unwrap().usage_id();
+        (JobId(id).to_hex(), leaf)
+    };
+    let (id0, leaf0) = usage(&e, 0);
+    let (id1, leaf1) = usage(&e, 1);
+    let (other_id, other_leaf) = usage(&squatter, 0);
+    let records = vec![
+        message("u0", &body(&id0, &leaf0, &e.document)),
+        message("u1", &body(&id1, &leaf1, &e.document)),
+        message("j1", &body(&job(1), &e.sign(&e.receipt(1)), &e.document)),
+        // A usage receipt sent under a job's id cannot take the job's slot.
+        message("u2", &body(&job(2), &usage(&e, 2).1, &e.document)),
+        // A usage receipt from an image no policy admits is held like a job's.
+        message("u3", &body(&other_id, &other_leaf, &squatter.document)),
+    ];
+    let r = run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
+    assert_eq!(r.refused, vec![("u2".to_owned(), "job_id".to_owned())]);
+    assert_eq!(r.held, vec![("u3".to_owned(), "policy".to_owned())]);
+    assert_eq!(r.appended, vec![JobId::from_hex(&id0).unwrap(), JobId::from_hex(&id1).unwrap(), job_id(1)]);
+    let head = read_head(bucket.as_ref(), &Layout::new(""), &ledger.verifier()).unwrap().unwrap();
+    assert_eq!(head.size, 3);
+    let written: Vec<String> = jobs.list("").unwrap().into_iter().map(|m| m.key).collect();
+    assert!(written.iter().all(|k| k.contains(&job(1))), "only the job has job objects: {written:?}");
+    let entry = ledger.store().entry_by_job(&JobId::from_hex(&id1).unwrap()).unwrap().unwrap();
+    assert_eq!((entry.index, entry.fields.kind), (1, EntryKind::Usage));
+}
+
 /// `jobs/<id>/ledger-proof.json` proves the job's receipt against a checkpoint signed by the
 /// ledger key, with nothing else read.
 #[test]
