@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -184,6 +185,16 @@ def test_embed_goes_online_and_equals_the_batch_path(client, done_job):
     assert online.shape == batch.shape and online.dtype == np.float32
     assert np.min(np.sum(online * batch, axis=1)) > 0.9999
     assert client.embed("one text").shape == (1, 384)
+    # The enclave's usage receipts for these requests reach the ledger (collected every 2 s here).
+    deadline = time.monotonic() + 60
+    while True:
+        usage = client.ledger.query(kind="usage", dataframe=False)
+        if sum(row["ok_count"] for row in usage) >= len(TEXTS) + 1 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert sum(row["ok_count"] for row in usage) >= len(TEXTS) + 1, usage
+    assert all(row["kind"] == "usage" and row["verdict"] != "invalid" for row in usage), usage
+    assert all(row["kind"] == "job" for row in client.ledger.query(kind="job", dataframe=False))
 
 
 def test_embed_refuses_a_fleet_that_fails_the_policy_and_sends_nothing(stack):

@@ -259,4 +259,31 @@ mod tests {
         assert!(lines[2].contains(&format!("{}…", &old_id[..16])), "{text}");
         assert!(lines[3].contains(&format!("{}…", &new_id[..16])), "{text}");
     }
+
+    /// Usage rows carry their counts, and a receipt signed but never appended shows as a gap
+    /// in its enclave's sequence.
+    #[test]
+    fn usage_rows_carry_their_counts_and_a_withheld_receipt_shows() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = DevEnclave::new(1, T);
+        let (mut l, key) = LocalLedger::open(dir.path(), Box::new(ReceiptVerifier::new(e.anchor()))).unwrap();
+        l.append(dev_request(&e, 0), T).unwrap();
+        for sequence in [0, 1, 3] {
+            let leaf = e.usage_receipt(sequence).sign(&e.receipt_key);
+            l.append(receipts_ledger::append_request(&ReceiptVerifier::new(e.anchor()), leaf, e.document.clone()).unwrap(), T).unwrap();
+        }
+        drop(l);
+        let store = LocalLedger::open_read_only(dir.path()).unwrap();
+        let check = ReceiptVerifier::new(e.anchor());
+        let usage = Query { kind: Some(EntryKind::Usage), ..Query::default() };
+        let rows = query_rows(&store, &usage, &key, &check).unwrap();
+        assert_eq!(rows.iter().map(|r| r.usage.as_ref().unwrap().sequence).collect::<Vec<_>>(), vec![0, 1, 3]);
+        assert_eq!((rows[0].tokens, rows[0].usage.as_ref().unwrap().requests), (Some(90), 3));
+        let gaps = usage_gaps(&rows);
+        assert_eq!(gaps, vec![(hex::encode(e.binding.receipt_key_id()), vec![2])]);
+        assert!(table(&rows).lines().nth(1).unwrap().contains(" usage "));
+        let all = query_rows(&store, &Query::default(), &key, &check).unwrap();
+        assert_eq!(all.iter().map(|r| r.kind).collect::<Vec<_>>(), vec![EntryKind::Job, EntryKind::Usage, EntryKind::Usage, EntryKind::Usage]);
+        assert!(all[0].usage.is_none());
+    }
 }
