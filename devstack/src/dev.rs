@@ -509,8 +509,8 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
             }
         })?
     };
-    let (mut ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(check.clone()))?;
-    let witnesses = receipts_ledger::WitnessClient::from_env()?;
+    let (ledger, verifier) = LocalLedger::open(&home.ledger_dir(), Box::new(check.clone()))?;
+    let mut ledger = ledger.with_witnesses(receipts_ledger::WitnessClient::from_env()?);
     tracing::info!(ledger_key = %verifier, "local Lambda runtime started");
     let mut last_expiry = Instant::now();
     while !stop.load(Ordering::Relaxed) {
@@ -520,9 +520,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
                 if let Err(error) = ledger.checkpoint_now(cloud::now_ms()) {
                     tracing::warn!(%error, "checkpoint not signed");
                 }
-                if let Some(witnesses) = &witnesses
-                    && let Err(error) = witnesses.cosign_latest(ledger.store())
-                {
+                if let Some(Err(error)) = ledger.cosign_latest() {
                     tracing::warn!(%error, "checkpoint not cosigned");
                 }
             }

@@ -369,16 +369,31 @@ fn append_one<S: LedgerStore>(
         AppendOutcome::Existing { .. } => {}
     }
     if fields.kind == EntryKind::Usage {
+        cosign(ledger);
         // A usage receipt has no job objects; its client proves it from the ledger by its id.
         tracing::info!(usage = %job, index = outcome.index(), "usage receipt in the ledger");
         return Ok(outcome.index());
     }
+    // The witnesses' cosignatures before the proof, so the proof carries them.
+    cosign(ledger);
     // The proof first: whoever sees `ledgered.json` finds the proof beside it.
     write_proof(ledger, jobs, &job, now_ms)?;
     let marker = Ledgered { job_id: job, index: outcome.index(), appended_ms: now_ms };
     put_job_object(jobs, &layout::job_ledgered(&job), &serde_json::to_vec_pretty(&marker).expect("serialises"))?;
     tracing::info!(job = %job, index = outcome.index(), "receipt in the ledger");
     Ok(outcome.index())
+}
+
+/// Submits the latest checkpoint to the configured witnesses. A witness that refuses or is down
+/// does not hold the receipt back: the checkpoint stands without its cosignature, which a client
+/// with a witness quorum then refuses, naming the check.
+fn cosign<S: LedgerStore>(ledger: &Ledger<S>) {
+    match ledger.cosign_latest() {
+        None => {}
+        Some(Ok(report)) if report.refused.is_empty() => {}
+        Some(Ok(report)) => tracing::warn!(alarm = "checkpoint_not_cosigned", size = report.size, refused = ?report.refused, "witnesses did not cosign"),
+        Some(Err(error)) => tracing::warn!(alarm = "checkpoint_not_cosigned", %error, "checkpoint not submitted to the witnesses"),
+    }
 }
 
 /// `jobs/<id>/ledger-proof.json`: the entry proven against the latest checkpoint (signing one

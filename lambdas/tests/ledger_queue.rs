@@ -133,6 +133,7 @@ impl Deployment {
             cache_dir: self.cache.path().join(format!("cold-{}", cloud::now_ms())),
             root: images[0].anchor(),
             policies: policies(images),
+            witnesses: None,
         };
         LedgerFunction::open(config, "ledger").unwrap().with_queues(self.queues.for_function())
     }

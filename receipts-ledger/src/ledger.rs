@@ -6,6 +6,7 @@ use crate::entry::{AppendRequest, FieldError, IndexedFields, ReceiptCheck, Recei
 use crate::merkle::{consistency_proof, Hash, ProofError};
 use crate::note::{NoteSigner, VerifierKey};
 use crate::store::{AppendOutcome, CheckpointPolicy, LedgerStore, StoreError, StoredCheckpoint};
+use crate::witness_client::{CosignReport, WitnessClient, WitnessClientError};
 
 /// Why an append or a proof failed.
 #[derive(Debug, thiserror::Error)]
@@ -41,11 +42,24 @@ pub struct Ledger<S: LedgerStore> {
     check: Box<dyn ReceiptCheck>,
     signer: Box<dyn NoteSigner>,
     policy: CheckpointPolicy,
+    witnesses: Option<WitnessClient>,
 }
 
 impl<S: LedgerStore> Ledger<S> {
     pub fn new(store: S, check: Box<dyn ReceiptCheck>, signer: Box<dyn NoteSigner>, policy: CheckpointPolicy) -> Self {
-        Self { store, check, signer, policy }
+        Self { store, check, signer, policy, witnesses: None }
+    }
+
+    /// Submits checkpoints to `witnesses` when [`Ledger::cosign_latest`] is called.
+    pub fn with_witnesses(mut self, witnesses: Option<WitnessClient>) -> Self {
+        self.witnesses = witnesses;
+        self
+    }
+
+    /// The latest checkpoint submitted to the configured witnesses and their cosignatures
+    /// stored on it; `None` without witnesses.
+    pub fn cosign_latest(&self) -> Option<Result<CosignReport, WitnessClientError>> {
+        self.witnesses.as_ref().map(|w| w.cosign_latest(&self.store))
     }
 
     /// Appends one receipt; `now_ms` is the caller's clock (Unix ms).

@@ -31,5 +31,5 @@ pub use store::{
     AppendOutcome, CheckpointPolicy, LedgerStore, Query, SqliteOptions, SqliteStore, StoreError, StoredCheckpoint,
 };
 pub use store::{TileError, TileStore};
-pub use witness_client::{CosignReport, WitnessClient, WitnessEndpoint};
+pub use witness_client::{CosignReport, WitnessClient, WitnessClientError, WitnessEndpoint};
 pub use verify::{verify_entry, verify_ledger, EntryVerdict, Issue, VerifyReport};

@@ -18,7 +18,7 @@ use base64::{engine::general_purpose::STANDARD, Engine};
 use crate::cosignature::{add_signature_lines, verify_cosignatures, CosignerKey};
 use crate::merkle::Hash;
 use crate::note::Note;
-use crate::store::{LedgerStore, SqliteStore, StoreError};
+use crate::store::{LedgerStore, StoreError};
 
 /// The variable naming the witnesses.
 pub const WITNESSES_ENV: &str = "EPHEM_WITNESSES";
@@ -183,13 +183,13 @@ impl WitnessClient {
 
     /// Submits the store's latest checkpoint to every witness that has not cosigned it yet and
     /// stores the cosignatures that verify on it.
-    pub fn cosign_latest(&self, store: &SqliteStore) -> Result<CosignReport, WitnessClientError> {
+    pub fn cosign_latest(&self, store: &dyn LedgerStore) -> Result<CosignReport, WitnessClientError> {
         let Some(latest) = store.latest_checkpoint()? else { return Ok(CosignReport::default()) };
         let mut report = CosignReport { size: latest.size, ..CosignReport::default() };
         let note = Note::parse(latest.note.as_bytes()).map_err(|e| StoreError::Checkpoint(e.into()))?;
         let keys: Vec<CosignerKey> = self.endpoints.iter().map(|e| e.key.clone()).collect();
         let already: Vec<CosignerKey> = verify_cosignatures(&note, &keys).unwrap_or_default().into_iter().map(|(k, _)| k).collect();
-        let prove = |old: u64, new: u64| crate::ledger::consistency(store, old, new).map_err(|e| e.to_string());
+        let prove = |old: u64, new: u64| crate::merkle::consistency_proof(store, old, new).map_err(|e| e.to_string());
         let mut lines = String::new();
         for endpoint in &self.endpoints {
             let name = endpoint.key.name().to_owned();

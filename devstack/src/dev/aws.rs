@@ -267,6 +267,7 @@ pub fn ledger_function(
         cache_dir: home.root().join("aws-pump"),
         root,
         policies,
+        witnesses: receipts_ledger::WitnessClient::from_env()?,
     };
     // As the Lambda: it settles its messages on the ledger queue and its DLQ itself.
     let dlq_url = cloud.settings().ledger_dlq_url.clone();

@@ -8,7 +8,7 @@ use cloud_aws::AwsClients;
 use cloud::ObjectStore;
 use protocol::attestation::TrustAnchor;
 use receipts_ledger::store::tiles::{cache_file, layout::Layout, TileOptions};
-use receipts_ledger::{CheckpointPolicy, Ledger, NoteSigner, TileStore, VerifierKey};
+use receipts_ledger::{CheckpointPolicy, Ledger, NoteSigner, TileStore, VerifierKey, WitnessClient};
 use protocol::attestation::PolicySet;
 use protocol::receipt_check::ReceiptVerifier;
 
@@ -28,6 +28,8 @@ pub struct FunctionConfig {
     pub root: TrustAnchor,
     /// The allow-list (verified): the image measurements receipts are admitted under.
     pub policies: PolicySet,
+    /// The witnesses each new checkpoint goes to (`EPHEM_WITNESSES`); `None`: no cosignatures.
+    pub witnesses: Option<WitnessClient>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +65,8 @@ impl LedgerFunction {
                 .map_err(fail)?;
         let head = store.refresh().map_err(fail)?;
         tracing::info!(ledger_key = %verifier, size = head.map_or(0, |h| h.size), "ledger-append ready");
-        let ledger = Ledger::new(store, Box::new(check), config.signer, CheckpointPolicy::default());
+        let ledger =
+            Ledger::new(store, Box::new(check), config.signer, CheckpointPolicy::default()).with_witnesses(config.witnesses);
         Ok(LedgerFunction { ledger: Mutex::new(ledger), jobs: config.jobs, queues: None })
     }
 
@@ -79,8 +82,8 @@ impl LedgerFunction {
     /// `EPHEM_LEDGER_BUCKET`, `EPHEM_LEDGER_KEY_ARN` (or `EPHEM_LEDGER_SIGNING_KEY`),
     /// `EPHEM_JOBS_BUCKET`, `EPHEM_LEDGER_CACHE_DIR`, `EPHEM_ATTESTATION_ROOT_PEM`, the
     /// policies' `EPHEM_IMAGE_PUBLISHER_KEY`, `EPHEM_POLICIES_BUCKET`, `EPHEM_POLICIES_PREFIX`,
-    /// and the queues `EPHEM_LEDGER_QUEUE_URL` (its redrive policy read once) and
-    /// `EPHEM_LEDGER_DLQ_URL`.
+    /// the queues `EPHEM_LEDGER_QUEUE_URL` (its redrive policy read once) and
+    /// `EPHEM_LEDGER_DLQ_URL`, and the witnesses `EPHEM_WITNESSES` (`KEY@URL,…`).
     pub fn from_env(clients: &AwsClients) -> Result<LedgerFunction, ShellError> {
         let bucket = shell::var("EPHEM_LEDGER_BUCKET")?;
         let jobs = shell::var("EPHEM_JOBS_BUCKET")?;
@@ -93,6 +96,7 @@ impl LedgerFunction {
             cache_dir: PathBuf::from(shell::optional("EPHEM_LEDGER_CACHE_DIR").unwrap_or_else(|| DEFAULT_CACHE_DIR.into())),
             root,
             policies,
+            witnesses: WitnessClient::from_env().map_err(|e| ShellError::Setup(e.to_string()))?,
         };
         let function = LedgerFunction::open(config, &bucket).map_err(|e| ShellError::Setup(e.to_string()))?;
         Ok(match shell::optional("EPHEM_LEDGER_QUEUE_URL") {

@@ -396,7 +396,63 @@ fn the_function_refuses_to_start_on_a_policy_for_another_root() {
         cache_dir: tmp.path().join("cache"),
         root: DevEnclave::new(2, T).anchor(),
         policies: set,
+        witnesses: None,
     };
     let err = LedgerFunction::open(config, "ledger").err().expect("refused");
     assert!(matches!(err, FunctionError::Policies(protocol::attestation::PolicySetError::Root { .. })), "{err}");
+}
+
+/// A witness serving on a loopback port in this process, its state in `dir`.
+fn witness_at(dir: &std::path::Path, n: u8, ledger_key: &receipts_ledger::VerifierKey) -> (receipts_ledger::WitnessEndpoint, Arc<std::sync::atomic::AtomicBool>) {
+    let signer = receipts_ledger::cosignature::CosignerSigner::from_seed(&format!("w{n}.lambda.test"), &[n; 32]).unwrap();
+    let state = witness::state::State::open(&dir.join(format!("w{n}.json"))).unwrap();
+    let key = signer.verifier();
+    let service = Arc::new(witness::witness::Witness::new(signer, vec![ledger_key.clone()], state));
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = stop.clone();
+    std::thread::spawn(move || witness::server::serve(listener, service, String::new(), stopping));
+    (receipts_ledger::WitnessEndpoint::parse(&format!("{key}@{url}")).unwrap(), stop)
+}
+
+/// With witnesses configured, every checkpoint the function commits is cosigned before the job's
+/// proof is written: the published `checkpoint` and each `ledger-proof.json` carry both
+/// cosignatures, and a quorum of both accepts them. A witness that is down holds nothing back.
+#[test]
+fn the_function_publishes_checkpoints_and_proofs_its_witnesses_cosigned() {
+    use receipts_ledger::cosignature::{CosignerKey, WitnessPolicy};
+    let tmp = tempfile::tempdir().unwrap();
+    let bucket: Arc<dyn ObjectStore> = Arc::new(DirObjectStore::open(tmp.path().join("ledger")).unwrap());
+    let jobs = DirObjectStore::open(tmp.path().join("jobs")).unwrap();
+    let e = DevEnclave::new(2, T);
+    let signer = SignerKey::from_seed("ledger.example", &[1; 32]).unwrap();
+    let (w1, stop1) = witness_at(tmp.path(), 1, &signer.verifier());
+    let (w2, stop2) = witness_at(tmp.path(), 2, &signer.verifier());
+    let keys: Vec<CosignerKey> = vec![w1.key.clone(), w2.key.clone()];
+    let mut ledger = bucket_ledger(bucket.clone(), enforcing(&[&e]))
+        .with_witnesses(Some(receipts_ledger::WitnessClient::new(vec![w1.clone(), w2.clone()])));
+    let quorum = WitnessPolicy::new(keys.clone(), 2).unwrap();
+
+    let records: Vec<_> = (0..3).map(|j| message(&format!("m{j}"), &body(&job(j), &e.sign(&e.receipt(j)), &e.document))).collect();
+    run(serde_json::json!({ "Records": records }), &mut ledger, &jobs);
+    let head = read_head(bucket.as_ref(), &Layout::new(""), &ledger.verifier()).unwrap().unwrap();
+    assert_eq!(head.size, 3);
+    assert_eq!(quorum.check(head.note.as_bytes()).unwrap().len(), 2);
+    for j in 0..3 {
+        let bundle = ProofBundle::from_json(&jobs.get(&layout::job_ledger_proof(&job_id(j))).unwrap()).unwrap();
+        quorum.check(bundle.checkpoint.as_bytes()).unwrap_or_else(|error| panic!("job {j}'s proof: {error}"));
+    }
+
+    // One witness down: receipts are still appended; the checkpoint carries one cosignature,
+    // which a quorum of two refuses by name.
+    stop2.store(true, std::sync::atomic::Ordering::Relaxed);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    let r = run(serde_json::json!({ "Records": [message("m3", &body(&job(3), &e.sign(&e.receipt(3)), &e.document))] }), &mut ledger, &jobs);
+    assert_eq!(r.appended, vec![job_id(3)]);
+    let head = read_head(bucket.as_ref(), &Layout::new(""), &ledger.verifier()).unwrap().unwrap();
+    assert_eq!(WitnessPolicy::new(vec![w1.key.clone()], 1).unwrap().check(head.note.as_bytes()).unwrap().len(), 1);
+    let refusal = quorum.check(head.note.as_bytes()).unwrap_err();
+    assert!(matches!(refusal, receipts_ledger::WitnessPolicyError::QuorumNotMet { have: 1, need: 2, .. }), "{refusal}");
+    stop1.store(true, std::sync::atomic::Ordering::Relaxed);
 }

@@ -158,6 +158,10 @@ pub trait LedgerStore: TreeReader {
     fn scan_entries(&self, f: &mut dyn FnMut(Result<Entry, StoreError>) -> bool) -> Result<(), StoreError>;
     /// Number of stored tree nodes.
     fn tree_node_count(&self) -> Result<u64, StoreError>;
+    /// Replaces the note of the checkpoint of `size` with `note`: the same checkpoint text with
+    /// every stored signature line, and only lines added (witness cosignatures), or
+    /// [`StoreError::NotSameCheckpoint`]. Nothing signed can change this way.
+    fn add_cosignatures(&self, size: u64, note: &str) -> Result<(), StoreError>;
 }
 
 /// Number of complete subtrees of a tree of `size` leaves.

@@ -495,29 +495,6 @@ impl SqliteStore {
         Ok(Some(out))
     }
 
-    /// Replaces the note of the checkpoint of `size` with `note`, which must be the same
-    /// checkpoint text with every stored signature line and only lines added (witness
-    /// cosignatures): nothing signed can change this way.
-    pub fn add_cosignatures(&self, size: u64, note: &str) -> Result<(), StoreError> {
-        let tx = self.write_txn()?;
-        let stored: String = tx.query_row(
-            "SELECT note FROM checkpoints WHERE tree_size = ?1",
-            [to_i64("tree size", size)?],
-            |r| r.get(0),
-        )?;
-        let (old, new) = (Note::parse(stored.as_bytes()), Note::parse(note.as_bytes()));
-        let same = match (&old, &new) {
-            (Ok(old), Ok(new)) => old.text == new.text && old.signatures.iter().all(|s| new.signatures.contains(s)),
-            _ => false,
-        };
-        if !same {
-            return Err(StoreError::NotSameCheckpoint { size });
-        }
-        tx.execute("UPDATE checkpoints SET note = ?2 WHERE tree_size = ?1", params![to_i64("tree size", size)?, note])?;
-        tx.commit()?;
-        Ok(())
-    }
-
     /// Adds entries copied from elsewhere, starting at index `start` (the current size), and
     /// the checkpoints that cover them, in one transaction. Every chain hash must equal the
     /// one the copy claims and every checkpoint's root the rebuilt tree's, else nothing is
@@ -586,6 +563,24 @@ impl TreeReader for SqliteStore {
 }
 
 impl LedgerStore for SqliteStore {
+    /// Replaces the note of the checkpoint of `size` with `note`, which must be the same
+    /// checkpoint text with every stored signature line and only lines added (witness
+    /// cosignatures): nothing signed can change this way.
+    fn add_cosignatures(&self, size: u64, note: &str) -> Result<(), StoreError> {
+        let tx = self.write_txn()?;
+        let stored: String = tx.query_row(
+            "SELECT note FROM checkpoints WHERE tree_size = ?1",
+            [to_i64("tree size", size)?],
+            |r| r.get(0),
+        )?;
+        if !adds_only_signatures(&stored, note) {
+            return Err(StoreError::NotSameCheckpoint { size });
+        }
+        tx.execute("UPDATE checkpoints SET note = ?2 WHERE tree_size = ?1", params![to_i64("tree size", size)?, note])?;
+        tx.commit()?;
+        Ok(())
+    }
+
     fn append(
         &mut self,
         batch: &[AppendRequest],
@@ -730,6 +725,14 @@ impl LedgerStore for SqliteStore {
     fn tree_node_count(&self) -> Result<u64, StoreError> {
         let n: i64 = self.conn.query_row("SELECT count(*) FROM tree_nodes", [], |r| r.get(0))?;
         Ok(n.max(0) as u64)
+    }
+}
+
+/// `new` is the note `stored` with every signature line kept and only lines added.
+pub(super) fn adds_only_signatures(stored: &str, new: &str) -> bool {
+    match (Note::parse(stored.as_bytes()), Note::parse(new.as_bytes())) {
+        (Ok(old), Ok(new)) => old.text == new.text && old.signatures.iter().all(|s| new.signatures.contains(s)),
+        _ => false,
     }
 }
 

@@ -758,6 +758,31 @@ impl LedgerStore for TileStore {
     fn checkpoint_at(&self, size: u64) -> Result<Option<StoredCheckpoint>, StoreError> {
         self.cache.checkpoint_at(size)
     }
+    /// The cache's note, then the store's current `checkpoint` if it is still of `size` (replaced
+    /// with `If-Match`, so a newer commit is never overwritten; then the cosignatures go to the
+    /// newer checkpoint's turn). The archived checkpoint keeps the ledger's signature alone.
+    fn add_cosignatures(&self, size: u64, note: &str) -> Result<(), StoreError> {
+        self.cache.add_cosignatures(size, note)?;
+        let tile_error = |e: TileError| StoreError::Tiles(Box::new(e));
+        let Some(head) = read_head(self.objects.as_ref(), &self.layout, &self.verifier).map_err(tile_error)? else {
+            return Ok(());
+        };
+        if head.size != size {
+            tracing::info!(size, current = head.size, "the checkpoint moved on before its cosignatures were published");
+            return Ok(());
+        }
+        if !super::sqlite::adds_only_signatures(&head.note, note) {
+            return Err(StoreError::NotSameCheckpoint { size });
+        }
+        match self.objects.put(&self.layout.checkpoint(), note.as_bytes(), PutCondition::IfMatch(head.etag)) {
+            Ok(_) => Ok(()),
+            Err(ObjectError::PreconditionFailed { .. }) => {
+                tracing::info!(size, "the checkpoint changed before its cosignatures were published");
+                Ok(())
+            }
+            Err(e) => Err(tile_error(e.into())),
+        }
+    }
     fn ledger_key(&self) -> Result<Option<String>, StoreError> {
         self.cache.ledger_key()
     }

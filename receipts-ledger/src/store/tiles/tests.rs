@@ -412,3 +412,37 @@ fn an_edited_attestation_hash_in_the_metadata_is_ignored() {
     let alarms: Vec<(u64, &str)> = fresh.altered_metadata().iter().map(|a| (a.index, a.field)).collect();
     assert_eq!(alarms, vec![(1, "attestation_sha256"), (1, "entry_hash"), (2, "entry_hash"), (3, "entry_hash")]);
 }
+
+/// Witness cosignatures go on the published `checkpoint` (and the cache), never on the archived
+/// one, never onto a newer checkpoint, and never with the signed text changed.
+#[test]
+fn cosignatures_are_published_on_the_current_checkpoint_only() {
+    use crate::cosignature::{add_signature_lines, verify_cosignatures, CosignerSigner};
+    let (_dir, objects) = objects();
+    let mut store = appender(objects.clone());
+    append(&mut store, 0..3, 1_000);
+    let head = read_head(objects.as_ref(), &Layout::new(""), &key().verifier()).unwrap().unwrap();
+    let witness = CosignerSigner::from_seed("w.tiles.test", &[4; 32]).unwrap();
+    let text = crate::note::Note::parse(head.note.as_bytes()).unwrap().text;
+    let cosigned = add_signature_lines(&head.note, &witness.cosign(&text, 7)).unwrap();
+    store.add_cosignatures(head.size, &cosigned).unwrap();
+
+    let published = read_head(objects.as_ref(), &Layout::new(""), &key().verifier()).unwrap().unwrap();
+    assert_eq!(published.note, cosigned);
+    let note = crate::note::Note::parse(published.note.as_bytes()).unwrap();
+    assert_eq!(verify_cosignatures(&note, &[witness.verifier()]).unwrap().len(), 1);
+    assert_eq!(store.latest_checkpoint().unwrap().unwrap().note, cosigned);
+    let archived = objects.get(&Layout::new("").archived_checkpoint(head.size)).unwrap();
+    assert_eq!(archived, head.note.as_bytes(), "the archive keeps the ledger's own signature");
+    // A reader rebuilding from the objects accepts the cosigned checkpoint.
+    let mut reader = test_store(objects.clone(), Layout::new(""), Cache::Memory, key().verifier(), TileOptions::appender()).unwrap();
+    assert_eq!(reader.refresh().unwrap().unwrap().size, 3);
+
+    // A changed text is refused; cosignatures for an older size leave the newer checkpoint alone.
+    let forged = cosigned.replacen(&text.lines().next().unwrap().to_owned(), "another.origin", 1);
+    assert!(matches!(store.add_cosignatures(head.size, &forged), Err(StoreError::NotSameCheckpoint { .. })));
+    append(&mut store, 3..5, 2_000);
+    let newer = read_head(objects.as_ref(), &Layout::new(""), &key().verifier()).unwrap().unwrap();
+    store.add_cosignatures(head.size, &cosigned).unwrap();
+    assert_eq!(read_head(objects.as_ref(), &Layout::new(""), &key().verifier()).unwrap().unwrap().note, newer.note);
+}
