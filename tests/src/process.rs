@@ -1,6 +1,5 @@
 //! The stack's processes from the outside: liveness, real signals, memory (Linux `/proc`).
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The state letter of `pid` in `/proc/<pid>/stat` (`R`, `S`, `Z`, …), if it exists.
@@ -14,10 +13,22 @@ pub fn is_running(pid: u32) -> bool {
     state(pid).is_some_and(|s| s != 'Z' && s != 'X')
 }
 
-/// Sends `signal` (`KILL`, `STOP`, `CONT`, …) to `pid`.
+/// Sends `signal` (`KILL`, `STOP`, `CONT`, …) to `pid`, by the system call itself: a test
+/// that signals the moment it sees something happen must not give the process the time a
+/// `kill` child takes to start.
 pub fn signal(pid: u32, signal: &str) {
-    let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).stderr(Stdio::null()).status().expect("run kill");
-    assert!(status.success(), "kill -{signal} {pid} failed");
+    use rustix::process::{kill_process, Pid, Signal};
+    let sig = match signal {
+        "KILL" => Signal::KILL,
+        "STOP" => Signal::STOP,
+        "CONT" => Signal::CONT,
+        "TERM" => Signal::TERM,
+        "INT" => Signal::INT,
+        "HUP" => Signal::HUP,
+        other => panic!("signal {other} is not one the tests send"),
+    };
+    let target = Pid::from_raw(pid as i32).expect("a process id");
+    kill_process(target, sig).unwrap_or_else(|e| panic!("kill -{signal} {pid}: {e}"));
 }
 
 /// SIGKILL, then waits (up to 10 s) until the process is gone.

@@ -149,6 +149,9 @@ fn ledger_appender_killed_mid_append_appends_each_receipt_once() {
         assert!(Instant::now() < deadline, "the appender did not receive the batch");
         std::thread::sleep(Duration::from_millis(1));
     }
+    // Frozen the moment it holds the batch, then killed: what it had not acknowledged by then
+    // stays unacknowledged, however loaded the machine.
+    process::signal(appender, "STOP");
     process::kill9(appender);
     let ledgered_at_kill = jobs.iter().filter(|(job, _)| stack.status(job)["ledger"]["index"].is_u64()).count();
     let stats = ledger_queue.stats().unwrap();
