@@ -52,6 +52,13 @@ export interface DeployConfig {
   readonly ledgerLockMode: LedgerLockMode;
   /** Reserved concurrency of ledger-append; unset by default (the FIFO group already serialises it). */
   readonly ledgerReservedConcurrency?: number;
+  /**
+   * Witnesses ledger-append submits each checkpoint to (C2SP tlog-witness), `-c
+   * witnesses=KEY@http://HOST:PORT[/PREFIX],…` with `KEY` a witness's cosigner key
+   * (`name+hex8+base64`); none by default. Their cosignatures go on the published checkpoint and
+   * each job's proof; clients require them with `--witness KEY --witness-quorum N`.
+   */
+  readonly witnesses: string[];
   /** An address subscribed to the alarm topic (SNS asks it to confirm). */
   readonly alarmEmail?: string;
   /** Days anything under jobs/ is kept (sealed inputs, outputs, receipts, status). */
@@ -133,6 +140,7 @@ export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process
     ledgerLockMode: lockMode(read),
     alarmEmail: email(read, 'alarmEmail'),
     ledgerReservedConcurrency: read('ledgerReservedConcurrency') === undefined ? undefined : int(read, 'ledgerReservedConcurrency', 1, 1, 1000),
+    witnesses: witnesses(read),
     jobsRetentionDays: int(read, 'jobsRetentionDays', 30, 1, 3650),
     storePrefixes,
     rotationDays: int(read, 'rotationDays', 7, 1, 365),
@@ -284,6 +292,19 @@ function email(read: ContextReader, key: string): string | undefined {
   if (v === '') return undefined;
   if (!/^[^@\s]+@[^@\s]+\.[^@\s]+$/.test(v)) throw new ConfigError(`${key} must be an e-mail address, got ${JSON.stringify(v)}`);
   return v;
+}
+
+/**
+ * `-c witnesses`: comma-separated `KEY@http://HOST:PORT[/PREFIX]` (the form ledger-append's
+ * `EPHEM_WITNESSES` parses; plain HTTP, as a witness's answer is checked by its key).
+ */
+function witnesses(read: ContextReader): string[] {
+  const entries = str(read, 'witnesses', '').split(',').map((e) => e.trim()).filter((e) => e !== '');
+  const entry = /^[\x21-\x2a\x2c-\x7e]+\+[0-9a-f]{8}\+[A-Za-z0-9+/]+={0,2}@http:\/\/[A-Za-z0-9.-]+:\d{1,5}(\/[A-Za-z0-9._~\/-]*)?$/;
+  for (const e of entries) {
+    if (!entry.test(e)) throw new ConfigError(`witnesses: ${JSON.stringify(e)} is not KEY@http://HOST:PORT[/PREFIX] (KEY: name+hex8+base64)`);
+  }
+  return entries;
 }
 
 function lockMode(read: ContextReader): LedgerLockMode {

@@ -117,6 +117,7 @@ export class EphemBatch extends Construct {
       rotationDays: cfg.rotationDays,
       lambdaAssetsDir: cfg.lambdaAssetsDir,
       ledgerReservedConcurrency: cfg.ledgerReservedConcurrency,
+      witnesses: cfg.witnesses,
       imagePublisherKey: props.imagePublisherKey,
     });
     this.storage.routeUploadsTo(this.lambdas.onUpload, cfg.storePrefixes);

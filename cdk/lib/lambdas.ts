@@ -43,6 +43,8 @@ export interface LambdasProps {
   readonly lambdaAssetsDir: string;
   /** ledger-append's reserved concurrency, if any (a new account's quota may not allow one). */
   readonly ledgerReservedConcurrency?: number;
+  /** Witnesses of the ledger's checkpoints (`KEY@URL`), if any. */
+  readonly witnesses?: string[];
   /** The image publisher's Ed25519 public key (64 hex); else `-c imagePublisherKey`. */
   readonly imagePublisherKey?: string;
 }
@@ -172,6 +174,8 @@ export class Lambdas extends Construct {
         EPHEM_LEDGER_QUEUE_URL: queues.ledger.queueUrl,
         EPHEM_LEDGER_DLQ_URL: queues.ledgerDlq.queueUrl,
         ...policies,
+        // Each checkpoint is submitted to these witnesses before a job's proof is written.
+        ...(props.witnesses?.length ? { EPHEM_WITNESSES: props.witnesses.join(',') } : {}),
       },
     });
     readPolicies(ids.ledgerRole);

@@ -84,6 +84,12 @@ describe('deploy configuration', () => {
     assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, ledgerLockMode: 'compliance' })).ledgerLockMode, 'compliance');
     assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, ledgerReservedConcurrency: '1' })).ledgerReservedConcurrency, 1);
     assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, alarmEmail: 'not an address' })), /e-mail/);
+    const witness = 'w1.example+1a2b3c4d+BPwE7Bbd3Wq1QVm5y0OZnL5JUGlmtGJd7aCgQ6oiZAeP@http://witness.example:7380/w';
+    assert.deepEqual(loadConfig(ctx({ pcr0: TEST_PCR0 })).witnesses, []);
+    assert.deepEqual(loadConfig(ctx({ pcr0: TEST_PCR0, witnesses: ` ${witness}, ` })).witnesses, [witness]);
+    for (const bad of ['w1.example@http://h:1', `${witness.split('@')[0]}@https://h:1`, `${witness.split('@')[0]}@http://h`]) {
+      assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, witnesses: bad })), /witnesses/, bad);
+    }
   });
 
   it('the hosts\' AMI is pinned: -c hostAmi, else a lookup where the CLI deploys, else the synth stops', () => {

@@ -305,6 +305,14 @@ describe('storage', () => {
     assert.deepEqual(reserved(synth({ ledgerReservedConcurrency: 1 }).json), [1]);
   });
 
+  it('ledger-append submits checkpoints to the witnesses given, and to none by default', () => {
+    const witnessEnv = (t: typeof json) =>
+      resourcesOfType(t, 'AWS::Lambda::Function').map(([, f]) => f.Properties?.Environment?.Variables?.EPHEM_WITNESSES).filter((w) => w !== undefined);
+    assert.deepEqual(witnessEnv(json), []);
+    const witness = 'w1.example+1a2b3c4d+BPwE7Bbd3Wq1QVm5y0OZnL5JUGlmtGJd7aCgQ6oiZAeP@http://witness.example:7380';
+    assert.deepEqual(witnessEnv(synth({ witnesses: `${witness},${witness.replace('w1', 'w2')}` }).json), [`${witness},${witness.replace('w1', 'w2')}`]);
+  });
+
   it('every bucket blocks public access, is encrypted, and has a TLS-only policy', () => {
     assert.equal(buckets.length, 6);
     const policies = resourcesOfType(json, 'AWS::S3::BucketPolicy');
