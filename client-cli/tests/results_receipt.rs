@@ -227,6 +227,7 @@ impl Fixture {
             started_ms: T0 + 2_500,
             finished_ms: T0 + 3_000,
             commitment: PlaintextCommitment::from_digests(&opened.commitment_key, &sha256(&plain), &sha256(&output_plain)),
+            records_root: None,
         };
         self.services.jobs.put(&layout::job_output(job, attempt), &output, PutCondition::Overwrite).unwrap();
         Attempt { receipt: receipt.sign(&self.enclave.receipt_key), output }

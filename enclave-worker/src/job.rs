@@ -12,6 +12,7 @@ use protocol::envelope::{self, JobId, Preamble, ResultHeader, ResultPublicKey, S
 use protocol::frame::{self, FrameIoError, Message, MAX_DATA_LEN};
 use protocol::FailedCheck;
 use protocol::receipt::{PlaintextCommitment, Receipt};
+use protocol::record_tree::{self, RecordLeaf, RecordTree};
 use protocol::records::{encode_output, InputDecoder, InputRecord, OutputRecord};
 use protocol::stream::{StreamOpener, StreamSealer};
 use sha2::{Digest, Sha256};
@@ -106,6 +107,8 @@ struct Running {
     window: Vec<InputRecord>,
     window_bytes: usize,
     commitment: PlaintextCommitment,
+    /// The per-record tree over the embedded records so far (the receipt's `records`).
+    records: RecordTree,
     ok: u64,
     failed: u64,
     tokens: u64,
@@ -210,6 +213,7 @@ fn run<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), JobEr
         started_ms,
         finished_ms: worker.now_ms().max(started_ms),
         commitment: std::mem::take(&mut state.commitment).finish(&state.commitment_key),
+        records_root: Some(state.records.root()),
     };
     tracing::info!(
         job = %state.job_id, ok = state.ok, failed = state.failed, tokens = state.tokens,
@@ -257,6 +261,7 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
         window: Vec::new(),
         window_bytes: 0,
         commitment: PlaintextCommitment::new(),
+        records: RecordTree::default(),
         ok: 0,
         failed: 0,
         tokens: 0,
@@ -290,15 +295,19 @@ fn flush_window(state: &mut Running, out: &mut Vec<u8>) -> Result<(), JobError> 
     }
     let outputs = state.model.engine.embed_records(&state.window, &state.options, state.header.options.dtype);
     let mut plain = Vec::new();
-    for output in &outputs {
+    for (input, output) in state.window.iter().zip(&outputs) {
+        let start = plain.len();
+        encode_output(output, &mut plain)?;
         match output {
-            OutputRecord::Embedding { tokens, .. } => {
+            OutputRecord::Embedding { id, tokens, .. } => {
+                let key = record_tree::record_key(&state.commitment_key, state.ok);
+                let leaf = RecordLeaf::from_encoded(&key, state.ok, id, &input.text, &plain[start..]);
+                state.records.push(leaf.hash());
                 state.ok += 1;
                 state.tokens += u64::from(*tokens);
             }
             OutputRecord::Error { .. } => state.failed += 1,
         }
-        encode_output(output, &mut plain)?;
     }
     state.commitment.output(&plain);
     state.sealer.push(&plain, out)?;

@@ -293,6 +293,7 @@ fn receipt(job: u8) -> Receipt {
         started_ms: fixed::DEV_DOC_TIME_MS + 1_000,
         finished_ms: fixed::DEV_DOC_TIME_MS + 9_000,
         commitment: [0xc0; 32],
+        records_root: None,
     }
 }
 

@@ -171,6 +171,14 @@ impl MapReader {
             .map_err(|_| CborError::WrongType(key))
     }
 
+    /// [`MapReader::array`] of a key that may be absent.
+    pub fn optional_array<const N: usize>(&mut self, key: &'static str) -> Result<Option<[u8; N]>, CborError> {
+        if !self.fields.contains_key(key) {
+            return Ok(None);
+        }
+        self.array(key).map(Some)
+    }
+
     pub fn text(&mut self, key: &'static str) -> Result<String, CborError> {
         match self.take(key)? {
             Value::Text(t) => Ok(t),

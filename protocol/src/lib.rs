@@ -23,6 +23,7 @@ pub mod ohttp;
 pub mod online;
 pub mod receipt;
 pub mod receipt_check;
+pub mod record_tree;
 pub mod records;
 pub mod stream;
 pub mod usage;

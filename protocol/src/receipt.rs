@@ -55,12 +55,19 @@ pub struct Receipt {
     pub finished_ms: u64,
     /// HMAC-SHA256 under the envelope's commitment key; see [`PlaintextCommitment`].
     pub commitment: [u8; 32],
+    /// The root of the per-record tree ([`crate::record_tree`]) over the `records_ok` embedded
+    /// records; `None` in receipts of enclaves from before it.
+    pub records_root: Option<[u8; 32]>,
 }
 
 impl Receipt {
     pub fn to_payload(&self) -> Vec<u8> {
+        let mut map = MapBuilder::new();
+        if let Some(root) = &self.records_root {
+            map = map.bytes("records", root);
+        }
         cbor::encode(
-            &MapBuilder::new()
+            &map
                 .uint("v", 1)
                 .bytes("job", &self.job_id.0)
                 .uint("ok", self.records_ok)
@@ -108,6 +115,7 @@ impl Receipt {
             started_ms: map.uint("started_ms")?,
             finished_ms: map.uint("finished_ms")?,
             commitment: map.array("commitment")?,
+            records_root: map.optional_array("records")?,
         };
         map.finish()?;
         if receipt.finished_ms < receipt.started_ms {
@@ -213,6 +221,7 @@ pub(crate) mod tests {
             started_ms: 1_760_000_000_000,
             finished_ms: 1_760_000_012_345,
             commitment: [0x77; 32],
+            records_root: None,
         }
     }
 

@@ -108,6 +108,16 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
     let commitment = commitment.finish(&sealed.commitment_key);
     v.insert("receipt.commitment", commitment.to_vec());
 
+    // The record tree over the one embedded record (doc-1; doc-2 failed and has no leaf).
+    let record_key = protocol::record_tree::record_key(&sealed.commitment_key, 0);
+    let embedded = OutputRecord::Embedding { id: "doc-1".into(), tokens: 9, vector: Vector::F32(vec![0.5, -0.25, 0.0, 1.0]) };
+    let leaf = protocol::record_tree::RecordLeaf::new(&record_key, 0, b"What is the capital of France?", &embedded).unwrap();
+    let mut records = protocol::record_tree::RecordTree::default();
+    records.push(leaf.hash());
+    v.insert("record.key_0", record_key.to_vec());
+    v.insert("record.leaf_0", leaf.to_bytes());
+    v.insert("record.root", records.root().to_vec());
+
     let receipt = Receipt {
         job_id,
         input_sha256: sha256(&v["job.sealed"]),
@@ -127,6 +137,7 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
         started_ms: 1_767_225_600_500,
         finished_ms: 1_767_225_601_000,
         commitment,
+        records_root: Some(records.root()),
     };
     let receipt_key = SigningKey::from_bytes(&[0x05; 32]);
     v.insert("receipt.key_public", receipt_key.verifying_key().as_bytes().to_vec());

@@ -27,6 +27,7 @@ fn receipt_bytes() -> Vec<u8> {
         started_ms: 1,
         finished_ms: 2,
         commitment: [9; 32],
+        records_root: None,
     };
     receipt.sign(&SigningKey::from_bytes(&[1; 32]))
 }

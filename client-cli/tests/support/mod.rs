@@ -178,6 +178,7 @@ impl Fixture {
             started_ms: T0 + 2_500,
             finished_ms: T0 + 3_000,
             commitment: PlaintextCommitment::from_digests(&opened.commitment_key, &sha256(&plain), &sha256(&output_plain)),
+            records_root: None,
         };
         self.services.jobs.put(&layout::job_output(job, 1), &output, PutCondition::CreateOnly).unwrap();
         self.services.jobs.put(&layout::job_receipt(job), &receipt.sign(&self.receipt_key), PutCondition::CreateOnly).unwrap();

@@ -295,6 +295,7 @@ fn job(mut connection: UnixStream, state: &Mutex<FakeState>) {
         started_ms: 1,
         finished_ms: 2,
         commitment: [4; 32],
+        records_root: None,
     };
     send(&mut connection, &Message::JobDone { receipt: receipt.sign(&receipt_key()) });
 }
