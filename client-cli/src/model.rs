@@ -2,10 +2,10 @@
 //! both, verify what was published. `ephem-batch model encrypt|sign|upload|verify` are one call
 //! each; [`publish`] does all of it in one go (`ephem-batch dev up`).
 //!
-//! A model directory holds `config.json` (`hidden_size` → dimensions, `max_position_embeddings`
-//! caps the sequence length), `tokenizer.json` and `model.safetensors`, and optionally
-//! `sentence_bert_config.json` (`max_seq_length`, default 256 tokens) and `1_Pooling/config.json`
-//! (mean or CLS pooling, default mean). Vectors are always L2-normalised.
+//! A model directory holds `config.json`, `tokenizer.json` and `model.safetensors` (sealed and
+//! loaded by the enclave) and the sentence-transformers configuration that [`read_settings`]
+//! turns into the manifest's dimensions, pooling, normalisation, maximum length and prompts, in
+//! either configuration form; what the engine cannot compute exactly is refused (docs/models.md).
 //!
 //! The data key (32 random bytes) is made here and wrapped with KMS `Encrypt` under the
 //! encryption context `{"model_id": <id>, "version": "<decimal>"}`, the context the enclave
@@ -35,8 +35,7 @@ use cloud::layout;
 use cloud::objects::{ObjectError, ObjectStore, PutCondition};
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use protocol::envelope::valid_model_id;
-use protocol::manifest::{Manifest, ManifestError, ModelFile, Pooling, SignedManifest, manifest_hash};
-use protocol::records::MAX_DIMENSIONS;
+use protocol::manifest::{Manifest, ManifestError, ModelFile, Prompts, SignedManifest, manifest_hash};
 use protocol::stream::{StreamSealer, sealed_len};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -48,8 +47,6 @@ pub const MODEL_FILES: [&str; 3] = ["config.json", "model.safetensors", "tokeniz
 pub const PAYLOAD_FILE: &str = "manifest.cbor";
 /// The signed manifest, in a staging directory and in the store.
 pub const SIGNED_FILE: &str = layout::MANIFEST_NAME;
-/// Sequence length when the directory does not state one.
-pub const DEFAULT_MAX_TOKENS: u32 = 256;
 
 const BLOCK: usize = 1 << 20;
 
@@ -71,6 +68,13 @@ pub enum ModelError {
     MissingFile { dir: PathBuf, name: &'static str },
     #[error("{}: {message}", path.display())]
     Config { path: PathBuf, message: String },
+    #[error("{}: {field} = {found} is refused: {reason}", path.display())]
+    Unsupported { path: PathBuf, field: &'static str, found: String, reason: &'static str },
+    #[error(
+        "{}: no maximum sequence length (sentence_bert_config.json max_seq_length, or tokenizer_config.json model_max_length)",
+        dir.display()
+    )]
+    NoMaxLength { dir: PathBuf },
     #[error("{0:?} is not a valid model id (1 to 128 printable ASCII characters, no spaces)")]
     InvalidModelId(String),
     #[error("{}: the file changed while it was being sealed", path.display())]
@@ -117,13 +121,8 @@ pub fn sealed_file_name(name: &str) -> String {
     format!("{name}.sealed")
 }
 
-/// How the model embeds, as its directory describes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ModelSettings {
-    pub dimensions: u32,
-    pub max_tokens: u32,
-    pub pooling: Pooling,
-}
+mod settings;
+pub use settings::{ModelSettings, read_settings};
 
 fn read_json(path: &Path) -> Result<Option<Value>, ModelError> {
     match std::fs::read(path) {
@@ -133,69 +132,6 @@ fn read_json(path: &Path) -> Result<Option<Value>, ModelError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(source) => Err(ModelError::Io { path: path.to_owned(), source }),
     }
-}
-
-/// A positive integer field that fits in u32, if present.
-fn positive_field(path: &Path, json: &Value, field: &str) -> Result<Option<u32>, ModelError> {
-    match json.get(field) {
-        None | Some(Value::Null) => Ok(None),
-        Some(value) => {
-            value.as_u64().filter(|&v| v > 0).and_then(|v| u32::try_from(v).ok()).map(Some).ok_or_else(|| {
-                ModelError::Config { path: path.to_owned(), message: format!("\"{field}\" is not a positive integer") }
-            })
-        }
-    }
-}
-
-/// Reads dimensions, sequence length and pooling from a model directory.
-pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
-    let config_path = dir.join("config.json");
-    let config =
-        read_json(&config_path)?.ok_or_else(|| ModelError::MissingFile { dir: dir.to_owned(), name: "config.json" })?;
-    let dimensions = positive_field(&config_path, &config, "hidden_size")?
-        .ok_or_else(|| ModelError::Config { path: config_path.clone(), message: "no \"hidden_size\"".into() })?;
-    if dimensions as usize > MAX_DIMENSIONS {
-        return Err(ModelError::Config {
-            path: config_path,
-            message: format!("\"hidden_size\" {dimensions} exceeds {MAX_DIMENSIONS}"),
-        });
-    }
-    let positions = positive_field(&config_path, &config, "max_position_embeddings")?;
-
-    let sbert_path = dir.join("sentence_bert_config.json");
-    let stated = match read_json(&sbert_path)? {
-        Some(sbert) => positive_field(&sbert_path, &sbert, "max_seq_length")?,
-        None => None,
-    };
-    // The model cannot take more tokens than it has position embeddings for.
-    let max_tokens = stated.unwrap_or(DEFAULT_MAX_TOKENS).min(positions.unwrap_or(u32::MAX));
-
-    let pooling_path = dir.join("1_Pooling").join("config.json");
-    let pooling = match read_json(&pooling_path)? {
-        None => Pooling::Mean,
-        Some(pooling) => {
-            let modes: Vec<&str> = pooling
-                .as_object()
-                .into_iter()
-                .flatten()
-                .filter(|(key, value)| key.starts_with("pooling_mode_") && value.as_bool() == Some(true))
-                .map(|(key, _)| key.as_str())
-                .collect();
-            match modes.as_slice() {
-                ["pooling_mode_mean_tokens"] => Pooling::Mean,
-                ["pooling_mode_cls_token"] => Pooling::Cls,
-                other => {
-                    return Err(ModelError::Config {
-                        path: pooling_path,
-                        message: format!(
-                            "pooling modes {other:?} are not supported (exactly one of mean_tokens, cls_token)"
-                        ),
-                    });
-                }
-            }
-        }
-    };
-    Ok(ModelSettings { dimensions, max_tokens, pooling })
 }
 
 /// SHA-256 and size of a file, read in blocks.
@@ -250,8 +186,9 @@ fn prepare(
         files,
         dimensions: settings.dimensions,
         pooling: settings.pooling,
-        normalize: true,
+        normalize: settings.normalize,
         max_tokens: settings.max_tokens,
+        prompts: Prompts { entries: settings.prompts, default: settings.default_prompt },
         kms_key_id: kms_key_id.to_owned(),
         wrapped_dek,
         created_ms: cloud::now_ms(),

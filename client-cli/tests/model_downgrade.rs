@@ -17,7 +17,9 @@ const MODEL: &str = "example/tiny-bert";
 const NOW_MS: u64 = 1_760_000_000_000;
 
 fn tiny_model(dir: &Path) {
-    std::fs::write(dir.join("config.json"), br#"{"hidden_size": 8, "max_position_embeddings": 512}"#).unwrap();
+    std::fs::write(dir.join("config.json"), br#"{"model_type": "bert", "hidden_size": 8, "max_position_embeddings": 512}"#)
+        .unwrap();
+    std::fs::write(dir.join("sentence_bert_config.json"), br#"{"max_seq_length": 256}"#).unwrap();
     std::fs::write(dir.join("tokenizer.json"), br#"{"version": "1.0"}"#).unwrap();
     std::fs::write(dir.join("model.safetensors"), vec![7u8; 4096]).unwrap();
 }

@@ -22,6 +22,31 @@ use crate::stream::StreamId;
 
 pub const CONTENT_TYPE: &str = "application/vnd.ephem-batch.model-manifest.v1+cbor";
 pub const MAX_FILES: usize = 64;
+/// Prompts a manifest may carry, and the size of each prompt's text.
+pub const MAX_PROMPTS: usize = 32;
+pub const MAX_PROMPT_BYTES: usize = 4096;
+
+/// A prompt name: 1 to 64 printable ASCII characters.
+pub fn valid_prompt_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+/// The model's named prompts (sentence-transformers `prompts`, `default_prompt_name`): text the
+/// model expects before a query or passage. Absent from the payload when there are none, so
+/// manifests from before the field decode unchanged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Prompts {
+    /// (name, text), sorted by name, names unique.
+    pub entries: Vec<(String, String)>,
+    /// One of the entries' names.
+    pub default: Option<String>,
+}
+
+impl Prompts {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.entries.iter().find(|(n, _)| n == name).map(|(_, text)| text.as_str())
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ManifestError {
@@ -74,6 +99,7 @@ pub struct Manifest {
     pub pooling: Pooling,
     pub normalize: bool,
     pub max_tokens: u32,
+    pub prompts: Prompts,
     /// KMS key that wraps the DEK.
     pub kms_key_id: String,
     /// The DEK as KMS `GenerateDataKey` returned it wrapped (CiphertextBlob), encryption context
@@ -96,8 +122,21 @@ impl Manifest {
             .iter()
             .map(|f| MapBuilder::new().text("name", &f.name).bytes("sha256", &f.sha256).uint("size", f.size).build())
             .collect();
+        let mut map = MapBuilder::new();
+        if !self.prompts.entries.is_empty() {
+            let entries = self
+                .prompts
+                .entries
+                .iter()
+                .map(|(name, text)| MapBuilder::new().text("name", name).text("text", text).build())
+                .collect();
+            map = map.value("prompts", Value::Array(entries));
+        }
+        if let Some(default) = &self.prompts.default {
+            map = map.text("default_prompt", default);
+        }
         cbor::encode(
-            &MapBuilder::new()
+            &map
                 .uint("v", 1)
                 .text("model", &self.model_id)
                 .uint("version", self.version)
@@ -142,6 +181,7 @@ impl Manifest {
             "cls" => Pooling::Cls,
             _ => return Err(ManifestError::Invalid("unknown pooling")),
         };
+        let prompts = read_prompts(&mut map)?;
         let manifest = Self {
             model_id: map.text("model")?,
             version: map.uint("version")?,
@@ -150,6 +190,7 @@ impl Manifest {
             pooling,
             normalize: map.bool("normalize")?,
             max_tokens: u32::try_from(map.uint("max_tokens")?).map_err(|_| ManifestError::Invalid("max_tokens"))?,
+            prompts,
             kms_key_id: map.text("kms_key")?,
             wrapped_dek: map.bytes("wrapped_dek")?,
             created_ms: map.uint("created_ms")?,
@@ -219,6 +260,38 @@ impl Manifest {
         id.copy_from_slice(&digest[..16]);
         id
     }
+}
+
+/// The optional `prompts` and `default_prompt` fields; an empty list is not a valid encoding
+/// (it is written by omission), so each prompt set has one payload.
+fn read_prompts(map: &mut MapReader) -> Result<Prompts, ManifestError> {
+    let mut prompts = Prompts::default();
+    if let Some(value) = map.optional("prompts") {
+        let Value::Array(entries) = value else { return Err(CborError::WrongType("prompts").into()) };
+        if entries.is_empty() || entries.len() > MAX_PROMPTS {
+            return Err(ManifestError::Invalid("number of prompts"));
+        }
+        for entry in entries {
+            let mut prompt = MapReader::new(entry)?;
+            let (name, text) = (prompt.text("name")?, prompt.text("text")?);
+            prompt.finish()?;
+            if !valid_prompt_name(&name) || text.len() > MAX_PROMPT_BYTES {
+                return Err(ManifestError::Invalid("prompt"));
+            }
+            if prompts.entries.last().is_some_and(|(last, _)| *last >= name) {
+                return Err(ManifestError::Invalid("prompts must be sorted by name, without duplicates"));
+            }
+            prompts.entries.push((name, text));
+        }
+    }
+    if let Some(value) = map.optional("default_prompt") {
+        let Value::Text(name) = value else { return Err(CborError::WrongType("default_prompt").into()) };
+        if prompts.get(&name).is_none() {
+            return Err(ManifestError::Invalid("default_prompt names no prompt"));
+        }
+        prompts.default = Some(name);
+    }
+    Ok(prompts)
 }
 
 /// The development model publisher: a key anyone can derive (seed SHA-256("ephem-batch
@@ -338,6 +411,7 @@ pub(crate) mod tests {
             pooling: Pooling::Mean,
             normalize: true,
             max_tokens: 256,
+            prompts: Prompts::default(),
             kms_key_id: "local:model".into(),
             wrapped_dek: vec![0xde; 48],
             created_ms: 1_760_000_000_000,
@@ -353,6 +427,54 @@ pub(crate) mod tests {
         assert_eq!(signed.hash, manifest_hash(&bytes));
         let stranger = SigningKey::from_bytes(&[4; 32]);
         assert!(signed.verify(&stranger.verifying_key()).is_err());
+    }
+
+    #[test]
+    fn prompts_are_optional_signed_and_checked() {
+        let plain = sample().to_payload();
+        assert!(!String::from_utf8_lossy(&plain).contains("prompt"), "no prompts, no field: old payloads unchanged");
+        let mut manifest = sample();
+        manifest.prompts = Prompts {
+            entries: vec![("passage".into(), "passage: ".into()), ("query".into(), "query: ".into())],
+            default: Some("query".into()),
+        };
+        let payload = manifest.to_payload();
+        assert_eq!(Manifest::from_payload(&payload).unwrap(), manifest);
+        assert_eq!(crate::cbor::decode_deterministic(&payload).map(|_| ()), Ok(()));
+        // A signature over the manifest covers its prompts: a host cannot swap one.
+        let publisher = SigningKey::from_bytes(&[3; 32]);
+        let signed = manifest.sign(&publisher);
+        let tampered = {
+            let mut bytes = signed.clone();
+            let at = bytes.windows(7).position(|w| w == b"query: ").unwrap();
+            bytes[at] = b'Q';
+            bytes
+        };
+        assert!(SignedManifest::decode(&tampered).unwrap().verify(&publisher.verifying_key()).is_err());
+        let refused = |prompts: Prompts| {
+            let mut m = sample();
+            m.prompts = prompts;
+            Manifest::from_payload(&m.to_payload())
+        };
+        let unsorted = vec![("query".into(), "q".into()), ("passage".into(), "p".into())];
+        assert!(matches!(refused(Prompts { entries: unsorted, default: None }), Err(ManifestError::Invalid(_))));
+        let dangling = Prompts { entries: vec![("query".into(), "q".into())], default: Some("passage".into()) };
+        assert!(matches!(refused(dangling), Err(ManifestError::Invalid("default_prompt names no prompt"))));
+        let long = Prompts { entries: vec![("query".into(), "x".repeat(MAX_PROMPT_BYTES + 1))], default: None };
+        assert!(matches!(refused(long), Err(ManifestError::Invalid("prompt"))));
+        // An empty list is written by omission only.
+        let empty = crate::cbor::encode(&match crate::cbor::decode_deterministic(&plain).unwrap() {
+            Value::Map(mut entries) => {
+                entries.push((Value::Text("prompts".into()), Value::Array(vec![])));
+                entries.sort_by(|a, b| {
+                    let (Value::Text(a), Value::Text(b)) = (&a.0, &b.0) else { unreachable!() };
+                    a.len().cmp(&b.len()).then(a.cmp(b))
+                });
+                Value::Map(entries)
+            }
+            _ => unreachable!(),
+        });
+        assert!(matches!(Manifest::from_payload(&empty), Err(ManifestError::Invalid("number of prompts"))));
     }
 
     #[test]

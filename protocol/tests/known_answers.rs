@@ -155,6 +155,7 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
         pooling: Pooling::Mean,
         normalize: true,
         max_tokens: 256,
+        prompts: Default::default(),
         kms_key_id: "local:model".into(),
         wrapped_dek: vec![0xde; 8],
         created_ms: 1_767_225_600_000,

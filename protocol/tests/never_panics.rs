@@ -41,6 +41,7 @@ fn manifest_bytes() -> Vec<u8> {
         pooling: Pooling::Mean,
         normalize: true,
         max_tokens: 256,
+        prompts: Default::default(),
         kms_key_id: "k".into(),
         wrapped_dek: vec![1; 8],
         created_ms: 0,

@@ -1,4 +1,5 @@
 use super::*;
+use protocol::manifest::Pooling;
 use cloud::kms::{DataKey, DataKeyPair, Decrypted, Recipient};
 use cloud::objects::{ObjectMeta, ObjectWriter};
 use protocol::stream::StreamOpener;
@@ -157,8 +158,10 @@ const MODEL: &str = "example/tiny-bert";
 
 /// A model directory with small files; the weights span several STREAM chunks.
 fn tiny_model(dir: &Path) {
-    std::fs::write(dir.join("config.json"), br#"{"hidden_size": 8, "max_position_embeddings": 512}"#).unwrap();
+    std::fs::write(dir.join("config.json"), br#"{"model_type": "bert", "hidden_size": 8, "max_position_embeddings": 512}"#)
+        .unwrap();
     std::fs::write(dir.join("tokenizer.json"), br#"{"version": "1.0"}"#).unwrap();
+    std::fs::write(dir.join("sentence_bert_config.json"), br#"{"max_seq_length": 256}"#).unwrap();
     let weights: Vec<u8> = (0..200_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8).collect();
     std::fs::write(dir.join("model.safetensors"), weights).unwrap();
 }
@@ -190,7 +193,7 @@ fn encrypt_sign_upload_verify_round_trip() {
     let manifest = encrypt(model.path(), MODEL, 3, &kms, KEY, &out).unwrap();
     assert_eq!(
         (manifest.dimensions, manifest.max_tokens, manifest.pooling, manifest.normalize),
-        (8, 256, Pooling::Mean, true)
+        (8, 256, Pooling::Mean, false)
     );
     assert_eq!(manifest.files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(), MODEL_FILES);
     assert_eq!(manifest.file("model.safetensors").unwrap().size, 200_000);
@@ -323,36 +326,39 @@ fn sign_needs_the_sealed_files_and_encrypt_drops_a_stale_signature() {
 }
 
 #[test]
-fn settings_come_from_the_directory() {
-    let dir = tempfile::tempdir().unwrap();
-    tiny_model(dir.path());
-    assert_eq!(
-        read_settings(dir.path()).unwrap(),
-        ModelSettings { dimensions: 8, max_tokens: 256, pooling: Pooling::Mean }
-    );
+fn the_signed_manifest_carries_the_directory_settings() {
+    let model = tempfile::tempdir().unwrap();
+    tiny_model(model.path());
+    std::fs::remove_file(model.path().join("sentence_bert_config.json")).unwrap();
+    std::fs::write(model.path().join("tokenizer_config.json"), br#"{"model_max_length": 512}"#).unwrap();
     std::fs::write(
-        dir.path().join("sentence_bert_config.json"),
-        br#"{"max_seq_length": 128, "do_lower_case": false}"#,
+        model.path().join("modules.json"),
+        br#"[{"path": "", "type": "sentence_transformers.models.Transformer"}, {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}, {"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]"#,
     )
     .unwrap();
-    std::fs::create_dir(dir.path().join("1_Pooling")).unwrap();
+    std::fs::create_dir(model.path().join("1_Pooling")).unwrap();
+    std::fs::write(model.path().join("1_Pooling/config.json"), br#"{"pooling_mode": "cls"}"#).unwrap();
     std::fs::write(
-        dir.path().join("1_Pooling/config.json"),
-        br#"{"word_embedding_dimension": 8, "pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#,
+        model.path().join("config_sentence_transformers.json"),
+        br#"{"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "passage"}"#,
     )
     .unwrap();
-    assert_eq!(
-        read_settings(dir.path()).unwrap(),
-        ModelSettings { dimensions: 8, max_tokens: 128, pooling: Pooling::Cls }
-    );
-    std::fs::write(dir.path().join("sentence_bert_config.json"), br#"{"max_seq_length": 4096}"#).unwrap();
-    assert_eq!(read_settings(dir.path()).unwrap().max_tokens, 512, "capped at max_position_embeddings");
-    std::fs::write(dir.path().join("1_Pooling/config.json"), br#"{"pooling_mode_max_tokens": true}"#).unwrap();
-    assert!(matches!(read_settings(dir.path()), Err(ModelError::Config { .. })));
-    std::fs::write(dir.path().join("config.json"), br#"{"hidden_size": "384"}"#).unwrap();
-    assert!(matches!(read_settings(dir.path()), Err(ModelError::Config { .. })));
-    std::fs::write(dir.path().join("config.json"), b"{").unwrap();
-    assert!(matches!(read_settings(dir.path()), Err(ModelError::Config { .. })));
+    let out = tempfile::tempdir().unwrap();
+    let kms = MemKms::default();
+    encrypt(model.path(), MODEL, 1, &kms, KEY, out.path()).unwrap();
+    let signed = sign(out.path(), &SigningKey::from_bytes(&[7; 32])).unwrap();
+    let manifest = &signed.manifest;
+    assert_eq!((manifest.max_tokens, manifest.pooling, manifest.normalize), (512, Pooling::Cls, true));
+    assert_eq!(manifest.prompts.get("query"), Some("query: "));
+    assert_eq!(manifest.prompts.default.as_deref(), Some("passage"));
+    // A refused directory writes nothing.
+    std::fs::write(model.path().join("1_Pooling/config.json"), br#"{"pooling_mode": "max"}"#).unwrap();
+    let refused = tempfile::tempdir().unwrap();
+    assert!(matches!(
+        encrypt(model.path(), MODEL, 2, &kms, KEY, refused.path()),
+        Err(ModelError::Unsupported { field: "pooling_mode", .. })
+    ));
+    assert_eq!(std::fs::read_dir(refused.path()).unwrap().count(), 0);
 }
 
 #[test]

@@ -199,6 +199,7 @@ fn manifest() -> Manifest {
         pooling: Pooling::Mean,
         normalize: true,
         max_tokens: 128,
+        prompts: Default::default(),
         kms_key_id: "alias/test-model".into(),
         wrapped_dek: vec![9; 48],
         created_ms: T0 - 1_000,

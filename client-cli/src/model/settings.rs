@@ -1,0 +1,232 @@
+//! How a model directory says it embeds, in either sentence-transformers configuration form
+//! (docs/models.md): the classic one (`pooling_mode_*` flags, `max_seq_length` in
+//! `sentence_bert_config.json`) and the 6.x one (`"pooling_mode": "mean"`, the length from the
+//! tokenizer's `model_max_length` when `sentence_bert_config.json` is absent). Anything the
+//! enclave's engine would not compute exactly as sentence-transformers does is refused here, by
+//! file and field: a manifest must never describe a model other than the one it names.
+
+use std::path::Path;
+
+use protocol::manifest::Pooling;
+use protocol::records::MAX_DIMENSIONS;
+use serde_json::{Map, Value};
+
+use super::{ModelError, read_json};
+
+/// What `tokenizer_config.json` holds when the tokenizer has no limit of its own
+/// (transformers' `VERY_LARGE_INTEGER`, int(1e30)), which JSON carries as a float.
+const NO_TOKENIZER_LIMIT: f64 = 1e20;
+/// transformers' `BertConfig` default when `config.json` does not state it.
+const BERT_DEFAULT_POSITIONS: u32 = 512;
+
+/// How the model embeds, as its directory describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSettings {
+    pub dimensions: u32,
+    /// The model's own maximum sequence length, `[CLS]` and `[SEP]` included.
+    pub max_tokens: u32,
+    pub pooling: Pooling,
+    /// Whether the pipeline ends with a `Normalize` module (modules.json).
+    pub normalize: bool,
+    /// `config_sentence_transformers.json` `prompts`, sorted by name.
+    pub prompts: Vec<(String, String)>,
+    /// `config_sentence_transformers.json` `default_prompt_name`, one of `prompts`.
+    pub default_prompt: Option<String>,
+}
+
+fn unsupported(path: &Path, field: &'static str, found: impl ToString, reason: &'static str) -> ModelError {
+    ModelError::Unsupported { path: path.to_owned(), field, found: found.to_string(), reason }
+}
+
+fn config_error(path: &Path, message: String) -> ModelError {
+    ModelError::Config { path: path.to_owned(), message }
+}
+
+/// A positive integer field that fits in u32, if present.
+pub(super) fn positive_field(path: &Path, json: &Value, field: &str) -> Result<Option<u32>, ModelError> {
+    match json.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value
+            .as_u64()
+            .filter(|&v| v > 0)
+            .and_then(|v| u32::try_from(v).ok())
+            .map(Some)
+            .ok_or_else(|| config_error(path, format!("\"{field}\" is not a positive integer"))),
+    }
+}
+
+fn object<'a>(path: &Path, json: &'a Value) -> Result<&'a Map<String, Value>, ModelError> {
+    json.as_object().ok_or_else(|| config_error(path, "not a JSON object".into()))
+}
+
+/// Reads dimensions, sequence length, pooling, normalisation and prompts from a model directory.
+pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
+    let config_path = dir.join("config.json");
+    let config = read_json(&config_path)?.ok_or_else(|| ModelError::MissingFile { dir: dir.to_owned(), name: "config.json" })?;
+    let dimensions = positive_field(&config_path, &config, "hidden_size")?
+        .ok_or_else(|| config_error(&config_path, "no \"hidden_size\"".into()))?;
+    if dimensions as usize > MAX_DIMENSIONS {
+        return Err(config_error(&config_path, format!("\"hidden_size\" {dimensions} exceeds {MAX_DIMENSIONS}")));
+    }
+    check_architecture(&config_path, &config)?;
+    // BERT's position table starts at 0 (no padding offset as RoBERTa's has), so the limit is the table's size.
+    let positions = positive_field(&config_path, &config, "max_position_embeddings")?.unwrap_or(BERT_DEFAULT_POSITIONS);
+
+    let (pooling_dir, normalize) = read_modules(dir)?;
+    let sbert_path = dir.join("sentence_bert_config.json");
+    let sbert = read_json(&sbert_path)?;
+    if let Some(sbert) = &sbert {
+        // sentence-transformers lowercases in Python before the tokenizer, which the engine does not.
+        if object(&sbert_path, sbert)?.get("do_lower_case").and_then(Value::as_bool) == Some(true) {
+            return Err(unsupported(&sbert_path, "do_lower_case", true, "the engine tokenizes the text as given"));
+        }
+    }
+    let max_tokens = read_max_tokens(dir, sbert.as_ref(), positions)?;
+    let pooling = read_pooling(&dir.join(&pooling_dir).join("config.json"), dimensions)?;
+    let (prompts, default_prompt) = read_prompts(&dir.join("config_sentence_transformers.json"))?;
+    Ok(ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt })
+}
+
+/// The engine is a BERT encoder with absolute positions and erf GELU; anything else is refused.
+fn check_architecture(path: &Path, config: &Value) -> Result<(), ModelError> {
+    match config.get("model_type").and_then(Value::as_str) {
+        Some("bert") => {}
+        Some(other) => return Err(unsupported(path, "model_type", other, "the engine runs BERT encoders only")),
+        None => return Err(unsupported(path, "model_type", "(absent)", "the architecture must be stated as \"bert\"")),
+    }
+    if let Some(kind) = config.get("position_embedding_type").and_then(Value::as_str).filter(|&k| k != "absolute") {
+        return Err(unsupported(path, "position_embedding_type", kind, "the engine implements absolute positions"));
+    }
+    if let Some(act) = config.get("hidden_act").and_then(Value::as_str).filter(|&a| a != "gelu") {
+        return Err(unsupported(path, "hidden_act", act, "the engine implements erf GELU"));
+    }
+    Ok(())
+}
+
+/// modules.json: a Transformer, one Pooling, optionally Normalize, in that order. Returns the
+/// pooling module's folder and whether vectors are normalised. Without modules.json,
+/// sentence-transformers builds Transformer + mean Pooling and does not normalise.
+fn read_modules(dir: &Path) -> Result<(String, bool), ModelError> {
+    let path = dir.join("modules.json");
+    let Some(modules) = read_json(&path)? else { return Ok(("1_Pooling".into(), false)) };
+    let list = modules.as_array().ok_or_else(|| config_error(&path, "not a JSON array".into()))?;
+    let kinds: Vec<(&str, &str)> = list
+        .iter()
+        .map(|m| {
+            let kind = m.get("type").and_then(Value::as_str).unwrap_or("");
+            (kind.rsplit('.').next().unwrap_or(kind), m.get("path").and_then(Value::as_str).unwrap_or(""))
+        })
+        .collect();
+    match kinds.as_slice() {
+        [("Transformer", ""), ("Pooling", pooling), rest @ ..] => {
+            let normalize = match rest {
+                [] => false,
+                [("Normalize", _)] => true,
+                _ => {
+                    let (other, _) = rest.iter().find(|(k, _)| *k != "Normalize").unwrap_or(&rest[0]);
+                    return Err(unsupported(&path, "type", other, "only Normalize may follow Pooling (no Dense, LayerNorm, ...)"));
+                }
+            };
+            if pooling.is_empty() || pooling.contains("..") || pooling.starts_with('/') {
+                return Err(unsupported(&path, "path", pooling, "the Pooling module needs its own folder"));
+            }
+            Ok(((*pooling).to_owned(), normalize))
+        }
+        _ => Err(unsupported(
+            &path,
+            "type",
+            kinds.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", "),
+            "the pipeline must be Transformer (at the root), Pooling[, Normalize]",
+        )),
+    }
+}
+
+/// The model's own maximum length: `max_seq_length` if stated, else the tokenizer's
+/// `model_max_length` capped by the position table (what sentence-transformers does). Never a default.
+fn read_max_tokens(dir: &Path, sbert: Option<&Value>, positions: u32) -> Result<u32, ModelError> {
+    let sbert_path = dir.join("sentence_bert_config.json");
+    if let Some(stated) = sbert.map(|s| positive_field(&sbert_path, s, "max_seq_length")).transpose()?.flatten() {
+        if stated > positions {
+            return Err(unsupported(&sbert_path, "max_seq_length", stated, "above the model's max_position_embeddings"));
+        }
+        return Ok(stated);
+    }
+    let tokenizer_path = dir.join("tokenizer_config.json");
+    let from_tokenizer = match read_json(&tokenizer_path)? {
+        Some(tokenizer) => match tokenizer.get("model_max_length") {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) if n.as_f64().is_some_and(|v| v >= NO_TOKENIZER_LIMIT) => None,
+            Some(_) => positive_field(&tokenizer_path, &tokenizer, "model_max_length")?,
+        },
+        None => None,
+    };
+    match from_tokenizer {
+        Some(limit) => Ok(limit.min(positions)),
+        None => Err(ModelError::NoMaxLength { dir: dir.to_owned() }),
+    }
+}
+
+/// The pooling module's config, in either form; mean pooling when the file is absent (what
+/// sentence-transformers builds for a plain transformers checkpoint).
+fn read_pooling(path: &Path, dimensions: u32) -> Result<Pooling, ModelError> {
+    let Some(json) = read_json(path)? else { return Ok(Pooling::Mean) };
+    let config = object(path, &json)?;
+    if let Some(dim) = positive_field(path, &json, "word_embedding_dimension")?.filter(|&d| d != dimensions) {
+        return Err(unsupported(path, "word_embedding_dimension", dim, "differs from config.json hidden_size"));
+    }
+    if config.get("include_prompt").and_then(Value::as_bool) == Some(false) {
+        return Err(unsupported(path, "include_prompt", false, "the engine pools over the prompt's tokens too"));
+    }
+    if let Some(mode) = config.get("pooling_mode") {
+        // The 6.x form: one string.
+        return match mode.as_str() {
+            Some("mean") => Ok(Pooling::Mean),
+            Some("cls") => Ok(Pooling::Cls),
+            _ => Err(unsupported(path, "pooling_mode", mode, "the engine pools by mean or cls only")),
+        };
+    }
+    let set: Vec<&str> = config
+        .iter()
+        .filter(|(key, value)| key.starts_with("pooling_mode_") && value.as_bool() == Some(true))
+        .map(|(key, _)| key.as_str())
+        .collect();
+    match set.as_slice() {
+        ["pooling_mode_mean_tokens"] => Ok(Pooling::Mean),
+        ["pooling_mode_cls_token"] => Ok(Pooling::Cls),
+        [] => Err(unsupported(path, "pooling_mode_*", "none set", "one of mean_tokens, cls_token must be true")),
+        other => Err(unsupported(path, "pooling_mode_*", other.join(", "), "exactly one of mean_tokens, cls_token")),
+    }
+}
+
+/// `prompts` (name → text) and `default_prompt_name`, sorted by name.
+fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), ModelError> {
+    let Some(json) = read_json(path)? else { return Ok((Vec::new(), None)) };
+    let config = object(path, &json)?;
+    let mut prompts = Vec::new();
+    match config.get("prompts") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (name, text) in map {
+                let text = text.as_str().ok_or_else(|| unsupported(path, "prompts", name, "a prompt must be a string"))?;
+                if !protocol::manifest::valid_prompt_name(name) {
+                    return Err(unsupported(path, "prompts", name, "prompt names are 1 to 64 printable ASCII characters"));
+                }
+                if text.len() > protocol::manifest::MAX_PROMPT_BYTES {
+                    return Err(unsupported(path, "prompts", name, "a prompt's text is at most 4096 bytes"));
+                }
+                prompts.push((name.clone(), text.to_owned()));
+            }
+        }
+        Some(other) => return Err(unsupported(path, "prompts", other, "must be an object of name to text")),
+    }
+    prompts.sort();
+    let default_prompt = match config.get("default_prompt_name") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(name)) if prompts.iter().any(|(n, _)| n == name) => Some(name.clone()),
+        Some(other) => return Err(unsupported(path, "default_prompt_name", other, "must name one of prompts")),
+    };
+    Ok((prompts, default_prompt))
+}
+
+#[cfg(test)]
+mod tests;

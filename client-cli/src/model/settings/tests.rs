@@ -1,0 +1,178 @@
+use super::*;
+
+/// all-MiniLM-L6-v2's configuration as sentence-transformers 2.x wrote it (classic form).
+fn classic(dir: &Path) {
+    write(dir, "config.json", r#"{"model_type": "bert", "hidden_size": 8, "max_position_embeddings": 512, "hidden_act": "gelu", "position_embedding_type": "absolute"}"#);
+    write(dir, "sentence_bert_config.json", r#"{"max_seq_length": 256, "do_lower_case": false}"#);
+    write(dir, "tokenizer_config.json", r#"{"model_max_length": 512}"#);
+    write(dir, "modules.json", &modules(&["Transformer", "Pooling", "Normalize"]));
+    write(
+        dir,
+        "1_Pooling/config.json",
+        r#"{"word_embedding_dimension": 8, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": true, "pooling_mode_max_tokens": false, "pooling_mode_mean_sqrt_len_tokens": false}"#,
+    );
+}
+
+/// The 6.x form: one `pooling_mode` string, no sentence_bert_config.json.
+fn six(dir: &Path, mode: &str) {
+    classic(dir);
+    std::fs::remove_file(dir.join("sentence_bert_config.json")).unwrap();
+    write(dir, "1_Pooling/config.json", &format!(r#"{{"embedding_dimension": 8, "pooling_mode": "{mode}", "include_prompt": true}}"#));
+}
+
+fn modules(kinds: &[&str]) -> String {
+    let entries: Vec<String> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, kind)| {
+            let path = if i == 0 { String::new() } else { format!("{i}_{kind}") };
+            format!(r#"{{"idx": {i}, "name": "{i}", "path": "{path}", "type": "sentence_transformers.models.{kind}"}}"#)
+        })
+        .collect();
+    format!("[{}]", entries.join(","))
+}
+
+fn write(dir: &Path, name: &str, text: &str) {
+    let path = dir.join(name);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, text).unwrap();
+}
+
+/// The file and field a refusal names.
+fn refusal(dir: &Path) -> (String, &'static str, String) {
+    match read_settings(dir) {
+        Err(ModelError::Unsupported { path, field, found, .. }) => {
+            (path.strip_prefix(dir).unwrap().display().to_string(), field, found)
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn classic_form() {
+    let dir = tempfile::tempdir().unwrap();
+    classic(dir.path());
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!(
+        settings,
+        ModelSettings { dimensions: 8, max_tokens: 256, pooling: Pooling::Mean, normalize: true, prompts: vec![], default_prompt: None }
+    );
+    write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#);
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 128}"#);
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!((settings.pooling, settings.max_tokens), (Pooling::Cls, 128));
+}
+
+#[test]
+fn six_form_takes_the_tokenizer_limit_never_256() {
+    let dir = tempfile::tempdir().unwrap();
+    six(dir.path(), "cls");
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!((settings.pooling, settings.max_tokens, settings.normalize), (Pooling::Cls, 512, true));
+    six(dir.path(), "mean");
+    assert_eq!(read_settings(dir.path()).unwrap().pooling, Pooling::Mean);
+    // A tokenizer limit above the position table is capped by it, as sentence-transformers does.
+    write(dir.path(), "tokenizer_config.json", r#"{"model_max_length": 8192}"#);
+    assert_eq!(read_settings(dir.path()).unwrap().max_tokens, 512);
+    write(dir.path(), "tokenizer_config.json", r#"{"model_max_length": 384}"#);
+    assert_eq!(read_settings(dir.path()).unwrap().max_tokens, 384);
+    // transformers' "no limit" sentinel, or no tokenizer_config.json: no length, refused (the old default was 256).
+    write(dir.path(), "tokenizer_config.json", r#"{"model_max_length": 1000000000000000019884624838656}"#);
+    assert!(matches!(read_settings(dir.path()), Err(ModelError::NoMaxLength { .. })));
+    std::fs::remove_file(dir.path().join("tokenizer_config.json")).unwrap();
+    assert!(matches!(read_settings(dir.path()), Err(ModelError::NoMaxLength { .. })));
+}
+
+#[test]
+fn normalisation_is_what_modules_json_says() {
+    let dir = tempfile::tempdir().unwrap();
+    classic(dir.path());
+    write(dir.path(), "modules.json", &modules(&["Transformer", "Pooling"]));
+    assert!(!read_settings(dir.path()).unwrap().normalize);
+    // Without modules.json sentence-transformers builds Transformer + mean Pooling, unnormalised.
+    std::fs::remove_file(dir.path().join("modules.json")).unwrap();
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!((settings.pooling, settings.normalize), (Pooling::Mean, false));
+}
+
+#[test]
+fn prompts_are_read_sorted_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    six(dir.path(), "mean");
+    write(
+        dir.path(),
+        "config_sentence_transformers.json",
+        r#"{"prompts": {"query": "query: ", "passage": "passage: "}, "default_prompt_name": "query", "similarity_fn_name": "cosine"}"#,
+    );
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!(settings.prompts, vec![("passage".into(), "passage: ".into()), ("query".into(), "query: ".into())]);
+    assert_eq!(settings.default_prompt.as_deref(), Some("query"));
+    write(dir.path(), "config_sentence_transformers.json", r#"{"prompts": {"query": "q"}, "default_prompt_name": "doc"}"#);
+    assert_eq!(refusal(dir.path()).1, "default_prompt_name");
+    write(dir.path(), "config_sentence_transformers.json", r#"{"prompts": {"query": 3}}"#);
+    assert_eq!(refusal(dir.path()).1, "prompts");
+}
+
+#[test]
+fn every_pooling_the_engine_cannot_compute_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["max", "weightedmean", "lasttoken", "mean_sqrt_len_tokens", "MEAN"] {
+        six(dir.path(), mode);
+        assert_eq!(refusal(dir.path()), ("1_Pooling/config.json".into(), "pooling_mode", format!("\"{mode}\"")));
+    }
+    classic(dir.path());
+    for flag in ["max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken"] {
+        write(dir.path(), "1_Pooling/config.json", &format!(r#"{{"pooling_mode_{flag}": true}}"#));
+        assert_eq!(refusal(dir.path()).1, "pooling_mode_*", "{flag}");
+    }
+    write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true}"#);
+    assert_eq!(refusal(dir.path()).1, "pooling_mode_*");
+    write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode_mean_tokens": false}"#);
+    assert_eq!(refusal(dir.path()).1, "pooling_mode_*");
+    write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode": "mean", "include_prompt": false}"#);
+    assert_eq!(refusal(dir.path()), ("1_Pooling/config.json".into(), "include_prompt", "false".into()));
+    write(dir.path(), "1_Pooling/config.json", r#"{"word_embedding_dimension": 16, "pooling_mode_mean_tokens": true}"#);
+    assert_eq!(refusal(dir.path()).1, "word_embedding_dimension");
+}
+
+#[test]
+fn modules_after_pooling_and_odd_pipelines_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    classic(dir.path());
+    for (kinds, found) in [
+        (&["Transformer", "Pooling", "Dense", "Normalize"][..], "Dense"),
+        (&["Transformer", "Pooling", "Normalize", "Dense"][..], "Dense"),
+        (&["Transformer", "Pooling", "LayerNorm"][..], "LayerNorm"),
+        (&["Transformer", "Dense", "Pooling"][..], "Transformer, Dense, Pooling"),
+        (&["Transformer"][..], "Transformer"),
+    ] {
+        write(dir.path(), "modules.json", &modules(kinds));
+        assert_eq!(refusal(dir.path()), ("modules.json".into(), "type", found.into()), "{kinds:?}");
+    }
+    write(dir.path(), "modules.json", r#"[{"path": "", "type": "sentence_transformers.models.Transformer"}, {"path": "../x", "type": "sentence_transformers.models.Pooling"}]"#);
+    assert_eq!(refusal(dir.path()).1, "path");
+}
+
+#[test]
+fn architectures_and_limits_the_engine_does_not_run_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    classic(dir.path());
+    let config = |extra: &str| format!(r#"{{"hidden_size": 8, "max_position_embeddings": 512{extra}}}"#);
+    for (extra, field) in [
+        (r#", "model_type": "xlm-roberta""#, "model_type"),
+        ("", "model_type"),
+        (r#", "model_type": "bert", "hidden_act": "gelu_new""#, "hidden_act"),
+        (r#", "model_type": "bert", "position_embedding_type": "relative_key""#, "position_embedding_type"),
+    ] {
+        write(dir.path(), "config.json", &config(extra));
+        assert_eq!(refusal(dir.path()).0, "config.json");
+        assert_eq!(refusal(dir.path()).1, field);
+    }
+    classic(dir.path());
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 1024}"#);
+    assert_eq!(refusal(dir.path()), ("sentence_bert_config.json".into(), "max_seq_length", "1024".into()));
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 128, "do_lower_case": true}"#);
+    assert_eq!(refusal(dir.path()).1, "do_lower_case");
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": -1}"#);
+    assert!(matches!(read_settings(dir.path()), Err(ModelError::Config { .. })));
+}
