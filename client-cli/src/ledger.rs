@@ -61,6 +61,7 @@ mod consistency;
 mod proof;
 mod prove;
 mod query;
+mod record;
 mod redrive;
 mod sync;
 mod trust;
@@ -79,6 +80,8 @@ pub use witness_policy::{SeenCheck, WitnessArgs, check_seen, check_witnessed};
 use verify_bundle::verify_bundle_command;
 pub use proof::{JobProof, check_job_proof, check_proof};
 pub use query::{Row, UsageDetail, query_ledger, query_rows, usage_gaps};
+pub use record::{Inputs, ProveRecordArgs, ProvenRecord, RecordBundle, RecordRebuilder, check_record_bundle, record_bundle};
+use record::verify_record_command;
 pub use receipts_ledger::EntryKind;
 pub use redrive::{RedriveArgs, redrive_command};
 use query::query_command;
@@ -158,6 +161,24 @@ pub enum LedgerCommand {
         /// The bundle must prove this job.
         #[arg(long, value_name = "ID", value_parser = parse_job)]
         job: Option<JobId>,
+        #[command(flatten)]
+        root: RootArgs,
+        #[command(flatten)]
+        witness: WitnessArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prove that one record's vector came out of a job (its model, its image), revealing only
+    /// that record: its text, its output record, its path to the receipt's record tree, and the
+    /// receipt's ledger proof.
+    ProveRecord(ProveRecordArgs),
+    /// Check a record bundle (`prove-record`) offline against a pinned ledger key.
+    VerifyRecord {
+        /// The bundle (JSON, from `ledger prove-record`).
+        bundle: PathBuf,
+        /// The ledger's verifier key to trust (the key string or a file holding it).
+        #[arg(long, value_name = "FILE|TEXT", env = "EPHEM_LEDGER_KEY")]
+        ledger_key: String,
         #[command(flatten)]
         root: RootArgs,
         #[command(flatten)]
@@ -294,7 +315,11 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
         LedgerCommand::Sync { from, ledger_key, no_audit, json } => {
             sync_command(ledger_dir, &from, &ledger_key, !no_audit, json)
         }
+        LedgerCommand::VerifyRecord { bundle, ledger_key, root, witness, json } => {
+            verify_record_command(ledger_dir, &bundle, &ledger_key, &root, &witness, json)
+        }
         LedgerCommand::Redrive(_) => Err(anyhow!("ledger redrive needs the backend's queues: run it through `ephem-batch`")),
+        LedgerCommand::ProveRecord(_) => Err(anyhow!("ledger prove-record reads the job's results: run it through `ephem-batch`")),
     }
 }
 

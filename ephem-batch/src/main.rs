@@ -242,6 +242,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Ledger(ephem_batch_client::ledger::LedgerCommand::Redrive(args)) => {
             ephem_batch_client::ledger::redrive_command(&backend::open(&home()?, &cli.backend)?, &args)
         }
+        Command::Ledger(ephem_batch_client::ledger::LedgerCommand::ProveRecord(args)) => {
+            let home = home()?;
+            let services = backend::open(&home, &cli.backend)?.services;
+            let trust = trust::ClientTrust::load(&home, &args.trust)?;
+            let key = keys::load_result_key(&home.result_key(), false)?;
+            let bundle = ephem_batch_client::record_proof::prove_record(&home, &services, &trust, &key, &args.job, &args.id)?;
+            std::fs::write(&args.output, serde_json::to_vec_pretty(&bundle)?).with_context(|| format!("writing {}", args.output.display()))?;
+            eprintln!("record {:?} (#{} of {}) of job {}: {}", args.id, bundle.index, bundle.records, args.job, args.output.display());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Ledger(command) => ephem_batch_client::ledger::run(command, &backend::ledger_dir(&home()?, &cli.backend)),
         Command::Witness(WitnessCommand::Serve(args)) => witness::serve_command(&args).map(|()| ExitCode::SUCCESS),
         Command::Dev(command) => {
