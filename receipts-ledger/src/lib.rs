@@ -14,6 +14,7 @@ pub mod local;
 pub mod merkle;
 pub mod note;
 pub mod receipt_check;
+pub mod scitt;
 pub mod store;
 pub mod testing;
 pub mod verify;

@@ -20,7 +20,7 @@ pub use proof::{
     consistency_proof, consistency_proof_plan, inclusion_proof, inclusion_proof_plan, root_at,
     root_plan, ProofError, ProofPlan,
 };
-pub use verify::{verify_consistency, verify_inclusion, VerifyError};
+pub use verify::{inclusion_root, verify_consistency, verify_inclusion, VerifyError};
 
 use sha2::{Digest, Sha256};
 

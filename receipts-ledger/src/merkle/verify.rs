@@ -35,6 +35,15 @@ pub fn verify_inclusion(
     proof: &[Hash],
     root: &[u8],
 ) -> Result<(), VerifyError> {
+    if inclusion_root(index, size, leaf_hash, proof)?[..] != *root {
+        return Err(VerifyError::RootMismatch);
+    }
+    Ok(())
+}
+
+/// RFC 9162 §2.1.3.2 steps 1–5: the root that `proof` leads to from `leaf_hash` at `index` in a
+/// tree of `size` leaves (for a COSE Receipt, whose signature is over that root).
+pub fn inclusion_root(index: u64, size: u64, leaf_hash: &Hash, proof: &[Hash]) -> Result<Hash, VerifyError> {
     // 1. leaf_index >= tree_size fails.
     if index >= size {
         return Err(VerifyError::IndexOutOfRange { index, size });
@@ -68,10 +77,7 @@ pub fn verify_inclusion(
     if sn != 0 {
         return Err(VerifyError::ProofTooShort);
     }
-    if r[..] != *root {
-        return Err(VerifyError::RootMismatch);
-    }
-    Ok(())
+    Ok(r)
 }
 
 /// RFC 9162 §2.1.4.2: verifies that the tree of `first` leaves with root
