@@ -171,8 +171,11 @@ fn read_max_tokens(dir: &Path, sbert: Option<&Value>, positions: u32) -> Result<
 fn read_pooling(path: &Path, dimensions: u32) -> Result<Pooling, ModelError> {
     let Some(json) = read_json(path)? else { return Ok(Pooling::Mean) };
     let config = object(path, &json)?;
-    if let Some(dim) = positive_field(path, &json, "word_embedding_dimension")?.filter(|&d| d != dimensions) {
-        return Err(unsupported(path, "word_embedding_dimension", dim, "differs from config.json hidden_size"));
+    // "word_embedding_dimension" in the classic form, "embedding_dimension" in 6.x.
+    for field in ["word_embedding_dimension", "embedding_dimension"] {
+        if let Some(dim) = positive_field(path, &json, field)?.filter(|&d| d != dimensions) {
+            return Err(unsupported(path, field, dim, "differs from config.json hidden_size"));
+        }
     }
     if config.get("include_prompt").and_then(Value::as_bool) == Some(false) {
         return Err(unsupported(path, "include_prompt", false, "the engine pools over the prompt's tokens too"));

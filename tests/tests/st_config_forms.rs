@@ -1,0 +1,134 @@
+//! Tiny sentence-transformers checkpoints in both configuration forms
+//! (`testdata/st-models`, written by `scripts/make_test_models.py`), onboarded through the real
+//! `model encrypt`/`sign` path and embedded by the enclave's engine from the sealed files with the
+//! settings of the signed manifest: every text at cosine ≥ 0.9999 to sentence-transformers, and
+//! the token count it used. Needs the installed tokenizer (scripts/setup-model.sh).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use cloud::kms::Kms;
+use cloud_local::kms::{AttestationTrust, LocalKeyPolicy, LocalKms};
+use enclave_worker::inference::{Backend, Embedder, EmbedderSettings, ModelFiles};
+use ephem_batch_client::model::{self, MODEL_FILES};
+use protocol::envelope::Precision;
+use protocol::manifest::{Manifest, Pooling, SignedManifest};
+use protocol::stream::StreamOpener;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/st-models")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &to.join(entry.file_name()));
+        } else {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| f64::from(*x) * f64::from(*y)).sum();
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+fn floats(value: &Value) -> Vec<f32> {
+    value.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// Onboards one folder: encrypt with a local KMS key, sign, decode the signed manifest, release
+/// the data key and open the sealed files as the enclave's loader does.
+fn onboard(name: &str, tokenizer: &[u8], work: &Path) -> (Manifest, Vec<Vec<u8>>) {
+    let dir = work.join(name);
+    copy_dir(&data().join(name), &dir);
+    std::fs::copy(data().join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
+    let trust = AttestationTrust { root_pem_path: work.join("no-root.pem"), max_document_age: Duration::from_secs(300) };
+    let kms = LocalKms::open(work.join(format!("{name}.kms.sqlite")), trust).unwrap();
+    let key = kms.create_key(LocalKeyPolicy::unrestricted(), "st-config-forms").unwrap();
+    let staging = work.join(format!("{name}.sealed"));
+    model::encrypt(&dir, &format!("test/{name}"), 1, &kms, &key, &staging).unwrap();
+    let publisher = protocol::manifest::development_publisher();
+    let signed = model::sign(&staging, &publisher).unwrap();
+    let manifest = SignedManifest::decode(&signed.signed).unwrap().verify(&publisher.verifying_key()).unwrap().clone();
+    let context = model::data_key_context(&manifest.model_id, manifest.version);
+    let dek = kms.decrypt(Some(&key), &manifest.wrapped_dek, &context, None).unwrap().plaintext.unwrap();
+    let dek: [u8; 32] = dek.as_slice().try_into().unwrap();
+    let files = MODEL_FILES
+        .iter()
+        .map(|file| {
+            let sealed = std::fs::read(staging.join(model::sealed_file_name(file))).unwrap();
+            let mut opener = StreamOpener::new(&manifest.file_key(&dek, file), manifest.file_stream_id(file));
+            let mut plain = Vec::new();
+            opener.push(&sealed, &mut plain).unwrap();
+            opener.finish(&mut plain).unwrap();
+            plain
+        })
+        .collect();
+    (manifest, files)
+}
+
+#[test]
+fn both_configuration_forms_embed_as_sentence_transformers_does() {
+    let reference: Value = serde_json::from_slice(&std::fs::read(data().join("reference.json")).unwrap()).unwrap();
+    let tokenizer_path = tests::model_dir().join("tokenizer.json");
+    let tokenizer = std::fs::read(&tokenizer_path)
+        .unwrap_or_else(|e| panic!("{}: {e}: run scripts/setup-model.sh", tokenizer_path.display()));
+    assert_eq!(hex::encode(Sha256::digest(&tokenizer)), reference["tokenizer_sha256"].as_str().unwrap(), "the generator's tokenizer");
+    let work = tempfile::tempdir().unwrap();
+    let expected = [
+        ("classic-mean", Pooling::Mean, true, 200),
+        ("classic-cls", Pooling::Cls, false, 512),
+        ("v6-mean", Pooling::Mean, true, 512),
+        ("v6-cls", Pooling::Cls, false, 512),
+    ];
+    for (name, pooling, normalize, max_tokens) in expected {
+        let (manifest, files) = onboard(name, &tokenizer, work.path());
+        let entry = &reference["models"][name];
+        assert_eq!((manifest.pooling, manifest.normalize, manifest.max_tokens), (pooling, normalize, max_tokens), "{name}");
+        assert_eq!(u64::from(manifest.max_tokens), entry["max_seq_length"].as_u64().unwrap(), "{name}");
+        let [config, weights, tokenizer] = [&files[0], &files[1], &files[2]];
+        let settings = EmbedderSettings { backend: Backend::Fused, ..EmbedderSettings::from_manifest(&manifest) };
+        let embedder = Embedder::load(ModelFiles { config, tokenizer, weights }, settings).unwrap();
+        // sentence-transformers 6.x also writes empty "query" and "document" prompts; the reference has
+        // prompted vectors for the model whose prompts have text.
+        let prompt = manifest.prompts.get("query").filter(|_| entry.get("query_vectors").is_some());
+        let mut lowest = f64::MAX;
+        for (index, case) in entry["cases"].as_array().unwrap().iter().enumerate() {
+            let text = case["text"].as_str().unwrap();
+            let tokenized = embedder.tokenize(text.as_bytes(), true).unwrap();
+            assert_eq!(tokenized.tokens() as u64, case["tokens"].as_u64().unwrap(), "{name} {}", case["name"]);
+            let vector = embedder.embed_batch(&[&tokenized], manifest.normalize, Precision::Fp32).unwrap().remove(0);
+            let similarity = cosine(&vector, &floats(&case["vector"]));
+            assert!(similarity >= 0.9999, "{name} {}: cosine {similarity}", case["name"]);
+            lowest = lowest.min(similarity);
+            if manifest.normalize {
+                let norm: f32 = vector.iter().map(|x| x * x).sum::<f32>().sqrt();
+                assert!((norm - 1.0).abs() < 1e-4, "{name}: normalised");
+            }
+            // The signed prompt text, put before the text, gives sentence-transformers' prompt_name="query".
+            if let Some(prompt) = prompt {
+                let tokenized = embedder.tokenize(format!("{prompt}{text}").as_bytes(), true).unwrap();
+                let vector = embedder.embed_batch(&[&tokenized], true, Precision::Fp32).unwrap().remove(0);
+                let similarity = cosine(&vector, &floats(&entry["query_vectors"][index]));
+                assert!(similarity >= 0.9999, "{name} {} with the query prompt: cosine {similarity}", case["name"]);
+            }
+        }
+        eprintln!("{name}: 1 - lowest cosine = {:.1e} over {} texts", 1.0 - lowest, entry["cases"].as_array().unwrap().len());
+        if name.starts_with("v6") {
+            // The 6.x form states no max_seq_length: the model's 512, never the old default of 256.
+            let long = entry["cases"].as_array().unwrap().iter().filter(|c| c["tokens"].as_u64().unwrap() > 256).count();
+            assert!(long >= 2, "{name}: texts embedded past 256 tokens");
+        }
+    }
+    let (manifest, _) = onboard("v6-mean", &tokenizer, &work.path().join("again"));
+    assert_eq!(manifest.prompts.default.as_deref(), Some("query"));
+    assert_eq!(manifest.prompts.get("passage"), Some("passage: "));
+}
