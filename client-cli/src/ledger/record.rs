@@ -240,11 +240,8 @@ pub(super) fn verify_record_command(
     witness: &WitnessArgs,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let pinned = parse_ledger_key(ledger_key)?;
-    let check = receipt_check(root, dir, false)?;
-    let policy = witness.policy()?;
-    let outcome = check_record_bundle(&bytes, &pinned.key, &check, policy.as_ref());
+    let (bytes, trust) = super::verify_bundle::OfflineCheck::load(dir, path, ledger_key, root, witness)?;
+    let outcome = check_record_bundle(&bytes, &trust.pinned.key, &trust.check, trust.witnesses.as_ref());
     if json {
         let (proven, error) = match &outcome {
             Ok(p) => (Some(p.clone()), None),

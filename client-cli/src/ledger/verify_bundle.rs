@@ -100,6 +100,23 @@ struct BundleJson {
     witnesses: Vec<String>,
 }
 
+/// What an offline check of a bundle trusts: the pinned ledger key, the attestation root (and
+/// measurements) receipts must chain to, and the witness policy.
+pub(super) struct OfflineCheck {
+    pub pinned: PinnedKey,
+    pub check: ReceiptVerifier,
+    pub witnesses: Option<receipts_ledger::WitnessPolicy>,
+}
+
+impl OfflineCheck {
+    /// The bundle file's bytes and the check its options describe.
+    pub fn load(dir: &Path, path: &Path, ledger_key: &str, root: &RootArgs, witness: &WitnessArgs) -> anyhow::Result<(Vec<u8>, Self)> {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let trust = Self { pinned: parse_ledger_key(ledger_key)?, check: receipt_check(root, dir, false)?, witnesses: witness.policy()? };
+        Ok((bytes, trust))
+    }
+}
+
 pub(super) fn verify_bundle_command(
     dir: &Path,
     path: &Path,
@@ -109,26 +126,23 @@ pub(super) fn verify_bundle_command(
     witness: &WitnessArgs,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let pinned = parse_ledger_key(ledger_key)?;
-    let check = receipt_check(root, dir, false)?;
-    let policy = witness.policy()?;
-    let outcome = check_bundle_witnessed(&bytes, &pinned.key, &check, job, policy.as_ref());
+    let (bytes, trust) = OfflineCheck::load(dir, path, ledger_key, root, witness)?;
+    let outcome = check_bundle_witnessed(&bytes, &trust.pinned.key, &trust.check, job, trust.witnesses.as_ref());
     if json {
         let (proven, witnesses, error) = match &outcome {
             Ok((p, w)) => (Some(p.clone()), w.clone(), None),
             Err(r) => (None, Vec::new(), Some(r.clone())),
         };
-        let out = BundleJson { valid: error.is_none(), error, root: RootJson::of(check.root()), proven, witnesses };
+        let out = BundleJson { valid: error.is_none(), error, root: RootJson::of(trust.check.root()), proven, witnesses };
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
     match outcome {
         Ok((p, witnesses)) => {
             if !json {
-                if let Some(policy) = &policy {
+                if let Some(policy) = &trust.witnesses {
                     println!("witnesses    {} cosigned (quorum {})", witnesses.join(", "), policy.quorum);
                 }
-                print_proven(&p, check.root());
+                print_proven(&p, trust.check.root());
             }
             Ok(ExitCode::SUCCESS)
         }
