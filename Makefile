@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-rust test-python test-python-wheel test-cdk test-aws test-supply-chain test-lambda-glibc test-go-interop deny fuzz
+.PHONY: demo test test-rust test-python test-python-wheel test-cdk test-aws test-supply-chain test-lambda-glibc test-go-interop test-scitt-interop deny fuzz
 
 demo:
 	bash scripts/demo.sh
@@ -10,7 +10,8 @@ demo:
 # symbol (scripts/tests/lambda-glibc.sh; docs/operations.md §1.4).
 # test-go-interop: checkpoints, witness cosignatures and Merkle proofs against the transparency
 # ecosystem's Go code, both ways (scripts/tests/go-interop.sh; docs/protocol.md §8.12).
-test: test-rust test-python test-cdk test-supply-chain test-lambda-glibc test-go-interop
+# test-scitt-interop: the SCITT export verified by pycose (scripts/tests/scitt-interop.sh; §8.13).
+test: test-rust test-python test-cdk test-supply-chain test-lambda-glibc test-go-interop test-scitt-interop
 
 test-rust:
 	bash scripts/test-rust.sh
@@ -40,6 +41,9 @@ test-lambda-glibc:
 
 test-go-interop:
 	bash scripts/tests/go-interop.sh
+
+test-scitt-interop:
+	bash scripts/tests/scitt-interop.sh
 
 deny:
 	bash scripts/deny.sh
