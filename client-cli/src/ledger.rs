@@ -6,6 +6,8 @@
 //! ledger verify [--witness KEY... [--witness-quorum N]] [--json]
 //! ledger checkpoint
 //! ledger prove JOB -o BUNDLE.json
+//! ledger export-scitt --job ID -o STATEMENT.cbor [--attestation-output DOC]
+//! ledger verify-scitt STATEMENT.cbor --ledger-key FILE|TEXT [--job ID] [--attestation DOC] [--json]
 //! ledger verify-bundle BUNDLE.json --ledger-key FILE|TEXT [--job ID] [--witness KEY... [--witness-quorum N]] [--json]
 //! ledger consistency OLD_SIZE NEW_SIZE [--json]
 //! ledger sync --from s3://BUCKET[/PREFIX]|DIR --ledger-key FILE|TEXT [--no-audit] [--json]
@@ -63,6 +65,7 @@ mod prove;
 mod query;
 mod record;
 mod redrive;
+mod scitt;
 mod sync;
 mod trust;
 mod verify;
@@ -168,6 +171,19 @@ pub enum LedgerCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Export a job's entry as an IETF SCITT transparent statement: its receipt with a COSE
+    /// Receipt (RFC 9162 inclusion proof signed by the ledger key) under header 394 (§8.13).
+    ExportScitt {
+        #[arg(long, value_name = "ID", value_parser = parse_job)]
+        job: JobId,
+        #[arg(short = 'o', long = "output", value_name = "FILE")]
+        output: PathBuf,
+        /// Also write the attestation document the receipt names (for `verify-scitt --attestation`).
+        #[arg(long, value_name = "FILE")]
+        attestation_output: Option<PathBuf>,
+    },
+    /// Verify a transparent statement (`export-scitt`) offline against a ledger key you pin.
+    VerifyScitt(scitt::VerifyScittArgs),
     /// Prove that one record's vector came out of a job (its model, its image), revealing only
     /// that record: its text, its output record, its path to the receipt's record tree, and the
     /// receipt's ledger proof.
@@ -306,6 +322,10 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
         LedgerCommand::Verify { json, trust, witness } => verify_command(ledger_dir, json, &trust, &witness),
         LedgerCommand::Checkpoint => checkpoint_command(ledger_dir),
         LedgerCommand::Prove { job, output } => prove_command(ledger_dir, &job, &output),
+        LedgerCommand::ExportScitt { job, output, attestation_output } => {
+            scitt::export_scitt_command(ledger_dir, &job, &output, attestation_output.as_deref())
+        }
+        LedgerCommand::VerifyScitt(args) => scitt::verify_scitt_command(ledger_dir, &args),
         LedgerCommand::VerifyBundle { bundle, ledger_key, job, root, witness, json } => {
             verify_bundle_command(ledger_dir, &bundle, &ledger_key, job.as_ref(), &root, &witness, json)
         }
