@@ -43,13 +43,29 @@ fn floats(value: &Value) -> Vec<f32> {
     value.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
 }
 
+/// One folder with the shared weights and the installed tokenizer: a model directory.
+fn assemble(name: &str, tokenizer: &[u8], dir: &Path) {
+    copy_dir(&data().join(name), dir);
+    std::fs::copy(data().join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
+}
+
+fn reference() -> Value {
+    serde_json::from_slice(&std::fs::read(data().join("reference.json")).unwrap()).unwrap()
+}
+
+fn installed_tokenizer(reference: &Value) -> Vec<u8> {
+    let path = tests::model_dir().join("tokenizer.json");
+    let tokenizer = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}: run scripts/setup-model.sh", path.display()));
+    assert_eq!(hex::encode(Sha256::digest(&tokenizer)), reference["tokenizer_sha256"].as_str().unwrap(), "the generator's tokenizer");
+    tokenizer
+}
+
 /// Onboards one folder: encrypt with a local KMS key, sign, decode the signed manifest, release
 /// the data key and open the sealed files as the enclave's loader does.
 fn onboard(name: &str, tokenizer: &[u8], work: &Path) -> (Manifest, Vec<Vec<u8>>) {
     let dir = work.join(name);
-    copy_dir(&data().join(name), &dir);
-    std::fs::copy(data().join("model.safetensors"), dir.join("model.safetensors")).unwrap();
-    std::fs::write(dir.join("tokenizer.json"), tokenizer).unwrap();
+    assemble(name, tokenizer, &dir);
     let trust = AttestationTrust { root_pem_path: work.join("no-root.pem"), max_document_age: Duration::from_secs(300) };
     let kms = LocalKms::open(work.join(format!("{name}.kms.sqlite")), trust).unwrap();
     let key = kms.create_key(LocalKeyPolicy::unrestricted(), "st-config-forms").unwrap();
@@ -77,11 +93,8 @@ fn onboard(name: &str, tokenizer: &[u8], work: &Path) -> (Manifest, Vec<Vec<u8>>
 
 #[test]
 fn both_configuration_forms_embed_as_sentence_transformers_does() {
-    let reference: Value = serde_json::from_slice(&std::fs::read(data().join("reference.json")).unwrap()).unwrap();
-    let tokenizer_path = tests::model_dir().join("tokenizer.json");
-    let tokenizer = std::fs::read(&tokenizer_path)
-        .unwrap_or_else(|e| panic!("{}: {e}: run scripts/setup-model.sh", tokenizer_path.display()));
-    assert_eq!(hex::encode(Sha256::digest(&tokenizer)), reference["tokenizer_sha256"].as_str().unwrap(), "the generator's tokenizer");
+    let reference = reference();
+    let tokenizer = installed_tokenizer(&reference);
     let work = tempfile::tempdir().unwrap();
     let expected = [
         ("classic-mean", Pooling::Mean, true, 200),
@@ -131,4 +144,42 @@ fn both_configuration_forms_embed_as_sentence_transformers_does() {
     let (manifest, _) = onboard("v6-mean", &tokenizer, &work.path().join("again"));
     assert_eq!(manifest.prompts.default.as_deref(), Some("query"));
     assert_eq!(manifest.prompts.get("passage"), Some("passage: "));
+}
+
+/// The real proof: a 6.x-form model onboarded with the CLI (`model encrypt`, `sign --development`,
+/// `upload`) into the local stack, and one batch job with `--model` through the enclave worker:
+/// every text at sentence-transformers' token count (up to 512, not 256) and vector.
+#[test]
+fn a_six_form_model_serves_a_batch_job_at_its_own_length() {
+    let reference = reference();
+    let tokenizer = installed_tokenizer(&reference);
+    let stack = tests::Stack::up();
+    let work = tempfile::tempdir().unwrap();
+    let (dir, sealed) = (work.path().join("v6-mean"), work.path().join("sealed"));
+    assemble("v6-mean", &tokenizer, &dir);
+    let model_id = "test/v6-mean";
+    stack.ok(&["model", "encrypt", dir.to_str().unwrap(), "--model-id", model_id, "--version", "1", "-o", sealed.to_str().unwrap()]);
+    stack.ok(&["model", "sign", sealed.to_str().unwrap(), "--development"]);
+    stack.ok(&["model", "upload", sealed.to_str().unwrap()]);
+
+    let entry = &reference["models"]["v6-mean"];
+    let cases = entry["cases"].as_array().unwrap();
+    let corpus = work.path().join("corpus.jsonl");
+    let lines: Vec<String> =
+        cases.iter().map(|c| serde_json::json!({"id": c["name"], "text": c["text"]}).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let out = work.path().join("embeddings.jsonl");
+    let report = stack.ok(&["submit", corpus.to_str().unwrap(), "--model", model_id, "--wait", "-o", out.to_str().unwrap(), "--json"]);
+    let report = tests::json(&report);
+    assert_eq!((report["embedded"].as_u64(), report["errors"].as_u64()), (Some(cases.len() as u64), Some(0)), "{report}");
+    let results = tests::json_lines(&out);
+    for (result, case) in results.iter().zip(cases) {
+        assert_eq!(result["id"], case["name"]);
+        assert_eq!(result["tokens"], case["tokens"], "{}", case["name"]);
+        let vector = floats(&result["embedding"]);
+        assert_eq!(vector.len(), 48, "the onboarded model's dimensions");
+        let similarity = cosine(&vector, &floats(&case["vector"]));
+        assert!(similarity >= 0.9999, "{}: cosine {similarity}", case["name"]);
+    }
+    assert!(results.iter().any(|r| r["tokens"].as_u64() == Some(512)), "texts embedded at 512 tokens");
 }
