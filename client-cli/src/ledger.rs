@@ -308,6 +308,20 @@ pub fn verify_bundle_bytes(
     Ok(check_bundle(bytes, &pinned.key, &check, job))
 }
 
+/// `ledger verify-record` for a library caller: `bytes` checked against the pinned key and the
+/// root options (`ledger_dir` only locates a home's development root). `Err`: the options are
+/// unusable; `Ok(Err)`: the bundle is invalid, by named check.
+pub fn verify_record_bytes(
+    ledger_dir: &Path,
+    bytes: &[u8],
+    ledger_key: &str,
+    root: &RootArgs,
+) -> anyhow::Result<Result<ProvenRecord, Refusal>> {
+    let pinned = parse_ledger_key(ledger_key)?;
+    let check = receipt_check(root, ledger_dir, false)?;
+    Ok(check_record_bundle(bytes, &pinned.key, &check, None))
+}
+
 /// Runs a ledger command on the ledger in `ledger_dir` (`$EPHEM_HOME/ledger`).
 pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode> {
     match command {

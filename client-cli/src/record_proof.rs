@@ -20,6 +20,7 @@ pub fn prove_record(
     key: &protocol::envelope::ResultSecretKey,
     job: &JobId,
     id: &str,
+    input: Option<&std::path::Path>,
 ) -> anyhow::Result<RecordBundle> {
     use crate::corpus::{CorpusItem, CorpusOptions, CorpusReader};
     let files = crate::jobstate::JobFiles::new(home, &job.to_hex());
@@ -46,7 +47,8 @@ pub fn prove_record(
         bail!("{ledger_key} proves another receipt than the job's");
     }
 
-    let input = std::fs::File::open(&state.input_file).with_context(|| format!("the job's input file {}", state.input_file))?;
+    let input_file = input.map_or_else(|| std::path::PathBuf::from(&state.input_file), std::path::Path::to_path_buf);
+    let input = std::fs::File::open(&input_file).with_context(|| format!("the job's input file {} (--input names another copy)", input_file.display()))?;
     let mut corpus = CorpusReader::new(std::io::BufReader::new(input), CorpusOptions::new(state.model_id.clone()));
     let mut pending = std::collections::VecDeque::new();
     let inputs: Inputs<'_> = Box::new(std::iter::from_fn(move || loop {

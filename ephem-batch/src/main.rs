@@ -247,7 +247,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let services = backend::open(&home, &cli.backend)?.services;
             let trust = trust::ClientTrust::load(&home, &args.trust)?;
             let key = keys::load_result_key(&home.result_key(), false)?;
-            let bundle = ephem_batch_client::record_proof::prove_record(&home, &services, &trust, &key, &args.job, &args.id)?;
+            let bundle = ephem_batch_client::record_proof::prove_record(&home, &services, &trust, &key, &args.job, &args.id, args.input.as_deref())?;
             std::fs::write(&args.output, serde_json::to_vec_pretty(&bundle)?).with_context(|| format!("writing {}", args.output.display()))?;
             eprintln!("record {:?} (#{} of {}) of job {}: {}", args.id, bundle.index, bundle.records, args.job, args.output.display());
             Ok(ExitCode::SUCCESS)

@@ -15,6 +15,7 @@ See python/README.md and docs/python.md.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 import shutil
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
-from .bundle import BundleVerification, ProofBundle, verify_bundle
+from .bundle import BundleVerification, ProofBundle, RecordProof, RecordVerification, verify_bundle, verify_record
 from .errors import (
     ConfigurationError,
     EphemBatchError,
@@ -46,6 +47,9 @@ __all__ = [
     "ProofBundle",
     "BundleVerification",
     "verify_bundle",
+    "verify_record",
+    "RecordProof",
+    "RecordVerification",
     "DEFAULT_MODEL",
     "EphemBatchError",
     "ConfigurationError",
@@ -57,6 +61,9 @@ __all__ = [
 ]
 
 __version__ = _native.version()
+
+#: Where a submission of texts (not a file) keeps its corpus, in the job's client directory.
+_KEPT_CORPUS = "corpus.jsonl"
 
 #: The model ``submit`` uses unless told otherwise (as ``ephem-batch submit``).
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
@@ -173,6 +180,9 @@ class Client:
                     normalize=normalize,
                 )
             )
+            if scratch is not None:
+                # Kept in the job's own (private) directory: prove_record reads the texts again.
+                os.replace(path, os.path.join(self.home, "client", "jobs", record["job_id"], _KEPT_CORPUS))
         finally:
             if scratch is not None:
                 shutil.rmtree(scratch, ignore_errors=True)
@@ -475,6 +485,22 @@ class Ledger:
             path = os.path.join(self._client.home, "client", "jobs", job_id, "ledger-bundle.json")
         out = json.loads(self._client._native.ledger_prove(job_id, os.fspath(path)))
         return ProofBundle(path=os.fspath(out["path"]), ledger_key=out["ledger_key"], job_id=job_id)
+
+    def prove_record(self, job: Union[str, Job], id: str, path: Optional[Union[str, "os.PathLike[str]"]] = None) -> RecordProof:
+        """Writes the proof that record ``id`` came out of the job (``ephem-batch ledger
+        prove-record``): that record's text, output and path to the receipt's record tree, and
+        the job's ledger proof — nothing of the other records but hashes. The job's results are
+        opened and its input file read again; they must rebuild the receipt's tree. ``path``
+        defaults to ``<home>/client/jobs/<job>/record-<first 16 hex of SHA-256(id)>.json``. Checked offline with
+        :func:`ephem_batch.verify_record`."""
+        job_id = job.id if isinstance(job, Job) else str(job)
+        if path is None:
+            digest = hashlib.sha256(id.encode()).hexdigest()[:16]
+            path = os.path.join(self._client.home, "client", "jobs", job_id, f"record-{digest}.json")
+        kept = os.path.join(self._client.home, "client", "jobs", job_id, _KEPT_CORPUS)
+        input_file = kept if os.path.exists(kept) else None
+        out = json.loads(self._client._native.ledger_prove_record(job_id, id, os.fspath(path), input_file))
+        return RecordProof(path=os.fspath(out["path"]), job_id=job_id, id=id, index=out["index"], records=out["records"])
 
 
 def _time_arg(value: Union[int, str, _dt.datetime, _dt.date]) -> str:

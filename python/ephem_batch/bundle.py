@@ -13,7 +13,7 @@ from typing import Any, Dict, Mapping, Optional, Union
 from . import _native
 from .errors import VerificationError
 
-__all__ = ["ProofBundle", "BundleVerification", "verify_bundle"]
+__all__ = ["ProofBundle", "BundleVerification", "verify_bundle", "RecordProof", "RecordVerification", "verify_record"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,34 @@ def verify_bundle(
 
     Raises :class:`VerificationError` whose ``check`` names the failed check (unless
     ``raise_on_failure=False``); unusable options raise :class:`ConfigurationError`."""
+    args = _trust_args(ledger_key, root, development_root, expect_pcr, allow_debug, home)
+    if job is not None:
+        args += ["--job", str(getattr(job, "id", job))]
+    out = json.loads(_native.verify_bundle(os.fspath(path), args))
+    error = out.get("error") or {}
+    result = BundleVerification(
+        valid=bool(out["valid"]), check=error.get("check"), message=error.get("message"), proven=out.get("proven")
+    )
+    if raise_on_failure and not result.valid:
+        check = result.check or "bundle"
+        raise VerificationError(
+            f"proof bundle {os.fspath(path)} is invalid: {check}: {result.message}",
+            check=check,
+            failed=[(check, result.message or "")],
+            verification=result,
+        )
+    return result
+
+
+def _trust_args(
+    ledger_key: Optional[str],
+    root: Optional[str],
+    development_root: Optional[Union[bool, str, "os.PathLike[str]"]],
+    expect_pcr: Optional[Mapping[int, str]],
+    allow_debug: bool,
+    home: Optional[Union[str, "os.PathLike[str]"]],
+) -> list:
+    """The command-line options an offline check pins (the CLI parses them)."""
     args = []
     if ledger_key is not None:
         args += ["--ledger-key", os.fspath(ledger_key)]
@@ -82,19 +110,66 @@ def verify_bundle(
         args += ["--expect-pcr", f"{index}={value}"]
     if allow_debug:
         args += ["--allow-debug"]
-    if job is not None:
-        args += ["--job", str(getattr(job, "id", job))]
     if home is not None:
         args += ["--home", os.fspath(home)]
-    out = json.loads(_native.verify_bundle(os.fspath(path), args))
+    return args
+
+
+@dataclass(frozen=True)
+class RecordProof:
+    """A record bundle ``client.ledger.prove_record`` wrote: its ``path``, the record's ``index``
+    among the job's embedded records and the tree's size ``records``. Usable as a path."""
+
+    path: str
+    job_id: str
+    id: str
+    index: int
+    records: int
+
+    def __fspath__(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True)
+class RecordVerification:
+    """What :func:`verify_record` found. ``valid``; for an invalid bundle ``check`` (``bundle``,
+    a check of :func:`verify_bundle`, ``record_tree``, ``record``, ``record_tree_size`` or
+    ``record_inclusion``) and ``message``; for a valid one ``proven``: the record's ``id``,
+    ``text``, ``vector``, ``tokens`` and the receipt's fields."""
+
+    valid: bool
+    check: Optional[str]
+    message: Optional[str]
+    proven: Optional[Dict[str, Any]] = field(default=None, repr=False)
+
+
+def verify_record(
+    path: Union[str, "os.PathLike[str]"],
+    ledger_key: Optional[str] = None,
+    root: Optional[str] = None,
+    *,
+    development_root: Optional[Union[bool, str, "os.PathLike[str]"]] = None,
+    expect_pcr: Optional[Mapping[int, str]] = None,
+    allow_debug: bool = False,
+    home: Optional[Union[str, "os.PathLike[str]"]] = None,
+    raise_on_failure: bool = True,
+) -> RecordVerification:
+    """Checks a record bundle offline (``ephem-batch ledger verify-record``): the job's ledger
+    proof and receipt as :func:`verify_bundle` does, then that the opened record (its text, id
+    and vector) is a leaf of the receipt's record tree. Options as :func:`verify_bundle`.
+
+    Raises :class:`VerificationError` whose ``check`` names the failed check (unless
+    ``raise_on_failure=False``)."""
+    args = _trust_args(ledger_key, root, development_root, expect_pcr, allow_debug, home)
+    out = json.loads(_native.verify_record(os.fspath(path), args))
     error = out.get("error") or {}
-    result = BundleVerification(
+    result = RecordVerification(
         valid=bool(out["valid"]), check=error.get("check"), message=error.get("message"), proven=out.get("proven")
     )
     if raise_on_failure and not result.valid:
         check = result.check or "bundle"
         raise VerificationError(
-            f"proof bundle {os.fspath(path)} is invalid: {check}: {result.message}",
+            f"record bundle {os.fspath(path)} is invalid: {check}: {result.message}",
             check=check,
             failed=[(check, result.message or "")],
             verification=result,

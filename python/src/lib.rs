@@ -368,6 +368,24 @@ impl NativeClient {
         }
     }
 
+    /// `ephem-batch ledger prove-record JOB ID -o OUTPUT [--input FILE]`: the proof that record
+    /// `id` came out of the job, revealing only that record. JSON: the path, the record's index
+    /// and the tree's size.
+    #[pyo3(signature = (job, id, output, input=None))]
+    fn ledger_prove_record(&self, py: Python<'_>, job: &str, id: &str, output: PathBuf, input: Option<PathBuf>) -> PyResult<String> {
+        let job = status::parse_job(job).map_err(|e| library_error(py, e))?;
+        let bundle = py
+            .detach(|| -> anyhow::Result<ephem_batch_client::ledger::RecordBundle> {
+                let trust = ClientTrust::load(&self.home, &self.trust)?;
+                let key = keys::load_result_key(&self.home.result_key(), false)?;
+                let bundle = ephem_batch_client::record_proof::prove_record(&self.home, &self.opened.services, &trust, &key, &job, id, input.as_deref())?;
+                write_private(&output, &serde_json::to_vec_pretty(&bundle)?)?;
+                Ok(bundle)
+            })
+            .map_err(|e| library_error(py, e))?;
+        to_json(py, &serde_json::json!({ "path": output, "index": bundle.index, "records": bundle.records }))
+    }
+
     /// The ledger directory this client's backend reads (`ephem-batch ledger …`'s).
     fn ledger_dir(&self) -> PathBuf {
         let args = BackendArgs { backend: if self.backend == "aws" { backend::Backend::Aws } else { backend::Backend::Local }, ..BackendArgs::default() };
@@ -434,6 +452,26 @@ fn verify_bundle(py: Python<'_>, path: PathBuf, args: Vec<String>) -> PyResult<S
     to_json(py, &value)
 }
 
+/// `ephem-batch ledger verify-record PATH` with `args` (`--ledger-key`, the root options),
+/// offline. JSON `{"valid", "error": {"check", "message"}, "proven"}`.
+#[pyfunction]
+fn verify_record(py: Python<'_>, path: PathBuf, args: Vec<String>) -> PyResult<String> {
+    let parsed = VerifyBundleArgs::try_parse_from(&args).map_err(|e| config_error(py, e.to_string().trim_end()))?;
+    let bytes = py
+        .detach(|| std::fs::read(&path))
+        .map_err(|e| raise(py, "EphemBatchError", format!("reading {}: {e}", path.display()), &[]))?;
+    let home = parsed.home.or_else(|| std::env::var_os("EPHEM_HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(".ephem"));
+    let dir = home.join("ledger");
+    let outcome = py
+        .detach(|| ephem_batch_client::ledger::verify_record_bytes(&dir, &bytes, &parsed.ledger_key, &parsed.root))
+        .map_err(|e| config_error(py, format!("{e:#}")))?;
+    let value = match outcome {
+        Ok(proven) => serde_json::json!({ "valid": true, "error": null, "proven": proven }),
+        Err(refusal) => serde_json::json!({ "valid": false, "error": refusal, "proven": null }),
+    };
+    to_json(py, &value)
+}
+
 /// Writes `bytes` to `path` through a private temporary file beside it, renamed into place.
 fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let name = path.file_name().ok_or_else(|| anyhow::anyhow!("{} is not a file name", path.display()))?;
@@ -455,5 +493,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeClient>()?;
     m.add_function(wrap_pyfunction!(version, m)?)?;
     m.add_function(wrap_pyfunction!(verify_bundle, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_record, m)?)?;
     Ok(())
 }

@@ -155,3 +155,27 @@ def test_verify_bundle_option_errors_are_configuration_errors(client, stack, job
         ephem_batch.verify_bundle(tmp_path / "missing.json", ledger_key=bundle.ledger_key)
     with pytest.raises(ephem_batch.EphemBatchError):
         client.ledger.prove("0" * 32, tmp_path / "none.json")
+
+
+def test_one_record_is_proven_alone_and_a_changed_vector_is_refused(client, stack, jobs, tmp_path):
+    job = jobs[0]
+    ids, vectors = job.results()
+    proof = client.ledger.prove_record(job, ids[1], tmp_path / "record.json")
+    assert (proof.index, proof.records) == (1, len(TEXTS))
+    key = client.ledger.prove(job).ledger_key
+    result = ephem_batch.verify_record(proof, ledger_key=key, development_root=_dev_root(stack))
+    assert result.valid and result.proven["id"] == ids[1] and result.proven["text"] == TEXTS[1]
+    assert np.allclose(np.array(result.proven["vector"], dtype=np.float32), vectors[1], atol=1e-6)
+    # Nothing of the other texts is in the bundle.
+    text = open(proof.path).read()
+    assert all(t not in text and base64.b64encode(t.encode()).decode() not in text for t in (TEXTS[0], TEXTS[2]))
+    # One bit of the vector changed.
+    bundle = json.loads(text)
+    raw = bytearray(base64.b64decode(bundle["output_record"]))
+    raw[-1] ^= 1
+    bundle["output_record"] = base64.b64encode(bytes(raw)).decode()
+    tampered = tmp_path / "tampered.json"
+    tampered.write_text(json.dumps(bundle))
+    with pytest.raises(VerificationError) as raised:
+        ephem_batch.verify_record(tampered, ledger_key=key, development_root=_dev_root(stack))
+    assert raised.value.check == "record_inclusion"

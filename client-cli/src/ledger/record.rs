@@ -160,6 +160,9 @@ pub struct ProveRecordArgs {
     /// Where to write the bundle (JSON).
     #[arg(short, long)]
     pub output: PathBuf,
+    /// The job's input file, if not where it was submitted from (the same bytes).
+    #[arg(long, value_name = "FILE")]
+    pub input: Option<PathBuf>,
     #[command(flatten)]
     pub trust: crate::trust::TrustArgs,
 }
