@@ -90,6 +90,17 @@ impl UsageBook {
         self.dropped
     }
 
+    /// Takes the accounts whose period ended by `now_ms` (every one if `flush`, and then no new
+    /// period starts before `now_ms`).
+    fn take_ended(&mut self, now_ms: u64, flush: bool) -> Vec<(Account, Tally)> {
+        if flush {
+            self.flushed_at_ms = self.flushed_at_ms.max(now_ms);
+        }
+        let ended: Vec<Account> =
+            self.open.keys().filter(|a| flush || minute_end(a.period_start_ms) <= now_ms).cloned().collect();
+        ended.into_iter().filter_map(|a| self.open.remove(&a).map(|t| (a, t))).collect()
+    }
+
     /// Signs the receipts of every period that ended by `now_ms` (all of them if `flush`).
     pub fn collect(&mut self, worker: &Worker, now_ms: u64, flush: bool) -> Vec<(Vec<u8>, Vec<u8>)> {
         let ended = self.take_ended(now_ms, flush);
@@ -122,19 +133,6 @@ impl UsageBook {
             out.push((receipt.sign(worker.receipt_key()), epoch.document.clone()));
         }
         out
-    }
-}
-
-impl UsageBook {
-    /// Takes the accounts whose period ended by `now_ms` (every one if `flush`, and then no new
-    /// period starts before `now_ms`).
-    fn take_ended(&mut self, now_ms: u64, flush: bool) -> Vec<(Account, Tally)> {
-        if flush {
-            self.flushed_at_ms = self.flushed_at_ms.max(now_ms);
-        }
-        let ended: Vec<Account> =
-            self.open.keys().filter(|a| flush || minute_end(a.period_start_ms) <= now_ms).cloned().collect();
-        ended.into_iter().filter_map(|a| self.open.remove(&a).map(|t| (a, t))).collect()
     }
 }
 
