@@ -174,8 +174,10 @@ pub enum LedgerCommand {
     /// Export a job's entry as an IETF SCITT transparent statement: its receipt with a COSE
     /// Receipt (RFC 9162 inclusion proof signed by the ledger key) under header 394 (§8.13).
     ExportScitt {
+        /// The job (or usage id) whose entry to export.
         #[arg(long, value_name = "ID", value_parser = parse_job)]
         job: JobId,
+        /// Where to write the transparent statement (CBOR).
         #[arg(short = 'o', long = "output", value_name = "FILE")]
         output: PathBuf,
         /// Also write the attestation document the receipt names (for `verify-scitt --attestation`).
