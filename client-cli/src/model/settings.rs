@@ -18,6 +18,10 @@ use super::{ModelError, read_json};
 const NO_TOKENIZER_LIMIT: f64 = 1e20;
 /// transformers' `BertConfig` default when `config.json` does not state it.
 const BERT_DEFAULT_POSITIONS: u32 = 512;
+/// The `model_type`s the enclave's engine runs, with the rows of the position table before the
+/// first real token (RoBERTa-style models start at padding_idx + 1; BERT at 0). A type is added
+/// here only once the engine computes it exactly.
+const ARCHITECTURES: [(&str, u32); 1] = [("bert", 0)];
 
 /// How the model embeds, as its directory describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,9 +72,11 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     if dimensions as usize > MAX_DIMENSIONS {
         return Err(config_error(&config_path, format!("\"hidden_size\" {dimensions} exceeds {MAX_DIMENSIONS}")));
     }
-    check_architecture(&config_path, &config)?;
-    // BERT's position table starts at 0 (no padding offset as RoBERTa's has), so the limit is the table's size.
-    let positions = positive_field(&config_path, &config, "max_position_embeddings")?.unwrap_or(BERT_DEFAULT_POSITIONS);
+    let offset = check_architecture(&config_path, &config)?;
+    let table = positive_field(&config_path, &config, "max_position_embeddings")?.unwrap_or(BERT_DEFAULT_POSITIONS);
+    let positions = table.checked_sub(offset).filter(|&p| p > 0).ok_or_else(|| {
+        unsupported(&config_path, "max_position_embeddings", table, "no room after the architecture's position offset")
+    })?;
 
     let (pooling_dir, normalize) = read_modules(dir)?;
     let sbert_path = dir.join("sentence_bert_config.json");
@@ -87,20 +93,23 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     Ok(ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt })
 }
 
-/// The engine is a BERT encoder with absolute positions and erf GELU; anything else is refused.
-fn check_architecture(path: &Path, config: &Value) -> Result<(), ModelError> {
-    match config.get("model_type").and_then(Value::as_str) {
-        Some("bert") => {}
-        Some(other) => return Err(unsupported(path, "model_type", other, "the engine runs BERT encoders only")),
-        None => return Err(unsupported(path, "model_type", "(absent)", "the architecture must be stated as \"bert\"")),
-    }
+/// The engine runs the [`ARCHITECTURES`] with absolute positions and erf GELU; anything else is
+/// refused. Returns the architecture's position offset.
+fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
+    let offset = match config.get("model_type").and_then(Value::as_str) {
+        Some(kind) => match ARCHITECTURES.iter().find(|(known, _)| *known == kind) {
+            Some((_, offset)) => *offset,
+            None => return Err(unsupported(path, "model_type", kind, "the engine does not run this architecture")),
+        },
+        None => return Err(unsupported(path, "model_type", "(absent)", "the architecture must be stated")),
+    };
     if let Some(kind) = config.get("position_embedding_type").and_then(Value::as_str).filter(|&k| k != "absolute") {
         return Err(unsupported(path, "position_embedding_type", kind, "the engine implements absolute positions"));
     }
     if let Some(act) = config.get("hidden_act").and_then(Value::as_str).filter(|&a| a != "gelu") {
         return Err(unsupported(path, "hidden_act", act, "the engine implements erf GELU"));
     }
-    Ok(())
+    Ok(offset)
 }
 
 /// modules.json: a Transformer, one Pooling, optionally Normalize, in that order. Returns the
