@@ -8,6 +8,7 @@ use protocol::manifest::{Manifest, Pooling};
 use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
+use super::arch::{ArchConfig, Architecture};
 use super::encoder::Encoder;
 use super::{InferenceError, RecordFailure};
 
@@ -109,6 +110,7 @@ pub struct Embedder {
     model: Model,
     tokenizer: Tokenizer,
     settings: EmbedderSettings,
+    arch: Architecture,
     hidden_size: usize,
     pad_id: u32,
     device: Device,
@@ -128,11 +130,12 @@ impl Embedder {
     /// Builds the model from bytes in memory. The weights are copied into candle tensors (no
     /// mmap); the caller may drop or zeroize `files` afterwards.
     pub fn load(files: ModelFiles<'_>, settings: EmbedderSettings) -> Result<Self, InferenceError> {
-        let config: Config = serde_json::from_slice(files.config).map_err(|e| InferenceError::Config(e.to_string()))?;
-        if settings.max_tokens < 3 || settings.max_tokens > config.max_position_embeddings {
+        let config = ArchConfig::parse(files.config)?;
+        if settings.max_tokens < 3 || settings.max_tokens > config.max_tokens() {
             return Err(InferenceError::Settings(format!(
-                "max_tokens {} outside 3..={} (the model's max_position_embeddings)",
-                settings.max_tokens, config.max_position_embeddings
+                "max_tokens {} outside 3..={} (the model's max_position_embeddings, less the position offset)",
+                settings.max_tokens,
+                config.max_tokens()
             )));
         }
         if let Some(dimensions) = settings.dimensions
@@ -148,11 +151,7 @@ impl Embedder {
             Tokenizer::from_bytes(files.tokenizer).map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
         // The shipped tokenizer.json pads every text to a fixed 128 tokens and truncates at 128
         // (STACK.md §5). We pad ourselves, within a batch, and truncate at max_tokens.
-        let pad_id = tokenizer
-            .get_padding()
-            .map(|p| p.pad_id)
-            .or_else(|| tokenizer.token_to_id("[PAD]"))
-            .unwrap_or(config.pad_token_id as u32);
+        let shipped_pad = tokenizer.get_padding().map(|p| p.pad_id).or_else(|| tokenizer.token_to_id("[PAD]"));
         tokenizer.with_padding(None);
         tokenizer
             .with_truncation(Some(TruncationParams {
@@ -164,21 +163,36 @@ impl Embedder {
             .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
 
         let device = Device::Cpu;
-        let fused =
-            settings.backend == Backend::Fused && Encoder::supports(&config).is_ok() && Encoder::reads(files.weights);
-        let model = if fused {
+        let fused = if settings.backend != Backend::Fused {
+            Err("the CandleBert backend was asked for".to_owned())
+        } else if !Encoder::reads(files.weights) {
+            Err("model.safetensors holds tensors other than F32".to_owned())
+        } else {
+            Encoder::supports(&config)
+        };
+        let mut pad_id = shipped_pad.unwrap_or(0);
+        let model = if fused.is_ok() {
             let mut encoder = Encoder::load(files.weights, &config)?;
             encoder.calibrate_with(
                 INT8_CALIBRATION.iter().filter_map(|text| tokenizer.encode_fast(*text, true).ok()).map(|e| e.get_ids().to_vec()),
             );
             Model::Fused(encoder)
+        } else if let (Architecture::XlmRoberta | Architecture::MpNet, Err(why)) = (config.arch, fused) {
+            // candle's BertModel has neither their positions nor MPNet's relative bias.
+            return Err(InferenceError::UnsupportedArchitecture(format!(
+                "{}: only the fused encoder computes it, and not this model here: {why}",
+                config.arch.as_str()
+            )));
         } else {
+            let config: Config =
+                serde_json::from_slice(files.config).map_err(|e| InferenceError::Config(e.to_string()))?;
+            pad_id = shipped_pad.unwrap_or(config.pad_token_id as u32);
             let tensors = candle_core::safetensors::load_buffer(files.weights, &device)
                 .map_err(|e| InferenceError::Weights(e.to_string()))?;
             let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
             Model::Candle(BertModel::load(vb, &config).map_err(|e| InferenceError::Weights(e.to_string()))?)
         };
-        Ok(Self { model, tokenizer, settings, hidden_size: config.hidden_size, pad_id, device })
+        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, pad_id, device })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -189,10 +203,31 @@ impl Embedder {
     /// Whether this model computes at `precision` here: fp32 always; bf16 with the fused encoder
     /// on a CPU with AVX-512 BF16; int8 with the fused encoder on a CPU with AVX-512 VNNI.
     pub fn supports_precision(&self, precision: Precision) -> bool {
-        match self.model {
+        self.check_precision(precision).is_ok()
+    }
+
+    /// [`Embedder::supports_precision`], with the reason. int8 is BERT's only: its accuracy
+    /// bound was measured on BERT (docs/benchmarks.md), not on XLM-RoBERTa or MPNet.
+    pub fn check_precision(&self, precision: Precision) -> Result<(), InferenceError> {
+        let computes = match self.model {
             Model::Fused(_) => Encoder::supports_precision(precision),
             Model::Candle(_) => precision == Precision::Fp32,
+        };
+        if !computes {
+            return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
         }
+        if precision == Precision::Int8 && self.arch != Architecture::Bert {
+            return Err(InferenceError::UnsupportedPrecisionFor {
+                precision: precision.as_str(),
+                architecture: self.arch.as_str(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The model's architecture (`config.json` `model_type`).
+    pub fn architecture(&self) -> Architecture {
+        self.arch
     }
 
     pub fn backend(&self) -> Backend {
@@ -256,9 +291,7 @@ impl Embedder {
         normalize: bool,
         precision: Precision,
     ) -> Result<Vec<Vec<f32>>, InferenceError> {
-        if !self.supports_precision(precision) {
-            return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
-        }
+        self.check_precision(precision)?;
         if batch.is_empty() {
             return Ok(Vec::new());
         }

@@ -1,5 +1,6 @@
-//! The fused BERT encoder: the same computation as `candle_transformers`' `BertModel` with an
-//! attention mask, arranged for throughput on CPU.
+//! The fused encoder: the same computation as transformers' BERT, XLM-RoBERTa and MPNet encoders
+//! with an attention mask (what differs between them: [`super::arch`]), arranged for throughput
+//! on CPU.
 //!
 //! * **No padding at all.** The tokens of every sequence of a batch are packed into one
 //!   `(total_tokens, hidden)` matrix ("varlen", as text-embeddings-inference does with flash
@@ -24,11 +25,11 @@ use std::sync::OnceLock;
 
 use candle_core::{Device, Storage, Tensor};
 use protocol::envelope::Precision;
-use candle_transformers::models::bert::{Config, HiddenAct, PositionEmbeddingType};
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::InferenceError;
+use super::arch::{self, ArchConfig, Architecture, RelativeBias};
 use super::dense::{self, Int8Weights, Packed};
 use super::kernels;
 
@@ -143,8 +144,13 @@ impl<'a> Reduced<'a> {
 pub(crate) struct Encoder {
     word: Vec<f32>,
     position: Vec<f32>,
-    /// Token type 0 (every text is a single segment).
+    /// Token type 0 (every text is a single segment); zeros for MPNet, which has none.
     token_type: Vec<f32>,
+    /// Positions start after this index, which a padding token keeps (XLM-RoBERTa, MPNet).
+    padding_idx: Option<u32>,
+    /// MPNet's relative position bias, shared by all layers.
+    relative: Option<RelativeBias>,
+    arch: Architecture,
     embedding_ln: LayerNorm,
     layers: Vec<Layer>,
     hidden: usize,
@@ -203,28 +209,22 @@ fn le_f32(bytes: &[u8]) -> f32 {
 impl Encoder {
     /// Whether this encoder implements the model the config describes; otherwise the caller uses
     /// the candle `BertModel` backend.
-    pub(crate) fn supports(config: &Config) -> Result<(), String> {
-        if config.hidden_act != HiddenAct::Gelu {
-            return Err(format!("hidden_act {:?} (the fused encoder implements erf GELU)", config.hidden_act));
-        }
-        if config.position_embedding_type != PositionEmbeddingType::Absolute {
-            return Err("non-absolute position embeddings".into());
-        }
-        if config.num_attention_heads == 0 || !config.hidden_size.is_multiple_of(config.num_attention_heads) {
-            return Err("hidden size not divisible by the head count".into());
-        }
-        Ok(())
+    pub(crate) fn supports(config: &ArchConfig) -> Result<(), String> {
+        config.fused_computes()
     }
 
     /// Builds the encoder straight from the bytes of a `model.safetensors` file: one pass per
     /// tensor from little-endian bytes into its final layout (transposed where needed), with no
     /// intermediate copy of the whole model. F32 checkpoints only (the caller falls back to the
     /// CandleBert backend for others).
-    pub(crate) fn load(weights: &[u8], config: &Config) -> Result<Self, InferenceError> {
+    pub(crate) fn load(weights: &[u8], config: &ArchConfig) -> Result<Self, InferenceError> {
         Self::supports(config).map_err(InferenceError::Config)?;
         let file = SafeTensors::deserialize(weights).map_err(weights_err)?;
-        // Checkpoints saved from BertModel have no prefix; from BertFor* they have `bert.`.
-        let prefix = if file.names().iter().any(|n| n.starts_with("bert.")) { "bert." } else { "" };
+        // Checkpoints saved from BertModel have no prefix; from BertFor* they have `bert.` (and
+        // likewise `roberta.`, `mpnet.`).
+        let arch = config.arch;
+        let prefix =
+            if file.names().iter().any(|n| n.starts_with(arch.weight_prefix())) { arch.weight_prefix() } else { "" };
         let view = |name: &str, shape: &[usize]| -> Result<TensorView<'_>, InferenceError> {
             let view = file.tensor(&format!("{prefix}{name}")).map_err(|e| weights_err(format!("{name}: {e}")))?;
             if view.dtype() != Dtype::F32 {
@@ -262,28 +262,35 @@ impl Encoder {
         };
 
         let (hidden, inter) = (config.hidden_size, config.intermediate_size);
+        // MPNet names its attention tensors differently; the computation is BERT's.
+        let (qkv_names, attn_out, attn_ln) = match arch {
+            Architecture::Bert | Architecture::XlmRoberta => {
+                (["self.query", "self.key", "self.value"], "output.dense", "output.LayerNorm")
+            }
+            Architecture::MpNet => (["attn.q", "attn.k", "attn.v"], "attn.o", "LayerNorm"),
+        };
         let mut layers = Vec::with_capacity(config.num_hidden_layers);
         for i in 0..config.num_hidden_layers {
             let p = format!("encoder.layer.{i}");
             let mut qkv = vec![0f32; hidden * 3 * hidden];
             let mut qkv_b = Vec::with_capacity(3 * hidden);
-            for (part, name) in ["query", "key", "value"].into_iter().enumerate() {
+            for (part, name) in qkv_names.into_iter().enumerate() {
                 transpose_into(
-                    &format!("{p}.attention.self.{name}.weight"),
+                    &format!("{p}.attention.{name}.weight"),
                     hidden,
                     hidden,
                     &mut qkv,
                     3 * hidden,
                     part * hidden,
                 )?;
-                qkv_b.extend(values(&format!("{p}.attention.self.{name}.bias"), &[hidden])?);
+                qkv_b.extend(values(&format!("{p}.attention.{name}.bias"), &[hidden])?);
             }
             layers.push(Layer {
                 qkv_w: Weight::new(qkv, hidden, 3 * hidden)?,
                 qkv_b,
-                out_w: linear(&format!("{p}.attention.output.dense.weight"), hidden, hidden)?,
-                out_b: values(&format!("{p}.attention.output.dense.bias"), &[hidden])?,
-                attn_ln: layer_norm(&format!("{p}.attention.output.LayerNorm"), hidden)?,
+                out_w: linear(&format!("{p}.attention.{attn_out}.weight"), hidden, hidden)?,
+                out_b: values(&format!("{p}.attention.{attn_out}.bias"), &[hidden])?,
+                attn_ln: layer_norm(&format!("{p}.attention.{attn_ln}"), hidden)?,
                 ff1_w: linear(&format!("{p}.intermediate.dense.weight"), inter, hidden)?,
                 ff1_b: values(&format!("{p}.intermediate.dense.bias"), &[inter])?,
                 ff2_w: linear(&format!("{p}.output.dense.weight"), hidden, inter)?,
@@ -291,22 +298,35 @@ impl Encoder {
                 ff_ln: layer_norm(&format!("{p}.output.LayerNorm"), hidden)?,
             });
         }
-        let token_type = view("embeddings.token_type_embeddings.weight", &[config.type_vocab_size, hidden])?.data()
-            [..4 * hidden]
-            .chunks_exact(4)
-            .map(le_f32)
-            .collect();
+        let token_type = match config.type_vocab_size {
+            0 => vec![0f32; hidden],
+            types => view("embeddings.token_type_embeddings.weight", &[types, hidden])?.data()[..4 * hidden]
+                .chunks_exact(4)
+                .map(le_f32)
+                .collect(),
+        };
+        let heads = config.num_attention_heads;
+        let relative = match arch {
+            Architecture::MpNet => {
+                let table = values("encoder.relative_attention_bias.weight", &[arch::MPNET_BUCKETS, heads])?;
+                Some(RelativeBias::new(&table, heads, config.max_tokens()))
+            }
+            Architecture::Bert | Architecture::XlmRoberta => None,
+        };
         Ok(Self {
             word: values("embeddings.word_embeddings.weight", &[config.vocab_size, hidden])?,
             position: values("embeddings.position_embeddings.weight", &[config.max_position_embeddings, hidden])?,
             token_type,
+            padding_idx: config.padding_idx,
+            relative,
+            arch,
             embedding_ln: layer_norm("embeddings.LayerNorm", hidden)?,
             layers,
             hidden,
-            heads: config.num_attention_heads,
-            head_dim: hidden / config.num_attention_heads,
+            heads,
+            head_dim: hidden / heads,
             vocab: config.vocab_size,
-            max_positions: config.max_position_embeddings,
+            max_positions: config.max_tokens(),
             eps: config.layer_norm_eps as f32,
             bf16: OnceLock::new(),
             int8: OnceLock::new(),
@@ -415,6 +435,12 @@ impl Encoder {
         if !Self::supports_precision(precision) {
             return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
         }
+        if precision == Precision::Int8 && self.arch != Architecture::Bert {
+            return Err(InferenceError::UnsupportedPrecisionFor {
+                precision: precision.as_str(),
+                architecture: self.arch.as_str(),
+            });
+        }
         match precision {
             Precision::Fp32 => self.run(sequences, |_| Reduced::Fp32, None),
             Precision::Bf16 => {
@@ -455,9 +481,12 @@ impl Encoder {
 
         // Embeddings: word + position + token type 0, then LayerNorm.
         let mut positions = Vec::with_capacity(total);
+        let mut ids = Vec::with_capacity(total);
         for s in sequences {
-            positions.extend(s.iter().enumerate().map(|(p, &id)| (id as usize, p)));
+            arch::positions(s, self.padding_idx, &mut positions);
+            ids.extend(s.iter().map(|&id| id as usize));
         }
+        let positions: Vec<(usize, usize)> = ids.into_iter().zip(positions).collect();
         let mut x = vec![0f32; total * h];
         x.par_chunks_mut(h * ROWS_PER_TASK).zip(positions.par_chunks(ROWS_PER_TASK)).for_each(|(rows, pos)| {
             let mut sum = vec![0f32; h];
@@ -600,8 +629,21 @@ impl Encoder {
         let mut probs = vec![0f32; heads * n * n];
         with_slice(&scores, |scores| {
             kernels::vectorized(#[inline(always)] || {
-                for (dst, src) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)) {
-                    kernels::softmax_into(dst, src);
+                match &self.relative {
+                    None => {
+                        for (dst, src) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)) {
+                            kernels::softmax_into(dst, src);
+                        }
+                    }
+                    // MPNet: softmax(scores + bias of each key's distance), the bias row a slice.
+                    Some(bias) => {
+                        for (r, (dst, src)) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)).enumerate() {
+                            for ((o, &s), &b) in dst.iter_mut().zip(src).zip(bias.row(r / n, r % n, n)) {
+                                *o = s + b;
+                            }
+                            kernels::softmax_in_place(dst);
+                        }
+                    }
                 }
             })
         })?;

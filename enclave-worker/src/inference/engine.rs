@@ -55,9 +55,7 @@ impl EmbedOptions {
     /// The inference part of a job's options, for this embedder. A precision it cannot compute at
     /// is refused rather than silently served in another (the receipt records precision).
     pub fn for_job(options: &JobOptions, embedder: &Embedder) -> Result<Self, InferenceError> {
-        if !embedder.supports_precision(options.precision) {
-            return Err(InferenceError::UnsupportedPrecision(options.precision.as_str()));
-        }
+        embedder.check_precision(options.precision)?;
         Ok(Self { truncate: options.truncate, normalize: options.normalize, precision: options.precision })
     }
 }

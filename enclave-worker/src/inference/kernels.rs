@@ -150,6 +150,19 @@ pub(crate) fn softmax_into(out: &mut [f32], scores: &[f32]) {
     }
 }
 
+/// [`softmax_into`] over `row` itself.
+#[inline(always)]
+pub(crate) fn softmax_in_place(row: &mut [f32]) {
+    let m = max(row);
+    for o in row.iter_mut() {
+        *o = exp(*o - m);
+    }
+    let inv = 1.0 / sum(row);
+    for o in row.iter_mut() {
+        *o *= inv;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -68,6 +68,7 @@
 //! hyper-thread pairs, so candle's default (physical cores) is half the vCPU count: give the
 //! worker `RAYON_NUM_THREADS` = vCPUs there.
 
+mod arch;
 mod batching;
 mod embedder;
 mod dense;
@@ -76,6 +77,7 @@ mod engine;
 mod kernels;
 mod metrics;
 
+pub use arch::Architecture;
 pub use batching::{Batch, BatchLimits, plan_batches};
 pub use embedder::{Backend, Embedder, EmbedderSettings, ModelFiles, Tokenized};
 pub use engine::{CandleThreads, EmbedOptions, Engine, EngineSettings, candle_thread_settings};
@@ -165,6 +167,10 @@ pub enum InferenceError {
     Settings(String),
     #[error("precision {0} is not supported by this worker (bf16 needs the fused encoder and a CPU with AVX-512 BF16, int8 the fused encoder and a CPU with AVX-512 VNNI)")]
     UnsupportedPrecision(&'static str),
+    #[error("precision {precision} is not offered for {architecture} models (its accuracy is measured on BERT only)")]
+    UnsupportedPrecisionFor { precision: &'static str, architecture: &'static str },
+    #[error("config.json: unsupported architecture: {0}")]
+    UnsupportedArchitecture(String),
     #[error("thread pool: {0}")]
     ThreadPool(String),
     #[error("model forward pass: {0}")]
