@@ -4,8 +4,13 @@
 //!
 //! Layers, in the spirit of text-embeddings-inference:
 //!
-//! * [`Embedder`] — the backend: tokenizer + BERT encoder, loaded from in-memory bytes (in
+//! * [`Embedder`] — the backend: tokenizer + encoder, loaded from in-memory bytes (in
 //!   production the weights are decrypted into memory; there is no mmap and no file access here).
+//!   The architecture comes from `config.json`'s `model_type` ([`Architecture`], `arch.rs`): BERT,
+//!   XLM-RoBERTa (positions offset by `padding_idx + 1`) or MPNet (also a bucketed relative
+//!   position bias in attention); any other is refused by name. XLM-RoBERTa and MPNet run only
+//!   in the fused encoder, at fp32 and bf16 (int8 is refused for them: its bound is measured on
+//!   BERT only); `tests/arch_reference.rs` checks them against sentence-transformers.
 //!   It tokenizes one text ([`Embedder::tokenize`]) and embeds one batch
 //!   ([`Embedder::embed_batch`]): mean (or CLS) pooling over the real tokens, optional L2
 //!   normalisation. Two encoders ([`Backend`]):
