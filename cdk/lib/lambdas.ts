@@ -192,8 +192,12 @@ export class Lambdas extends Construct {
       conditions: { Null: { 's3:if-match': 'false' } },
       why: ledgerObjects,
     });
-    allow(ids.ledgerRole, 'MarkJobsLedgered', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/ledger-proof.json'), storage.jobs.arnForObjects('jobs/*/ledgered.json')], {
-      why: 'Writes jobs/<id>/ledger-proof.json (the entry\'s proof) and jobs/<id>/ledgered.json (its index) for the job just appended, which clients read; job ids are known at run time.',
+    allow(ids.ledgerRole, 'MarkJobsLedgered', ['s3:PutObject'], [
+      storage.jobs.arnForObjects('jobs/*/ledger-proof.json'),
+      storage.jobs.arnForObjects('jobs/*/transparent-statement.cbor'),
+      storage.jobs.arnForObjects('jobs/*/ledgered.json'),
+    ], {
+      why: 'Writes jobs/<id>/ledger-proof.json (the entry\'s proof), jobs/<id>/transparent-statement.cbor (the same as a SCITT statement) and jobs/<id>/ledgered.json (its index) for the job just appended, which clients read; job ids are known at run time.',
     });
 
     // fleet-rotate: a new fleet key pair per epoch; KMS returns only the wrapped private key.

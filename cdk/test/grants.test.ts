@@ -223,9 +223,12 @@ describe('Lambdas', () => {
     });
   });
 
-  it('ledger-append writes ledger-proof.json and ledgered.json (no object tags), reads the signed policies and no attestations bucket', () => {
+  it('ledger-append writes ledger-proof.json, transparent-statement.cbor and ledgered.json (no object tags), reads the signed policies and no attestations bucket', () => {
     const ledger = s3Only(grantsOf('IdentitiesLedgerAppendRole'));
-    assert.deepEqual(ledger.MarkJobsLedgered, { actions: ['s3:PutObject'], resources: ['JOBS/jobs/*/ledger-proof.json', 'JOBS/jobs/*/ledgered.json'] });
+    assert.deepEqual(ledger.MarkJobsLedgered, {
+      actions: ['s3:PutObject'],
+      resources: ['JOBS/jobs/*/ledger-proof.json', 'JOBS/jobs/*/transparent-statement.cbor', 'JOBS/jobs/*/ledgered.json'],
+    });
     assert.deepEqual(ledger.ReadAttestationPolicies, { actions: ['s3:GetObject'], resources: ['ARTIFACTS/artifacts/policies/*'] });
     assert.deepEqual(ledger.ListAttestationPolicies, { actions: ['s3:ListBucket'], resources: ['ARTIFACTS'], condition: prefix('artifacts/policies/*') });
     assert.deepEqual(

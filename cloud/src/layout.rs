@@ -44,6 +44,12 @@ pub fn job_ledger_proof(job: &JobId) -> String {
     format!("jobs/{job}/ledger-proof.json")
 }
 
+/// The job's receipt as an IETF SCITT transparent statement with the ledger's COSE Receipt
+/// (docs/protocol.md §8.13), written by the appender beside [`job_ledger_proof`].
+pub fn job_transparent_statement(job: &JobId) -> String {
+    format!("jobs/{job}/transparent-statement.cbor")
+}
+
 /// Where the bulk runs waiting for this job leave their task tokens, one object per run.
 pub fn job_bulk_tasks_prefix(job: &JobId) -> String {
     format!("jobs/{job}/bulk-tasks/")

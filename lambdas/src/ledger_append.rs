@@ -7,8 +7,10 @@
 //! binding of the receipt key, the receipt signature, and that the document's measurements
 //! satisfy one of the publisher-signed policies the function was given ([`crate::policies`]);
 //! the ledger holds at most one entry per job, so a re-delivered message is a no-op. After the
-//! append, `jobs/<id>/ledger-proof.json` (the entry's proof bundle) and then
-//! `jobs/<id>/ledgered.json` (the index; the input-expiry rule keys off it) are written.
+//! append, `jobs/<id>/ledger-proof.json` (the entry's proof bundle),
+//! `jobs/<id>/transparent-statement.cbor` (the receipt with its COSE Receipt, for SCITT
+//! verifiers) and then `jobs/<id>/ledgered.json` (the index; the input-expiry rule keys off it)
+//! are written.
 //!
 //! Any host can send to the queue, and in a FIFO queue with one group a message that is not
 //! done holds back every receipt behind it. So each message gets one [`Verdict`], by [`Fate`]:
@@ -76,6 +78,9 @@ pub enum AppendError {
     Ledger(#[from] receipts_ledger::LedgerError),
     #[error("the job's ledger proof: {0}")]
     Proof(#[from] BundleError),
+    /// The job's transparent statement could not be made (its COSE Receipt not signed).
+    #[error("the job's transparent statement: {0}")]
+    Statement(#[from] receipts_ledger::scitt::ScittError),
     #[error("jobs store: {0}")]
     Object(#[from] cloud::ObjectError),
     /// A bug met by these bytes; retried like a failing store, so it leaves the group soon.
@@ -105,7 +110,9 @@ impl AppendError {
                 Fate::Refused
             }
             Self::Ledger(L::Store(store)) => store_fate(store),
-            Self::Ledger(L::Proof(_) | L::BeyondEnd { .. }) | Self::Proof(_) | Self::Object(_) | Self::Panicked(_) => Fate::Retry,
+            Self::Ledger(L::Proof(_) | L::BeyondEnd { .. }) | Self::Proof(_) | Self::Statement(_) | Self::Object(_) | Self::Panicked(_) => {
+                Fate::Retry
+            }
         }
     }
 
@@ -121,7 +128,7 @@ impl AppendError {
             Self::Ledger(L::Store(store)) if store_fate(store) == Fate::Refused => "receipt_size",
             Self::NoBody | Self::Body(_) | Self::Base64(_) => "message",
             Self::Panicked(_) => "panic",
-            Self::Ledger(_) | Self::Proof(_) | Self::Object(_) => "store",
+            Self::Ledger(_) | Self::Proof(_) | Self::Statement(_) | Self::Object(_) => "store",
         }
     }
 }
@@ -407,7 +414,10 @@ fn write_proof<S: LedgerStore>(ledger: &mut Ledger<S>, jobs: &dyn ObjectStore, j
         other => other?,
     };
     receipts_ledger::verify_bundle(&bundle, &ledger.verifier())?;
-    put_job_object(jobs, &layout::job_ledger_proof(job), bundle.to_json().as_bytes())
+    put_job_object(jobs, &layout::job_ledger_proof(job), bundle.to_json().as_bytes())?;
+    // The same entry for verifiers that know SCITT and nothing of this project (§8.13).
+    let statement = receipts_ledger::scitt::export(&bundle, &job.to_hex(), ledger.signer())?;
+    put_job_object(jobs, &layout::job_transparent_statement(job), &statement)
 }
 
 fn put_job_object(jobs: &dyn ObjectStore, key: &str, bytes: &[u8]) -> Result<(), AppendError> {

@@ -124,6 +124,11 @@ impl<S: LedgerStore> Ledger<S> {
         self.signer.verifier()
     }
 
+    /// The ledger's signer: what signs its checkpoints, and the COSE Receipts of its entries.
+    pub fn signer(&self) -> &dyn NoteSigner {
+        self.signer.as_ref()
+    }
+
     pub fn store(&self) -> &S {
         &self.store
     }

@@ -189,6 +189,13 @@ fn each_ledgered_job_gets_a_proof_it_can_check_alone() {
         assert_eq!((proven.leaf_index, fields.job_id), (j, job_id(j)));
         assert_eq!(proven.receipt, e.sign(&e.receipt(j)));
         assert!(proven.checkpoint.size > j);
+        // The same entry as a SCITT transparent statement, checked under the ledger key alone.
+        let statement = jobs.get(&layout::job_transparent_statement(&id)).unwrap();
+        let verified = receipts_ledger::scitt::verify_transparent_statement(&statement, &ledger.verifier()).unwrap();
+        assert_eq!((verified.leaf_index, verified.statement.as_slice()), (j, e.sign(&e.receipt(j)).as_slice()));
+        assert_eq!(verified.subject, job(j));
+        let other = SignerKey::from_seed("ledger.example", &[2; 32]).unwrap().verifier();
+        assert!(receipts_ledger::scitt::verify_transparent_statement(&statement, &other).is_err());
     }
 }
 
