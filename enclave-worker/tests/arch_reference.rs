@@ -125,6 +125,11 @@ fn check_reference(kind: &'static str, arch: Architecture) {
     let engine = model.engine(BatchLimits::default());
     assert_eq!(engine.embedder().architecture(), arch);
     assert_eq!(engine.embedder().backend(), Backend::Fused);
+    // tokenizer.json's template: <s> (0) … </s> (2), as sentence-transformers encodes.
+    for case in &model.cases {
+        let ids = engine.embedder().tokenize(case.text.as_bytes(), true).unwrap().ids;
+        assert_eq!((ids[0], ids[ids.len() - 1]), (0, 2), "{kind} {}", case.name);
+    }
     let (worst, name) = model.worst_cosine(&engine, Precision::Fp32);
     eprintln!("{kind} f32: worst cosine {worst:.7} ({name})");
     assert!(worst >= F32_MIN_COSINE, "{kind} f32: {name} at {worst}");
