@@ -26,8 +26,7 @@ the script refuses to write models on which such a mistake would go unnoticed).
 
 Run by hand (pulls PyTorch, several GB), never by setup or CI:
   python3 -m venv /tmp/archenv
-  /tmp/archenv/bin/pip install torch==2.15.0 transformers==5.23.0 tokenizers==0.23.3 \\
-      sentence-transformers==6.2.0 numpy==2.4.6
+  /tmp/archenv/bin/pip install -r scripts/make_arch_test_models.requirements.txt
   /tmp/archenv/bin/python scripts/make_arch_test_models.py
   rm -rf /tmp/archenv
 """
