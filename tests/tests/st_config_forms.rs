@@ -66,11 +66,16 @@ fn installed_tokenizer(reference: &Value) -> Vec<u8> {
 fn onboard(name: &str, tokenizer: &[u8], work: &Path) -> (Manifest, Vec<Vec<u8>>) {
     let dir = work.join(name);
     assemble(name, tokenizer, &dir);
+    onboard_dir(name, &dir, work)
+}
+
+/// [`onboard`] of a complete model directory.
+fn onboard_dir(name: &str, dir: &Path, work: &Path) -> (Manifest, Vec<Vec<u8>>) {
     let trust = AttestationTrust { root_pem_path: work.join("no-root.pem"), max_document_age: Duration::from_secs(300) };
     let kms = LocalKms::open(work.join(format!("{name}.kms.sqlite")), trust).unwrap();
     let key = kms.create_key(LocalKeyPolicy::unrestricted(), "st-config-forms").unwrap();
     let staging = work.join(format!("{name}.sealed"));
-    model::encrypt(&dir, &format!("test/{name}"), 1, &kms, &key, &staging).unwrap();
+    model::encrypt(dir, &format!("test/{name}"), 1, &kms, &key, &staging).unwrap();
     let publisher = protocol::manifest::development_publisher();
     let signed = model::sign(&staging, &publisher).unwrap();
     let manifest = SignedManifest::decode(&signed.signed).unwrap().verify(&publisher.verifying_key()).unwrap().clone();
@@ -182,4 +187,43 @@ fn a_six_form_model_serves_a_batch_job_at_its_own_length() {
         assert!(similarity >= 0.9999, "{}: cosine {similarity}", case["name"]);
     }
     assert!(results.iter().any(|r| r["tokens"].as_u64() == Some(512)), "texts embedded at 512 tokens");
+}
+
+/// The multilingual architectures (enclave-worker/testdata/arch-models, from
+/// `scripts/make_arch_test_models.py`) onboard too: XLM-RoBERTa's positions after its padding
+/// index and MPNet's fixed offset leave 512 of 514 positions, and the engine embeds the sealed
+/// files as sentence-transformers does, at f32 and bf16.
+#[test]
+fn xlm_roberta_and_mpnet_onboard_and_embed_as_sentence_transformers_does() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../enclave-worker/testdata/arch-models");
+    let work = tempfile::tempdir().unwrap();
+    for name in ["xlm-roberta", "mpnet"] {
+        let reference: Value = serde_json::from_slice(&std::fs::read(data.join(format!("{name}.reference.json"))).unwrap()).unwrap();
+        let (manifest, files) = onboard_dir(name, &data.join(name), work.path());
+        assert_eq!((manifest.pooling, manifest.normalize, manifest.max_tokens), (Pooling::Mean, true, 512), "{name}");
+        let [config, weights, tokenizer] = [&files[0], &files[1], &files[2]];
+        let settings = EmbedderSettings { backend: Backend::Fused, ..EmbedderSettings::from_manifest(&manifest) };
+        let embedder = Embedder::load(ModelFiles { config, tokenizer, weights }, settings).unwrap();
+        for (precision, bound) in [(Precision::Fp32, 0.9999), (Precision::Bf16, 0.999)] {
+            if precision == Precision::Bf16 && !std::arch::is_x86_feature_detected!("avx512bf16") {
+                continue;
+            }
+            for case in reference["cases"].as_array().unwrap() {
+                let tokenized = embedder.tokenize(case["text"].as_str().unwrap().as_bytes(), true).unwrap();
+                assert_eq!(tokenized.tokens() as u64, case["tokens"].as_u64().unwrap(), "{name} {}", case["name"]);
+                let vector = embedder.embed_batch(&[&tokenized], true, precision).unwrap().remove(0);
+                let similarity = cosine(&vector, &floats(&case["vector"]));
+                assert!(similarity >= bound, "{name} {} {precision:?}: cosine {similarity}", case["name"]);
+            }
+        }
+    }
+    // What the engine cannot compute is refused at onboarding, naming the field.
+    let odd = work.path().join("mpnet-64");
+    copy_dir(&data.join("mpnet"), &odd);
+    let config_path = odd.join("config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    config["relative_attention_num_buckets"] = 64.into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let refused = model::read_settings(&odd).unwrap_err().to_string();
+    assert!(refused.contains("relative_attention_num_buckets"), "{refused}");
 }

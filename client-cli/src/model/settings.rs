@@ -18,10 +18,27 @@ use super::{ModelError, read_json};
 const NO_TOKENIZER_LIMIT: f64 = 1e20;
 /// transformers' `BertConfig` default when `config.json` does not state it.
 const BERT_DEFAULT_POSITIONS: u32 = 512;
-/// The `model_type`s the enclave's engine runs, with the rows of the position table before the
-/// first real token (RoBERTa-style models start at padding_idx + 1; BERT at 0). A type is added
-/// here only once the engine computes it exactly.
-const ARCHITECTURES: [(&str, u32); 1] = [("bert", 0)];
+/// The `model_type`s the enclave's engine runs (enclave-worker's `inference::arch`), with the rows
+/// of the position table before the first real token. A type is added here only once the engine
+/// computes it exactly.
+const ARCHITECTURES: [(&str, PositionOffset); 3] = [
+    ("bert", PositionOffset::Zero),
+    // Positions start at padding_idx + 1, the padding index being the config's pad_token_id.
+    ("xlm-roberta", PositionOffset::AfterPadding),
+    // MPNet's padding index is 1 whatever pad_token_id says: positions start at 2.
+    ("mpnet", PositionOffset::Fixed(2)),
+];
+
+#[derive(Debug, Clone, Copy)]
+enum PositionOffset {
+    Zero,
+    AfterPadding,
+    Fixed(u32),
+}
+
+/// MPNet's relative attention buckets: transformers computes 32 whatever the config says, and so
+/// does the engine; another count would be silently different.
+const MPNET_BUCKETS: u64 = 32;
 
 /// How the model embeds, as its directory describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,13 +113,26 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
 /// The engine runs the [`ARCHITECTURES`] with absolute positions and erf GELU; anything else is
 /// refused. Returns the architecture's position offset.
 fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
-    let offset = match config.get("model_type").and_then(Value::as_str) {
+    let (kind, offset) = match config.get("model_type").and_then(Value::as_str) {
         Some(kind) => match ARCHITECTURES.iter().find(|(known, _)| *known == kind) {
-            Some((_, offset)) => *offset,
+            Some((_, offset)) => (kind, *offset),
             None => return Err(unsupported(path, "model_type", kind, "the engine does not run this architecture")),
         },
         None => return Err(unsupported(path, "model_type", "(absent)", "the architecture must be stated")),
     };
+    let offset = match offset {
+        PositionOffset::Zero => 0,
+        PositionOffset::Fixed(rows) => rows,
+        PositionOffset::AfterPadding => match config.get("pad_token_id").and_then(Value::as_u64) {
+            Some(pad) if pad < 1024 => pad as u32 + 1,
+            _ => return Err(unsupported(path, "pad_token_id", config.get("pad_token_id").map_or("(absent)".into(), Value::to_string), "positions start after the padding index, which must be stated")),
+        },
+    };
+    if kind == "mpnet"
+        && let Some(buckets) = config.get("relative_attention_num_buckets").filter(|b| b.as_u64() != Some(MPNET_BUCKETS))
+    {
+        return Err(unsupported(path, "relative_attention_num_buckets", buckets, "the engine computes MPNet's 32 buckets"));
+    }
     if let Some(kind) = config.get("position_embedding_type").and_then(Value::as_str).filter(|&k| k != "absolute") {
         return Err(unsupported(path, "position_embedding_type", kind, "the engine implements absolute positions"));
     }

@@ -159,7 +159,10 @@ fn architectures_and_limits_the_engine_does_not_run_are_refused() {
     classic(dir.path());
     let config = |extra: &str| format!(r#"{{"hidden_size": 8, "max_position_embeddings": 512{extra}}}"#);
     for (extra, field) in [
-        (r#", "model_type": "xlm-roberta""#, "model_type"),
+        (r#", "model_type": "roberta""#, "model_type"),
+        // XLM-RoBERTa's positions start after its padding index, which must be stated.
+        (r#", "model_type": "xlm-roberta""#, "pad_token_id"),
+        (r#", "model_type": "mpnet", "relative_attention_num_buckets": 64"#, "relative_attention_num_buckets"),
         ("", "model_type"),
         (r#", "model_type": "bert", "hidden_act": "gelu_new""#, "hidden_act"),
         (r#", "model_type": "bert", "position_embedding_type": "relative_key""#, "position_embedding_type"),
@@ -171,6 +174,12 @@ fn architectures_and_limits_the_engine_does_not_run_are_refused() {
     classic(dir.path());
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 1024}"#);
     assert_eq!(refusal(dir.path()), ("sentence_bert_config.json".into(), "max_seq_length", "1024".into()));
+    // 514 positions after an offset of 2 leave 512: one more is refused.
+    write(dir.path(), "config.json", r#"{"hidden_size": 8, "max_position_embeddings": 514, "model_type": "mpnet"}"#);
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 513}"#);
+    assert_eq!(refusal(dir.path()).1, "max_seq_length");
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 512}"#);
+    assert_eq!(read_settings(dir.path()).unwrap().max_tokens, 512);
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 128, "do_lower_case": true}"#);
     assert_eq!(refusal(dir.path()).1, "do_lower_case");
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": -1}"#);
