@@ -73,14 +73,18 @@ def verify_bundle(
     if job is not None:
         args += ["--job", str(getattr(job, "id", job))]
     out = json.loads(_native.verify_bundle(os.fspath(path), args))
+    return _verdict(BundleVerification, "proof bundle", path, out, raise_on_failure)
+
+
+def _verdict(kind: Any, what: str, path: Any, out: Dict[str, Any], raise_on_failure: bool) -> Any:
+    """The library's JSON verdict as ``kind``; an invalid one raised as :class:`VerificationError`
+    naming its check, unless ``raise_on_failure`` is false."""
     error = out.get("error") or {}
-    result = BundleVerification(
-        valid=bool(out["valid"]), check=error.get("check"), message=error.get("message"), proven=out.get("proven")
-    )
+    result = kind(valid=bool(out["valid"]), check=error.get("check"), message=error.get("message"), proven=out.get("proven"))
     if raise_on_failure and not result.valid:
         check = result.check or "bundle"
         raise VerificationError(
-            f"proof bundle {os.fspath(path)} is invalid: {check}: {result.message}",
+            f"{what} {os.fspath(path)} is invalid: {check}: {result.message}",
             check=check,
             failed=[(check, result.message or "")],
             verification=result,
@@ -162,16 +166,4 @@ def verify_record(
     ``raise_on_failure=False``)."""
     args = _trust_args(ledger_key, root, development_root, expect_pcr, allow_debug, home)
     out = json.loads(_native.verify_record(os.fspath(path), args))
-    error = out.get("error") or {}
-    result = RecordVerification(
-        valid=bool(out["valid"]), check=error.get("check"), message=error.get("message"), proven=out.get("proven")
-    )
-    if raise_on_failure and not result.valid:
-        check = result.check or "bundle"
-        raise VerificationError(
-            f"record bundle {os.fspath(path)} is invalid: {check}: {result.message}",
-            check=check,
-            failed=[(check, result.message or "")],
-            verification=result,
-        )
-    return result
+    return _verdict(RecordVerification, "record bundle", path, out, raise_on_failure)
