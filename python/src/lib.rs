@@ -434,37 +434,37 @@ fn parse_time(py: Python<'_>, text: &str) -> PyResult<u64> {
 /// "message"}, "proven"}`; unusable options raise `ConfigurationError`.
 #[pyfunction]
 fn verify_bundle(py: Python<'_>, path: PathBuf, args: Vec<String>) -> PyResult<String> {
-    let parsed = VerifyBundleArgs::try_parse_from(&args).map_err(|e| config_error(py, e.to_string().trim_end()))?;
+    let (parsed, bytes, dir) = offline_check(py, &path, &args)?;
     let job = parsed.job.as_deref().map(status::parse_job).transpose().map_err(|e| library_error(py, e))?;
-    let bytes = py
-        .detach(|| std::fs::read(&path))
-        .map_err(|e| raise(py, "EphemBatchError", format!("reading {}: {e}", path.display()), &[]))?;
-    // The home is only where a bare `development_root=True` finds its root: not created here.
-    let home = parsed.home.or_else(|| std::env::var_os("EPHEM_HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(".ephem"));
-    let dir = home.join("ledger");
     let outcome = py
         .detach(|| ephem_batch_client::ledger::verify_bundle_bytes(&dir, &bytes, &parsed.ledger_key, job.as_ref(), &parsed.root))
         .map_err(|e| config_error(py, format!("{e:#}")))?;
-    let value = match outcome {
-        Ok(proven) => serde_json::json!({ "valid": true, "error": null, "proven": proven }),
-        Err(refusal) => serde_json::json!({ "valid": false, "error": refusal, "proven": null }),
-    };
-    to_json(py, &value)
+    verdict_json(py, outcome)
 }
 
 /// `ephem-batch ledger verify-record PATH` with `args` (`--ledger-key`, the root options),
-/// offline. JSON `{"valid", "error": {"check", "message"}, "proven"}`.
+/// offline. JSON as `verify_bundle`'s.
 #[pyfunction]
 fn verify_record(py: Python<'_>, path: PathBuf, args: Vec<String>) -> PyResult<String> {
-    let parsed = VerifyBundleArgs::try_parse_from(&args).map_err(|e| config_error(py, e.to_string().trim_end()))?;
-    let bytes = py
-        .detach(|| std::fs::read(&path))
-        .map_err(|e| raise(py, "EphemBatchError", format!("reading {}: {e}", path.display()), &[]))?;
-    let home = parsed.home.or_else(|| std::env::var_os("EPHEM_HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(".ephem"));
-    let dir = home.join("ledger");
+    let (parsed, bytes, dir) = offline_check(py, &path, &args)?;
     let outcome = py
         .detach(|| ephem_batch_client::ledger::verify_record_bytes(&dir, &bytes, &parsed.ledger_key, &parsed.root))
         .map_err(|e| config_error(py, format!("{e:#}")))?;
+    verdict_json(py, outcome)
+}
+
+/// An offline check's options, the file's bytes, and the ledger directory of the home where a
+/// bare `development_root=True` finds its root (not created here).
+fn offline_check(py: Python<'_>, path: &Path, args: &[String]) -> PyResult<(VerifyBundleArgs, Vec<u8>, PathBuf)> {
+    let parsed = VerifyBundleArgs::try_parse_from(args).map_err(|e| config_error(py, e.to_string().trim_end()))?;
+    let bytes = py
+        .detach(|| std::fs::read(path))
+        .map_err(|e| raise(py, "EphemBatchError", format!("reading {}: {e}", path.display()), &[]))?;
+    let home = parsed.home.clone().or_else(|| std::env::var_os("EPHEM_HOME").map(PathBuf::from)).unwrap_or_else(|| PathBuf::from(".ephem"));
+    Ok((parsed, bytes, home.join("ledger")))
+}
+
+fn verdict_json<T: serde::Serialize>(py: Python<'_>, outcome: Result<T, ephem_batch_client::ledger::Refusal>) -> PyResult<String> {
     let value = match outcome {
         Ok(proven) => serde_json::json!({ "valid": true, "error": null, "proven": proven }),
         Err(refusal) => serde_json::json!({ "valid": false, "error": refusal, "proven": null }),
