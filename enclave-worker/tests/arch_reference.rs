@@ -3,6 +3,8 @@
 //! `scripts/make_arch_test_models.py`): multilingual texts, a `<pad>` typed into a text, texts
 //! between 256 and 512 tokens and texts cut at 512.
 
+mod support;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -10,19 +12,12 @@ use enclave_worker::inference::{
     Architecture, Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings,
     InferenceError, ModelFiles,
 };
+use support::{cosine, Case};
 use protocol::envelope::{JobOptions, Precision};
 use protocol::manifest::Pooling;
 
 const F32_MIN_COSINE: f64 = 0.9999;
 const BF16_MIN_COSINE: f64 = 0.999;
-
-struct Case {
-    name: String,
-    text: String,
-    tokens: u32,
-    truncated: bool,
-    vector: Vec<f32>,
-}
 
 struct Model {
     kind: &'static str,
@@ -45,18 +40,7 @@ fn model(kind: &'static str) -> Model {
     assert_eq!(reference["model_type"], kind);
     assert_eq!(reference["pooling"], "mean");
     assert_eq!(reference["normalize"], true);
-    let cases = reference["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| Case {
-            name: c["name"].as_str().unwrap().to_owned(),
-            text: c["text"].as_str().unwrap().to_owned(),
-            tokens: c["tokens"].as_u64().unwrap() as u32,
-            truncated: c["truncated"].as_bool().unwrap(),
-            vector: c["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect(),
-        })
-        .collect();
+    let cases = support::cases(&reference);
     Model {
         kind,
         config: read("config.json"),
@@ -109,13 +93,6 @@ impl Model {
     }
 }
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
-    let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb)
-}
 
 fn check_reference(kind: &'static str, arch: Architecture) {
     let model = model(kind);

@@ -3,22 +3,17 @@
 //! properties batching must keep. Needs the model: `bash scripts/setup-model.sh` (or set
 //! `EPHEM_MODEL_DIR`).
 
+mod support;
+
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use enclave_worker::inference::{
     Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles,
 };
+use support::{cosine, Case};
 use protocol::envelope::{JobOptions, OutputDtype, Precision};
 use protocol::records::{ErrorCode, InputRecord, OutputRecord, Vector};
-
-struct Case {
-    name: String,
-    text: String,
-    tokens: u32,
-    truncated: bool,
-    vector: Vec<f32>,
-}
 
 struct Reference {
     engine: String,
@@ -94,18 +89,7 @@ fn reference() -> &'static Reference {
     REFERENCE.get_or_init(|| {
         let raw = include_str!("../testdata/reference_embeddings.json");
         let doc: serde_json::Value = serde_json::from_str(raw).unwrap();
-        let cases = doc["cases"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| Case {
-                name: c["name"].as_str().unwrap().to_owned(),
-                text: c["text"].as_str().unwrap().to_owned(),
-                tokens: c["tokens"].as_u64().unwrap() as u32,
-                truncated: c["truncated"].as_bool().unwrap(),
-                vector: c["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect(),
-            })
-            .collect();
+        let cases = support::cases(&doc);
         let errors = doc["errors"]
             .as_array()
             .unwrap()
@@ -125,13 +109,6 @@ fn reference() -> &'static Reference {
 /// dynamic int8 reaches 0.985–0.987 to sentence-transformers on the benchmark corpus.
 const INT8_MIN_COSINE: f64 = 0.999;
 
-fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let dot: f64 = a.iter().zip(b).map(|(&x, &y)| f64::from(x) * f64::from(y)).sum();
-    let na: f64 = a.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
-    dot / (na * nb)
-}
 
 fn texts() -> Vec<&'static str> {
     reference().cases.iter().map(|c| c.text.as_str()).collect()
