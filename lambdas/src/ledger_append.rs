@@ -375,14 +375,13 @@ fn append_one<S: LedgerStore>(
         }
         AppendOutcome::Existing { .. } => {}
     }
+    // The witnesses' cosignatures before the proof, so the proof carries them.
+    cosign(ledger);
     if fields.kind == EntryKind::Usage {
-        cosign(ledger);
         // A usage receipt has no job objects; its client proves it from the ledger by its id.
         tracing::info!(usage = %job, index = outcome.index(), "usage receipt in the ledger");
         return Ok(outcome.index());
     }
-    // The witnesses' cosignatures before the proof, so the proof carries them.
-    cosign(ledger);
     // The proof first: whoever sees `ledgered.json` finds the proof beside it.
     write_proof(ledger, jobs, &job, now_ms)?;
     let marker = Ledgered { job_id: job, index: outcome.index(), appended_ms: now_ms };
