@@ -1,28 +1,49 @@
 #!/usr/bin/env python3
-"""Tiny sentence-transformers checkpoints in both configuration forms, with reference vectors.
+"""The model matrix: tiny random sentence-transformers checkpoints and their reference vectors.
 
-Makes one random BERT (fixed seed; hidden 48, 3 heads, 3 layers, intermediate 100, 512 positions,
-the real all-MiniLM-L6-v2 vocabulary) and saves it as sentence-transformers models:
+For each architecture the engine computes, one random checkpoint (fixed seed, odd sizes, weights
+scaled up from transformers' initialisation so that a wrong position, offset, bucket or pooling
+moves the vectors far past the tests' bounds):
 
-  classic-mean   classic form (pooling_mode_* flags, sentence_bert_config.json max_seq_length 200),
-                 Normalize
-  classic-cls    classic form, CLS pooling, max_seq_length 512, no Normalize
-  v6-mean        as sentence-transformers 6.x saves it ("pooling_mode": "mean"), no
-                 sentence_bert_config.json (the length is the tokenizer's model_max_length, 512),
-                 Normalize, prompts {"query", "passage"} with default_prompt_name "query"
-  v6-cls         as 6.x saves it, CLS pooling, no Normalize
+  bert          BertModel, hidden 24, 3 heads, 3 layers, intermediate 52, 512 positions, the real
+                all-MiniLM-L6-v2 vocabulary (its tokenizer.json is not committed: the tests take it
+                from the installed model directory, and its SHA-256 is recorded here)
+  xlm-roberta   XLMRobertaModel, hidden 36, 3 heads, 3 layers, intermediate 76, 514 positions,
+                padding index 1, one token type, a SentencePiece-style Unigram tokenizer (Metaspace,
+                <s> $A </s>) trained on multilingual text
+  mpnet         MPNetModel, the same sizes, 32 relative-position buckets, a WordPiece tokenizer
+                (BERT normaliser and pre-tokeniser, <s> $A </s>, as MPNet's)
 
-and reference vectors from sentence-transformers over a multilingual text set that includes texts
-longer than 256 and than 512 tokens. The weights are the same in every model, so one
-model.safetensors is written beside the folders; tokenizer.json comes from the installed model
-directory at test time (its SHA-256 is recorded). tests/tests/st_config_forms.rs onboards
-each folder through `model encrypt`/`sign` and compares the enclave's engine to every vector.
+each saved by sentence-transformers into four folders sharing one model.safetensors (and
+tokenizer.json) beside them, under tests/testdata/models/<architecture>/:
 
-Run by hand (not in CI), then delete the venv:
+  classic-mean  the 2.x form (pooling_mode_* flags, sentence_bert_config.json's max_seq_length:
+                200 for BERT, 512 for the others), mean pooling, Normalize, no prompts
+  classic-cls   the 2.x form, CLS pooling, max_seq_length 512, no Normalize, no prompts
+  v6-mean       as sentence-transformers 6.x saves it ("pooling_mode": "mean", the length left to
+                the tokenizer's model_max_length, 512), Normalize, prompts {"query": "query: ",
+                "passage": "passage: "} with default_prompt_name "query"
+  v6-cls        the 6.x form, CLS pooling, no Normalize, the same prompts
+
+and tests/testdata/models/reference.json: the texts (Latin, Cyrillic, Greek, CJK, Arabic,
+Devanagari, emoji, a typed <pad>, texts of 256..512 tokens and longer than 512), and for each
+folder, as sentence-transformers encodes the folder assembled as the tests assemble it: the vectors
+and token counts with no prompt and with each prompt by prompt_name, and for v6-mean the vectors
+with truncate_dim=16 and normalisation (the Matryoshka tests); MPNet's relative-position buckets
+as transformers computes them. Floats keep 7 significant digits.
+
+tests/tests/st_config_forms.rs, tests/tests/model_matrix.rs and enclave-worker/tests/arch_reference.rs
+read them.
+
+The tokenizer trainers are not deterministic, so the committed XLM-R and MPNet tokenizers are
+reused unless --retrain-tokenizers: with them a rerun rewrites every file byte for byte.
+
+Run by hand (torch from PyPI is several GB), never by setup or CI:
   python3 -m venv /tmp/stvenv
   /tmp/stvenv/bin/pip install -r scripts/make_test_models.requirements.txt
   bash scripts/setup-model.sh
-  /tmp/stvenv/bin/python scripts/make_test_models.py [--model-dir DIR] [--out DIR]
+  /tmp/stvenv/bin/python scripts/make_test_models.py [--model-dir DIR] [--retrain-tokenizers]
+  rm -rf /tmp/stvenv
 """
 
 import argparse
@@ -30,38 +51,127 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 
-import numpy as np
-import sentence_transformers
-import torch
-import transformers
-from safetensors.torch import load_file, save_file
-from sentence_transformers import SentenceTransformer, models
+PINNED = {
+    "torch": "2.15.0",
+    "transformers": "5.24.0",
+    "tokenizers": "0.23.3",
+    "sentence_transformers": "6.2.0",
+    "safetensors": "0.8.0",
+    "numpy": "2.4.6",
+}
 
+import numpy as np  # noqa: E402
+import safetensors  # noqa: E402
+import sentence_transformers  # noqa: E402
+import tokenizers  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+from sentence_transformers import SentenceTransformer, models  # noqa: E402
+from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, processors, trainers  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 20261126
 PROMPTS = {"query": "query: ", "passage": "passage: "}
+MATRYOSHKA_FOLDER = "v6-mean"
+MATRYOSHKA_DIM = 16
+VOCAB = 900
 
-PARAGRAPHS = [
-    "The quick brown fox jumps over the lazy dog near the riverbank at dawn.",
-    "Der schnelle braune Fuchs springt über den faulen Hund. Größe, Straße, Äpfel.",
-    "Быстрая коричневая лиса прыгает через ленивую собаку у реки.",
-    "敏捷的棕色狐狸跳过了懒狗。东京和北京都是大城市。",
-    "الثعلب البني السريع يقفز فوق الكلب الكسول بالقرب من النهر.",
-    "La vie est belle 🌍🚀✨ — café, naïve, façade, œuvre.",
-    "Ο γρήγορος καφέ αλεπού πηδά πάνω από το τεμπέλικο σκυλί.",
-    "तेज़ भूरी लोमड़ी आलसी कुत्ते के ऊपर कूदती है।",
+ARCHS = {
+    "bert": dict(hidden_size=24, num_attention_heads=3, num_hidden_layers=3, intermediate_size=52,
+                 max_position_embeddings=512, hidden_act="gelu"),
+    "xlm-roberta": dict(hidden_size=36, num_attention_heads=3, num_hidden_layers=3, intermediate_size=76,
+                        max_position_embeddings=514, hidden_act="gelu", layer_norm_eps=1e-5,
+                        pad_token_id=1, bos_token_id=0, eos_token_id=2),
+}
+ARCHS["mpnet"] = dict(ARCHS["xlm-roberta"])
+
+# name, form, pooling, Normalize, stated max_seq_length (classic form only), prompts
+FOLDERS = [
+    ("classic-mean", "classic", "mean", True, None),
+    ("classic-cls", "classic", "cls", False, None),
+    ("v6-mean", "v6", "mean", True, PROMPTS),
+    ("v6-cls", "v6", "cls", False, PROMPTS),
 ]
 
 
-def texts():
-    out = [("empty-ish", "a"), ("short", "What is the capital of France?")]
-    out += [(f"para-{i}", p) for i, p in enumerate(PARAGRAPHS)]
-    # Longer than 256 tokens (and below 512), then longer than 512.
-    out.append(("long-300", " ".join(PARAGRAPHS[i % 3] for i in range(9))))
-    out.append(("long-600", " ".join(PARAGRAPHS[i % len(PARAGRAPHS)] for i in range(40))))
-    out.append(("long-2000", " ".join(PARAGRAPHS[i % len(PARAGRAPHS)] for i in range(140))))
-    return out
+def classic_length(arch, folder):
+    return 200 if (arch, folder) == ("bert", "classic-mean") else 512
+
+
+# Tokenizer training text: several scripts, so that the vocabulary has pieces for each.
+TRAINING = [
+    "The quick brown fox jumps over the lazy dog while the river runs past the old mill.",
+    "Embeddings map sentences to vectors; similar meanings land close together in the space.",
+    "Le renard brun rapide saute par-dessus le chien paresseux près de la rivière.",
+    "Der schnelle braune Fuchs springt über den faulen Hund, während es draußen regnet.",
+    "El zorro marrón rápido salta sobre el perro perezoso junto al río tranquilo.",
+    "Быстрая коричневая лиса прыгает через ленивую собаку у старой мельницы.",
+    "Москва — столица России, крупнейший по численности населения город страны.",
+    "敏捷的棕色狐狸跳过了懒狗。今天的天气很好，我们去公园散步吧。",
+    "東京は日本の首都です。桜の季節には多くの人が公園に集まります。",
+    "빠른 갈색 여우가 게으른 개를 뛰어넘습니다. 서울은 한국의 수도입니다.",
+    "الثعلب البني السريع يقفز فوق الكلب الكسول. القاهرة هي عاصمة مصر.",
+    "तेज़ भूरी लोमड़ी आलसी कुत्ते के ऊपर कूदती है।",
+    "Numbers 0123456789, prices $19.99 and €5, dates 2026-11-26, code fn main() {}.",
+    "Emoji in text: 😀 🎉 🚀 ❤️ 👍 — people use them everywhere now.",
+]
+
+LONG_EN = (
+    "The history of the printing press is often told as the story of a single inventor, but the "
+    "machine assembled in Mainz around 1450 combined several older technologies: the screw press "
+    "used for olives and grapes, oil-based inks, paper that had travelled from China into Europe, "
+    "and a method for casting movable type from a hand mould. What was new was the system. "
+)
+LONG_RU = (
+    "История книгопечатания часто рассказывается как история одного изобретателя, но машина, "
+    "собранная в Майнце около 1450 года, объединила несколько более старых технологий. "
+)
+LONG_ZH = "印刷术的历史常常被讲述为一位发明家的故事，但这台机器结合了几种更古老的技术。"
+
+TEXTS = [
+    ("english", "What is the capital of France?"),
+    ("french", "Quelle est la capitale de la France ? Paris, bien sûr."),
+    ("german", "Die Hauptstadt Deutschlands ist Berlin, eine Stadt mit langer Geschichte."),
+    ("spanish", "¿Dónde está la biblioteca? Está al lado del ayuntamiento."),
+    ("russian", "Какая столица у Франции? Париж — красивый город."),
+    ("ukrainian", "Київ — столиця України, місто на Дніпрі."),
+    ("greek", "Ο γρήγορος καφέ αλεπού πηδά πάνω από το τεμπέλικο σκυλί."),
+    ("chinese", "法国的首都是哪里？巴黎是一个美丽的城市。"),
+    ("japanese", "フランスの首都はどこですか？パリは美しい街です。"),
+    ("korean", "프랑스의 수도는 어디입니까? 파리는 아름다운 도시입니다."),
+    ("arabic", "ما هي عاصمة فرنسا؟ باريس مدينة جميلة."),
+    ("hindi", "फ्रांस की राजधानी क्या है?"),
+    ("emoji", "🚀🎉 launch day!!! 😀👍🏽 ❤️‍🔥"),
+    ("mixed", "Paris 巴黎 Париж باريس パリ 파리 — one city, six scripts."),
+    ("code", "def f(x): return {'a': [1, 2, 3], 'b': x ** 2}  # comment"),
+    ("whitespace", "  spaces   inside\tand\nnewlines  "),
+    ("special-token-text", "a <pad> b </s> c <s> d"),
+    ("single-char", "x"),
+    ("medium-english", (LONG_EN * 2)[:800]),
+    ("medium-russian", LONG_RU * 3),
+    ("long-english", (LONG_EN * 12)[:6000]),
+    ("long-russian", LONG_RU * 14),
+    ("long-chinese", LONG_ZH * 30),
+    ("long-mixed", (LONG_EN + LONG_RU + LONG_ZH) * 6),
+]
+
+
+def check_versions():
+    got = {
+        "torch": torch.__version__.split("+")[0],
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "sentence_transformers": sentence_transformers.__version__,
+        "safetensors": safetensors.__version__,
+        "numpy": np.__version__,
+    }
+    wrong = {k: (got[k], v) for k, v in PINNED.items() if got[k] != v}
+    if wrong:
+        sys.exit(f"pinned versions differ (got, pinned): {wrong}")
 
 
 def sha256(path):
@@ -69,45 +179,94 @@ def sha256(path):
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def base_model(model_dir, work):
-    """A random BertModel saved by transformers with the real tokenizer."""
-    torch.manual_seed(SEED)
-    config = transformers.BertConfig(
-        vocab_size=30522,
-        hidden_size=48,
-        num_attention_heads=3,
-        num_hidden_layers=3,
-        intermediate_size=100,
-        max_position_embeddings=512,
-        hidden_act="gelu",
+def template(tok):
+    ids = {t: tok.token_to_id(t) for t in ["<s>", "<pad>", "</s>", "<unk>"]}
+    assert ids == {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}, ids
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", pair="<s> $A </s> </s> $B </s>", special_tokens=[("<s>", 0), ("</s>", 2)]
     )
-    # With its pooler, so that loading it again initialises nothing at random (the engine ignores it).
-    model = transformers.BertModel(config)
-    # Larger-than-initial weights so pooling and position choices change the vectors visibly.
+    return tok
+
+
+def unigram_tokenizer():
+    """XLM-R's pipeline: NFKC-like normaliser, Metaspace, Unigram, <s> $A </s>."""
+    tok = Tokenizer(tokenizers.models.Unigram())
+    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Replace(Regex(" {2,}"), " ")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.UnigramTrainer(
+        vocab_size=VOCAB, special_tokens=["<s>", "<pad>", "</s>", "<unk>"], unk_token="<unk>", max_piece_length=8
+    )
+    tok.train_from_iterator(TRAINING * 4, trainer=trainer)
+    tok.add_special_tokens(["<mask>"])
+    return template(tok)
+
+
+def wordpiece_tokenizer():
+    """MPNet's pipeline: BERT normaliser and pre-tokeniser, WordPiece, <s> $A </s>."""
+    tok = Tokenizer(tokenizers.models.WordPiece(unk_token="<unk>"))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=VOCAB, special_tokens=["<s>", "<pad>", "</s>", "<unk>"])
+    tok.train_from_iterator(TRAINING * 4, trainer=trainer)
+    tok.add_special_tokens(["<mask>"])
+    return template(tok)
+
+
+def scale_weights(model, generator):
+    """Redraws every parameter with larger spreads than transformers' init (std 0.02), so that
+    positions, biases and the relative-position table all visibly shape the output."""
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.1)
-    base = os.path.join(work, "base")
-    model.save_pretrained(base, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(model_dir, name), base)
-    return base
+        for name, p in model.named_parameters():
+            if "LayerNorm.weight" in name:
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=generator))
+            elif "LayerNorm.bias" in name or name.endswith(".bias"):
+                p.copy_(0.1 * torch.randn(p.shape, generator=generator))
+            elif "relative_attention_bias" in name:
+                p.copy_(1.5 * torch.randn(p.shape, generator=generator))
+            elif "position_embeddings" in name or "token_type" in name or "word_embeddings" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=generator))
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * (1.5 / p.shape[-1] ** 0.5))
 
 
-def build(base, pooling, normalize, max_seq_length, prompts):
-    transformer = models.Transformer(base, max_seq_length=max_seq_length)
-    modules = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), pooling_mode=pooling)]
-    if normalize:
-        modules.append(models.Normalize())
-    kwargs = {"prompts": prompts, "default_prompt_name": "query"} if prompts else {}
-    return SentenceTransformer(modules=modules, device="cpu", **kwargs)
+def base_checkpoint(arch, index, tokenizer, model_dir, staging):
+    """A random transformers model with its tokenizer, saved to `staging`."""
+    torch.manual_seed(SEED)
+    generator = torch.Generator().manual_seed(SEED + index)
+    sizes = ARCHS[arch]
+    # With their poolers (which the engine ignores), so that loading a folder initialises nothing
+    # at random and every folder saves the same weights.
+    if arch == "bert":
+        config = transformers.BertConfig(vocab_size=30522, **sizes)
+        model = transformers.BertModel(config)
+    elif arch == "xlm-roberta":
+        config = transformers.XLMRobertaConfig(vocab_size=tokenizer.get_vocab_size(), type_vocab_size=1, **sizes)
+        model = transformers.XLMRobertaModel(config)
+    else:
+        config = transformers.MPNetConfig(vocab_size=tokenizer.get_vocab_size(), relative_attention_num_buckets=32, **sizes)
+        model = transformers.MPNetModel(config)
+    scale_weights(model, generator)
+    model.eval()
+    model.save_pretrained(staging, safe_serialization=True)
+    if arch == "bert":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(model_dir, name), staging)
+        return
+    cls = transformers.XLMRobertaTokenizerFast if arch == "xlm-roberta" else transformers.PreTrainedTokenizerFast
+    fast = cls(
+        tokenizer_object=tokenizer,
+        bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=512,
+    )
+    fast.save_pretrained(staging)
 
 
-def classic_form(folder, pooling, max_seq_length):
+def classic_form(folder, hidden, pooling, max_seq_length):
     """Rewrites a 6.x save as sentence-transformers 2.x wrote it."""
     flags = {
-        "word_embedding_dimension": 48,
+        "word_embedding_dimension": hidden,
         "pooling_mode_cls_token": pooling == "cls",
         "pooling_mode_mean_tokens": pooling == "mean",
         "pooling_mode_max_tokens": False,
@@ -122,84 +281,225 @@ def classic_form(folder, pooling, max_seq_length):
         json.dump({"__version__": {"sentence_transformers": "2.0.0"}}, f, indent=2)
 
 
+def save_folder(arch, staging, name, form, pooling, normalize, prompts, saved):
+    limit = classic_length(arch, name) if form == "classic" else None
+    transformer = models.Transformer(staging, max_seq_length=limit)
+    modules = [transformer, models.Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)]
+    if normalize:
+        modules.append(models.Normalize())
+    kwargs = {"prompts": prompts, "default_prompt_name": "query"} if prompts else {}
+    SentenceTransformer(modules=modules, device="cpu", **kwargs).save(saved)
+    if form == "classic":
+        classic_form(saved, ARCHS[arch]["hidden_size"], pooling, limit)
+    else:
+        stated = os.path.join(saved, "sentence_bert_config.json")
+        if os.path.exists(stated):
+            with open(stated) as f:
+                assert "max_seq_length" not in json.load(f), "the 6.x form leaves the length to the tokenizer"
+
+
+SHARED = ("model.safetensors", "tokenizer.json")
+DROPPED = ("README.md", "vocab.txt", "special_tokens_map.json")
+
+
+def commit_folder(saved, folder):
+    shutil.rmtree(folder, ignore_errors=True)
+    for root, _, files in os.walk(saved):
+        for file in files:
+            rel = os.path.relpath(os.path.join(root, file), saved)
+            if rel in SHARED or rel in DROPPED:
+                continue
+            os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
+            shutil.copy(os.path.join(saved, rel), os.path.join(folder, rel))
+
+
+def assemble(arch_dir, name, tokenizer_path, target):
+    """The folder as the tests assemble it: its files, the shared weights and the tokenizer."""
+    shutil.copytree(os.path.join(arch_dir, name), target)
+    shutil.copy(os.path.join(arch_dir, "model.safetensors"), target)
+    shutil.copy(tokenizer_path, os.path.join(target, "tokenizer.json"))
+
+
+def rounded(vectors):
+    return [[float(f"{x:.7g}") for x in v] for v in vectors.tolist()]
+
+
+def encode(st, texts, **kwargs):
+    return st.encode(texts, batch_size=4, convert_to_numpy=True, **kwargs)
+
+
+def token_counts(st, texts, prefix):
+    limit = st.max_seq_length
+    full = [len(st.tokenizer(prefix + t, truncation=False)["input_ids"]) for t in texts]
+    return [min(n, limit) for n in full], [n > limit for n in full]
+
+
+def references(st, form, prompts):
+    """Vectors and token counts for no prompt and each prompt by name."""
+    texts = [t for _, t in TEXTS]
+    runs = {"": dict(prompt="")}
+    for name in (prompts or {}):
+        runs[name] = dict(prompt_name=name)
+    out = {}
+    for key, kwargs in runs.items():
+        prefix = prompts[key] if key else ""
+        tokens, truncated = token_counts(st, texts, prefix)
+        out[key] = {"tokens": tokens, "truncated": truncated, "vectors": rounded(encode(st, texts, **kwargs))}
+    if form == "v6":
+        # The default prompt is what a plain encode() applies.
+        plain = encode(st, texts)
+        assert np.allclose(plain, encode(st, texts, prompt_name="query"), atol=1e-6), "default prompt"
+    return out
+
+
+def matryoshka(st, prompts):
+    texts = [t for _, t in TEXTS]
+    out = {}
+    for key in [""] + list(prompts):
+        kwargs = dict(prompt="") if not key else dict(prompt_name=key)
+        truncated = encode(st, texts, truncate_dim=MATRYOSHKA_DIM, normalize_embeddings=True, **kwargs)
+        full = encode(st, texts, **kwargs)
+        cut = full[:, :MATRYOSHKA_DIM]
+        assert np.allclose(truncated, cut / np.linalg.norm(cut, axis=1, keepdims=True), atol=1e-6)
+        out[key] = rounded(truncated)
+    return out
+
+
+def sensitivity(arch, st, vectors):
+    """The tests must notice a wrong position offset (and, for MPNet, a missing relative bias):
+    recompute with the mistake and require the vectors to move far past the bf16 bound."""
+    model = st[0].auto_model
+    tok = st.tokenizer
+    worst = 1.0
+    for (_, text), ref in zip(TEXTS, vectors):
+        enc = tok(text, truncation=True, max_length=510, return_tensors="pt")
+        n = enc["input_ids"].shape[1]
+        with torch.no_grad():
+            wrong = model(input_ids=enc["input_ids"], position_ids=torch.arange(n)[None, :]).last_hidden_state[0]
+        v = wrong.mean(0)
+        v = v / v.norm()
+        if n < 510:
+            worst = min(worst, float(np.dot(v.numpy(), np.array(ref))))
+    if worst > 0.99:
+        sys.exit(f"{arch}: positions without the offset still give cosine {worst:.5f}: weights too weak to test")
+    print(f"{arch}: positions from 0 instead of padding_idx+1: worst cosine {worst:.4f}")
+    if arch == "mpnet":
+        bias = model.encoder.relative_attention_bias.weight
+        saved = bias.detach().clone()
+        with torch.no_grad():
+            bias.zero_()
+        off = encode(st, [t for _, t in TEXTS], prompt="", normalize_embeddings=True)
+        with torch.no_grad():
+            bias.copy_(saved)
+        worst = min(float(np.dot(a, np.array(r))) for a, r in zip(off, vectors))
+        if worst > 0.99:
+            sys.exit(f"mpnet: no relative bias still gives cosine {worst:.5f}")
+        print(f"mpnet: without the relative position bias: worst cosine {worst:.4f}")
+
+
+def pooling_differs(arch, entries):
+    """CLS and mean pooling of the same weights must give clearly different vectors."""
+    a, b = entries["classic-cls"]["runs"][""]["vectors"], entries["classic-mean"]["runs"][""]["vectors"]
+    worst = min(abs(float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y)))) for x, y in zip(a, b))
+    if worst > 0.99:
+        sys.exit(f"{arch}: CLS and mean pooling agree to {worst:.5f}")
+
+
+def buckets():
+    """transformers' MPNet buckets for key − query from −700 to 700 (the encoder's own function is
+    tested against these)."""
+    rel = torch.arange(-700, 701)
+    return transformers.models.mpnet.modeling_mpnet.MPNetEncoder.relative_position_bucket(rel).tolist()
+
+
 def main():
     parser = argparse.ArgumentParser()
-    here = os.path.dirname(os.path.abspath(__file__))
-    parser.add_argument("--model-dir", default=os.path.join(here, "..", ".ephem", "models", "all-MiniLM-L6-v2"))
-    parser.add_argument("--out", default=os.path.join(here, "..", "tests", "testdata", "st-models"))
+    parser.add_argument("--model-dir", default=os.path.join(ROOT, ".ephem", "models", "all-MiniLM-L6-v2"))
+    parser.add_argument("--out", default=os.path.join(ROOT, "tests", "testdata", "models"))
+    parser.add_argument("--retrain-tokenizers", action="store_true")
     args = parser.parse_args()
+    check_versions()
     torch.set_num_threads(1)
-    cases = texts()
-    specs = [
-        ("classic-mean", "mean", True, 200, None, True),
-        ("classic-cls", "cls", False, 512, None, True),
-        ("v6-mean", "mean", True, None, PROMPTS, False),
-        ("v6-cls", "cls", False, None, None, False),
-    ]
     os.makedirs(args.out, exist_ok=True)
-    reference = {
+    doc = {
         "generator": "scripts/make_test_models.py",
-        "versions": {
-            "sentence_transformers": sentence_transformers.__version__,
-            "transformers": transformers.__version__,
-            "torch": torch.__version__,
-        },
-        "tokenizer_sha256": sha256(os.path.join(args.model_dir, "tokenizer.json")),
-        "models": {},
+        "versions": PINNED,
+        "seed": SEED,
+        "prompts": PROMPTS,
+        "matryoshka": {"folder": MATRYOSHKA_FOLDER, "dimensions": MATRYOSHKA_DIM},
+        "texts": [{"name": n, "text": t} for n, t in TEXTS],
+        "architectures": {},
     }
-    with tempfile.TemporaryDirectory() as work:
-        base = base_model(args.model_dir, work)
-        weights = None
-        for name, pooling, normalize, max_seq_length, prompts, classic in specs:
-            st = build(base, pooling, normalize, max_seq_length, prompts)
-            saved = os.path.join(work, name)
-            st.save(saved)
-            if classic:
-                classic_form(saved, pooling, max_seq_length)
-            else:
-                stated = os.path.join(saved, "sentence_bert_config.json")
-                if os.path.exists(stated):
-                    with open(stated) as f:
-                        sbert = json.load(f)
-                    if sbert.get("max_seq_length") in (None, 512):
-                        # 6.x's own form leaves the limit to the tokenizer.
-                        os.remove(stated)
-            # Reload what was saved: the vectors are those of the folder as written.
-            st = SentenceTransformer(saved, device="cpu")
-            limit = st.max_seq_length
-            vectors = st.encode([t for _, t in cases], prompt="", convert_to_numpy=True, batch_size=4)
-            tokens = [min(len(st.tokenizer(t)["input_ids"]), limit) for _, t in cases]
-            entry = {
-                "max_seq_length": limit,
-                "pooling": pooling,
-                "normalize": normalize,
-                "cases": [
-                    {"name": n, "text": t, "tokens": k, "vector": [float(x) for x in v]}
-                    for (n, t), k, v in zip(cases, tokens, vectors)
-                ],
-            }
-            if prompts:
-                queried = st.encode([t for _, t in cases], prompt_name="query", convert_to_numpy=True, batch_size=4)
-                entry["query_vectors"] = [[float(x) for x in v] for v in queried]
-            reference["models"][name] = entry
-            folder = os.path.join(args.out, name)
-            shutil.rmtree(folder, ignore_errors=True)
-            for root, _, files in os.walk(saved):
-                for file in files:
-                    rel = os.path.relpath(os.path.join(root, file), saved)
-                    if rel in ("model.safetensors", "tokenizer.json", "README.md", "vocab.txt", "special_tokens_map.json"):
-                        continue
-                    os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
-                    shutil.copy(os.path.join(saved, rel), os.path.join(folder, rel))
-            tensors = load_file(os.path.join(saved, "model.safetensors"))
-            if weights is None:
-                weights = tensors
-            else:
-                assert all(torch.equal(weights[k], tensors[k]) for k in weights), "one set of weights"
-        save_file({k: v.contiguous() for k, v in sorted(weights.items())}, os.path.join(args.out, "model.safetensors"))
-    with open(os.path.join(args.out, "reference.json"), "w") as f:
-        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
-    print("wrote", args.out)
+    for index, arch in enumerate(ARCHS):
+        arch_dir = os.path.join(args.out, arch)
+        os.makedirs(arch_dir, exist_ok=True)
+        committed = os.path.join(arch_dir, "tokenizer.json")
+        tokenizer = None
+        if arch == "bert":
+            tokenizer_path = os.path.join(args.model_dir, "tokenizer.json")
+        elif os.path.exists(committed) and not args.retrain_tokenizers:
+            tokenizer_path = committed
+            tokenizer = Tokenizer.from_file(committed)
+            tokenizer.no_padding()
+            tokenizer.no_truncation()
+        else:
+            tokenizer = unigram_tokenizer() if arch == "xlm-roberta" else wordpiece_tokenizer()
+            tokenizer_path = None
+        entry = {
+            "model_type": arch,
+            "hidden_size": ARCHS[arch]["hidden_size"],
+            "tokenizer": "installed all-MiniLM-L6-v2" if arch == "bert" else "committed",
+            "folders": {},
+        }
+        with tempfile.TemporaryDirectory() as work:
+            staging = os.path.join(work, "hf")
+            base_checkpoint(arch, index, tokenizer, args.model_dir, staging)
+            if tokenizer_path is None:
+                shutil.copy(os.path.join(staging, "tokenizer.json"), committed)
+                tokenizer_path = committed
+            entry["tokenizer_sha256"] = sha256(tokenizer_path)
+            weights = None
+            for name, form, pooling, normalize, prompts in FOLDERS:
+                saved = os.path.join(work, name)
+                save_folder(arch, staging, name, form, pooling, normalize, prompts, saved)
+                commit_folder(saved, os.path.join(arch_dir, name))
+                tensors = load_file(os.path.join(saved, "model.safetensors"))
+                if weights is None:
+                    weights = tensors
+                    save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, os.path.join(arch_dir, "model.safetensors"))
+                else:
+                    assert weights.keys() == tensors.keys() and all(torch.equal(weights[k], tensors[k]) for k in weights)
+                # Reload the folder as the tests assemble it: the vectors are those of the files as committed.
+                assembled = os.path.join(work, name + ".assembled")
+                assemble(arch_dir, name, tokenizer_path, assembled)
+                st = SentenceTransformer(assembled, device="cpu")
+                limit = st.max_seq_length
+                assert limit == (classic_length(arch, name) if form == "classic" else 512), (arch, name, limit)
+                folder = {
+                    "form": form,
+                    "pooling": pooling,
+                    "normalize": normalize,
+                    "max_seq_length": limit,
+                    "prompts": prompts or {},
+                    "default_prompt_name": "query" if prompts else None,
+                    "runs": references(st, form, prompts),
+                }
+                if name == MATRYOSHKA_FOLDER:
+                    folder["truncate_dim"] = matryoshka(st, prompts)
+                if arch != "bert" and name == "classic-mean":
+                    sensitivity(arch, st, folder["runs"][""]["vectors"])
+                tokens = folder["runs"][""]["tokens"]
+                assert any(t == limit for t in tokens), (arch, name, "a text cut at the limit")
+                if limit == 512:
+                    assert any(256 < t < 512 for t in tokens), (arch, name, "a text of 256..512 tokens")
+                entry["folders"][name] = folder
+            pooling_differs(arch, entry["folders"])
+        doc["architectures"][arch] = entry
+        print(f"{arch}: {len(FOLDERS)} folders, {len(TEXTS)} texts, written to {arch_dir}")
+    doc["buckets"] = {"from": -700, "to": 700, "values": buckets()}
+    with open(os.path.join(args.out, "reference.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
 
 
 if __name__ == "__main__":

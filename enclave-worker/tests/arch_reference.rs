@@ -1,11 +1,10 @@
 //! XLM-RoBERTa and MPNet in the fused encoder, against sentence-transformers' vectors for tiny
-//! random checkpoints of each (`testdata/arch-models/`, written by
-//! `scripts/make_arch_test_models.py`): multilingual texts, a `<pad>` typed into a text, texts
-//! between 256 and 512 tokens and texts cut at 512.
+//! random checkpoints of each (the `classic-mean` folders of the model matrix,
+//! `tests/testdata/models/`, written by `scripts/make_test_models.py`): multilingual texts, a
+//! `<pad>` typed into a text, texts between 256 and 512 tokens and texts cut at 512.
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use enclave_worker::inference::{
@@ -18,6 +17,8 @@ use protocol::manifest::Pooling;
 
 const F32_MIN_COSINE: f64 = 0.9999;
 const BF16_MIN_COSINE: f64 = 0.999;
+/// Mean pooling, Normalize, 512 tokens, no prompts.
+const FOLDER: &str = "classic-mean";
 
 struct Model {
     kind: &'static str,
@@ -25,29 +26,27 @@ struct Model {
     tokenizer: Vec<u8>,
     weights: Vec<u8>,
     max_tokens: usize,
+    dimensions: usize,
     cases: Vec<Case>,
 }
 
-fn testdata() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/arch-models"))
-}
-
 fn model(kind: &'static str) -> Model {
-    let dir = testdata().join(kind);
+    let dir = support::matrix_dir().join(kind);
     let read = |name: &str| std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{kind}/{name}: {e}"));
-    let reference: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(testdata().join(format!("{kind}.reference.json"))).unwrap()).unwrap();
-    assert_eq!(reference["model_type"], kind);
-    assert_eq!(reference["pooling"], "mean");
-    assert_eq!(reference["normalize"], true);
-    let cases = support::cases(&reference);
+    let reference = support::matrix_reference();
+    let arch = &reference["architectures"][kind];
+    let folder = &arch["folders"][FOLDER];
+    assert_eq!(arch["model_type"], kind);
+    assert_eq!(folder["pooling"], "mean");
+    assert_eq!(folder["normalize"], true);
     Model {
         kind,
-        config: read("config.json"),
+        config: read(&format!("{FOLDER}/config.json")),
         tokenizer: read("tokenizer.json"),
         weights: read("model.safetensors"),
-        max_tokens: reference["max_tokens"].as_u64().unwrap() as usize,
-        cases,
+        max_tokens: folder["max_seq_length"].as_u64().unwrap() as usize,
+        dimensions: arch["hidden_size"].as_u64().unwrap() as usize,
+        cases: support::matrix_cases(&reference, kind, FOLDER, ""),
     }
 }
 
@@ -61,7 +60,7 @@ impl Model {
             pooling: Pooling::Mean,
             normalize: true,
             max_tokens: self.max_tokens,
-            dimensions: Some(96),
+            dimensions: Some(self.dimensions),
             backend: Backend::Fused,
         }
     }
@@ -83,7 +82,7 @@ impl Model {
         for (case, result) in self.cases.iter().zip(results) {
             let embedding = result.unwrap_or_else(|e| panic!("{} {}: {e}", self.kind, case.name));
             assert_eq!(embedding.tokens, case.tokens, "{} {}: token count", self.kind, case.name);
-            assert_eq!(embedding.vector.len(), 96);
+            assert_eq!(embedding.vector.len(), self.dimensions);
             let c = cosine(&embedding.vector, &case.vector);
             if c < worst.0 {
                 worst = (c, case.name.clone());

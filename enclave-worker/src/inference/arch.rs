@@ -285,7 +285,7 @@ mod tests {
     /// transformers' own buckets for every distance from −700 to 700, written by the generator.
     #[test]
     fn buckets_equal_transformers() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/arch-models/mpnet.reference.json");
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/models/reference.json");
         let doc: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
         let from = doc["buckets"]["from"].as_i64().unwrap();
         let values = doc["buckets"]["values"].as_array().unwrap();

@@ -1,4 +1,7 @@
 //! What the reference tests share: a reference case as the generator scripts write it, and cosine.
+#![allow(dead_code)] // each test file uses part of it
+
+use std::path::PathBuf;
 
 /// One text with sentence-transformers' token count, truncation and vector.
 pub struct Case {
@@ -7,6 +10,10 @@ pub struct Case {
     pub tokens: u32,
     pub truncated: bool,
     pub vector: Vec<f32>,
+}
+
+fn floats(value: &serde_json::Value) -> Vec<f32> {
+    value.as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect()
 }
 
 /// The `cases` array of a reference file.
@@ -20,7 +27,33 @@ pub fn cases(reference: &serde_json::Value) -> Vec<Case> {
             text: c["text"].as_str().unwrap().to_owned(),
             tokens: c["tokens"].as_u64().unwrap() as u32,
             truncated: c["truncated"].as_bool().unwrap(),
-            vector: c["vector"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect(),
+            vector: floats(&c["vector"]),
+        })
+        .collect()
+}
+
+/// The model matrix (`tests/testdata/models/`, written by `scripts/make_test_models.py`).
+pub fn matrix_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/models"))
+}
+
+pub fn matrix_reference() -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(matrix_dir().join("reference.json")).unwrap()).unwrap()
+}
+
+/// The texts of the matrix with one folder's run (`""`: no prompt, else a prompt's name).
+pub fn matrix_cases(reference: &serde_json::Value, arch: &str, folder: &str, run: &str) -> Vec<Case> {
+    let run = &reference["architectures"][arch]["folders"][folder]["runs"][run];
+    let texts = reference["texts"].as_array().unwrap();
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, t)| Case {
+            name: t["name"].as_str().unwrap().to_owned(),
+            text: t["text"].as_str().unwrap().to_owned(),
+            tokens: run["tokens"][i].as_u64().unwrap() as u32,
+            truncated: run["truncated"][i].as_bool().unwrap(),
+            vector: floats(&run["vectors"][i]),
         })
         .collect()
 }
