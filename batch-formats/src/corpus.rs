@@ -155,7 +155,8 @@ pub enum CorpusError {
 pub struct CorpusOptions {
     /// The job's model: OpenAI lines naming another model are `model_mismatch`.
     pub model_id: String,
-    /// The model's dimensions, if known: an OpenAI `body.dimensions` must equal them.
+    /// The job's vector length (the model's dimensions, or the Matryoshka length asked for), if
+    /// known: an OpenAI `body.dimensions` must equal it (one length per job).
     pub dimensions: Option<u32>,
     /// Longest line read (bytes, without the newline); longer lines are `too_large`.
     pub max_line_len: usize,
@@ -502,7 +503,7 @@ impl<R: BufRead> CorpusReader<R> {
             (Some(Value::Number(n)), Some(dims)) if n.as_u64() == Some(u64::from(dims)) => {}
             (Some(other), _) => {
                 return Err(unsupported(format!(
-                    "\"body.dimensions\" {other} is not supported (the model's own size only)"
+                    "\"body.dimensions\" {other} is not this job's length (one per job: submit --dimensions N)"
                 )));
             }
         }

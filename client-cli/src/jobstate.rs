@@ -41,6 +41,12 @@ pub struct ClientJob {
     pub normalize: bool,
     pub dtype: String,
     pub precision: String,
+    /// The manifest prompt put before every text (`None`: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Matryoshka length asked for (`None`: the model's own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<u32>,
     /// Hex [`IdsDigest`] of the record ids sealed, in order (`None`: submitted by a client that
     /// kept none, so `record_ids` cannot pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -280,6 +286,8 @@ mod tests {
             normalize: true,
             dtype: "f32".into(),
             precision: "fp32".into(),
+            prompt: None,
+            dimensions: None,
             ids_sha256: Some(ids.into()),
             uploaded_ms: Some(2),
             downloaded: None,

@@ -159,6 +159,7 @@ fn prepare(
     dir: &Path,
     model_id: &str,
     version: u64,
+    matryoshka: &[u32],
     kms: &dyn Kms,
     kms_key_id: &str,
 ) -> Result<(Manifest, Zeroizing<[u8; 32]>), ModelError> {
@@ -189,6 +190,12 @@ fn prepare(
         normalize: settings.normalize,
         max_tokens: settings.max_tokens,
         prompts: Prompts { entries: settings.prompts, default: settings.default_prompt },
+        matryoshka: {
+            let mut lengths = matryoshka.to_vec();
+            lengths.sort_unstable();
+            lengths.dedup();
+            lengths
+        },
         kms_key_id: kms_key_id.to_owned(),
         wrapped_dek,
         created_ms: cloud::now_ms(),
@@ -265,7 +272,21 @@ pub fn encrypt(
     kms_key_id: &str,
     out_dir: &Path,
 ) -> Result<Manifest, ModelError> {
-    let (manifest, dek) = prepare(dir, model_id, version, kms, kms_key_id)?;
+    encrypt_offering(dir, model_id, version, &[], kms, kms_key_id, out_dir)
+}
+
+/// [`encrypt`], the manifest offering jobs the Matryoshka lengths `matryoshka` (the publisher's
+/// statement that the model was trained for them; nothing in a model directory says so).
+pub fn encrypt_offering(
+    dir: &Path,
+    model_id: &str,
+    version: u64,
+    matryoshka: &[u32],
+    kms: &dyn Kms,
+    kms_key_id: &str,
+    out_dir: &Path,
+) -> Result<Manifest, ModelError> {
+    let (manifest, dek) = prepare(dir, model_id, version, matryoshka, kms, kms_key_id)?;
     std::fs::create_dir_all(out_dir).map_err(|source| ModelError::Io { path: out_dir.to_owned(), source })?;
     let stale = out_dir.join(SIGNED_FILE);
     match std::fs::remove_file(&stale) {
@@ -445,7 +466,7 @@ pub fn publish(
     if models.head(&manifest_key)?.is_some() {
         return Err(ModelError::VersionExists { key: manifest_key, model_id: model_id.to_owned(), version });
     }
-    let (manifest, dek) = prepare(dir, model_id, version, kms, kms_key_id)?;
+    let (manifest, dek) = prepare(dir, model_id, version, &[], kms, kms_key_id)?;
     let signed = manifest.sign(signing_key);
     for file in &manifest.files {
         let object_key = Manifest::file_object_key(&manifest_key, &file.name);

@@ -27,6 +27,10 @@ pub enum ModelCommand {
         kms_key: Option<String>,
         #[arg(short, long, value_name = "OUT_DIR")]
         output: PathBuf,
+        /// Shorter vector lengths the model was trained to keep meaning at (Matryoshka, e.g.
+        /// `256,128,64`), which jobs may then ask for with `--dimensions`.
+        #[arg(long, value_name = "N,M,…", value_delimiter = ',')]
+        matryoshka: Vec<u32>,
     },
     /// Sign OUT_DIR's manifest with the model publisher's key.
     Sign {
@@ -92,9 +96,10 @@ fn verifying_key(hex_key: Option<String>, development: bool) -> anyhow::Result<V
 
 pub fn run(command: ModelCommand, services: &Services) -> anyhow::Result<ExitCode> {
     match command {
-        ModelCommand::Encrypt { dir, model_id, version, kms_key, output } => {
+        ModelCommand::Encrypt { dir, model_id, version, kms_key, output, matryoshka } => {
             let key = kms_key.unwrap_or_else(|| services.keys.model.clone());
-            let manifest = model::encrypt(&dir, &model_id, version, services.kms.as_ref(), &key, &output)?;
+            let manifest =
+                model::encrypt_offering(&dir, &model_id, version, &matryoshka, services.kms.as_ref(), &key, &output)?;
             println!("sealed {} v{} ({} files) into {}", manifest.model_id, manifest.version, manifest.files.len(), output.display());
         }
         ModelCommand::Sign { out_dir, key, development } => {

@@ -116,8 +116,9 @@ pub fn run(
     Ok(Written { summary, output: paths.output, errors: paths.errors, verification })
 }
 
-/// The model's dimensions, from the manifest whose hash the job header pinned, signed by the
-/// pinned model publisher (the host controls the bucket it is read from).
+/// The vectors' length: the Matryoshka length the job asked for, else the model's dimensions
+/// from the manifest whose hash the job header pinned, signed by the pinned model publisher (the
+/// host controls the bucket it is read from).
 pub fn dimensions(services: &Services, trust: &ClientTrust, state: &ClientJob) -> Result<usize, ResultsError> {
     let refuse = |detail: String| ResultsError::Manifest { detail };
     let bytes = services.models.get_at_most(&state.manifest_key, cloud::MAX_SMALL_OBJECT).map_err(|e| refuse(format!("reading {}: {e}", state.manifest_key)))?;
@@ -129,7 +130,7 @@ pub fn dimensions(services: &Services, trust: &ClientTrust, state: &ClientJob) -
     if manifest.model_id != state.model_id {
         return Err(refuse(format!("{} names model {}, the job {}", state.manifest_key, manifest.model_id, state.model_id)));
     }
-    Ok(manifest.dimensions as usize)
+    Ok(state.dimensions.unwrap_or(manifest.dimensions) as usize)
 }
 
 /// One job's results written to `writer`, verified.

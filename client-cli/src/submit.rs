@@ -18,6 +18,7 @@ use indicatif::ProgressBar;
 use crate::progress::bar;
 use cloud::ObjectWriter;
 use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype, Precision, ResultSecretKey};
+use protocol::manifest::Manifest;
 use protocol::records::encode_input;
 use sha2::{Digest, Sha256};
 
@@ -86,6 +87,15 @@ pub struct SubmitArgs {
     /// compute at it refuses the job rather than serving another precision.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]
     pub precision: PrecisionArg,
+    /// Put one of the model's named prompts (its signed manifest's, e.g. `query`, `passage`)
+    /// before every text, as sentence-transformers' `prompt_name` does; `none` for no prompt.
+    /// Default: the model's default prompt, if it names one. The receipt records it.
+    #[arg(long, value_name = "NAME")]
+    pub prompt: Option<String>,
+    /// Vectors of N values: one of the Matryoshka lengths the model's signed manifest offers
+    /// (the first N values, normalised again). The receipt records it.
+    #[arg(long, value_name = "N")]
+    pub dimensions: Option<u32>,
     /// Print the job as JSON on stdout.
     #[arg(long)]
     pub json: bool,
@@ -166,8 +176,9 @@ impl Sealing {
         let model = choose_model(services.models.as_ref(), &args.model, &trust.model_publisher, home, &pins)?;
         eprintln!("model {} v{} manifest {} ({})", model.manifest.model_id, model.manifest.version, hex::encode(model.hash), model.key);
         let result_key = crate::keys::load_result_key(&home.result_key(), true)?;
+        let (prompt, dimensions) = shaping(&model.manifest, args.prompt.as_deref(), args.dimensions)?;
         let mut corpus_options = CorpusOptions::new(args.model.clone());
-        corpus_options.dimensions = Some(model.manifest.dimensions);
+        corpus_options.dimensions = Some(dimensions.unwrap_or(model.manifest.dimensions));
         let options = JobOptions {
             truncate: !args.no_truncate,
             normalize: !args.no_normalize,
@@ -177,6 +188,8 @@ impl Sealing {
                 PrecisionArg::Bf16 => Precision::Bf16,
                 PrecisionArg::Int8 => Precision::Int8,
             },
+            prompt,
+            dimensions,
         };
         Ok(Sealing { trust, enclave, model, result_key, corpus_options, options, now_ms })
     }
@@ -188,7 +201,7 @@ impl Sealing {
             epoch: self.enclave.binding.epoch,
             model_id: self.corpus_options.model_id.clone(),
             manifest_hash: self.model.hash,
-            options: self.options,
+            options: self.options.clone(),
             result_public_key: self.result_key.public_key().to_bytes(),
             record_count: records,
             created_ms: self.now_ms,
@@ -222,11 +235,39 @@ impl Sealing {
             normalize: self.options.normalize,
             dtype: self.options.dtype.as_str().to_owned(),
             precision: self.options.precision.as_str().to_owned(),
+            prompt: self.options.prompt.clone(),
+            dimensions: self.options.dimensions,
             ids_sha256: Some(sealed.ids_sha256.clone()),
             uploaded_ms: None,
             downloaded: None,
         }
     }
+}
+
+/// The prompt and vector length a job asks for, checked against the model's signed manifest
+/// before anything is sealed: a prompt it names (by default its default prompt; `none`: no
+/// prompt), a length it offers (its own asks for nothing).
+pub fn shaping(manifest: &Manifest, prompt: Option<&str>, dimensions: Option<u32>) -> anyhow::Result<(Option<String>, Option<u32>)> {
+    let prompt = match prompt {
+        None => manifest.prompts.default.clone(),
+        Some(protocol::online::NO_PROMPT) => None,
+        Some(name) if manifest.prompts.get(name).is_some() => Some(name.to_owned()),
+        Some(name) => {
+            let named: Vec<&str> = manifest.prompts.entries.iter().map(|(n, _)| n.as_str()).collect();
+            bail!("--prompt {name:?}: model {} names the prompts {named:?} (or `none`)", manifest.model_id);
+        }
+    };
+    let dimensions = match dimensions {
+        None => None,
+        Some(asked) if asked == manifest.dimensions => None,
+        Some(asked) if manifest.offers_dimensions(asked) => Some(asked),
+        Some(asked) => bail!(
+            "--dimensions {asked}: model {} offers {:?} (Matryoshka lengths from its signed manifest)",
+            manifest.model_id,
+            manifest.offered_dimensions()
+        ),
+    };
+    Ok((prompt, dimensions))
 }
 
 pub fn run(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Result<ClientJob> {

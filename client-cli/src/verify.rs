@@ -179,14 +179,24 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
         receipt.model_id == state.model_id && hex(receipt.manifest_hash) == state.manifest_hash,
         format!("{} manifest {}", receipt.model_id, hex(receipt.manifest_hash)),
     );
-    let options = receipt.options;
+    let options = &receipt.options;
     out.add(
         "options",
         options.truncate == state.truncate
             && options.normalize == state.normalize
             && options.dtype.as_str() == state.dtype
-            && options.precision.as_str() == state.precision,
-        format!("{} {} truncate={} normalize={}", options.precision.as_str(), options.dtype.as_str(), options.truncate, options.normalize),
+            && options.precision.as_str() == state.precision
+            && options.prompt == state.prompt
+            && options.dimensions == state.dimensions,
+        format!(
+            "{} {} truncate={} normalize={} prompt={} dimensions={}",
+            options.precision.as_str(),
+            options.dtype.as_str(),
+            options.truncate,
+            options.normalize,
+            options.prompt.as_deref().unwrap_or("none"),
+            options.dimensions.map_or("model's".to_owned(), |d| d.to_string())
+        ),
     );
     out.add("result_key", hex(receipt.result_key_id) == state.result_key_id, format!("sealed to key {}", hex(receipt.result_key_id)));
     out.add(

@@ -46,6 +46,7 @@ pub fn manifest(version: u64, files: &[(&str, Vec<u8>)], kms_key_id: &str, wrapp
         normalize: true,
         max_tokens: 256,
         prompts: Default::default(),
+        matryoshka: Vec::new(),
         kms_key_id: kms_key_id.into(),
         wrapped_dek,
         created_ms,

@@ -203,7 +203,7 @@ fn run<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), JobEr
         tokens: state.tokens,
         model_id: state.header.model_id.clone(),
         manifest_hash: state.model.manifest_hash,
-        options: state.header.options,
+        options: state.header.options.clone(),
         result_key_id: protocol::keys::key_id(&state.header.result_public_key),
         attempt,
         attestation_sha256: state.epoch_document_sha256,
@@ -239,7 +239,7 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
             loaded: hex::encode(model.manifest_hash),
         });
     }
-    let options = EmbedOptions::for_job(&header.options, model.engine.embedder())
+    let options = EmbedOptions::for_job(&header.options, model.engine.embedder(), &model.manifest)
         .map_err(|e| JobError::Options(e.to_string()))?;
     let client = ResultPublicKey::from_bytes(&header.result_public_key)?;
     let job_id = JobId(opened.stream_id);

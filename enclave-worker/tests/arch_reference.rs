@@ -164,7 +164,7 @@ fn int8_is_refused_for_them_by_name() {
             "{err}"
         );
         let job = JobOptions { precision: Precision::Int8, ..JobOptions::default() };
-        let err = EmbedOptions::for_job(&job, embedder).unwrap_err();
+        let err = EmbedOptions::for_job(&job, embedder, &default_manifest()).unwrap_err();
         assert!(err.to_string().contains(name), "{err}");
         let tokenized = embedder.tokenize(b"hello", true).unwrap();
         let err = embedder.embed_batch(&[&tokenized], true, Precision::Int8).unwrap_err();
@@ -229,4 +229,10 @@ fn the_architecture_is_read_from_the_config_and_unknown_ones_are_refused() {
     let buckets = edit(&mpnet, &|c| c["relative_attention_num_buckets"] = 64.into());
     let err = load(&mpnet, &buckets, Backend::Fused).unwrap_err();
     assert!(err.to_string().contains("relative_attention_num_buckets"), "{err}");
+}
+
+/// A manifest with no prompts and no Matryoshka lengths: what these jobs' options are checked
+/// against.
+fn default_manifest() -> protocol::manifest::Manifest {
+    enclave_worker::dev_model::manifest(1, &[], "local:model", Vec::new(), 0)
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use enclave_worker::inference::{
-    Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles,
+    Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, InferenceError, ModelFiles,
 };
 use support::{cosine, Case};
 use protocol::envelope::{JobOptions, OutputDtype, Precision};
@@ -231,7 +231,7 @@ fn truncation_off_refuses_long_texts() {
     let long = reference.cases.iter().find(|c| c.truncated).expect("a truncated case");
     let exact = reference.cases.iter().find(|c| c.tokens == 128).expect("a 128-token case");
     let job = JobOptions { truncate: false, ..Default::default() };
-    let options = EmbedOptions::for_job(&job, engine().embedder()).unwrap();
+    let options = EmbedOptions::for_job(&job, engine().embedder(), &default_manifest()).unwrap();
     let results = engine().embed_window(&[long.text.as_str(), exact.text.as_str()], &options);
     let failure = results[0].as_ref().unwrap_err();
     assert_eq!(failure.code, ErrorCode::TooManyTokens, "{failure}");
@@ -245,9 +245,9 @@ fn truncation_off_refuses_long_texts() {
 #[test]
 fn reduced_precisions_are_refused_where_they_cannot_run() {
     let job = JobOptions { precision: Precision::Int8, ..Default::default() };
-    let refused = EmbedOptions::for_job(&job, candle_engine().embedder()).unwrap_err();
+    let refused = EmbedOptions::for_job(&job, candle_engine().embedder(), &default_manifest()).unwrap_err();
     assert!(refused.to_string().contains("int8"), "candle-bert: {refused}");
-    match EmbedOptions::for_job(&job, engine().embedder()) {
+    match EmbedOptions::for_job(&job, engine().embedder(), &default_manifest()) {
         Ok(options) => assert_eq!(options.precision, Precision::Int8),
         Err(refused) => {
             assert!(!std::arch::is_x86_feature_detected!("avx512vnni"), "int8 refused on a CPU that has VNNI");
@@ -255,7 +255,42 @@ fn reduced_precisions_are_refused_where_they_cannot_run() {
         }
     }
     let job = JobOptions { precision: Precision::Bf16, ..Default::default() };
-    assert!(EmbedOptions::for_job(&job, candle_engine().embedder()).is_err(), "bf16 on the candle backend");
+    assert!(EmbedOptions::for_job(&job, candle_engine().embedder(), &default_manifest()).is_err(), "bf16 on the candle backend");
+}
+
+/// A prompt is the text put before each text, as sentence-transformers joins them (so the vector
+/// is exactly that of the joined string); a Matryoshka length keeps the first values of the
+/// pooled vector and normalises them again.
+#[test]
+fn prompts_and_matryoshka_lengths_shape_the_vectors_as_asked() {
+    let mut manifest = default_manifest();
+    manifest.prompts.entries = vec![("query".into(), "query: ".into())];
+    manifest.matryoshka = vec![128];
+    let text = "How many people live in Paris?";
+    let asked = JobOptions { prompt: Some("query".into()), dimensions: Some(128), ..Default::default() };
+    let options = EmbedOptions::for_job(&asked, engine().embedder(), &manifest).unwrap();
+    let shaped = engine().embed_window(&[text], &options).remove(0).unwrap();
+    let joined = engine().embed_window(&[format!("query: {text}")], &EmbedOptions::default()).remove(0).unwrap();
+    assert_eq!(shaped.tokens, joined.tokens, "the prompt's tokens are the model's input too");
+    assert!(shaped.tokens > engine().embed_window(&[text], &EmbedOptions::default())[0].as_ref().unwrap().tokens);
+    assert_eq!(shaped.vector.len(), 128);
+    let norm: f64 = joined.vector[..128].iter().map(|v| f64::from(*v).powi(2)).sum::<f64>().sqrt();
+    for (got, full) in shaped.vector.iter().zip(&joined.vector[..128]) {
+        assert!((f64::from(*got) - f64::from(*full) / norm).abs() < 1e-6, "truncated and renormalised");
+    }
+    let unnormalised = EmbedOptions { normalize: false, ..options.clone() };
+    let raw = engine().embed_window(&[text], &unnormalised).remove(0).unwrap();
+    assert_eq!(raw.vector.len(), 128, "without normalisation: the first 128 values as they are");
+
+    // What the manifest does not offer is refused by name, never served otherwise.
+    let unknown = JobOptions { prompt: Some("passage".into()), ..Default::default() };
+    let refused = EmbedOptions::for_job(&unknown, engine().embedder(), &manifest).unwrap_err();
+    assert!(matches!(&refused, InferenceError::UnknownPrompt(name) if name == "passage"), "{refused}");
+    let short = JobOptions { dimensions: Some(64), ..Default::default() };
+    let refused = EmbedOptions::for_job(&short, engine().embedder(), &manifest).unwrap_err();
+    assert!(matches!(&refused, InferenceError::DimensionsNotOffered { asked: 64, offered } if offered == &[128, 384]), "{refused}");
+    let own = JobOptions { dimensions: Some(384), ..Default::default() };
+    assert!(EmbedOptions::for_job(&own, engine().embedder(), &default_manifest()).is_ok(), "the model's own length");
 }
 
 /// int8 (VNNI kernels in the dense layers, weights per output channel, activations per token)
@@ -264,7 +299,7 @@ fn reduced_precisions_are_refused_where_they_cannot_run() {
 #[test]
 fn int8_stays_within_its_bound_on_every_reference_text() {
     let job = JobOptions { precision: Precision::Int8, ..Default::default() };
-    let Ok(options) = EmbedOptions::for_job(&job, engine().embedder()) else {
+    let Ok(options) = EmbedOptions::for_job(&job, engine().embedder(), &default_manifest()) else {
         assert!(!std::arch::is_x86_feature_detected!("avx512vnni"), "int8 refused on a CPU that has it");
         eprintln!("skipped: this CPU has no AVX-512 VNNI, so int8 jobs are refused");
         return;
@@ -294,7 +329,7 @@ fn int8_stays_within_its_bound_on_every_reference_text() {
 #[test]
 fn bf16_stays_within_its_bound_on_every_reference_text() {
     let job = JobOptions { precision: Precision::Bf16, ..Default::default() };
-    let Ok(options) = EmbedOptions::for_job(&job, engine().embedder()) else {
+    let Ok(options) = EmbedOptions::for_job(&job, engine().embedder(), &default_manifest()) else {
         assert!(!std::arch::is_x86_feature_detected!("avx512bf16"), "bf16 refused on a CPU that has it");
         eprintln!("skipped: this CPU has no AVX-512 BF16, so bf16 jobs are refused");
         return;
@@ -368,4 +403,10 @@ fn stream_keeps_input_order_through_small_windows() {
             other => panic!("unexpected {other:?}"),
         }
     }
+}
+
+/// A manifest with no prompts and no Matryoshka lengths: what these jobs' options are checked
+/// against.
+fn default_manifest() -> protocol::manifest::Manifest {
+    enclave_worker::dev_model::manifest(1, &[], "local:model", Vec::new(), 0)
 }

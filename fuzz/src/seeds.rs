@@ -207,7 +207,7 @@ fn envelope_seeds(w: &mut Writer<'_>) -> io::Result<()> {
     }
     // Options other than the defaults, and a body of two STREAM chunks.
     let mut other = header(1);
-    other.options = JobOptions { truncate: false, normalize: false, dtype: OutputDtype::F16, precision: Precision::Bf16 };
+    other.options = JobOptions { truncate: false, normalize: false, dtype: OutputDtype::F16, precision: Precision::Bf16, ..JobOptions::default() };
     let long = [InputRecord { id: "long".into(), text: vec![b'a'; 70_000] }];
     let sealed = envelope::seal_job_with_ephemeral_ikm(&other, &fleet, &fixed::seed("job-long")).map_err(io::Error::other)?;
     w.put("envelope", "job-two-chunks", &seal(sealed, &input_records(&long)))?;
@@ -301,7 +301,7 @@ fn receipt_seeds(w: &mut Writer<'_>) -> io::Result<()> {
     let key = &fixed::enclave().receipt_key;
     w.put("receipt", "valid", &receipt(1).sign(key))?;
     let mut other = receipt(2);
-    other.options = JobOptions { truncate: false, normalize: true, dtype: OutputDtype::F16, precision: Precision::Int8 };
+    other.options = JobOptions { truncate: false, normalize: true, dtype: OutputDtype::F16, precision: Precision::Int8, ..JobOptions::default() };
     other.pcrs.retain(|i, _| *i == 0);
     other.records_failed = 0;
     w.put("receipt", "valid-pcr0-only", &other.sign(key))
@@ -318,6 +318,7 @@ fn manifest_seeds(w: &mut Writer<'_>) -> io::Result<()> {
         normalize: true,
         max_tokens: 256,
         prompts: Default::default(),
+        matryoshka: Vec::new(),
         kms_key_id: "arn:aws:kms:eu-west-1:111122223333:key/model".into(),
         wrapped_dek: vec![0x01; 184],
         created_ms: fixed::DEV_DOC_TIME_MS,

@@ -25,6 +25,8 @@ pub const MAX_FILES: usize = 64;
 /// Prompts a manifest may carry, and the size of each prompt's text.
 pub const MAX_PROMPTS: usize = 32;
 pub const MAX_PROMPT_BYTES: usize = 4096;
+/// Matryoshka lengths a manifest may offer.
+pub const MAX_MATRYOSHKA: usize = 32;
 
 /// A prompt name: 1 to 64 printable ASCII characters.
 pub fn valid_prompt_name(name: &str) -> bool {
@@ -100,6 +102,9 @@ pub struct Manifest {
     pub normalize: bool,
     pub max_tokens: u32,
     pub prompts: Prompts,
+    /// Shorter vector lengths the model was trained to keep meaning at (Matryoshka), which a job
+    /// may ask for: ascending, each below `dimensions`. Absent from the payload when empty.
+    pub matryoshka: Vec<u32>,
     /// KMS key that wraps the DEK.
     pub kms_key_id: String,
     /// The DEK as KMS `GenerateDataKey` returned it wrapped (CiphertextBlob), encryption context
@@ -134,6 +139,9 @@ impl Manifest {
         }
         if let Some(default) = &self.prompts.default {
             map = map.text("default_prompt", default);
+        }
+        if !self.matryoshka.is_empty() {
+            map = map.value("matryoshka", Value::Array(self.matryoshka.iter().map(|&d| Value::from(d)).collect()));
         }
         cbor::encode(
             &map
@@ -182,6 +190,7 @@ impl Manifest {
             _ => return Err(ManifestError::Invalid("unknown pooling")),
         };
         let prompts = read_prompts(&mut map)?;
+        let matryoshka = read_matryoshka(&mut map)?;
         let manifest = Self {
             model_id: map.text("model")?,
             version: map.uint("version")?,
@@ -191,6 +200,7 @@ impl Manifest {
             normalize: map.bool("normalize")?,
             max_tokens: u32::try_from(map.uint("max_tokens")?).map_err(|_| ManifestError::Invalid("max_tokens"))?,
             prompts,
+            matryoshka,
             kms_key_id: map.text("kms_key")?,
             wrapped_dek: map.bytes("wrapped_dek")?,
             created_ms: map.uint("created_ms")?,
@@ -205,12 +215,26 @@ impl Manifest {
         if manifest.max_tokens == 0 {
             return Err(ManifestError::Invalid("max_tokens"));
         }
+        if manifest.matryoshka.last().is_some_and(|&longest| longest >= manifest.dimensions) {
+            return Err(ManifestError::Invalid("matryoshka dimensions must be below the model's dimensions"));
+        }
         Ok(manifest)
     }
 
     /// Signs with the publisher key; the SHA-256 of the result is the manifest hash.
     pub fn sign(&self, publisher: &SigningKey) -> Vec<u8> {
         cose::sign(self.to_payload(), CONTENT_TYPE, publisher)
+    }
+
+    /// Whether a job may ask for vectors of `dimensions` values: the model's own length, or one of
+    /// its Matryoshka lengths.
+    pub fn offers_dimensions(&self, dimensions: u32) -> bool {
+        dimensions == self.dimensions || self.matryoshka.contains(&dimensions)
+    }
+
+    /// Every length [`Manifest::offers_dimensions`] accepts, ascending.
+    pub fn offered_dimensions(&self) -> Vec<u32> {
+        self.matryoshka.iter().copied().chain([self.dimensions]).collect()
     }
 
     pub fn file(&self, name: &str) -> Option<&ModelFile> {
@@ -292,6 +316,28 @@ fn read_prompts(map: &mut MapReader) -> Result<Prompts, ManifestError> {
         prompts.default = Some(name);
     }
     Ok(prompts)
+}
+
+/// The optional `matryoshka` field: ascending, no duplicates, none zero (one payload per set).
+fn read_matryoshka(map: &mut MapReader) -> Result<Vec<u32>, ManifestError> {
+    let Some(value) = map.optional("matryoshka") else { return Ok(Vec::new()) };
+    let Value::Array(entries) = value else { return Err(CborError::WrongType("matryoshka").into()) };
+    if entries.is_empty() || entries.len() > MAX_MATRYOSHKA {
+        return Err(ManifestError::Invalid("number of matryoshka dimensions"));
+    }
+    let mut dimensions: Vec<u32> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let dimension = entry
+            .as_integer()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|&n| n > 0)
+            .ok_or(ManifestError::Invalid("matryoshka dimension"))?;
+        if dimensions.last().is_some_and(|&last| last >= dimension) {
+            return Err(ManifestError::Invalid("matryoshka dimensions must ascend, without duplicates"));
+        }
+        dimensions.push(dimension);
+    }
+    Ok(dimensions)
 }
 
 /// The development model publisher: a key anyone can derive (seed SHA-256("ephem-batch
@@ -412,6 +458,7 @@ pub(crate) mod tests {
             normalize: true,
             max_tokens: 256,
             prompts: Prompts::default(),
+            matryoshka: Vec::new(),
             kms_key_id: "local:model".into(),
             wrapped_dek: vec![0xde; 48],
             created_ms: 1_760_000_000_000,
@@ -475,6 +522,27 @@ pub(crate) mod tests {
             _ => unreachable!(),
         });
         assert!(matches!(Manifest::from_payload(&empty), Err(ManifestError::Invalid("number of prompts"))));
+    }
+
+    #[test]
+    fn matryoshka_lengths_are_optional_signed_and_checked() {
+        assert!(!String::from_utf8_lossy(&sample().to_payload()).contains("matryoshka"), "old payloads unchanged");
+        let mut manifest = sample();
+        manifest.matryoshka = vec![64, 128, 256];
+        assert_eq!(Manifest::from_payload(&manifest.to_payload()).unwrap(), manifest);
+        assert!(manifest.offers_dimensions(128) && manifest.offers_dimensions(384));
+        assert!(!manifest.offers_dimensions(100) && !manifest.offers_dimensions(0));
+        assert_eq!(manifest.offered_dimensions(), [64, 128, 256, 384]);
+        let refused = |lengths: Vec<u32>| {
+            let mut m = sample();
+            m.matryoshka = lengths;
+            Manifest::from_payload(&m.to_payload()).unwrap_err()
+        };
+        assert_eq!(refused(vec![128, 64]), ManifestError::Invalid("matryoshka dimensions must ascend, without duplicates"));
+        assert_eq!(refused(vec![64, 64]), ManifestError::Invalid("matryoshka dimensions must ascend, without duplicates"));
+        assert_eq!(refused(vec![0, 64]), ManifestError::Invalid("matryoshka dimension"));
+        assert_eq!(refused(vec![64, 384]), ManifestError::Invalid("matryoshka dimensions must be below the model's dimensions"));
+        assert_eq!(refused(vec![1; MAX_MATRYOSHKA + 1]), ManifestError::Invalid("number of matryoshka dimensions"));
     }
 
     #[test]

@@ -49,14 +49,21 @@ pub enum Encoding {
     Base64,
 }
 
+/// The `prompt_name` (and `submit --prompt`) that asks for no prompt even where the model has a
+/// default one.
+pub const NO_PROMPT: &str = "none";
+
 /// A request the gateway will compute.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbeddingsCall {
     pub inputs: Vec<String>,
     pub model: String,
     pub encoding: Encoding,
-    /// OpenAI's `dimensions`: served only when it equals the model's.
-    pub dimensions: Option<usize>,
+    /// OpenAI's `dimensions`: the model's own length or one of its manifest's Matryoshka lengths.
+    pub dimensions: Option<u32>,
+    /// `prompt_name` (as text-embeddings-inference names it): one of the manifest's prompts, or
+    /// [`NO_PROMPT`]; absent, the manifest's default prompt applies, as in sentence-transformers.
+    pub prompt_name: Option<String>,
     /// Extension field `precision` (fp32 by default), as `submit --precision`.
     pub precision: Precision,
     /// Extension field `truncate` (false by default: an over-long input is an error, as OpenAI's).
@@ -196,6 +203,8 @@ struct RawCall {
     #[serde(default)]
     dimensions: Option<u64>,
     #[serde(default)]
+    prompt_name: Option<String>,
+    #[serde(default)]
     user: Option<String>,
     #[serde(default)]
     precision: Option<String>,
@@ -241,10 +250,21 @@ fn parse_call(body: &[u8]) -> Result<EmbeddingsCall, ApiError> {
     };
     let dimensions = raw
         .dimensions
-        .map(|d| usize::try_from(d).ok().filter(|d| *d > 0))
+        .map(|d| u32::try_from(d).ok().filter(|d| *d > 0 && *d as usize <= crate::records::MAX_DIMENSIONS))
         .map(|d| d.ok_or_else(|| ApiError::invalid("dimensions", "invalid_dimensions", "dimensions must be a positive integer")))
         .transpose()?;
-    Ok(EmbeddingsCall { inputs, model: raw.model, encoding, dimensions, precision, truncate: raw.truncate.unwrap_or(false) })
+    if let Some(name) = raw.prompt_name.as_deref().filter(|name| !crate::manifest::valid_prompt_name(name)) {
+        return Err(ApiError::invalid("prompt_name", "invalid_prompt_name", format!("{name:?} is not a prompt name")));
+    }
+    Ok(EmbeddingsCall {
+        inputs,
+        model: raw.model,
+        encoding,
+        dimensions,
+        prompt_name: raw.prompt_name,
+        precision,
+        truncate: raw.truncate.unwrap_or(false),
+    })
 }
 
 /// The JSON body of a successful answer.

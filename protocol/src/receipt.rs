@@ -211,7 +211,7 @@ pub(crate) mod tests {
             tokens: 89_123,
             model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
             manifest_hash: [0x33; 32],
-            options: JobOptions { truncate: true, normalize: true, dtype: OutputDtype::F32, precision: Precision::Fp32 },
+            options: JobOptions { truncate: true, normalize: true, dtype: OutputDtype::F32, precision: Precision::Fp32, ..JobOptions::default() },
             result_key_id: [0x44; 32],
             attempt: 1,
             attestation_sha256: [0x55; 32],

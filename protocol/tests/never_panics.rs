@@ -42,6 +42,7 @@ fn manifest_bytes() -> Vec<u8> {
         normalize: true,
         max_tokens: 256,
         prompts: Default::default(),
+        matryoshka: Vec::new(),
         kms_key_id: "k".into(),
         wrapped_dek: vec![1; 8],
         created_ms: 0,

@@ -253,6 +253,12 @@ impl Embedder {
     /// tokenizer's normalisation), `TokenizerFailed`, and `TooManyTokens` when `truncate` is off and
     /// the text has more than `max_tokens` tokens.
     pub fn tokenize(&self, text: &[u8], truncate: bool) -> Result<Tokenized, RecordFailure> {
+        self.tokenize_prompted(text, None, truncate)
+    }
+
+    /// [`Embedder::tokenize`] of `prompt` followed by the text, as sentence-transformers joins
+    /// them: the checks are the text's, the token limit (and truncation) the joined string's.
+    pub fn tokenize_prompted(&self, text: &[u8], prompt: Option<&str>, truncate: bool) -> Result<Tokenized, RecordFailure> {
         if text.len() > MAX_TEXT_LEN {
             return Err(RecordFailure::new(
                 ErrorCode::TooLarge,
@@ -265,6 +271,14 @@ impl Embedder {
         if text.trim().is_empty() {
             return Err(RecordFailure::new(ErrorCode::EmptyText, "the text is empty or only whitespace"));
         }
+        let joined;
+        let text = match prompt {
+            Some(prompt) => {
+                joined = format!("{prompt}{text}");
+                joined.as_str()
+            }
+            None => text,
+        };
         let encoding = self
             .tokenizer
             .encode_fast(text, true)

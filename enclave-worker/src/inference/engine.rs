@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use protocol::envelope::{JobOptions, OutputDtype, Precision};
+use protocol::manifest::Manifest;
 use protocol::records::{ErrorCode, InputRecord, OutputRecord};
 use rayon::prelude::*;
 
@@ -34,7 +35,7 @@ impl Default for EngineSettings {
 }
 
 /// Per-job choices that affect inference (from the sealed job header).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EmbedOptions {
     /// Truncate texts over the model's maximum; if false they fail with `TooManyTokens`.
     pub truncate: bool,
@@ -43,20 +44,40 @@ pub struct EmbedOptions {
     /// Compute precision of the dense layers; anything but fp32 is the client's explicit choice,
     /// recorded in the receipt.
     pub precision: Precision,
+    /// Text put before every text, as sentence-transformers does with a prompt (the text of one
+    /// of the manifest's named prompts).
+    pub prompt: Option<Arc<str>>,
+    /// Keep the first this many values of each pooled vector (Matryoshka), then normalise.
+    pub dimensions: Option<usize>,
 }
 
 impl Default for EmbedOptions {
     fn default() -> Self {
-        Self { truncate: true, normalize: true, precision: Precision::Fp32 }
+        Self { truncate: true, normalize: true, precision: Precision::Fp32, prompt: None, dimensions: None }
     }
 }
 
 impl EmbedOptions {
-    /// The inference part of a job's options, for this embedder. A precision it cannot compute at
-    /// is refused rather than silently served in another (the receipt records precision).
-    pub fn for_job(options: &JobOptions, embedder: &Embedder) -> Result<Self, InferenceError> {
+    /// The inference part of a job's options, for this embedder and its signed manifest. What it
+    /// cannot serve exactly as asked is refused, never served otherwise (the receipt records the
+    /// options): a precision it cannot compute at, a prompt the manifest does not name, a
+    /// dimension count the manifest does not offer.
+    pub fn for_job(options: &JobOptions, embedder: &Embedder, manifest: &Manifest) -> Result<Self, InferenceError> {
         embedder.check_precision(options.precision)?;
-        Ok(Self { truncate: options.truncate, normalize: options.normalize, precision: options.precision })
+        let prompt = match &options.prompt {
+            None => None,
+            Some(name) => Some(Arc::from(
+                manifest.prompts.get(name).ok_or_else(|| InferenceError::UnknownPrompt(name.clone()))?,
+            )),
+        };
+        let dimensions = match options.dimensions {
+            None => None,
+            Some(asked) if manifest.offers_dimensions(asked) => Some(asked as usize),
+            Some(asked) => {
+                return Err(InferenceError::DimensionsNotOffered { asked, offered: manifest.offered_dimensions() });
+            }
+        };
+        Ok(Self { truncate: options.truncate, normalize: options.normalize, precision: options.precision, prompt, dimensions })
     }
 }
 
@@ -154,7 +175,7 @@ impl Engine {
     {
         let started = Instant::now();
         let tokenized: Vec<Result<Tokenized, RecordFailure>> =
-            texts.par_iter().map(|text| self.embedder.tokenize(text.as_ref(), options.truncate)).collect();
+            texts.par_iter().map(|text| self.embedder.tokenize_prompted(text.as_ref(), options.prompt.as_deref(), options.truncate)).collect();
         self.metrics.add_window(started.elapsed());
 
         let mut results: Vec<Option<Result<Embedding, RecordFailure>>> = Vec::with_capacity(texts.len());
@@ -182,7 +203,8 @@ impl Engine {
                     let real: usize = members.iter().map(|t| t.tokens()).sum();
                     let processed = if self.embedder.pads_batches() { batch.padded_tokens() } else { real };
                     self.metrics.add_batch(members.len() as u64, real as u64, processed as u64, started.elapsed());
-                    for (&m, vector) in batch.members.iter().zip(vectors) {
+                    for (&m, mut vector) in batch.members.iter().zip(vectors) {
+                        shorten(&mut vector, options);
                         let (index, tokens) = ready[m];
                         results[index] = Some(Ok(Embedding { vector, tokens: tokens.tokens() as u32 }));
                     }
@@ -262,5 +284,18 @@ impl Engine {
             flush(&mut window, &mut emitted)?;
         }
         Ok(emitted)
+    }
+}
+
+/// Matryoshka: the first `dimensions` values, normalised again when the job normalises (which
+/// equals normalising the shortened pooled vector: normalisation does not depend on scale).
+fn shorten(vector: &mut Vec<f32>, options: &EmbedOptions) {
+    if let Some(dimensions) = options.dimensions
+        && dimensions < vector.len()
+    {
+        vector.truncate(dimensions);
+        if options.normalize {
+            super::embedder::l2_normalize(vector);
+        }
     }
 }

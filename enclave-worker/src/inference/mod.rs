@@ -174,6 +174,10 @@ pub enum InferenceError {
     UnsupportedPrecision(&'static str),
     #[error("precision {precision} is not offered for {architecture} models (its accuracy is measured on BERT only)")]
     UnsupportedPrecisionFor { precision: &'static str, architecture: &'static str },
+    #[error("prompt {0:?} is not one of the model manifest's prompts")]
+    UnknownPrompt(String),
+    #[error("dimensions {asked}: the model manifest offers {offered:?}")]
+    DimensionsNotOffered { asked: u32, offered: Vec<u32> },
     #[error("config.json: unsupported architecture: {0}")]
     UnsupportedArchitecture(String),
     #[error("thread pool: {0}")]

@@ -14,8 +14,9 @@ use protocol::ohttp::{self, ResponseSealer};
 use protocol::online::{self, ApiError, EmbeddingsCall, OnlineRequest};
 use protocol::records::ErrorCode;
 use protocol::FailedCheck;
+use protocol::envelope::JobOptions;
 
-use crate::inference::EmbedOptions;
+use crate::inference::{EmbedOptions, InferenceError};
 use crate::worker::Worker;
 use replay::ReplayCache;
 use usage::{Answered, UsageBook};
@@ -146,16 +147,25 @@ fn embed(worker: &Worker, call: &EmbeddingsCall, expected_manifest: Option<[u8; 
         );
         return Err(ApiError { status: 409, ..ApiError::invalid("model", "model_manifest_mismatch", message) });
     }
-    let embedder = model.engine.embedder();
-    if !embedder.supports_precision(call.precision) {
-        let message = format!("this enclave cannot compute {} (its CPU lacks the instructions)", call.precision.as_str());
-        return Err(ApiError::invalid("precision", "unsupported_precision", message));
-    }
-    if let Some(dimensions) = call.dimensions.filter(|d| *d != embedder.dimensions()) {
-        let message = format!("{} serves {} dimensions, not {dimensions}", call.model, embedder.dimensions());
-        return Err(ApiError::invalid("dimensions", "unsupported_dimensions", message));
-    }
-    let options = EmbedOptions { truncate: call.truncate, normalize: true, precision: call.precision };
+    let prompt = match call.prompt_name.as_deref() {
+        None => model.manifest.prompts.default.clone(),
+        Some(online::NO_PROMPT) => None,
+        Some(name) => Some(name.to_owned()),
+    };
+    let asked = JobOptions {
+        truncate: call.truncate,
+        precision: call.precision,
+        prompt,
+        dimensions: call.dimensions,
+        ..JobOptions::default()
+    };
+    let options = EmbedOptions::for_job(&asked, model.engine.embedder(), &model.manifest).map_err(|error| match error {
+        InferenceError::UnknownPrompt(_) => ApiError::invalid("prompt_name", "unknown_prompt_name", error.to_string()),
+        InferenceError::DimensionsNotOffered { .. } => {
+            ApiError::invalid("dimensions", "unsupported_dimensions", format!("{}: {error}", call.model))
+        }
+        _ => ApiError::invalid("precision", "unsupported_precision", error.to_string()),
+    })?;
     let mut vectors = Vec::with_capacity(call.inputs.len());
     let mut tokens = 0u64;
     for (index, result) in model.engine.embed_window(&call.inputs, &options).into_iter().enumerate() {

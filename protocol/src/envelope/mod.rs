@@ -344,7 +344,7 @@ impl OutputDtype {
 }
 
 /// How the enclave embeds a job's records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobOptions {
     /// Truncate texts longer than the model's maximum; if false they are per-record errors.
     pub truncate: bool,
@@ -352,29 +352,72 @@ pub struct JobOptions {
     pub normalize: bool,
     pub dtype: OutputDtype,
     pub precision: Precision,
+    /// One of the model manifest's named prompts, put before every text (sentence-transformers'
+    /// `prompt_name`); `None`: the texts as they are.
+    pub prompt: Option<String>,
+    /// Vectors of this many values (a Matryoshka length the manifest offers, or the model's own);
+    /// `None`: the model's own.
+    pub dimensions: Option<u32>,
 }
 
 impl Default for JobOptions {
     fn default() -> Self {
-        Self { truncate: true, normalize: true, dtype: OutputDtype::F32, precision: Precision::Fp32 }
+        Self {
+            truncate: true,
+            normalize: true,
+            dtype: OutputDtype::F32,
+            precision: Precision::Fp32,
+            prompt: None,
+            dimensions: None,
+        }
     }
 }
 
 impl JobOptions {
+    /// `prompt` and `dimensions` are written only when set, so options without them encode as
+    /// before they existed (and old receipts verify unchanged).
     pub fn to_cbor(&self) -> ciborium::Value {
-        MapBuilder::new()
+        let mut map = MapBuilder::new()
             .text("dtype", self.dtype.as_str())
             .bool("truncate", self.truncate)
             .bool("normalize", self.normalize)
-            .text("precision", self.precision.as_str())
-            .build()
+            .text("precision", self.precision.as_str());
+        if let Some(prompt) = &self.prompt {
+            map = map.text("prompt", prompt);
+        }
+        if let Some(dimensions) = self.dimensions {
+            map = map.uint("dimensions", u64::from(dimensions));
+        }
+        map.build()
     }
 
     pub fn read(mut map: MapReader) -> Result<Self, EnvelopeError> {
         let dtype = OutputDtype::parse(&map.text("dtype")?).ok_or(EnvelopeError::HeaderInvalid("unknown dtype"))?;
         let precision =
             Precision::parse(&map.text("precision")?).ok_or(EnvelopeError::HeaderInvalid("unknown precision"))?;
-        let options = Self { truncate: map.bool("truncate")?, normalize: map.bool("normalize")?, dtype, precision };
+        let prompt = match map.optional("prompt") {
+            None => None,
+            Some(ciborium::Value::Text(name)) if crate::manifest::valid_prompt_name(&name) => Some(name),
+            Some(_) => return Err(EnvelopeError::HeaderInvalid("prompt")),
+        };
+        let dimensions = match map.optional("dimensions") {
+            None => None,
+            Some(value) => Some(
+                value
+                    .as_integer()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| n > 0 && n as usize <= crate::records::MAX_DIMENSIONS)
+                    .ok_or(EnvelopeError::HeaderInvalid("dimensions"))?,
+            ),
+        };
+        let options = Self {
+            truncate: map.bool("truncate")?,
+            normalize: map.bool("normalize")?,
+            dtype,
+            precision,
+            prompt,
+            dimensions,
+        };
         map.finish()?;
         Ok(options)
     }

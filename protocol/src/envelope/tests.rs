@@ -125,3 +125,34 @@ fn job_ids_travel_as_their_hex_text() {
     }
     assert_eq!("abcd".parse::<JobId>(), Err(InvalidJobId("abcd".into())));
 }
+
+#[test]
+fn prompt_and_dimensions_are_sealed_in_the_header_and_absent_when_unset() {
+    let fleet = FleetSecretKey::generate();
+    let client = ResultSecretKey::generate();
+    let plain = job_header(&fleet.public_key(), &client.public_key());
+    let bytes = plain.to_bytes();
+    assert!(!String::from_utf8_lossy(&bytes).contains("prompt"), "unset: encoded as before the fields existed");
+    assert!(!String::from_utf8_lossy(&bytes).contains("dimensions"));
+
+    let mut shaped = plain.clone();
+    shaped.options.prompt = Some("query".into());
+    shaped.options.dimensions = Some(128);
+    let decoded = JobHeader::from_bytes(&shaped.to_bytes()).unwrap();
+    assert_eq!(decoded.options, shaped.options);
+    assert_eq!(crate::cbor::decode_deterministic(&shaped.to_bytes()).map(|_| ()), Ok(()));
+
+    // Bytes a tenant's tool could write that no client would: refused by field.
+    let refused = |edit: fn(&mut JobOptions)| {
+        let mut header = plain.clone();
+        edit(&mut header.options);
+        JobHeader::from_bytes(&header.to_bytes()).unwrap_err()
+    };
+    assert_eq!(refused(|o| o.prompt = Some(String::new())), EnvelopeError::HeaderInvalid("prompt"));
+    assert_eq!(refused(|o| o.prompt = Some("\n".into())), EnvelopeError::HeaderInvalid("prompt"));
+    assert_eq!(refused(|o| o.dimensions = Some(0)), EnvelopeError::HeaderInvalid("dimensions"));
+    let too_many = crate::records::MAX_DIMENSIONS as u32 + 1;
+    let mut header = plain.clone();
+    header.options.dimensions = Some(too_many);
+    assert_eq!(JobHeader::from_bytes(&header.to_bytes()).unwrap_err(), EnvelopeError::HeaderInvalid("dimensions"));
+}

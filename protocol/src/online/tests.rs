@@ -15,6 +15,9 @@ fn openai_requests_are_read_as_openai_sends_them() {
     let many = call(r#"{"input":["a","b"],"model":"m/x","encoding_format":"base64","user":"u","dimensions":384,"precision":"bf16","truncate":true}"#).unwrap();
     assert_eq!(many.inputs, ["a", "b"]);
     assert_eq!((many.encoding, many.precision, many.truncate, many.dimensions), (Encoding::Base64, Precision::Bf16, true, Some(384)));
+    assert_eq!(many.prompt_name, None, "absent: the model's default prompt");
+    let prompted = call(r#"{"input":"q","model":"m/x","prompt_name":"query","dimensions":128}"#).unwrap();
+    assert_eq!((prompted.prompt_name.as_deref(), prompted.dimensions), (Some("query"), Some(128)));
 }
 
 #[test]
@@ -27,6 +30,9 @@ fn bad_requests_get_openai_errors_naming_the_parameter() {
         (r#"{"input":"x","model":"m","encoding_format":"int"}"#, "encoding_format", "invalid_encoding_format"),
         (r#"{"input":"x","model":"m","precision":"fp64"}"#, "precision", "invalid_precision"),
         (r#"{"input":"x","model":"m","dimensions":0}"#, "dimensions", "invalid_dimensions"),
+        (r#"{"input":"x","model":"m","dimensions":99999999999}"#, "dimensions", "invalid_dimensions"),
+        (r#"{"input":"x","model":"m","prompt_name":""}"#, "prompt_name", "invalid_prompt_name"),
+        (r#"{"input":"x","model":"m","prompt_name":"a\nb"}"#, "prompt_name", "invalid_prompt_name"),
         (r#"{"input":"x","model":"m","surprise":1}"#, "input", "invalid_json"),
         ("not json", "input", "invalid_json"),
     ];
