@@ -7,14 +7,21 @@
 //! document carrying their nonce (`attestations/requests/<nonce>.json` →
 //! `attestations/fresh/<nonce>.cbor`), and collects the usage receipts of online requests for
 //! the ledger ([`crate::usage`]).
+//!
+//! Models live under the worker's memory budget: the periodic pass loads a model only if it fits
+//! beside those held (`LoadModelIfFits`), so it never evicts what jobs use; a job whose model the
+//! worker does not hold asks control for it ([`Shared::demand_model`]), and that load may evict
+//! the least recently used. The worker names what it evicted, so control's view stays true, and
+//! with a status file set control writes the held models and budget there after every change.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cloud::{layout, ObjectError, ObjectMeta, PutCondition, Services};
 use protocol::fleet::EpochRecord;
-use protocol::frame::{Channel, Message};
+use protocol::frame::{Channel, Message, ResidentModel};
 use sha2::{Digest, Sha256};
 
 use cloud::MAX_SMALL_OBJECT;
@@ -37,6 +44,8 @@ pub(crate) struct ControlSettings {
     /// Picks where this host starts its passes over clients' attestation requests.
     pub host_id: String,
     pub usage: UsageSettings,
+    /// Where to keep the worker's held models and budget (JSON, [`crate::ModelsStatus`]); none if unset.
+    pub models_status: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -48,6 +57,9 @@ pub(crate) enum ControlError {
     Refused(String),
     #[error("worker sent {0} on the control channel")]
     Unexpected(&'static str),
+    /// A load only if it fits would have evicted another model: not loaded.
+    #[error("model {model_id} needs {bytes} bytes, {free} are free without evicting another model")]
+    WouldEvict { model_id: String, bytes: u64, free: u64 },
 }
 
 /// What a control request is about, for the failure memory.
@@ -93,6 +105,8 @@ struct Reply {
     ready: bool,
     /// `Attested`: the fresh document.
     document: Option<Vec<u8>>,
+    /// `ModelMemory`: the budget and the models held.
+    memory: Option<(u64, Vec<ResidentModel>)>,
 }
 
 /// What the stores hold that the worker should have.
@@ -112,6 +126,8 @@ pub(crate) struct Control {
     /// Per connection: what the worker took up.
     epochs: BTreeSet<u64>,
     manifests: BTreeMap<String, String>,
+    /// Per connection: manifests that fit only by evicting, left to jobs to demand.
+    unfit: BTreeSet<String>,
     refusals: HashMap<Target, Refusal>,
     last_publication: Instant,
     /// The last attestation request key handled: the next pass lists from there.
@@ -129,6 +145,7 @@ impl Control {
             shared,
             epochs: BTreeSet::new(),
             manifests: BTreeMap::new(),
+            unfit: BTreeSet::new(),
             refusals: HashMap::new(),
             last_publication: Instant::now(),
             request_cursor: Some(first_request_cursor(&settings.host_id)),
@@ -159,6 +176,8 @@ impl Control {
                         tracing::info!(endpoint = %self.endpoint, "control channel open");
                         self.epochs.clear();
                         self.manifests.clear();
+                        self.shared.set_loaded(&self.manifests);
+                        self.unfit.clear();
                         self.refusals.clear();
                         next_scan = Instant::now();
                         let tracked = connected.try_clone().ok().map(|clone| self.shared.track(clone));
@@ -179,9 +198,9 @@ impl Control {
                     }
                 },
             };
-            let mut outcome = Ok(());
+            let mut outcome = self.serve_demands(connection);
             let mut backlog = false;
-            if Instant::now() >= next_scan {
+            if outcome.is_ok() && Instant::now() >= next_scan {
                 outcome = self.configure(connection, generation);
                 next_scan = Instant::now() + self.settings.rescan_interval;
             }
@@ -266,20 +285,27 @@ impl Control {
                 Err(error) => return Err(error),
             }
         }
+        // Only what fits beside the models held: this pass never evicts (jobs demand the rest).
         for (dir, (key, etag)) in &wanted.manifests {
-            if self.manifests.get(dir) == Some(key) || self.refused(&Target::Manifest(key.clone()), etag) {
+            if self.manifests.get(dir) == Some(key) || self.unfit.contains(key) || self.refused(&Target::Manifest(key.clone()), etag) {
                 continue;
             }
-            match self.request(link, &Message::LoadModel { manifest_key: key.clone() }) {
+            match self.request(link, &Message::LoadModelIfFits { manifest_key: key.clone() }) {
                 Ok(reply) => {
                     tracing::info!(manifest = key, "worker loaded model");
                     self.manifests.insert(dir.clone(), key.clone());
                     ready = Some(reply.ready);
                 }
+                Err(ControlError::WouldEvict { model_id, bytes, free }) => {
+                    tracing::info!(manifest = key, model_id, bytes, free, "model left to be loaded when a job needs it: it fits only by evicting");
+                    self.unfit.insert(key.clone());
+                }
                 Err(ControlError::Refused(message)) => self.refusal(Target::Manifest(key.clone()), etag, &message),
                 Err(error) => return Err(error),
             }
         }
+        self.shared.set_loaded(&self.manifests);
+        self.write_models_status(link)?;
         let newest = self.epochs.iter().copied().rfind(|e| wanted.epochs.contains_key(e));
         if let Some(epoch) = newest
             && self.last_publication.elapsed() >= self.settings.republish_interval
@@ -417,10 +443,64 @@ impl Control {
         Ok(Handled::Attested)
     }
 
-    /// Sends one request and serves the worker until it answers with its `Status`.
-    fn request(&self, link: &mut WorkerLink, request: &Message) -> Result<Reply, ControlError> {
+    /// Loads the models jobs wait for, evicting if the worker must; tells the waiters.
+    fn serve_demands(&mut self, link: &mut WorkerLink) -> Result<(), ControlError> {
+        for key in self.shared.take_demands() {
+            let Some(dir) = model_dir(&key).map(str::to_owned) else {
+                self.shared.demand_refused(&key);
+                continue;
+            };
+            if self.manifests.get(&dir) == Some(&key) {
+                self.shared.set_loaded(&self.manifests);
+                continue;
+            }
+            match self.request(link, &Message::LoadModel { manifest_key: key.clone() }) {
+                Ok(_) => {
+                    tracing::info!(manifest = key, "worker loaded a model a job needs");
+                    self.manifests.insert(dir, key.clone());
+                    self.unfit.remove(&key);
+                }
+                Err(ControlError::Refused(message)) => {
+                    tracing::warn!(manifest = key, message, "worker refused a model a job needs");
+                    self.shared.demand_refused(&key);
+                }
+                Err(error) => {
+                    self.shared.demand_refused(&key);
+                    return Err(error);
+                }
+            }
+            self.shared.set_loaded(&self.manifests);
+            self.write_models_status(link)?;
+        }
+        Ok(())
+    }
+
+    /// With a status file set: asks the worker for its held models and budget and writes them
+    /// there (replacing the file whole, so a reader never sees half of it).
+    fn write_models_status(&mut self, link: &mut WorkerLink) -> Result<(), ControlError> {
+        let Some(path) = self.settings.models_status.clone() else { return Ok(()) };
+        let (budget, models) = match self.request(link, &Message::ListModels) {
+            Ok(Reply { memory: Some(memory), .. }) => memory,
+            Ok(_) => return Err(ControlError::Unexpected("Status without ModelMemory")),
+            Err(ControlError::Refused(message)) => {
+                tracing::debug!(message, "worker does not list its models");
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
+        let status = crate::ModelsStatus::new(budget, &models, &self.manifests);
+        if let Err(error) = status.write(&path) {
+            tracing::warn!(path = %path.display(), %error, "models status not written");
+        }
+        Ok(())
+    }
+
+    /// Sends one request and serves the worker until it answers with its `Status` (or, to a load
+    /// only if it fits, `ModelWouldEvict`). Models the worker evicted leave control's view.
+    fn request(&mut self, link: &mut WorkerLink, request: &Message) -> Result<Reply, ControlError> {
         link.send(request)?;
         let mut document = None;
+        let mut memory = None;
         loop {
             match link.recv()? {
                 Message::FetchObject { request, key } => self.relay.fetch(link, request, &key)?,
@@ -428,9 +508,16 @@ impl Control {
                 Message::PublishAttestation { document } => self.relay.publish(document),
                 Message::Attested { document: fresh, .. } => document = Some(fresh),
                 Message::UsageReceipt { receipt, attestation_document } => self.usage.received(&receipt, &attestation_document),
+                Message::ModelEvicted { model_id, .. } => {
+                    tracing::info!(model_id, "worker evicted a model (least recently used) to make room");
+                    let dir = model_dir_of(&model_id);
+                    self.manifests.retain(|held, _| *held != dir);
+                }
+                Message::ModelMemory { budget, models } => memory = Some((budget, models)),
+                Message::ModelWouldEvict { model_id, bytes, free } => return Err(ControlError::WouldEvict { model_id, bytes, free }),
                 Message::Status { ready, epochs, models, detail } => {
                     tracing::debug!(ready, ?epochs, ?models, detail, "worker status");
-                    return Ok(Reply { ready, document });
+                    return Ok(Reply { ready, document, memory });
                 }
                 Message::Error { message } => return Err(ControlError::Refused(message)),
                 other => return Err(ControlError::Unexpected(describe(&other))),
@@ -495,6 +582,12 @@ fn first_request_cursor(host_id: &str) -> String {
     format!("{}{}", layout::ATTESTATION_REQUESTS_PREFIX, hex::encode(&digest[..2]))
 }
 
+/// `models/<name>`: the directory of a model id's manifests.
+pub(crate) fn model_dir_of(model_id: &str) -> String {
+    let probe = layout::model_manifest(model_id, 0);
+    model_dir(&probe).unwrap_or_default().to_owned()
+}
+
 /// `models/<name>` of `models/<name>/v<N>/manifest.cose`.
 fn model_dir(manifest_key: &str) -> Option<&str> {
     let (version_dir, _) = manifest_key.rsplit_once('/')?;
@@ -505,8 +598,11 @@ fn model_dir(manifest_key: &str) -> Option<&str> {
 /// The newest manifest key of the model directory `manifest_key` belongs to, if the store holds
 /// one: a job that names a manifest newer than the worker runs waits for control to load it.
 pub(crate) fn newest_manifest(models: &dyn cloud::ObjectStore, model_id: &str) -> Result<Option<String>, ObjectError> {
-    let probe = layout::model_manifest(model_id, 0);
-    let Some(dir) = model_dir(&probe) else { return Ok(None) };
+    let dir = model_dir_of(model_id);
+    let dir = dir.as_str();
+    if dir.is_empty() {
+        return Ok(None);
+    }
     let prefix = format!("{dir}/");
     let newest = retry::transient("list models", || models.list(&prefix))?
         .into_iter()

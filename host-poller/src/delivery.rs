@@ -143,6 +143,9 @@ impl Delivery<'_> {
             Err(error) => return self.retry("object_store", error.to_string()),
         }
 
+        // Under a model memory budget the worker may not hold this job's model yet.
+        crate::residency::ensure_model(self.ctx, &self.job, &self.message.model_id);
+
         let attempt = u64::from(self.received.receive_count);
         self.status.in_progress(attempt);
         let output_key = layout::job_output(&self.job, attempt);

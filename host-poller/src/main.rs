@@ -216,6 +216,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     if backend == Backend::Local {
         config.pid_file = Some(args.home.join("run").join("host-poller.pid"));
+        config.models_status = Some(args.home.join("run").join(host_poller::MODELS_STATUS_FILE));
     }
 
     let poller = Poller::new(services, config);

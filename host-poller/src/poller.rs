@@ -73,6 +73,8 @@ pub struct PollerConfig {
     pub online: Option<OnlineSettings>,
     /// When the usage receipts of online requests are collected for the ledger.
     pub usage: UsageSettings,
+    /// Where control keeps the worker's held models and budget ([`crate::ModelsStatus`]); none if unset.
+    pub models_status: Option<PathBuf>,
 }
 
 impl PollerConfig {
@@ -94,6 +96,7 @@ impl PollerConfig {
             pid_file: None,
             online: None,
             usage: UsageSettings::default(),
+            models_status: None,
         }
     }
 }
@@ -201,6 +204,7 @@ impl Poller {
                 request_timeout: config.stall_timeout,
                 host_id: config.host_id.clone(),
                 usage: config.usage,
+                models_status: config.models_status.clone(),
             },
         );
         let control_thread = spawn_thread("control", move || control.run())?;

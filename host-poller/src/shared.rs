@@ -1,8 +1,9 @@
 //! State the poller's threads share: shutdown (graceful, then hard), the worker's generation
 //! (bumped whenever the worker process is replaced) and readiness, requests for a control
-//! re-scan, and the open worker connections (so a shutdown can cut them).
+//! re-scan, the models the worker holds and the loads jobs wait for, and the open worker
+//! connections (so a shutdown can cut them).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -17,6 +18,12 @@ struct WorkerState {
     ready: bool,
     /// A job hit a missing key or model: look at the stores again now.
     rescan: bool,
+    /// Control's view of the models the worker holds: model directory → manifest key.
+    loaded: BTreeMap<String, String>,
+    /// Manifest keys jobs wait for control to load (evicting if it must).
+    demanded: BTreeSet<String>,
+    /// Demanded manifests the worker refused (until demanded again).
+    refused: BTreeSet<String>,
 }
 
 #[derive(Default)]
@@ -115,8 +122,56 @@ impl Shared {
         self.changed.notify_all();
     }
 
-    /// Control's idle wait: returns when `timeout` passes, a re-scan is requested, the worker's
-    /// generation moves past `seen`, or the poller stops. True if a re-scan was requested.
+    /// Control's view of what the worker holds (model directory → manifest key), after every change.
+    pub fn set_loaded(&self, loaded: &BTreeMap<String, String>) {
+        let mut state = self.state();
+        state.loaded.clone_from(loaded);
+        self.changed.notify_all();
+    }
+
+    /// The manifest key the worker holds for a model directory, in control's view.
+    pub fn loaded(&self, dir: &str) -> Option<String> {
+        self.state().loaded.get(dir).cloned()
+    }
+
+    /// Asks control to load `manifest_key` (evicting least recently used models if it must) and
+    /// waits up to `timeout` for it: true once the worker holds it, false if it refused or time ran out.
+    pub fn demand_model(&self, dir: &str, manifest_key: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut state = self.state();
+        // A new demand is a new try: a refusal before it is not its answer.
+        state.refused.remove(manifest_key);
+        state.demanded.insert(manifest_key.to_owned());
+        self.changed.notify_all();
+        loop {
+            if state.loaded.get(dir).is_some_and(|k| k == manifest_key) {
+                return true;
+            }
+            if state.refused.contains(manifest_key) || self.is_stopping() {
+                return false;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                state.demanded.remove(manifest_key);
+                return false;
+            };
+            state = self.changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    /// The loads jobs wait for, taken by control.
+    pub fn take_demands(&self) -> Vec<String> {
+        std::mem::take(&mut self.state().demanded).into_iter().collect()
+    }
+
+    /// Control could not load a demanded manifest: its waiters stop waiting.
+    pub fn demand_refused(&self, manifest_key: &str) {
+        let mut state = self.state();
+        state.refused.insert(manifest_key.to_owned());
+        self.changed.notify_all();
+    }
+
+    /// Control's idle wait: returns when `timeout` passes, a re-scan or a model load is requested,
+    /// the worker's generation moves past `seen`, or the poller stops. True if a re-scan was requested.
     pub fn wait_for_control(&self, seen: u64, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         let mut state = self.state();
@@ -124,6 +179,9 @@ impl Shared {
             if state.rescan {
                 state.rescan = false;
                 return true;
+            }
+            if !state.demanded.is_empty() {
+                return false;
             }
             if state.generation != seen || self.is_stopping() {
                 return false;

@@ -107,6 +107,25 @@ pub enum Message {
     CollectUsage { flush: bool },
     /// Enclave → host: state of the worker.
     Status { ready: bool, epochs: Vec<u64>, models: Vec<String>, detail: String },
+    /// Host → enclave: load a model as `LoadModel` does, but only if it fits the worker's model
+    /// memory budget beside the models it holds: instead of evicting any, the worker answers
+    /// `ModelWouldEvict` (the host's periodic pass, which must not evict what jobs use).
+    LoadModelIfFits { manifest_key: String },
+    /// Enclave → host, in answer to `LoadModelIfFits` instead of `Status`: the model needs
+    /// `bytes`, and only `free` of the budget are free without evicting another model.
+    ModelWouldEvict { model_id: String, bytes: u64, free: u64 },
+    /// Enclave → host, before the `Status` that ends a load: a model evicted (least recently
+    /// used first) to make room for the loaded one.
+    ModelEvicted {
+        model_id: String,
+        #[serde(with = "serde_bytes")]
+        manifest_hash: Vec<u8>,
+    },
+    /// Host → enclave: which models do you hold, and under what budget? Answered by
+    /// `ModelMemory`, then `Status`.
+    ListModels,
+    /// Enclave → host: the model memory budget and the models held.
+    ModelMemory { budget: u64, models: Vec<ResidentModel> },
 
     // --- job connection ----------------------------------------------------------------------
     /// Host → enclave: a job follows; `job_id` is what the host claims, checked by the enclave.
@@ -162,6 +181,18 @@ pub enum Message {
     // --- either ------------------------------------------------------------------------------
     /// A protocol error; the sender closes the connection after it.
     Error { message: String },
+}
+
+/// A model the worker holds (`ModelMemory`): what its engine holds now, and when a job or online
+/// request last took it (the worker's clock, milliseconds since the epoch).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResidentModel {
+    pub model_id: String,
+    #[serde(with = "serde_bytes")]
+    pub manifest_hash: Vec<u8>,
+    pub version: u64,
+    pub bytes: u64,
+    pub last_use_ms: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -304,6 +335,33 @@ mod tests {
         let bytes = encode(&Message::Input { data: vec![1, 2, 3] }).unwrap();
         // len 23 ‖ {"v": 1, "m": {"Input": {"data": h'010203'}}}
         assert_eq!(hex::encode(&bytes), "00000017a2617601616da165496e707574a1646461746143010203");
+    }
+
+    #[test]
+    fn model_memory_messages_leave_the_old_encodings_as_they_were() {
+        // len 33 ‖ {"v": 1, "m": {"LoadModel": {"manifest_key": "m"}}}, as before these messages.
+        let old = encode(&Message::LoadModel { manifest_key: "m".into() }).unwrap();
+        assert_eq!(hex::encode(&old), "00000021a2617601616da1694c6f61644d6f64656ca16c6d616e69666573745f6b6579616d");
+        let messages = vec![
+            Message::LoadModelIfFits { manifest_key: "models/a/v1/manifest.cose".into() },
+            Message::ModelWouldEvict { model_id: "a".into(), bytes: 30 << 20, free: 1 << 20 },
+            Message::ModelEvicted { model_id: "b".into(), manifest_hash: vec![0x33; 32] },
+            Message::ListModels,
+            Message::ModelMemory {
+                budget: 64 << 20,
+                models: vec![ResidentModel {
+                    model_id: "a".into(),
+                    manifest_hash: vec![0x44; 32],
+                    version: 3,
+                    bytes: 30 << 20,
+                    last_use_ms: 1_790_000_000_000,
+                }],
+            },
+        ];
+        for message in messages {
+            let bytes = encode(&message).unwrap();
+            assert_eq!(decode_body(&bytes[4..]).unwrap(), message);
+        }
     }
 
     #[test]

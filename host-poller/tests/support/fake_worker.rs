@@ -168,7 +168,7 @@ fn control(mut connection: UnixStream, state: &Mutex<FakeState>) {
                 send(&mut connection, &status(&s));
                 send(&mut connection, &usage());
             }
-            Message::LoadModel { manifest_key } => {
+            Message::LoadModel { manifest_key } | Message::LoadModelIfFits { manifest_key } => {
                 let manifest = fetch(&mut connection, request, &manifest_key);
                 // A worker that asks for a job object gets nothing on the control channel.
                 let secret = fetch(&mut connection, request + 500, "jobs/0123/input.sealed");
