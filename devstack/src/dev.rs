@@ -424,6 +424,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
     let epochs = lambdas::fleet_rotate::epochs(&services)?;
     let models: Vec<String> = services.models.list(layout::MODELS_PREFIX)?.into_iter().filter(|m| layout::manifest_version(&m.key).is_some()).map(|m| m.key).collect();
     let published = services.attestations.list(layout::ATTESTATIONS_CURRENT_PREFIX)?;
+    let held = processes["host-poller"].and_then(|_| worker_models(home));
     if json {
         let value = serde_json::json!({
             "home": home.root(),
@@ -433,6 +434,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
             "models": models,
             "published_documents": published.iter().map(|m| &m.key).collect::<Vec<_>>(),
             "online_relay": home.local_relay_url(),
+            "worker_models": held,
         });
         println!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -456,10 +458,30 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
     for meta in &published {
         println!("  published {} ({})", meta.key, protocol::attestation::format_ms(meta.modified_ms));
     }
+    if let Some(held) = &held {
+        let mib = |v: &serde_json::Value| v.as_u64().unwrap_or(0) as f64 / f64::from(1 << 20);
+        println!("  model memory  {:.1} MiB of a {:.1} MiB budget", mib(&held["used_bytes"]), mib(&held["budget_bytes"]));
+        for model in held["models"].as_array().into_iter().flatten() {
+            let last_use = model["last_use_ms"].as_u64().map_or_else(String::new, protocol::attestation::format_ms);
+            println!(
+                "  loaded {} v{}  {:.1} MiB, last used {last_use}",
+                model["model_id"].as_str().unwrap_or("?"),
+                model["version"],
+                mib(&model["bytes"])
+            );
+        }
+    }
     if let Some(url) = home.local_relay_url() {
         println!("  online relay  {url}");
     }
     Ok(())
+}
+
+/// The models the worker holds and its memory budget, as the host-poller last wrote them
+/// (`run/worker-models.json`, host_poller::MODELS_STATUS_FILE); none before its first pass.
+fn worker_models(home: &Home) -> Option<serde_json::Value> {
+    let bytes = std::fs::read(home.run_dir().join("worker-models.json")).ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// What the home's appenders admit: receipts under its development root whose documents satisfy
