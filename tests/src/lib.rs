@@ -162,6 +162,46 @@ pub fn short_corpus(path: &Path, tag: &str, n: usize) -> Vec<String> {
     ids
 }
 
+/// `ephem-batch serve` of a stack, on a free loopback port; killed when dropped.
+pub struct Serve {
+    child: std::process::Child,
+    pub port: u16,
+}
+
+impl Serve {
+    /// Starts `serve` with `extra` arguments and waits until it listens.
+    pub fn start(stack: &Stack, extra: &[&str]) -> Serve {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["serve", "--listen", listen.as_str()];
+        args.extend_from_slice(extra);
+        let child = stack
+            .command(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start serve");
+        wait_until("serve to listen", std::time::Duration::from_secs(60), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        Serve { child, port }
+    }
+
+    /// POSTs an OpenAI embeddings request; the status and the JSON answer.
+    pub fn embeddings(&self, request: &serde_json::Value) -> (u16, serde_json::Value) {
+        let (status, body) =
+            http_exchange(self.port, "POST", "/v1/embeddings", "application/json", request.to_string().as_bytes());
+        (status, serde_json::from_slice(&body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&body))))
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// Polls `done` every 100 ms until it holds; panics naming `what` after `timeout`.
 pub fn wait_until(what: &str, timeout: std::time::Duration, mut done: impl FnMut() -> bool) {
     let deadline = std::time::Instant::now() + timeout;

@@ -2,39 +2,15 @@
 //! API, the host's relay carrying Oblivious HTTP it cannot read, the enclave answering with the
 //! batch path's vectors.
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tests::{canary_hits, corpus_with_canaries, http_exchange, wait_until, Stack};
+use tests::{canary_hits, corpus_with_canaries, http_exchange, wait_until, Serve, Stack};
 
 const MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-struct Serve {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(stack: &Stack, extra: &[&str]) -> Serve {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut args = vec!["serve", "--listen", listen.as_str()];
-    args.extend_from_slice(extra);
-    let child = stack.command(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("start serve");
-    wait_until("serve to listen", Duration::from_secs(60), || TcpStream::connect(("127.0.0.1", port)).is_ok());
-    Serve { child, port }
+    Serve::start(stack, extra)
 }
 
 fn vectors(body: &Value) -> Vec<Vec<f64>> {

@@ -503,6 +503,21 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
         }
     }
 
+    // A tenant's own tool may seal any options: a prompt or a vector length the signed manifest
+    // does not offer is refused by name, never served otherwise.
+    for options in [
+        JobOptions { prompt: Some("query".into()), ..JobOptions::default() },
+        JobOptions { dimensions: Some(128), ..JobOptions::default() },
+    ] {
+        let shaped = seal_job_with(&fleet, &client, manifest, &records, options.clone());
+        let (check, message) = run_job(&worker.socket, shaped.job_id, &shaped.bytes).unwrap_err();
+        assert_eq!(check.as_str(), "options", "{options:?}: {message}");
+    }
+    // The model's own length is always offered, and recorded as asked.
+    let own = seal_job_with(&fleet, &client, manifest, &records, JobOptions { dimensions: Some(384), ..JobOptions::default() });
+    let (_, receipt_bytes) = run_job(&worker.socket, own.job_id, &own.bytes).unwrap();
+    assert_eq!(SignedReceipt::decode(&receipt_bytes).unwrap().verify(&receipt_key).unwrap().options.dimensions, Some(384));
+
     // The job id is derived: presenting the job under another id is refused by name.
     let (check, _) = run_job(&worker.socket, JobId([7; 16]), &job.bytes).unwrap_err();
     assert_eq!(check.as_str(), "job_id");
