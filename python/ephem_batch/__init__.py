@@ -146,6 +146,7 @@ class Client:
         normalize: bool = True,
         model_version: Optional[int] = None,
         manifest_sha256: Optional[str] = None,
+        prompt: Optional[str] = None,
     ) -> "Job":
         """Seals ``source`` to the attested fleet key and submits it as one job.
 
@@ -155,15 +156,13 @@ class Client:
         input are refused here, never sent, and reported by :meth:`Job.errors`; the job goes on
         with the rest.
 
-        ``precision`` is ``"fp32"`` or ``"bf16"``; ``dtype`` ``"float32"`` or ``"float16"`` (the
-        vectors as sealed: half the size); ``dimensions`` must be ``None`` (the model's own: no
-        model publishes reduced dimensions yet). ``model_version`` / ``manifest_sha256`` pin a
-        signed model version, as ``--model-version`` / ``--manifest-sha256``.
+        ``precision`` is ``"fp32"``, ``"bf16"`` or ``"int8"``; ``dtype`` ``"float32"`` or
+        ``"float16"`` (the vectors as sealed: half the size); ``dimensions`` one of the Matryoshka
+        lengths the model's signed manifest offers (``None``: the model's own); ``prompt`` one of
+        the manifest's named prompts (``None``: its default prompt, ``"none"``: no prompt) — all
+        recorded in the receipt. ``model_version`` / ``manifest_sha256`` pin a signed model
+        version, as ``--model-version`` / ``--manifest-sha256``.
         """
-        if dimensions is not None:
-            raise NotAvailableError(
-                f"dimensions={dimensions}: vectors have the model's own dimensions; no published model offers reduced ones"
-            )
         if dtype not in ("float32", "float16"):
             raise ConfigurationError(f"dtype {dtype!r}: expected 'float32' or 'float16'")
         path, scratch = _corpus_file(source, ids)
@@ -178,6 +177,8 @@ class Client:
                     f16=dtype == "float16",
                     truncate=truncate,
                     normalize=normalize,
+                    prompt=prompt,
+                    dimensions=dimensions,
                 )
             )
             if scratch is not None:
@@ -193,17 +194,27 @@ class Client:
         record = json.loads(self._native.job_record(job_id))
         return Job(self, record["job_id"], record)
 
-    def embed(self, texts: Union[str, Sequence[str]], model: str = DEFAULT_MODEL, *, relay: Optional[str] = None) -> Any:
+    def embed(
+        self,
+        texts: Union[str, Sequence[str]],
+        model: str = DEFAULT_MODEL,
+        *,
+        relay: Optional[str] = None,
+        dimensions: Optional[int] = None,
+        prompt_name: Optional[str] = None,
+    ) -> Any:
         """Query-time embeddings through the online path: the fleet's attestation document is
         verified with ``submit``'s checks and the model's signed manifest pinned, then the texts
         travel by Oblivious HTTP through the host's relay, which cannot read them. Returns a
         ``numpy.ndarray`` (float32, one unit-norm row per text), the batch path's vectors for the
         same texts. ``relay`` defaults to the running local stack's. Raises :class:`OnlineError`
-        naming the check (``attestation`` when the document fails: nothing is sent)."""
+        naming the check (``attestation`` when the document fails: nothing is sent).
+        ``dimensions`` and ``prompt_name`` are OpenAI's ``dimensions`` and the prompt by name, as
+        in :meth:`submit`."""
         import numpy as np
 
         batch = [texts] if isinstance(texts, str) else list(texts)
-        rows = self._native.embed(model, batch, relay)
+        rows = self._native.embed(model, batch, relay, dimensions, prompt_name)
         return np.asarray(rows, dtype=np.float32).reshape(len(batch), -1)
 
     def __repr__(self) -> str:

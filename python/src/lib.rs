@@ -177,9 +177,18 @@ impl NativeClient {
     /// Embeds `texts` through the online path (`serve::OnlineClient`, made once per client: the
     /// fleet document verified, the model's manifest pinned, Oblivious HTTP through the relay);
     /// the vectors, row by row.
-    #[pyo3(signature = (model, texts, relay=None))]
-    fn embed(&self, py: Python<'_>, model: &str, texts: Vec<String>, relay: Option<String>) -> PyResult<Vec<Vec<f32>>> {
-        py.detach(|| self.online_client(relay).and_then(|client| client.embed(model, &texts))).map_err(|e| library_error(py, e))
+    #[pyo3(signature = (model, texts, relay=None, dimensions=None, prompt_name=None))]
+    fn embed(
+        &self,
+        py: Python<'_>,
+        model: &str,
+        texts: Vec<String>,
+        relay: Option<String>,
+        dimensions: Option<u32>,
+        prompt_name: Option<String>,
+    ) -> PyResult<Vec<Vec<f32>>> {
+        let shape = serve::OnlineShape { dimensions, prompt_name };
+        py.detach(|| self.online_client(relay).and_then(|client| client.embed(model, &texts, &shape))).map_err(|e| library_error(py, e))
     }
 
     #[getter]
@@ -194,7 +203,7 @@ impl NativeClient {
 
     /// Seals `file` (JSON lines or OpenAI Batch) and submits it as one job; the job's record
     /// (`jobstate::ClientJob`) as JSON.
-    #[pyo3(signature = (file, model, *, model_version=None, manifest_sha256=None, precision="fp32", f16=false, truncate=true, normalize=true))]
+    #[pyo3(signature = (file, model, *, model_version=None, manifest_sha256=None, precision="fp32", f16=false, truncate=true, normalize=true, prompt=None, dimensions=None))]
     #[allow(clippy::too_many_arguments)]
     fn submit(
         &self,
@@ -207,11 +216,14 @@ impl NativeClient {
         f16: bool,
         truncate: bool,
         normalize: bool,
+        prompt: Option<String>,
+        dimensions: Option<u32>,
     ) -> PyResult<String> {
         let precision = match precision {
             "fp32" => PrecisionArg::Fp32,
             "bf16" => PrecisionArg::Bf16,
-            other => return Err(config_error(py, format!("precision {other:?}: expected \"fp32\" or \"bf16\""))),
+            "int8" => PrecisionArg::Int8,
+            other => return Err(config_error(py, format!("precision {other:?}: expected \"fp32\", \"bf16\" or \"int8\""))),
         };
         let args = SubmitArgs {
             file,
@@ -226,6 +238,8 @@ impl NativeClient {
             no_truncate: !truncate,
             no_normalize: !normalize,
             precision,
+            prompt,
+            dimensions,
             json: true,
             bulk: false,
             shard_records: submit::DEFAULT_SHARD_RECORDS,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ephem_batch
-from ephem_batch import ConfigurationError, NotAvailableError, VerificationError
+from ephem_batch import ConfigurationError, VerificationError
 
 TEXTS = [
     "Confidential embeddings are computed inside a measured enclave.",
@@ -215,5 +215,10 @@ def test_configuration_errors_are_exceptions(client, tmp_path):
         client.job("0" * 32)
     with pytest.raises(ephem_batch.EphemBatchError):
         client.job("not-a-job")
-    with pytest.raises(NotAvailableError):
+    # What the model's signed manifest does not offer is refused before anything is sealed.
+    with pytest.raises(ephem_batch.EphemBatchError) as raised:
         client.submit(["x"], dimensions=128)
+    assert "dimensions 128" in str(raised.value) and "[384]" in str(raised.value)
+    with pytest.raises(ephem_batch.EphemBatchError) as raised:
+        client.submit(["x"], prompt="query")
+    assert "prompt \"query\"" in str(raised.value)

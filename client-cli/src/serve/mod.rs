@@ -97,6 +97,14 @@ pub struct OnlineError {
     pub message: String,
 }
 
+/// What an online request may ask beyond its texts (`None`: the model's length; its default
+/// prompt, or `none` for no prompt).
+#[derive(Debug, Clone, Default)]
+pub struct OnlineShape {
+    pub dimensions: Option<u32>,
+    pub prompt_name: Option<String>,
+}
+
 /// The online path for a library caller (the Python SDK's `embed`): exactly a request to `serve`,
 /// with the verified document and pinned manifests kept between calls and refreshed as `serve`
 /// refreshes them.
@@ -111,9 +119,17 @@ impl OnlineClient {
         Ok(Self { runtime, proxy: Arc::new(Proxy::new(home, services, args)?) })
     }
 
-    /// The vectors of `texts`, row by row; an [`OnlineError`] for a refusal.
-    pub fn embed(&self, model: &str, texts: &[String]) -> anyhow::Result<Vec<Vec<f32>>> {
-        let body = serde_json::json!({"input": texts, "model": model}).to_string();
+    /// The vectors of `texts`, row by row; an [`OnlineError`] for a refusal. `shape` asks for
+    /// a Matryoshka length and a prompt, as OpenAI's `dimensions` and `prompt_name` do.
+    pub fn embed(&self, model: &str, texts: &[String], shape: &OnlineShape) -> anyhow::Result<Vec<Vec<f32>>> {
+        let mut request = serde_json::json!({"input": texts, "model": model});
+        if let Some(dimensions) = shape.dimensions {
+            request["dimensions"] = dimensions.into();
+        }
+        if let Some(prompt) = &shape.prompt_name {
+            request["prompt_name"] = prompt.as_str().into();
+        }
+        let body = request.to_string();
         let (status, answer) = self.runtime.block_on(proxy::forward(&self.proxy, body.into()));
         let answer: serde_json::Value = serde_json::from_slice(&answer).context("the answer is not JSON")?;
         if !status.is_success() {
