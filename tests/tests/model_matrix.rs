@@ -1,0 +1,196 @@
+//! The model matrix through the running stack: every folder of `testdata/models/` (BERT,
+//! XLM-RoBERTa and MPNet × classic and 6.x configuration forms × mean and CLS pooling) onboarded
+//! with the CLI (`model encrypt`, `model sign --development`, `model upload`), then batch jobs with
+//! `submit --model` through the enclave worker, each record checked against sentence-transformers
+//! on the same files: its token count (the model's own length, 200 or 512, never another's) and
+//! its vector at cosine ≥ 0.9999 (f32) and ≥ 0.999 (bf16 where the CPU has it). The 6.x folders'
+//! signed default prompt applies when a job names none; `--prompt passage` and `--prompt none`
+//! select the others. The `v6-mean` folders are onboarded with Matryoshka lengths, and
+//! `--dimensions 16` gives sentence-transformers' `truncate_dim=16` vectors; a length the model
+//! does not offer and a prompt it does not name are refused at submit, naming the flag.
+
+mod matrix;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS};
+use serde_json::Value;
+
+const F32_MIN_COSINE: f64 = 0.9999;
+const BF16_MIN_COSINE: f64 = 0.999;
+const MATRYOSHKA_FOLDER: &str = "v6-mean";
+
+fn model_id(arch: &str, folder: &str) -> String {
+    format!("test/{arch}-{folder}")
+}
+
+/// The Matryoshka lengths offered for a flagged folder: 16 and one more below the hidden size.
+fn matryoshka(hidden: u64) -> String {
+    if hidden > 32 { "16,32".to_owned() } else { format!("16,{}", hidden - 4) }
+}
+
+struct Matrix {
+    stack: tests::Stack,
+    work: tempfile::TempDir,
+    corpus: PathBuf,
+    reference: Value,
+    texts: Vec<(String, String)>,
+    jobs: usize,
+}
+
+impl Matrix {
+    fn path(&self, name: &str) -> PathBuf {
+        self.work.path().join(name)
+    }
+
+    fn onboard(&self, arch: &str, folder: &str, tokenizer: &[u8]) {
+        let (dir, sealed) = (self.path(&format!("{arch}-{folder}")), self.path(&format!("{arch}-{folder}.sealed")));
+        matrix::assemble(arch, folder, tokenizer, &dir);
+        let id = model_id(arch, folder);
+        let mut encrypt = vec!["model", "encrypt", dir.to_str().unwrap(), "--model-id", &id, "--version", "1"];
+        encrypt.extend(["-o", sealed.to_str().unwrap()]);
+        let hidden = self.reference["architectures"][arch]["hidden_size"].as_u64().unwrap();
+        let lengths = matryoshka(hidden);
+        if folder == MATRYOSHKA_FOLDER {
+            encrypt.extend(["--matryoshka", &lengths]);
+        }
+        self.stack.ok(&encrypt);
+        self.stack.ok(&["model", "sign", sealed.to_str().unwrap(), "--development"]);
+        self.stack.ok(&["model", "upload", sealed.to_str().unwrap()]);
+    }
+
+    /// One batch job over every reference text; its records, in order.
+    fn job(&mut self, arch: &str, folder: &str, extra: &[&str]) -> Vec<Value> {
+        self.jobs += 1;
+        let out = self.path(&format!("out-{}.jsonl", self.jobs));
+        let id = model_id(arch, folder);
+        let mut args = vec!["submit", self.corpus.to_str().unwrap(), "--model", &id, "--wait", "-o", out.to_str().unwrap(), "--json"];
+        args.extend(extra);
+        let report = tests::json(&self.stack.ok(&args));
+        let n = self.texts.len() as u64;
+        assert_eq!((report["embedded"].as_u64(), report["errors"].as_u64()), (Some(n), Some(0)), "{id} {extra:?}: {report}");
+        // The receipt was checked to state the prompt and length the job asked for.
+        assert_eq!(report["verified"], true, "{id} {extra:?}: {report}");
+        let records = tests::json_lines(&out);
+        assert_eq!(records.len(), self.texts.len(), "{id} {extra:?}");
+        for (record, (name, _)) in records.iter().zip(&self.texts) {
+            assert_eq!(record["id"].as_str(), Some(name.as_str()), "{id} {extra:?}: records in order");
+        }
+        records
+    }
+
+    /// A submit that must be refused before any job exists; its message.
+    fn refused(&self, arch: &str, folder: &str, extra: &[&str]) -> String {
+        let id = model_id(arch, folder);
+        let out = self.path("refused.jsonl");
+        let mut args = vec!["submit", self.corpus.to_str().unwrap(), "--model", &id, "--wait", "-o", out.to_str().unwrap()];
+        args.extend(extra);
+        let output = self.stack.cli(&args);
+        assert!(!output.status.success(), "{id} {extra:?} was accepted:\n{}", self.stack.describe(&output));
+        assert!(!out.exists(), "{id} {extra:?}: no output for a refused job");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+}
+
+/// Every record at the reference's token count and at `bound` to its vector; the lowest cosine.
+fn check(records: &[Value], run: &Run, dimensions: u64, bound: f64, label: &str) -> f64 {
+    let mut lowest = f64::MAX;
+    for (index, record) in records.iter().enumerate() {
+        let name = record["id"].as_str().unwrap();
+        assert_eq!(record["tokens"].as_u64(), Some(run.tokens[index]), "{label} {name}: cut at the model's own length");
+        let vector = floats(&record["embedding"]);
+        assert_eq!(vector.len() as u64, dimensions, "{label} {name}");
+        let similarity = cosine(&vector, &run.vectors[index]);
+        assert!(similarity >= bound, "{label} {name}: cosine {similarity}");
+        lowest = lowest.min(similarity);
+    }
+    lowest
+}
+
+fn truncated(vector: &[f32], n: usize) -> Vec<f32> {
+    let norm = norm(&vector[..n]) as f32;
+    vector[..n].iter().map(|x| x / norm).collect()
+}
+
+#[test]
+fn every_model_in_the_matrix_serves_batch_jobs_as_sentence_transformers_does() {
+    let started = Instant::now();
+    let reference = matrix::reference();
+    let texts = matrix::texts(&reference);
+    let work = tempfile::tempdir().unwrap();
+    let corpus = work.path().join("corpus.jsonl");
+    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
+    for arch in ARCHITECTURES {
+        let tokenizer = matrix::tokenizer(&m.reference, arch);
+        for folder in FOLDERS {
+            m.onboard(arch, folder, &tokenizer);
+        }
+    }
+    eprintln!("onboarded {} models in {:.1}s", ARCHITECTURES.len() * FOLDERS.len(), started.elapsed().as_secs_f64());
+
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    let mut cut_at = std::collections::BTreeSet::new();
+    for arch in ARCHITECTURES {
+        let hidden = m.reference["architectures"][arch]["hidden_size"].as_u64().unwrap();
+        for folder in FOLDERS {
+            let entry = matrix::folder(&m.reference, arch, folder).clone();
+            let label = format!("{arch}/{folder}");
+            let limit = entry["max_seq_length"].as_u64().unwrap();
+            // No prompt flag: the signed default prompt ("query" in the 6.x folders) or none.
+            let default = entry["default_prompt_name"].as_str().unwrap_or("");
+            let run = matrix::run(&m.reference, arch, folder, default);
+            let records = m.job(arch, folder, &[]);
+            let lowest = check(&records, &run, hidden, F32_MIN_COSINE, &label);
+            eprintln!("{label} default prompt {default:?} f32: lowest cosine {lowest:.7}");
+            let full: Vec<Vec<f32>> = records.iter().map(|r| floats(&r["embedding"])).collect();
+            let tokens: Vec<u64> = records.iter().map(|r| r["tokens"].as_u64().unwrap()).collect();
+            assert!(tokens.contains(&limit), "{label}: a text cut at its own limit {limit}");
+            assert!(tokens.iter().all(|&t| t <= limit), "{label}");
+            cut_at.insert(limit);
+
+            if bf16 {
+                let records = m.job(arch, folder, &["--precision", "bf16"]);
+                let lowest = check(&records, &run, hidden, BF16_MIN_COSINE, &label);
+                eprintln!("{label} default prompt bf16: lowest cosine {lowest:.7}");
+            }
+            if entry["form"] == "v6" {
+                for (flag, prompt) in [("passage", "passage"), ("none", "")] {
+                    let records = m.job(arch, folder, &["--prompt", flag]);
+                    let lowest = check(&records, &matrix::run(&m.reference, arch, folder, prompt), hidden, F32_MIN_COSINE, &label);
+                    eprintln!("{label} --prompt {flag} f32: lowest cosine {lowest:.7}");
+                }
+            } else {
+                let refused = m.refused(arch, folder, &["--prompt", "query"]);
+                assert!(refused.contains("--prompt"), "{label}: {refused}");
+            }
+            if folder == MATRYOSHKA_FOLDER {
+                // sentence-transformers' truncate_dim=16 with normalisation, for the default prompt.
+                let expected: Vec<Vec<f32>> =
+                    entry["truncate_dim"][default].as_array().unwrap().iter().map(floats).collect();
+                let records = m.job(arch, folder, &["--dimensions", "16"]);
+                let run16 = Run { tokens: run.tokens.clone(), vectors: expected };
+                let lowest = check(&records, &run16, 16, F32_MIN_COSINE, &label);
+                eprintln!("{label} --dimensions 16: lowest cosine {lowest:.7}");
+                for (record, vector) in records.iter().zip(&full) {
+                    let short = floats(&record["embedding"]);
+                    assert!((norm(&short) - 1.0).abs() < 1e-5, "{label}: normalised");
+                    let diff = short.iter().zip(truncated(vector, 16)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    assert!(diff < 2e-5, "{label} {}: {diff} from the full vector truncated and renormalised", record["id"]);
+                }
+            } else {
+                let refused = m.refused(arch, folder, &["--dimensions", "16"]);
+                assert!(refused.contains("--dimensions"), "{label}: {refused}");
+            }
+        }
+    }
+    assert_eq!(cut_at.into_iter().collect::<Vec<_>>(), [200, 512], "texts cut at each model's own length");
+    let refused = m.refused("xlm-roberta", MATRYOSHKA_FOLDER, &["--prompt", "nosuch"]);
+    assert!(refused.contains("--prompt") && refused.contains("nosuch"), "{refused}");
+    let refused = m.refused("mpnet", MATRYOSHKA_FOLDER, &["--dimensions", "24"]);
+    assert!(refused.contains("--dimensions"), "{refused}");
+    eprintln!("{} jobs in {:.1}s", m.jobs, started.elapsed().as_secs_f64());
+}
+
