@@ -21,6 +21,7 @@ use zeroize::Zeroizing;
 use crate::inference::{Embedder, EmbedderSettings, Engine, ModelFiles};
 use crate::key_release::kms_https::KmsHttps;
 use crate::key_release::{self, KmsTransport, KmsTransportError, RsaKeyPool};
+use crate::model_memory::{MemoryError, Room};
 use crate::nsm::AttestationRequest;
 use crate::online::OnlineState;
 use crate::worker::{Epoch, LoadedModel, Worker};
@@ -52,6 +53,21 @@ pub enum ControlError {
     Attestation(String),
     #[error("fleet_epoch_in_use: {0}")]
     EpochInUse(String),
+    /// The model needs more than the whole model memory budget.
+    #[error("{0}")]
+    OverBudget(MemoryError),
+    /// A load only if it fits would have had to evict: answered by `ModelWouldEvict`.
+    #[error("{0}")]
+    WouldEvict(MemoryError),
+}
+
+impl From<MemoryError> for ControlError {
+    fn from(error: MemoryError) -> Self {
+        match error {
+            MemoryError::OverBudget { .. } => ControlError::OverBudget(error),
+            MemoryError::WouldEvict { .. } => ControlError::WouldEvict(error),
+        }
+    }
 }
 
 impl ControlError {
@@ -67,6 +83,8 @@ impl ControlError {
             ControlError::Model(_) => "model",
             ControlError::Attestation(_) => "attestation",
             ControlError::EpochInUse(_) => "fleet_epoch_in_use",
+            ControlError::OverBudget(_) => "model_over_budget",
+            ControlError::WouldEvict(_) => "model_would_evict",
         }
     }
 }
@@ -167,7 +185,9 @@ pub fn serve<C: Read + Write>(worker: &Worker, online: &OnlineState, pool: &RsaK
         };
         let outcome = match message {
             Message::UseFleetEpoch { epoch, object_key } => use_epoch(worker, pool, &mut control, epoch, &object_key),
-            Message::LoadModel { manifest_key } => load_model(worker, pool, &mut control, &manifest_key),
+            Message::LoadModel { manifest_key } => load_model(worker, pool, &mut control, &manifest_key, Room::Evict),
+            Message::LoadModelIfFits { manifest_key } => load_model(worker, pool, &mut control, &manifest_key, Room::OnlyIfFits),
+            Message::ListModels => list_models(worker, &mut control),
             Message::Attest { request, nonce } => attest(worker, &mut control, request, &nonce),
             Message::CollectUsage { flush } => collect_usage(worker, online, &mut control, flush),
             other => Err(ControlError::Protocol(format!("unexpected message {other:?}"))),
@@ -175,6 +195,10 @@ pub fn serve<C: Read + Write>(worker: &Worker, online: &OnlineState, pool: &RsaK
         match outcome {
             Ok(()) => control.send(&status(worker, "ok"))?,
             Err(ControlError::Connection(error)) => return Err(ControlError::Connection(error)),
+            Err(ControlError::WouldEvict(MemoryError::WouldEvict { model_id, bytes, free, .. })) => {
+                tracing::info!(model = model_id, bytes, free, "model not loaded: it would evict another");
+                control.send(&Message::ModelWouldEvict { model_id, bytes, free })?;
+            }
             Err(error) => {
                 tracing::warn!(check = error.check(), %error, "control request failed");
                 control.send(&Message::Error { message: format!("{}: {error}", error.check()) })?;
@@ -267,16 +291,37 @@ fn attest<C: Read + Write>(worker: &Worker, control: &mut Control<'_, C>, reques
     control.send(&Message::Attested { request, document })
 }
 
-/// Verifies a signed manifest, releases its DEK, decrypts and checks every file, loads the model.
+/// The models held and the budget (`ModelMemory`); `Status` follows.
+fn list_models<C: Read + Write>(worker: &Worker, control: &mut Control<'_, C>) -> Result<(), ControlError> {
+    let models = worker
+        .resident_models()
+        .into_iter()
+        .map(|r| frame::ResidentModel {
+            model_id: r.model_id,
+            manifest_hash: r.value.manifest_hash.to_vec(),
+            version: r.value.manifest.version,
+            bytes: r.bytes,
+            last_use_ms: r.last_use_ms,
+        })
+        .collect();
+    control.send(&Message::ModelMemory { budget: worker.model_budget(), models })
+}
+
+/// Verifies a signed manifest, releases its DEK, decrypts and checks every file, loads the model
+/// under the memory budget (evicting least recently used models if `room` allows: each evicted
+/// one is reported by `ModelEvicted`).
 fn load_model<C: Read + Write>(
     worker: &Worker,
     pool: &RsaKeyPool,
     control: &mut Control<'_, C>,
     manifest_key: &str,
+    room: Room,
 ) -> Result<(), ControlError> {
     let started = std::time::Instant::now();
     let signed = SignedManifest::decode(&control.fetch_small(manifest_key)?)?;
     let manifest = signed.verify(worker.publisher())?.clone();
+    // A manifest measured before is refused before its key is released and its files decrypted.
+    worker.check_model_room(&manifest.model_id, &signed.hash, room)?;
     let dek = key_release::release_data_key(worker.nsm(), pool, control, &manifest)?;
     let mut files: BTreeMap<&str, Zeroizing<Vec<u8>>> = BTreeMap::new();
     for name in ["config.json", "tokenizer.json", "model.safetensors"] {
@@ -296,8 +341,13 @@ fn load_model<C: Read + Write>(
     .map_err(|e| ControlError::Model(e.to_string()))?;
     drop(files);
     let engine = Engine::new(Arc::new(embedder), worker.engine_settings()).map_err(|e| ControlError::Model(e.to_string()))?;
-    tracing::info!(model = %manifest.model_id, seconds = started.elapsed().as_secs_f64(), "model loaded");
-    worker.add_model(LoadedModel { manifest, manifest_hash: signed.hash, engine });
+    let model_id = manifest.model_id.clone();
+    let evicted = worker.add_model(LoadedModel { manifest, manifest_hash: signed.hash, engine }, room)?;
+    for gone in evicted {
+        tracing::info!(model = gone.model_id, bytes = gone.bytes, "model evicted (least recently used) to make room");
+        control.send(&Message::ModelEvicted { model_id: gone.model_id, manifest_hash: gone.value.manifest_hash.to_vec() })?;
+    }
+    tracing::info!(model = %model_id, seconds = started.elapsed().as_secs_f64(), "model loaded");
     Ok(())
 }
 

@@ -13,6 +13,7 @@ pub mod dev_model;
 pub mod inference;
 pub mod job;
 pub mod key_release;
+pub mod model_memory;
 pub mod nsm;
 pub mod one_shot_key;
 pub mod online;

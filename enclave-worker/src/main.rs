@@ -3,12 +3,17 @@
 //!
 //! ```text
 //! enclave-worker --listen unix:PATH|tcp:HOST:PORT|vsock:PORT [--kms-relay ENDPOINT]
-//!                [--kms-tls-root PEM] [--state-dir DIR] [--threads N]
+//!                [--kms-tls-root PEM] [--state-dir DIR] [--threads N] [--model-memory-mib N]
 //! ```
 //!
 //! `--kms-relay` is where a byte relay to KMS listens (in an enclave `vsock:3:8000`, the
 //! parent's `vsock-proxy`, the default there). `--kms-tls-root` replaces the compiled-in Amazon
 //! roots by a development root, and is refused unless the NSM is the development one.
+//!
+//! `--model-memory-mib` (or `EPHEM_MODEL_MEMORY_MIB`) is the budget of the models the worker
+//! holds, as their engines measure them; loading one that does not fit evicts the least recently
+//! used. Without it, half the machine's memory (`MemTotal`; in an enclave, its allocation), so
+//! the models never take it all.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -25,9 +30,10 @@ struct Args {
     kms_tls_root: Option<std::path::PathBuf>,
     state_dir: std::path::PathBuf,
     threads: usize,
+    model_memory_mib: Option<u64>,
 }
 
-const USAGE: &str = "usage: enclave-worker --listen unix:PATH|tcp:HOST:PORT [--kms-relay ENDPOINT] [--kms-tls-root PEM] [--state-dir DIR] [--threads N]";
+const USAGE: &str = "usage: enclave-worker --listen unix:PATH|tcp:HOST:PORT [--kms-relay ENDPOINT] [--kms-tls-root PEM] [--state-dir DIR] [--threads N] [--model-memory-mib N]";
 
 /// The parent instance's `vsock-proxy` to KMS, as the host's user data starts it.
 #[cfg(feature = "nitro")]
@@ -41,6 +47,14 @@ fn parse_args() -> Result<Args, String> {
     let mut kms_tls_root = None;
     let mut state_dir = std::path::PathBuf::from(".ephem/enclave");
     let mut threads = 0;
+    let mib = |text: &str, from: &str| match text.trim().parse::<u64>() {
+        Ok(mib) if mib > 0 => Ok(mib),
+        _ => Err(format!("{from} takes a number of MiB above 0")),
+    };
+    let mut model_memory_mib = match std::env::var("EPHEM_MODEL_MEMORY_MIB") {
+        Ok(text) => Some(mib(&text, "EPHEM_MODEL_MEMORY_MIB")?),
+        Err(_) => None,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{arg} needs a value\n{USAGE}"));
@@ -50,11 +64,12 @@ fn parse_args() -> Result<Args, String> {
             "--kms-tls-root" => kms_tls_root = Some(value()?.into()),
             "--state-dir" => state_dir = value()?.into(),
             "--threads" => threads = value()?.parse().map_err(|_| "--threads takes a number".to_owned())?,
+            "--model-memory-mib" => model_memory_mib = Some(mib(&value()?, "--model-memory-mib")?),
             "--help" | "-h" => return Err(USAGE.to_owned()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
     }
-    Ok(Args { listen: listen.ok_or_else(|| USAGE.to_owned())?, kms_relay, kms_tls_root, state_dir, threads })
+    Ok(Args { listen: listen.ok_or_else(|| USAGE.to_owned())?, kms_relay, kms_tls_root, state_dir, threads, model_memory_mib })
 }
 
 /// The worker's own KMS client. A development root is accepted only beside the development NSM:
@@ -109,7 +124,9 @@ fn main() -> ExitCode {
         }
     };
     let settings = EngineSettings { threads: args.threads, ..EngineSettings::default() };
-    let worker = Arc::new(Worker::new(nsm, publisher, settings, kms));
+    let budget = args.model_memory_mib.map_or_else(enclave_worker::worker::default_model_budget, |mib| mib << 20);
+    tracing::info!(bytes = budget, "model memory budget");
+    let worker = Arc::new(Worker::new(nsm, publisher, settings, kms).with_model_budget(budget));
     let online = Arc::new(enclave_worker::online::OnlineState::default());
     let listener = match Listener::bind(&args.listen) {
         Ok(listener) => listener,

@@ -1,8 +1,9 @@
 //! What one enclave holds: its NSM, its per-boot receipt key, the fleet keys of the epochs it has
-//! released, the models it has loaded, and the attestation documents it has published.
+//! released, the models it has loaded (under its model memory budget, [`crate::model_memory`]),
+//! and the attestation documents it has published.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
 
 use ed25519_dalek::{SigningKey, VerifyingKey};
 use protocol::attestation::UserDataBinding;
@@ -12,6 +13,7 @@ use protocol::manifest::Manifest;
 
 use crate::inference::{Engine, EngineSettings};
 use crate::key_release::kms_https::KmsHttps;
+use crate::model_memory::{Evicted, Measured, MemoryError, ModelMemory, Resident, Room};
 use crate::nsm::{Nsm, NsmError};
 
 /// The fleet key of one epoch and the document that publishes it.
@@ -33,6 +35,26 @@ pub struct LoadedModel {
     pub engine: Engine,
 }
 
+impl Measured for LoadedModel {
+    /// What the engine holds as measured; for an engine that cannot measure itself (the candle
+    /// backend), the sizes of its weights and tokenizer files.
+    fn memory_bytes(&self) -> u64 {
+        self.engine.embedder().memory_bytes().unwrap_or_else(|| {
+            ["model.safetensors", "tokenizer.json"].iter().filter_map(|name| self.manifest.file(name)).map(|f| f.size).sum()
+        })
+    }
+}
+
+/// The model memory budget when none is given: half the memory of the machine (in an enclave,
+/// the memory allocated to it), the other half left to jobs' batches and buffers; 2 GiB where
+/// the total cannot be read.
+pub fn default_model_budget() -> u64 {
+    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| {
+        info.lines().find_map(|line| line.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    });
+    total_kib.map_or(2 << 30, |kib| kib * 1024 / 2)
+}
+
 /// `add_epoch` of an epoch the worker already holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("epoch {0} is already in use; an epoch's key is never replaced")]
@@ -45,7 +67,10 @@ pub struct Worker {
     engine_settings: EngineSettings,
     kms: KmsHttps,
     epochs: RwLock<BTreeMap<u64, Arc<Epoch>>>,
-    models: RwLock<BTreeMap<String, Arc<LoadedModel>>>,
+    models: Mutex<ModelMemory<LoadedModel>>,
+    /// Measured bytes of every manifest loaded since boot, so that a load only if it fits can
+    /// be refused before the model is decrypted again.
+    measured: Mutex<HashMap<[u8; 32], u64>>,
 }
 
 impl Worker {
@@ -60,8 +85,14 @@ impl Worker {
             engine_settings,
             kms,
             epochs: RwLock::new(BTreeMap::new()),
-            models: RwLock::new(BTreeMap::new()),
+            models: Mutex::new(ModelMemory::new(default_model_budget())),
+            measured: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The same worker with a model memory budget of `bytes`.
+    pub fn with_model_budget(self, bytes: u64) -> Self {
+        Self { models: Mutex::new(ModelMemory::new(bytes)), ..self }
     }
 
     pub fn nsm(&self) -> &dyn Nsm {
@@ -157,18 +188,46 @@ impl Worker {
         self.epochs.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
     }
 
-    pub fn add_model(&self, model: LoadedModel) {
-        self.models
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(model.manifest.model_id.clone(), Arc::new(model));
+    fn memory(&self) -> std::sync::MutexGuard<'_, ModelMemory<LoadedModel>> {
+        self.models.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Whether a manifest measured before would be refused now (`Ok` when it fits, or was never
+    /// measured: then only loading it tells).
+    pub fn check_model_room(&self, model_id: &str, manifest_hash: &[u8; 32], room: Room) -> Result<(), MemoryError> {
+        let known = self.measured.lock().unwrap_or_else(|e| e.into_inner()).get(manifest_hash).copied();
+        match known {
+            Some(bytes) => self.memory().check(model_id, bytes, room),
+            None => Ok(()),
+        }
+    }
+
+    /// Holds a loaded model under the budget (replacing the held one of its id); returns the
+    /// models evicted for it. Jobs that hold an evicted model finish with it.
+    pub fn add_model(&self, model: LoadedModel, room: Room) -> Result<Vec<Evicted<LoadedModel>>, MemoryError> {
+        let bytes = model.memory_bytes();
+        self.measured.lock().unwrap_or_else(|e| e.into_inner()).insert(model.manifest_hash, bytes);
+        let id = model.manifest.model_id.clone();
+        let now = self.now_ms();
+        self.memory().insert(&id, Arc::new(model), now, room)
+    }
+
+    /// The model for a job or online request: taking it counts as a use.
     pub fn model(&self, model_id: &str) -> Option<Arc<LoadedModel>> {
-        self.models.read().unwrap_or_else(|e| e.into_inner()).get(model_id).cloned()
+        let now = self.now_ms();
+        self.memory().take(model_id, now)
     }
 
     pub fn models(&self) -> Vec<String> {
-        self.models.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+        self.memory().ids()
+    }
+
+    /// The held models, their bytes now and last use.
+    pub fn resident_models(&self) -> Vec<Resident<LoadedModel>> {
+        self.memory().residents()
+    }
+
+    pub fn model_budget(&self) -> u64 {
+        self.memory().budget()
     }
 }

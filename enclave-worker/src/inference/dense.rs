@@ -116,6 +116,11 @@ impl<T: Copy + Default> Packed<T> {
     pub(crate) fn cols(&self) -> usize {
         self.n
     }
+
+    /// Bytes of the panels (padding included).
+    pub(crate) fn memory_bytes(&self) -> usize {
+        std::mem::size_of_val(self.panels.as_slice())
+    }
 }
 
 impl Packed<f32> {
@@ -400,6 +405,16 @@ impl Int8Weights {
 
     pub(crate) fn cols(&self) -> usize {
         self.panels.n
+    }
+
+    /// Bytes of the int8 panels, their per-column scales and sums, and the exact channels.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let exact = self.exact.as_ref().map_or(0, |(channels, rows)| std::mem::size_of_val(channels.as_slice()) + rows.memory_bytes());
+        self.panels.memory_bytes()
+            + std::mem::size_of_val(self.scale.as_slice())
+            + std::mem::size_of_val(self.sum.as_slice())
+            + self.inv_smooth.as_ref().map_or(0, |s| std::mem::size_of_val(s.as_slice()))
+            + exact
     }
 }
 

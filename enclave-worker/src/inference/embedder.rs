@@ -377,7 +377,20 @@ impl Embedder {
         }
         vector
     }
+
+    /// Bytes the model holds now: the fused encoder's weights as measured (bf16/int8 copies
+    /// included once built) plus an estimate for the tokenizer (its vocabulary maps, about
+    /// [`TOKENIZER_BYTES_PER_TOKEN`] per entry). `None` for the candle backend, whose tensors
+    /// are not measured here: the caller counts the weights file instead.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        let Model::Fused(encoder) = &self.model else { return None };
+        Some((encoder.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
+    }
 }
+
+/// A vocabulary entry in both of a tokenizer's maps (token → id, id → token): two strings'
+/// headers and text, the id and the hash tables' overhead.
+const TOKENIZER_BYTES_PER_TOKEN: usize = 96;
 
 /// `v / max(‖v‖₂, 1e-12)`, as sentence-transformers' `Normalize` (torch `F.normalize`).
 pub(crate) fn l2_normalize(vector: &mut [f32]) {

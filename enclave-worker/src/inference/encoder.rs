@@ -334,6 +334,45 @@ impl Encoder {
         })
     }
 
+    /// Bytes the encoder holds now: the f32 weights (packed, or candle tensors), the MPNet bias
+    /// table, the calibration sequences, and the bf16 and int8 copies once a job has built them.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let values = |v: &[f32]| std::mem::size_of_val(v);
+        let weight = |w: &Weight| match w {
+            Weight::Packed(p) => p.memory_bytes(),
+            Weight::Candle(t) => t.elem_count() * t.dtype().size_in_bytes(),
+        };
+        let norm = |l: &LayerNorm| values(&l.gamma) + values(&l.beta);
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.qkv_w, &l.out_w, &l.ff1_w, &l.ff2_w].into_iter().map(weight).sum::<usize>()
+                    + [&l.qkv_b, &l.out_b, &l.ff1_b, &l.ff2_b].into_iter().map(|b| values(b)).sum::<usize>()
+                    + norm(&l.attn_ln)
+                    + norm(&l.ff_ln)
+            })
+            .sum();
+        let bf16: usize = match self.bf16.get() {
+            Some(Ok(packed)) => packed.iter().map(|l| [&l.qkv, &l.out, &l.ff1, &l.ff2].into_iter().map(|p| p.memory_bytes()).sum::<usize>()).sum(),
+            _ => 0,
+        };
+        let product = |p: &Int8Product| match p {
+            Int8Product::Int8(w) => w.memory_bytes(),
+            Int8Product::Bf16(w) => w.memory_bytes(),
+            Int8Product::Fp32 => 0,
+        };
+        let int8: usize = match self.int8.get() {
+            Some(Ok(quantised)) => quantised.iter().map(|l| [&l.qkv, &l.out, &l.ff1, &l.ff2].into_iter().map(product).sum::<usize>()).sum(),
+            _ => 0,
+        };
+        // The table RelativeBias::new builds: (heads, 2·span − 1) with span = max_positions.
+        let relative = self.relative.as_ref().map_or(0, |_| self.heads * (2 * self.max_positions - 1) * std::mem::size_of::<f32>());
+        let calibration: usize = self.calibration.iter().map(|s| std::mem::size_of_val(s.as_slice())).sum();
+        values(&self.word) + values(&self.position) + values(&self.token_type) + norm(&self.embedding_ln)
+            + layers + bf16 + int8 + relative + calibration
+    }
+
     /// Whether every tensor of the file is F32 (what [`Encoder::load`] reads).
     pub(crate) fn reads(weights: &[u8]) -> bool {
         SafeTensors::deserialize(weights)
@@ -763,6 +802,51 @@ fn fused_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + S
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the encoder reports is what it holds: every f32 of the checkpoint it uses (packed,
+    /// so a little padding on top), the MPNet bias table, then the bf16 copy once a job built it,
+    /// half the f32 dense weights.
+    #[test]
+    fn memory_counts_the_weights_and_the_copies_once_built() {
+        // The model matrix's MPNet (tests/testdata/models, scripts/make_test_models.py).
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/testdata/models/mpnet");
+        let weights = std::fs::read(dir.join("model.safetensors")).unwrap();
+        let config = ArchConfig::parse(&std::fs::read(dir.join("v6-mean/config.json")).unwrap()).unwrap();
+        let encoder = Encoder::load(&weights, &config).unwrap();
+        let tensors = SafeTensors::deserialize(&weights).unwrap();
+        let used: usize = tensors.iter().filter(|(name, _)| !name.starts_with("pooler.")).map(|(_, v)| v.data().len()).sum();
+        let before = encoder.memory_bytes();
+        // The bucket weights become a table over every distance; MPNet has no token types (a
+        // row of zeros stands for them); the dense weights' panels are padded to whole panels.
+        let table = config.num_attention_heads * (2 * config.max_tokens() - 1) * 4;
+        let bucket_weights = arch::MPNET_BUCKETS * config.num_attention_heads * 4;
+        let padding: usize = encoder
+            .layers
+            .iter()
+            .flat_map(|l| [&l.qkv_w, &l.out_w, &l.ff1_w, &l.ff2_w])
+            .map(|w| match w {
+                Weight::Packed(p) => p.memory_bytes() - p.rows() * p.cols() * 4,
+                Weight::Candle(_) => 0,
+            })
+            .sum();
+        assert_eq!(before, used - bucket_weights + table + 4 * config.hidden_size + padding, "{used} bytes of tensors");
+        if !dense::bf16_supported() {
+            eprintln!("skipped the bf16 part: this CPU has no AVX-512 BF16");
+            return;
+        }
+        let dense_f32: usize = encoder
+            .layers
+            .iter()
+            .flat_map(|l| [&l.qkv_w, &l.out_w, &l.ff1_w, &l.ff2_w])
+            .map(|w| match w {
+                Weight::Packed(p) => p.memory_bytes(),
+                Weight::Candle(_) => 0,
+            })
+            .sum();
+        encoder.bf16_layers().unwrap();
+        let grown = encoder.memory_bytes() - before;
+        assert!(grown.abs_diff(dense_f32 / 2) <= dense_f32 / 100, "bf16 copy {grown} bytes for {dense_f32} of f32");
+    }
 
     /// The two forms a dense weight takes (our kernel's panels where the CPU has AVX-512, a candle
     /// tensor elsewhere) compute the same product.
