@@ -17,6 +17,7 @@ use zeroize::Zeroizing;
 use crate::cbor::{self, CborError, MapBuilder, MapReader};
 use crate::cose::{self, CoseError, Sign1};
 use crate::envelope::valid_model_id;
+pub use crate::envelope::valid_prompt_name;
 use crate::keys::KeyId;
 use crate::stream::StreamId;
 
@@ -28,10 +29,6 @@ pub const MAX_PROMPT_BYTES: usize = 4096;
 /// Matryoshka lengths a manifest may offer.
 pub const MAX_MATRYOSHKA: usize = 32;
 
-/// A prompt name: 1 to 64 printable ASCII characters.
-pub fn valid_prompt_name(name: &str) -> bool {
-    (1..=64).contains(&name.len()) && name.bytes().all(|b| (0x20..0x7f).contains(&b))
-}
 
 /// The model's named prompts (sentence-transformers `prompts`, `default_prompt_name`): text the
 /// model expects before a query or passage. Absent from the payload when there are none, so

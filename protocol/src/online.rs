@@ -253,7 +253,7 @@ fn parse_call(body: &[u8]) -> Result<EmbeddingsCall, ApiError> {
         .map(|d| u32::try_from(d).ok().filter(|d| *d > 0 && *d as usize <= crate::records::MAX_DIMENSIONS))
         .map(|d| d.ok_or_else(|| ApiError::invalid("dimensions", "invalid_dimensions", "dimensions must be a positive integer")))
         .transpose()?;
-    if let Some(name) = raw.prompt_name.as_deref().filter(|name| !crate::manifest::valid_prompt_name(name)) {
+    if let Some(name) = raw.prompt_name.as_deref().filter(|name| !crate::envelope::valid_prompt_name(name)) {
         return Err(ApiError::invalid("prompt_name", "invalid_prompt_name", format!("{name:?} is not a prompt name")));
     }
     Ok(EmbeddingsCall {

@@ -20,7 +20,7 @@ pub const MAX_TEXT_LEN: usize = 256 * 1024;
 /// decodes and the enclave reports it per record; beyond it the stream is malformed.
 pub const MAX_WIRE_TEXT_LEN: usize = 4 * 1024 * 1024;
 pub const MAX_MESSAGE_LEN: usize = 1024;
-pub const MAX_DIMENSIONS: usize = 8192;
+pub use crate::envelope::MAX_DIMENSIONS;
 
 const TAG_INPUT: u8 = 0x01;
 const TAG_EMBEDDING: u8 = 0x02;

@@ -41,6 +41,8 @@ pub const CONFIRMATION_LEN: usize = 32;
 pub const MAX_JOB_PREAMBLE_LEN: usize = 8 + MAX_HEADER_LEN + 65 + CONFIRMATION_LEN;
 /// Longest model id.
 pub const MAX_MODEL_ID_LEN: usize = 128;
+/// Longest vector a model or a job may have.
+pub const MAX_DIMENSIONS: usize = 8192;
 
 const LABEL_JOB: &[u8] = b"ephem-batch/v1 job input";
 const LABEL_RESULT: &[u8] = b"ephem-batch/v1 job result";
@@ -397,7 +399,7 @@ impl JobOptions {
             Precision::parse(&map.text("precision")?).ok_or(EnvelopeError::HeaderInvalid("unknown precision"))?;
         let prompt = match map.optional("prompt") {
             None => None,
-            Some(ciborium::Value::Text(name)) if crate::manifest::valid_prompt_name(&name) => Some(name),
+            Some(ciborium::Value::Text(name)) if valid_prompt_name(&name) => Some(name),
             Some(_) => return Err(EnvelopeError::HeaderInvalid("prompt")),
         };
         let dimensions = match map.optional("dimensions") {
@@ -406,7 +408,7 @@ impl JobOptions {
                 value
                     .as_integer()
                     .and_then(|n| u32::try_from(n).ok())
-                    .filter(|&n| n > 0 && n as usize <= crate::records::MAX_DIMENSIONS)
+                    .filter(|&n| n > 0 && n as usize <= MAX_DIMENSIONS)
                     .ok_or(EnvelopeError::HeaderInvalid("dimensions"))?,
             ),
         };
@@ -421,6 +423,12 @@ impl JobOptions {
         map.finish()?;
         Ok(options)
     }
+}
+
+/// A prompt name (a job's `prompt` option, a manifest's prompts): 1 to 64 printable ASCII
+/// characters.
+pub fn valid_prompt_name(name: &str) -> bool {
+    (1..=64).contains(&name.len()) && name.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
 /// Checks a model id: 1..=128 printable ASCII characters, no spaces.
