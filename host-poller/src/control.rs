@@ -25,6 +25,7 @@ use protocol::frame::{Channel, Message, ResidentModel};
 use sha2::{Digest, Sha256};
 
 use cloud::MAX_SMALL_OBJECT;
+use crate::models_status::ModelsStatus;
 use crate::relay::Relay;
 use crate::retry;
 use crate::shared::{Inflight, Shared};
@@ -488,7 +489,7 @@ impl Control {
             }
             Err(error) => return Err(error),
         };
-        let status = crate::ModelsStatus::new(budget, &models, &self.manifests);
+        let status = ModelsStatus::new(budget, &models, |id| self.manifests.get(&model_dir_of(id)).cloned());
         if let Err(error) = status.write(&path) {
             tracing::warn!(path = %path.display(), %error, "models status not written");
         }

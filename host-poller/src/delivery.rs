@@ -144,7 +144,8 @@ impl Delivery<'_> {
         }
 
         // Under a model memory budget the worker may not hold this job's model yet.
-        crate::residency::ensure_model(self.ctx, &self.job, &self.message.model_id);
+        let ctx = self.ctx;
+        crate::residency::ensure_model(&ctx.services, &ctx.shared, ctx.settings.stall_timeout, &self.job, &self.message.model_id);
 
         let attempt = u64::from(self.received.receive_count);
         self.status.in_progress(attempt);

@@ -2,7 +2,6 @@
 //! last `ModelMemory` answer said, for `ephem-batch dev status`. Informative only, like a job's
 //! status: written by control after every pass and every load, replaced whole.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use protocol::frame::ResidentModel;
@@ -32,15 +31,15 @@ pub struct HeldModel {
 }
 
 impl ModelsStatus {
-    /// From the worker's answer; `manifests` is control's view (model directory → manifest key).
-    pub(crate) fn new(budget: u64, models: &[ResidentModel], manifests: &BTreeMap<String, String>) -> Self {
+    /// From the worker's answer; `manifest_key` is control's view (model id → manifest key).
+    pub(crate) fn new(budget: u64, models: &[ResidentModel], manifest_key: impl Fn(&str) -> Option<String>) -> Self {
         let models: Vec<HeldModel> = models
             .iter()
             .map(|m| HeldModel {
                 model_id: m.model_id.clone(),
                 manifest_hash: hex::encode(&m.manifest_hash),
                 version: m.version,
-                manifest_key: manifests.get(&crate::control::model_dir_of(&m.model_id)).cloned(),
+                manifest_key: manifest_key(&m.model_id),
                 bytes: m.bytes,
                 last_use_ms: m.last_use_ms,
             })
@@ -64,14 +63,15 @@ impl ModelsStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn written_whole_and_read_back() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join(MODELS_STATUS_FILE);
         let resident = ResidentModel { model_id: "org/a".into(), manifest_hash: vec![0xab; 32], version: 2, bytes: 7 << 20, last_use_ms: 5 };
-        let manifests = BTreeMap::from([("models/a".to_owned(), "models/a/v2/manifest.cose".to_owned())]);
-        let status = ModelsStatus::new(64 << 20, &[resident], &manifests);
+        let manifests = BTreeMap::from([("org/a".to_owned(), "models/a/v2/manifest.cose".to_owned())]);
+        let status = ModelsStatus::new(64 << 20, &[resident], |id| manifests.get(id).cloned());
         status.write(&path).unwrap();
         let read = ModelsStatus::read(&path).unwrap();
         assert_eq!(read, status);

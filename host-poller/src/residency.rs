@@ -6,9 +6,13 @@
 
 use protocol::envelope::{JobHeader, JobId, Preamble, StreamKind};
 
+use std::time::Duration;
+
+use cloud::Services;
+
 use crate::control;
-use crate::delivery::Context;
 use crate::retry;
+use crate::shared::Shared;
 
 /// The header of the job's sealed input, if `input_prefix` is one and its id is `job`'s.
 pub(crate) fn job_header(input_prefix: &[u8], job: &JobId) -> Option<JobHeader> {
@@ -24,23 +28,24 @@ pub(crate) fn job_header(input_prefix: &[u8], job: &JobId) -> Option<JobHeader> 
 ///
 /// `claimed` is the queue message's model: when the worker holds it, nothing is read (a false
 /// claim only keeps its own job from loading its model); otherwise the header decides.
-pub(crate) fn ensure_model(ctx: &Context, job: &JobId, claimed: &str) {
-    if ctx.shared.loaded(&control::model_dir_of(claimed)).is_some() {
+/// Waits at most `timeout` for the load.
+pub(crate) fn ensure_model(services: &Services, shared: &Shared, timeout: Duration, job: &JobId, claimed: &str) {
+    if shared.loaded(&control::model_dir_of(claimed)).is_some() {
         return;
     }
-    let jobs = &ctx.services.jobs;
+    let jobs = &services.jobs;
     let input_key = cloud::layout::job_input(job);
     let Ok(prefix) = retry::transient("read input header", || jobs.read_range(&input_key, 0, protocol::cancel::INPUT_PREFIX_LEN)) else {
         return;
     };
     let Some(header) = job_header(&prefix, job) else { return };
     let dir = control::model_dir_of(&header.model_id);
-    if dir.is_empty() || ctx.shared.loaded(&dir).is_some() {
+    if dir.is_empty() || shared.loaded(&dir).is_some() {
         return;
     }
-    let Ok(Some(manifest_key)) = control::newest_manifest(&*ctx.services.models, &header.model_id) else { return };
+    let Ok(Some(manifest_key)) = control::newest_manifest(&*services.models, &header.model_id) else { return };
     tracing::info!(model = header.model_id, manifest = manifest_key, "the worker does not hold the job's model: loading it");
-    if !ctx.shared.demand_model(&dir, &manifest_key, ctx.settings.stall_timeout) {
+    if !shared.demand_model(&dir, &manifest_key, timeout) {
         tracing::warn!(model = header.model_id, "the job's model was not loaded; the attempt runs and the worker decides");
     }
 }
