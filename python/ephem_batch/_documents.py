@@ -20,6 +20,8 @@ def embed_texts(
     precision: str,
     timeout: Optional[float],
     progress: bool,
+    prompt: Optional[str] = None,
+    dimensions: Optional[int] = None,
 ) -> "tuple[Any, Optional[Job]]":
     """``(vectors, job)``: a float32 matrix, row ``i`` the vector of ``texts[i]``; ``job`` is
     ``None`` for no texts. A text the job could not embed raises :class:`EphemBatchError`
@@ -29,7 +31,7 @@ def embed_texts(
     texts = list(texts)
     if not texts:
         return np.zeros((0, 0), dtype=np.float32), None
-    job = client.submit(texts, model=model, precision=precision)
+    job = client.submit(texts, model=model, precision=precision, prompt=prompt, dimensions=dimensions)
     ids, vectors = job.wait(progress=progress, timeout=timeout).results()
     if len(ids) != len(texts):
         failed = job.errors()

@@ -27,8 +27,10 @@ class EphemBatchEmbeddings(Embeddings):
     """LangChain embeddings computed in attested enclaves. ``client``: an
     :class:`ephem_batch.Client` (default: ``Client(**client_options)``, configured from the
     ``EPHEM_*`` variables like the CLI). ``timeout``: seconds to wait for a job (default a
-    day); ``progress``: a tqdm bar while waiting. ``last_job`` is the last batch job, for
-    ``verify()`` or the ledger."""
+    day); ``progress``: a tqdm bar while waiting. ``document_prompt`` / ``query_prompt``: the
+    model's named prompts for each side (e.g. ``"passage"`` / ``"query"`` for E5; ``None``: the
+    model's default prompt); ``dimensions``: a Matryoshka length the model offers. ``last_job``
+    is the last batch job, for ``verify()`` or the ledger."""
 
     def __init__(
         self,
@@ -38,6 +40,9 @@ class EphemBatchEmbeddings(Embeddings):
         precision: str = "fp32",
         timeout: Optional[float] = None,
         progress: bool = False,
+        document_prompt: Optional[str] = None,
+        query_prompt: Optional[str] = None,
+        dimensions: Optional[int] = None,
         **client_options: Any,
     ) -> None:
         self.client = client if client is not None else Client(**client_options)
@@ -45,12 +50,22 @@ class EphemBatchEmbeddings(Embeddings):
         self.precision = precision
         self.timeout = timeout
         self.progress = progress
+        self.document_prompt = document_prompt
+        self.query_prompt = query_prompt
+        self.dimensions = dimensions
         self.last_job: Optional[Job] = None
 
     def embed_documents(self, texts: List[str]) -> List[List[float]]:
         """One vector per text, from one batch job (every check passed)."""
         vectors, job = embed_texts(
-            self.client, texts, model=self.model, precision=self.precision, timeout=self.timeout, progress=self.progress
+            self.client,
+            texts,
+            model=self.model,
+            precision=self.precision,
+            timeout=self.timeout,
+            progress=self.progress,
+            prompt=self.document_prompt,
+            dimensions=self.dimensions,
         )
         if job is not None:
             self.last_job = job
@@ -58,4 +73,5 @@ class EphemBatchEmbeddings(Embeddings):
 
     def embed_query(self, text: str) -> List[float]:
         """The query's vector through the online path (:meth:`ephem_batch.Client.embed`)."""
-        return [float(x) for x in self.client.embed([text])[0]]
+        vectors = self.client.embed([text], self.model, dimensions=self.dimensions, prompt_name=self.query_prompt)
+        return [float(x) for x in vectors[0]]

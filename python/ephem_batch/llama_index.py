@@ -30,9 +30,14 @@ class EphemBatchEmbedding(BaseEmbedding):
     """LlamaIndex embeddings computed in attested enclaves. ``client``: an
     :class:`ephem_batch.Client` (default: ``Client(**client_options)``, configured from the
     ``EPHEM_*`` variables). ``precision``, ``timeout`` (seconds per job, default a day) and
-    ``progress`` as for :meth:`Job.wait`. ``last_job`` is the last batch job."""
+    ``progress`` as for :meth:`Job.wait`. ``document_prompt`` / ``query_prompt``: the model's
+    named prompts for texts and queries (``None``: its default prompt); ``dimensions``: a
+    Matryoshka length the model offers. ``last_job`` is the last batch job."""
 
     precision: str = "fp32"
+    document_prompt: Optional[str] = None
+    query_prompt: Optional[str] = None
+    dimensions: Optional[int] = None
     timeout: Optional[float] = None
     progress: bool = False
     _client: Client = PrivateAttr()
@@ -47,10 +52,16 @@ class EphemBatchEmbedding(BaseEmbedding):
         timeout: Optional[float] = None,
         progress: bool = False,
         embed_batch_size: int = 2048,
+        document_prompt: Optional[str] = None,
+        query_prompt: Optional[str] = None,
+        dimensions: Optional[int] = None,
         **client_options: Any,
     ) -> None:
         super().__init__(model_name=model_name, embed_batch_size=embed_batch_size)
         self.precision = precision
+        self.document_prompt = document_prompt
+        self.query_prompt = query_prompt
+        self.dimensions = dimensions
         self.timeout = timeout
         self.progress = progress
         self._client = client if client is not None else Client(**client_options)
@@ -75,6 +86,8 @@ class EphemBatchEmbedding(BaseEmbedding):
             precision=self.precision,
             timeout=self.timeout,
             progress=self.progress,
+            prompt=self.document_prompt,
+            dimensions=self.dimensions,
         )
         if job is not None:
             self._last_job = job
@@ -84,7 +97,8 @@ class EphemBatchEmbedding(BaseEmbedding):
         return self._get_text_embeddings([text])[0]
 
     def _get_query_embedding(self, query: str) -> List[float]:
-        return [float(x) for x in self._client.embed([query])[0]]
+        vectors = self._client.embed([query], self.model_name, dimensions=self.dimensions, prompt_name=self.query_prompt)
+        return [float(x) for x in vectors[0]]
 
     async def _aget_query_embedding(self, query: str) -> List[float]:
         return self._get_query_embedding(query)

@@ -1,6 +1,6 @@
 """The LangChain and LlamaIndex classes: documents through batch jobs (vectors of the right
-shape, equal to the batch path's for the same texts), queries refused clearly while the
-online path does not exist."""
+shape, equal to the batch path's for the same texts), queries through the online path; the
+model's prompts and Matryoshka lengths asked for on both sides."""
 
 import numpy as np
 import pytest
@@ -63,3 +63,23 @@ def test_llama_index_query_goes_online_and_equals_the_batch_vector(client, batch
     query = embed_model.get_query_embedding(TEXTS[3])
     assert len(query) == 384
     assert float(np.dot(np.array(query, dtype=np.float32), batch_vectors[3])) > 0.9999
+
+
+def test_prompts_and_lengths_reach_the_enclave_for_both_sides(client):
+    """The model serves no prompts and no shorter lengths: asking for them must be refused by
+    name on both sides, which shows the options are sent (never dropped for the defaults)."""
+    import ephem_batch
+
+    asking = EphemBatchEmbeddings(client=client, query_prompt="query", document_prompt="passage")
+    with pytest.raises(ephem_batch.OnlineError) as raised:
+        asking.embed_query(TEXTS[0])
+    assert raised.value.check == "unknown_prompt_name"
+    with pytest.raises(ephem_batch.EphemBatchError) as raised:
+        asking.embed_documents(TEXTS[:1])
+    assert 'prompt "passage"' in str(raised.value)
+    shorter = EphemBatchEmbedding(client=client, dimensions=128)
+    with pytest.raises(ephem_batch.OnlineError) as raised:
+        shorter.get_query_embedding(TEXTS[0])
+    assert raised.value.check == "unsupported_dimensions"
+    plain = EphemBatchEmbeddings(client=client, query_prompt="none")
+    assert len(plain.embed_query(TEXTS[0])) == 384
