@@ -1,7 +1,8 @@
 //! The worker's model memory budget: the models it holds, each with the bytes its engine holds
 //! and its last use, under one budget. Loading a model that does not fit evicts the least
-//! recently used ones until it does (or, when the host asks for a load only if it fits, is
-//! refused); a model larger than the whole budget is refused by name.
+//! recently used ones until it does — those no job or request is using first — (or, when the
+//! host asks for a load only if it fits, is refused); a model larger than the whole budget is
+//! refused by name.
 //!
 //! Eviction drops the worker's reference only: a job or online request that took the model
 //! before keeps its `Arc` and finishes normally, and the model's memory is freed when the last
@@ -103,11 +104,12 @@ impl<T: Measured> ModelMemory<T> {
             if others + bytes <= self.budget {
                 break;
             }
+            // Models no job holds go first: evicting one a job holds frees nothing until it ends.
             let oldest = self
                 .held
                 .iter()
                 .filter(|(id, _)| id.as_str() != model_id)
-                .min_by_key(|(_, h)| h.used_at)
+                .min_by_key(|(_, h)| (Arc::strong_count(&h.value) > 1, h.used_at))
                 .map(|(id, _)| id.clone())
                 .expect("others hold bytes, so there is another model");
             let held = self.held.remove(&oldest).expect("listed above");
@@ -194,6 +196,20 @@ mod tests {
         assert_eq!(ids(&evicted), ["a", "c"]);
         assert_eq!(memory.ids(), ["d"]);
         assert!(memory.take("b", 6).is_none(), "an evicted model is not served");
+    }
+
+    #[test]
+    fn a_model_in_use_is_evicted_after_the_idle_ones() {
+        let mut memory = ModelMemory::new(100);
+        memory.insert("a", blob(40), 1, Room::Evict).unwrap();
+        memory.insert("b", blob(40), 2, Room::Evict).unwrap();
+        // A job holds a, now the least recently used; b's request has ended: b goes instead.
+        let job = memory.take("a", 3).unwrap();
+        drop(memory.take("b", 4).unwrap());
+        assert_eq!(ids(&memory.insert("c", blob(40), 5, Room::Evict).unwrap()), ["b"]);
+        // When evicting every idle model is not enough, models in use go too.
+        assert_eq!(ids(&memory.insert("d", blob(70), 6, Room::Evict).unwrap()), ["c", "a"]);
+        assert_eq!(job.data.len(), 40);
     }
 
     #[test]
