@@ -256,3 +256,57 @@ impl ShutdownHandle {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DIR: &str = "models/b";
+    const KEY: &str = "models/b/v1/manifest.cose";
+
+    /// Control's side of a demand: takes it, then reports the load or the refusal.
+    fn control(shared: Arc<Shared>, loaded: bool) -> std::thread::JoinHandle<Vec<String>> {
+        std::thread::spawn(move || loop {
+            let demands = shared.take_demands();
+            if demands.is_empty() {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
+            for key in &demands {
+                if loaded {
+                    shared.set_loaded(&BTreeMap::from([(DIR.to_owned(), key.clone())]));
+                } else {
+                    shared.demand_refused(key);
+                }
+            }
+            return demands;
+        })
+    }
+
+    #[test]
+    fn a_job_waits_for_the_load_it_demanded() {
+        let shared = Arc::new(Shared::default());
+        let control = control(Arc::clone(&shared), true);
+        assert!(shared.demand_model(DIR, KEY, Duration::from_secs(10)));
+        assert_eq!(control.join().unwrap(), [KEY]);
+        assert_eq!(shared.loaded(DIR).as_deref(), Some(KEY));
+    }
+
+    #[test]
+    fn a_refused_load_ends_the_wait_and_a_new_demand_tries_again() {
+        let shared = Arc::new(Shared::default());
+        let control_thread = control(Arc::clone(&shared), false);
+        assert!(!shared.demand_model(DIR, KEY, Duration::from_secs(10)));
+        control_thread.join().unwrap();
+        let control_thread = control(Arc::clone(&shared), true);
+        assert!(shared.demand_model(DIR, KEY, Duration::from_secs(10)), "the old refusal is not this demand's answer");
+        control_thread.join().unwrap();
+    }
+
+    #[test]
+    fn an_unanswered_demand_times_out_and_is_withdrawn() {
+        let shared = Shared::default();
+        assert!(!shared.demand_model(DIR, KEY, Duration::from_millis(20)));
+        assert!(shared.take_demands().is_empty());
+    }
+}
