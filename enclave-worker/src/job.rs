@@ -18,6 +18,7 @@ use protocol::stream::{StreamOpener, StreamSealer};
 use sha2::{Digest, Sha256};
 
 use crate::inference::EmbedOptions;
+use crate::model_memory::{MemoryError, Room};
 use crate::worker::{LoadedModel, Worker};
 
 /// Why a job failed; `check()` is the name reported to the host (and so to the client).
@@ -41,6 +42,8 @@ pub enum JobError {
     ManifestMismatch { model: String, expected: String, loaded: String },
     #[error("options: {0}")]
     Options(String),
+    #[error("{0}")]
+    ModelOverBudget(crate::model_memory::MemoryError),
 }
 
 impl JobError {
@@ -59,6 +62,7 @@ impl JobError {
             JobError::ModelMissing(_) => FailedCheck::Model,
             JobError::ManifestMismatch { .. } => FailedCheck::ModelManifest,
             JobError::Options(_) => FailedCheck::Options,
+            JobError::ModelOverBudget(_) => FailedCheck::ModelOverBudget,
         }
     }
 }
@@ -231,7 +235,15 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
         .epoch(header.epoch)
         .ok_or_else(|| JobError::FleetKey { epoch: header.epoch, key_id: hex::encode(header.fleet_key_id) })?;
     let opened = envelope::open_job(preamble, &epoch.secret, Some(claimed))?;
-    let model = worker.model(&header.model_id).ok_or_else(|| JobError::ModelMissing(header.model_id.clone()))?;
+    let Some(model) = worker.model(&header.model_id) else {
+        // A model this worker measured and can never hold fails the job for good, by name.
+        if let Err(error @ MemoryError::OverBudget { .. }) =
+            worker.check_model_room(&header.model_id, &header.manifest_hash, Room::Evict)
+        {
+            return Err(JobError::ModelOverBudget(error));
+        }
+        return Err(JobError::ModelMissing(header.model_id.clone()));
+    };
     if model.manifest_hash != header.manifest_hash {
         return Err(JobError::ManifestMismatch {
             model: header.model_id.clone(),

@@ -27,6 +27,8 @@ pub enum FailedCheck {
     Model,
     /// The job's manifest hash is not the loaded model's.
     ModelManifest,
+    /// The job's model, as measured, needs more than this worker's whole model memory budget.
+    ModelOverBudget,
     /// The job's options are invalid for its model or this worker.
     Options,
     /// Online: the request does not decapsulate (unknown key id, suite, or ciphertext).
@@ -36,7 +38,7 @@ pub enum FailedCheck {
 }
 
 impl FailedCheck {
-    pub const ALL: [FailedCheck; 13] = [
+    pub const ALL: [FailedCheck; 14] = [
         FailedCheck::Connection,
         FailedCheck::Protocol,
         FailedCheck::JobId,
@@ -47,6 +49,7 @@ impl FailedCheck {
         FailedCheck::Records,
         FailedCheck::Model,
         FailedCheck::ModelManifest,
+        FailedCheck::ModelOverBudget,
         FailedCheck::Options,
         FailedCheck::Encapsulation,
         FailedCheck::Replay,
@@ -65,13 +68,15 @@ impl FailedCheck {
             FailedCheck::Records => "records",
             FailedCheck::Model => "model",
             FailedCheck::ModelManifest => "model_manifest",
+            FailedCheck::ModelOverBudget => "model_over_budget",
             FailedCheck::Options => "options",
             FailedCheck::Encapsulation => "encapsulation",
             FailedCheck::Replay => "replay",
         }
     }
 
-    /// The sealed input itself is at fault: every attempt would fail the same way.
+    /// Every attempt would fail the same way: the sealed input itself is at fault, or its model
+    /// can never be held (a fleet runs one image with one budget).
     pub fn is_permanent(self) -> bool {
         matches!(
             self,
@@ -82,6 +87,7 @@ impl FailedCheck {
                 | FailedCheck::Records
                 | FailedCheck::Options
                 | FailedCheck::ModelManifest
+                | FailedCheck::ModelOverBudget
         )
     }
 
@@ -144,7 +150,7 @@ mod tests {
     fn a_check_is_permanent_or_needs_control_or_neither_never_both() {
         let permanent: Vec<_> = FailedCheck::ALL.into_iter().filter(|c| c.is_permanent()).map(FailedCheck::as_str).collect();
         let control: Vec<_> = FailedCheck::ALL.into_iter().filter(|c| c.needs_control()).map(FailedCheck::as_str).collect();
-        assert_eq!(permanent, ["job_id", "header_authentication", "envelope", "stream", "records", "model_manifest", "options"]);
+        assert_eq!(permanent, ["job_id", "header_authentication", "envelope", "stream", "records", "model_manifest", "model_over_budget", "options"]);
         assert_eq!(control, ["fleet_key", "model"]);
         assert!(!FailedCheck::Connection.is_permanent() && !FailedCheck::Protocol.needs_control());
     }

@@ -2,7 +2,8 @@
 //! tiny models published (the model matrix's BERT, two folders sharing its weights), and
 //! jobs for each in turn. Each job's model is loaded when the job needs it, evicting the other,
 //! and every job succeeds with sentence-transformers' vectors; the default model, larger than
-//! the whole budget, is refused by name; `dev status --json` shows the one model held, its
+//! the whole budget, is refused by name (and a job for it fails for good, naming the budget);
+//! `dev status --json` shows the one model held, its
 //! measured bytes and the budget. Needs the installed tokenizer (scripts/setup-model.sh).
 
 mod matrix;
@@ -104,4 +105,17 @@ fn a_budget_for_one_model_serves_jobs_for_two_in_turn() {
         "{}",
         tests::log_tails(stack.home(), &["host-poller"], 40)
     );
+    // A job for it ends failed for good, naming the budget, instead of being retried until the
+    // dead-letter queue.
+    let corpus = work.path().join("corpus-default.jsonl");
+    tests::short_corpus(&corpus, "over-budget", 2);
+    let job = tests::json(&stack.ok(&["submit", corpus.to_str().unwrap(), "--json"]))["job_id"].as_str().unwrap().to_owned();
+    let mut status = Value::Null;
+    tests::wait_until("the over-budget job to end", Duration::from_secs(60), || {
+        status = stack.status(&job);
+        status["state"] == "failed"
+    });
+    let failure = &status["status"]["failure"];
+    assert_eq!(failure["check"], "model_over_budget", "{status}");
+    assert!(failure["message"].as_str().unwrap().contains("budget"), "{status}");
 }
