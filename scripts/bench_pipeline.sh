@@ -14,8 +14,9 @@ corpus=$(realpath "$1")
 threads=${2:-2}
 export EPHEM_MODEL_DIR="${EPHEM_MODEL_DIR:-$PWD/.ephem/models/all-MiniLM-L6-v2}"
 profile=${EPHEM_BENCH_PROFILE:-release}
-cargo build --profile "$profile" --locked --bins -p ephem-batch -p host-poller -p enclave-worker
-cargo build --profile "$profile" --locked -p enclave-worker --example bench_inference
+# One invocation: the worker's `dev` feature comes from ephem-batch's dependency on it, and a
+# build of enclave-worker alone would have no NSM.
+cargo build --profile "$profile" --locked --bins -p ephem-batch -p host-poller -p enclave-worker --example bench_inference
 bin=${CARGO_TARGET_DIR:-$PWD/target}/$([ "$profile" = dev ] && echo debug || echo "$profile")
 home=$(mktemp -d)
 trap '"$bin/ephem-batch" --home "$home" dev down >/dev/null 2>&1 || true; rm -rf "$home"' EXIT

@@ -262,6 +262,21 @@ fn frame_seeds(w: &mut Writer<'_>) -> io::Result<()> {
         Message::JobDone { receipt: vec![0xd2, 0x84] },
         Message::JobFailed { check: protocol::FailedCheck::HeaderAuthentication, message: "bad".into() },
         Message::Error { message: "protocol error".into() },
+        // The model memory budget's messages (after the others: earlier seeds keep their names).
+        Message::LoadModelIfFits { manifest_key: "models/minilm/manifest.cose".into() },
+        Message::ModelWouldEvict { model_id: fixed::MODEL_ID.into(), bytes: 93_000_000, free: 1 << 20 },
+        Message::ModelEvicted { model_id: fixed::MODEL_ID.into(), manifest_hash: vec![0x11; 32] },
+        Message::ListModels,
+        Message::ModelMemory {
+            budget: 1 << 30,
+            models: vec![protocol::frame::ResidentModel {
+                model_id: fixed::MODEL_ID.into(),
+                manifest_hash: vec![0x11; 32],
+                version: 1,
+                bytes: 93_000_000,
+                last_use_ms: 1_700_000_000_000,
+            }],
+        },
     ];
     let mut all = Vec::new();
     for (i, message) in messages.iter().enumerate() {
