@@ -387,6 +387,29 @@ fn an_output_of_another_attempt_fails_output_sha256() {
     assert!(check.detail.contains("attempt 1") && check.detail.contains("attempt 2"), "{}", check.detail);
 }
 
+/// A receipt, signed by the enclave, that states other options than the client sealed — another
+/// prompt, a Matryoshka length, another precision — is refused by the `options` check, and
+/// nothing is written.
+#[test]
+fn results_refuses_a_receipt_stating_other_options() {
+    let f = Fixture::new();
+    let (_, id) = f.submit(&ids("o", 3));
+    let genuine = f.run(&id, 1, None);
+    let restatements: [fn(&mut JobOptions); 3] = [
+        |o| o.prompt = Some("query".into()),
+        |o| o.dimensions = Some(128),
+        |o| o.precision = protocol::envelope::Precision::Int8,
+    ];
+    for (i, restate) in restatements.iter().enumerate() {
+        let mut receipt = SignedReceipt::decode(&genuine.receipt).unwrap().receipt;
+        restate(&mut receipt.options);
+        let host = Host::new(layout::job_receipt(&id), vec![receipt.sign(&f.enclave.receipt_key)]);
+        let out = f.work.join(format!("restated-{i}.jsonl"));
+        assert_eq!(failed_checks(f.results(&f.host(host), &id, &out)), ["options"], "restatement {i}");
+        assert!(!out.exists(), "restatement {i}: nothing written");
+    }
+}
+
 #[test]
 fn results_refuses_output_ids_other_than_those_sealed() {
     let f = Fixture::new();
