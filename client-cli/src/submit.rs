@@ -248,15 +248,11 @@ impl Sealing {
 /// before anything is sealed: a prompt it names (by default its default prompt; `none`: no
 /// prompt), a length it offers (its own asks for nothing).
 pub fn shaping(manifest: &Manifest, prompt: Option<&str>, dimensions: Option<u32>) -> anyhow::Result<(Option<String>, Option<u32>)> {
-    let prompt = match prompt {
-        None => manifest.prompts.default.clone(),
-        Some(protocol::online::NO_PROMPT) => None,
-        Some(name) if manifest.prompts.get(name).is_some() => Some(name.to_owned()),
-        Some(name) => {
-            let named: Vec<&str> = manifest.prompts.entries.iter().map(|(n, _)| n.as_str()).collect();
-            bail!("--prompt {name:?}: model {} names the prompts {named:?} (or `none`)", manifest.model_id);
-        }
-    };
+    let prompt = manifest.prompts.chosen(prompt);
+    if let Some(name) = prompt.filter(|name| manifest.prompts.get(name).is_none()) {
+        let named: Vec<&str> = manifest.prompts.entries.iter().map(|(n, _)| n.as_str()).collect();
+        bail!("--prompt {name:?}: model {} names the prompts {named:?} (or `none`)", manifest.model_id);
+    }
     let dimensions = match dimensions {
         None => None,
         Some(asked) if asked == manifest.dimensions => None,
@@ -267,7 +263,7 @@ pub fn shaping(manifest: &Manifest, prompt: Option<&str>, dimensions: Option<u32
             manifest.offered_dimensions()
         ),
     };
-    Ok((prompt, dimensions))
+    Ok((prompt.map(str::to_owned), dimensions))
 }
 
 pub fn run(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Result<ClientJob> {

@@ -41,9 +41,24 @@ pub struct Prompts {
     pub default: Option<String>,
 }
 
+/// The prompt name that asks for no prompt even where the model has a default one
+/// (`submit --prompt none`, online `prompt_name: "none"`).
+pub const NO_PROMPT: &str = "none";
+
 impl Prompts {
     pub fn get(&self, name: &str) -> Option<&str> {
         self.entries.iter().find(|(n, _)| n == name).map(|(_, text)| text.as_str())
+    }
+
+    /// The prompt a request applies, as sentence-transformers chooses it: the one it names,
+    /// none for [`NO_PROMPT`], the default when it names none. Whether the name is one of
+    /// `entries` is the caller's check.
+    pub fn chosen<'a>(&'a self, asked: Option<&'a str>) -> Option<&'a str> {
+        match asked {
+            None => self.default.as_deref(),
+            Some(NO_PROMPT) => None,
+            Some(name) => Some(name),
+        }
     }
 }
 
@@ -519,6 +534,15 @@ pub(crate) mod tests {
             _ => unreachable!(),
         });
         assert!(matches!(Manifest::from_payload(&empty), Err(ManifestError::Invalid("number of prompts"))));
+    }
+
+    #[test]
+    fn the_chosen_prompt_is_the_named_one_none_or_the_default() {
+        let prompts = Prompts { entries: vec![("query".into(), "query: ".into())], default: Some("query".into()) };
+        assert_eq!(prompts.chosen(None), Some("query"));
+        assert_eq!(prompts.chosen(Some(NO_PROMPT)), None);
+        assert_eq!(prompts.chosen(Some("passage")), Some("passage"), "named, checked by the caller");
+        assert_eq!(Prompts::default().chosen(None), None);
     }
 
     #[test]

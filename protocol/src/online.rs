@@ -49,10 +49,6 @@ pub enum Encoding {
     Base64,
 }
 
-/// The `prompt_name` (and `submit --prompt`) that asks for no prompt even where the model has a
-/// default one.
-pub const NO_PROMPT: &str = "none";
-
 /// A request the gateway will compute.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbeddingsCall {
@@ -62,7 +58,7 @@ pub struct EmbeddingsCall {
     /// OpenAI's `dimensions`: the model's own length or one of its manifest's Matryoshka lengths.
     pub dimensions: Option<u32>,
     /// `prompt_name` (as text-embeddings-inference names it): one of the manifest's prompts, or
-    /// [`NO_PROMPT`]; absent, the manifest's default prompt applies, as in sentence-transformers.
+    /// [`crate::manifest::NO_PROMPT`]; absent, the manifest's default prompt applies, as in sentence-transformers.
     pub prompt_name: Option<String>,
     /// Extension field `precision` (fp32 by default), as `submit --precision`.
     pub precision: Precision,

@@ -147,15 +147,10 @@ fn embed(worker: &Worker, call: &EmbeddingsCall, expected_manifest: Option<[u8; 
         );
         return Err(ApiError { status: 409, ..ApiError::invalid("model", "model_manifest_mismatch", message) });
     }
-    let prompt = match call.prompt_name.as_deref() {
-        None => model.manifest.prompts.default.clone(),
-        Some(online::NO_PROMPT) => None,
-        Some(name) => Some(name.to_owned()),
-    };
     let asked = JobOptions {
         truncate: call.truncate,
         precision: call.precision,
-        prompt,
+        prompt: model.manifest.prompts.chosen(call.prompt_name.as_deref()).map(str::to_owned),
         dimensions: call.dimensions,
         ..JobOptions::default()
     };
