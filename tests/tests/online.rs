@@ -9,10 +9,6 @@ use tests::{canary_hits, corpus_with_canaries, http_exchange, wait_until, Serve,
 
 const MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
 
-fn serve(stack: &Stack, extra: &[&str]) -> Serve {
-    Serve::start(stack, extra)
-}
-
 fn vectors(body: &Value) -> Vec<Vec<f64>> {
     body["data"].as_array().unwrap().iter().map(|d| d["embedding"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()).collect()
 }
@@ -38,7 +34,7 @@ fn serve_answers_openai_requests_with_the_batch_vectors_and_the_host_never_sees_
 
     // The same texts online. The batch job's input is the client's: only online traffic may
     // carry this canary from here on, so the scan below looks at what the online path left.
-    let proxy = serve(&stack, &[]);
+    let proxy = Serve::start(&stack, &[]);
     let (status, body) = http_exchange(proxy.port, "POST", "/v1/embeddings", "application/json", json!({"input": texts, "model": MODEL}).to_string().as_bytes());
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(status, 200, "{body}");
@@ -92,7 +88,7 @@ fn serve_answers_openai_requests_with_the_batch_vectors_and_the_host_never_sees_
     // A client whose policy the fleet's document fails sends nothing and names the check.
     drop(proxy);
     let elsewhere = "arn:aws:kms:local:000000000000:key/0000-not-the-deployments";
-    let refusing = serve(&stack, &["--fleet-key-arn", elsewhere]);
+    let refusing = Serve::start(&stack, &["--fleet-key-arn", elsewhere]);
     let (status, body) = http_exchange(refusing.port, "POST", "/v1/embeddings", "application/json", json!({"input": "x", "model": MODEL}).to_string().as_bytes());
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!((status, body["error"]["type"].as_str()), (503, Some("attestation_error")), "{body}");
