@@ -1,8 +1,10 @@
 //! Element-wise kernels of the fused encoder, in plain safe Rust written so that LLVM vectorises
 //! them (branch-free bodies, independent accumulator lanes instead of serial float reductions).
 //! Callers run them inside [`vectorized`], which compiles them once per SIMD level and picks the
-//! widest this CPU has at run time (the binary itself targets the x86-64 baseline, SSE2). The
-//! heavy lifting (matrix products) goes through candle's gemm with its AVX-512 kernels.
+//! widest this CPU has at run time (the binary itself targets the x86-64 baseline, SSE2). Their
+//! polynomials and sums of products use `mul_add`: one FMA instruction at the AVX2 and AVX-512
+//! levels (LLVM does not fuse a separate multiply and add by itself), a libm call at the
+//! baseline. The matrix products are in [`super::dense`].
 
 /// Runs `f` compiled for the widest SIMD level of this CPU (AVX-512, AVX2 + FMA, or the
 /// baseline), chosen at run time. `f` must be `#[inline(always)]` (a closure can be), like the
@@ -26,14 +28,13 @@ pub(crate) fn exp(x: f32) -> f32 {
     // 1.5 · 2^23: adding and subtracting it rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let t = x * LOG2E + ROUND;
+    let t = x.mul_add(LOG2E, ROUND);
     let k = t - ROUND;
-    let r = x - k * LN2_HI - k * LN2_LO;
+    let r = k.mul_add(-LN2_LO, k.mul_add(-LN2_HI, x));
     let r2 = r * r;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
-        * r
-        + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
-    let e_r = p * r2 + r + 1.0;
+    let p = 1.987_569_1e-4f32.mul_add(r, 1.398_199_9e-3).mul_add(r, 8.333_452e-3).mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1).mul_add(r, 0.5); // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
+    let e_r = p.mul_add(r2, r) + 1.0;
     // `t`'s low mantissa bits hold k (two's complement, |k| < 2^22): 2^k's exponent field is
     // k + 127, taken with integer operations only (a float-to-int cast would not vectorise).
     let biased = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127);
@@ -46,14 +47,10 @@ pub(crate) fn exp(x: f32) -> f32 {
 pub(crate) fn erf(x: f32) -> f32 {
     let x = x.clamp(-4.0, 4.0);
     let x2 = x * x;
-    let p = ((((((-2.726_142_3e-10 * x2 + 2.770_681_4e-8) * x2 - 2.101_024e-6) * x2 - 5.692_506_4e-5) * x2
-        - 7.349_906_3e-4)
-        * x2
-        - 2.954_6e-3)
-        * x2
-        - 1.609_603_3e-2)
-        * x;
-    let q = (((-1.456_607_2e-5 * x2 - 2.133_740_6e-4) * x2 - 1.682_827e-3) * x2 - 7.373_329e-3) * x2 - 1.426_473_9e-2;
+    let p = (-2.726_142_3e-10f32).mul_add(x2, 2.770_681_4e-8).mul_add(x2, -2.101_024e-6).mul_add(x2, -5.692_506_4e-5);
+    let p = p.mul_add(x2, -7.349_906_3e-4).mul_add(x2, -2.954_6e-3).mul_add(x2, -1.609_603_3e-2) * x;
+    let q = (-1.456_607_2e-5f32).mul_add(x2, -2.133_740_6e-4).mul_add(x2, -1.682_827e-3).mul_add(x2, -7.373_329e-3);
+    let q = q.mul_add(x2, -1.426_473_9e-2);
     p / q
 }
 
@@ -62,7 +59,8 @@ pub(crate) fn erf(x: f32) -> f32 {
 pub(crate) fn bias_gelu_in_place(row: &mut [f32], bias: &[f32]) {
     for (o, &b) in row.iter_mut().zip(bias) {
         let x = *o + b;
-        *o = 0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2));
+        let half = 0.5 * x;
+        *o = half.mul_add(erf(x * std::f32::consts::FRAC_1_SQRT_2), half);
     }
 }
 
@@ -97,6 +95,7 @@ pub(crate) fn max(values: &[f32]) -> f32 {
 }
 
 /// `out ← LayerNorm(x + bias + residual)` for one row (`gamma`, `beta`, `bias` of the row's length).
+/// Three passes: the sum, the centred values and their squares, the scaled result.
 #[inline(always)]
 pub(crate) fn add_layer_norm(
     out: &mut [f32],
@@ -107,33 +106,40 @@ pub(crate) fn add_layer_norm(
     beta: &[f32],
     eps: f32,
 ) {
-    out.copy_from_slice(x);
-    if let Some(bias) = bias {
-        for (o, &b) in out.iter_mut().zip(bias) {
-            *o += b;
+    let n = out.len();
+    assert!(x.len() == n && gamma.len() == n && beta.len() == n);
+    assert!(bias.is_none_or(|b| b.len() == n) && residual.is_none_or(|r| r.len() == n));
+    match (bias, residual) {
+        (Some(bias), Some(residual)) => {
+            for (((o, &v), &b), &r) in out.iter_mut().zip(x).zip(bias).zip(residual) {
+                *o = v + b + r;
+            }
         }
-    }
-    if let Some(residual) = residual {
-        for (o, &r) in out.iter_mut().zip(residual) {
-            *o += r;
+        (Some(other), None) | (None, Some(other)) => {
+            for ((o, &v), &b) in out.iter_mut().zip(x).zip(other) {
+                *o = v + b;
+            }
         }
+        (None, None) => out.copy_from_slice(x),
     }
-    let n = out.len() as f32;
-    let mean = sum(out) / n;
-    for o in out.iter_mut() {
-        *o -= mean;
-    }
+    let mean = sum(out) / n as f32;
     let mut acc = [0f32; LANES];
-    let mut chunks = out.chunks_exact(LANES);
+    let mut chunks = out.chunks_exact_mut(LANES);
     for chunk in &mut chunks {
-        for (a, &v) in acc.iter_mut().zip(chunk) {
-            *a += v * v;
+        for (a, o) in acc.iter_mut().zip(chunk) {
+            *o -= mean;
+            *a = o.mul_add(*o, *a);
         }
     }
-    let var = (acc.iter().sum::<f32>() + chunks.remainder().iter().map(|v| v * v).sum::<f32>()) / n;
+    let mut tail = 0f32;
+    for o in chunks.into_remainder() {
+        *o -= mean;
+        tail = o.mul_add(*o, tail);
+    }
+    let var = (acc.iter().sum::<f32>() + tail) / n as f32;
     let inv = 1.0 / (var + eps).sqrt();
     for ((o, &g), &b) in out.iter_mut().zip(gamma).zip(beta) {
-        *o = *o * inv * g + b;
+        *o = (*o * inv).mul_add(g, b);
     }
 }
 
@@ -141,10 +147,21 @@ pub(crate) fn add_layer_norm(
 #[inline(always)]
 pub(crate) fn softmax_into(out: &mut [f32], scores: &[f32]) {
     let m = max(scores);
-    for (o, &s) in out.iter_mut().zip(scores) {
-        *o = exp(s - m);
+    let mut acc = [0f32; LANES];
+    let mut chunks = out.chunks_exact_mut(LANES).zip(scores.chunks_exact(LANES));
+    for (o, s) in &mut chunks {
+        for ((a, o), &s) in acc.iter_mut().zip(o).zip(s) {
+            *o = exp(s - m);
+            *a += *o;
+        }
     }
-    let inv = 1.0 / sum(out);
+    let whole = scores.len() / LANES * LANES;
+    let mut total = acc.iter().sum::<f32>();
+    for (o, &s) in out[whole..].iter_mut().zip(&scores[whole..]) {
+        *o = exp(s - m);
+        total += *o;
+    }
+    let inv = 1.0 / total;
     for o in out.iter_mut() {
         *o *= inv;
     }
