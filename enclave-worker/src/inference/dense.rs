@@ -2,7 +2,7 @@
 //! (`vfmadd231ps`), bf16 inputs with f32 accumulation (`vdpbf16ps`) for jobs that ask for
 //! `precision: bf16`, and u8 × i8 with int32 accumulation (`vpdpbusd`) for `precision: int8`.
 //!
-//! This is the only module of the crate with `unsafe` code: the SIMD intrinsics, behind a safe
+//! This module and [`super::strided`] are the crate's only `unsafe` code: the SIMD intrinsics, behind a safe
 //! API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`], [`matmul_int8`]) that
 //! checks every length before a kernel runs and refuses to run on a CPU without the instructions
 //! ([`f32_supported`], [`bf16_supported`], [`int8_supported`]).

@@ -17,9 +17,10 @@
 //!   (f32 without AVX-512 BF16) ([`INT8_PLAN`]).
 //! * **Fused element-wise work** in vectorisable safe Rust ([`super::kernels`]): bias + GELU(erf),
 //!   bias + residual + LayerNorm, softmax — one pass each instead of one tensor op per step.
-//! * Parallel over the engine's rayon pool: gemm splits its work there, attention runs one task
-//!   per sequence (its two products, all heads at once, through candle's gemm), element-wise kernels
-//!   one task per block of rows.
+//! * Parallel over the engine's rayon pool: the dense kernels split their rows or panels there,
+//!   attention runs one task per sequence (each head's two products through gemm on views of the
+//!   QKV rows, [`super::strided`]), or per head for a single text, element-wise kernels one task
+//!   per block of rows.
 
 use std::sync::OnceLock;
 
@@ -32,6 +33,7 @@ use super::InferenceError;
 use super::arch::{self, ArchConfig, Architecture, RelativeBias};
 use super::dense::{self, Int8Weights, Packed};
 use super::kernels;
+use super::strided::{self, MatMut, MatRef};
 
 /// Rows per element-wise task.
 const ROWS_PER_TASK: usize = 16;
@@ -571,15 +573,14 @@ impl Encoder {
         };
         let h = self.hidden;
         let total = offsets[offsets.len() - 1];
-        let Scratch { qkv, proj, h1, ff } = scratch;
+        let Scratch { qkv, context, proj, h1, ff } = scratch;
 
         // Self-attention, then LayerNorm(projection + bias + x) into h1.
         observe(0, x);
         dense(x, total, &layer.qkv_w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
-        let context = self.attention(qkv, &layer.qkv_b, offsets)?;
-        observe(1, &context);
-        dense(&context, total, &layer.out_w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
-        drop(context);
+        self.attention(qkv, &layer.qkv_b, offsets, context);
+        observe(1, context);
+        dense(context, total, &layer.out_w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
         resize(h1, total * h);
         self.residual_layer_norm(h1, proj, &layer.out_b, x, &layer.attn_ln);
 
@@ -611,86 +612,84 @@ impl Encoder {
         });
     }
 
-    /// Multi-head attention per sequence over its own tokens. `qkv`: `(total, 3·hidden)` without
-    /// bias. Returns the context `(total, hidden)`. One task per sequence; the two products of each
-    /// sequence (all heads at once) go through candle's gemm.
-    fn attention(&self, qkv: &[f32], qkv_b: &[f32], offsets: &[usize]) -> Result<Vec<f32>, InferenceError> {
-        let (h, d, heads) = (self.hidden, self.head_dim, self.heads);
+    /// Multi-head attention per sequence over its own tokens, into `context` (`(total, hidden)`).
+    /// `qkv`: `(total, 3·hidden)` without bias; the bias is added in place first. Each head's
+    /// products read Q, K and V where they lie and write its context columns in place
+    /// ([`strided`]). One task per sequence when there are enough of them for the pool, else (one
+    /// long text: latency) one task per head of each sequence.
+    fn attention(&self, qkv: &mut [f32], qkv_b: &[f32], offsets: &[usize], context: &mut Vec<f32>) {
+        let h = self.hidden;
+        let total = offsets[offsets.len() - 1];
+        fused_rows(qkv, 3 * h, #[inline(always)] |_, row| {
+            for (x, &b) in row.iter_mut().zip(qkv_b) {
+                *x += b;
+            }
+        });
+        resize(context, total * h);
         let sequences = offsets.len() - 1;
-        let parts: Vec<Result<Vec<f32>, InferenceError>> = (0..sequences)
-            .into_par_iter()
-            .map(|s| self.attention_one(&qkv[offsets[s] * 3 * h..offsets[s + 1] * 3 * h], qkv_b))
-            .collect();
-        let mut context = vec![0f32; offsets[sequences] * h];
-        for (s, part) in parts.into_iter().enumerate() {
-            let part = part?;
-            let (start, n) = (offsets[s], offsets[s + 1] - offsets[s]);
-            for head in 0..heads {
-                for i in 0..n {
-                    let at = (start + i) * h + head * d;
-                    context[at..at + d].copy_from_slice(&part[(head * n + i) * d..(head * n + i + 1) * d]);
+        let qkv: &[f32] = qkv;
+        if sequences >= rayon::current_num_threads() {
+            let mut parts = Vec::with_capacity(sequences);
+            let mut rest = &mut context[..];
+            for s in 0..sequences {
+                let (part, tail) = rest.split_at_mut((offsets[s + 1] - offsets[s]) * h);
+                parts.push((s, part));
+                rest = tail;
+            }
+            parts.into_par_iter().for_each(|(s, part)| {
+                let rows = &qkv[offsets[s] * 3 * h..offsets[s + 1] * 3 * h];
+                let mut scores = Vec::new();
+                for head in 0..self.heads {
+                    self.attention_head(rows, head, &mut scores, MatMut::new(&mut part[head * self.head_dim..], rows.len() / (3 * h), self.head_dim, h));
+                }
+            });
+        } else {
+            for s in 0..sequences {
+                let rows = &qkv[offsets[s] * 3 * h..offsets[s + 1] * 3 * h];
+                let n = offsets[s + 1] - offsets[s];
+                let d = self.head_dim;
+                let heads: Vec<Vec<f32>> = (0..self.heads)
+                    .into_par_iter()
+                    .map(|head| {
+                        let mut out = vec![0f32; n * d];
+                        self.attention_head(rows, head, &mut Vec::new(), MatMut::new(&mut out, n, d, d));
+                        out
+                    })
+                    .collect();
+                for (i, row) in context[offsets[s] * h..offsets[s + 1] * h].chunks_exact_mut(h).enumerate() {
+                    for (head, out) in heads.iter().enumerate() {
+                        row[head * d..(head + 1) * d].copy_from_slice(&out[i * d..(i + 1) * d]);
+                    }
                 }
             }
         }
-        Ok(context)
     }
 
-    /// Attention of one sequence (`qkv`: its `n` rows). Returns `(heads, n, head_dim)`.
-    fn attention_one(&self, qkv: &[f32], qkv_b: &[f32]) -> Result<Vec<f32>, InferenceError> {
-        let (h, d, heads) = (self.hidden, self.head_dim, self.heads);
+    /// One head of one sequence (`qkv`: its `n` rows, bias added) into `out` (`(n, head_dim)`):
+    /// `softmax(Q·Kᵀ/√d [+ MPNet's relative bias]) · V`. `scores` is the caller's buffer.
+    fn attention_head(&self, qkv: &[f32], head: usize, scores: &mut Vec<f32>, out: MatMut<'_>) {
+        let (h, d) = (self.hidden, self.head_dim);
         let n = qkv.len() / (3 * h);
-        let scale = 1.0 / (d as f32).sqrt();
-        // Q (scaled), K, V as (heads, n, d), biases added: contiguous runs of d values.
-        let mut q = vec![0f32; heads * n * d];
-        let mut k = vec![0f32; heads * n * d];
-        let mut v = vec![0f32; heads * n * d];
-        kernels::vectorized(#[inline(always)] || for (j, row) in qkv.chunks_exact(3 * h).enumerate() {
-            for head in 0..heads {
-                let at = (head * n + j) * d;
-                let (q0, k0, v0) = (head * d, h + head * d, 2 * h + head * d);
-                for ((dst, &x), &b) in q[at..at + d].iter_mut().zip(&row[q0..q0 + d]).zip(&qkv_b[q0..q0 + d]) {
-                    *dst = (x + b) * scale;
+        let part = |start: usize| MatRef::new(&qkv[start + head * d..], n, d, 3 * h, 1);
+        resize(scores, n * n);
+        strided::matmul(part(0), part(h).t(), MatMut::new(scores, n, n, n), 1.0 / (d as f32).sqrt());
+        kernels::vectorized(#[inline(always)] || match &self.relative {
+            None => {
+                for row in scores.chunks_exact_mut(n) {
+                    kernels::softmax_in_place(row);
                 }
-                for ((dst, &x), &b) in k[at..at + d].iter_mut().zip(&row[k0..k0 + d]).zip(&qkv_b[k0..k0 + d]) {
-                    *dst = x + b;
-                }
-                for ((dst, &x), &b) in v[at..at + d].iter_mut().zip(&row[v0..v0 + d]).zip(&qkv_b[v0..v0 + d]) {
-                    *dst = x + b;
+            }
+            // MPNet: softmax(scores + bias of each key's distance), the bias row a slice.
+            Some(bias) => {
+                for (i, row) in scores.chunks_exact_mut(n).enumerate() {
+                    for (o, &b) in row.iter_mut().zip(bias.row(head, i, n)) {
+                        *o += b;
+                    }
+                    kernels::softmax_in_place(row);
                 }
             }
         });
-        let cpu = &Device::Cpu;
-        let q = Tensor::from_vec(q, (heads, n, d), cpu).map_err(forward_err)?;
-        let k = Tensor::from_vec(k, (heads, n, d), cpu).map_err(forward_err)?;
-        // Kᵀ as a strided view: gemm transposes while packing.
-        let scores = q.matmul(&k.t().map_err(forward_err)?).map_err(forward_err)?;
-        drop((q, k));
-        let mut probs = vec![0f32; heads * n * n];
-        with_slice(&scores, |scores| {
-            kernels::vectorized(#[inline(always)] || {
-                match &self.relative {
-                    None => {
-                        for (dst, src) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)) {
-                            kernels::softmax_into(dst, src);
-                        }
-                    }
-                    // MPNet: softmax(scores + bias of each key's distance), the bias row a slice.
-                    Some(bias) => {
-                        for (r, (dst, src)) in probs.chunks_exact_mut(n).zip(scores.chunks_exact(n)).enumerate() {
-                            for ((o, &s), &b) in dst.iter_mut().zip(src).zip(bias.row(r / n, r % n, n)) {
-                                *o = s + b;
-                            }
-                            kernels::softmax_in_place(dst);
-                        }
-                    }
-                }
-            })
-        })?;
-        drop(scores);
-        let probs = Tensor::from_vec(probs, (heads, n, n), cpu).map_err(forward_err)?;
-        let v = Tensor::from_vec(v, (heads, n, d), cpu).map_err(forward_err)?;
-        let context = probs.matmul(&v).map_err(forward_err)?;
-        with_slice(&context, |c| c.to_vec())
+        strided::matmul(MatRef::new(scores, n, n, n, 1), part(2 * h), out, 1.0);
     }
 }
 
@@ -731,6 +730,7 @@ fn largest_channels(seen: &[f32], smooth: Option<&[f32]>, count: usize) -> Vec<u
 #[derive(Default)]
 struct Scratch {
     qkv: Vec<f32>,
+    context: Vec<f32>,
     proj: Vec<f32>,
     h1: Vec<f32>,
     ff: Vec<f32>,

@@ -143,38 +143,25 @@ pub(crate) fn add_layer_norm(
     }
 }
 
-/// `out ← softmax(scores)`.
-#[inline(always)]
-pub(crate) fn softmax_into(out: &mut [f32], scores: &[f32]) {
-    let m = max(scores);
-    let mut acc = [0f32; LANES];
-    let mut chunks = out.chunks_exact_mut(LANES).zip(scores.chunks_exact(LANES));
-    for (o, s) in &mut chunks {
-        for ((a, o), &s) in acc.iter_mut().zip(o).zip(s) {
-            *o = exp(s - m);
-            *a += *o;
-        }
-    }
-    let whole = scores.len() / LANES * LANES;
-    let mut total = acc.iter().sum::<f32>();
-    for (o, &s) in out[whole..].iter_mut().zip(&scores[whole..]) {
-        *o = exp(s - m);
-        total += *o;
-    }
-    let inv = 1.0 / total;
-    for o in out.iter_mut() {
-        *o *= inv;
-    }
-}
-
-/// [`softmax_into`] over `row` itself.
+/// `row ← softmax(row)`: the maximum, then the exponentials and their sum in one pass, then the
+/// scaling.
 #[inline(always)]
 pub(crate) fn softmax_in_place(row: &mut [f32]) {
     let m = max(row);
-    for o in row.iter_mut() {
-        *o = exp(*o - m);
+    let mut acc = [0f32; LANES];
+    let mut chunks = row.chunks_exact_mut(LANES);
+    for chunk in &mut chunks {
+        for (a, o) in acc.iter_mut().zip(chunk) {
+            *o = exp(*o - m);
+            *a += *o;
+        }
     }
-    let inv = 1.0 / sum(row);
+    let mut total = acc.iter().sum::<f32>();
+    for o in chunks.into_remainder() {
+        *o = exp(*o - m);
+        total += *o;
+    }
+    let inv = 1.0 / total;
     for o in row.iter_mut() {
         *o *= inv;
     }
@@ -231,8 +218,8 @@ mod tests {
         assert_eq!(sum(&values), values.iter().sum::<f32>());
         assert_eq!(max(&values), 6.5);
         assert_eq!(max(&[]), f32::NEG_INFINITY);
-        let mut p = vec![0f32; values.len()];
-        softmax_into(&mut p, &values);
+        let mut p = values.clone();
+        softmax_in_place(&mut p);
         let m = values.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let denom: f64 = values.iter().map(|&v| f64::from(v - m).exp()).sum();
         for (&v, &got) in values.iter().zip(&p) {

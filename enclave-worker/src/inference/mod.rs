@@ -81,6 +81,7 @@ mod encoder;
 mod engine;
 mod kernels;
 mod metrics;
+mod strided;
 
 pub use arch::Architecture;
 pub use batching::{Batch, BatchLimits, plan_batches};
