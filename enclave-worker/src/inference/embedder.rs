@@ -314,13 +314,14 @@ impl Embedder {
         match &self.model {
             Model::Fused(encoder) => {
                 let sequences: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
-                let states = encoder.forward(&sequences, precision)?;
-                let mut start = 0;
-                for tokenized in batch {
-                    let n = tokenized.ids.len();
-                    out.push(self.pool(&states[start * h..(start + n) * h], normalize));
-                    start += n;
-                }
+                encoder.forward(&sequences, precision, |states| {
+                    let mut start = 0;
+                    for tokenized in batch {
+                        let n = tokenized.ids.len();
+                        out.push(self.pool(&states[start * h..(start + n) * h], normalize));
+                        start += n;
+                    }
+                })?;
             }
             Model::Candle(model) => {
                 let rows = batch.len();

@@ -22,7 +22,7 @@
 //!   QKV rows, [`super::strided`]), or per head for a single text, element-wise kernels one task
 //!   per block of rows.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use candle_core::{Device, Storage, Tensor};
 use protocol::envelope::Precision;
@@ -168,6 +168,11 @@ pub(crate) struct Encoder {
     int8: OnceLock<Result<Vec<Int8Layer>, InferenceError>>,
     /// Token sequences whose fp32 activations set the int8 smoothing factors ([`Encoder::calibrate_with`]).
     calibration: Vec<Vec<u32>>,
+    /// The intermediate matrices of finished forward passes, for the next ones: allocating them
+    /// per pass made the allocator hand tens of MB back to the kernel and fault them in again on
+    /// every batch (page faults and TLB shootdowns across the pool's threads). At most one per
+    /// pass running at once, each as large as the largest batch so far.
+    scratch: Mutex<Vec<Scratch>>,
 }
 
 /// How int8 jobs compute each layer's products (QKV, attention output, FFN in, FFN out).
@@ -333,11 +338,13 @@ impl Encoder {
             bf16: OnceLock::new(),
             int8: OnceLock::new(),
             calibration: Vec::new(),
+            scratch: Mutex::new(Vec::new()),
         })
     }
 
     /// Bytes the encoder holds now: the f32 weights (packed, or candle tensors), the MPNet bias
-    /// table, the calibration sequences, and the bf16 and int8 copies once a job has built them.
+    /// table, the calibration sequences, and the bf16 and int8 copies once a job has built them;
+    /// not the forward passes' kept scratch, which the batch limits bound, like any activations.
     pub(crate) fn memory_bytes(&self) -> usize {
         let values = |v: &[f32]| std::mem::size_of_val(v);
         let weight = |w: &Weight| match w {
@@ -421,7 +428,7 @@ impl Encoder {
         let mut stats = vec![LayerStats([vec![0f32; h], vec![0f32; h], vec![0f32; h], vec![0f32; inter]]); self.layers.len()];
         if !self.calibration.is_empty() {
             let sequences: Vec<&[u32]> = self.calibration.iter().map(Vec::as_slice).collect();
-            self.run(&sequences, |_| Reduced::Fp32, Some(&mut stats))?;
+            self.run(&sequences, |_| Reduced::Fp32, Some(&mut stats), |_| ())?;
         }
         Ok(stats)
     }
@@ -468,11 +475,16 @@ impl Encoder {
         self.int8.get().expect("set above").as_deref().map_err(Clone::clone)
     }
 
-    /// Final hidden states of the given sequences, packed: `(Σ lengths, hidden)`, sequence after
-    /// sequence, computed at `precision` (the dense layers' inputs rounded to bf16 for
-    /// [`Precision::Bf16`]; attention, element-wise work and accumulation stay f32). Runs on the
-    /// current rayon pool.
-    pub(crate) fn forward(&self, sequences: &[&[u32]], precision: Precision) -> Result<Vec<f32>, InferenceError> {
+    /// `read` of the final hidden states of the given sequences, packed: `(Σ lengths, hidden)`,
+    /// sequence after sequence, computed at `precision` (the dense layers' inputs rounded to bf16
+    /// for [`Precision::Bf16`]; attention, element-wise work and accumulation stay f32). Runs on
+    /// the current rayon pool.
+    pub(crate) fn forward<R>(
+        &self,
+        sequences: &[&[u32]],
+        precision: Precision,
+        read: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, InferenceError> {
         if !Self::supports_precision(precision) {
             return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
         }
@@ -483,27 +495,27 @@ impl Encoder {
             });
         }
         match precision {
-            Precision::Fp32 => self.run(sequences, |_| Reduced::Fp32, None),
+            Precision::Fp32 => self.run(sequences, |_| Reduced::Fp32, None, read),
             Precision::Bf16 => {
                 let layers = self.bf16_layers()?;
-                self.run(sequences, |i| Reduced::Bf16(&layers[i]), None)
+                self.run(sequences, |i| Reduced::Bf16(&layers[i]), None, read)
             }
             Precision::Int8 => {
                 let layers = self.int8_layers()?;
-                self.run(sequences, |i| Reduced::Int8(&layers[i]), None)
+                self.run(sequences, |i| Reduced::Int8(&layers[i]), None, read)
             }
         }
     }
 
     /// [`Encoder::forward`] with layer `i`'s products at `reduced(i)`, recording the largest
     /// |input| of every product into `stats` when given.
-    fn run<'a>(
+    fn run<'a, R>(
         &'a self,
         sequences: &[&[u32]],
         reduced: impl Fn(usize) -> Reduced<'a>,
-        mut stats: Option<&mut [LayerStats]>,
-    ) -> Result<Vec<f32>, InferenceError> {
-        let h = self.hidden;
+        stats: Option<&mut [LayerStats]>,
+        read: impl FnOnce(&[f32]) -> R,
+    ) -> Result<R, InferenceError> {
         let mut offsets = Vec::with_capacity(sequences.len() + 1);
         offsets.push(0usize);
         for s in sequences {
@@ -515,10 +527,27 @@ impl Encoder {
             }
             offsets.push(offsets.last().unwrap() + s.len());
         }
-        let total = *offsets.last().unwrap();
-        if total == 0 {
-            return Ok(Vec::new());
+        if *offsets.last().unwrap() == 0 {
+            return Ok(read(&[]));
         }
+        let taken = self.scratch.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
+        let mut scratch = taken.unwrap_or_default();
+        let result = self.layers_over(sequences, &offsets, reduced, stats, &mut scratch).map(|()| read(&scratch.x));
+        self.scratch.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(scratch);
+        result
+    }
+
+    /// The embeddings and every layer of the packed `sequences` into `scratch.x`.
+    fn layers_over<'a>(
+        &'a self,
+        sequences: &[&[u32]],
+        offsets: &[usize],
+        reduced: impl Fn(usize) -> Reduced<'a>,
+        mut stats: Option<&mut [LayerStats]>,
+        scratch: &mut Scratch,
+    ) -> Result<(), InferenceError> {
+        let h = self.hidden;
+        let total = offsets[offsets.len() - 1];
 
         // Embeddings: word + position + token type 0, then LayerNorm.
         let mut positions = Vec::with_capacity(total);
@@ -528,7 +557,8 @@ impl Encoder {
             ids.extend(s.iter().map(|&id| id as usize));
         }
         let positions: Vec<(usize, usize)> = ids.into_iter().zip(positions).collect();
-        let mut x = vec![0f32; total * h];
+        let mut x = std::mem::take(&mut scratch.x);
+        resize(&mut x, total * h);
         x.par_chunks_mut(h * ROWS_PER_TASK).zip(positions.par_chunks(ROWS_PER_TASK)).for_each(|(rows, pos)| {
             let mut sum = vec![0f32; h];
             kernels::vectorized(#[inline(always)] || for (row, &(id, p)) in rows.chunks_exact_mut(h).zip(pos) {
@@ -548,12 +578,12 @@ impl Encoder {
                 );
             });
         });
-        let mut scratch = Scratch::default();
-        for (i, layer) in self.layers.iter().enumerate() {
+        let result = self.layers.iter().enumerate().try_for_each(|(i, layer)| {
             let stats = stats.as_deref_mut().map(|s| &mut s[i]);
-            self.layer(layer, reduced(i), &mut x, &offsets, &mut scratch, stats)?;
-        }
-        Ok(x)
+            self.layer(layer, reduced(i), &mut x, offsets, scratch, stats)
+        });
+        scratch.x = x;
+        result
     }
 
     /// One encoder layer over the packed hidden states `x` (`(total, hidden)`), in place.
@@ -573,7 +603,7 @@ impl Encoder {
         };
         let h = self.hidden;
         let total = offsets[offsets.len() - 1];
-        let Scratch { qkv, context, proj, h1, ff } = scratch;
+        let Scratch { qkv, context, proj, h1, ff, .. } = scratch;
 
         // Self-attention, then LayerNorm(projection + bias + x) into h1.
         observe(0, x);
@@ -666,30 +696,28 @@ impl Encoder {
     }
 
     /// One head of one sequence (`qkv`: its `n` rows, bias added) into `out` (`(n, head_dim)`):
-    /// `softmax(Q·Kᵀ/√d [+ MPNet's relative bias]) · V`. `scores` is the caller's buffer.
-    fn attention_head(&self, qkv: &[f32], head: usize, scores: &mut Vec<f32>, out: MatMut<'_>) {
+    /// `softmax(Q·Kᵀ/√d [+ MPNet's relative bias]) · V`, each row's softmax divided out of its
+    /// `head_dim` results rather than its `n` probabilities. `scores` is the caller's buffer.
+    fn attention_head(&self, qkv: &[f32], head: usize, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
         let (h, d) = (self.hidden, self.head_dim);
         let n = qkv.len() / (3 * h);
         let part = |start: usize| MatRef::new(&qkv[start + head * d..], n, d, 3 * h, 1);
         resize(scores, n * n);
         strided::matmul(part(0), part(h).t(), MatMut::new(scores, n, n, n), 1.0 / (d as f32).sqrt());
-        kernels::vectorized(#[inline(always)] || match &self.relative {
-            None => {
-                for row in scores.chunks_exact_mut(n) {
-                    kernels::softmax_in_place(row);
-                }
-            }
-            // MPNet: softmax(scores + bias of each key's distance), the bias row a slice.
-            Some(bias) => {
-                for (i, row) in scores.chunks_exact_mut(n).enumerate() {
+        let mut totals = vec![0f32; n];
+        kernels::vectorized(#[inline(always)] || {
+            for (i, (row, total)) in scores.chunks_exact_mut(n).zip(&mut totals).enumerate() {
+                // MPNet: the bias of each key's distance first, the bias row a slice.
+                if let Some(bias) = &self.relative {
                     for (o, &b) in row.iter_mut().zip(bias.row(head, i, n)) {
                         *o += b;
                     }
-                    kernels::softmax_in_place(row);
                 }
+                *total = kernels::softmax_unnormalised(row);
             }
         });
-        strided::matmul(MatRef::new(scores, n, n, n, 1), part(2 * h), out, 1.0);
+        strided::matmul(MatRef::new(scores, n, n, n, 1), part(2 * h), out.reborrow(), 1.0);
+        out.scale_rows(&totals);
     }
 }
 
@@ -725,10 +753,11 @@ fn largest_channels(seen: &[f32], smooth: Option<&[f32]>, count: usize) -> Vec<u
     channels
 }
 
-/// A forward pass's intermediate matrices, reused from layer to layer: same sizes every layer,
-/// so they are allocated (and zeroed) once per pass, not once per layer.
+/// A forward pass's matrices, reused from layer to layer (same sizes every layer) and from pass to
+/// pass ([`Encoder`]'s `scratch`): the hidden states and the intermediate products.
 #[derive(Default)]
 struct Scratch {
+    x: Vec<f32>,
     qkv: Vec<f32>,
     context: Vec<f32>,
     proj: Vec<f32>,

@@ -143,10 +143,10 @@ pub(crate) fn add_layer_norm(
     }
 }
 
-/// `row ← softmax(row)`: the maximum, then the exponentials and their sum in one pass, then the
-/// scaling.
+/// `row ← exp(row − max(row))`, returning the sum of the new values: softmax without its final
+/// division, which callers apply to what they compute from the row (fewer values).
 #[inline(always)]
-pub(crate) fn softmax_in_place(row: &mut [f32]) {
+pub(crate) fn softmax_unnormalised(row: &mut [f32]) -> f32 {
     let m = max(row);
     let mut acc = [0f32; LANES];
     let mut chunks = row.chunks_exact_mut(LANES);
@@ -161,10 +161,7 @@ pub(crate) fn softmax_in_place(row: &mut [f32]) {
         *o = exp(*o - m);
         total += *o;
     }
-    let inv = 1.0 / total;
-    for o in row.iter_mut() {
-        *o *= inv;
-    }
+    total
 }
 
 #[cfg(test)]
@@ -219,7 +216,8 @@ mod tests {
         assert_eq!(max(&values), 6.5);
         assert_eq!(max(&[]), f32::NEG_INFINITY);
         let mut p = values.clone();
-        softmax_in_place(&mut p);
+        let total = softmax_unnormalised(&mut p);
+        p.iter_mut().for_each(|v| *v /= total);
         let m = values.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let denom: f64 = values.iter().map(|&v| f64::from(v - m).exp()).sum();
         for (&v, &got) in values.iter().zip(&p) {

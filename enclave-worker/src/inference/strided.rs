@@ -53,6 +53,24 @@ impl<'a> MatMut<'a> {
     }
 }
 
+impl MatMut<'_> {
+    /// The same view, borrowed again (to write it more than once).
+    pub(crate) fn reborrow(&mut self) -> MatMut<'_> {
+        MatMut { values: &mut *self.values, rows: self.rows, cols: self.cols, row_stride: self.row_stride }
+    }
+
+    /// Divides row `r` by `divisors[r]`.
+    pub(crate) fn scale_rows(&mut self, divisors: &[f32]) {
+        assert_eq!(divisors.len(), self.rows, "one divisor per row");
+        for (r, &divisor) in divisors.iter().enumerate() {
+            let inv = 1.0 / divisor;
+            for v in &mut self.values[r * self.row_stride..r * self.row_stride + self.cols] {
+                *v *= inv;
+            }
+        }
+    }
+}
+
 /// `out ← scale · (a · b)` in f32 on the calling thread (callers parallelise over their own tasks).
 ///
 /// Panics if the shapes do not match.
@@ -115,6 +133,13 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn scale_rows_divides_only_the_view() {
+        let mut values = vec![6f32; 10];
+        MatMut::new(&mut values[1..], 2, 3, 5).scale_rows(&[2.0, 3.0]);
+        assert_eq!(values, [6.0, 3.0, 3.0, 3.0, 6.0, 6.0, 2.0, 2.0, 2.0, 6.0]);
     }
 
     #[test]
