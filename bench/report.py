@@ -107,7 +107,8 @@ def markdown(doc):
         p = doc["pipeline"]
         out.append(f"Whole local pipeline ({p['documents']:,} documents, {p['threads']} threads, submit to verified "
                    f"results): {fmt(p['pipeline_documents_per_s'])} docs/s against {fmt(p['raw_documents_per_s'])} docs/s "
-                   f"of raw inference in the same run: **ratio {p['ratio']:.3f}** ({100 * (1 - p['ratio']):.1f} % overhead).")
+                   f"of raw inference in the same run (medians of {p.get('pairs', 1)} pairs, each a raw run then a fresh "
+                   f"stack's first job): **ratio {p['ratio']:.3f}** ({100 * (1 - p['ratio']):.1f} % overhead).")
         out.append("")
     if "cold_start" in doc:
         c = doc["cold_start"]

@@ -147,7 +147,8 @@ class Suite:
         number = lambda label: float(re.search(rf"{label}\s+([\d.]+)", text).group(1))  # noqa: E731
         seconds = float(re.search(r"\(([\d.]+) s, submit", text).group(1))
         return {"threads": threads, "raw_documents_per_s": number("raw inference"),
-                "pipeline_documents_per_s": number("whole pipeline"), "ratio": number("ratio"), "pipeline_s": seconds}
+                "pipeline_documents_per_s": number("whole pipeline"), "ratio": number("ratio"), "pipeline_s": seconds,
+                "pairs": len(re.findall(r"^pair \d+:", text, re.M))}
 
     def cold_start(self, threads, boots):
         out = os.path.join(self.work, "cold-start.json")
