@@ -35,7 +35,15 @@ fn local_pipeline_end_to_end() {
     let work = tempfile::tempdir().unwrap();
     for name in ["host-poller", "enclave-worker", "lambdas"] {
         let pid = stack.pid(name).unwrap_or_else(|| panic!("{name} is not running"));
-        let tmpdir = process::environment_variable(pid, "TMPDIR");
+        // Just after exec the kernel may not have set the new environment's bounds yet (a
+        // read then returns nothing), so give the process a moment.
+        let tmpdir = (0..50).find_map(|_| {
+            let value = process::environment_variable(pid, "TMPDIR");
+            if value.is_none() {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            value
+        });
         assert_eq!(tmpdir.as_deref().map(Path::new), Some(host_tmp.path()), "{name}'s TMPDIR");
     }
 
