@@ -144,7 +144,8 @@ class Suite:
         env["EPHEM_MODEL_DIR"] = self.args.model_dir
         text = run(["bash", os.path.join(ROOT, "scripts", "bench_pipeline.sh"), corpus, str(threads)], env=env, capture=True)
         print(text, end="")
-        number = lambda label: float(re.search(rf"{label}\s+([\d.]+)", text).group(1))  # noqa: E731
+        # The summary lines (the pairs' own lines come first and also say "ratio").
+        number = lambda label: float(re.search(rf"^{label}\s+([\d.]+)", text, re.M).group(1))  # noqa: E731
         seconds = float(re.search(r"\(([\d.]+) s, submit", text).group(1))
         return {"threads": threads, "raw_documents_per_s": number("raw inference"),
                 "pipeline_documents_per_s": number("whole pipeline"), "ratio": number("ratio"), "pipeline_s": seconds,

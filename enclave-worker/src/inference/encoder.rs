@@ -656,8 +656,9 @@ impl Encoder {
             }
         });
         resize(context, total * h);
-        let sequences = offsets.len() - 1;
+        let (d, sequences) = (self.head_dim, offsets.len() - 1);
         let qkv: &[f32] = qkv;
+        let rows = |s: usize| (&qkv[offsets[s] * 3 * h..offsets[s + 1] * 3 * h], offsets[s + 1] - offsets[s]);
         if sequences >= rayon::current_num_threads() {
             let mut parts = Vec::with_capacity(sequences);
             let mut rest = &mut context[..];
@@ -667,17 +668,15 @@ impl Encoder {
                 rest = tail;
             }
             parts.into_par_iter().for_each(|(s, part)| {
-                let rows = &qkv[offsets[s] * 3 * h..offsets[s + 1] * 3 * h];
+                let (rows, n) = rows(s);
                 let mut scores = Vec::new();
                 for head in 0..self.heads {
-                    self.attention_head(rows, head, &mut scores, MatMut::new(&mut part[head * self.head_dim..], rows.len() / (3 * h), self.head_dim, h));
+                    self.attention_head(rows, head, &mut scores, MatMut::new(&mut part[head * d..], n, d, h));
                 }
             });
         } else {
             for s in 0..sequences {
-                let rows = &qkv[offsets[s] * 3 * h..offsets[s + 1] * 3 * h];
-                let n = offsets[s + 1] - offsets[s];
-                let d = self.head_dim;
+                let (rows, n) = rows(s);
                 let heads: Vec<Vec<f32>> = (0..self.heads)
                     .into_par_iter()
                     .map(|head| {
