@@ -33,7 +33,8 @@ use super::InferenceError;
 use super::arch::{self, ArchConfig, Architecture, RelativeBias};
 use super::dense::{self, Int8Weights, Packed};
 use super::kernels;
-use super::strided::{self, MatMut, MatRef};
+
+mod attention;
 
 /// Rows per element-wise task.
 const ROWS_PER_TASK: usize = 16;
@@ -640,83 +641,6 @@ impl Encoder {
                 self.eps,
             )
         });
-    }
-
-    /// Multi-head attention per sequence over its own tokens, into `context` (`(total, hidden)`).
-    /// `qkv`: `(total, 3·hidden)` without bias; the bias is added in place first. Each head's
-    /// products read Q, K and V where they lie and write its context columns in place
-    /// ([`strided`]). One task per sequence when there are enough of them for the pool, else (one
-    /// long text: latency) one task per head of each sequence.
-    fn attention(&self, qkv: &mut [f32], qkv_b: &[f32], offsets: &[usize], context: &mut Vec<f32>) {
-        let h = self.hidden;
-        let total = offsets[offsets.len() - 1];
-        fused_rows(qkv, 3 * h, #[inline(always)] |_, row| {
-            for (x, &b) in row.iter_mut().zip(qkv_b) {
-                *x += b;
-            }
-        });
-        resize(context, total * h);
-        let (d, sequences) = (self.head_dim, offsets.len() - 1);
-        let qkv: &[f32] = qkv;
-        let rows = |s: usize| (&qkv[offsets[s] * 3 * h..offsets[s + 1] * 3 * h], offsets[s + 1] - offsets[s]);
-        if sequences >= rayon::current_num_threads() {
-            let mut parts = Vec::with_capacity(sequences);
-            let mut rest = &mut context[..];
-            for s in 0..sequences {
-                let (part, tail) = rest.split_at_mut((offsets[s + 1] - offsets[s]) * h);
-                parts.push((s, part));
-                rest = tail;
-            }
-            parts.into_par_iter().for_each(|(s, part)| {
-                let (rows, n) = rows(s);
-                let mut scores = Vec::new();
-                for head in 0..self.heads {
-                    self.attention_head(rows, head, &mut scores, MatMut::new(&mut part[head * d..], n, d, h));
-                }
-            });
-        } else {
-            for s in 0..sequences {
-                let (rows, n) = rows(s);
-                let heads: Vec<Vec<f32>> = (0..self.heads)
-                    .into_par_iter()
-                    .map(|head| {
-                        let mut out = vec![0f32; n * d];
-                        self.attention_head(rows, head, &mut Vec::new(), MatMut::new(&mut out, n, d, d));
-                        out
-                    })
-                    .collect();
-                for (i, row) in context[offsets[s] * h..offsets[s + 1] * h].chunks_exact_mut(h).enumerate() {
-                    for (head, out) in heads.iter().enumerate() {
-                        row[head * d..(head + 1) * d].copy_from_slice(&out[i * d..(i + 1) * d]);
-                    }
-                }
-            }
-        }
-    }
-
-    /// One head of one sequence (`qkv`: its `n` rows, bias added) into `out` (`(n, head_dim)`):
-    /// `softmax(Q·Kᵀ/√d [+ MPNet's relative bias]) · V`, each row's softmax divided out of its
-    /// `head_dim` results rather than its `n` probabilities. `scores` is the caller's buffer.
-    fn attention_head(&self, qkv: &[f32], head: usize, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
-        let (h, d) = (self.hidden, self.head_dim);
-        let n = qkv.len() / (3 * h);
-        let part = |start: usize| MatRef::new(&qkv[start + head * d..], n, d, 3 * h, 1);
-        resize(scores, n * n);
-        strided::matmul(part(0), part(h).t(), MatMut::new(scores, n, n, n), 1.0 / (d as f32).sqrt());
-        let mut totals = vec![0f32; n];
-        kernels::vectorized(#[inline(always)] || {
-            for (i, (row, total)) in scores.chunks_exact_mut(n).zip(&mut totals).enumerate() {
-                // MPNet: the bias of each key's distance first, the bias row a slice.
-                if let Some(bias) = &self.relative {
-                    for (o, &b) in row.iter_mut().zip(bias.row(head, i, n)) {
-                        *o += b;
-                    }
-                }
-                *total = kernels::softmax_unnormalised(row);
-            }
-        });
-        strided::matmul(MatRef::new(scores, n, n, n, 1), part(2 * h), out.reborrow(), 1.0);
-        out.scale_rows(&totals);
     }
 }
 
