@@ -78,9 +78,16 @@ impl CancelRequest {
         Ok(request)
     }
 
+    /// The signature's bytes, from exactly one spelling of them: lowercase hex, as the job id.
+    /// (Uppercase digits would decode to the same bytes, so two different `cancel.json` would
+    /// carry one signature.)
     fn signature_bytes(&self) -> Result<[u8; SIGNATURE_LEN], CancelError> {
+        let malformed = || CancelError::Malformed("signature is not 64 bytes in lowercase hex".into());
+        if self.signature.chars().any(|c| c.is_ascii_uppercase()) {
+            return Err(malformed());
+        }
         let mut signature = [0u8; SIGNATURE_LEN];
-        hex::decode_to_slice(&self.signature, &mut signature).map_err(|_| CancelError::Malformed("signature is not 64 hex bytes".into()))?;
+        hex::decode_to_slice(&self.signature, &mut signature).map_err(|_| malformed())?;
         Ok(signature)
     }
 }
@@ -249,6 +256,10 @@ mod tests {
         let other = seal_job(&JobHeader { record_count: 2, ..header.clone() }, &fleet).unwrap();
         assert!(matches!(check(&other.preamble, &id, genuine.as_bytes()), Err(CancelError::InputNotThisJob { .. })));
         assert!(matches!(check(&input[..input.len() - 1], &id, genuine.as_bytes()), Err(CancelError::Input(_))));
+        // The same signature spelt with uppercase digits is another body: refused.
+        let request = CancelRequest::from_json(genuine.as_bytes()).unwrap();
+        let shouted = CancelRequest { signature: request.signature.to_uppercase(), ..request }.to_json();
+        assert!(matches!(check(&input, &id, shouted.as_bytes()), Err(CancelError::Malformed(m)) if m.contains("lowercase hex")));
         let padded = format!("{genuine}{}", " ".repeat(MAX_CANCEL_LEN as usize));
         assert!(matches!(check(&input, &id, padded.as_bytes()), Err(CancelError::Malformed(_))));
     }
