@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::Path;
 
 use serde_json::Value;
-use tests::{canary_hits, canary_hits_in, corpus_with_canaries, files_modified_since, process, Stack};
+use tests::{canary_hits, canary_hits_in, corpus_with_canaries, files_modified_since, process, wait_until, Stack};
 
 fn json(text: &str) -> Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
@@ -37,14 +37,9 @@ fn local_pipeline_end_to_end() {
         let pid = stack.pid(name).unwrap_or_else(|| panic!("{name} is not running"));
         // Just after exec the kernel may not have set the new environment's bounds yet (a
         // read then returns nothing), so give the process a moment.
-        let tmpdir = (0..50).find_map(|_| {
-            let value = process::environment_variable(pid, "TMPDIR");
-            if value.is_none() {
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-            value
-        });
-        assert_eq!(tmpdir.as_deref().map(Path::new), Some(host_tmp.path()), "{name}'s TMPDIR");
+        let tmpdir = || process::environment_variable(pid, "TMPDIR");
+        wait_until(&format!("{name}'s environment"), std::time::Duration::from_secs(5), || tmpdir().is_some());
+        assert_eq!(tmpdir().as_deref().map(Path::new), Some(host_tmp.path()), "{name}'s TMPDIR");
     }
 
     // --- the example corpus, with canaries that must never appear on the host side ----------
