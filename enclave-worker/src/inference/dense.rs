@@ -33,6 +33,8 @@
 
 use rayon::prelude::*;
 
+use super::kernels::ROUND_TO_INTEGER;
+
 /// Columns per weight panel (4 vectors of 16 lanes).
 const NR: usize = 64;
 /// Rows per register tile.
@@ -475,10 +477,6 @@ fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: Option<&[f32]>, e
     q
 }
 
-/// 1.5·2^23: `x + ROUND_TO_INTEGER` for `0 ≤ x ≤ 2^22` is rounded to an integer, ties to even,
-/// which the low mantissa bits then hold.
-const ROUND_TO_INTEGER: f32 = 12_582_912.0;
-
 /// One row to u8: returns `(scale, zero)` with `row[p] ≈ scale · (bytes[p] − zero)`.
 #[inline(always)]
 fn quantize_row(row: &[f32], bytes: &mut [u8]) -> (f32, i32) {
@@ -505,9 +503,8 @@ fn quantize_row(row: &[f32], bytes: &mut [u8]) -> (f32, i32) {
     let inv = 1.0 / scale;
     let zero = (-lo * inv).round_ties_even().clamp(0.0, 255.0);
     for (b, &v) in bytes.iter_mut().zip(row) {
-        // Rounded to the nearest integer, ties to even, by adding 1.5·2^23 (whose ulp is 1): the
-        // integer is then the low byte of the bits. LLVM vectorises this; the saturating `as`
-        // conversions it turns into one scalar conversion per value.
+        // The rounded integer is the low byte of the sum's bits (`ROUND_TO_INTEGER`); LLVM turns
+        // the saturating `as` conversions into one scalar conversion per value instead.
         *b = ((v * inv + zero).clamp(0.0, 255.0) + ROUND_TO_INTEGER).to_bits() as u8;
     }
     (scale, zero as i32)

@@ -14,6 +14,11 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
     pulp::Arch::new().dispatch(f)
 }
 
+/// 1.5·2^23: `x + ROUND_TO_INTEGER` (|x| ≤ 2^22) is rounded to an integer, ties to even, which
+/// the sum's low mantissa bits then hold (two's complement for negative x); subtracting it again
+/// gives the integer as an f32. Branch-free and vectorisable, unlike a float-to-int cast.
+pub(crate) const ROUND_TO_INTEGER: f32 = 12_582_912.0;
+
 /// Independent accumulator lanes for reductions (a serial float sum does not vectorise).
 const LANES: usize = 16;
 
@@ -25,11 +30,9 @@ pub(crate) fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4; // 0.693359375 = 355/512, exact in f32
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // 1.5 · 2^23: adding and subtracting it rounds to the nearest integer.
-    const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let t = x.mul_add(LOG2E, ROUND);
-    let k = t - ROUND;
+    let t = x.mul_add(LOG2E, ROUND_TO_INTEGER);
+    let k = t - ROUND_TO_INTEGER;
     let r = k.mul_add(-LN2_LO, k.mul_add(-LN2_HI, x));
     let r2 = r * r;
     let p = 1.987_569_1e-4f32.mul_add(r, 1.398_199_9e-3).mul_add(r, 8.333_452e-3).mul_add(r, 4.166_579_6e-2);
@@ -37,7 +40,7 @@ pub(crate) fn exp(x: f32) -> f32 {
     let e_r = p.mul_add(r2, r) + 1.0;
     // `t`'s low mantissa bits hold k (two's complement, |k| < 2^22): 2^k's exponent field is
     // k + 127, taken with integer operations only (a float-to-int cast would not vectorise).
-    let biased = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127);
+    let biased = t.to_bits().wrapping_sub(ROUND_TO_INTEGER.to_bits()).wrapping_add(127);
     e_r * f32::from_bits(biased << 23)
 }
 
