@@ -221,8 +221,9 @@ fn spawn(config: &SpawnConfig) -> Result<Running, SupervisorError> {
         .arg("--threads")
         .arg(config.threads.to_string())
         .stdin(Stdio::null());
-    // Without it candle counts physical cores from /proc/cpuinfo on every matrix product (about
-    // 4 % of a job's time, measured); the worker cannot set its own environment safely.
+    // Without it candle counts physical cores from /proc/cpuinfo on every matrix product it runs
+    // (the worker's engine on a CPU without AVX-512; ~4 % of a job's time when attention still
+    // went through candle); the worker cannot set its own environment safely.
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         let threads = match config.threads {
             0 => std::thread::available_parallelism().map_or(1, usize::from),
