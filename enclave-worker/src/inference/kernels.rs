@@ -159,12 +159,18 @@ pub(crate) fn softmax_unnormalised(row: &mut [f32]) -> f32 {
             *a += *o;
         }
     }
-    let mut total = acc.iter().sum::<f32>();
-    for o in chunks.into_remainder() {
+    // The tail as one more full chunk, padded with −inf (exp gives ≈ 1e-38 there, below what
+    // any real entry adds): a scalar exp per tail value cost as much as the vectorised rest of a
+    // typical 90-token row.
+    let tail = chunks.into_remainder();
+    let mut padded = [f32::NEG_INFINITY; LANES];
+    padded[..tail.len()].copy_from_slice(tail);
+    for (a, o) in acc.iter_mut().zip(&mut padded) {
         *o = exp(*o - m);
-        total += *o;
+        *a += *o;
     }
-    total
+    tail.copy_from_slice(&padded[..tail.len()]);
+    acc.iter().sum::<f32>()
 }
 
 #[cfg(test)]
