@@ -13,8 +13,9 @@
 //!   the weights (SmoothQuant, α = 0.5, power-of-two factors from the largest |activation| of each
 //!   input channel over a fixed calibration set run in fp32), the 8 channels still largest after
 //!   that are computed exactly in f32, and the rest of the weights are quantised per output
-//!   channel; the FFN output product, whose error int8 cannot bring under the bound, runs in bf16
-//!   (f32 without AVX-512 BF16) ([`INT8_PLAN`]).
+//!   channel; each layer's FFN output product, whose error is the largest, runs in int8 only
+//!   where the calibration set's pooled states stay within a bound of fp32 with it, else in bf16
+//!   (f32 without AVX-512 BF16) ([`int8`]).
 //! * **Fused element-wise work** in vectorisable safe Rust ([`super::kernels`]): bias + GELU(erf),
 //!   bias + residual + LayerNorm, softmax — one pass each instead of one tensor op per step.
 //! * Parallel over the engine's rayon pool: the dense kernels split their rows or panels there,
@@ -35,6 +36,9 @@ use super::dense::{self, Int8Weights, Packed};
 use super::kernels;
 
 mod attention;
+mod int8;
+
+use int8::{Int8Layer, Int8Product, LayerStats};
 
 /// Rows per element-wise task.
 const ROWS_PER_TASK: usize = 16;
@@ -83,32 +87,6 @@ struct Bf16Layer {
     ff2: Packed<u32>,
 }
 
-/// A layer's dense weights for `precision: int8`: quantised per output channel, or kept at
-/// higher precision where int8's error is too large ([`INT8_PLAN`]).
-struct Int8Layer {
-    qkv: Int8Product,
-    out: Int8Product,
-    ff1: Int8Product,
-    ff2: Int8Product,
-}
-
-/// One product of an int8 job.
-enum Int8Product {
-    Int8(Int8Weights),
-    /// bf16 inputs, f32 sums (on a CPU with AVX-512 BF16).
-    Bf16(Packed<u32>),
-    Fp32,
-}
-
-/// How int8 jobs compute each product of a layer.
-#[derive(Clone, Copy)]
-enum Int8Plan {
-    /// int8, with this many input channels (those with the largest smoothed calibration
-    /// activations) exact in f32.
-    Int8 { exact: usize },
-    /// bf16 where the CPU has it, else f32.
-    Wider,
-}
 
 /// The weights one layer's products use at the job's precision.
 #[derive(Clone, Copy)]
@@ -176,35 +154,6 @@ pub(crate) struct Encoder {
     scratch: Mutex<Vec<Scratch>>,
 }
 
-/// How int8 jobs compute each layer's products (QKV, attention output, FFN in, FFN out).
-/// Measured on all-MiniLM-L6-v2 (per-product ablation in docs/benchmarks.md): with all four in
-/// int8 the worst reference text reaches cosine 0.9978 to fp32; FFN out (the GELU output, heavy outliers,
-/// 1536 inputs) alone costs more than the other three together, and neither finer activation
-/// groups nor exact channels bring it under the bound — both its weights and its activations
-/// need more than 8 bits — so it stays wider. In the other three, 8 exact channels halve the
-/// error (worst reference text 0.99942, corpus 0.99962 with FFN out wide).
-const INT8_PLAN: [Int8Plan; 4] =
-    [Int8Plan::Int8 { exact: 8 }, Int8Plan::Int8 { exact: 8 }, Int8Plan::Int8 { exact: 8 }, Int8Plan::Wider];
-
-/// The SmoothQuant migration strength: activation channel `c` is divided by
-/// `s_c = max|x_c|^α / max|w_c|^(1−α)` and weight row `c` multiplied by it.
-const SMOOTHING_ALPHA: f32 = 0.5;
-
-/// Per input channel, the largest |activation| each of a layer's four products saw.
-#[derive(Clone)]
-struct LayerStats([Vec<f32>; 4]);
-
-impl LayerStats {
-    fn observe(&mut self, product: usize, x: &[f32]) {
-        let max = &mut self.0[product];
-        let k = max.len();
-        for row in x.chunks_exact(k) {
-            for (m, &v) in max.iter_mut().zip(row) {
-                *m = m.max(v.abs());
-            }
-        }
-    }
-}
 
 fn weights_err(e: impl std::fmt::Display) -> InferenceError {
     InferenceError::Weights(e.to_string())
@@ -367,13 +316,8 @@ impl Encoder {
             Some(Ok(packed)) => packed.iter().map(|l| [&l.qkv, &l.out, &l.ff1, &l.ff2].into_iter().map(|p| p.memory_bytes()).sum::<usize>()).sum(),
             _ => 0,
         };
-        let product = |p: &Int8Product| match p {
-            Int8Product::Int8(w) => w.memory_bytes(),
-            Int8Product::Bf16(w) => w.memory_bytes(),
-            Int8Product::Fp32 => 0,
-        };
         let int8: usize = match self.int8.get() {
-            Some(Ok(quantised)) => quantised.iter().map(|l| [&l.qkv, &l.out, &l.ff1, &l.ff2].into_iter().map(product).sum::<usize>()).sum(),
+            Some(Ok(quantised)) => quantised.iter().map(Int8Layer::memory_bytes).sum(),
             _ => 0,
         };
         // The table RelativeBias::new builds: (heads, 2·span − 1) with span = max_positions.
@@ -413,67 +357,6 @@ impl Encoder {
                 .collect()
         });
         packed.as_deref().map_err(Clone::clone)
-    }
-
-    /// Sets the token sequences (a fixed calibration set, tokenized by the embedder) whose fp32
-    /// activations choose the int8 smoothing factors. Without any, int8 quantises unsmoothed.
-    pub(crate) fn calibrate_with(&mut self, sequences: impl IntoIterator<Item = Vec<u32>>) {
-        let limit = self.max_positions;
-        self.calibration =
-            sequences.into_iter().filter(|s| !s.is_empty() && s.len() <= limit && s.iter().all(|&id| (id as usize) < self.vocab)).collect();
-    }
-
-    /// Per layer, the largest |input| of each product over the calibration set, in fp32.
-    fn calibration_stats(&self) -> Result<Vec<LayerStats>, InferenceError> {
-        let (h, inter) = (self.hidden, self.layers.first().map_or(0, |l| l.ff1_b.len()));
-        let mut stats = vec![LayerStats([vec![0f32; h], vec![0f32; h], vec![0f32; h], vec![0f32; inter]]); self.layers.len()];
-        if !self.calibration.is_empty() {
-            let sequences: Vec<&[u32]> = self.calibration.iter().map(Vec::as_slice).collect();
-            self.run(&sequences, |_| Reduced::Fp32, Some(&mut stats), |_| ())?;
-        }
-        Ok(stats)
-    }
-
-    /// The dense weights quantised to int8 per output channel, once, after smoothing the
-    /// activations' outlier channels into the weights (SmoothQuant): `x · w = (x / s) · (s · w)`
-    /// for any per-channel `s > 0`, exact in real arithmetic, so the factors change only where
-    /// the rounding error falls.
-    ///
-    /// Not under `OnceLock::get_or_init`: the calibration pass runs on the rayon pool, whose
-    /// waiting threads may pick up another window of an int8 job and come back here, which
-    /// must not block on the initialisation in progress. Such a thread computes the same
-    /// (deterministic) layers again, and the first one stored is kept.
-    fn int8_layers(&self) -> Result<&[Int8Layer], InferenceError> {
-        if let Some(quantised) = self.int8.get() {
-            return quantised.as_deref().map_err(Clone::clone);
-        }
-        let computed = (|| {
-            let stats = self.calibration_stats()?;
-            let quantise = |product: usize, w: &Weight, seen: &[f32]| match (w, INT8_PLAN[product]) {
-                (Weight::Candle(_), _) => Err(InferenceError::UnsupportedPrecision(Precision::Int8.as_str())),
-                (Weight::Packed(w), Int8Plan::Wider) if dense::bf16_supported() => Ok(Int8Product::Bf16(Packed::bf16(w))),
-                (Weight::Packed(_), Int8Plan::Wider) => Ok(Int8Product::Fp32),
-                (Weight::Packed(w), Int8Plan::Int8 { exact }) => {
-                    let smooth = seen.iter().any(|&m| m > 0.0).then(|| smoothing(w, seen, SMOOTHING_ALPHA));
-                    let exact = largest_channels(seen, smooth.as_deref(), exact);
-                    Ok(Int8Product::Int8(Int8Weights::new(w, smooth.as_deref(), &exact)))
-                }
-            };
-            self.layers
-                .iter()
-                .zip(&stats)
-                .map(|(l, LayerStats(seen))| {
-                    Ok(Int8Layer {
-                        qkv: quantise(0, &l.qkv_w, &seen[0])?,
-                        out: quantise(1, &l.out_w, &seen[1])?,
-                        ff1: quantise(2, &l.ff1_w, &seen[2])?,
-                        ff2: quantise(3, &l.ff2_w, &seen[3])?,
-                    })
-                })
-                .collect()
-        })();
-        let _ = self.int8.set(computed);
-        self.int8.get().expect("set above").as_deref().map_err(Clone::clone)
     }
 
     /// `read` of the final hidden states of the given sequences, packed: `(Σ lengths, hidden)`,
@@ -642,38 +525,6 @@ impl Encoder {
             )
         });
     }
-}
-
-/// SmoothQuant factors for weights `w` (`(k, n)`) whose input channel `c` reached `seen[c]`:
-/// `s_c = seen_c^α / max_j|w[c][j]|^(1−α)` rounded to a power of two, 1 for a channel never seen
-/// or without weights.
-fn smoothing(w: &Packed<f32>, seen: &[f32], alpha: f32) -> Vec<f32> {
-    let row_max = w.row_abs_max();
-    seen.iter()
-        .zip(&row_max)
-        .map(|(&x, &w)| {
-            if x > 0.0 && w > 0.0 {
-                // A power of two: scaling by it is exact in f32, so smoothing itself rounds nothing.
-                (x.powf(alpha) / w.powf(1.0 - alpha)).log2().round().clamp(-14.0, 14.0).exp2()
-            } else {
-                1.0
-            }
-        })
-        .collect()
-}
-
-/// The `count` input channels with the largest calibration activations after smoothing
-/// (`seen[c] / smooth[c]`), none if no activation was seen; ties to the lower channel.
-fn largest_channels(seen: &[f32], smooth: Option<&[f32]>, count: usize) -> Vec<usize> {
-    if !seen.iter().any(|&m| m > 0.0) {
-        return Vec::new();
-    }
-    let size = |c: usize| seen[c] / smooth.map_or(1.0, |s| s[c]);
-    let mut channels: Vec<usize> = (0..seen.len()).collect();
-    channels.sort_by(|&a, &b| size(b).total_cmp(&size(a)).then(a.cmp(&b)));
-    channels.truncate(count);
-    channels.sort_unstable();
-    channels
 }
 
 /// A forward pass's matrices, reused from layer to layer (same sizes every layer) and from pass to
