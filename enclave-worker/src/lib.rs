@@ -1,5 +1,5 @@
-// No unsafe code, with one exception: the dense-layer kernels (`inference::dense`), SIMD intrinsics behind
-// a safe API.
+// No unsafe code, with two exceptions behind checked safe APIs: the dense layers' SIMD kernels
+// (`inference::dense::kernel`) and gemm on strided views (`inference::strided`).
 #![deny(unsafe_code)]
 //! Everything that runs inside the Nitro enclave: NSM access, key release, model loading,
 //! inference, sealing results, signing receipts.

@@ -2,9 +2,9 @@
 //! (`vfmadd231ps`), bf16 inputs with f32 accumulation (`vdpbf16ps`) for jobs that ask for
 //! `precision: bf16`, and u8 × i8 with int32 accumulation (`vpdpbusd`) for `precision: int8`.
 //!
-//! This module and [`super::strided`] are the crate's only `unsafe` code: the SIMD intrinsics, behind a safe
-//! API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`], [`matmul_int8`]) that
-//! checks every length before a kernel runs and refuses to run on a CPU without the instructions
+//! Its `kernel` submodule and [`super::strided`] are the crate's only `unsafe` code: the SIMD
+//! intrinsics, behind a safe API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`],
+//! [`matmul_int8`]) that checks every length before a kernel runs and refuses to run on a CPU without the instructions
 //! ([`f32_supported`], [`bf16_supported`], [`int8_supported`]).
 //!
 //! int8: weights are quantised once per output column (symmetric, `[-127, 127]`), activations per
@@ -29,11 +29,9 @@
 //! its rows against every panel: 24 accumulators stay in registers for the whole depth, the panel
 //! comes from L1/L2 and is reused by all the task's row tiles, and results are stored straight
 //! into the output rows.
-#![allow(unsafe_code)]
 
 use rayon::prelude::*;
 
-use super::kernels::ROUND_TO_INTEGER;
 
 /// Columns per weight panel (4 vectors of 16 lanes).
 const NR: usize = 64;
@@ -450,64 +448,35 @@ fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: Option<&[f32]>, e
         exact: gathered,
         rows,
     };
-    let mut bytes = vec![0u8; depth * 4];
-    let mut smoothed = vec![0f32; if inv_smooth.is_some() { k } else { 0 }];
-    super::kernels::vectorized(
-        #[inline(always)]
-        || {
-            for (((row, lanes), scale), zero) in
-                x[..rows * k].chunks_exact(k).zip(q.lanes.chunks_exact_mut(depth)).zip(&mut q.scale).zip(&mut q.zero)
-            {
-                let row = match inv_smooth {
-                    Some(inv) => {
-                        for ((s, &v), &i) in smoothed.iter_mut().zip(row).zip(inv) {
-                            *s = v * i;
-                        }
-                        &smoothed[..]
-                    }
-                    None => row,
-                };
-                (*scale, *zero) = quantize_row(row, &mut bytes[..k]);
-                for (lane, four) in lanes.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *lane = quad([four[0], four[1], four[2], four[3]]);
-                }
-            }
-        },
-    );
+    // Unsmoothed rows are multiplied by ones: exact, and one kernel for both.
+    let ones: Vec<f32>;
+    let inv_smooth = match inv_smooth {
+        Some(inv) => inv,
+        None => {
+            ones = vec![1.0; k];
+            &ones
+        }
+    };
+    for (((row, lanes), scale), zero) in
+        x[..rows * k].chunks_exact(k).zip(q.lanes.chunks_exact_mut(depth)).zip(&mut q.scale).zip(&mut q.zero)
+    {
+        (*scale, *zero) = kernel::quantize_row(row, inv_smooth, lanes);
+    }
     q
 }
 
-/// One row to u8: returns `(scale, zero)` with `row[p] ≈ scale · (bytes[p] − zero)`.
-#[inline(always)]
-fn quantize_row(row: &[f32], bytes: &mut [u8]) -> (f32, i32) {
-    let (mut lo, mut hi) = ([0f32; 16], [0f32; 16]);
-    let chunks = row.chunks_exact(16);
-    for v in chunks.remainder() {
-        lo[0] = lo[0].min(*v);
-        hi[0] = hi[0].max(*v);
-    }
-    for chunk in chunks {
-        for ((lo, hi), &v) in lo.iter_mut().zip(&mut hi).zip(chunk) {
-            *lo = lo.min(v);
-            *hi = hi.max(v);
-        }
-    }
-    let (lo, hi) = (lo.iter().copied().fold(0f32, f32::min), hi.iter().copied().fold(0f32, f32::max));
+/// How a row whose values lie in `[lo, hi]` (0 included) maps onto u8: `Ok((scale, 1/scale,
+/// zero))`, a value `v` becoming `round(clamp(v · (1/scale) + zero, 0, 255))`, ties to even; or
+/// `Err(scale)` when every byte is 0: all zeros (exact, scale 1), or an infinite value (scale
+/// NaN: NaN out, as the f32 product would give).
+fn row_mapping(lo: f32, hi: f32) -> Result<(f32, f32, f32), f32> {
     let range = hi - lo;
     if range == 0.0 || !range.is_finite() {
-        // All zeros: exact. An infinite value: NaN out, as the f32 product would give.
-        bytes.fill(0);
-        return (if range == 0.0 { 1.0 } else { f32::NAN }, 0);
+        return Err(if range == 0.0 { 1.0 } else { f32::NAN });
     }
     let scale = range / 255.0;
     let inv = 1.0 / scale;
-    let zero = (-lo * inv).round_ties_even().clamp(0.0, 255.0);
-    for (b, &v) in bytes.iter_mut().zip(row) {
-        // The rounded integer is the low byte of the sum's bits (`ROUND_TO_INTEGER`); LLVM turns
-        // the saturating `as` conversions into one scalar conversion per value instead.
-        *b = ((v * inv + zero).clamp(0.0, 255.0) + ROUND_TO_INTEGER).to_bits() as u8;
-    }
-    (scale, zero as i32)
+    Ok((scale, inv, (-lo * inv).round_ties_even().clamp(0.0, 255.0)))
 }
 
 /// `out ← x · w` in int8: each row of `x` (`(m, k)` row-major f32) quantised to u8 on the fly,
@@ -595,192 +564,7 @@ fn int8_tile_reference(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc:
 }
 
 #[cfg(target_arch = "x86_64")]
-mod kernel {
-    use std::arch::x86_64::*;
-
-    use super::{MR, NR};
-
-    /// The checks both kernels rely on.
-    fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize) {
-        assert!((1..=MR).contains(&rows) && ldc >= NR);
-        assert!(a.len() >= MR * depth && b.len() >= depth * NR && out.len() >= (rows - 1) * ldc + NR);
-    }
-
-    pub(super) fn f32_tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize) {
-        check(a, b, depth, out, ldc, rows);
-        assert!(super::f32_supported());
-        // SAFETY: the CPU has AVX-512 F; `a` holds `MR × depth` and `b` `depth × NR` values, all
-        // the kernel reads; it writes `NR` f32 at `r·ldc` for `r < rows`, within `out` (all
-        // checked above).
-        unsafe { f32_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows) }
-    }
-
-    pub(super) fn bf16_tile(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize) {
-        check(a, b, depth, out, ldc, rows);
-        assert!(super::bf16_supported());
-        // SAFETY: as for `f32_tile`, with AVX-512 BF16 as well.
-        unsafe { bf16_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows) }
-    }
-
-    pub(super) fn int8_tile(
-        a: &[u32],
-        b: &[u32],
-        depth: usize,
-        out: &mut [f32],
-        ldc: usize,
-        rows: usize,
-        d: &super::Dequant<'_>,
-    ) {
-        check(a, b, depth, out, ldc, rows);
-        assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
-        assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
-        assert!(d.exact_x.len() >= MR * d.exact && d.exact_w.len() >= d.exact * NR);
-        assert!(super::int8_supported());
-        // SAFETY: as for `f32_tile`, with AVX-512 BW and VNNI as well; the kernel reads `rows`
-        // row scales and zero points and `NR` column scales and sums (checked above).
-        unsafe {
-            int8_avx512(
-                a.as_ptr(),
-                b.as_ptr(),
-                depth,
-                out.as_mut_ptr(),
-                ldc,
-                rows,
-                [d.row_scale.as_ptr(), d.col_scale.as_ptr()],
-                [d.row_zero.as_ptr(), d.col_sum.as_ptr()],
-                (d.exact, d.exact_x.as_ptr(), d.exact_w.as_ptr()),
-            )
-        }
-    }
-
-    /// The 32 bf16 halves of 16 u32 lanes, as the type `vdpbf16ps` takes (same bits).
-    #[inline(always)]
-    fn as_bf16(v: __m512i) -> __m512bh {
-        // SAFETY: both are 512-bit vectors with no invalid bit patterns.
-        unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
-    }
-
-    /// Stores the first `rows` rows of the accumulators.
-    #[inline(always)]
-    unsafe fn store(acc: &[[__m512; NR / 16]; MR], out: *mut f32, ldc: usize, rows: usize) {
-        for (r, acc_row) in acc.iter().enumerate() {
-            if r < rows {
-                for (v, acc) in acc_row.iter().enumerate() {
-                    // SAFETY: r < rows, v < NR/16: within the `out` length the caller checked.
-                    unsafe { _mm512_storeu_ps(out.add(r * ldc + v * 16), *acc) };
-                }
-            }
-        }
-    }
-
-    // Both kernels: 6 rows × 4 vectors of 16 columns = 24 accumulators, 4 panel vectors and one
-    // broadcast per step. Every read is within the lengths `check` verified (p < depth, r < MR);
-    // the loads are unaligned ones.
-
-    #[target_feature(enable = "avx512f")]
-    unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, ldc: usize, rows: usize) {
-        let mut acc = [[_mm512_setzero_ps(); NR / 16]; MR];
-        for p in 0..depth {
-            // SAFETY: see above.
-            let bp = unsafe { b.add(p * NR) };
-            let bv = unsafe {
-                [_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)), _mm512_loadu_ps(bp.add(32)), _mm512_loadu_ps(bp.add(48))]
-            };
-            for (r, acc_row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(unsafe { *a.add(r * depth + p) });
-                for (v, acc) in acc_row.iter_mut().enumerate() {
-                    *acc = _mm512_fmadd_ps(av, bv[v], *acc);
-                }
-            }
-        }
-        // SAFETY: see `store`.
-        unsafe { store(&acc, out, ldc, rows) }
-    }
-
-    #[target_feature(enable = "avx512f,avx512bf16")]
-    unsafe fn bf16_avx512(a: *const u32, b: *const u32, depth: usize, out: *mut f32, ldc: usize, rows: usize) {
-        let mut acc = [[_mm512_setzero_ps(); NR / 16]; MR];
-        for p in 0..depth {
-            // SAFETY: see above.
-            let bp = unsafe { b.add(p * NR) };
-            let bv = unsafe {
-                [
-                    as_bf16(_mm512_loadu_si512(bp.cast())),
-                    as_bf16(_mm512_loadu_si512(bp.add(16).cast())),
-                    as_bf16(_mm512_loadu_si512(bp.add(32).cast())),
-                    as_bf16(_mm512_loadu_si512(bp.add(48).cast())),
-                ]
-            };
-            for (r, acc_row) in acc.iter_mut().enumerate() {
-                let av = as_bf16(_mm512_set1_epi32(unsafe { *a.add(r * depth + p) } as i32));
-                for (v, acc) in acc_row.iter_mut().enumerate() {
-                    *acc = _mm512_dpbf16_ps(*acc, av, bv[v]);
-                }
-            }
-        }
-        // SAFETY: see `store`.
-        unsafe { store(&acc, out, ldc, rows) }
-    }
-
-    /// `vpdpbusd acc, a, b` adds, in each of its 16 int32 lanes, the four products of `a`'s
-    /// unsigned bytes with `b`'s signed bytes: `a` is one row's k-quad of u8 activations
-    /// broadcast, `b` four panel vectors of i8 weight quads. Then per lane
-    /// `f32(acc − zero[r]·sum[j]) · (row_scale[r] · col_scale[j])`, exactly as
-    /// `int8_tile_reference` computes it (wrapping int32, `vcvtdq2ps` rounds to nearest even like
-    /// `as f32`, separate multiplies).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn int8_avx512(
-        a: *const u32,
-        b: *const u32,
-        depth: usize,
-        out: *mut f32,
-        ldc: usize,
-        rows: usize,
-        [row_scale, col_scale]: [*const f32; 2],
-        [row_zero, col_sum]: [*const i32; 2],
-        (exact, exact_x, exact_w): (usize, *const f32, *const f32),
-    ) {
-        let mut acc = [[_mm512_setzero_si512(); NR / 16]; MR];
-        for p in 0..depth {
-            // SAFETY: see above.
-            let bp = unsafe { b.add(p * NR) };
-            let bv = unsafe {
-                [
-                    _mm512_loadu_si512(bp.cast()),
-                    _mm512_loadu_si512(bp.add(16).cast()),
-                    _mm512_loadu_si512(bp.add(32).cast()),
-                    _mm512_loadu_si512(bp.add(48).cast()),
-                ]
-            };
-            for (r, acc_row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_epi32(unsafe { *a.add(r * depth + p) } as i32);
-                for (v, acc) in acc_row.iter_mut().enumerate() {
-                    *acc = _mm512_dpbusd_epi32(*acc, av, bv[v]);
-                }
-            }
-        }
-        // SAFETY: `NR` column scales and sums, `rows` row scales and zero points, `MR × exact`
-        // exact values and `exact × NR` exact weights (checked by `int8_tile`); stores as in `store`.
-        unsafe {
-            let scale = [0, 16, 32, 48].map(|v| _mm512_loadu_ps(col_scale.add(v)));
-            let sum = [0, 16, 32, 48].map(|v| _mm512_loadu_si512(col_sum.add(v).cast()));
-            for (r, acc_row) in acc.iter().enumerate().take(rows) {
-                let zero = _mm512_set1_epi32(*row_zero.add(r));
-                let row = _mm512_set1_ps(*row_scale.add(r));
-                for (v, acc) in acc_row.iter().enumerate() {
-                    let corrected = _mm512_sub_epi32(*acc, _mm512_mullo_epi32(zero, sum[v]));
-                    let mut value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
-                    for c in 0..exact {
-                        let x = _mm512_set1_ps(*exact_x.add(r * exact + c));
-                        value = _mm512_fmadd_ps(x, _mm512_loadu_ps(exact_w.add(c * NR + v * 16)), value);
-                    }
-                    _mm512_storeu_ps(out.add(r * ldc + v * 16), value);
-                }
-            }
-        }
-    }
-}
+mod kernel;
 
 #[cfg(not(target_arch = "x86_64"))]
 mod kernel {
@@ -794,6 +578,10 @@ mod kernel {
 
     pub(super) fn bf16_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize) {
         unreachable!("bf16_supported() is false off x86-64")
+    }
+
+    pub(super) fn quantize_row(_: &[f32], _: &[f32], _: &mut [u32]) -> (f32, i32) {
+        unreachable!("int8_supported() is false off x86-64")
     }
 }
 

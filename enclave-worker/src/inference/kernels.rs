@@ -17,7 +17,7 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
 /// 1.5·2^23: `x + ROUND_TO_INTEGER` (|x| ≤ 2^22) is rounded to an integer, ties to even, which
 /// the sum's low mantissa bits then hold (two's complement for negative x); subtracting it again
 /// gives the integer as an f32. Branch-free and vectorisable, unlike a float-to-int cast.
-pub(crate) const ROUND_TO_INTEGER: f32 = 12_582_912.0;
+const ROUND_TO_INTEGER: f32 = 12_582_912.0;
 
 /// Independent accumulator lanes for reductions (a serial float sum does not vectorise).
 const LANES: usize = 16;

@@ -100,7 +100,7 @@ fn bf16_stays_close_to_full_precision() {
 }
 
 /// The int8 product written out plainly from its definition: weights quantised per column,
-/// rows per row (by `quantize_row`), integer sums, the same dequantisation formula.
+/// rows per row (by `quantize_row_reference`), integer sums, the same dequantisation formula.
 fn int8_plain(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut scale = vec![1f32; n];
     for (j, scale) in scale.iter_mut().enumerate() {
@@ -113,7 +113,7 @@ fn int8_plain(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
     let mut bytes = vec![0u8; k];
     for i in 0..m {
-        let (row_scale, zero) = quantize_row(&x[i * k..(i + 1) * k], &mut bytes);
+        let (row_scale, zero) = quantize_row_reference(&x[i * k..(i + 1) * k], &vec![1.0; k], &mut bytes);
         for j in 0..n {
             let (mut acc, mut sum) = (0i32, 0i32);
             for (p, &b) in bytes.iter().enumerate() {
@@ -209,19 +209,75 @@ fn int8_stays_close_to_full_precision_and_smoothing_is_exact_in_f32() {
     }
 }
 
+/// The activations' quantisation written out plainly: each value times its smoothing factor,
+/// the range `[min(x, 0), max(x, 0)]` onto `[0, 255]`, rounded to nearest, ties to even (a NaN
+/// value skipped by the range and quantised to 0); `(scale, zero)`.
+fn quantize_row_reference(row: &[f32], inv_smooth: &[f32], bytes: &mut [u8]) -> (f32, i32) {
+    let smoothed: Vec<f32> = row.iter().zip(inv_smooth).map(|(&v, &f)| v * f).collect();
+    let lo = smoothed.iter().copied().fold(0f32, f32::min);
+    let hi = smoothed.iter().copied().fold(0f32, f32::max);
+    let range = hi - lo;
+    if range == 0.0 || !range.is_finite() {
+        bytes.fill(0);
+        return (if range == 0.0 { 1.0 } else { f32::NAN }, 0);
+    }
+    let scale = range / 255.0;
+    let inv = 1.0 / scale;
+    let zero = (-lo * inv).round_ties_even().clamp(0.0, 255.0);
+    for (b, &v) in bytes.iter_mut().zip(&smoothed) {
+        *b = if v.is_nan() { 0 } else { (v * inv + zero).clamp(0.0, 255.0).round_ties_even() as u8 };
+    }
+    (scale, zero as i32)
+}
+
+/// The quantisation kernel equals the plain definition byte for byte, on lengths around the
+/// vector width, with and without smoothing, on rows of one sign, zeros, an infinity and a NaN;
+/// it writes the row's bytes and nothing past them.
+#[test]
+fn int8_quantisation_kernel_matches_its_definition() {
+    if !int8_supported() {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        return;
+    }
+    let mut rows: Vec<Vec<f32>> = [1, 3, 15, 16, 17, 31, 33, 384, 1537].iter().map(|&k| values(k as u64, k)).collect();
+    rows.push(values(7, 40).iter().map(|v| v.abs() + 0.1).collect());
+    rows.push(values(8, 40).iter().map(|v| -v.abs() * 1e-3).collect());
+    rows.push(vec![0.0; 21]);
+    rows.push([values(9, 20), vec![f32::INFINITY]].concat());
+    rows.push([values(10, 20), vec![f32::NAN], values(11, 5)].concat());
+    // Rounding ties: with range 255 and zero 0, these land exactly on .5 before rounding.
+    rows.push(vec![0.5, 1.5, 2.5, 254.5, 255.0, 0.0]);
+    for row in &rows {
+        let k = row.len();
+        let factors: Vec<f32> = values(k as u64 + 99, k).iter().map(|v| (v * 4.0).exp2()).collect();
+        for inv_smooth in [vec![1.0; k], factors] {
+            let mut want = vec![0u8; k];
+            let want_mapping = quantize_row_reference(row, &inv_smooth, &mut want);
+            // Lanes prefilled with a marker: the padding bytes past `k` must keep it.
+            let mut lanes = vec![0xA5A5_A5A5u32; k.div_ceil(4)];
+            let got_mapping = kernel::quantize_row(row, &inv_smooth, &mut lanes);
+            let got: Vec<u8> = lanes.iter().flat_map(|l| l.to_le_bytes()).collect();
+            assert_eq!(&got[..k], &want[..], "k = {k}");
+            assert!(got[k..].iter().all(|&b| b == 0xA5), "k = {k}: wrote past the row");
+            assert_eq!(got_mapping.1, want_mapping.1, "k = {k}: zero point");
+            assert!(got_mapping.0 == want_mapping.0 || (got_mapping.0.is_nan() && want_mapping.0.is_nan()), "k = {k}: scale");
+        }
+    }
+}
+
 #[test]
 fn int8_rows_quantise_within_half_a_step() {
     let row = [-1.0f32, 0.0, 0.5, 3.0, 2.999, -0.25];
     let mut bytes = [0u8; 6];
-    let (scale, zero) = quantize_row(&row, &mut bytes);
+    let (scale, zero) = quantize_row_reference(&row, &[1.0; 6], &mut bytes);
     assert_eq!(scale, 4.0 / 255.0);
     for (&v, &b) in row.iter().zip(&bytes) {
         assert!((scale * (i32::from(b) - zero) as f32 - v).abs() <= scale / 2.0 + 1e-6, "{v} → {b}");
     }
     assert_eq!(i32::from(bytes[1]), zero, "zero is exact");
-    assert_eq!(quantize_row(&[0.0; 5], &mut [7u8; 5]), (1.0, 0));
+    assert_eq!(quantize_row_reference(&[0.0; 5], &[1.0; 5], &mut [7u8; 5]), (1.0, 0));
     let mut positive = [0u8; 3];
-    assert_eq!(quantize_row(&[1.0, 2.0, 0.5], &mut positive).1, 0);
+    assert_eq!(quantize_row_reference(&[1.0, 2.0, 0.5], &[1.0; 3], &mut positive).1, 0);
     assert_eq!(positive[1], 255);
 }
 

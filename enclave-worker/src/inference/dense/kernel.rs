@@ -1,0 +1,258 @@
+//! The AVX-512 tile kernels (f32, bf16, int8) and the int8 activations' quantisation: the only
+//! `unsafe` of the dense layers, each behind the checks of its safe wrapper.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use super::{MR, NR};
+
+/// The checks both kernels rely on.
+fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize) {
+    assert!((1..=MR).contains(&rows) && ldc >= NR);
+    assert!(a.len() >= MR * depth && b.len() >= depth * NR && out.len() >= (rows - 1) * ldc + NR);
+}
+
+pub(super) fn f32_tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize) {
+    check(a, b, depth, out, ldc, rows);
+    assert!(super::f32_supported());
+    // SAFETY: the CPU has AVX-512 F; `a` holds `MR × depth` and `b` `depth × NR` values, all
+    // the kernel reads; it writes `NR` f32 at `r·ldc` for `r < rows`, within `out` (all
+    // checked above).
+    unsafe { f32_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows) }
+}
+
+pub(super) fn bf16_tile(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize) {
+    check(a, b, depth, out, ldc, rows);
+    assert!(super::bf16_supported());
+    // SAFETY: as for `f32_tile`, with AVX-512 BF16 as well.
+    unsafe { bf16_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows) }
+}
+
+pub(super) fn int8_tile(
+    a: &[u32],
+    b: &[u32],
+    depth: usize,
+    out: &mut [f32],
+    ldc: usize,
+    rows: usize,
+    d: &super::Dequant<'_>,
+) {
+    check(a, b, depth, out, ldc, rows);
+    assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
+    assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
+    assert!(d.exact_x.len() >= MR * d.exact && d.exact_w.len() >= d.exact * NR);
+    assert!(super::int8_supported());
+    // SAFETY: as for `f32_tile`, with AVX-512 BW and VNNI as well; the kernel reads `rows`
+    // row scales and zero points and `NR` column scales and sums (checked above).
+    unsafe {
+        int8_avx512(
+            a.as_ptr(),
+            b.as_ptr(),
+            depth,
+            out.as_mut_ptr(),
+            ldc,
+            rows,
+            [d.row_scale.as_ptr(), d.col_scale.as_ptr()],
+            [d.row_zero.as_ptr(), d.col_sum.as_ptr()],
+            (d.exact, d.exact_x.as_ptr(), d.exact_w.as_ptr()),
+        )
+    }
+}
+
+/// One row of activations quantised to u8 (per token, asymmetric), each value multiplied by its
+/// `inv_smooth` factor first, into `lanes` (its bytes four to a u32, little-endian; the row's
+/// `k` bytes are written, the lanes' padding bytes left as they are); returns `(scale, zero)`.
+/// The row's range includes 0; a NaN value is skipped by the range and quantises to 0. Equal,
+/// byte for byte, to the scalar definition in the tests (`quantize_row_reference`).
+pub(super) fn quantize_row(row: &[f32], inv_smooth: &[f32], lanes: &mut [u32]) -> (f32, i32) {
+    assert!(inv_smooth.len() == row.len() && lanes.len() * 4 >= row.len());
+    assert!(super::int8_supported());
+    // SAFETY: the CPU has AVX-512 F and BW; the kernel reads `row.len()` values of `row` and
+    // `inv_smooth` and writes `row.len()` bytes into `lanes` (checked above).
+    unsafe { quantize_row_avx512(row.as_ptr(), inv_smooth.as_ptr(), row.len(), lanes.as_mut_ptr().cast::<i8>()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn quantize_row_avx512(row: *const f32, inv_smooth: *const f32, k: usize, bytes: *mut i8) -> (f32, i32) {
+    // Whole vectors, then the tail under a mask (masked-off lanes load as 0, inside the range).
+    // SAFETY (every load and store below): the masks keep each access below `k` values or bytes.
+    let (full, tail) = (k / 16, (1u16 << (k % 16)) - 1);
+    let (mut lo, mut hi) = ([_mm512_setzero_ps(); 2], [_mm512_setzero_ps(); 2]);
+    for i in 0..full {
+        let v = unsafe { smoothed(row, inv_smooth, i * 16, 0xffff) };
+        // Two accumulators each against the instructions' latency. The second operand is
+        // returned when either is NaN: a NaN value is skipped.
+        lo[i % 2] = _mm512_min_ps(v, lo[i % 2]);
+        hi[i % 2] = _mm512_max_ps(v, hi[i % 2]);
+    }
+    if tail != 0 {
+        let v = unsafe { smoothed(row, inv_smooth, full * 16, tail) };
+        lo[0] = _mm512_min_ps(v, lo[0]);
+        hi[0] = _mm512_max_ps(v, hi[0]);
+    }
+    let (lo, hi) = (_mm512_min_ps(lo[0], lo[1]), _mm512_max_ps(hi[0], hi[1]));
+    match super::row_mapping(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi)) {
+        Err(scale) => {
+            unsafe { std::ptr::write_bytes(bytes, 0, k) };
+            (scale, 0)
+        }
+        Ok((scale, inv, zero)) => {
+            let (inv, zero_v) = (_mm512_set1_ps(inv), _mm512_set1_ps(zero));
+            for i in 0..full {
+                unsafe { store_quantised(smoothed(row, inv_smooth, i * 16, 0xffff), inv, zero_v, bytes.add(i * 16), 0xffff) };
+            }
+            if tail != 0 {
+                unsafe { store_quantised(smoothed(row, inv_smooth, full * 16, tail), inv, zero_v, bytes.add(full * 16), tail) };
+            }
+            (scale, zero as i32)
+        }
+    }
+}
+
+/// `row[start..] · inv_smooth[start..]`, the lanes outside `mask` 0.
+#[inline(always)]
+unsafe fn smoothed(row: *const f32, inv_smooth: *const f32, start: usize, mask: __mmask16) -> __m512 {
+    // SAFETY: inlined into a caller with AVX-512 F, whose mask keeps the reads inside both slices.
+    unsafe { _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, row.add(start)), _mm512_maskz_loadu_ps(mask, inv_smooth.add(start))) }
+}
+
+/// Stores the `mask` lanes of `round(clamp(v · inv + zero, 0, 255))` as bytes at `out`.
+#[inline(always)]
+unsafe fn store_quantised(v: __m512, inv: __m512, zero: __m512, out: *mut i8, mask: __mmask16) {
+    // SAFETY: inlined into a caller with AVX-512 F and BW, whose mask keeps the store inside
+    // its bytes.
+    unsafe {
+        let v = _mm512_add_ps(_mm512_mul_ps(v, inv), zero);
+        // max first: a NaN becomes 0. Rounded to nearest, ties to even (the MXCSR default).
+        let q = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, _mm512_setzero_ps()), _mm512_set1_ps(255.0)));
+        _mm512_mask_cvtepi32_storeu_epi8(out, mask, q);
+    }
+}
+
+/// The 32 bf16 halves of 16 u32 lanes, as the type `vdpbf16ps` takes (same bits).
+#[inline(always)]
+fn as_bf16(v: __m512i) -> __m512bh {
+    // SAFETY: both are 512-bit vectors with no invalid bit patterns.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
+/// Stores the first `rows` rows of the accumulators.
+#[inline(always)]
+unsafe fn store(acc: &[[__m512; NR / 16]; MR], out: *mut f32, ldc: usize, rows: usize) {
+    for (r, acc_row) in acc.iter().enumerate() {
+        if r < rows {
+            for (v, acc) in acc_row.iter().enumerate() {
+                // SAFETY: r < rows, v < NR/16: within the `out` length the caller checked.
+                unsafe { _mm512_storeu_ps(out.add(r * ldc + v * 16), *acc) };
+            }
+        }
+    }
+}
+
+// Both kernels: 6 rows × 4 vectors of 16 columns = 24 accumulators, 4 panel vectors and one
+// broadcast per step. Every read is within the lengths `check` verified (p < depth, r < MR);
+// the loads are unaligned ones.
+
+#[target_feature(enable = "avx512f")]
+unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, ldc: usize, rows: usize) {
+    let mut acc = [[_mm512_setzero_ps(); NR / 16]; MR];
+    for p in 0..depth {
+        // SAFETY: see above.
+        let bp = unsafe { b.add(p * NR) };
+        let bv = unsafe {
+            [_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)), _mm512_loadu_ps(bp.add(32)), _mm512_loadu_ps(bp.add(48))]
+        };
+        for (r, acc_row) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_ps(unsafe { *a.add(r * depth + p) });
+            for (v, acc) in acc_row.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(av, bv[v], *acc);
+            }
+        }
+    }
+    // SAFETY: see `store`.
+    unsafe { store(&acc, out, ldc, rows) }
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn bf16_avx512(a: *const u32, b: *const u32, depth: usize, out: *mut f32, ldc: usize, rows: usize) {
+    let mut acc = [[_mm512_setzero_ps(); NR / 16]; MR];
+    for p in 0..depth {
+        // SAFETY: see above.
+        let bp = unsafe { b.add(p * NR) };
+        let bv = unsafe {
+            [
+                as_bf16(_mm512_loadu_si512(bp.cast())),
+                as_bf16(_mm512_loadu_si512(bp.add(16).cast())),
+                as_bf16(_mm512_loadu_si512(bp.add(32).cast())),
+                as_bf16(_mm512_loadu_si512(bp.add(48).cast())),
+            ]
+        };
+        for (r, acc_row) in acc.iter_mut().enumerate() {
+            let av = as_bf16(_mm512_set1_epi32(unsafe { *a.add(r * depth + p) } as i32));
+            for (v, acc) in acc_row.iter_mut().enumerate() {
+                *acc = _mm512_dpbf16_ps(*acc, av, bv[v]);
+            }
+        }
+    }
+    // SAFETY: see `store`.
+    unsafe { store(&acc, out, ldc, rows) }
+}
+
+/// `vpdpbusd acc, a, b` adds, in each of its 16 int32 lanes, the four products of `a`'s
+/// unsigned bytes with `b`'s signed bytes: `a` is one row's k-quad of u8 activations
+/// broadcast, `b` four panel vectors of i8 weight quads. Then per lane
+/// `f32(acc − zero[r]·sum[j]) · (row_scale[r] · col_scale[j])`, exactly as
+/// `int8_tile_reference` computes it (wrapping int32, `vcvtdq2ps` rounds to nearest even like
+/// `as f32`, separate multiplies).
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn int8_avx512(
+    a: *const u32,
+    b: *const u32,
+    depth: usize,
+    out: *mut f32,
+    ldc: usize,
+    rows: usize,
+    [row_scale, col_scale]: [*const f32; 2],
+    [row_zero, col_sum]: [*const i32; 2],
+    (exact, exact_x, exact_w): (usize, *const f32, *const f32),
+) {
+    let mut acc = [[_mm512_setzero_si512(); NR / 16]; MR];
+    for p in 0..depth {
+        // SAFETY: see above.
+        let bp = unsafe { b.add(p * NR) };
+        let bv = unsafe {
+            [
+                _mm512_loadu_si512(bp.cast()),
+                _mm512_loadu_si512(bp.add(16).cast()),
+                _mm512_loadu_si512(bp.add(32).cast()),
+                _mm512_loadu_si512(bp.add(48).cast()),
+            ]
+        };
+        for (r, acc_row) in acc.iter_mut().enumerate() {
+            let av = _mm512_set1_epi32(unsafe { *a.add(r * depth + p) } as i32);
+            for (v, acc) in acc_row.iter_mut().enumerate() {
+                *acc = _mm512_dpbusd_epi32(*acc, av, bv[v]);
+            }
+        }
+    }
+    // SAFETY: `NR` column scales and sums, `rows` row scales and zero points, `MR × exact`
+    // exact values and `exact × NR` exact weights (checked by `int8_tile`); stores as in `store`.
+    unsafe {
+        let scale = [0, 16, 32, 48].map(|v| _mm512_loadu_ps(col_scale.add(v)));
+        let sum = [0, 16, 32, 48].map(|v| _mm512_loadu_si512(col_sum.add(v).cast()));
+        for (r, acc_row) in acc.iter().enumerate().take(rows) {
+            let zero = _mm512_set1_epi32(*row_zero.add(r));
+            let row = _mm512_set1_ps(*row_scale.add(r));
+            for (v, acc) in acc_row.iter().enumerate() {
+                let corrected = _mm512_sub_epi32(*acc, _mm512_mullo_epi32(zero, sum[v]));
+                let mut value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
+                for c in 0..exact {
+                    let x = _mm512_set1_ps(*exact_x.add(r * exact + c));
+                    value = _mm512_fmadd_ps(x, _mm512_loadu_ps(exact_w.add(c * NR + v * 16)), value);
+                }
+                _mm512_storeu_ps(out.add(r * ldc + v * 16), value);
+            }
+        }
+    }
+}
