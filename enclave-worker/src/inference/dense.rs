@@ -469,6 +469,7 @@ fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: Option<&[f32]>, e
 /// zero))`, a value `v` becoming `round(clamp(v · (1/scale) + zero, 0, 255))`, ties to even; or
 /// `Err(scale)` when every byte is 0: all zeros (exact, scale 1), or an infinite value (scale
 /// NaN: NaN out, as the f32 product would give).
+#[inline(always)] // into the AVX-512 kernel, where its rounding is one instruction, not a libm call
 fn row_mapping(lo: f32, hi: f32) -> Result<(f32, f32, f32), f32> {
     let range = hi - lo;
     if range == 0.0 || !range.is_finite() {

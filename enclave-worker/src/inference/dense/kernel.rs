@@ -77,20 +77,22 @@ unsafe fn quantize_row_avx512(row: *const f32, inv_smooth: *const f32, k: usize,
     // Whole vectors, then the tail under a mask (masked-off lanes load as 0, inside the range).
     // SAFETY (every load and store below): the masks keep each access below `k` values or bytes.
     let (full, tail) = (k / 16, (1u16 << (k % 16)) - 1);
-    let (mut lo, mut hi) = ([_mm512_setzero_ps(); 2], [_mm512_setzero_ps(); 2]);
-    for i in 0..full {
-        let v = unsafe { smoothed(row, inv_smooth, i * 16, 0xffff) };
-        // Two accumulators each against the instructions' latency. The second operand is
-        // returned when either is NaN: a NaN value is skipped.
-        lo[i % 2] = _mm512_min_ps(v, lo[i % 2]);
-        hi[i % 2] = _mm512_max_ps(v, hi[i % 2]);
+    // Two accumulators each against the instructions' latency (named, not indexed: an indexed
+    // array went through the stack). The second operand is returned when either is NaN: a NaN
+    // value is skipped.
+    let (mut lo, mut hi, mut lo2, mut hi2) = (_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps());
+    for pair in 0..full / 2 {
+        let (v, v2) = unsafe { (smoothed(row, inv_smooth, pair * 32, 0xffff), smoothed(row, inv_smooth, pair * 32 + 16, 0xffff)) };
+        (lo, hi) = (_mm512_min_ps(v, lo), _mm512_max_ps(v, hi));
+        (lo2, hi2) = (_mm512_min_ps(v2, lo2), _mm512_max_ps(v2, hi2));
     }
-    if tail != 0 {
-        let v = unsafe { smoothed(row, inv_smooth, full * 16, tail) };
-        lo[0] = _mm512_min_ps(v, lo[0]);
-        hi[0] = _mm512_max_ps(v, hi[0]);
+    for (start, mask) in [(full / 2 * 32, if full % 2 == 1 { 0xffff } else { 0 }), (full * 16, tail)] {
+        if mask != 0 {
+            let v = unsafe { smoothed(row, inv_smooth, start, mask) };
+            (lo, hi) = (_mm512_min_ps(v, lo), _mm512_max_ps(v, hi));
+        }
     }
-    let (lo, hi) = (_mm512_min_ps(lo[0], lo[1]), _mm512_max_ps(hi[0], hi[1]));
+    let (lo, hi) = (_mm512_min_ps(lo, lo2), _mm512_max_ps(hi, hi2));
     match super::row_mapping(_mm512_reduce_min_ps(lo), _mm512_reduce_max_ps(hi)) {
         Err(scale) => {
             unsafe { std::ptr::write_bytes(bytes, 0, k) };
