@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::{MR, NR};
 
-/// The checks both kernels rely on.
+/// The checks every tile kernel relies on.
 fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize) {
     assert!((1..=MR).contains(&rows) && ldc >= NR);
     assert!(a.len() >= MR * depth && b.len() >= depth * NR && out.len() >= (rows - 1) * ldc + NR);
@@ -151,7 +151,7 @@ unsafe fn store(acc: &[[__m512; NR / 16]; MR], out: *mut f32, ldc: usize, rows: 
     }
 }
 
-// Both kernels: 6 rows × 4 vectors of 16 columns = 24 accumulators, 4 panel vectors and one
+// The tile kernels: 6 rows × 4 vectors of 16 columns = 24 accumulators, 4 panel vectors and one
 // broadcast per step. Every read is within the lengths `check` verified (p < depth, r < MR);
 // the loads are unaligned ones.
 

@@ -69,9 +69,10 @@ const INT8_PLAN: [Int8Plan; 4] = [
 ];
 
 /// The smallest cosine to fp32 a [`Int8Plan::Measured`] product may leave on the calibration
-/// set's mean hidden states: the bound (0.999 on every text) with a margin for texts
-/// the eight calibration texts do not resemble (on all-MiniLM-L6-v2 the reference texts ended
-/// 0.00017 below the calibration set, the benchmark corpus 0.00004 above it).
+/// set's mean hidden states: int8's bound (0.999 on every reference text,
+/// `tests/inference_reference.rs`) with a margin for texts the eight calibration texts do not
+/// resemble (on all-MiniLM-L6-v2 the reference texts ended 0.00017 below the calibration set,
+/// the benchmark corpus 0.00004 above it).
 const INT8_FIDELITY: f64 = 0.99925;
 
 /// The SmoothQuant migration strength: activation channel `c` is divided by
