@@ -348,8 +348,9 @@ pub(crate) struct Int8Weights {
     /// Per column, padded with zeros to whole panels.
     scale: Vec<f32>,
     sum: Vec<i32>,
-    /// `1 / smooth[p]` per input channel (0 for an exact channel), or none.
-    inv_smooth: Option<Vec<f32>>,
+    /// `1 / smooth[p]` per input channel (1 unsmoothed, 0 for an exact channel): the factor the
+    /// quantisation kernel multiplies each activation by.
+    inv_smooth: Vec<f32>,
     /// The exact channels and their original weight rows, `(channels, n)`.
     exact: Option<(Vec<usize>, Packed<f32>)>,
 }
@@ -390,8 +391,7 @@ impl Int8Weights {
         let panels = Packed::pack(k, n, k.div_ceil(4), |p, col| {
             quad([at(4 * p, col), at(4 * p + 1, col), at(4 * p + 2, col), at(4 * p + 3, col)])
         });
-        let inv_smooth = (smooth.is_some() || !exact.is_empty())
-            .then(|| (0..k).map(|row| if is_exact[row] { 0.0 } else { 1.0 / factor(row) }).collect());
+        let inv_smooth = (0..k).map(|row| if is_exact[row] { 0.0 } else { 1.0 / factor(row) }).collect();
         let exact = (!exact.is_empty()).then(|| {
             let rows: Vec<f32> = exact.iter().flat_map(|&c| (0..n).map(move |col| w.value(c, col))).collect();
             (exact.to_vec(), Packed::f32(&rows, exact.len(), n))
@@ -413,7 +413,7 @@ impl Int8Weights {
         self.panels.memory_bytes()
             + std::mem::size_of_val(self.scale.as_slice())
             + std::mem::size_of_val(self.sum.as_slice())
-            + self.inv_smooth.as_ref().map_or(0, |s| std::mem::size_of_val(s.as_slice()))
+            + std::mem::size_of_val(self.inv_smooth.as_slice())
             + exact
     }
 }
@@ -430,9 +430,9 @@ struct Quantized {
     rows: usize,
 }
 
-/// Quantises `rows` rows of `x` (`k` values each, divided by `1/inv_smooth` first when given).
+/// Quantises `rows` rows of `x` (`k` values each, multiplied by `inv_smooth` first).
 /// The values of the `exact` channels are gathered as they are.
-fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: Option<&[f32]>, exact: &[usize]) -> Quantized {
+fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: &[f32], exact: &[usize]) -> Quantized {
     let depth = k.div_ceil(4);
     let padded = rows.div_ceil(MR) * MR;
     let mut gathered = vec![0f32; padded * exact.len()];
@@ -447,15 +447,6 @@ fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: Option<&[f32]>, e
         zero: vec![0i32; padded],
         exact: gathered,
         rows,
-    };
-    // Unsmoothed rows are multiplied by ones: exact, and one kernel for both.
-    let ones: Vec<f32>;
-    let inv_smooth = match inv_smooth {
-        Some(inv) => inv,
-        None => {
-            ones = vec![1.0; k];
-            &ones
-        }
     };
     for (((row, lanes), scale), zero) in
         x[..rows * k].chunks_exact(k).zip(q.lanes.chunks_exact_mut(depth)).zip(&mut q.scale).zip(&mut q.zero)
@@ -492,7 +483,7 @@ pub(crate) fn matmul_int8(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32])
 /// [`matmul_int8`] with the given tile kernel.
 fn int8_product(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32], tile: Int8Tile) {
     let (k, n) = (w.panels.k, w.panels.n);
-    let inv = w.inv_smooth.as_deref();
+    let inv = &w.inv_smooth;
     let exact = w.exact.as_ref().map_or(&[][..], |(channels, _)| channels);
     product(x, m, k, n, out, |x, rows| quantize_rows(x, rows, k, inv, exact), |a, panel, out, ldc| {
         int8_panel(a, w, panel, out, ldc, tile)
