@@ -18,7 +18,8 @@ impl Int8Layer {
             0 => &mut self.qkv,
             1 => &mut self.out,
             2 => &mut self.ff1,
-            _ => &mut self.ff2,
+            3 => &mut self.ff2,
+            _ => unreachable!("a layer has four products"),
         }
     }
 
@@ -162,11 +163,13 @@ impl Encoder {
             });
         }
         // Without a calibration set nothing can be measured: every candidate stays wider.
-        for (i, p, candidate) in candidates.into_iter().rev().filter(|_| !sequences.is_empty()) {
-            let kept = std::mem::replace(layers[i].product_mut(p), candidate);
-            let states = self.run(&sequences, |j| Reduced::Int8(&layers[j]), None, <[f32]>::to_vec)?;
-            if fidelity(&states, &reference, self.hidden, &sequences) < bound {
-                *layers[i].product_mut(p) = kept;
+        if !sequences.is_empty() {
+            for (i, p, candidate) in candidates.into_iter().rev() {
+                let kept = std::mem::replace(layers[i].product_mut(p), candidate);
+                let states = self.run(&sequences, |j| Reduced::Int8(&layers[j]), None, <[f32]>::to_vec)?;
+                if fidelity(&states, &reference, self.hidden, &sequences) < bound {
+                    *layers[i].product_mut(p) = kept;
+                }
             }
         }
         Ok(layers)
