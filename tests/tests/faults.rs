@@ -118,6 +118,29 @@ fn worker_killed_mid_job_completes_the_job_exactly_once() {
     kill_mid_job("enclave-worker", 1500);
 }
 
+/// Stops `pid` (SIGSTOP) at a moment it holds no write lock on the local cloud's databases: a
+/// process frozen inside a write transaction locks every other process out of that database
+/// ("database is locked" for as long as it stays stopped). Stopped, the databases probed for a
+/// write lock; if one is held, resumed and tried again.
+fn stop_outside_a_write(stack: &Stack, pid: u32) {
+    let writable = |path: &Path| {
+        rusqlite::Connection::open(path)
+            .and_then(|db| db.busy_timeout(Duration::ZERO).and_then(|()| db.execute_batch("BEGIN IMMEDIATE; ROLLBACK;")))
+            .is_ok()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        process::signal(pid, "STOP");
+        let databases = std::fs::read_dir(stack.home()).unwrap().map(|entry| entry.unwrap().path());
+        if databases.filter(|path| path.extension() == Some(OsStr::new("sqlite"))).all(|path| writable(&path)) {
+            return;
+        }
+        process::signal(pid, "CONT");
+        assert!(Instant::now() < deadline, "pid {pid} held a database write lock every time it was stopped for 10 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// The appender is stopped (SIGSTOP) while jobs commit their receipts, so the ledger queue
 /// fills; it is resumed and SIGKILLed as soon as it has received the batch (messages in
 /// flight: appending, not yet acknowledged). The restarted appender receives the batch again
@@ -128,7 +151,7 @@ fn ledger_appender_killed_mid_append_appends_each_receipt_once() {
     let stack = stack();
     let work = tempfile::tempdir().unwrap();
     let appender = stack.pid("lambdas").expect("the local Lambda runtime runs");
-    process::signal(appender, "STOP");
+    stop_outside_a_write(&stack, appender);
 
     let mut jobs = Vec::new();
     for n in 0..6 {
