@@ -2,8 +2,12 @@
 """Markdown table, plot and docs update from one results JSON of the benchmark suite.
 
   python bench/report.py bench/results/<name>.json [--docs docs/benchmarks.md]
+      [--machine-kind "AuthenticAMD family 25 model 17"]
 
-(bench/suite.py calls the same functions at the end of a run.)
+(bench/suite.py calls the same functions at the end of a run.) Results recorded before the suite
+noted the CPU's vendor, family and model name only "AMD EPYC", which is several machine kinds;
+`--machine-kind` supplies what the run's own notes say it was, and is refused for a file that
+records it.
 """
 
 import argparse
@@ -38,6 +42,15 @@ def machine_kind(m):
     if "cpu_family" in m:
         return f"{m.get('cpu_vendor', '?')} family {m['cpu_family']} model {m['cpu_model']}"
     return m.get("cpu", "unknown CPU")
+
+
+def supply_machine_kind(m, kind):
+    if "cpu_family" in m:
+        sys.exit(f"the results file records its machine kind already: {machine_kind(m)}")
+    found = re.fullmatch(r"(\w+) family (\d+) model (\d+)", kind)
+    if not found:
+        sys.exit(f"--machine-kind {kind!r} is not '<vendor> family <n> model <n>'")
+    m["cpu_vendor"], m["cpu_family"], m["cpu_model"] = found[1], int(found[2]), int(found[3])
 
 
 def markdown(doc):
@@ -279,9 +292,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results")
     ap.add_argument("--docs", help="docs/benchmarks.md to update")
+    ap.add_argument("--machine-kind", help='"<vendor> family <n> model <n>", for a file without them')
     args = ap.parse_args()
     with open(args.results) as f:
         doc = json.load(f)
+    if args.machine_kind:
+        supply_machine_kind(doc["machine"], args.machine_kind)
     stem = args.results[: -len(".json")]
     table = markdown(doc)
     with open(stem + ".md", "w") as f:
