@@ -108,6 +108,12 @@ def markdown(doc):
                    f"{fmt(r['gemm_peak_gflop_per_s'], 0)} GFLOP/s | {100 * r['useful_gflop_per_s'] / r['gemm_peak_gflop_per_s']:.0f} % | "
                    f"{100 * r['padded_fraction']:.1f} % | {fmt(r['model_load_ms'], 0)} ms | {fmt(r['peak_rss_mib'], 0)} MiB |")
     out.append("")
+    r = tp["ours"][top]
+    if "dense_depth_slice" in r:
+        source = "CPUID" if r["dense_l2_from_cpuid"] else "assumed: CPUID did not say"
+        out.append(f"Dense blocking chosen at start-up: L2 {r['dense_l2_bytes'] // 1024:,} KiB per thread ({source}), "
+                   f"weight panels run in depth slices of at most {r['dense_depth_slice']:,} lanes.")
+        out.append("")
     if "throughput_by_size" in doc:
         s = doc["throughput_by_size"]
         out.append(f"Throughput against corpus size ({s['threads']} threads, docs/s):")

@@ -302,7 +302,11 @@ fn run_child(args: &Args) -> serde_json::Value {
     let gemm_peak_gflops = peak_before.max(peak_after);
 
     let candle = candle_thread_settings();
+    let blocking = enclave_worker::inference::dense_blocking();
     serde_json::json!({
+        "dense_l2_bytes": blocking.l2.0,
+        "dense_l2_from_cpuid": blocking.measured,
+        "dense_depth_slice": blocking.depth_slice,
         "threads": threads,
         "backend": format!("{:?}", args.backend),
         "precision": args.precision.as_str(),

@@ -126,6 +126,8 @@ fn main() -> ExitCode {
     let settings = EngineSettings { threads: args.threads, ..EngineSettings::default() };
     let budget = args.model_memory_mib.map_or_else(enclave_worker::worker::default_model_budget, |mib| mib << 20);
     tracing::info!(bytes = budget, "model memory budget");
+    let blocking = enclave_worker::inference::dense_blocking();
+    tracing::info!(l2_bytes = blocking.l2.0, from_cpuid = blocking.measured, depth_slice = blocking.depth_slice, "dense blocking");
     let worker = Arc::new(Worker::new(nsm, publisher, settings, kms).with_model_budget(budget));
     let online = Arc::new(enclave_worker::online::OnlineState::default());
     let listener = match Listener::bind(&args.listen) {

@@ -27,11 +27,14 @@
 //! Blocking: weights are packed once (at load, or on the first bf16 job) into panels of [`NR`]
 //! columns, depth × 64 lanes. Each task takes [`MC`] rows of activations (f32: read in place;
 //! bf16: converted to row-major pairs in one vectorised pass) and runs every `MR × NR` tile of
-//! its rows against every panel: 24 accumulators stay in registers for the whole depth, the panel
-//! comes from L1/L2 and is reused by all the task's row tiles, and results are stored straight
-//! into the output rows.
+//! its rows against every panel: 24 accumulators stay in registers for a depth slice, the panel's
+//! slice comes from L2 and is reused by all the task's row tiles, and results are stored straight
+//! into the output rows. How deep a slice is comes from this CPU's L2 size ([`blocking`]); the
+//! panels of all-MiniLM-L6-v2 are shallow enough to be one slice on every CPU we run on.
 
 use rayon::prelude::*;
+
+pub use blocking::{Blocking, L2Size, blocking};
 
 /// Columns per weight panel (4 vectors of 16 lanes).
 const NR: usize = 64;
@@ -148,18 +151,30 @@ impl Packed<u32> {
     }
 }
 
-/// A lane type with a kernel: `tile(a, b, depth, out, ldc, rows)` computes one `MR × NR` tile,
-/// `out[r·ldc + j] = Σ_p a[r·depth + p] ⊙ b[p·NR + j]` for the first `rows` rows.
+/// One depth slice of a tile's product ([`blocking`]): the activations' rows lie `lda` lanes
+/// apart; the sums start from zero in a panel's `first` slice and from `out` (the slices
+/// before) in the others; the int8 kernel dequantises after the `last` and, before it, leaves
+/// its int32 sums in `out` (their bits).
+#[derive(Clone, Copy)]
+struct Slice {
+    lda: usize,
+    first: bool,
+    last: bool,
+}
+
+/// A lane type with a kernel: `tile(a, b, depth, out, ldc, rows, slice)` computes one depth
+/// slice of an `MR × NR` tile, `out[r·ldc + j] (+)= Σ_{p < depth} a[r·lda + p] ⊙ b[p·NR + j]`
+/// for the first `rows` rows.
 trait Lane: Copy + Default + Send + Sync + 'static {
-    fn tile(a: &[Self], b: &[Self], depth: usize, out: &mut [f32], ldc: usize, rows: usize);
+    fn tile(a: &[Self], b: &[Self], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice);
     /// `rows` rows of `x` (`k` values each) as this lane type, row-major, `depth` lanes per row,
     /// `pad_to` rows (the rest zero).
     fn rows_of(x: &[f32], rows: usize, k: usize, depth: usize, pad_to: usize) -> Vec<Self>;
 }
 
 impl Lane for f32 {
-    fn tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize) {
-        kernel::f32_tile(a, b, depth, out, ldc, rows)
+    fn tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
+        kernel::f32_tile(a, b, depth, out, ldc, rows, slice)
     }
 
     fn rows_of(x: &[f32], rows: usize, k: usize, _: usize, pad_to: usize) -> Vec<f32> {
@@ -170,8 +185,8 @@ impl Lane for f32 {
 }
 
 impl Lane for u32 {
-    fn tile(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize) {
-        kernel::bf16_tile(a, b, depth, out, ldc, rows)
+    fn tile(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
+        kernel::bf16_tile(a, b, depth, out, ldc, rows, slice)
     }
 
     fn rows_of(x: &[f32], rows: usize, k: usize, depth: usize, pad_to: usize) -> Vec<u32> {
@@ -216,7 +231,7 @@ fn rows_bf16(x: &[f32], rows: usize, k: usize, depth: usize) -> Rows<'static, u3
 /// Panics if the lengths do not match or the CPU lacks AVX-512 ([`f32_supported`]).
 pub(crate) fn matmul_f32(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32]) {
     assert!(f32_supported(), "the CPU has no AVX-512");
-    product(x, m, w.k, w.n, out, |x, rows| rows_f32(x, rows, w.k), |a, panel, out, ldc| run_panel(a, w, panel, out, ldc));
+    packed_product(x, m, w, out, blocking(), |x, rows| rows_f32(x, rows, w.k));
 }
 
 /// `out ← x · w` with bf16 inputs and f32 sums: `x` is `(m, k)` row-major f32, `out` `(m, n)`.
@@ -224,15 +239,19 @@ pub(crate) fn matmul_f32(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32]) 
 /// Panics if the lengths do not match or the CPU lacks AVX-512 BF16 ([`bf16_supported`]).
 pub(crate) fn matmul_bf16(x: &[f32], m: usize, w: &Packed<u32>, out: &mut [f32]) {
     assert!(bf16_supported(), "the CPU has no AVX-512 BF16");
-    product(
-        x,
-        m,
-        w.k,
-        w.n,
-        out,
-        |x, rows| rows_bf16(x, rows, w.k, w.depth),
-        |a, panel, out, ldc| run_panel(a, w, panel, out, ldc),
-    );
+    packed_product(x, m, w, out, blocking(), |x, rows| rows_bf16(x, rows, w.k, w.depth));
+}
+
+/// `out ← x · w` through `T`'s kernel, each task's rows of `x` made lanes by `prepare`.
+fn packed_product<'x, T: Lane>(
+    x: &'x [f32],
+    m: usize,
+    w: &Packed<T>,
+    out: &mut [f32],
+    blocking: &Blocking,
+    prepare: impl Fn(&'x [f32], usize) -> Rows<'x, T> + Sync,
+) {
+    product(x, m, w.k, w.n, out, prepare, |a, panel, out, ldc| run_panel(a, w, panel, out, ldc, blocking));
 }
 
 /// Runs on the current rayon pool: one task per [`MC`] rows when there are enough rows for
@@ -282,32 +301,46 @@ fn product<'x, A: Sync>(
 
 /// Every row tile of `a` against weight panel `panel`, into `out` (row stride `ldc`, the panel's
 /// first column at `out[0]`).
-fn run_panel<T: Lane>(a: &Rows<'_, T>, w: &Packed<T>, panel: usize, out: &mut [f32], ldc: usize) {
+fn run_panel<T: Lane>(a: &Rows<'_, T>, w: &Packed<T>, panel: usize, out: &mut [f32], ldc: usize, blocking: &Blocking) {
     let depth = w.depth;
     let lanes = &w.panels[panel * depth * NR..(panel + 1) * depth * NR];
-    let mut tiles = a.whole.chunks_exact(MR * depth).chain(a.tail.as_deref());
-    tiles_of_panel(a.rows, NR.min(w.n - panel * NR), out, ldc, |_, valid, out, ldc| {
-        T::tile(tiles.next().expect("a tile per MR rows"), lanes, depth, out, ldc, valid)
+    let whole_tiles = a.whole.len() / (MR * depth);
+    tiles_of_panel(a.rows, NR.min(w.n - panel * NR), depth, blocking, out, ldc, |index, valid, range, slice, out, ldc| {
+        let tile = match index.checked_sub(whole_tiles) {
+            None => &a.whole[index * MR * depth..(index + 1) * MR * depth],
+            Some(_) => a.tail.as_deref().expect("a tile per MR rows"),
+        };
+        T::tile(&tile[range.start..], &lanes[range.start * NR..], range.len(), out, ldc, valid, slice)
     });
 }
 
-/// Calls `tile(index, valid_rows, out, ldc)` for every `MR`-row tile of `rows` rows of one panel
-/// `width` columns wide. Rows past `rows` are not written; columns past `width` are written only
-/// where `ldc` leaves room for a whole panel (the caller's scratch block), else the tile goes
-/// through scratch and only its real columns are copied.
-fn tiles_of_panel(rows: usize, width: usize, out: &mut [f32], ldc: usize, mut tile: impl FnMut(usize, usize, &mut [f32], usize)) {
-    let mut scratch = [0f32; MR * NR];
-    for index in 0..rows.div_ceil(MR) {
-        let valid = MR.min(rows - index * MR);
-        let out = &mut out[index * MR * ldc..];
-        if width == NR || ldc == NR {
-            tile(index, valid, out, ldc);
-        } else {
-            // The matrix's last, narrower panel: through scratch, then only its real columns.
-            tile(index, valid, &mut scratch, NR);
-            for r in 0..valid {
-                out[r * ldc..r * ldc + width].copy_from_slice(&scratch[r * NR..r * NR + width]);
-            }
+/// Calls `tile(index, valid_rows, depth_range, slice, out, ldc)` for every `MR`-row tile of
+/// `rows` rows of one panel `width` columns wide and `depth` lanes deep, slice after slice of
+/// `blocking`, each slice for every tile before the next. Rows past `rows` are not written;
+/// columns past `width` are written only where `ldc` leaves room for a whole panel, else the
+/// panel goes through a scratch block and only its real columns are copied.
+fn tiles_of_panel(
+    rows: usize,
+    width: usize,
+    depth: usize,
+    blocking: &Blocking,
+    out: &mut [f32],
+    ldc: usize,
+    mut tile: impl FnMut(usize, usize, std::ops::Range<usize>, Slice, &mut [f32], usize),
+) {
+    if width < NR && ldc != NR {
+        // The matrix's last, narrower panel.
+        let mut block = vec![0f32; rows * NR];
+        tiles_of_panel(rows, NR, depth, blocking, &mut block, NR, tile);
+        for (out, block) in out.chunks_mut(ldc).zip(block.chunks_exact(NR)) {
+            out[..width].copy_from_slice(&block[..width]);
+        }
+        return;
+    }
+    for range in blocking.slices(depth) {
+        let slice = Slice { lda: depth, first: range.start == 0, last: range.end == depth };
+        for index in 0..rows.div_ceil(MR) {
+            tile(index, MR.min(rows - index * MR), range.clone(), slice, &mut out[index * MR * ldc..], ldc);
         }
     }
 }
@@ -477,16 +510,16 @@ fn row_mapping(lo: f32, hi: f32) -> Result<(f32, f32, f32), f32> {
 /// Panics if the lengths do not match or the CPU lacks AVX-512 VNNI ([`int8_supported`]).
 pub(crate) fn matmul_int8(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32]) {
     assert!(int8_supported(), "the CPU has no AVX-512 VNNI");
-    int8_product(x, m, w, out, kernel::int8_tile);
+    int8_product(x, m, w, out, blocking(), kernel::int8_tile);
 }
 
-/// [`matmul_int8`] with the given tile kernel.
-fn int8_product(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32], tile: Int8Tile) {
+/// [`matmul_int8`] with the given blocking and tile kernel.
+fn int8_product(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32], blocking: &Blocking, tile: Int8Tile) {
     let (k, n) = (w.panels.k, w.panels.n);
     let inv = &w.inv_smooth;
     let exact = w.exact.as_ref().map_or(&[][..], |(channels, _)| channels);
     product(x, m, k, n, out, |x, rows| quantize_rows(x, rows, k, inv, exact), |a, panel, out, ldc| {
-        int8_panel(a, w, panel, out, ldc, tile)
+        int8_panel(a, w, panel, out, ldc, blocking, tile)
     });
 }
 
@@ -506,10 +539,11 @@ struct Dequant<'a> {
 /// What an int8 tile kernel computes, [`kernel::int8_tile`] and [`int8_tile_reference`] alike:
 /// `out[r·ldc + j] = f32(acc − zero[r]·sum[j]) · (row_scale[r] · col_scale[j])` where
 /// `acc = Σ_p Σ_b a[r][p].byte(b) · b[p][j].byte(b)` (u8 × i8, wrapping int32), then for each
-/// exact channel `c` in order `out ← fma(exact_x[r][c], exact_w[c][j], out)`.
-type Int8Tile = fn(&[u32], &[u32], usize, &mut [f32], usize, usize, &Dequant<'_>);
+/// exact channel `c` in order `out ← fma(exact_x[r][c], exact_w[c][j], out)` — for a panel's
+/// last depth slice; before it, `acc` itself (its bits), from which the next slice goes on.
+type Int8Tile = fn(&[u32], &[u32], usize, &mut [f32], usize, usize, Slice, &Dequant<'_>);
 
-fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc: usize, tile: Int8Tile) {
+fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc: usize, blocking: &Blocking, tile: Int8Tile) {
     let depth = w.panels.depth;
     let lanes = &w.panels.panels[panel * depth * NR..(panel + 1) * depth * NR];
     let cols = panel * NR..(panel + 1) * NR;
@@ -517,7 +551,7 @@ fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc
         Some((channels, rows)) => (channels.len(), &rows.panels[panel * channels.len() * NR..(panel + 1) * channels.len() * NR]),
         None => (0, &[][..]),
     };
-    tiles_of_panel(a.rows, NR.min(w.panels.n - panel * NR), out, ldc, |index, valid, out, ldc| {
+    tiles_of_panel(a.rows, NR.min(w.panels.n - panel * NR), depth, blocking, out, ldc, |index, valid, range, slice, out, ldc| {
         let rows = index * MR..(index + 1) * MR;
         let dequant = Dequant {
             row_scale: &a.scale[rows.clone()],
@@ -528,22 +562,28 @@ fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc
             exact_x: &a.exact[rows.start * exact..rows.end * exact],
             exact_w,
         };
-        tile(&a.lanes[index * MR * depth..(index + 1) * MR * depth], lanes, depth, out, ldc, valid, &dequant)
+        let a = &a.lanes[index * MR * depth..(index + 1) * MR * depth];
+        tile(&a[range.start..], &lanes[range.start * NR..], range.len(), out, ldc, valid, slice, &dequant)
     });
 }
 
 /// The int8 tile in plain scalar Rust: the same integer arithmetic and the same f32 operations
 /// as the VNNI kernel, so the two agree bit for bit.
 #[cfg_attr(not(test), allow(dead_code))]
-fn int8_tile_reference(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, d: &Dequant<'_>) {
+#[allow(clippy::too_many_arguments)]
+fn int8_tile_reference(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice, d: &Dequant<'_>) {
     for r in 0..rows {
         for j in 0..NR {
-            let mut acc = 0i32;
+            let mut acc = if slice.first { 0 } else { out[r * ldc + j].to_bits() as i32 };
             for p in 0..depth {
-                let (x, w) = (a[r * depth + p].to_le_bytes(), b[p * NR + j].to_le_bytes());
+                let (x, w) = (a[r * slice.lda + p].to_le_bytes(), b[p * NR + j].to_le_bytes());
                 for byte in 0..4 {
                     acc = acc.wrapping_add(i32::from(x[byte]) * i32::from(w[byte] as i8));
                 }
+            }
+            if !slice.last {
+                out[r * ldc + j] = f32::from_bits(acc as u32);
+                continue;
             }
             let corrected = acc.wrapping_sub(d.row_zero[r].wrapping_mul(d.col_sum[j]));
             let mut value = corrected as f32 * (d.row_scale[r] * d.col_scale[j]);
@@ -555,20 +595,52 @@ fn int8_tile_reference(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc:
     }
 }
 
+mod blocking;
+
+/// The f32 and bf16 products with a chosen blocking, for `examples/bench_dense`.
+#[doc(hidden)]
+pub mod bench {
+    use super::*;
+
+    /// A `(k, n)` weight matrix packed as the encoder packs it, and its bf16 rounding where the
+    /// CPU has AVX-512 BF16.
+    pub struct Weights(Packed<f32>, Option<Packed<u32>>);
+
+    pub fn pack(w: &[f32], k: usize, n: usize) -> Weights {
+        let f32 = Packed::f32(w, k, n);
+        let bf16 = bf16_supported().then(|| Packed::bf16(&f32));
+        Weights(f32, bf16)
+    }
+
+    /// `out ← x · w` in f32, or with bf16 inputs (`None` where the CPU lacks AVX-512 BF16).
+    pub fn product(x: &[f32], m: usize, w: &Weights, out: &mut [f32], bf16: bool, blocking: &Blocking) -> Option<()> {
+        assert!(f32_supported(), "the CPU has no AVX-512");
+        match (bf16, &w.1) {
+            (false, _) => packed_product(x, m, &w.0, out, blocking, |x, rows| rows_f32(x, rows, w.0.k)),
+            (true, Some(p)) => packed_product(x, m, p, out, blocking, |x, rows| rows_bf16(x, rows, p.k, p.depth)),
+            (true, None) => return None,
+        }
+        Some(())
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod kernel;
 
 #[cfg(not(target_arch = "x86_64"))]
 mod kernel {
-    pub(super) fn int8_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: &super::Dequant<'_>) {
+    use super::Slice;
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn int8_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: Slice, _: &super::Dequant<'_>) {
         unreachable!("int8_supported() is false off x86-64")
     }
 
-    pub(super) fn f32_tile(_: &[f32], _: &[f32], _: usize, _: &mut [f32], _: usize, _: usize) {
+    pub(super) fn f32_tile(_: &[f32], _: &[f32], _: usize, _: &mut [f32], _: usize, _: usize, _: Slice) {
         unreachable!("f32_supported() is false off x86-64")
     }
 
-    pub(super) fn bf16_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize) {
+    pub(super) fn bf16_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: Slice) {
         unreachable!("bf16_supported() is false off x86-64")
     }
 

@@ -76,7 +76,8 @@
 mod arch;
 mod batching;
 mod embedder;
-mod dense;
+#[doc(hidden)]
+pub mod dense;
 mod encoder;
 mod engine;
 mod kernels;
@@ -85,6 +86,7 @@ mod strided;
 
 pub use arch::Architecture;
 pub use batching::{Batch, BatchLimits, plan_batches};
+pub use dense::{Blocking as DenseBlocking, L2Size, blocking as dense_blocking};
 pub use embedder::{Backend, Embedder, EmbedderSettings, ModelFiles, Tokenized};
 pub use engine::{CandleThreads, EmbedOptions, Engine, EngineSettings, candle_thread_settings};
 pub use metrics::{Metrics, MetricsSnapshot};

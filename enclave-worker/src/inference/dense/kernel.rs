@@ -4,30 +4,31 @@
 
 use std::arch::x86_64::*;
 
-use super::{MR, NR};
+use super::{MR, NR, Slice};
 
 /// The checks every tile kernel relies on.
-fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize) {
-    assert!((1..=MR).contains(&rows) && ldc >= NR);
-    assert!(a.len() >= MR * depth && b.len() >= depth * NR && out.len() >= (rows - 1) * ldc + NR);
+fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize, slice: Slice) {
+    assert!((1..=MR).contains(&rows) && ldc >= NR && slice.lda >= depth);
+    assert!(a.len() >= (MR - 1) * slice.lda + depth && b.len() >= depth * NR && out.len() >= (rows - 1) * ldc + NR);
 }
 
-pub(super) fn f32_tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize) {
-    check(a, b, depth, out, ldc, rows);
+pub(super) fn f32_tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
+    check(a, b, depth, out, ldc, rows, slice);
     assert!(super::f32_supported());
-    // SAFETY: the CPU has AVX-512 F; `a` holds `MR × depth` and `b` `depth × NR` values, all
-    // the kernel reads; it writes `NR` f32 at `r·ldc` for `r < rows`, within `out` (all
-    // checked above).
-    unsafe { f32_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows) }
+    // SAFETY: the CPU has AVX-512 F; `a` holds `MR` rows of `depth` values `lda` apart and `b`
+    // `depth × NR` values, all the kernel reads; it reads and writes `NR` f32 at `r·ldc` for
+    // `r < rows`, within `out` (all checked above).
+    unsafe { f32_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows, slice) }
 }
 
-pub(super) fn bf16_tile(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize) {
-    check(a, b, depth, out, ldc, rows);
+pub(super) fn bf16_tile(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
+    check(a, b, depth, out, ldc, rows, slice);
     assert!(super::bf16_supported());
     // SAFETY: as for `f32_tile`, with AVX-512 BF16 as well.
-    unsafe { bf16_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows) }
+    unsafe { bf16_avx512(a.as_ptr(), b.as_ptr(), depth, out.as_mut_ptr(), ldc, rows, slice) }
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn int8_tile(
     a: &[u32],
     b: &[u32],
@@ -35,9 +36,10 @@ pub(super) fn int8_tile(
     out: &mut [f32],
     ldc: usize,
     rows: usize,
+    slice: Slice,
     d: &super::Dequant<'_>,
 ) {
-    check(a, b, depth, out, ldc, rows);
+    check(a, b, depth, out, ldc, rows, slice);
     assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
     assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
     assert!(d.exact_x.len() >= MR * d.exact && d.exact_w.len() >= d.exact * NR);
@@ -52,6 +54,7 @@ pub(super) fn int8_tile(
             out.as_mut_ptr(),
             ldc,
             rows,
+            slice,
             [d.row_scale.as_ptr(), d.col_scale.as_ptr()],
             [d.row_zero.as_ptr(), d.col_sum.as_ptr()],
             (d.exact, d.exact_x.as_ptr(), d.exact_w.as_ptr()),
@@ -138,26 +141,83 @@ fn as_bf16(v: __m512i) -> __m512bh {
     unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
 }
 
+/// An accumulator vector: 16 f32 sums, or 16 int32 sums kept in `out` between depth slices as
+/// their bits.
+trait Accumulator: Copy {
+    fn zero() -> Self;
+    /// Safety: `at` is valid for reading 16 f32 and the CPU has AVX-512 F.
+    unsafe fn load(at: *const f32) -> Self;
+    /// Safety: `at` is valid for writing 16 f32 and the CPU has AVX-512 F.
+    unsafe fn save(self, at: *mut f32);
+}
+
+impl Accumulator for __m512 {
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: AVX-512 F, as every kernel that uses this has.
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        unsafe { _mm512_loadu_ps(at) }
+    }
+    #[inline(always)]
+    unsafe fn save(self, at: *mut f32) {
+        unsafe { _mm512_storeu_ps(at, self) }
+    }
+}
+
+impl Accumulator for __m512i {
+    #[inline(always)]
+    fn zero() -> Self {
+        // SAFETY: AVX-512 F, as every kernel that uses this has.
+        unsafe { _mm512_setzero_si512() }
+    }
+    #[inline(always)]
+    unsafe fn load(at: *const f32) -> Self {
+        unsafe { _mm512_loadu_si512(at.cast()) }
+    }
+    #[inline(always)]
+    unsafe fn save(self, at: *mut f32) {
+        unsafe { _mm512_storeu_si512(at.cast(), self) }
+    }
+}
+
+/// The accumulators a slice starts from: zero for a panel's first slice, else the first `rows`
+/// rows of `out` (the slices before).
+#[inline(always)]
+unsafe fn start<V: Accumulator>(out: *const f32, ldc: usize, rows: usize, first: bool) -> [[V; NR / 16]; MR] {
+    let mut acc = [[V::zero(); NR / 16]; MR];
+    if !first {
+        for (r, acc_row) in acc.iter_mut().enumerate().take(rows) {
+            for (v, acc) in acc_row.iter_mut().enumerate() {
+                // SAFETY: r < rows, v < NR/16: within the `out` length the caller checked.
+                *acc = unsafe { V::load(out.add(r * ldc + v * 16)) };
+            }
+        }
+    }
+    acc
+}
+
 /// Stores the first `rows` rows of the accumulators.
 #[inline(always)]
-unsafe fn store(acc: &[[__m512; NR / 16]; MR], out: *mut f32, ldc: usize, rows: usize) {
-    for (r, acc_row) in acc.iter().enumerate() {
-        if r < rows {
-            for (v, acc) in acc_row.iter().enumerate() {
-                // SAFETY: r < rows, v < NR/16: within the `out` length the caller checked.
-                unsafe { _mm512_storeu_ps(out.add(r * ldc + v * 16), *acc) };
-            }
+unsafe fn store<V: Accumulator>(acc: &[[V; NR / 16]; MR], out: *mut f32, ldc: usize, rows: usize) {
+    for (r, acc_row) in acc.iter().enumerate().take(rows) {
+        for (v, acc) in acc_row.iter().enumerate() {
+            // SAFETY: r < rows, v < NR/16: within the `out` length the caller checked.
+            unsafe { acc.save(out.add(r * ldc + v * 16)) };
         }
     }
 }
 
 // The tile kernels: 6 rows × 4 vectors of 16 columns = 24 accumulators, 4 panel vectors and one
-// broadcast per step. Every read is within the lengths `check` verified (p < depth, r < MR);
-// the loads are unaligned ones.
+// broadcast per step. Every read is within the lengths `check` verified (p < depth, r < MR,
+// rows `lda` apart); the loads are unaligned ones.
 
 #[target_feature(enable = "avx512f")]
-unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, ldc: usize, rows: usize) {
-    let mut acc = [[_mm512_setzero_ps(); NR / 16]; MR];
+unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, ldc: usize, rows: usize, slice: Slice) {
+    // SAFETY: see `start`.
+    let mut acc: [[__m512; NR / 16]; MR] = unsafe { start(out, ldc, rows, slice.first) };
     for p in 0..depth {
         // SAFETY: see above.
         let bp = unsafe { b.add(p * NR) };
@@ -165,7 +225,7 @@ unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, 
             [_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)), _mm512_loadu_ps(bp.add(32)), _mm512_loadu_ps(bp.add(48))]
         };
         for (r, acc_row) in acc.iter_mut().enumerate() {
-            let av = _mm512_set1_ps(unsafe { *a.add(r * depth + p) });
+            let av = _mm512_set1_ps(unsafe { *a.add(r * slice.lda + p) });
             for (v, acc) in acc_row.iter_mut().enumerate() {
                 *acc = _mm512_fmadd_ps(av, bv[v], *acc);
             }
@@ -176,8 +236,9 @@ unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, 
 }
 
 #[target_feature(enable = "avx512f,avx512bf16")]
-unsafe fn bf16_avx512(a: *const u32, b: *const u32, depth: usize, out: *mut f32, ldc: usize, rows: usize) {
-    let mut acc = [[_mm512_setzero_ps(); NR / 16]; MR];
+unsafe fn bf16_avx512(a: *const u32, b: *const u32, depth: usize, out: *mut f32, ldc: usize, rows: usize, slice: Slice) {
+    // SAFETY: see `start`.
+    let mut acc: [[__m512; NR / 16]; MR] = unsafe { start(out, ldc, rows, slice.first) };
     for p in 0..depth {
         // SAFETY: see above.
         let bp = unsafe { b.add(p * NR) };
@@ -190,7 +251,7 @@ unsafe fn bf16_avx512(a: *const u32, b: *const u32, depth: usize, out: *mut f32,
             ]
         };
         for (r, acc_row) in acc.iter_mut().enumerate() {
-            let av = as_bf16(_mm512_set1_epi32(unsafe { *a.add(r * depth + p) } as i32));
+            let av = as_bf16(_mm512_set1_epi32(unsafe { *a.add(r * slice.lda + p) } as i32));
             for (v, acc) in acc_row.iter_mut().enumerate() {
                 *acc = _mm512_dpbf16_ps(*acc, av, bv[v]);
             }
@@ -205,7 +266,8 @@ unsafe fn bf16_avx512(a: *const u32, b: *const u32, depth: usize, out: *mut f32,
 /// broadcast, `b` four panel vectors of i8 weight quads. Then per lane
 /// `f32(acc − zero[r]·sum[j]) · (row_scale[r] · col_scale[j])`, exactly as
 /// `int8_tile_reference` computes it (wrapping int32, `vcvtdq2ps` rounds to nearest even like
-/// `as f32`, separate multiplies).
+/// `as f32`, separate multiplies). Before the panel's last slice the int32 sums are stored as
+/// they are (their bits in `out`), and the next slice starts from them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn int8_avx512(
@@ -215,11 +277,13 @@ unsafe fn int8_avx512(
     out: *mut f32,
     ldc: usize,
     rows: usize,
+    slice: Slice,
     [row_scale, col_scale]: [*const f32; 2],
     [row_zero, col_sum]: [*const i32; 2],
     (exact, exact_x, exact_w): (usize, *const f32, *const f32),
 ) {
-    let mut acc = [[_mm512_setzero_si512(); NR / 16]; MR];
+    // SAFETY: see `start` (an f32 slot holds any 32 bits).
+    let mut acc: [[__m512i; NR / 16]; MR] = unsafe { start(out, ldc, rows, slice.first) };
     for p in 0..depth {
         // SAFETY: see above.
         let bp = unsafe { b.add(p * NR) };
@@ -232,11 +296,15 @@ unsafe fn int8_avx512(
             ]
         };
         for (r, acc_row) in acc.iter_mut().enumerate() {
-            let av = _mm512_set1_epi32(unsafe { *a.add(r * depth + p) } as i32);
+            let av = _mm512_set1_epi32(unsafe { *a.add(r * slice.lda + p) } as i32);
             for (v, acc) in acc_row.iter_mut().enumerate() {
                 *acc = _mm512_dpbusd_epi32(*acc, av, bv[v]);
             }
         }
+    }
+    if !slice.last {
+        // SAFETY: see `store`.
+        return unsafe { store(&acc, out, ldc, rows) };
     }
     // SAFETY: `NR` column scales and sums, `rows` row scales and zero points, `MR × exact`
     // exact values and `exact × NR` exact weights (checked by `int8_tile`); stores as in `store`.

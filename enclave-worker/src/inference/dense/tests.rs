@@ -141,6 +141,10 @@ const INT8_SHAPES: [(usize, usize, usize); 10] = [
     (250, 385, 129),
 ];
 
+/// Depth slices of 5 lanes: the scalar references run panel after panel in slices, so the
+/// kernels (one slice for these shapes) are checked against a sliced computation too.
+const THIN: Blocking = Blocking { l2: L2Size(0), measured: false, depth_slice: 5 };
+
 /// Inputs with an offset and the occasional outlier, as real activations have.
 fn activations(seed: u64, m: usize, k: usize) -> Vec<f32> {
     values(seed, m * k).iter().enumerate().map(|(i, &v)| if i % 97 == 5 { 8.0 * v } else { v + 0.3 }).collect()
@@ -158,7 +162,7 @@ fn int8_kernel_equals_the_scalar_reference_bit_for_bit() {
         let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
         let (mut vnni, mut reference) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
         matmul_int8(&x, m, &weights, &mut vnni);
-        int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
+        int8_product(&x, m, &weights, &mut reference, &THIN, int8_tile_reference);
         let plain = int8_plain(&x, &w, m, k, n);
         for (i, ((a, b), c)) in vnni.iter().zip(&reference).zip(&plain).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
@@ -176,7 +180,7 @@ fn int8_tile_reference_matches_the_plain_product_anywhere() {
         let w = values(100 + seed as u64, k * n);
         let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
         let mut reference = vec![f32::NAN; m * n];
-        int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
+        int8_product(&x, m, &weights, &mut reference, &THIN, int8_tile_reference);
         let plain = int8_plain(&x, &w, m, k, n);
         for (i, (a, b)) in reference.iter().zip(&plain).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: {a} vs {b}");
@@ -297,7 +301,7 @@ fn int8_with_exact_channels_equals_its_references_on_odd_shapes() {
         let exact = some_channels(k);
         let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &exact);
         let mut reference = vec![f32::NAN; m * n];
-        int8_product(&x, m, &weights, &mut reference, int8_tile_reference);
+        int8_product(&x, m, &weights, &mut reference, &THIN, int8_tile_reference);
         let kept = |p: usize| !exact.contains(&p);
         let x_int8: Vec<f32> = x.iter().enumerate().map(|(i, &v)| if kept(i % k) { v } else { 0.0 }).collect();
         let w_int8: Vec<f32> = w.iter().enumerate().map(|(i, &v)| if kept(i / n) { v } else { 0.0 }).collect();
@@ -349,4 +353,73 @@ fn an_outlier_in_an_exact_channel_does_not_coarsen_its_row() {
     eprintln!("worst relative error of a row: {plain:.5} plain, {split:.5} with the outlier channel exact");
     assert!(plain > 0.01, "the outlier should ruin the plain int8 row (relative error {plain})");
     assert!(split < 0.01, "with the outlier channel exact, relative error {split}");
+}
+
+#[test]
+fn every_blocking_gives_the_same_bits() {
+    // Slicing the depth only moves where the sums wait between slices (registers or the output),
+    // never their order: every product must come out bit for bit the same. Depth 1 is a slice
+    // per step; a slice as deep as the panel is no slicing.
+    let blockings = [1, 5, 64, 100_000].map(|depth_slice| Blocking { l2: L2Size(0), measured: false, depth_slice });
+    for (seed, &(m, k, n)) in SHAPES.iter().chain(&INT8_SHAPES).enumerate() {
+        let x = activations(seed as u64, m, k);
+        let w = Packed::f32(&values(100 + seed as u64, k * n), k, n);
+        let bf16 = Packed::bf16(&w);
+        let int8 = Int8Weights::new(&w, None, &some_channels(k));
+        let outputs = |blocking: &Blocking| {
+            let mut out = [(); 4].map(|_| vec![f32::NAN; m * n]);
+            int8_product(&x, m, &int8, &mut out[0], blocking, int8_tile_reference);
+            if f32_supported() {
+                packed_product(&x, m, &w, &mut out[1], blocking, |x, rows| rows_f32(x, rows, k));
+            }
+            if bf16_supported() {
+                packed_product(&x, m, &bf16, &mut out[2], blocking, |x, rows| rows_bf16(x, rows, k, bf16.depth));
+            }
+            if int8_supported() {
+                int8_product(&x, m, &int8, &mut out[3], blocking, kernel::int8_tile);
+            }
+            out.map(|values| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        let whole = outputs(&blockings[3]);
+        for blocking in &blockings[..3] {
+            for (product, (got, want)) in ["int8 reference", "f32", "bf16", "int8"].iter().zip(outputs(blocking).iter().zip(&whole)) {
+                assert!(got == want, "({m},{k},{n}) {product}, slices of {}: not the unsliced bits", blocking.depth_slice);
+            }
+        }
+    }
+}
+
+#[test]
+fn slices_cover_the_depth_evenly() {
+    for depth_slice in [1, 3, 64, 2048] {
+        let blocking = Blocking { l2: L2Size(0), measured: false, depth_slice };
+        for depth in [0, 1, 2, 63, 64, 65, 383, 1536, 4096, 4097] {
+            let slices: Vec<_> = blocking.slices(depth).collect();
+            assert_eq!(slices.len(), depth.div_ceil(depth_slice).max(1), "depth {depth} in slices of {depth_slice}");
+            assert_eq!((slices[0].start, slices.last().unwrap().end), (0, depth));
+            assert!(slices.windows(2).all(|two| two[0].end == two[1].start));
+            let lengths = slices.iter().map(|slice| slice.len());
+            let (shortest, longest) = (lengths.clone().min().unwrap(), lengths.max().unwrap());
+            assert!(longest <= depth_slice && longest - shortest <= 1, "depth {depth} in slices of {depth_slice}: {slices:?}");
+        }
+    }
+}
+
+#[test]
+fn the_slice_follows_the_l2_size() {
+    const KIB: usize = 1 << 10;
+    // Half of L2 for the panel's slice, 256 bytes a lane row: Zen 4 and 5 (1 MiB per core),
+    // Emerald Rapids (2 MiB), one shared by a hyper-thread pair, and a tiny cache.
+    for (l2, depth_slice) in [(1024 * KIB, 2048), (2048 * KIB, 4096), (512 * KIB, 1024), (16 * KIB, 64)] {
+        assert_eq!(Blocking::for_l2(L2Size(l2), true).depth_slice, depth_slice, "L2 of {} KiB", l2 / KIB);
+    }
+    // all-MiniLM-L6-v2's deepest panel (the f32 FFN output, 1,536 lanes) is one slice with a
+    // whole L2 of 1 or 2 MiB; BERT-large's (4,096) is cut where it would fill L2.
+    for (l2, slices) in [(512 * KIB, 2), (1024 * KIB, 1), (2048 * KIB, 1)] {
+        assert_eq!(Blocking::for_l2(L2Size(l2), true).slices(1536).count(), slices, "L2 of {} KiB", l2 / KIB);
+    }
+    assert_eq!(Blocking::for_l2(L2Size(1024 * KIB), true).slices(4096).count(), 2);
+    if let Some(L2Size(bytes)) = L2Size::of_this_cpu() {
+        assert!((128 * KIB..=64 * 1024 * KIB).contains(&bytes), "CPUID's L2 of {bytes} bytes per thread");
+    }
 }

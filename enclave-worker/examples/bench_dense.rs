@@ -1,0 +1,77 @@
+//! The dense layers' products alone, with the blocking this CPU's L2 chose and without depth
+//! slices, alternately (the machines drift within minutes): GFLOP/s per shape, median of the
+//! runs. The shapes are the dense layers of all-MiniLM-L6-v2 (hidden 384), BERT-base (768) and
+//! BERT-large (1,024): FFN input and output, `m` token rows.
+//!
+//! ```text
+//! cargo run --release -p enclave-worker --example bench_dense -- [--threads 2] [--rows 2048] [--runs 9] [--bf16]
+//! ```
+
+use std::time::Instant;
+
+use enclave_worker::inference::dense::bench;
+use enclave_worker::inference::{DenseBlocking, L2Size, dense_blocking};
+
+const SHAPES: [(&str, usize, usize); 6] = [
+    ("MiniLM FFN in", 384, 1536),
+    ("MiniLM FFN out", 1536, 384),
+    ("BERT-base FFN in", 768, 3072),
+    ("BERT-base FFN out", 3072, 768),
+    ("BERT-large FFN in", 1024, 4096),
+    ("BERT-large FFN out", 4096, 1024),
+];
+
+fn flag(name: &str, default: usize) -> usize {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Deterministic values in [-0.5, 0.5).
+fn values(seed: usize, len: usize) -> Vec<f32> {
+    (0..len).map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(seed)) % 1000) as f32 / 1000.0 - 0.5).collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let (threads, m, runs) = (flag("--threads", 2), flag("--rows", 2048), flag("--runs", 9));
+    let bf16 = std::env::args().any(|a| a == "--bf16");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+    let chosen = *dense_blocking();
+    let unsliced = DenseBlocking { l2: L2Size(0), measured: false, depth_slice: usize::MAX };
+    println!(
+        "L2 {} KiB per thread ({}), depth slices of at most {} lanes; {threads} threads, {m} rows, {}, median of {runs}",
+        chosen.l2.0 >> 10,
+        if chosen.measured { "CPUID" } else { "assumed" },
+        chosen.depth_slice,
+        if bf16 { "bf16" } else { "f32" },
+    );
+    println!("| shape | k × n | lanes deep | slices | GFLOP/s chosen | GFLOP/s unsliced | chosen / unsliced |");
+    println!("|---|---|---|---|---|---|---|");
+    for (seed, &(name, k, n)) in SHAPES.iter().enumerate() {
+        let x = values(seed, m * k);
+        let w = bench::pack(&values(seed + 7, k * n), k, n);
+        let mut out = vec![0f32; m * n];
+        let mut time = |blocking: &DenseBlocking| {
+            let start = Instant::now();
+            pool.install(|| bench::product(&x, m, &w, &mut out, bf16, blocking)).expect("this CPU has no AVX-512 BF16");
+            2.0 * (m * k * n) as f64 / start.elapsed().as_secs_f64() / 1e9
+        };
+        time(&chosen);
+        let (mut with, mut without) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            with.push(time(&chosen));
+            without.push(time(&unsliced));
+        }
+        let depth = if bf16 { k.div_ceil(2) } else { k };
+        let (with, without) = (median(with), median(without));
+        println!(
+            "| {name} | {k} × {n} | {depth} | {} | {with:.1} | {without:.1} | {:.3} |",
+            depth.div_ceil(chosen.depth_slice),
+            with / without
+        );
+    }
+}
