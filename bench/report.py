@@ -44,6 +44,11 @@ def machine_kind(m):
     return m.get("cpu", "unknown CPU")
 
 
+def latency_pairs(lp):
+    n = len(lp["pairs"])
+    return f"{n} alternating pair{'s' if n != 1 else ''} of runs"
+
+
 def supply_machine_kind(m, kind):
     if "cpu_family" in m:
         sys.exit(f"the results file records its machine kind already: {machine_kind(m)}")
@@ -96,6 +101,14 @@ def markdown(doc):
         cells.append(fmt(ratio(b[top]["latency_128_tokens_ms"], tp["ort-int8"][top]["latency_128_tokens_ms"]), 2) + "×")
         out.append(f"| ours at precision {precision} / {LABELS['ort-int8']} | " + " | ".join(cells) + " |")
     out.append("")
+    if "latency_pairs" in doc:
+        lp = doc["latency_pairs"]
+        ms = lambda engine, n: ", ".join(fmt(r[engine][n], 2) for r in lp["pairs"])
+        out.append(f"One text, ours fp32 and ONNX Runtime fp32 in {latency_pairs(lp)} (fresh processes, "
+                   f"{lp['threads']} threads, median of 20 each): 128 tokens {ms('ours', '128')} ms against "
+                   f"{ms('ort-fp32', '128')} ms, median ratio **{lp['ratio_128_median']:.2f}**; 9 tokens "
+                   f"{ms('ours', '9')} ms against {ms('ort-fp32', '9')} ms, median ratio {lp['ratio_9_median']:.2f}.")
+        out.append("")
     out += issue23(doc, top)
     out.append("")
     out.append("Our worker in detail:")
@@ -171,9 +184,14 @@ def markdown(doc):
     check(f"throughput ≥ 1.2× ONNX Runtime fp32 ({top} threads)", r, 1.2, fmt(r, 2) + "×")
     r = ratio(o["documents_per_s"], st["documents_per_s"])
     check(f"throughput ≥ 2.5× sentence-transformers ({top} threads)", r, 2.5, fmt(r, 2) + "×")
-    r = ratio(f32["latency_128_tokens_ms"], o["latency_128_tokens_ms"])
-    check("one 128-token text ≤ ONNX Runtime fp32's latency", r, 1.0,
-          f"{fmt(o['latency_128_tokens_ms'], 2)} ms against {fmt(f32['latency_128_tokens_ms'], 2)} ms")
+    if "latency_pairs" in doc:
+        r = 1 / doc["latency_pairs"]["ratio_128_median"]
+        check("one 128-token text ≤ ONNX Runtime fp32's latency", r, 1.0,
+              f"{1 / r:.2f} of it (median of {latency_pairs(doc['latency_pairs'])})")
+    else:
+        r = ratio(f32["latency_128_tokens_ms"], o["latency_128_tokens_ms"])
+        check("one 128-token text ≤ ONNX Runtime fp32's latency", r, 1.0,
+              f"{fmt(o['latency_128_tokens_ms'], 2)} ms against {fmt(f32['latency_128_tokens_ms'], 2)} ms")
     if "pipeline" in doc:
         r = doc["pipeline"]["ratio"]
         check("whole pipeline ≥ 95 % of raw inference", r, 0.95, f"{100 * r:.1f} %")
@@ -227,8 +245,14 @@ def issue23(doc, top):
         fmt(r, 2) + "×" if q else "not run (no AVX-512 VNNI, or before int8 was in the suite)")
     c = q.get("min_cosine_to_fp32") if q else None
     row("int8 min cosine to our fp32 (corpus) ≥ 0.999", c, lambda v: v >= 0.999, fmt(c, 6))
-    r = ratio(o["latency_128_tokens_ms"], f32["latency_128_tokens_ms"])
-    row("128-token latency / ONNX Runtime fp32 ≤ 1.0", r, lambda v: v <= 1.0, fmt(r, 2))
+    lp = doc.get("latency_pairs")
+    if lp:
+        r = lp["ratio_128_median"]
+        row("128-token latency / ONNX Runtime fp32 ≤ 1.0", r, lambda v: v <= 1.0,
+            f"{fmt(r, 2)} (median of {latency_pairs(lp)})")
+    else:
+        r = ratio(o["latency_128_tokens_ms"], f32["latency_128_tokens_ms"])
+        row("128-token latency / ONNX Runtime fp32 ≤ 1.0", r, lambda v: v <= 1.0, fmt(r, 2))
     p = doc.get("pipeline")
     row(f"pipeline / raw inference ≥ 0.95 ({p['documents']:,} docs)" if p else "pipeline / raw inference ≥ 0.95",
         p and p["ratio"], lambda v: v >= 0.95, f"{p['ratio']:.3f}" if p else "not run")

@@ -8,9 +8,9 @@
 #
 #   bench/run.sh [--threads 1,2] [--docs 10000] [--repeats 3] [--sizes 1000,3000,10000]
 #                [--boots 20] [--rss-sizes 1000,10000,100000]
-#                [--skip pipeline,cold-start,sizes,cosine,memory] [--quick]
+#                [--skip latency,pipeline,cold-start,sizes,cosine,memory] [--quick]
 #
-# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots, RSS sizes 100,1000; results go to bench/results/quick/
+# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots, RSS sizes 100,1000, 1 latency pair; results go to bench/results/quick/
 # (not committed) and docs/benchmarks.md is left alone. Use it to check the suite, not to quote.
 #
 # Needs: Rust, Python 3.11, the apt Translation-en indexes (apt-get update -o Acquire::Languages=en),
@@ -28,6 +28,7 @@ repeats=3
 sizes=1000,3000,10000
 boots=20
 rss_sizes=1000,10000,100000
+latency_pairs=3
 skip=""
 quick=0
 while [ $# -gt 0 ]; do
@@ -45,7 +46,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ "$quick" = 1 ]; then
-    docs=300; repeats=1; sizes=100,300; boots=5; rss_sizes=100,1000
+    docs=300; repeats=1; sizes=100,300; boots=5; rss_sizes=100,1000; latency_pairs=1
 fi
 
 home="${EPHEM_HOME:-$root/.ephem}"
@@ -111,6 +112,6 @@ quick_flag=()
 say "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ') model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
 say "measuring (load average now: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$py" bench/suite.py --corpus "$corpus" --docs "$docs" --threads "$threads" --repeats "$repeats" \
-    --sizes "$sizes" --boots "$boots" --rss-sizes "$rss_sizes" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \
+    --sizes "$sizes" --boots "$boots" --rss-sizes "$rss_sizes" --latency-pairs "$latency_pairs" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \
     --onnx-dir "$onnx_dir" --work-dir "$work" --out-dir "$out_dir" --name "$name" \
     "${quick_flag[@]}" "${docs_md[@]}"

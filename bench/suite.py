@@ -132,6 +132,20 @@ class Suite:
             return self.ours(corpus, threads, repeats, tag, precision=engine.removeprefix("ours-"))
         return self.peer(engine, corpus, threads, repeats, tag, vectors)
 
+    def latency_pairs(self, corpus, threads, pairs):
+        """`pairs` times: ours fp32 then ONNX Runtime fp32, each a fresh process warmed on `corpus`,
+        each measuring the 9- and 128-token texts (median of 20); the ratios' medians."""
+        runs = []
+        for i in range(pairs):
+            ours = self.ours(corpus, threads, 1, f"latency{i}")
+            ort = self.peer("ort-fp32", corpus, threads, 1, f"latency{i}")
+            runs.append({engine: {"9": r["latency_9_tokens_ms"], "128": r["latency_128_tokens_ms"]}
+                         for engine, r in (("ours", ours), ("ort-fp32", ort))})
+        ratio_128 = sorted(r["ours"]["128"] / r["ort-fp32"]["128"] for r in runs)
+        ratio_9 = sorted(r["ours"]["9"] / r["ort-fp32"]["9"] for r in runs)
+        return {"threads": threads, "pairs": runs, "ratio_128_median": ratio_128[len(runs) // 2],
+                "ratio_9_median": ratio_9[len(runs) // 2]}
+
     def our_vectors(self, corpus, threads):
         out = os.path.join(self.work, "vectors-ours.f32")
         run([os.path.join(self.bin, "examples", "embed_corpus"), "--corpus", corpus, "--out", out,
@@ -197,7 +211,8 @@ def main():
     ap.add_argument("--pipeline-docs", type=int, default=None, help="corpus size of the pipeline run (default --docs)")
     ap.add_argument("--rss-sizes", default="1000,10000,100000",
                     help="job sizes (documents) of the memory step: peak RSS against corpus size")
-    ap.add_argument("--skip", default="", help="comma list of: pipeline, cold-start, sizes, cosine, memory")
+    ap.add_argument("--skip", default="", help="comma list of: latency, pipeline, cold-start, sizes, cosine, memory")
+    ap.add_argument("--latency-pairs", type=int, default=3, help="alternating latency runs of ours and ONNX Runtime fp32")
     ap.add_argument("--bin-dir", required=True, help="target/release")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--onnx-dir", required=True)
@@ -260,6 +275,11 @@ def main():
                     result = suite.measure(engine, subset(args.corpus, n, args.work_dir), top, args.repeats, f"n{n}")
                 by_size[engine][str(n)] = result["documents_per_s"]
         doc["throughput_by_size"] = {"threads": top, **by_size}
+
+    # 3b. One-text latency, ours fp32 and ONNX Runtime fp32 alternately (the machines drift by tens
+    # of per cent for seconds at a time, which one 20-sample window per engine does not average).
+    if "latency" not in skip:
+        doc["latency_pairs"] = suite.latency_pairs(subset(args.corpus, 64, args.work_dir), top, args.latency_pairs)
 
     # 4. The whole local pipeline against raw inference, same corpus, 2 threads.
     if "pipeline" not in skip:
