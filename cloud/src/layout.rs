@@ -133,10 +133,13 @@ pub fn model_manifest(model_id: &str, version: u64) -> String {
     format!("models/{name}/v{version}/{MANIFEST_NAME}")
 }
 
-/// The version number in a manifest key made by [`model_manifest`].
+/// The version number in a manifest key made by [`model_manifest`]; `None` for any other
+/// spelling of a number (`v03`, `v+3`): one key per version, whoever lists the bucket.
 pub fn manifest_version(key: &str) -> Option<u64> {
     let rest = key.strip_prefix(MODELS_PREFIX)?.strip_suffix(MANIFEST_NAME)?.strip_suffix('/')?;
-    rest.rsplit('/').next()?.strip_prefix('v')?.parse().ok()
+    let segment = rest.rsplit('/').next()?;
+    let version: u64 = segment.strip_prefix('v')?.parse().ok()?;
+    (segment == format!("v{version}")).then_some(version)
 }
 
 pub const FLEET_KEYS_PREFIX: &str = "fleet-keys/";
@@ -163,6 +166,10 @@ mod tests {
         assert_eq!(key, "models/all-MiniLM-L6-v2/v3/manifest.cose");
         assert_eq!(manifest_version(&key), Some(3));
         assert_eq!(manifest_version("models/x/manifest.cose"), None);
+        for other_spelling in ["v03", "v+3", "v3 ", "V3", "v"] {
+            assert_eq!(manifest_version(&format!("models/x/{other_spelling}/manifest.cose")), None, "{other_spelling}");
+        }
+        assert_eq!(manifest_version("models/x/v0/manifest.cose"), Some(0));
     }
 
     #[test]
