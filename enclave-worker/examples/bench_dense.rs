@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use enclave_worker::inference::dense::bench;
+use enclave_worker::inference::dense_bench as bench;
 use enclave_worker::inference::{DenseBlocking, L2Size, dense_blocking};
 
 const SHAPES: [(&str, usize, usize); 6] = [

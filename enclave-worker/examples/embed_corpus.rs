@@ -72,7 +72,7 @@ fn main() {
     let mut failed = 0usize;
     let mut dimensions = 0usize;
     engine
-        .embed_stream(records.into_iter(), &EmbedOptions::default(), OutputDtype::F32, |record| {
+        .embed_stream(records, &EmbedOptions::default(), OutputDtype::F32, |record| {
             let row: Vec<f32> = match record {
                 OutputRecord::Embedding { vector: Vector::F32(v), .. } => v,
                 OutputRecord::Embedding { .. } => panic!("asked for f32 vectors"),

@@ -3,9 +3,9 @@
 //!
 //! Each message is a [`LedgerMessage`]: the receipt's exact COSE bytes (a job's receipt, or a
 //! usage receipt of online requests under its usage id, docs/protocol.md §9.5) and the attestation
-//! document it names. The ledger's [`ReceiptCheck`] verifies the document (at its own time), the
-//! binding of the receipt key, the receipt signature, and that the document's measurements
-//! satisfy one of the publisher-signed policies the function was given ([`crate::policies`]);
+//! document it names. The ledger's [`receipts_ledger::ReceiptCheck`] verifies the document (at
+//! its own time), the binding of the receipt key, the receipt signature, and that the document's
+//! measurements satisfy one of the publisher-signed policies the function was given ([`crate::policies`]);
 //! the ledger holds at most one entry per job, so a re-delivered message is a no-op. After the
 //! append, `jobs/<id>/ledger-proof.json` (the entry's proof bundle),
 //! `jobs/<id>/transparent-statement.cbor` (the receipt with its COSE Receipt, for SCITT

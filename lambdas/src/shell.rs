@@ -60,7 +60,7 @@ pub fn number(name: &'static str, default: u64) -> Result<u64, ShellError> {
     optional(name).map_or(Ok(default), |v| v.parse().map_err(|e| ShellError::Invalid { name, message: format!("{v:?}: {e}") }))
 }
 
-/// `EPHEM_MAX_JOB_RECORDS` and `EPHEM_MAX_JOB_BYTES` over [`JobLimits::default`].
+/// `EPHEM_MAX_JOB_RECORDS` and `EPHEM_MAX_JOB_BYTES` over [`crate::job_limits::JobLimits::default`].
 pub fn job_limits() -> Result<crate::job_limits::JobLimits, ShellError> {
     let default = crate::job_limits::JobLimits::default();
     Ok(crate::job_limits::JobLimits {

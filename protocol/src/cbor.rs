@@ -131,10 +131,10 @@ impl MapReader {
             let Value::Text(key) = key else {
                 return Err(CborError::BadKeys);
             };
-            if let Some(prev) = &previous {
-                if key_order(prev, &key) != std::cmp::Ordering::Less {
-                    return Err(CborError::BadKeys);
-                }
+            if let Some(prev) = &previous
+                && key_order(prev, &key) != std::cmp::Ordering::Less
+            {
+                return Err(CborError::BadKeys);
             }
             previous = Some(key.clone());
             fields.insert(key, value);

@@ -410,10 +410,10 @@ impl<R: RecordKind> Decoder<R> {
         if self.start < self.buffer.len() {
             return Err(RecordError::Truncated { offset: self.offset });
         }
-        if let Some(expected) = expected {
-            if expected != self.count {
-                return Err(RecordError::CountMismatch { expected, found: self.count });
-            }
+        if let Some(expected) = expected
+            && expected != self.count
+        {
+            return Err(RecordError::CountMismatch { expected, found: self.count });
         }
         Ok(self.count)
     }

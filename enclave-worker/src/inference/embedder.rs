@@ -381,7 +381,7 @@ impl Embedder {
 
     /// Bytes the model holds now: the fused encoder's weights as measured (bf16/int8 copies
     /// included once built) plus an estimate for the tokenizer (its vocabulary maps, about
-    /// [`TOKENIZER_BYTES_PER_TOKEN`] per entry). `None` for the candle backend, whose tensors
+    /// `TOKENIZER_BYTES_PER_TOKEN` per entry). `None` for the candle backend, whose tensors
     /// are not measured here: the caller counts the weights file instead.
     pub fn memory_bytes(&self) -> Option<u64> {
         let Model::Fused(encoder) = &self.model else { return None };

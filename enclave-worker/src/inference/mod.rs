@@ -76,8 +76,7 @@
 mod arch;
 mod batching;
 mod embedder;
-#[doc(hidden)]
-pub mod dense;
+mod dense;
 mod encoder;
 mod engine;
 mod kernels;
@@ -87,6 +86,8 @@ mod strided;
 pub use arch::Architecture;
 pub use batching::{Batch, BatchLimits, plan_batches};
 pub use dense::{Blocking as DenseBlocking, L2Size, blocking as dense_blocking};
+#[doc(hidden)] // for examples/bench_dense
+pub use dense::bench as dense_bench;
 pub use embedder::{Backend, Embedder, EmbedderSettings, ModelFiles, Tokenized};
 pub use engine::{CandleThreads, EmbedOptions, Engine, EngineSettings, candle_thread_settings};
 pub use metrics::{Metrics, MetricsSnapshot};

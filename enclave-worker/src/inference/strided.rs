@@ -120,7 +120,7 @@ mod tests {
         let stored: Vec<f32> = (0..30).map(|i| (i as f32 * 0.11).cos()).collect();
         let a = MatRef::new(&block, 3, 4, 9, 2);
         let b = MatRef::new(&stored, 5, 4, 6, 1).t();
-        let mut out = vec![7f32; 3 * 8];
+        let mut out = [7f32; 3 * 8];
         matmul(a, b, MatMut::new(&mut out[1..], 3, 5, 8), 0.5);
         for r in 0..3 {
             for c in 0..8 {

@@ -818,10 +818,10 @@ pub fn open_result(
     if header.result_key_id != ours {
         return Err(EnvelopeError::WrongRecipientKey { sealed_to: hex::encode(header.result_key_id), ours: hex::encode(ours) });
     }
-    if let Some(expected) = expected_job {
-        if header.job_id != expected {
-            return Err(EnvelopeError::JobIdMismatch { derived: header.job_id.to_hex(), claimed: expected.to_hex() });
-        }
+    if let Some(expected) = expected_job
+        && header.job_id != expected
+    {
+        return Err(EnvelopeError::JobIdMismatch { derived: header.job_id.to_hex(), claimed: expected.to_hex() });
     }
     let opened = open_with::<ResultKem>(preamble, &client.0)?;
     Ok(Opened { header, stream_id: opened.stream_id, opener: opened.opener, commitment_key: opened.commitment_key })
