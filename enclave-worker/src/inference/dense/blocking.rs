@@ -68,7 +68,7 @@ impl Blocking {
     /// The depth ranges a panel `depth` lanes deep is run in: as few as `depth_slice` allows,
     /// of equal length (± 1).
     pub(crate) fn slices(&self, depth: usize) -> impl Iterator<Item = Range<usize>> {
-        let count = depth.div_ceil(self.depth_slice).max(1);
+        let count = depth.div_ceil(self.depth_slice.max(1)).max(1);
         (0..count).map(move |i| i * depth / count..(i + 1) * depth / count)
     }
 }
