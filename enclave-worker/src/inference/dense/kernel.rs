@@ -144,7 +144,8 @@ fn as_bf16(v: __m512i) -> __m512bh {
 /// An accumulator vector: 16 f32 sums, or 16 int32 sums kept in `out` between depth slices as
 /// their bits.
 trait Accumulator: Copy {
-    fn zero() -> Self;
+    /// Safety: the CPU has AVX-512 F.
+    unsafe fn zero() -> Self;
     /// Safety: `at` is valid for reading 16 f32 and the CPU has AVX-512 F.
     unsafe fn load(at: *const f32) -> Self;
     /// Safety: `at` is valid for writing 16 f32 and the CPU has AVX-512 F.
@@ -153,41 +154,48 @@ trait Accumulator: Copy {
 
 impl Accumulator for __m512 {
     #[inline(always)]
-    fn zero() -> Self {
-        // SAFETY: AVX-512 F, as every kernel that uses this has.
+    unsafe fn zero() -> Self {
+        // SAFETY: the caller's contract.
         unsafe { _mm512_setzero_ps() }
     }
     #[inline(always)]
     unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: the caller's contract.
         unsafe { _mm512_loadu_ps(at) }
     }
     #[inline(always)]
     unsafe fn save(self, at: *mut f32) {
+        // SAFETY: the caller's contract.
         unsafe { _mm512_storeu_ps(at, self) }
     }
 }
 
 impl Accumulator for __m512i {
     #[inline(always)]
-    fn zero() -> Self {
-        // SAFETY: AVX-512 F, as every kernel that uses this has.
+    unsafe fn zero() -> Self {
+        // SAFETY: the caller's contract.
         unsafe { _mm512_setzero_si512() }
     }
     #[inline(always)]
     unsafe fn load(at: *const f32) -> Self {
+        // SAFETY: the caller's contract.
         unsafe { _mm512_loadu_si512(at.cast()) }
     }
     #[inline(always)]
     unsafe fn save(self, at: *mut f32) {
+        // SAFETY: the caller's contract.
         unsafe { _mm512_storeu_si512(at.cast(), self) }
     }
 }
 
 /// The accumulators a slice starts from: zero for a panel's first slice, else the first `rows`
 /// rows of `out` (the slices before).
+///
+/// Safety: the CPU has AVX-512 F; unless `first`, `out` holds `rows` rows of `NR` f32, `ldc` apart.
 #[inline(always)]
 unsafe fn start<V: Accumulator>(out: *const f32, ldc: usize, rows: usize, first: bool) -> [[V; NR / 16]; MR] {
-    let mut acc = [[V::zero(); NR / 16]; MR];
+    // SAFETY: the caller's contract.
+    let mut acc = [[unsafe { V::zero() }; NR / 16]; MR];
     if !first {
         for (r, acc_row) in acc.iter_mut().enumerate().take(rows) {
             for (v, acc) in acc_row.iter_mut().enumerate() {
@@ -200,6 +208,8 @@ unsafe fn start<V: Accumulator>(out: *const f32, ldc: usize, rows: usize, first:
 }
 
 /// Stores the first `rows` rows of the accumulators.
+///
+/// Safety: the CPU has AVX-512 F; `out` holds `rows` rows of `NR` f32, `ldc` apart.
 #[inline(always)]
 unsafe fn store<V: Accumulator>(acc: &[[V; NR / 16]; MR], out: *mut f32, ldc: usize, rows: usize) {
     for (r, acc_row) in acc.iter().enumerate().take(rows) {
