@@ -92,6 +92,8 @@ fn result_round_trip_and_wrong_client() {
     assert_eq!(out, b"vectors");
     let other = ResultSecretKey::generate();
     assert!(matches!(open_result(&preamble, &other, None), Err(EnvelopeError::WrongRecipientKey { .. })));
+    // The host hands over another of the same client's results for this job: named, not opened.
+    assert!(matches!(open_result(&preamble, &client, Some(JobId([6; 16]))), Err(EnvelopeError::JobIdMismatch { .. })));
     assert!(matches!(
         Preamble::parse_complete(&bytes, StreamKind::JobInput),
         Err(EnvelopeError::WrongKind { .. })
