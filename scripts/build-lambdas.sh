@@ -28,6 +28,7 @@
 # the release build checks its own zips every time it runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/venv.sh
 
 NAMES=(on-upload ledger-append fleet-rotate bulk-list-shards bulk-await-shard bulk-aggregate job-dead-letter)
 GLIBC=2.34
@@ -70,7 +71,7 @@ tools() {
   installed && return
   local started
   started=$(date +%s)
-  python3 -m venv "$VENV"
+  make_venv "$VENV"
   requirements >"$VENV/requirements.txt"
   "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
     -r "$VENV/requirements.txt"

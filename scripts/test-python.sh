@@ -13,6 +13,7 @@
 #   scripts/test-python.sh --bench-memory [N]     instead: results()' peak RSS on N records (100000)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/venv.sh
 now() { date +%s; }
 started=$(now)
 home="${EPHEM_HOME:-$PWD/.ephem}"
@@ -21,7 +22,7 @@ requirements=python/requirements-test.txt
 
 if ! cmp -s "$requirements" "$venv/requirements-test.txt" 2>/dev/null; then
     t=$(now)
-    python3 -m venv --clear "$venv"
+    make_venv "$venv" --clear
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
     cp "$requirements" "$venv/requirements-test.txt"
     echo "python: test environment installed in $(( $(now) - t ))s"

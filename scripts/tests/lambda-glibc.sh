@@ -117,3 +117,8 @@ fi
 
 echo "lambda-glibc: $passed passed, $fails failed"
 [ "$fails" = 0 ]
+# A CI run (.ci/run) has a small disk; nothing after this test reads the Lambda build.
+if [ "${EPHEM_PRUNE_BUILDS:-0}" = 1 ]; then
+  echo "lambda-glibc: EPHEM_PRUNE_BUILDS=1: removing target/lambda-build ($(du -sh target/lambda-build | cut -f1))"
+  rm -rf target/lambda-build
+fi

@@ -10,6 +10,7 @@
 # Prints each step's time; exit 1 on the first failure.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+source "$root/scripts/lib/venv.sh"
 cd "$root"
 now() { date +%s; }
 started=$(now)
@@ -27,7 +28,7 @@ trap cleanup EXIT
 fail() { echo "python-wheel: FAILED: $*" >&2; exit 1; }
 
 if ! cmp -s python/requirements-build.txt "$tools/requirements-build.txt" 2>/dev/null; then
-  python3 -m venv --clear "$tools"
+  make_venv "$tools" --clear
   "$tools/bin/python" -m pip install --quiet --disable-pip-version-check -r python/requirements-build.txt
   cp python/requirements-build.txt "$tools/requirements-build.txt"
 fi

@@ -8,12 +8,13 @@
 #   scripts/tests/scitt-interop.sh [STATEMENT.cbor PUBLIC_KEY_HEX]   (no arguments: the vector)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/lib/venv.sh
 started=$(date +%s)
 home="${EPHEM_HOME:-$PWD/.ephem}"
 venv="$home/venv-scitt"
 requirements=scripts/tests/scitt_requirements.txt
 if ! cmp -s "$requirements" "$venv/requirements.txt" 2>/dev/null; then
-    python3 -m venv --clear "$venv"
+    make_venv "$venv" --clear
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -r "$requirements"
     cp "$requirements" "$venv/requirements.txt"
 fi
