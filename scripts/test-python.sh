@@ -32,10 +32,10 @@ export EPHEM_FIXTURES="${EPHEM_FIXTURES:-$(cd .. && pwd)/shared/fixtures}"
 bash scripts/setup-model.sh
 export EPHEM_MODEL_DIR="${EPHEM_MODEL_DIR:-$home/models/all-MiniLM-L6-v2}"
 
-# The binaries the stack runs and the extension module, with the workspace's feature set (the
-# same artifacts `cargo build --workspace --bins` and `cargo test --workspace` made).
+# The binaries the stack runs and the extension module, with the features `cargo test` resolves
+# (dev-dependencies included; the same artifacts scripts/test-rust.sh made, not a second build).
 t=$(now)
-cargo build --workspace --bins --lib --locked
+cargo build --workspace --bins --lib --tests --locked
 echo "python: workspace build (extension module included) in $(( $(now) - t ))s"
 export EPHEM_BIN_DIR="$PWD/target/debug"
 

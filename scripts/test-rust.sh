@@ -30,8 +30,10 @@ bash scripts/emulator-stack.sh synth >/dev/null
 python3 -m unittest discover -s scripts/tests -p 'test_emulator_stack.py'
 echo "emulator stack: synthesized and its filter tested in $(( $(date +%s) - started ))s"
 
-# The cross-component tests run the real binaries: build them first.
-cargo build --workspace --bins --locked
+# The cross-component tests run the real binaries: build them first, with the tests, so that the
+# features resolve as `cargo test` resolves them (dev-dependencies included); built without the
+# tests, 82 crates (the AWS SDK and candle among them) were built twice, ~5 minutes and 1.5 GB.
+cargo build --workspace --bins --tests --locked
 if $only_aws; then
     cargo test --locked -p cloud-aws --lib
     cargo test --locked -p tests --test aws_conformance --test aws_pipeline --test aws_stack --test aws_workflow -- aws_
