@@ -559,7 +559,7 @@ pub fn run_lambdas(home: &Home, input_retention: Duration) -> anyhow::Result<()>
             }
         }
         if last_expiry.elapsed() > Duration::from_secs(5) {
-            if let Err(error) = crate::local::expire_inputs(&services, input_retention, cloud::now_ms()) {
+            if let Err(error) = crate::local::expire_inputs(&services, ledger.store(), input_retention, cloud::now_ms()) {
                 tracing::warn!(%error, "input expiry");
             }
             last_expiry = Instant::now();

@@ -10,10 +10,9 @@ use std::time::Duration;
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use lambdas::sqs_event::sqs_event;
 use cloud_local::CreatedHook;
-use cloud::messages::Ledgered;
 use cloud::{layout, ObjectError, ObjectMeta, Queue, QueueError, SendOptions, Services};
 use protocol::envelope::JobId;
-use receipts_ledger::{Ledger, LedgerStore};
+use receipts_ledger::{Ledger, LedgerStore, StoreError};
 
 use lambdas::on_upload::{self, Config};
 
@@ -103,30 +102,37 @@ pub fn on_upload_hook(services: Services, config: Config, failures: Arc<dyn Queu
 }
 
 
+/// Why a round of input expiry stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ExpiryError {
+    #[error("jobs store: {0}")]
+    Objects(#[from] ObjectError),
+    #[error("ledger: {0}")]
+    Ledger(#[from] StoreError),
+}
+
 /// Deletes the sealed input of every job whose receipt the ledger has held for `retention`.
-/// Returns the number of inputs deleted.
-pub fn expire_inputs(services: &Services, retention: Duration, now_ms: u64) -> Result<usize, ObjectError> {
+/// `jobs/<id>/ledgered.json` only says which jobs to look up: whoever may write the jobs store
+/// can write one, with any time in it. Whether the ledger holds the job's receipt, and since
+/// when, is the ledger's own entry for the job. Returns the number of inputs deleted.
+pub fn expire_inputs(services: &Services, ledger: &dyn LedgerStore, retention: Duration, now_ms: u64) -> Result<usize, ExpiryError> {
     let mut deleted = 0;
     for meta in services.jobs.list(layout::JOBS_PREFIX)? {
         let Some(id) = meta.key.strip_prefix(layout::JOBS_PREFIX).and_then(|k| k.strip_suffix("/ledgered.json")) else {
             continue;
         };
         let Some(job) = JobId::from_hex(id) else { continue };
-        let marker: Ledgered = match services.jobs.get(&meta.key) {
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
-                Ok(marker) => marker,
-                Err(_) => continue,
-            },
-            Err(ObjectError::NotFound { .. }) => continue,
-            Err(error) => return Err(error),
+        let Some(entry) = ledger.entry_by_job(&job)?.filter(|entry| entry.fields.kind.is_job()) else {
+            tracing::warn!(job = %job, "ledgered.json names a job whose receipt the ledger does not hold: its input is kept");
+            continue;
         };
-        if marker.appended_ms + retention.as_millis() as u64 > now_ms {
+        if entry.appended_ms.saturating_add(retention.as_millis() as u64) > now_ms {
             continue;
         }
         let input = layout::job_input(&job);
         if services.jobs.head(&input)?.is_some() {
             services.jobs.delete(&input)?;
-            tracing::info!(job = %job, "sealed input expired after its receipt reached the ledger");
+            tracing::info!(job = %job, index = entry.index, "sealed input expired after its receipt reached the ledger");
             deleted += 1;
         }
     }

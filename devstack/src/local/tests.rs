@@ -97,3 +97,42 @@ fn a_job_message_dead_lettered_after_its_host_died_ends_failed_with_a_failed_bul
     assert!(f.failed_cause(&token).starts_with("dead_lettered: the job queue dead-lettered"));
     assert_eq!(dlq.stats().unwrap().visible, 0);
 }
+
+/// Input expiry believes the ledger, not the marker: a `ledgered.json` forged for a job the
+/// ledger has never seen keeps its input, and a marker that backdates a real entry does not
+/// expire the input before the ledger's own time says so. (Trusting the marker, both inputs
+/// went at the first round.)
+#[test]
+fn input_expiry_believes_the_ledger_not_the_marker() {
+    use cloud::messages::Ledgered;
+    use receipts_ledger::local::LocalLedger;
+    use receipts_ledger::testing::{test_job, test_request, TestReceipts};
+
+    let f = Fixture::new();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut ledger, _) = LocalLedger::open(dir.path(), Box::new(TestReceipts)).unwrap();
+    let appended_ms = 1_800_000_000_000;
+    ledger.append(test_request(1, 200), appended_ms).unwrap();
+    let retention = Duration::from_secs(3600);
+
+    let (held, forged, unmarked) = (test_job(1), test_job(2), test_job(3));
+    for job in [&held, &forged, &unmarked] {
+        f.services.jobs.put(&layout::job_input(job), b"sealed", PutCondition::CreateOnly).unwrap();
+    }
+    // Both markers claim the epoch: long past any retention.
+    for (job, index) in [(&held, 0), (&forged, 7)] {
+        let marker = serde_json::to_vec(&Ledgered { job_id: *job, index, appended_ms: 0 }).unwrap();
+        f.services.jobs.put(&layout::job_ledgered(job), &marker, PutCondition::Overwrite).unwrap();
+    }
+    let kept = |job: &JobId| f.services.jobs.head(&layout::job_input(job)).unwrap().is_some();
+
+    let before = appended_ms + retention.as_millis() as u64 - 1;
+    assert_eq!(expire_inputs(&f.services, ledger.store(), retention, before).unwrap(), 0);
+    assert!(kept(&held) && kept(&forged) && kept(&unmarked), "nothing expires before the ledger's time");
+
+    let after = appended_ms + retention.as_millis() as u64;
+    assert_eq!(expire_inputs(&f.services, ledger.store(), retention, after).unwrap(), 1);
+    assert!(!kept(&held), "the ledgered job's input expires after its retention");
+    assert!(kept(&forged), "a marker the ledger does not back deletes nothing");
+    assert!(kept(&unmarked));
+}
