@@ -20,6 +20,7 @@
 # the ONNX export under .ephem/bench/onnx.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib/venv.sh
 root=$PWD
 
 threads=1,2
@@ -75,7 +76,7 @@ stamp="$venv/.requirements.sha256"
 want=$(sha256sum bench/requirements.txt | cut -d' ' -f1)
 if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     say "peers' environment: $venv (PyTorch with CUDA wheels from PyPI: several GB, the first time)"
-    python3 -m venv "$venv"
+    make_venv "$venv"
     "$venv/bin/pip" install --quiet --upgrade pip
     "$venv/bin/pip" install --quiet -r bench/requirements.txt
     echo "$want" > "$stamp"

@@ -32,7 +32,7 @@ echo "emulator stack: synthesized and its filter tested in $(( $(date +%s) - sta
 
 # The cross-component tests run the real binaries: build them first, with the tests, so that the
 # features resolve as `cargo test` resolves them (dev-dependencies included); built without the
-# tests, 82 crates (the AWS SDK and candle among them) were built twice, ~5 minutes and 1.5 GB.
+# tests, 82 crates (the AWS SDK and candle among them) were built twice (6 m 48 s, ~1.5 GB).
 cargo build --workspace --bins --tests --locked
 if $only_aws; then
     cargo test --locked -p cloud-aws --lib
