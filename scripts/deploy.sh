@@ -212,11 +212,7 @@ step_image() {
   d="dist/enclave/$COMMIT"
   prefix="builds/$COMMIT-${model_pub:0:16}"
   [[ "$model_pub" != "<"* ]] || prefix="builds/$COMMIT-<MODEL_PUBLISHER_KEY:16>"
-  if grep -q '^RUST_BUILDER_IMAGE=.*@sha256:UNPINNED$' enclave-image/pins.env; then
-    note "WARNING: enclave-image/pins.env does not pin the Rust builder by digest; the build refuses it."
-    note "On any machine with Docker: enclave-image/build-enclave.sh --pin, paste the line into pins.env, commit."
-    [ "$DRY" = 1 ] || die "step 2: enclave-image/pins.env is not pinned by digest (enclave-image/README.md): run enclave-image/build-enclave.sh --pin where Docker runs, commit pins.env, re-run"
-  fi
+  note "the build pins (checked in the preflight): $(sed -n 's/^RUST_BUILDER_IMAGE=//p' enclave-image/pins.env), nitro-cli $(sed -n 's/^NITRO_CLI_VERSION=//p' enclave-image/pins.env)"
   if [ -n "$(git status --porcelain --untracked-files=no)" ]; then
     note "WARNING: uncommitted changes are NOT in the image: it is built from commit $COMMIT"
   fi
@@ -406,6 +402,10 @@ else
 fi
 
 echo "0. preflight (every run)"
+# First, before any account call: an image built from unpinned inputs would not reproduce its
+# PCR0, so nothing is deployed (a dry run included) until enclave-image/pins.env pins them.
+show enclave-image/check-pins.sh
+enclave-image/check-pins.sh >/dev/null || die "enclave-image/pins.env does not pin the enclave image build: apply the remedy above, commit, re-run"
 x aws sts get-caller-identity --query Account --output text
 if ! command -v "$EPHEM" >/dev/null 2>&1; then
   note "the client ($EPHEM is not there yet)"

@@ -64,15 +64,30 @@ if (cd "$cdk_dir" && npx --no-install cdk synth --quiet --no-notices -c lambdaAs
 fi
 grep -q "missing enclave measurements" "$zips/nomeasure.log" || { cat "$zips/nomeasure.log"; fail "synth without measurements failed for another reason"; }
 
-step "enclave-image scripts (syntax; the unpinned builder is refused)"
-bash -n "$root/enclave-image/build-enclave.sh" "$root/enclave-image/check-reproducible.sh"
+step "enclave-image pins (check-pins.sh: the committed pins hold; an UNPINNED one is refused)"
+bash -n "$root/enclave-image/build-enclave.sh" "$root/enclave-image/check-reproducible.sh" "$root/enclave-image/check-pins.sh"
 sh -n "$root/enclave-image/build-worker.sh"
-if grep -q '^RUST_BUILDER_IMAGE=.*@sha256:UNPINNED$' "$root/enclave-image/pins.env"; then
-  if bash "$root/enclave-image/build-enclave.sh" --model-publisher-pubkey "${DUMMY_PCR0:0:64}" --policy-signing-key /dev/null >"$zips/pin.log" 2>&1; then
-    fail "build-enclave.sh accepted an unpinned builder image"
+# What main ships must pin the build: a fresh clone deploys without editing pins.env.
+bash "$root/enclave-image/check-pins.sh" || fail "enclave-image/pins.env does not pin the image build (remedy above)"
+# The CodeBuild project's image default is the pinned one (the buildspec refuses another).
+pinned_build_image="$(sed -n 's/^CODEBUILD_IMAGE=//p' "$root/enclave-image/pins.env")"
+grep -A4 '^  BuildImage:' "$root/enclave-image/image-build.yaml" | grep -qx "    Default: $pinned_build_image" \
+  || fail "enclave-image/image-build.yaml BuildImage default is not $pinned_build_image (pins.env CODEBUILD_IMAGE)"
+# An UNPINNED value, in any pin, is refused by the checker and by build-enclave.sh before it
+# builds anything (a copy of enclave-image/ with one pin replaced).
+for var in RUST_BUILDER_IMAGE NITRO_CLI_IMAGE NITRO_CLI_VERSION; do
+  copy="$zips/pins-$var/enclave-image"
+  mkdir -p "$copy" && cp "$root/enclave-image/"*.sh "$root/enclave-image/pins.env" "$root/enclave-image/expected-pcrs.txt" "$copy/"
+  sed -i -E "s/^($var=)(.*@sha256:)?.*/\1\2UNPINNED/" "$copy/pins.env"
+  if bash "$copy/check-pins.sh" >"$zips/pin.log" 2>&1; then fail "check-pins.sh accepted $var=...UNPINNED"; fi
+  grep -q "^check-pins: .*$var=" "$zips/pin.log" || { cat "$zips/pin.log"; fail "check-pins.sh did not name $var"; }
+  grep -q "remedy:" "$zips/pin.log" || { cat "$zips/pin.log"; fail "check-pins.sh named no remedy for $var"; }
+  if bash "$copy/build-enclave.sh" --unsigned --model-publisher-pubkey "${DUMMY_PCR0:0:64}" >"$zips/pin.log" 2>&1; then
+    fail "build-enclave.sh accepted $var=...UNPINNED"
   fi
-  grep -q "not pinned by digest" "$zips/pin.log" || { cat "$zips/pin.log"; fail "build-enclave.sh failed for another reason"; }
-fi
+  grep -q "does not pin the build" "$zips/pin.log" || { cat "$zips/pin.log"; fail "build-enclave.sh failed for another reason than $var"; }
+done
+echo "pins: committed pins hold; UNPINNED refused by check-pins.sh and build-enclave.sh"
 
 step "scripts/deploy.sh (shellcheck if installed, else bash -n; the dry-run plan and resuming)"
 if command -v shellcheck >/dev/null; then

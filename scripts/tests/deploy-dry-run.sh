@@ -150,7 +150,25 @@ EPHEM_DEPLOY_DIR="$real" "$deploy" --dry-run >"$t/run2" 2>&1
 has "$t/run2" "-- resume at step 2 (image)" "after the failure the plan resumes at step 2"
 grep -c "policy keygen" "$FAKE_LOG" | grep -qx 2 && ok "the keys were made once each" || not_ok "keygen calls: $(cat "$FAKE_LOG")"
 
-# --- 6. the ledger key string: known answer of docs/protocol.md §8.5 ---------------------------------
+# --- 6. unpinned image inputs stop every run, a dry run included, before any call -------------------
+# A copy of the scripts with one pin UNPINNED (a repository of its own: deploy.sh reads its root).
+bad="$t/unpinned"
+mkdir -p "$bad/scripts" "$bad/enclave-image"
+cp "$deploy" "$bad/scripts/"; cp "$root/enclave-image/check-pins.sh" "$root/enclave-image/pins.env" "$bad/enclave-image/"
+sed -i -E 's/^(RUST_BUILDER_IMAGE=.*@sha256:).*/\1UNPINNED/' "$bad/enclave-image/pins.env"
+git -C "$bad" init -q && git -C "$bad" -c user.name=t -c user.email=t@t commit -q --allow-empty -m t
+: >"$FAKE_LOG"
+if EPHEM_DEPLOY_DIR="$t/unpinned-state" "$bad/scripts/deploy.sh" --dry-run >"$t/unpinned.log" 2>&1; then
+  not_ok "a dry run with an UNPINNED builder is refused"
+else
+  has "$t/unpinned.log" "RUST_BUILDER_IMAGE=rust:1.95.0-alpine@sha256:UNPINNED is not" "the refusal names the unpinned value"
+  has "$t/unpinned.log" "remedy: on a machine with Docker run enclave-image/build-enclave.sh --pin" "and the exact remedy"
+  lacks "$t/unpinned.log" "1. keys" "and stops before step 1"
+fi
+[ ! -s "$FAKE_LOG" ] && ok "no tool was called before the refusal" || not_ok "called before the pin check: $(cat "$FAKE_LOG")"
+has "$t/plan" "enclave-image/check-pins.sh" "the plan shows the pin check"
+
+# --- 7. the ledger key string: known answer of docs/protocol.md §8.5 ---------------------------------
 # The verifier key's base64(0x01 || key), as an Ed25519 SubjectPublicKeyInfo the way KMS returns it.
 pub="$(echo 'ASFS+NGbeR0kRTJC4V8uq2y3z/p7al7TAJeWDgaYgdsS' | base64 -d | tail -c 32 | od -An -tx1 | tr -d ' \n')"
 spki="$(echo "302a300506032b6570032100$pub" | xxd -r -p | base64 -w0)"
