@@ -25,6 +25,13 @@ export type CliEnvironment = Record<string, string | undefined>;
 
 export interface DeployConfig {
   readonly measurements: Measurements;
+  /**
+   * The image about to be rolled out (`-c nextPolicyFile=…` or `-c nextPcr0=… [-c nextPcr8=…]`):
+   * its fleet and model keys are created beside the running image's, and fleet-rotate wraps new
+   * epochs under its fleet key, while the hosts still run the current image
+   * (`scripts/deploy.sh --update-image`, docs/operations.md §4).
+   */
+  readonly nextMeasurements?: Measurements;
   /** EC2 instance type of the hosts; must support Nitro Enclaves. */
   readonly instanceType: string;
   /**
@@ -40,6 +47,11 @@ export interface DeployConfig {
   readonly minHosts: number;
   readonly maxHosts: number;
   readonly jobsPerHost: number;
+  /**
+   * Session Manager's interface endpoints and the hosts' SSM registration (`-c sessionManager=true`);
+   * off by default: three endpoints per AZ cost about $22/month per AZ whether or not anyone logs in.
+   */
+  readonly sessionManager: boolean;
   /** Availability zones the fleet's VPC spans (1 or 2: the stack is environment-agnostic). */
   readonly maxAzs: number;
   /** Object Lock retention of every ledger object, in days. */
@@ -128,14 +140,16 @@ export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process
   const lambdaAssetsDir = str(read, 'lambdaAssetsDir', path.join(repoRoot(), 'target', 'lambda'));
   const cfg: DeployConfig = {
     measurements: loadMeasurements(read),
+    nextMeasurements: loadNextMeasurements(read),
     instanceType: str(read, 'instanceType', 'm6i.xlarge'),
     hostImage: hostImage(read, cliEnv),
     enclaveCpuCount: int(read, 'enclaveCpuCount', 2, 2, 128),
     enclaveMemoryMib: int(read, 'enclaveMemoryMib', 6144, 1024, 1024 * 1024),
-    minHosts: int(read, 'minHosts', 1, 1, 1000),
+    minHosts: int(read, 'minHosts', 1, 0, 1000),
     maxHosts: int(read, 'maxHosts', 4, 1, 1000),
     jobsPerHost: int(read, 'jobsPerHost', 2, 1, 1000),
     maxAzs: int(read, 'maxAzs', 2, 1, 2),
+    sessionManager: bool(read, 'sessionManager', false),
     ledgerRetentionDays: int(read, 'ledgerRetentionDays', 30, 1, 36500),
     ledgerLockMode: lockMode(read),
     alarmEmail: email(read, 'alarmEmail'),
@@ -217,6 +231,14 @@ export function loadMeasurements(read: ContextReader): Measurements {
   };
 }
 
+/** The incoming image's measurements (`nextPolicyFile`, or `nextPcr0`/`nextPcr8`), if given. */
+export function loadNextMeasurements(read: ContextReader): Measurements | undefined {
+  const given = (k: string) => read(k) !== undefined && read(k) !== '';
+  if (!given('nextPolicyFile') && !given('nextPcr0') && !given('nextPcr8')) return undefined;
+  if (!given('nextPolicyFile') && !given('nextPcr0')) throw new ConfigError('nextPcr8 needs nextPcr0');
+  return loadMeasurements((k) => (['pcr0', 'pcr8', 'policyFile'].includes(k) ? read(`next${k[0].toUpperCase()}${k.slice(1)}`) : undefined));
+}
+
 export function measurementsFromPolicyFile(file: string): Measurements {
   let doc: unknown;
   try {
@@ -285,6 +307,14 @@ function int(read: ContextReader, key: string, dflt: number, min: number, max: n
     throw new ConfigError(`${key} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`);
   }
   return n;
+}
+
+function bool(read: ContextReader, key: string, dflt: boolean): boolean {
+  const v = read(key);
+  if (v === undefined || v === '') return dflt;
+  if (v === true || v === 'true') return true;
+  if (v === false || v === 'false') return false;
+  throw new ConfigError(`${key} must be true or false, got ${JSON.stringify(v)}`);
 }
 
 function email(read: ContextReader, key: string): string | undefined {

@@ -52,7 +52,7 @@ export function resolveProps(scope: Construct, props: EphemBatchProps): DeployCo
     Token.isUnresolved(stack.account) || Token.isUnresolved(stack.region) ? undefined : { CDK_DEFAULT_ACCOUNT: stack.account, CDK_DEFAULT_REGION: stack.region };
   const cliEnv: CliEnvironment =
     props.hostImage?.kind === 'lookup' ? { CDK_DEFAULT_ACCOUNT: props.hostImage.account, CDK_DEFAULT_REGION: props.hostImage.region } : stackEnv ?? process.env;
-  return { ...loadConfig((key) => values[key], cliEnv), measurements: props.measurements };
+  return { ...loadConfig((key) => values[key], cliEnv), measurements: props.measurements, nextMeasurements: props.nextMeasurements };
 }
 
 export class EphemBatch extends Construct {
@@ -82,6 +82,8 @@ export class EphemBatch extends Construct {
     this.queues = new Queues(this, 'Queues');
     this.keys = new Keys(this, 'Keys', {
       measurements: cfg.measurements,
+      nextMeasurements: cfg.nextMeasurements,
+      breakGlassRole: this.identities.keyBreakGlassRole,
       hostRole: this.identities.hostRole,
       rotationRole: this.identities.rotationRole,
       ledgerRole: this.identities.ledgerRole,
@@ -105,6 +107,7 @@ export class EphemBatch extends Construct {
       vpc: props.vpc,
       hostSubnets: props.hostSubnets,
       vpcEndpoints: props.vpcEndpoints,
+      sessionManager: cfg.sessionManager,
       onlineCertificateArn: cfg.onlineCertificateArn,
       onlineFlowsPerHost: cfg.onlineFlowsPerHost,
     });
@@ -135,6 +138,8 @@ export class EphemBatch extends Construct {
     this.observability = new Observability(this, 'Observability', {
       queues: this.queues,
       hosts: this.fleet.hosts,
+      fleetAlarms: [this.fleet.oldJobsAlarm],
+      attestationsBucketName: this.storage.attestations.bucketName,
       functions: this.lambdas.all,
       ledgerAppend: this.lambdas.ledgerAppend,
       stateMachine: this.workflow.stateMachine,
@@ -205,6 +210,12 @@ export class EphemBatch extends Construct {
     out('FleetKeyArn', k.fleetKey.attrArn, 'KMS key wrapping fleet-key epochs (released only to the measured image)');
     out('ModelKeyArn', k.modelKey.attrArn, 'KMS key wrapping model data keys (released only to the measured image)');
     out('LedgerSigningKeyArn', k.ledgerSigningKey.attrArn, 'KMS Ed25519 key signing ledger checkpoints (GetPublicKey to pin it)');
+    out('KeyBreakGlassRoleArn', this.identities.keyBreakGlassRole.roleArn, 'the kill switch: may DisableKey/EnableKey on the three keys, nothing else (MFA; docs/operations.md §5)');
+    if (k.next !== undefined) {
+      out('NextFleetKeyArn', k.next.fleetKey.attrArn, 'the incoming image\'s fleet key (fleet-rotate wraps new epochs under it)');
+      out('NextModelKeyArn', k.next.modelKey.attrArn, 'the incoming image\'s model key (seal the model under it before the hosts roll)');
+      out('NextImageSha384', k.next.measurements.pcr0, 'PCR0 of the incoming image');
+    }
     out('BulkStateMachineArn', this.workflow.stateMachine.stateMachineArn, 'bulk workflow (submit --bulk)');
     out('FleetRotateFunctionName', this.lambdas.fleetRotate.functionName, 'invoke to start a new fleet-key epoch now');
     out('ModelPublisherRoleArn', this.identities.modelPublisherRole.roleArn, 'role to assume for ephem-batch model encrypt|upload');

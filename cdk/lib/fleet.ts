@@ -5,6 +5,8 @@
 import { ArnFormat, Aws, CfnRule, ContextProvider, Duration, Fn, Stack, Validations } from 'aws-cdk-lib';
 import * as cxschema from 'aws-cdk-lib/cloud-assembly-schema';
 import * as autoscaling from 'aws-cdk-lib/aws-autoscaling';
+import * as cloudwatch from 'aws-cdk-lib/aws-cloudwatch';
+import * as cloudwatchActions from 'aws-cdk-lib/aws-cloudwatch-actions';
 import * as ec2 from 'aws-cdk-lib/aws-ec2';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as logs from 'aws-cdk-lib/aws-logs';
@@ -19,7 +21,10 @@ import {
 import { HostArtifact, HostArtifacts } from './host-artifacts';
 import { OnlineRelay, RELAY_PORT } from './online-relay';
 import { Queues } from './queues';
-import { Storage } from './storage';
+import { ATTESTATION_REQUESTS_METRIC, Storage } from './storage';
+
+/** Age of the oldest job (s) at which the group adds a host and the operator is told. */
+export const STALE_JOB_S = 900;
 
 export interface FleetProps {
   readonly hostRole: iam.Role;
@@ -43,6 +48,8 @@ export interface FleetProps {
   readonly hostSubnets?: ec2.SubnetSelection;
   /** In an existing VPC: add the S3 gateway and interface endpoints the hosts need (default true). */
   readonly vpcEndpoints?: boolean;
+  /** Session Manager's three interface endpoints (ssm, ssmmessages, ec2messages): opt-in, as they cost while idle. */
+  readonly sessionManager: boolean;
   /** With a certificate: the online relay on every host, behind a TLS load balancer (online-relay.ts). */
   readonly onlineCertificateArn?: string;
   readonly onlineFlowsPerHost: number;
@@ -58,6 +65,10 @@ export class Fleet extends Construct {
   readonly hostLogs: logs.LogGroup;
   /** The online relay's load balancer, when the deployment has a certificate for it. */
   readonly onlineRelay?: OnlineRelay;
+  /** Starts the first host when work waits and the group wants none (minHosts=0). */
+  startFirstHostAlarm!: cloudwatch.Alarm;
+  /** Adds a host when the oldest job has waited STALE_JOB_S (observability.ts notifies on it too). */
+  oldJobsAlarm!: cloudwatch.Alarm;
 
   constructor(scope: Construct, id: string, props: FleetProps) {
     super(scope, id);
@@ -66,7 +77,7 @@ export class Fleet extends Construct {
     this.hostLogs = new logs.LogGroup(this, 'HostLogs', { retention: logs.RetentionDays.THREE_MONTHS });
     this.artifacts = new HostArtifacts(this, 'Artifacts', { enclaveEif: props.enclaveEif, hostPoller: props.hostPoller });
     this.grantHostPermissions(props);
-    this.sessionManager(props.hostRole);
+    if (props.sessionManager) this.sessionManager(props.hostRole);
 
     const instanceType = new ec2.InstanceType(props.instanceType);
     const cpuType =
@@ -144,8 +155,16 @@ export class Fleet extends Construct {
         ),
       ],
       // A new launch template version (a new image or poller: new asset keys and digests in the user
-      // data; new measurements; a new AMI) rolls through the group host by host.
-      updatePolicy: autoscaling.UpdatePolicy.rollingUpdate({ maxBatchSize: 1 }),
+      // data; new measurements; a new AMI) rolls through the group host by host, a new host first:
+      // at least one host stays in service (MinInstancesInService), so the running image keeps
+      // working on the jobs it can open while the new one attests (docs/operations.md §4).
+      updatePolicy: autoscaling.UpdatePolicy.rollingUpdate({
+        maxBatchSize: 1,
+        minInstancesInService: Math.min(1, props.maxHosts - 1),
+        // The launch hook holds a new host until its enclave has attested (up to LAUNCH_TIMEOUT_S).
+        pauseTime: Duration.seconds(LAUNCH_TIMEOUT_S),
+        waitOnResourceSignals: false,
+      }),
     });
     Validations.of(this.hosts).acknowledge(
       {
@@ -161,6 +180,7 @@ export class Fleet extends Construct {
     );
 
     this.scaleOnBacklog(props);
+    this.startFromZero(props);
     if (props.onlineCertificateArn !== undefined) {
       this.onlineRelay = new OnlineRelay(this, 'OnlineRelay', {
         vpc: this.vpc,
@@ -248,16 +268,23 @@ export class Fleet extends Construct {
     });
     endpointSg.addIngressRule(hostSg, ec2.Port.tcp(443), 'HTTPS from the hosts');
     const endpoints: Record<string, ec2.InterfaceVpcEndpointAwsService> = {
+      // Exactly what the hosts call: SQS (jobs, receipts), KMS (the enclave, through the relay),
+      // Step Functions (bulk task results), CloudWatch Logs (the agent ships logs only; the hosts
+      // publish no metrics, so no monitoring endpoint), Auto Scaling (lifecycle hooks, health).
       Sqs: ec2.InterfaceVpcEndpointAwsService.SQS,
       Kms: ec2.InterfaceVpcEndpointAwsService.KMS,
       StepFunctions: ec2.InterfaceVpcEndpointAwsService.STEP_FUNCTIONS,
-      CloudWatch: ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_MONITORING,
       CloudWatchLogs: ec2.InterfaceVpcEndpointAwsService.CLOUDWATCH_LOGS,
       AutoScaling: ec2.InterfaceVpcEndpointAwsService.AUTOSCALING,
-      // Session Manager: an operator reaches a host without SSH, inbound rules or a bastion.
-      Ssm: ec2.InterfaceVpcEndpointAwsService.SSM,
-      SsmMessages: ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
-      Ec2Messages: ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+      // Session Manager (opt-in, -c sessionManager=true): an operator reaches a host without SSH,
+      // inbound rules or a bastion. Three endpoints per AZ that cost by the hour, idle or not.
+      ...(props.sessionManager
+        ? {
+            Ssm: ec2.InterfaceVpcEndpointAwsService.SSM,
+            SsmMessages: ec2.InterfaceVpcEndpointAwsService.SSM_MESSAGES,
+            Ec2Messages: ec2.InterfaceVpcEndpointAwsService.EC2_MESSAGES,
+          }
+        : {}),
     };
     for (const [name, service] of Object.entries(endpoints)) {
       addInterfaceEndpoint(`${name}Endpoint`, {
@@ -416,6 +443,74 @@ export class Fleet extends Construct {
   }
 
   /**
+   * The first host of an idle fleet (minHosts=0). Target tracking divides by the hosts in service,
+   * so with none it has no value and never acts; this step policy sets the group to one host when
+   * the group wants none yet something waits for a host: a job message, or a client's request
+   * for a fresh attestation document (the attestations bucket's request metric), which comes
+   * before any job can be sealed. Once a host is in service, tracking takes over (and scales back
+   * to zero when nothing is waiting or in flight).
+   */
+  private startFromZero(p: FleetProps): void {
+    const minute = Duration.minutes(1);
+    const wanting = new cloudwatch.MathExpression({
+      expression: 'IF(FILL(desired, 0) < 1, FILL(waiting, 0) + FILL(requests, 0), 0)',
+      usingMetrics: {
+        desired: new cloudwatch.Metric({
+          namespace: 'AWS/AutoScaling',
+          metricName: 'GroupDesiredCapacity',
+          dimensionsMap: { AutoScalingGroupName: this.hosts.autoScalingGroupName },
+          statistic: 'Maximum',
+          period: minute,
+        }),
+        waiting: p.queues.jobs.metricApproximateNumberOfMessagesVisible({ period: minute, statistic: 'Maximum' }),
+        requests: new cloudwatch.Metric({
+          namespace: 'AWS/S3',
+          metricName: 'PutRequests',
+          dimensionsMap: { BucketName: p.storage.attestations.bucketName, FilterId: ATTESTATION_REQUESTS_METRIC },
+          statistic: 'Sum',
+          period: minute,
+        }),
+      },
+      label: 'work waiting while the group wants no host',
+      period: minute,
+    });
+    const policy = new autoscaling.StepScalingAction(this, 'StartFirstHost', {
+      autoScalingGroup: this.hosts,
+      adjustmentType: autoscaling.AdjustmentType.EXACT_CAPACITY,
+      metricAggregationType: autoscaling.MetricAggregationType.MAXIMUM,
+    });
+    policy.addAdjustment({ lowerBound: 0, adjustment: 1 });
+    this.startFirstHostAlarm = new cloudwatch.Alarm(this, 'StartFirstHostAlarm', {
+      alarmDescription: 'Work waits and the fleet has no host: start the first one (target tracking takes over from there).',
+      metric: wanting,
+      threshold: 1,
+      evaluationPeriods: 1,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
+    this.startFirstHostAlarm.addAlarmAction(new cloudwatchActions.AutoScalingAction(policy));
+
+    // The oldest job has waited STALE_JOB_S: one more host, whatever the tracking target says
+    // (a stuck or unhealthy host, or jobs too long for the target); observability.ts also notifies.
+    const addHost = new autoscaling.StepScalingAction(this, 'AddHostForOldJobs', {
+      autoScalingGroup: this.hosts,
+      adjustmentType: autoscaling.AdjustmentType.CHANGE_IN_CAPACITY,
+      metricAggregationType: autoscaling.MetricAggregationType.MAXIMUM,
+      cooldown: Duration.seconds(LAUNCH_TIMEOUT_S),
+    });
+    addHost.addAdjustment({ lowerBound: 0, adjustment: 1 });
+    this.oldJobsAlarm = new cloudwatch.Alarm(this, 'OldestJobAgeAlarm', {
+      alarmDescription: `The oldest job has waited ${STALE_JOB_S} s: add a host (and tell the operator).`,
+      metric: p.queues.jobs.metricApproximateAgeOfOldestMessage({ period: Duration.minutes(5), statistic: 'Maximum' }),
+      threshold: STALE_JOB_S,
+      evaluationPeriods: 1,
+      comparisonOperator: cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+      treatMissingData: cloudwatch.TreatMissingData.NOT_BREACHING,
+    });
+    this.oldJobsAlarm.addAlarmAction(new cloudwatchActions.AutoScalingAction(addHost));
+  }
+
+  /**
    * A new host stays in Pending:Wait until its launch watcher (host-user-data.ts) has seen its
    * enclave's attestation published and called CompleteLifecycleAction (CONTINUE); without that
    * within the heartbeat timeout, Auto Scaling abandons it: terminates it and launches another.
@@ -458,6 +553,13 @@ export class Fleet extends Construct {
           // Both hooks: the launch hook (launch watcher) and the drain hook (drain watcher).
           sid: 'CompleteOwnLifecycleHooks',
           actions: ['autoscaling:CompleteLifecycleAction'],
+          resources: [groupArn],
+        }),
+        new iam.PolicyStatement({
+          // The health watcher (host-user-data.ts) marks its host Unhealthy when the enclave cannot
+          // attest; only instances of this group (the worst a host can do is replace another host).
+          sid: 'SetOwnGroupInstanceHealth',
+          actions: ['autoscaling:SetInstanceHealth'],
           resources: [groupArn],
         }),
       ],

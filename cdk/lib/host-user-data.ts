@@ -34,6 +34,18 @@ export const LAUNCH_TIMEOUT_S = 900;
  * with the instance id as host id (EPHEM_HOST_ID): the launch watcher waits for this object.
  */
 export const ATTESTATION_CURRENT_PREFIX = 'attestations/current/';
+/**
+ * How often the poller publishes its enclave's document again (host-poller's
+ * `republish_interval`, host-poller/src/poller.rs): the health watcher calls a document older
+ * than twice this stale.
+ */
+export const ATTESTATION_REPUBLISH_S = 1800;
+export const STALE_ATTESTATION_S = 2 * ATTESTATION_REPUBLISH_S;
+/** Enclave restarts (by the watchdog) within ENCLAVE_RESTART_WINDOW_S after which the host gives up. */
+export const ENCLAVE_RESTART_LIMIT = 3;
+export const ENCLAVE_RESTART_WINDOW_S = 900;
+/** Where the watchdog and the launch watcher leave what the health watcher reads (root only). */
+const HEALTH_DIR = '/var/lib/ephem-batch-health';
 /** The vsock port of the parent's byte relay to KMS (the enclave-worker's default `--kms-relay`). */
 export const KMS_PROXY_PORT = 8000;
 
@@ -58,6 +70,7 @@ export const SHIPPED_UNITS = [
   'ephem-kms-proxy.service',
   'ephem-drain.service',
   'ephem-launch-ready.service',
+  'ephem-health.service',
   'nitro-enclaves-allocator.service',
 ];
 /** The journal of those units, as the export writes it for the CloudWatch agent. */
@@ -162,8 +175,16 @@ export function hostUserData(p: HostUserDataProps): string[] {
     '[Service]',
     'Type=oneshot',
     // No quotes inside: the line passes through an unquoted heredoc and systemd's own unquoting.
-    "ExecStart=/bin/sh -c 'nitro-cli describe-enclaves | grep -q RUNNING || systemctl restart ephem-enclave.service'",
+    'ExecStart=/opt/ephem-batch/enclave-watchdog',
     'EOF',
+    "cat > /opt/ephem-batch/enclave-watchdog <<'EOF'",
+    '#!/bin/sh',
+    'nitro-cli describe-enclaves | grep -q RUNNING && exit 0',
+    '# Each restart is remembered: the health watcher gives the host up after too many.',
+    `mkdir -p ${HEALTH_DIR} && date +%s >>${HEALTH_DIR}/enclave-restarts`,
+    'exec systemctl restart ephem-enclave.service',
+    'EOF',
+    'chmod 0755 /opt/ephem-batch/enclave-watchdog',
     'cat > /etc/systemd/system/ephem-enclave-watchdog.timer <<EOF',
     '[Unit]',
     'Description=ephem-batch enclave watchdog, every 30 s',
@@ -218,8 +239,9 @@ export function hostUserData(p: HostUserDataProps): string[] {
     'EOF',
     ...drainWatcher(),
     ...launchWatcher(),
+    ...healthWatcher(),
     'systemctl daemon-reload',
-    'systemctl enable --now ephem-kms-proxy.service ephem-enclave.service ephem-host-poller.service ephem-drain.service ephem-enclave-watchdog.timer',
+    'systemctl enable --now ephem-kms-proxy.service ephem-enclave.service ephem-host-poller.service ephem-drain.service ephem-enclave-watchdog.timer ephem-health.timer',
     '# Not enabled: it concerns this launch only (a reboot finds no launch action to complete).',
     'systemctl start ephem-launch-ready.service',
   ];
@@ -319,6 +341,7 @@ function launchWatcher(): string[] {
     '  sleep 10',
     'done',
     'echo "the enclave published ${key}: completing the launch hook"',
+    `mkdir -p ${HEALTH_DIR} && touch ${HEALTH_DIR}/in-service`,
     `aws autoscaling complete-lifecycle-action --lifecycle-hook-name ${LAUNCH_HOOK_NAME} --lifecycle-action-result CONTINUE \\`,
     '  --instance-id "$instance" --auto-scaling-group-name "$(imds tags/instance/aws:autoscaling:groupName)" \\',
     "  || echo \"no launch action to complete (a host launched with the group itself, before the hook existed, or one that outlived the hook)\"",
@@ -372,6 +395,62 @@ function drainWatcher(): string[] {
     'RestartSec=10',
     '[Install]',
     'WantedBy=multi-user.target',
+    'EOF',
+  ];
+}
+
+/**
+ * 8. The health watcher (every 60 s, once the launch watcher has seen this host attested): EC2's
+ * health check sees a running instance, not an enclave that can no longer attest. The host tells
+ * Auto Scaling itself (SetInstanceHealth Unhealthy, without the grace period; the group replaces
+ * it through the drain hook) when the watchdog has restarted the enclave ENCLAVE_RESTART_LIMIT
+ * times within ENCLAVE_RESTART_WINDOW_S, or when its published document is older than
+ * STALE_ATTESTATION_S (twice the republish interval). The host role may set the health of its own
+ * group's instances only (fleet.ts). Quoted heredoc: the script's `$` are its own.
+ */
+function healthWatcher(): string[] {
+  return [
+    "cat > /opt/ephem-batch/health-check <<'EOF'",
+    '#!/bin/bash',
+    'set -uo pipefail',
+    ...IMDS_FUNCTION,
+    `state=${HEALTH_DIR}`,
+    '[ -f "$state/in-service" ] || exit 0   # before that, the launch hook decides',
+    'now=$(date +%s)',
+    'instance=$(imds instance-id)',
+    'reason=""',
+    `restarts=$(awk -v since=$((now - ${ENCLAVE_RESTART_WINDOW_S})) '$1 >= since' "$state/enclave-restarts" 2>/dev/null | wc -l)`,
+    `if [ "$restarts" -ge ${ENCLAVE_RESTART_LIMIT} ]; then`,
+    `  reason="the watchdog restarted the enclave $restarts times in ${ENCLAVE_RESTART_WINDOW_S} s"`,
+    'else',
+    `  published=$(aws s3api head-object --bucket "$EPHEM_ATTESTATIONS_BUCKET" --key "${ATTESTATION_CURRENT_PREFIX}$instance.cbor" --query LastModified --output text 2>/dev/null)`,
+    '  if [ -n "$published" ]; then age=$((now - $(date -d "$published" +%s))); else age=$((now - $(stat -c %Y "$state/in-service"))); fi',
+    `  if [ "$age" -ge ${STALE_ATTESTATION_S} ]; then`,
+    `    reason="no attestation document published for $age s (republished every ${ATTESTATION_REPUBLISH_S} s)"`,
+    '  fi',
+    'fi',
+    '[ -n "$reason" ] || exit 0',
+    'echo "unhealthy: $reason; Auto Scaling replaces this host" >&2',
+    'exec aws autoscaling set-instance-health --instance-id "$instance" --health-status Unhealthy --no-should-respect-grace-period',
+    'EOF',
+    'chmod 0755 /opt/ephem-batch/health-check',
+    'cat > /etc/systemd/system/ephem-health.service <<EOF',
+    '[Unit]',
+    'Description=ephem-batch health watcher (marks this host Unhealthy when its enclave cannot attest)',
+    '[Service]',
+    'Type=oneshot',
+    '# AWS_REGION and EPHEM_ATTESTATIONS_BUCKET.',
+    'EnvironmentFile=/etc/ephem-batch/host-poller.env',
+    'ExecStart=/opt/ephem-batch/health-check',
+    'EOF',
+    'cat > /etc/systemd/system/ephem-health.timer <<EOF',
+    '[Unit]',
+    'Description=ephem-batch health watcher, every 60 s',
+    '[Timer]',
+    'OnBootSec=300',
+    'OnUnitActiveSec=60',
+    '[Install]',
+    'WantedBy=timers.target',
     'EOF',
   ];
 }

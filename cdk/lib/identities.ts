@@ -26,6 +26,11 @@ export class Identities extends Construct {
    * Any principal of this account that IAM allows to assume it can act as publisher.
    */
   readonly modelPublisherRole: iam.Role;
+  /**
+   * The keys' kill switch: kms:DisableKey and kms:EnableKey on the fleet, model and ledger keys
+   * (granted in their key policies), and nothing else; assumed only with MFA.
+   */
+  readonly keyBreakGlassRole: iam.Role;
 
   constructor(scope: Construct, id: string) {
     super(scope, id);
@@ -65,6 +70,10 @@ export class Identities extends Construct {
     this.modelPublisherRole = new iam.Role(this, 'ModelPublisherRole', {
       assumedBy: new iam.AccountPrincipal(Stack.of(this).account),
       description: 'ephem-batch model publisher (ephem-batch model encrypt|upload)',
+    });
+    this.keyBreakGlassRole = new iam.Role(this, 'KeyBreakGlassRole', {
+      assumedBy: new iam.AccountPrincipal(Stack.of(this).account).withConditions({ Bool: { 'aws:MultiFactorAuthPresent': 'true' } }),
+      description: 'ephem-batch key kill switch: DisableKey/EnableKey on the stack keys, nothing else',
     });
   }
 }

@@ -9,15 +9,23 @@
 //  * Explicit Deny statements, for every principal, refuse those operations when the
 //    attestation condition is absent (a `Null` check) or different, so no later Allow
 //    anywhere can loosen them.
-//  * No one may PutKeyPolicy, CreateGrant or ReEncrypt*, and there is no "account root may
-//    do kms:*" statement: a key policy cannot be edited after deployment, by anyone. A new
-//    enclave image therefore means a new key (the measurements are part of the key's logical
-//    id, so CloudFormation creates a new key and keeps the old one, which it can no longer
-//    change). KMS refuses such a policy unless the policy-lockout safety check is bypassed —
-//    which is why every key here sets BypassPolicyLockoutSafetyCheck, on purpose.
+//  * No one may PutKeyPolicy, CreateGrant, ReEncrypt* or Import* (explicit Deny for every
+//    principal), nor kms:Encrypt under the fleet key (whoever could wrap a key pair of their own
+//    as an epoch would read every text sealed to it); under the model key only the model
+//    publisher role may Encrypt. There is no "account root may do kms:*" statement: a key policy
+//    cannot be edited after deployment, by anyone. A new enclave image therefore means new keys
+//    (the measurements are part of the keys' logical ids), and so does a new policy (its version,
+//    KEY_POLICY_VERSION, is too). KMS refuses such a policy unless the policy-lockout safety
+//    check is bypassed — which is why every key here sets BypassPolicyLockoutSafetyCheck.
 //  * The account may read the policy (GetKeyPolicy, DescribeKey): clients and auditors check it.
-//    It may also tag the key, turn rotation on and schedule deletion: the operations that
+//    It may also tag the key, turn rotation on, schedule deletion and cancel it: the operations
 //    CloudFormation needs to create and retire a key. None of them releases or re-wraps data.
+//  * The kill switch: a break-glass role may DisableKey and EnableKey, nothing else. Disabling
+//    stops every release at once and is undone by EnableKey; it is also what brings a key back
+//    after a mistaken ScheduleKeyDeletion (KMS leaves a cancelled key Disabled). Limiting
+//    ScheduleKeyDeletion itself is an SCP's job (docs/operations.md §5, the keys' kill switch).
+//  * An incoming image (`-c nextPolicyFile=`) gets its fleet and model keys before any host runs
+//    it, so an epoch and the model can be sealed to them first (docs/operations.md §4).
 import { createHash } from 'node:crypto';
 import { Aws, Fn, RemovalPolicy } from 'aws-cdk-lib';
 import * as iam from 'aws-cdk-lib/aws-iam';
@@ -31,91 +39,71 @@ export const PCR8_KEY = 'kms:RecipientAttestation:PCR8';
 
 /** Operations that can return key material or data keys in plaintext (to the caller or, with Recipient, to an enclave). */
 export const RELEASE_ACTIONS = ['kms:Decrypt', 'kms:GenerateDataKey', 'kms:GenerateDataKeyPair'];
-/** Operations that nobody may ever perform on these keys. */
-export const FORBIDDEN_ACTIONS = ['kms:PutKeyPolicy', 'kms:CreateGrant', 'kms:ReEncrypt*'];
-/** Read-only operations the account may perform (clients check the key policy). */
-export const READ_ACTIONS = ['kms:DescribeKey', 'kms:GetKeyPolicy', 'kms:GetKeyRotationStatus', 'kms:ListResourceTags'];
+/** Operations that nobody may ever perform on these keys (explicit Deny for every principal). */
+export const FORBIDDEN_ACTIONS = ['kms:PutKeyPolicy', 'kms:CreateGrant', 'kms:ReEncrypt*', 'kms:Import*'];
+/** Wrapping under the key: forbidden to everyone on the fleet key, to all but the publisher on the model key. */
+export const ENCRYPT_ACTION = 'kms:Encrypt';
+/** The kill switch of the break-glass role: stop and restore every use of a key; releases nothing. */
+export const KILL_SWITCH_ACTIONS = ['kms:DisableKey', 'kms:EnableKey'];
+/**
+ * The version of the policies below, part of every key's logical id: a key's policy can never be
+ * changed, so a changed policy must be a new key (the old one is retained). 3: the kill switch,
+ * the Encrypt/Import* denials and ListGrants for the account.
+ */
+export const KEY_POLICY_VERSION = 3;
+/** Read-only operations the account may perform (clients check the key policy and that it has no grants). */
+export const READ_ACTIONS = ['kms:DescribeKey', 'kms:GetKeyPolicy', 'kms:GetKeyRotationStatus', 'kms:ListResourceTags', 'kms:ListGrants'];
 /** What CloudFormation needs to create, tag and retire a key; nothing here touches data. */
 export const LIFECYCLE_ACTIONS = ['kms:TagResource', 'kms:UntagResource', 'kms:ScheduleKeyDeletion', 'kms:CancelKeyDeletion'];
 
 export interface KeysProps {
   readonly measurements: Measurements;
+  /** The image about to be rolled out (`-c nextPolicyFile=`): its keys are created now, first. */
+  readonly nextMeasurements?: Measurements;
   readonly hostRole: iam.IRole;
   readonly rotationRole: iam.IRole;
   readonly ledgerRole: iam.IRole;
   readonly modelPublisherRole: iam.IRole;
+  /** May DisableKey and EnableKey on every key, nothing else (the kill switch). */
+  readonly breakGlassRole: iam.IRole;
+}
+
+/** The fleet key and model key bound to one enclave image. */
+export interface ImageKeys {
+  readonly measurements: Measurements;
+  readonly fleetKey: kms.CfnKey;
+  readonly modelKey: kms.CfnKey;
 }
 
 export class Keys extends Construct {
-  /** Symmetric key under which fleet-rotate wraps each epoch's P-256 HPKE private key. */
+  /** Symmetric key under which fleet-rotate wraps each epoch's P-256 HPKE private key (the running image's). */
   readonly fleetKey: kms.CfnKey;
   /** Symmetric key under which model data keys are wrapped (encryption context {model_id, version}). */
   readonly modelKey: kms.CfnKey;
+  /** The incoming image's keys, when one is given. */
+  readonly next?: ImageKeys;
   /** Ed25519 signing key of the ledger's checkpoints; only ledger-append may sign. */
   readonly ledgerSigningKey: kms.CfnKey;
 
   constructor(scope: Construct, id: string, props: KeysProps) {
     super(scope, id);
-    const m = props.measurements;
-    // A new measurement gives new logical ids, hence new keys (policies are never edited).
-    const tag = measurementTag(m);
-
-    this.fleetKey = newKey(this, `FleetKey${tag}`, {
-      description: `ephem-batch fleet key; releases epoch keys only to enclave image ${m.pcr0.slice(0, 16)}...`,
-      keySpec: 'SYMMETRIC_DEFAULT',
-      keyUsage: 'ENCRYPT_DECRYPT',
-      enableKeyRotation: true,
-      statements: [
-        ...accountStatements(true),
-        allowAttested('AllowAttestedEnclaveDecrypt', props.hostRole, ['kms:Decrypt'], m),
-        {
-          sid: 'AllowRotationNewEpochKeyPairs',
-          effect: 'Allow',
-          principal: props.rotationRole.roleArn,
-          actions: ['kms:GenerateDataKeyPairWithoutPlaintext'],
-          conditions: {
-            StringEquals: { 'kms:DataKeyPairSpec': 'ECC_NIST_P256' },
-            Null: { 'kms:EncryptionContext:epoch': 'false', 'kms:EncryptionContext:not_after': 'false' },
-          },
-        },
-        ...denyUnattested(m),
-        denyForbidden(),
-      ],
-    });
-
-    this.modelKey = newKey(this, `ModelKey${tag}`, {
-      description: `ephem-batch model key; releases model data keys only to enclave image ${m.pcr0.slice(0, 16)}...`,
-      keySpec: 'SYMMETRIC_DEFAULT',
-      keyUsage: 'ENCRYPT_DECRYPT',
-      enableKeyRotation: true,
-      statements: [
-        ...accountStatements(true),
-        allowAttested('AllowAttestedEnclaveDataKeys', props.hostRole, ['kms:Decrypt', 'kms:GenerateDataKey'], m),
-        // The publisher wraps a data key it generated itself; Encrypt returns only ciphertext.
-        {
-          sid: 'AllowPublisherWrapModelDataKeys',
-          effect: 'Allow',
-          principal: props.modelPublisherRole.roleArn,
-          actions: ['kms:Encrypt'],
-          conditions: {
-            Null: { 'kms:EncryptionContext:model_id': 'false', 'kms:EncryptionContext:version': 'false' },
-          },
-        },
-        ...denyUnattested(m),
-        denyForbidden(),
-      ],
-    });
+    const current = this.imageKeys(props, props.measurements);
+    this.fleetKey = current.fleetKey;
+    this.modelKey = current.modelKey;
+    if (props.nextMeasurements && measurementTag(props.nextMeasurements) !== measurementTag(props.measurements)) {
+      this.next = this.imageKeys(props, props.nextMeasurements);
+    }
 
     // The ledger key is separate and has nothing to do with enclaves: it signs checkpoints.
-    // V2: V1's policy let only the account root read the public key, which ledger-append needs
-    // at start; nobody may PutKeyPolicy, so a changed policy is a new key (V1 is retained).
-    this.ledgerSigningKey = newKey(this, 'LedgerSigningKeyV2', {
+    // V3: the kill switch and the Import* denial (V2: ledger-append may read the public key;
+    // V1: only the account root could). Each is retained when the next replaces it.
+    this.ledgerSigningKey = newKey(this, `LedgerSigningKeyV${KEY_POLICY_VERSION}`, {
       description: 'ephem-batch ledger checkpoint signing key (Ed25519)',
       keySpec: 'ECC_NIST_EDWARDS25519',
       keyUsage: 'SIGN_VERIFY',
       enableKeyRotation: false,
       statements: [
-        ...accountStatements(false),
+        ...accountStatements(false, props.breakGlassRole),
         {
           sid: 'AllowAccountReadPublicKey',
           effect: 'Allow',
@@ -139,6 +127,65 @@ export class Keys extends Construct {
         denyForbidden(),
       ],
     });
+  }
+
+  /** The fleet and model keys of one image; their logical ids name the image and the policy version. */
+  private imageKeys(props: KeysProps, m: Measurements): ImageKeys {
+    const tag = `V${KEY_POLICY_VERSION}${measurementTag(m)}`;
+    const fleetKey = newKey(this, `FleetKey${tag}`, {
+      description: `ephem-batch fleet key; releases epoch keys only to enclave image ${m.pcr0.slice(0, 16)}...`,
+      keySpec: 'SYMMETRIC_DEFAULT',
+      keyUsage: 'ENCRYPT_DECRYPT',
+      enableKeyRotation: true,
+      statements: [
+        ...accountStatements(true, props.breakGlassRole),
+        allowAttested('AllowAttestedEnclaveDecrypt', props.hostRole, ['kms:Decrypt'], m),
+        {
+          sid: 'AllowRotationNewEpochKeyPairs',
+          effect: 'Allow',
+          principal: props.rotationRole.roleArn,
+          actions: ['kms:GenerateDataKeyPairWithoutPlaintext'],
+          conditions: {
+            StringEquals: { 'kms:DataKeyPairSpec': 'ECC_NIST_P256' },
+            Null: { 'kms:EncryptionContext:epoch': 'false', 'kms:EncryptionContext:not_after': 'false' },
+          },
+        },
+        ...denyUnattested(m),
+        denyForbidden([ENCRYPT_ACTION]),
+      ],
+    });
+
+    const modelKey = newKey(this, `ModelKey${tag}`, {
+      description: `ephem-batch model key; releases model data keys only to enclave image ${m.pcr0.slice(0, 16)}...`,
+      keySpec: 'SYMMETRIC_DEFAULT',
+      keyUsage: 'ENCRYPT_DECRYPT',
+      enableKeyRotation: true,
+      statements: [
+        ...accountStatements(true, props.breakGlassRole),
+        allowAttested('AllowAttestedEnclaveDataKeys', props.hostRole, ['kms:Decrypt', 'kms:GenerateDataKey'], m),
+        // The publisher wraps a data key it generated itself; Encrypt returns only ciphertext.
+        {
+          sid: 'AllowPublisherWrapModelDataKeys',
+          effect: 'Allow',
+          principal: props.modelPublisherRole.roleArn,
+          actions: [ENCRYPT_ACTION],
+          conditions: {
+            Null: { 'kms:EncryptionContext:model_id': 'false', 'kms:EncryptionContext:version': 'false' },
+          },
+        },
+        ...denyUnattested(m),
+        denyForbidden(),
+        // Everyone else: no Encrypt, whatever an IAM policy or a later statement says.
+        {
+          sid: 'DenyEncryptButPublisher',
+          effect: 'Deny',
+          principal: ANYONE,
+          actions: [ENCRYPT_ACTION],
+          conditions: { ArnNotEquals: { 'aws:PrincipalArn': props.modelPublisherRole.roleArn } },
+        },
+      ],
+    });
+    return { measurements: m, fleetKey, modelKey };
   }
 }
 
@@ -195,8 +242,8 @@ function render(s: KeyPolicyStatement): Record<string, unknown> {
   };
 }
 
-/** Statements for the account itself: read the policy, and let CloudFormation manage the key's life. */
-function accountStatements(symmetric: boolean): KeyPolicyStatement[] {
+/** Statements for the account itself (read the policy, let CloudFormation manage the key's life) and the kill switch. */
+function accountStatements(symmetric: boolean, breakGlassRole: iam.IRole): KeyPolicyStatement[] {
   return [
     {
       sid: 'AllowAccountReadKeyPolicy',
@@ -209,6 +256,12 @@ function accountStatements(symmetric: boolean): KeyPolicyStatement[] {
       effect: 'Allow',
       principal: ACCOUNT_ROOT,
       actions: symmetric ? [...LIFECYCLE_ACTIONS, 'kms:EnableKeyRotation'] : LIFECYCLE_ACTIONS,
+    },
+    {
+      sid: 'AllowBreakGlassKillSwitch',
+      effect: 'Allow',
+      principal: breakGlassRole.roleArn,
+      actions: KILL_SWITCH_ACTIONS,
     },
   ];
 }
@@ -248,12 +301,12 @@ function denyUnattested(m: Measurements): KeyPolicyStatement[] {
   return out;
 }
 
-function denyForbidden(): KeyPolicyStatement {
+function denyForbidden(more: string[] = []): KeyPolicyStatement {
   return {
-    sid: 'DenyPolicyChangesGrantsAndReEncrypt',
+    sid: more.length === 0 ? 'DenyPolicyChangesGrantsReEncryptImport' : 'DenyPolicyChangesGrantsReEncryptImportEncrypt',
     effect: 'Deny',
     principal: ANYONE,
-    actions: FORBIDDEN_ACTIONS,
+    actions: [...FORBIDDEN_ACTIONS, ...more],
   };
 }
 

@@ -205,7 +205,8 @@ export class Lambdas extends Construct {
       timeout: Duration.seconds(60),
       memorySize: 256,
       environment: {
-        EPHEM_FLEET_KEY_ARN: keys.fleetKey.attrArn,
+        // While an image is incoming, new epochs are wrapped for it (docs/operations.md §4).
+        EPHEM_FLEET_KEY_ARN: (keys.next?.fleetKey ?? keys.fleetKey).attrArn,
         EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName,
         EPHEM_ROTATION_DAYS: String(props.rotationDays),
       },

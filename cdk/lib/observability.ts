@@ -11,7 +11,9 @@ import * as sns from 'aws-cdk-lib/aws-sns';
 import * as subscriptions from 'aws-cdk-lib/aws-sns-subscriptions';
 import * as sfn from 'aws-cdk-lib/aws-stepfunctions';
 import { Construct } from 'constructs';
+import { STALE_ATTESTATION_S } from './host-user-data';
 import { Queues } from './queues';
+import { ATTESTATION_CURRENT_METRIC } from './storage';
 
 /**
  * The metrics ledger-append prints as CloudWatch Embedded Metric Format lines, one per receipt
@@ -28,6 +30,10 @@ export const LEDGER_METRICS = {
 export interface ObservabilityProps {
   readonly queues: Queues;
   readonly hosts: autoscaling.AutoScalingGroup;
+  /** The fleet's own alarms (their first action scales the group); the operator is told as well. */
+  readonly fleetAlarms: cloudwatch.Alarm[];
+  /** Where the hosts publish their documents (request metric ATTESTATION_CURRENT_METRIC). */
+  readonly attestationsBucketName: string;
   readonly functions: lambda.Function[];
   readonly ledgerAppend: lambda.Function;
   readonly stateMachine: sfn.StateMachine;
@@ -167,5 +173,39 @@ export class Observability extends Construct {
       alarm(`${fn.node.id}Errors`, `${fn.node.id} returned errors.`, fn.metricErrors({ period: fiveMin, statistic: 'Sum' }), 1);
     }
     alarm('BulkRunsFailed', 'A bulk workflow run failed.', p.stateMachine.metricFailed({ period: fiveMin, statistic: 'Sum' }), 1);
+
+    // Healing beyond EC2: hosts are in service, yet none has published a document for twice the
+    // republish interval. Each host marks itself Unhealthy when its own document is that old
+    // (host-user-data.ts); this says the whole fleet is not attesting (KMS, the key policy, the
+    // image), which replacing hosts will not fix: the operator is needed.
+    const staleWindow = Duration.seconds(STALE_ATTESTATION_S);
+    const noFreshAttestation = new cloudwatch.MathExpression({
+      expression: 'IF(FILL(hosts, 0) >= 1 AND FILL(published, 0) < 1, 1, 0)',
+      usingMetrics: {
+        hosts: new cloudwatch.Metric({
+          namespace: 'AWS/AutoScaling',
+          metricName: 'GroupInServiceInstances',
+          dimensionsMap: { AutoScalingGroupName: p.hosts.autoScalingGroupName },
+          statistic: 'Minimum',
+          period: staleWindow,
+        }),
+        published: new cloudwatch.Metric({
+          namespace: 'AWS/S3',
+          metricName: 'PutRequests',
+          dimensionsMap: { BucketName: p.attestationsBucketName, FilterId: ATTESTATION_CURRENT_METRIC },
+          statistic: 'Sum',
+          period: staleWindow,
+        }),
+      },
+      label: 'hosts in service but no attestation document published',
+      period: staleWindow,
+    });
+    alarm('NoFreshAttestation',
+      `Hosts were in service for ${STALE_ATTESTATION_S} s (twice the republish interval) and none published an attestation document: clients cannot seal new jobs.`,
+      noFreshAttestation, 1);
+    for (const a of p.fleetAlarms) {
+      a.addAlarmAction(notify);
+      this.alarms.push(a);
+    }
   }
 }

@@ -2,7 +2,7 @@
 // ledger, each with a dead-letter queue, and on-upload's on-failure destination (the uploads it
 // gave up on). All encrypted at rest and TLS-only. Messages carry only references and sealed or
 // signed bytes, so SQS-managed encryption is enough.
-import { Duration, Validations } from 'aws-cdk-lib';
+import { Duration, RemovalPolicy, Validations } from 'aws-cdk-lib';
 import * as sqs from 'aws-cdk-lib/aws-sqs';
 import { Construct } from 'constructs';
 
@@ -53,6 +53,7 @@ export class Queues extends Construct {
       ...secureDefaults(),
       fifo: true,
       retentionPeriod: Duration.days(14),
+      removalPolicy: RemovalPolicy.RETAIN,
     });
     // Receipts, in one message group (the ledger is a single sequence); the host uses the job id
     // as deduplication id, so a receipt sent twice within five minutes is delivered once, and the
@@ -64,6 +65,9 @@ export class Queues extends Construct {
       visibilityTimeout: Duration.seconds(LEDGER_APPEND_TIMEOUT.toSeconds() * 6),
       retentionPeriod: Duration.days(14),
       deadLetterQueue: { queue: this.ledgerDlq, maxReceiveCount: LEDGER_MAX_RECEIVES },
+      // `cdk destroy` keeps the receipts in flight (and those that failed): they are the only
+      // record of finished jobs not yet in the ledger (docs/operations.md §8).
+      removalPolicy: RemovalPolicy.RETAIN,
     });
 
     // Lambda sends here the record of an asynchronous on-upload invocation that failed its

@@ -33,6 +33,9 @@ export const SHARD_SUFFIX = '.sealed';
 /** Clients' requests for a fresh attestation document, and the answers (cloud::layout). */
 export const ATTESTATION_REQUESTS_PREFIX = 'attestations/requests/';
 export const ATTESTATION_FRESH_PREFIX = 'attestations/fresh/';
+/** Filter ids of the attestations bucket's request metrics (AWS/S3, dimension FilterId). */
+export const ATTESTATION_REQUESTS_METRIC = 'AttestationRequests';
+export const ATTESTATION_CURRENT_METRIC = 'AttestationsPublished';
 
 export class Storage extends Construct {
   readonly accessLogs: s3.Bucket;
@@ -89,6 +92,13 @@ export class Storage extends Construct {
       versioned: true,
       serverAccessLogsBucket: this.accessLogs,
       serverAccessLogsPrefix: 'attestations/',
+      // S3 request metrics (1-minute, AWS/S3 PutRequests per filter): a client asking for a fresh
+      // document starts the first host of an idle fleet, and a fleet that stops republishing its
+      // documents raises an alarm (fleet.ts, observability.ts).
+      metrics: [
+        { id: ATTESTATION_REQUESTS_METRIC, prefix: ATTESTATION_REQUESTS_PREFIX },
+        { id: ATTESTATION_CURRENT_METRIC, prefix: 'attestations/current/' },
+      ],
       lifecycleRules: [ATTESTATION_REQUESTS_PREFIX, ATTESTATION_FRESH_PREFIX].map((prefix) => ({
         id: `expire-${prefix.replace(/\/$/, '').replace(/\//g, '-')}`,
         prefix,

@@ -107,17 +107,19 @@ describe('host-poller (HostRole)', () => {
     assert.deepEqual(host.SendReceiptsToLedger, { actions: ['sqs:SendMessage'], resources: ['queue:Ledger'] });
   });
 
-  it('publishes no metrics and completes only its own group\'s lifecycle hooks, launch and drain (no heartbeat: nothing sends one)', () => {
+  it('publishes no metrics, completes only its own group\'s lifecycle hooks (launch, drain; no heartbeat) and sets only its own group\'s instance health', () => {
     const all = statements.filter(({ owner }) => owner.startsWith('IdentitiesHostRole') || owner.startsWith('FleetHostDrainPolicy'));
     assert.ok(!all.some(({ statement: s }) => asArray<string>(s.Action).some((a) => a.startsWith('cloudwatch:'))));
     const hooks = grantsOf('FleetHostDrainPolicy');
     assert.deepEqual(hooks, {
       CompleteOwnLifecycleHooks: { actions: ['autoscaling:CompleteLifecycleAction'], resources: [hooks.CompleteOwnLifecycleHooks?.resources[0]] },
+      SetOwnGroupInstanceHealth: { actions: ['autoscaling:SetInstanceHealth'], resources: [hooks.CompleteOwnLifecycleHooks?.resources[0]] },
     });
+    // Both scoped to this group, by name: the health watcher can mark unhealthy only its own group's hosts.
     assert.match(hooks.CompleteOwnLifecycleHooks.resources[0], /^arn:<AWS::Partition>:autoscaling:<AWS::Region>:<AWS::AccountId>:autoScalingGroup:\*:autoScalingGroupName\/<FleetHostsASG[0-9A-F]{8}>$/);
     // Nothing else of Auto Scaling, anywhere in the host's policies.
     const autoscaling = all.flatMap(({ statement: s }) => asArray<string>(s.Action)).filter((a) => a.startsWith('autoscaling:'));
-    assert.deepEqual(autoscaling, ['autoscaling:CompleteLifecycleAction']);
+    assert.deepEqual(autoscaling.sort(), ['autoscaling:CompleteLifecycleAction', 'autoscaling:SetInstanceHealth']);
   });
 });
 

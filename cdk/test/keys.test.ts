@@ -11,6 +11,7 @@ const HOST = roleId('HostRole');
 const ROTATION = roleId('FleetRotateRole');
 const LEDGER = roleId('LedgerAppendRole');
 const PUBLISHER = roleId('ModelPublisherRole');
+const BREAK_GLASS = roleId('KeyBreakGlassRole');
 
 function keyByDescription(prefix: string): CfnResourceJson {
   const found = keys.filter(([, k]) => String(k.Properties?.Description).startsWith(prefix));
@@ -46,17 +47,30 @@ describe('KMS keys', () => {
           }
         }
       });
-      it('explicitly denies PutKeyPolicy, CreateGrant and ReEncrypt* to everyone', () => {
+      it('explicitly denies PutKeyPolicy, CreateGrant, ReEncrypt* and Import* to everyone (and Encrypt, under the fleet key)', () => {
         const deny = statements(key).find((s) => s.Effect === 'Deny' && s.Principal?.AWS === '*' && s.Condition === undefined);
         assert.ok(deny, 'an unconditional Deny statement');
-        assert.deepEqual([...actionsOf(deny)].sort(), [...FORBIDDEN_ACTIONS].sort());
+        const expected = name === 'fleet' ? [...FORBIDDEN_ACTIONS, 'kms:Encrypt'] : FORBIDDEN_ACTIONS;
+        assert.deepEqual([...actionsOf(deny)].sort(), [...expected].sort());
+        for (const a of ['kms:PutKeyPolicy', 'kms:CreateGrant', 'kms:ReEncrypt*', 'kms:Import*']) assert.ok(actionsOf(deny).includes(a), a);
+      });
+      it('has the kill switch: the break-glass role may DisableKey and EnableKey, and nothing else anywhere', () => {
+        const glass = statements(key).filter((s) => principalOf(s) === BREAK_GLASS);
+        assert.equal(glass.length, 1);
+        assert.equal(glass[0].Effect, 'Allow');
+        assert.deepEqual([...actionsOf(glass[0])].sort(), ['kms:DisableKey', 'kms:EnableKey']);
+        assert.equal(glass[0].Condition, undefined);
+        // Nobody else may disable or enable it (the account root neither).
+        for (const s of statements(key).filter((x) => x.Effect === 'Allow' && principalOf(x) !== BREAK_GLASS)) {
+          assert.ok(!actionsOf(s).some((a) => a === 'kms:DisableKey' || a === 'kms:EnableKey'), `${s.Sid} may disable or enable the key`);
+        }
       });
       it('gives the account root only reading and lifecycle operations', () => {
         const allowed = statements(key)
           .filter((s) => s.Effect === 'Allow' && isAccountRoot(s))
           .flatMap(actionsOf);
         const permitted = new Set([
-          'kms:DescribeKey', 'kms:GetKeyPolicy', 'kms:GetKeyRotationStatus', 'kms:ListResourceTags', 'kms:GetPublicKey',
+          'kms:DescribeKey', 'kms:GetKeyPolicy', 'kms:GetKeyRotationStatus', 'kms:ListResourceTags', 'kms:ListGrants', 'kms:GetPublicKey',
           'kms:TagResource', 'kms:UntagResource', 'kms:ScheduleKeyDeletion', 'kms:CancelKeyDeletion', 'kms:EnableKeyRotation',
         ]);
         for (const a of allowed) assert.ok(permitted.has(a), `account root may ${a}`);
@@ -136,7 +150,50 @@ describe('KMS keys', () => {
 
   it('ledger key: a policy that changed is a new key (a versioned logical id), since nobody may PutKeyPolicy', () => {
     const [[id]] = resourcesOfType(json, 'AWS::KMS::Key').filter(([, k]) => String(k.Properties?.Description).startsWith('ephem-batch ledger'));
-    assert.match(id, /LedgerSigningKeyV2/);
+    assert.match(id, /LedgerSigningKeyV3/);
+  });
+
+  it('under the model key only the publisher role may Encrypt: a Deny for every other principal, by aws:PrincipalArn', () => {
+    const deny = statements(modelKey).find((s) => s.Sid === 'DenyEncryptButPublisher');
+    assert.ok(deny);
+    assert.equal(deny.Effect, 'Deny');
+    assert.equal(deny.Principal?.AWS, '*');
+    assert.deepEqual(actionsOf(deny), ['kms:Encrypt']);
+    assert.equal(referencedId(deny.Condition?.ArnNotEquals?.['aws:PrincipalArn']), PUBLISHER);
+    // The fleet key: nobody at all (the unconditional Deny above), and no Allow of it either.
+    assert.ok(!statements(fleetKey).some((s) => s.Effect === 'Allow' && actionsOf(s).includes('kms:Encrypt')));
+  });
+
+  it('the break-glass role is assumed by the account with MFA only, and holds no policy of its own', () => {
+    const role = json.Resources[BREAK_GLASS];
+    const trust = asArray<any>(role.Properties?.AssumeRolePolicyDocument?.Statement);
+    assert.equal(trust.length, 1);
+    assert.deepEqual(trust[0].Condition, { Bool: { 'aws:MultiFactorAuthPresent': 'true' } });
+    assert.equal(role.Properties?.Policies, undefined);
+    assert.equal(role.Properties?.ManagedPolicyArns, undefined);
+    assert.ok(!identityStatements(json).some(({ owner }) => owner.startsWith('IdentitiesKeyBreakGlassRole')), 'no identity policy');
+    assert.ok(json.Outputs?.KeyBreakGlassRoleArn, 'KeyBreakGlassRoleArn output');
+  });
+
+  it('an incoming image (-c nextPcr0) gets its own fleet and model keys first; fleet-rotate wraps new epochs under its fleet key', () => {
+    const next = 'dd'.repeat(48);
+    const { json: j } = synth({ nextPcr0: next });
+    const k = resourcesOfType(j, 'AWS::KMS::Key');
+    assert.equal(k.length, 5, 'fleet and model keys of both images, and the ledger key');
+    const bound = (prefix: string, pcr0: string) => k.filter(([, x]) => String(x.Properties?.Description).startsWith(prefix)
+      && JSON.stringify(x.Properties?.KeyPolicy).includes(pcr0));
+    for (const prefix of ['ephem-batch fleet key', 'ephem-batch model key']) {
+      assert.equal(bound(prefix, TEST_PCR0).length, 1, `${prefix} of the running image`);
+      assert.equal(bound(prefix, next).length, 1, `${prefix} of the incoming image`);
+    }
+    // The running image's keys keep their logical ids (an incoming image never replaces them).
+    const ids = (t: typeof j) => resourcesOfType(t, 'AWS::KMS::Key').map(([id]) => id);
+    for (const id of ids(synth().json)) assert.ok(ids(j).includes(id), `${id} kept`);
+    assert.ok(j.Outputs?.NextFleetKeyArn && j.Outputs?.NextModelKeyArn && j.Outputs?.NextImageSha384);
+    const [nextFleetId] = bound('ephem-batch fleet key', next)[0];
+    const rotate = resourcesOfType(j, 'AWS::Lambda::Function').find(([, f]) => f.Properties?.Environment?.Variables?.EPHEM_ROTATION_DAYS !== undefined);
+    assert.ok(rotate, 'fleet-rotate');
+    assert.equal(referencedId(rotate![1].Properties?.Environment?.Variables?.EPHEM_FLEET_KEY_ARN), nextFleetId);
   });
 
   it('no identity policy grants any KMS permission: keys are reachable only through their key policies', () => {

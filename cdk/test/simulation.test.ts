@@ -26,7 +26,7 @@ const CDK_ASSETS_BUCKET = DefaultStackSynthesizer.DEFAULT_FILE_ASSETS_BUCKET_NAM
   .replace('${AWS::AccountId}', ACCOUNT)
   .replace('${AWS::Region}', REGION);
 /** The roles of the template the table names, by construct id under Identities. */
-const ROLES = ['HostRole', 'FleetRotateRole', 'LedgerAppendRole', 'OnUploadRole', 'BulkListShardsRole', 'BulkAwaitShardRole', 'BulkAggregateRole', 'JobDeadLetterRole', 'ModelPublisherRole'];
+const ROLES = ['HostRole', 'FleetRotateRole', 'LedgerAppendRole', 'OnUploadRole', 'BulkListShardsRole', 'BulkAwaitShardRole', 'BulkAggregateRole', 'JobDeadLetterRole', 'ModelPublisherRole', 'KeyBreakGlassRole'];
 /** Managed policies attached to those roles, which the simulation leaves out (it has no copy of them), with why that is safe. */
 const UNMODELLED_MANAGED_POLICIES: Record<string, string> = {
   'arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore': 'ssm:, ssmmessages:, ec2messages: only: no S3, SQS, KMS, Step Functions or Auto Scaling action',
@@ -302,7 +302,13 @@ const OBJECTS: Record<string, string> = {
 
 function request(row: CallRow | DenyRow, principal: Principal, resource: string = row.resource): Request {
   const named = resource.replace(/\$\{[A-Z_]+\}/g, (v) => OBJECTS[v] ?? v);
-  return { principal, action: row.action, resource: template.arn(named), context: context(row.action, row.context) };
+  return { principal, action: row.action, resource: template.arn(named), context: { ...principalContext(principal), ...context(row.action, row.context) } };
+}
+
+/** aws:PrincipalArn as IAM sets it on every request: a role session's is its role's ARN. */
+function principalContext(p: Principal): Record<string, string> {
+  const session = new RegExp(`^arn:aws:sts::${ACCOUNT}:assumed-role/([^/]+)/`).exec(p.arn);
+  return { 'aws:PrincipalArn': session ? `arn:aws:iam::${ACCOUNT}:role/${session[1]}` : p.arn };
 }
 
 /** A deny row for each principal and key it names (`*`: every role, the tenant, the administrator, the account root; kms://*: each key). */

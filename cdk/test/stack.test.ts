@@ -12,7 +12,7 @@ import * as cxschema from 'aws-cdk-lib/cloud-assembly-schema';
 import { LAMBDA_NAMES } from '../lib/lambda-code';
 import { LEDGER_METRICS, METRICS_NAMESPACE } from '../lib/observability';
 import { ASL_FILE, readAsl } from '../lib/workflow';
-import { CfnTemplate, TEST_AMI, TEST_PCR0, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
+import { CfnTemplate, TEST_AMI, TEST_PCR0, TEST_PCR8, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
 
 const { template, json, stack } = defaultStack();
 const resolve = (v: unknown) => JSON.stringify(stack.resolve(v));
@@ -85,7 +85,12 @@ describe('fleet', () => {
     const allowlist = /vsock-proxy\.yaml <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1];
     assert.equal(allowlist, 'allowlist:\n- {address: kms.<region>.amazonaws.com, port: 443}');
     const watchdog = /ephem-enclave-watchdog\.service <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '';
-    assert.ok(watchdog.includes("ExecStart=/bin/sh -c 'nitro-cli describe-enclaves | grep -q RUNNING || systemctl restart ephem-enclave.service'"), watchdog);
+    assert.ok(watchdog.includes('ExecStart=/opt/ephem-batch/enclave-watchdog'), watchdog);
+    const dog = /enclave-watchdog <<'EOF'\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '';
+    assert.ok(dog.includes('nitro-cli describe-enclaves | grep -q RUNNING && exit 0'), dog);
+    // Each restart is counted before it happens: the health watcher reads the count.
+    const [count, restart] = [dog.indexOf('>>/var/lib/ephem-batch-health/enclave-restarts'), dog.indexOf('exec systemctl restart ephem-enclave.service')];
+    assert.ok(count > 0 && restart > count, dog);
     assert.match(/ephem-enclave-watchdog\.timer <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '', /OnUnitActiveSec=30/);
   });
 
@@ -193,7 +198,16 @@ describe('fleet', () => {
     assert.ok(agent > 0 && agent < script.indexOf('fetch s3://'), 'logs are shipped before the artifacts are awaited');
   });
 
-  it('operators reach hosts through Session Manager: SSM endpoints and AmazonSSMManagedInstanceCore, nothing inbound', () => {
+  it('Session Manager is opt-in (its three endpoints cost while idle): none by default', () => {
+    const services = resourcesOfType(json, 'AWS::EC2::VPCEndpoint').map(([, r]) => resolve(r.Properties?.ServiceName));
+    for (const s of ['.ssm"', '.ssmmessages"', '.ec2messages"']) assert.ok(!services.some((x) => x.includes(s)), `${s} endpoint by default`);
+    const [[, hostRole]] = resourcesOfType(json, 'AWS::IAM::Role').filter(([id]) => id.startsWith('IdentitiesHostRole'));
+    assert.equal(hostRole.Properties?.ManagedPolicyArns, undefined);
+  });
+
+  it('with -c sessionManager=true operators reach hosts through Session Manager: SSM endpoints and AmazonSSMManagedInstanceCore, nothing inbound', () => {
+    const { json, stack } = synth({ pcr8: TEST_PCR8, sessionManager: 'true' });
+    const resolve = (v: unknown) => JSON.stringify(stack.resolve(v));
     const services = resourcesOfType(json, 'AWS::EC2::VPCEndpoint').map(([, r]) => resolve(r.Properties?.ServiceName));
     for (const s of ['.ssm', '.ssmmessages', '.ec2messages']) {
       const [endpoint] = resourcesOfType(json, 'AWS::EC2::VPCEndpoint').filter(([, r]) => resolve(r.Properties?.ServiceName).includes(`${s}"`));
@@ -265,7 +279,7 @@ describe('fleet', () => {
     template.resourceCountIs('AWS::EC2::InternetGateway', 0);
     template.resourceCountIs('AWS::EC2::NatGateway', 0);
     const services = resourcesOfType(json, 'AWS::EC2::VPCEndpoint').map(([, r]) => resolve(r.Properties?.ServiceName));
-    for (const s of ['.s3', '.sqs', '.kms', '.states', '.monitoring', '.logs', '.autoscaling']) {
+    for (const s of ['.s3', '.sqs', '.kms', '.states', '.logs', '.autoscaling']) {
       assert.ok(services.some((x) => x.includes(`${s}"`)), `endpoint for ${s}: ${services.join(' ')}`);
     }
     template.resourceCountIs('AWS::EC2::FlowLog', 1);
@@ -558,7 +572,13 @@ describe('observability', () => {
     const [[topicId]] = resourcesOfType(json, 'AWS::SNS::Topic');
     const alarms = resourcesOfType(json, 'AWS::CloudWatch::Alarm');
     assert.ok(alarms.length >= 5);
-    for (const [id, a] of alarms) assert.deepEqual(a.Properties?.AlarmActions, [{ Ref: topicId }], `${id} notifies nobody`);
+    for (const [id, a] of alarms) {
+      if (id.startsWith('FleetStartFirstHostAlarm')) continue; // a scaling trigger, not news for anyone
+      const actions = asArray<any>(a.Properties?.AlarmActions);
+      assert.ok(actions.some((x) => x.Ref === topicId), `${id} notifies nobody`);
+      // Besides the topic, only scaling actions of the fleet's own policies.
+      for (const x of actions.filter((y) => y.Ref !== topicId)) assert.match(String(x.Ref), /^FleetAddHostForOldJobs/, id);
+    }
     const [[, policy]] = resourcesOfType(json, 'AWS::SNS::TopicPolicy');
     assert.ok(JSON.stringify(policy.Properties?.PolicyDocument).includes('"aws:SecureTransport":"false"'));
     assert.equal(resourcesOfType(json, 'AWS::SNS::Subscription').length, 0);
@@ -611,6 +631,94 @@ describe('outputs', () => {
     for (const a of granted) {
       if (ownedByCdk.test(a) || a.startsWith('sqs:GetQueueUrl')) continue;
       assert.ok(doc.includes(a), `docs/operations.md mentions ${a}`);
+    }
+  });
+});
+
+describe('day two: rollouts, healing, idle cost, destroy', () => {
+  const asg = () => resourcesOfType(json, 'AWS::AutoScaling::AutoScalingGroup')[0][1];
+  const policies = () => resourcesOfType(json, 'AWS::AutoScaling::ScalingPolicy');
+  const alarms = () => resourcesOfType(json, 'AWS::CloudWatch::Alarm');
+
+  it('a new launch template rolls host by host with one host always in service, each new host first given the launch hook\'s time', () => {
+    const rolling = asg().UpdatePolicy?.AutoScalingRollingUpdate;
+    assert.equal(rolling?.MaxBatchSize, 1);
+    assert.equal(rolling?.MinInstancesInService, 1);
+    assert.equal(rolling?.PauseTime, 'PT15M');
+    // maxHosts=1 leaves no room for a new host beside the old one: MinInstancesInService must stay below MaxSize.
+    const one = resourcesOfType(synth({ maxHosts: '1' }).json, 'AWS::AutoScaling::AutoScalingGroup')[0][1];
+    assert.equal(one.UpdatePolicy?.AutoScalingRollingUpdate?.MinInstancesInService, 0);
+  });
+
+  it('minHosts=0 is allowed, and a step policy sets one host when work waits while the group wants none', () => {
+    const j = synth({ minHosts: '0' }).json;
+    assert.equal(resourcesOfType(j, 'AWS::AutoScaling::AutoScalingGroup')[0][1].Properties?.MinSize, '0');
+    const [[stepId, step]] = policies().filter(([id]) => id.startsWith('FleetStartFirstHost'));
+    assert.equal(step.Properties?.PolicyType, 'StepScaling');
+    assert.equal(step.Properties?.AdjustmentType, 'ExactCapacity');
+    assert.deepEqual(step.Properties?.StepAdjustments, [{ MetricIntervalLowerBound: 0, ScalingAdjustment: 1 }]);
+    const [[, alarm]] = alarms().filter(([id]) => id.startsWith('FleetStartFirstHostAlarm'));
+    assert.deepEqual(alarm.Properties?.AlarmActions, [{ Ref: stepId }]);
+    assert.equal(alarm.Properties?.Threshold, 1);
+    assert.equal(alarm.Properties?.ComparisonOperator, 'GreaterThanOrEqualToThreshold');
+    const metrics = asArray<any>(alarm.Properties?.Metrics);
+    const expression = metrics.find((m) => m.Expression)?.Expression;
+    assert.equal(expression, 'IF(FILL(desired, 0) < 1, FILL(waiting, 0) + FILL(requests, 0), 0)');
+    const byId = Object.fromEntries(metrics.filter((m) => m.MetricStat).map((m) => [m.Id, m.MetricStat.Metric]));
+    assert.equal(byId.desired.MetricName, 'GroupDesiredCapacity');
+    assert.equal(byId.waiting.MetricName, 'ApproximateNumberOfMessagesVisible');
+    assert.equal(byId.requests.MetricName, 'PutRequests');
+    assert.ok(JSON.stringify(byId.requests.Dimensions).includes('AttestationRequests'));
+    // The attestations bucket publishes that request metric (and the one for published documents).
+    const [[, bucket]] = resourcesOfType(json, 'AWS::S3::Bucket').filter(([id]) => id.startsWith('StorageAttestations'));
+    assert.deepEqual(bucket.Properties?.MetricsConfigurations, [
+      { Id: 'AttestationRequests', Prefix: 'attestations/requests/' },
+      { Id: 'AttestationsPublished', Prefix: 'attestations/current/' },
+    ]);
+    // Target tracking still divides by in-service hosts: it takes over once there is one.
+    assert.equal(policies().filter(([, p]) => p.Properties?.PolicyType === 'TargetTrackingScaling').length, 1);
+  });
+
+  it('alarms on the oldest job\'s age (adds a host, tells the operator) and on no fresh attestation document (tells the operator)', () => {
+    const [[addId, add]] = policies().filter(([id]) => id.startsWith('FleetAddHostForOldJobs'));
+    assert.equal(add.Properties?.AdjustmentType, 'ChangeInCapacity');
+    const [[, old]] = alarms().filter(([id]) => id.startsWith('FleetOldestJobAgeAlarm'));
+    assert.equal(old.Properties?.MetricName, 'ApproximateAgeOfOldestMessage');
+    assert.equal(old.Properties?.Threshold, 900);
+    assert.ok(asArray<any>(old.Properties?.AlarmActions).some((a) => a.Ref === addId));
+    const [[topicId]] = resourcesOfType(json, 'AWS::SNS::Topic');
+    assert.ok(asArray<any>(old.Properties?.AlarmActions).some((a) => a.Ref === topicId));
+    const [[, stale]] = alarms().filter(([id]) => id.startsWith('ObservabilityNoFreshAttestation'));
+    const metrics = asArray<any>(stale.Properties?.Metrics);
+    assert.equal(metrics.find((m) => m.Expression)?.Expression, 'IF(FILL(hosts, 0) >= 1 AND FILL(published, 0) < 1, 1, 0)');
+    for (const m of metrics.filter((x) => x.MetricStat)) assert.equal(m.MetricStat.Period, 3600, 'twice the 1800 s republish interval');
+    const published = metrics.find((m) => m.Id === 'published').MetricStat.Metric;
+    assert.equal(published.MetricName, 'PutRequests');
+    assert.ok(JSON.stringify(published.Dimensions).includes('AttestationsPublished'));
+    assert.deepEqual(stale.Properties?.AlarmActions, [{ Ref: topicId }]);
+  });
+
+  it('the host marks itself Unhealthy after 3 enclave restarts in 15 min or no document for twice the republish interval', () => {
+    const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
+    const parts = stack.resolve(lt.Properties?.LaunchTemplateData?.UserData)['Fn::Base64']['Fn::Join'][1] as unknown[];
+    const script = parts.map((part) => (typeof part === 'string' ? part : '<token>')).join('');
+    const check = /health-check <<'EOF'\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '';
+    assert.ok(check.includes('[ -f "$state/in-service" ] || exit 0'), 'only once the launch watcher saw it attested');
+    assert.ok(check.includes('-ge 3 ]') && check.includes('$((now - 900))'), check);
+    assert.ok(check.includes('-ge 3600 ]') && check.includes('attestations/current/$instance.cbor'), check);
+    assert.ok(check.includes('aws autoscaling set-instance-health --instance-id "$instance" --health-status Unhealthy --no-should-respect-grace-period'), check);
+    assert.match(/ephem-health\.timer <<EOF\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '', /OnUnitActiveSec=60/);
+    assert.ok(script.includes('ephem-enclave-watchdog.timer ephem-health.timer'), 'the timer is enabled');
+    const ready = /launch-ready <<'EOF'\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '';
+    assert.ok(ready.includes('touch /var/lib/ephem-batch-health/in-service'), ready);
+  });
+
+  it('cdk destroy keeps the ledger FIFO queue and its DLQ (receipts in flight)', () => {
+    for (const prefix of ['QueuesLedger', 'QueuesLedgerDlq']) {
+      const found = resourcesOfType(json, 'AWS::SQS::Queue').filter(([id]) => new RegExp(`^${prefix}[0-9A-F]{8}$`).test(id));
+      assert.equal(found.length, 1, prefix);
+      assert.equal(found[0][1].DeletionPolicy, 'Retain', prefix);
+      assert.equal(found[0][1].UpdateReplacePolicy, 'Retain', prefix);
     }
   });
 });
