@@ -15,6 +15,14 @@
 #     --from STEP re-run STEP (number or name) and every later step, even if recorded done;
 #                 earlier steps must be done (their outputs are read from the state file)
 #     --yes       cdk deploy --require-approval never (else the CDK CLI asks on a terminal)
+#   scripts/deploy.sh --update-image [--dry-run] [--yes]
+#                 roll the fleet onto the image of the checked-out commit, in the only order
+#                 that loses no job (docs/operations.md §4): U1 build it; U2 its keys first
+#                 (cdk deploy -c nextPolicyFile, the hosts unchanged) and its policy uploaded;
+#                 U3 a new epoch under its fleet key; U4 the model re-sealed under its model key
+#                 as the next version; U5 only then the launch template (one host always in
+#                 service), waiting for its attestation; U6 a job submitted and verified against
+#                 the new policy. Resumable like the steps (state UPDATE_<n>=done).
 #   scripts/deploy.sh ledger-key-string NAME SPKI_BASE64
 #                 print the C2SP verifier key string of an Ed25519 key (docs/protocol.md §8.5)
 #
@@ -49,6 +57,7 @@ CORPUS="${EPHEM_DEPLOY_CORPUS:-examples/corpus.jsonl}"
 WAIT_S="${EPHEM_DEPLOY_WAIT_S:-3600}"
 
 STEPS=(keys image deploy publish ledger job)
+UPDATES=(build keys epoch model roll job)
 TITLES=(
   "publisher keys (on this machine, never uploaded)"
   "enclave image built by CodeBuild in your account; measurements fetched, policy signed here"
@@ -58,16 +67,17 @@ TITLES=(
   "first job submitted and verified"
 )
 
-DRY=0 FROM=0 YES=0 CURRENT=0 DIED="" FAILED="" PUB_CREDS=""
+DRY=0 FROM=0 YES=0 UPDATE=0 CURRENT=0 DIED="" FAILED="" PUB_CREDS=""
 GAPS=()
 
 die() { DIED=1; echo "deploy: $*" >&2; exit 1; }
 # Any other failure names its step and command (set -E: also inside the step functions).
 trap '[ -n "$FAILED" ] || FAILED="$BASH_COMMAND"' ERR
 # shellcheck disable=SC2154 # rc is assigned inside the trap
-trap 'rc=$?; if [ "$rc" != 0 ] && [ "$CURRENT" -gt 0 ] && [ -z "$DIED" ]; then
-        echo "deploy: step $CURRENT (${STEPS[$((CURRENT - 1))]}) failed (exit $rc) at: $FAILED" >&2
-        echo "deploy: fix it and re-run scripts/deploy.sh: it resumes at step $CURRENT" >&2; fi' EXIT
+trap 'rc=$?; if [ "$rc" != 0 ] && [ "$CURRENT" != 0 ] && [ -z "$DIED" ]; then
+        echo "deploy: step $CURRENT ($(step_name "$CURRENT")) failed (exit $rc) at: $FAILED" >&2
+        echo "deploy: fix it and re-run scripts/deploy.sh$([ "$UPDATE" = 0 ] || echo " --update-image"): it resumes at step $CURRENT" >&2; fi' EXIT
+step_name() { case "$1" in U*) echo "${UPDATES[${1#U} - 1]}" ;; *) echo "${STEPS[$1 - 1]}" ;; esac; }
 
 # ---- the C2SP verifier key string (docs/protocol.md §8.5) -----------------------------------
 ledger_key_string() { # NAME SPKI_BASE64 (an Ed25519 SubjectPublicKeyInfo, as kms get-public-key gives it)
@@ -103,10 +113,12 @@ while [ $# -gt 0 ]; do
       [ -n "$FROM" ] || die "--from $2: no such step (1-6 or ${STEPS[*]})"
       shift 2 ;;
     --yes) YES=1; shift ;;
+    --update-image) UPDATE=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (scripts/deploy.sh --help)" ;;
   esac
 done
+[ "$UPDATE" = 0 ] || [ "$FROM" = 0 ] || die "--update-image resumes by itself; --from is for the first deployment's steps"
 
 # ---- state ------------------------------------------------------------------------------------
 get() { if [ -f "$STATE" ]; then sed -n "s/^$1=//p" "$STATE" | tail -n1; fi; }
@@ -153,7 +165,8 @@ EPHEM="${EPHEM_BIN:-}"
 if [ -z "$EPHEM" ]; then
   if command -v ephem-batch >/dev/null 2>&1; then EPHEM=ephem-batch; else EPHEM=target/release/ephem-batch; fi
 fi
-client() { x "$EPHEM" --home "$HOME_DIR" --backend aws --stack-outputs "$OUT" "$@"; }
+CLIENT_ENV=()   # e.g. (env EPHEM_MODEL_KEY_ARN=…): a name the client takes before the outputs file's
+client() { x "${CLIENT_ENV[@]}" "$EPHEM" --home "$HOME_DIR" --backend aws --stack-outputs "$OUT" "$@"; }
 in_cdk() { local line; line="$(show "$@")"; echo "    \$ (cd cdk && ${line#    \$ })"; [ "$DRY" = 1 ] || (cd cdk && "$@"); }
 from_cdk() { case "$1" in /*) echo "$1" ;; *) echo "../$1" ;; esac; }
 as_publisher() { # a client command with the ModelPublisherRoleArn session of step 4
@@ -201,12 +214,18 @@ step_keys() {
   fi
 }
 
-image_dir() { local d; d="$(get IMAGE_DIR)"; echo "${d:-dist/enclave/$COMMIT}"; }
+ROLLED_DIR=""   # the image an update has rolled onto (read before the state has it: a dry run writes none)
+image_dir() { local d; d="${ROLLED_DIR:-$(get IMAGE_DIR)}"; echo "${d:-dist/enclave/$COMMIT}"; }
 check_image() {
   local d; d="$(image_dir)"
   for f in enclave.eif host-poller measurements.json policy.json; do [ -s "$d/$f" ] || return 1; done
 }
 step_image() {
+  build_image
+  put IMAGE_DIR "$BUILT_DIR"; put IMAGE_COMMIT "$COMMIT"
+}
+BUILT_DIR=""
+build_image() { # the image of $COMMIT into dist/enclave/$COMMIT (BUILT_DIR), its policy signed here
   local model_pub bucket project prefix d build status
   model_pub="$(sv MODEL_PUBLISHER_KEY MODEL_PUBLISHER_KEY)"
   d="dist/enclave/$COMMIT"
@@ -268,17 +287,24 @@ step_image() {
   x "$EPHEM" policy sign --key "$KEYS/image-publisher.key" --out "$d/policy.json" "$d/policy.unsigned.json"
   x "$EPHEM" policy verify "$d/policy.json" --publisher-key "$(sv IMAGE_PUBLISHER_KEY IMAGE_PUBLISHER_KEY)"
   x chmod +x "$d/host-poller"
-  put IMAGE_DIR "$d"; put IMAGE_COMMIT "$COMMIT"
+  BUILT_DIR="$d"
+}
+
+cdk_deploy() { # IMAGE_DIR [-c more=...]: the stack with that image's policy, EIF and host-poller
+  local d="$1" approval=() extra=(); shift
+  [ "$YES" = 0 ] || approval=(--require-approval never)
+  # shellcheck disable=SC2206 # EPHEM_CDK_CONTEXT is a list of -c key=value words
+  [ -z "${EPHEM_CDK_CONTEXT:-}" ] || extra=($EPHEM_CDK_CONTEXT)
+  in_cdk npx --no-install cdk deploy "${approval[@]}" -c "stackName=$STACK" -c "policyFile=$(from_cdk "$d/policy.json")" \
+      -c "enclaveEif=$(from_cdk "$d/enclave.eif")" -c "hostPoller=$(from_cdk "$d/host-poller")" \
+      -c "imagePublisherKey=$(sv IMAGE_PUBLISHER_KEY IMAGE_PUBLISHER_KEY)" "$@" "${extra[@]}" --outputs-file "$(from_cdk "$OUT")"
 }
 
 check_deploy() { [ -s "$OUT" ] && jq -e --arg s "$STACK" '.[$s].ArtifactsBucketName' "$OUT" >/dev/null 2>&1; }
 step_deploy() {
-  local d policy_key before="" approval=() extra=()
+  local d policy_key before=""
   d="$(image_dir)"
   policy_key="artifacts/policies/$(commit="$(get IMAGE_COMMIT)"; echo "${commit:-$COMMIT}").json"
-  [ "$YES" = 0 ] || approval=(--require-approval never)
-  # shellcheck disable=SC2206 # EPHEM_CDK_CONTEXT is a list of -c key=value words
-  [ -z "${EPHEM_CDK_CONTEXT:-}" ] || extra=($EPHEM_CDK_CONTEXT)
   x scripts/build-lambdas.sh
   if check_deploy; then
     note "an update: the policy goes first, so the ledger accepts the receipts of the hosts the deploy rolls in"
@@ -292,9 +318,7 @@ step_deploy() {
   note "the EIF and host-poller are assets: cdk deploy publishes them to the CDK assets bucket under keys"
   note "derived from their content before it updates the stack; the launch template names those keys and"
   note "each file's SHA-256, so a new image is a new launch template version the group rolls onto"
-  in_cdk npx --no-install cdk deploy "${approval[@]}" -c "stackName=$STACK" -c "policyFile=$(from_cdk "$d/policy.json")" \
-      -c "enclaveEif=$(from_cdk "$d/enclave.eif")" -c "hostPoller=$(from_cdk "$d/host-poller")" \
-      -c "imagePublisherKey=$(sv IMAGE_PUBLISHER_KEY IMAGE_PUBLISHER_KEY)" "${extra[@]}" --outputs-file "$(from_cdk "$OUT")"
+  cdk_deploy "$d"
   check_deploy || [ "$DRY" = 1 ] || die "step 3: cdk deploy wrote no $STACK outputs into $OUT"
   if [ -z "$before" ]; then
     note "the ledger accepts receipts only from images an uploaded, publisher-signed policy allows"
@@ -331,7 +355,7 @@ step_publish() {
   as_publisher model upload "$sealed"
   manifest="models/${MODEL_ID##*/}/v$MODEL_VERSION/manifest.cose"
   client model verify --published "$manifest" --publisher-key "$(sv MODEL_PUBLISHER_KEY MODEL_PUBLISHER_KEY)"
-  put MODEL_MANIFEST "$manifest"
+  put MODEL_MANIFEST "$manifest"; put MODEL_VERSION_PUBLISHED "$MODEL_VERSION"
 }
 
 check_ledger() { [ -s "$STATE_DIR/ledger.key" ] && grep -q '+' "$STATE_DIR/ledger.key"; }
@@ -387,6 +411,108 @@ step_job() {
   put JOB_VERIFIED 1
 }
 
+# ---- an image update (--update-image; docs/operations.md §4) ------------------------------------
+# The running image's keys release nothing to the new one, and the reverse (key policies bind
+# PCR0 and never change), so every order but this one strands work: the new image's keys first,
+# then an epoch and the model sealed to them, and only then hosts that run it, while at least one
+# host of the old image keeps serving what was sealed to the old keys.
+
+new_dir() { local d; d="$(get NEXT_IMAGE_DIR)"; echo "${d:-dist/enclave/$COMMIT}"; }
+
+update_build() {
+  note "the image of the checked-out commit $COMMIT, built and measured as in step 2"
+  build_image
+  put NEXT_IMAGE_DIR "$BUILT_DIR"; put NEXT_IMAGE_COMMIT "$COMMIT"
+}
+update_keys() {
+  local cur new
+  cur="$(image_dir)" new="$(new_dir)"
+  note "its signed policy first: the ledger then accepts receipts of both images"
+  x aws s3 cp "$new/policy.json" "s3://$(outp ArtifactsBucketName)/artifacts/policies/$COMMIT.json"
+  note "the new image's fleet and model keys, beside the running image's; the hosts keep their launch"
+  note "template (the running image's EIF and host-poller); fleet-rotate now wraps epochs for the new image"
+  cdk_deploy "$cur" -c "nextPolicyFile=$(from_cdk "$new/policy.json")"
+  outp NextFleetKeyArn >/dev/null
+}
+update_epoch() {
+  note "a new epoch under the new fleet key (NextFleetKeyArn): the hosts of the new image will open it;"
+  note "those of the running image keep the epochs they hold, and the jobs sealed to them"
+  x aws lambda invoke --function-name "$(outp FleetRotateFunctionName)" --payload '{}' \
+      --cli-binary-format raw-in-base64-out "$STATE_DIR/fleet-rotate-update.json"
+  show jq -e '.errorMessage == null' "$STATE_DIR/fleet-rotate-update.json"
+  [ "$DRY" = 1 ] || jq -e '.errorMessage == null' "$STATE_DIR/fleet-rotate-update.json" >/dev/null \
+    || die "step U3: fleet-rotate failed: $(cat "$STATE_DIR/fleet-rotate-update.json")"
+}
+update_model() {
+  local version published sealed manifest key
+  version="$(get NEXT_MODEL_VERSION)"
+  if [ -z "$version" ]; then
+    published="$(get MODEL_VERSION_PUBLISHED)"
+    version=$(( ${published:-$MODEL_VERSION} + 1 ))
+    put NEXT_MODEL_VERSION "$version"
+  fi
+  sealed="$STATE_DIR/model/v$version"
+  key="$(outp NextModelKeyArn)"
+  note "the model re-sealed under the new model key ($key) as version $version, signed here, uploaded:"
+  note "the new image's hosts take it up; the running image's keep version $((version - 1))"
+  show aws sts assume-role --role-arn "$(outp ModelPublisherRoleArn)" --role-session-name ephem-deploy-model
+  if [ "$DRY" = 0 ]; then
+    PUB_CREDS="$(aws sts assume-role --role-arn "$(outp ModelPublisherRoleArn)" --role-session-name ephem-deploy-model \
+                 --query 'Credentials.[AccessKeyId,SecretAccessKey,SessionToken]' --output text)"
+  fi
+  if [ "$DRY" = 0 ] && [ -s "$sealed/manifest.cbor" ]; then
+    echo "    (kept: $sealed, sealed earlier)"
+  else
+    CLIENT_ENV=(env "EPHEM_MODEL_KEY_ARN=$key")
+    as_publisher model encrypt "$MODEL_DIR" --model-id "$MODEL_ID" --version "$version" --output "$sealed"
+    CLIENT_ENV=()
+  fi
+  x "$EPHEM" model sign "$sealed" --key "$KEYS/model-publisher.key"
+  as_publisher model upload "$sealed"
+  manifest="models/${MODEL_ID##*/}/v$version/manifest.cose"
+  client model verify --published "$manifest" --publisher-key "$(sv MODEL_PUBLISHER_KEY MODEL_PUBLISHER_KEY)"
+  put MODEL_MANIFEST "$manifest"; put MODEL_VERSION_PUBLISHED "$version"
+}
+update_roll() {
+  local new
+  new="$(new_dir)"
+  note "only now the launch template: the new image's EIF and host-poller, its policy as the current one;"
+  note "Auto Scaling starts a new host before it stops an old one (MinInstancesInService 1), and a"
+  note "stopping host finishes the jobs it holds (drain hook); the old keys are retained, not deleted"
+  cdk_deploy "$new"
+  wait_for "an attestation document of the new image" \
+      "$EPHEM" --home "$HOME_DIR" --backend aws --stack-outputs "$OUT" attest fetch --policy "$new/policy.json" \
+      --publisher-key "$(sv IMAGE_PUBLISHER_KEY IMAGE_PUBLISHER_KEY)"
+  put IMAGE_DIR "$new"; put IMAGE_COMMIT "$COMMIT"
+  ROLLED_DIR="$new"
+}
+update_job() {
+  note "clients move to the new policy (give them $(new_dir)/policy.json): a job sealed now is served by the new image"
+  put JOB_ID ""; put JOB_VERIFIED ""
+  step_job
+}
+
+run_update() {
+  local i n name
+  [ "$DRY" = 1 ] || [ "$(get STEP_6)" = done ] || die "--update-image rolls a deployment that exists: run scripts/deploy.sh first (steps 1-6)"
+  if [ "$(get IMAGE_COMMIT)" = "$COMMIT" ] && [ -z "$(get NEXT_IMAGE_COMMIT)" ]; then
+    die "the fleet already runs the image of $COMMIT: check out the commit to roll out"
+  fi
+  if [ -n "$(get NEXT_IMAGE_COMMIT)" ] && [ "$(get NEXT_IMAGE_COMMIT)" != "$COMMIT" ]; then
+    die "an update to $(get NEXT_IMAGE_COMMIT) is under way: check that commit out and re-run --update-image to finish it"
+  fi
+  for i in "${!UPDATES[@]}"; do
+    n=$((i + 1)) name="${UPDATES[$i]}"
+    CURRENT="U$n"
+    if [ "$(get "UPDATE_$n")" = "done:$COMMIT" ]; then echo "U$n. $name — done"; continue; fi
+    echo "U$n. $name"
+    "update_$name"
+    put "UPDATE_$n" "done:$COMMIT"
+  done
+  [ "$DRY" = 1 ] || { put NEXT_IMAGE_COMMIT ""; put NEXT_IMAGE_DIR ""; put NEXT_MODEL_VERSION ""; }
+  echo "deploy: the fleet runs the image of $COMMIT$([ "$DRY" = 0 ] || echo " (dry run: nothing was run)")"
+}
+
 # ---- the sequence -------------------------------------------------------------------------------
 need_outputs() { # the outputs a step needs from earlier steps
   case "$1" in
@@ -410,6 +536,11 @@ x aws sts get-caller-identity --query Account --output text
 if ! command -v "$EPHEM" >/dev/null 2>&1; then
   note "the client ($EPHEM is not there yet)"
   x cargo build --release --locked -p ephem-batch --bin ephem-batch
+fi
+
+if [ "$UPDATE" = 1 ]; then
+  run_update
+  exit 0
 fi
 
 resumed=""

@@ -168,7 +168,51 @@ fi
 [ ! -s "$FAKE_LOG" ] && ok "no tool was called before the refusal" || not_ok "called before the pin check: $(cat "$FAKE_LOG")"
 has "$t/plan" "enclave-image/check-pins.sh" "the plan shows the pin check"
 
-# --- 7. the ledger key string: known answer of docs/protocol.md §8.5 ---------------------------------
+# --- 7. --update-image: the new image's keys, then an epoch and the model under them, only then the hosts ---
+upd="$t/update"
+mkdir -p "$upd/keys"
+jq '.EphemBatch += {"NextFleetKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-next-fleet",
+                    "NextModelKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-next-model"}' "$state/outputs.json" >"$upd/outputs.json"
+{ for n in 1 2 3 4 5 6; do echo "STEP_$n=done"; done
+  echo "IMAGE_PUBLISHER_KEY=$(cat "$state/keys/image-publisher.pub")"
+  echo "MODEL_PUBLISHER_KEY=$(cat "$state/keys/model-publisher.pub")"
+  echo "IMAGE_DIR=$t/img"
+  echo "IMAGE_COMMIT=0123456789abcdef0123456789abcdef01234567"
+  echo "MODEL_VERSION_PUBLISHED=1"
+  echo "JOB_VERIFIED=1"; } >"$upd/state"
+head_commit="$(git -C "$root" rev-parse HEAD)"
+: >"$FAKE_LOG"
+before="$(cat "$upd/state")"
+EPHEM_DEPLOY_DIR="$upd" "$deploy" --update-image --dry-run >"$t/upd" 2>&1 || { cat "$t/upd"; not_ok "--update-image --dry-run exits 0"; }
+order="$(grep -Eo '^U[0-9]\. [a-z]+' "$t/upd" | tr '\n' ' ')"
+[ "$order" = "U1. build U2. keys U3. epoch U4. model U5. roll U6. job " ] && ok "update phases in order" || not_ok "update phases: '$order'"
+line() { grep -nF -- "$1" "$t/upd" | head -n1 | cut -d: -f1; }
+policy_at="$(line "s3://fake-artifacts/artifacts/policies/$head_commit.json")"
+keys_at="$(line "-c nextPolicyFile=../dist/enclave/$head_commit/policy.json")"
+epoch_at="$(line "aws lambda invoke --function-name fake-fleet-rotate")"
+seal_at="$(line "env EPHEM_MODEL_KEY_ARN=arn:aws:kms:eu-west-1:123456789012:key/fake-next-model ephem-batch")"
+roll_at="$(line "-c enclaveEif=../dist/enclave/$head_commit/enclave.eif")"
+submit_at="$(line "submit examples/corpus.jsonl --policy dist/enclave/$head_commit/policy.json")"
+if [ -n "$policy_at" ] && [ -n "$keys_at" ] && [ -n "$epoch_at" ] && [ -n "$seal_at" ] && [ -n "$roll_at" ] && [ -n "$submit_at" ] \
+   && [ "$policy_at" -lt "$keys_at" ] && [ "$keys_at" -lt "$epoch_at" ] && [ "$epoch_at" -lt "$seal_at" ] \
+   && [ "$seal_at" -lt "$roll_at" ] && [ "$roll_at" -lt "$submit_at" ]; then
+  ok "policy, then new keys, then the epoch, then the model under the new model key, then the launch template, then a job on the new policy"
+else
+  not_ok "update order: policy $policy_at, keys $keys_at, epoch $epoch_at, model $seal_at, roll $roll_at, submit $submit_at"
+fi
+grep -F -- "-c nextPolicyFile=" "$t/upd" | grep -qF -- "-c enclaveEif=$t/img/enclave.eif" \
+  && ok "the keys deploy keeps the running image on the hosts" || not_ok "the keys deploy changes the hosts' image"
+grep -F -- "-c enclaveEif=../dist/enclave/$head_commit/" "$t/upd" | grep -qvF -- "nextPolicyFile" \
+  && ok "the rolling deploy names no incoming image" || not_ok "the rolling deploy still names nextPolicyFile"
+has "$t/upd" "model encrypt .ephem/models/all-MiniLM-L6-v2 --model-id sentence-transformers/all-MiniLM-L6-v2 --version 2" "the model is re-sealed as the next version"
+has "$t/upd" "attest fetch --policy dist/enclave/$head_commit/policy.json" "the roll waits for the new image's attestation"
+[ ! -s "$FAKE_LOG" ] && [ "$before" = "$(cat "$upd/state")" ] && ok "an update dry run calls and writes nothing" || not_ok "an update dry run called or wrote"
+# Nothing to roll: the fleet runs this commit already.
+sed -i "s/^IMAGE_COMMIT=.*/IMAGE_COMMIT=$head_commit/" "$upd/state"
+if EPHEM_DEPLOY_DIR="$upd" "$deploy" --update-image --dry-run >"$t/upd2" 2>&1; then not_ok "an update to the running commit is refused"; else
+  has "$t/upd2" "the fleet already runs the image of $head_commit" "an update to the running commit is refused"; fi
+
+# --- 8. the ledger key string: known answer of docs/protocol.md §8.5 ---------------------------------
 # The verifier key's base64(0x01 || key), as an Ed25519 SubjectPublicKeyInfo the way KMS returns it.
 pub="$(echo 'ASFS+NGbeR0kRTJC4V8uq2y3z/p7al7TAJeWDgaYgdsS' | base64 -d | tail -c 32 | od -An -tx1 | tr -d ' \n')"
 spki="$(echo "302a300506032b6570032100$pub" | xxd -r -p | base64 -w0)"
