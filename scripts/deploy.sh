@@ -114,7 +114,7 @@ while [ $# -gt 0 ]; do
       shift 2 ;;
     --yes) YES=1; shift ;;
     --update-image) UPDATE=1; shift ;;
-    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -Eeuo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument $1 (scripts/deploy.sh --help)" ;;
   esac
 done

@@ -496,7 +496,8 @@ export class Fleet extends Construct {
       autoScalingGroup: this.hosts,
       adjustmentType: autoscaling.AdjustmentType.CHANGE_IN_CAPACITY,
       metricAggregationType: autoscaling.MetricAggregationType.MAXIMUM,
-      cooldown: Duration.seconds(LAUNCH_TIMEOUT_S),
+      // A host just added counts only once it could have attested (the launch hook's limit).
+      estimatedInstanceWarmup: Duration.seconds(LAUNCH_TIMEOUT_S),
     });
     addHost.addAdjustment({ lowerBound: 0, adjustment: 1 });
     this.oldJobsAlarm = new cloudwatch.Alarm(this, 'OldestJobAgeAlarm', {

@@ -3,6 +3,7 @@ import assert from 'node:assert/strict';
 import * as fs from 'node:fs';
 import * as path from 'node:path';
 import { describe, it } from 'node:test';
+import { spawnSync } from 'node:child_process';
 import { Match } from 'aws-cdk-lib/assertions';
 import { repoRoot } from '../lib/config';
 import { DRAIN_TIMEOUT_S, JOURNAL_EXPORT_FILE, LAUNCH_TIMEOUT_S, POLLER_MEMORY_MAX, SHIPPED_UNITS } from '../lib/host-user-data';
@@ -682,6 +683,7 @@ describe('day two: rollouts, healing, idle cost, destroy', () => {
   it('alarms on the oldest job\'s age (adds a host, tells the operator) and on no fresh attestation document (tells the operator)', () => {
     const [[addId, add]] = policies().filter(([id]) => id.startsWith('FleetAddHostForOldJobs'));
     assert.equal(add.Properties?.AdjustmentType, 'ChangeInCapacity');
+    assert.equal(add.Properties?.EstimatedInstanceWarmup, 900);
     const [[, old]] = alarms().filter(([id]) => id.startsWith('FleetOldestJobAgeAlarm'));
     assert.equal(old.Properties?.MetricName, 'ApproximateAgeOfOldestMessage');
     assert.equal(old.Properties?.Threshold, 900);
@@ -720,5 +722,60 @@ describe('day two: rollouts, healing, idle cost, destroy', () => {
       assert.equal(found[0][1].DeletionPolicy, 'Retain', prefix);
       assert.equal(found[0][1].UpdateReplacePolicy, 'Retain', prefix);
     }
+  });
+});
+
+describe('the health watcher, run in bash against faked AWS CLI and IMDS', () => {
+  const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
+  const parts = stack.resolve(lt.Properties?.LaunchTemplateData?.UserData)['Fn::Base64']['Fn::Join'][1] as unknown[];
+  const script = parts.map((part) => (typeof part === 'string' ? part : '<token>')).join('');
+  const check = /health-check <<'EOF'\n([\s\S]*?)\nEOF\n/.exec(script)?.[1] ?? '';
+
+  /** Runs the watcher with a state directory, a document LastModified `ageS` ago (or none), `restarts` timestamps. */
+  function run(o: { inService: boolean; ageS?: number; restartsAgoS?: number[] }): { calls: string; stderr: string; status: number | null } {
+    const dir = fs.mkdtempSync(path.join(require('node:os').tmpdir(), 'health-'));
+    const state = path.join(dir, 'state');
+    const bin = path.join(dir, 'bin');
+    fs.mkdirSync(state);
+    fs.mkdirSync(bin);
+    const now = Math.floor(Date.now() / 1000);
+    if (o.inService) fs.writeFileSync(path.join(state, 'in-service'), '');
+    if (o.restartsAgoS) fs.writeFileSync(path.join(state, 'enclave-restarts'), o.restartsAgoS.map((a) => `${now - a}\n`).join(''));
+    // IMDS: a token, then the instance id. The AWS CLI: head-object answers LastModified, or fails (404).
+    fs.writeFileSync(path.join(bin, 'curl'), '#!/bin/sh\ncase "$*" in *api/token*) echo token ;; *instance-id*) echo i-0abc ;; esac\n', { mode: 0o755 });
+    const modified = o.ageS === undefined ? '' : new Date((now - o.ageS) * 1000).toISOString();
+    fs.writeFileSync(path.join(bin, 'aws'), `#!/bin/sh\necho "$*" >>${dir}/calls\ncase "$2" in head-object) [ -n "${modified}" ] && echo "${modified}" || exit 254 ;; esac\n`, { mode: 0o755 });
+    const body = check.replace('state=/var/lib/ephem-batch-health', `state=${state}`);
+    assert.notEqual(body, check, 'the state directory is where the watchdog writes');
+    const r = spawnSync('bash', ['-c', body], { encoding: 'utf8', env: { ...process.env, PATH: `${bin}:${process.env.PATH}`, EPHEM_ATTESTATIONS_BUCKET: 'att' } });
+    const calls = fs.existsSync(path.join(dir, 'calls')) ? fs.readFileSync(path.join(dir, 'calls'), 'utf8') : '';
+    fs.rmSync(dir, { recursive: true, force: true });
+    return { calls, stderr: r.stderr, status: r.status };
+  }
+  const unhealthy = 'autoscaling set-instance-health --instance-id i-0abc --health-status Unhealthy --no-should-respect-grace-period';
+
+  it('leaves a healthy host alone: fresh document, no restarts', () => {
+    const r = run({ inService: true, ageS: 600 });
+    assert.equal(r.status, 0, r.stderr);
+    assert.ok(r.calls.includes('s3api head-object --bucket att --key attestations/current/i-0abc.cbor'), r.calls);
+    assert.ok(!r.calls.includes('set-instance-health'), r.calls);
+  });
+
+  it('marks the host Unhealthy when its document is older than twice the republish interval', () => {
+    const r = run({ inService: true, ageS: 3700 });
+    assert.ok(r.calls.includes(unhealthy), r.calls);
+    assert.match(r.stderr, /no attestation document published for 3[67]\d\d s/);
+  });
+
+  it('marks the host Unhealthy after 3 enclave restarts within 15 minutes, not after 2, nor after old ones', () => {
+    assert.ok(run({ inService: true, ageS: 60, restartsAgoS: [30, 300, 800] }).calls.includes(unhealthy));
+    assert.ok(!run({ inService: true, ageS: 60, restartsAgoS: [30, 300] }).calls.includes('set-instance-health'));
+    assert.ok(!run({ inService: true, ageS: 60, restartsAgoS: [30, 300, 1000, 2000] }).calls.includes('set-instance-health'));
+  });
+
+  it('does nothing before the launch watcher saw the host attested (the launch hook decides then)', () => {
+    const r = run({ inService: false, ageS: 99999, restartsAgoS: [1, 2, 3, 4] });
+    assert.equal(r.status, 0);
+    assert.equal(r.calls, '');
   });
 });
