@@ -424,9 +424,17 @@ update_build() {
   build_image
   put NEXT_IMAGE_DIR "$BUILT_DIR"; put NEXT_IMAGE_COMMIT "$COMMIT"
 }
+same_measurements() { # the new image has the running image's PCRs (a commit that changed nothing measured)
+  [ "$DRY" = 0 ] && [ -s "$(image_dir)/policy.json" ] && [ -s "$(new_dir)/policy.json" ] \
+    && [ "$(jq -cS .pcrs "$(image_dir)/policy.json")" = "$(jq -cS .pcrs "$(new_dir)/policy.json")" ]
+}
 update_keys() {
   local cur new
   cur="$(image_dir)" new="$(new_dir)"
+  if same_measurements; then
+    note "the new image has the running image's PCRs: its keys, epochs and model are the running ones (U2-U4 not needed)"
+    return
+  fi
   note "its signed policy first: the ledger then accepts receipts of both images"
   x aws s3 cp "$new/policy.json" "s3://$(outp ArtifactsBucketName)/artifacts/policies/$COMMIT.json"
   note "the new image's fleet and model keys, beside the running image's; the hosts keep their launch"
@@ -435,6 +443,7 @@ update_keys() {
   outp NextFleetKeyArn >/dev/null
 }
 update_epoch() {
+  if same_measurements; then note "same PCRs: no new epoch"; return; fi
   note "a new epoch under the new fleet key (NextFleetKeyArn): the hosts of the new image will open it;"
   note "those of the running image keep the epochs they hold, and the jobs sealed to them"
   x aws lambda invoke --function-name "$(outp FleetRotateFunctionName)" --payload '{}' \
@@ -445,6 +454,7 @@ update_epoch() {
 }
 update_model() {
   local version published sealed manifest key
+  if same_measurements; then note "same PCRs: the model stays as it is"; return; fi
   version="$(get NEXT_MODEL_VERSION)"
   if [ -z "$version" ]; then
     published="$(get MODEL_VERSION_PUBLISHED)"

@@ -212,6 +212,28 @@ sed -i "s/^IMAGE_COMMIT=.*/IMAGE_COMMIT=$head_commit/" "$upd/state"
 if EPHEM_DEPLOY_DIR="$upd" "$deploy" --update-image --dry-run >"$t/upd2" 2>&1; then not_ok "an update to the running commit is refused"; else
   has "$t/upd2" "the fleet already runs the image of $head_commit" "an update to the running commit is refused"; fi
 
+# A real run (fake tools) of an update whose image has the running PCRs, U1 recorded done: no new
+# keys, epoch or model; it fails at U5 (no account), names U5, and a re-run resumes there.
+same="$t/same"
+mkdir -p "$same/img-new"
+cp "$upd/outputs.json" "$same/"
+for f in enclave.eif host-poller measurements.json; do echo y >"$same/img-new/$f"; done
+echo '{"version":1,"pcrs":{"0":"aa","1":"bb","2":"cc"}}' >"$same/img-new/policy.json"
+echo '{"version":1,"pcrs":{"2":"cc","1":"bb","0":"aa"}}' >"$t/img/policy.json"
+{ grep -v '^IMAGE_COMMIT=' "$upd/state"; echo "IMAGE_COMMIT=0123456789abcdef0123456789abcdef01234567"
+  echo "NEXT_IMAGE_DIR=$same/img-new"; echo "NEXT_IMAGE_COMMIT=$head_commit"; echo "UPDATE_1=done:$head_commit"; } >"$same/state"
+: >"$FAKE_LOG"
+if EPHEM_DEPLOY_DIR="$same" "$deploy" --update-image >"$t/same.log" 2>&1; then not_ok "a real update without an account fails"; fi
+has "$t/same.log" "U1. build — done" "U1 recorded done is not run again"
+has "$t/same.log" "the new image has the running image's PCRs" "same PCRs: no new keys"
+has "$t/same.log" "deploy: step U5 (roll) failed" "the failure names U5"
+has "$t/same.log" "re-run scripts/deploy.sh --update-image: it resumes at step U5" "and how to resume"
+lacks "$FAKE_LOG" "nextPolicyFile" "no keys deploy"
+lacks "$FAKE_LOG" "lambda invoke" "no new epoch"
+lacks "$FAKE_LOG" "model encrypt" "no re-sealed model"
+grep -qx "UPDATE_4=done:$head_commit" "$same/state" && ok "U2-U4 recorded done" || not_ok "U4 recorded: $(cat "$same/state")"
+echo x >"$t/img/policy.json"
+
 # --- 8. the ledger key string: known answer of docs/protocol.md §8.5 ---------------------------------
 # The verifier key's base64(0x01 || key), as an Ed25519 SubjectPublicKeyInfo the way KMS returns it.
 pub="$(echo 'ASFS+NGbeR0kRTJC4V8uq2y3z/p7al7TAJeWDgaYgdsS' | base64 -d | tail -c 32 | od -An -tx1 | tr -d ' \n')"
