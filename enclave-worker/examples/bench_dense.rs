@@ -5,12 +5,16 @@
 //!
 //! ```text
 //! cargo run --release -p enclave-worker --example bench_dense -- [--threads 2] [--rows 2048] [--runs 9] [--bf16]
+//! cargo run --release -p enclave-worker --example bench_dense -- --units [--threads 2] [--rows 2048] [--runs 9]
 //! ```
+//!
+//! `--units`: the bf16 and int8 products on AVX-512 and on AMX tiles alternately instead, with
+//! the chosen blocking (AMX only where this CPU has it and Linux grants the tile state).
 
 use std::time::Instant;
 
 use enclave_worker::inference::dense_bench as bench;
-use enclave_worker::inference::{DenseBlocking, L2Size, dense_blocking};
+use enclave_worker::inference::{DenseBlocking, DenseUnit, L2Size, dense_blocking, dense_units};
 
 const SHAPES: [(&str, usize, usize); 6] = [
     ("MiniLM FFN in", 384, 1536),
@@ -36,8 +40,44 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// bf16 and int8 on AVX-512 against AMX, per shape: GOP/s (two operations per multiply-add).
+fn units(pool: &rayon::ThreadPool, m: usize, runs: usize) {
+    let chosen = *dense_blocking();
+    println!("dense units {:?}; {} threads, {m} rows, median of {runs}", dense_units(), pool.current_num_threads());
+    println!("| shape | k × n | bf16 AVX-512 | bf16 AMX | AMX / AVX-512 | int8 VNNI | int8 AMX | AMX / VNNI |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (seed, &(name, k, n)) in SHAPES.iter().enumerate() {
+        let x = values(seed, m * k);
+        let w = bench::pack(&values(seed + 7, k * n), k, n);
+        let mut out = vec![0f32; m * n];
+        let mut cells = Vec::new();
+        for arithmetic in [bench::Arithmetic::Bf16, bench::Arithmetic::Int8] {
+            let mut time = |unit: DenseUnit| {
+                let start = Instant::now();
+                pool.install(|| bench::product_on(&x, m, &w, &mut out, arithmetic, unit, &chosen))?;
+                Some(2.0 * (m * k * n) as f64 / start.elapsed().as_secs_f64() / 1e9)
+            };
+            let (mut avx512, mut amx) = (Vec::new(), Vec::new());
+            for _ in 0..=runs {
+                avx512.extend(time(DenseUnit::Avx512));
+                amx.extend(time(DenseUnit::Amx));
+            }
+            let median_of = |v: Vec<f64>| (!v.is_empty()).then(|| median(v[1..].to_vec()));
+            let (avx512, amx) = (median_of(avx512), median_of(amx));
+            let shown = |v: Option<f64>| v.map_or("–".to_owned(), |v| format!("{v:.1}"));
+            let ratio = avx512.zip(amx).map_or("–".to_owned(), |(a, b)| format!("{:.2}", b / a));
+            cells.push(format!("{} | {} | {ratio}", shown(avx512), shown(amx)));
+        }
+        println!("| {name} | {k} × {n} | {} |", cells.join(" | "));
+    }
+}
+
 fn main() {
     let (threads, m, runs) = (flag("--threads", 2), flag("--rows", 2048), flag("--runs", 9));
+    if std::env::args().any(|a| a == "--units") {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+        return units(&pool, m, runs);
+    }
     let bf16 = std::env::args().any(|a| a == "--bf16");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
     let chosen = *dense_blocking();

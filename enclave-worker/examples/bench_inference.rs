@@ -303,7 +303,10 @@ fn run_child(args: &Args) -> serde_json::Value {
 
     let candle = candle_thread_settings();
     let blocking = enclave_worker::inference::dense_blocking();
+    let units = enclave_worker::inference::dense_units();
+    let unit = |unit: Option<enclave_worker::inference::DenseUnit>| unit.map(|unit| unit.as_str());
     serde_json::json!({
+        "dense_units": {"bf16": unit(units.bf16), "int8": unit(units.int8)},
         "dense_l2_bytes": blocking.l2.0,
         "dense_l2_from_cpuid": blocking.measured,
         "dense_depth_slice": blocking.depth_slice,

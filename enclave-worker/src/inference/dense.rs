@@ -2,8 +2,8 @@
 //! (`vfmadd231ps`), bf16 inputs with f32 accumulation (`vdpbf16ps`) for jobs that ask for
 //! `precision: bf16`, and u8 × i8 with int32 accumulation (`vpdpbusd`) for `precision: int8`.
 //!
-//! Its `kernel` submodule and [`super::strided`] are the crate's only `unsafe` code: the SIMD
-//! intrinsics, behind a safe API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`],
+//! Its `kernel` submodule (with `kernel::amx`) and [`super::strided`] are the crate's only
+//! `unsafe` code: the SIMD intrinsics and AMX's `asm!`, behind a safe API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`],
 //! [`matmul_int8`]) that checks every length before a kernel runs and refuses to run on a CPU
 //! without the instructions ([`f32_supported`], [`bf16_supported`], [`int8_supported`]).
 //!
@@ -31,10 +31,19 @@
 //! slice comes from L2 and is reused by all the task's row tiles, and results are stored straight
 //! into the output rows. How deep a slice is comes from this CPU's L2 size ([`blocking`]); the
 //! panels of all-MiniLM-L6-v2 are shallow enough to be one slice on every CPU we run on.
+//!
+//! AMX: where the CPU has AMX tiles and Linux grants their state ([`units`], chosen once at
+//! start-up), bf16 runs on `tdpbf16ps` and int8 on `tdpbusd` (the same u8 × i8 operands) instead,
+//! one more tile kernel ([`TileKernel`]) behind the same blocking and products: 32 rows a tile
+//! instead of `MR`, depth slices beginning at whole steps of 16 lanes, the same packed panels
+//! (AMX's B operand has their layout). int8 gives the VNNI kernel's bits (tests); bf16 does not
+//! add the 32 products of a `tdpbf16ps` one by one in f32 as `vdpbf16ps` does, so it agrees with
+//! the AVX-512 kernel within f32 summation error, not bit for bit (tests state the bound).
 
 use rayon::prelude::*;
 
 pub use blocking::{Blocking, L2Size, blocking};
+pub use unit::{Unit, Units, units};
 
 /// Columns per weight panel (4 vectors of 16 lanes).
 const NR: usize = 64;
@@ -162,21 +171,52 @@ struct Slice {
     last: bool,
 }
 
-/// A lane type with a kernel: `tile(a, b, depth, out, ldc, rows, slice)` computes one depth
-/// slice of an `MR × NR` tile, `out[r·ldc + j] (+)= Σ_{p < depth} a[r·lda + p] ⊙ b[p·NR + j]`
-/// for the first `rows` rows.
+/// A tile kernel: `run(a, b, depth, out, ldc, rows, slice)` computes one depth slice of a
+/// `rows × NR` tile (`rows` at most the kernel's [`TileKernel::rows`]),
+/// `out[r·ldc + j] (+)= Σ_{p < depth} a[r·lda + p] ⊙ b[p·NR + j]`, reading `a` as whole tiles
+/// (padding rows zero); `F` is [`Tile`] or, for int8, [`Int8Tile`].
+#[derive(Clone, Copy)]
+struct TileKernel<F> {
+    /// Rows of a tile: the activations are padded to a multiple of it.
+    rows: usize,
+    /// Where a depth slice may begin: a multiple of this many lanes (the kernel's step, so that
+    /// every blocking groups the sums alike).
+    step: usize,
+    run: F,
+}
+
+type Tile<T> = fn(&[T], &[T], usize, &mut [f32], usize, usize, Slice);
+
+const F32_AVX512: TileKernel<Tile<f32>> = TileKernel { rows: MR, step: 1, run: kernel::f32_tile };
+const BF16_AVX512: TileKernel<Tile<u32>> = TileKernel { rows: MR, step: 1, run: kernel::bf16_tile };
+const BF16_AMX: TileKernel<Tile<u32>> = TileKernel { rows: kernel::amx::ROWS, step: kernel::amx::STEP, run: kernel::amx::bf16_tile };
+const INT8_VNNI: TileKernel<Int8Tile> = TileKernel { rows: MR, step: 1, run: kernel::int8_tile };
+const INT8_AMX: TileKernel<Int8Tile> = TileKernel { rows: kernel::amx::ROWS, step: kernel::amx::STEP, run: kernel::amx::int8_tile };
+
+/// The bf16 kernel of `unit`.
+fn bf16_kernel(unit: Unit) -> TileKernel<Tile<u32>> {
+    match unit {
+        Unit::Avx512 => BF16_AVX512,
+        Unit::Amx => BF16_AMX,
+    }
+}
+
+/// The int8 kernel of `unit`.
+fn int8_kernel(unit: Unit) -> TileKernel<Int8Tile> {
+    match unit {
+        Unit::Avx512 => INT8_VNNI,
+        Unit::Amx => INT8_AMX,
+    }
+}
+
+/// A lane type the activations are made of.
 trait Lane: Copy + Default + Send + Sync + 'static {
-    fn tile(a: &[Self], b: &[Self], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice);
     /// `rows` rows of `x` (`k` values each) as this lane type, row-major, `depth` lanes per row,
     /// `pad_to` rows (the rest zero).
     fn rows_of(x: &[f32], rows: usize, k: usize, depth: usize, pad_to: usize) -> Vec<Self>;
 }
 
 impl Lane for f32 {
-    fn tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
-        kernel::f32_tile(a, b, depth, out, ldc, rows, slice)
-    }
-
     fn rows_of(x: &[f32], rows: usize, k: usize, _: usize, pad_to: usize) -> Vec<f32> {
         let mut a = vec![0f32; pad_to * k];
         a[..rows * k].copy_from_slice(&x[..rows * k]);
@@ -185,10 +225,6 @@ impl Lane for f32 {
 }
 
 impl Lane for u32 {
-    fn tile(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
-        kernel::bf16_tile(a, b, depth, out, ldc, rows, slice)
-    }
-
     fn rows_of(x: &[f32], rows: usize, k: usize, depth: usize, pad_to: usize) -> Vec<u32> {
         let mut a = vec![0u32; pad_to * depth];
         super::kernels::vectorized(
@@ -209,7 +245,7 @@ impl Lane for u32 {
 }
 
 /// A task's activations as the kernel reads them: whole row tiles (in place for f32) and, when
-/// the row count is not a multiple of [`MR`], a zero-padded last tile.
+/// the row count is not a multiple of the kernel's rows, a zero-padded last tile.
 struct Rows<'a, T: Lane> {
     whole: std::borrow::Cow<'a, [T]>,
     tail: Option<Vec<T>>,
@@ -222,8 +258,9 @@ fn rows_f32(x: &[f32], rows: usize, k: usize) -> Rows<'_, f32> {
     Rows { whole: std::borrow::Cow::Borrowed(&x[..whole_rows * k]), tail, rows }
 }
 
-fn rows_bf16(x: &[f32], rows: usize, k: usize, depth: usize) -> Rows<'static, u32> {
-    Rows { whole: std::borrow::Cow::Owned(u32::rows_of(x, rows, k, depth, rows.div_ceil(MR) * MR)), tail: None, rows }
+/// Rows of bf16 pairs for a kernel of `tile_rows` rows.
+fn rows_bf16(x: &[f32], rows: usize, k: usize, depth: usize, tile_rows: usize) -> Rows<'static, u32> {
+    Rows { whole: std::borrow::Cow::Owned(u32::rows_of(x, rows, k, depth, rows.div_ceil(tile_rows) * tile_rows)), tail: None, rows }
 }
 
 /// `out ← x · w` in f32: `x` is `(m, k)` row-major, `out` `(m, n)`.
@@ -231,27 +268,35 @@ fn rows_bf16(x: &[f32], rows: usize, k: usize, depth: usize) -> Rows<'static, u3
 /// Panics if the lengths do not match or the CPU lacks AVX-512 ([`f32_supported`]).
 pub(crate) fn matmul_f32(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32]) {
     assert!(f32_supported(), "the CPU has no AVX-512");
-    packed_product(x, m, w, out, blocking(), |x, rows| rows_f32(x, rows, w.k));
+    packed_product(x, m, w, out, blocking(), F32_AVX512, |x, rows| rows_f32(x, rows, w.k));
 }
 
 /// `out ← x · w` with bf16 inputs and f32 sums: `x` is `(m, k)` row-major f32, `out` `(m, n)`.
 ///
+/// Runs on the unit [`units`] chose (AMX tiles or AVX-512).
+///
 /// Panics if the lengths do not match or the CPU lacks AVX-512 BF16 ([`bf16_supported`]).
 pub(crate) fn matmul_bf16(x: &[f32], m: usize, w: &Packed<u32>, out: &mut [f32]) {
-    assert!(bf16_supported(), "the CPU has no AVX-512 BF16");
-    packed_product(x, m, w, out, blocking(), |x, rows| rows_bf16(x, rows, w.k, w.depth));
+    let unit = units().bf16.expect("the CPU has no AVX-512 BF16");
+    bf16_product(x, m, w, out, blocking(), bf16_kernel(unit));
 }
 
-/// `out ← x · w` through `T`'s kernel, each task's rows of `x` made lanes by `prepare`.
+/// [`matmul_bf16`] with the given blocking and kernel.
+fn bf16_product(x: &[f32], m: usize, w: &Packed<u32>, out: &mut [f32], blocking: &Blocking, tile: TileKernel<Tile<u32>>) {
+    packed_product(x, m, w, out, blocking, tile, |x, rows| rows_bf16(x, rows, w.k, w.depth, tile.rows));
+}
+
+/// `out ← x · w` through `tile`, each task's rows of `x` made lanes by `prepare`.
 fn packed_product<'x, T: Lane>(
     x: &'x [f32],
     m: usize,
     w: &Packed<T>,
     out: &mut [f32],
     blocking: &Blocking,
+    tile: TileKernel<Tile<T>>,
     prepare: impl Fn(&'x [f32], usize) -> Rows<'x, T> + Sync,
 ) {
-    product(x, m, w.k, w.n, out, prepare, |a, panel, out, ldc| run_panel(a, w, panel, out, ldc, blocking));
+    product(x, m, w.k, w.n, out, prepare, |a, panel, out, ldc| run_panel(a, w, panel, out, ldc, blocking, tile));
 }
 
 /// Runs on the current rayon pool: one task per [`MC`] rows when there are enough rows for
@@ -301,29 +346,41 @@ fn product<'x, A: Sync>(
 
 /// Every row tile of `a` against weight panel `panel`, into `out` (row stride `ldc`, the panel's
 /// first column at `out[0]`).
-fn run_panel<T: Lane>(a: &Rows<'_, T>, w: &Packed<T>, panel: usize, out: &mut [f32], ldc: usize, blocking: &Blocking) {
-    let depth = w.depth;
+fn run_panel<T: Lane>(
+    a: &Rows<'_, T>,
+    w: &Packed<T>,
+    panel: usize,
+    out: &mut [f32],
+    ldc: usize,
+    blocking: &Blocking,
+    kernel: TileKernel<Tile<T>>,
+) {
+    let (depth, mr) = (w.depth, kernel.rows);
     let lanes = &w.panels[panel * depth * NR..(panel + 1) * depth * NR];
-    let whole_tiles = a.whole.len() / (MR * depth);
-    tiles_of_panel(a.rows, NR.min(w.n - panel * NR), depth, blocking, out, ldc, |index, valid, range, slice, out, ldc| {
+    let whole_tiles = a.whole.len() / (mr * depth).max(1);
+    let width = NR.min(w.n - panel * NR);
+    tiles_of_panel(a.rows, width, depth, blocking, (mr, kernel.step), out, ldc, |index, valid, range, slice, out, ldc| {
         let tile = match index.checked_sub(whole_tiles) {
-            None => &a.whole[index * MR * depth..(index + 1) * MR * depth],
-            Some(_) => a.tail.as_deref().expect("a tile per MR rows"),
+            None => &a.whole[index * mr * depth..(index + 1) * mr * depth],
+            Some(_) => a.tail.as_deref().expect("a tile per kernel rows"),
         };
-        T::tile(&tile[range.start..], &lanes[range.start * NR..], range.len(), out, ldc, valid, slice)
+        (kernel.run)(&tile[range.start..], &lanes[range.start * NR..], range.len(), out, ldc, valid, slice)
     });
 }
 
-/// Calls `tile(index, valid_rows, depth_range, slice, out, ldc)` for every `MR`-row tile of
+/// Calls `tile(index, valid_rows, depth_range, slice, out, ldc)` for every `mr`-row tile of
 /// `rows` rows of one panel `width` columns wide and `depth` lanes deep, slice after slice of
-/// `blocking`, each slice for every tile before the next. Rows past `rows` are not written;
+/// `blocking` (each beginning at a multiple of `step` lanes), each slice for every tile before
+/// the next. Rows past `rows` are not written;
 /// columns past `width` are written only where `ldc` leaves room for a whole panel, else the
 /// panel goes through a scratch block and only its real columns are copied.
+#[allow(clippy::too_many_arguments)]
 fn tiles_of_panel(
     rows: usize,
     width: usize,
     depth: usize,
     blocking: &Blocking,
+    (mr, step): (usize, usize),
     out: &mut [f32],
     ldc: usize,
     mut tile: impl FnMut(usize, usize, std::ops::Range<usize>, Slice, &mut [f32], usize),
@@ -331,16 +388,16 @@ fn tiles_of_panel(
     if width < NR && ldc != NR {
         // The matrix's last, narrower panel.
         let mut block = vec![0f32; rows * NR];
-        tiles_of_panel(rows, NR, depth, blocking, &mut block, NR, tile);
+        tiles_of_panel(rows, NR, depth, blocking, (mr, step), &mut block, NR, tile);
         for (out, block) in out.chunks_mut(ldc).zip(block.chunks_exact(NR)) {
             out[..width].copy_from_slice(&block[..width]);
         }
         return;
     }
-    for range in blocking.slices(depth) {
+    for range in blocking.slices_in_steps(depth, step) {
         let slice = Slice { lda: depth, first: range.start == 0, last: range.end == depth };
-        for index in 0..rows.div_ceil(MR) {
-            tile(index, MR.min(rows - index * MR), range.clone(), slice, &mut out[index * MR * ldc..], ldc);
+        for index in 0..rows.div_ceil(mr) {
+            tile(index, mr.min(rows - index * mr), range.clone(), slice, &mut out[index * mr * ldc..], ldc);
         }
     }
 }
@@ -452,7 +509,8 @@ impl Int8Weights {
 }
 
 /// Rows of activations quantised per row (per token), asymmetric u8: `x ≈ scale · (q − zero)`,
-/// the range `[min(x, 0), max(x, 0)]` mapped onto `[0, 255]`. `lanes` holds `MR`-padded rows of
+/// the range `[min(x, 0), max(x, 0)]` mapped onto `[0, 255]`. `lanes` holds rows padded to whole
+/// kernel tiles, rows of
 /// `depth` k-quads; padding rows and k past the row's end are zero.
 struct Quantized {
     lanes: Vec<u32>,
@@ -463,11 +521,11 @@ struct Quantized {
     rows: usize,
 }
 
-/// Quantises `rows` rows of `x` (`k` values each, multiplied by `inv_smooth` first).
-/// The values of the `exact` channels are gathered as they are.
-fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: &[f32], exact: &[usize]) -> Quantized {
+/// Quantises `rows` rows of `x` (`k` values each, multiplied by `inv_smooth` first), padded to
+/// whole tiles of `tile_rows`. The values of the `exact` channels are gathered as they are.
+fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: &[f32], exact: &[usize], tile_rows: usize) -> Quantized {
     let depth = k.div_ceil(4);
-    let padded = rows.div_ceil(MR) * MR;
+    let padded = rows.div_ceil(tile_rows) * tile_rows;
     let mut gathered = vec![0f32; padded * exact.len()];
     for (values, row) in gathered.chunks_exact_mut(exact.len().max(1)).zip(x[..rows * k].chunks_exact(k)) {
         for (v, &c) in values.iter_mut().zip(exact) {
@@ -507,29 +565,31 @@ fn row_mapping(lo: f32, hi: f32) -> Result<(f32, f32, f32), f32> {
 /// `out ← x · w` in int8: each row of `x` (`(m, k)` row-major f32) quantised to u8 on the fly,
 /// multiplied by `w`'s i8 values with int32 sums, dequantised to f32 into `out` (`(m, n)`).
 ///
+/// Runs on the unit [`units`] chose (AMX tiles or AVX-512 VNNI); both give the same bits.
+///
 /// Panics if the lengths do not match or the CPU lacks AVX-512 VNNI ([`int8_supported`]).
 pub(crate) fn matmul_int8(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32]) {
-    assert!(int8_supported(), "the CPU has no AVX-512 VNNI");
-    int8_product(x, m, w, out, blocking(), kernel::int8_tile);
+    let unit = units().int8.expect("the CPU has no AVX-512 VNNI");
+    int8_product(x, m, w, out, blocking(), int8_kernel(unit));
 }
 
 /// [`matmul_int8`] with the given blocking and tile kernel.
-fn int8_product(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32], blocking: &Blocking, tile: Int8Tile) {
+fn int8_product(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32], blocking: &Blocking, tile: TileKernel<Int8Tile>) {
     let (k, n) = (w.panels.k, w.panels.n);
     let inv = &w.inv_smooth;
     let exact = w.exact.as_ref().map_or(&[][..], |(channels, _)| channels);
-    product(x, m, k, n, out, |x, rows| quantize_rows(x, rows, k, inv, exact), |a, panel, out, ldc| {
+    product(x, m, k, n, out, |x, rows| quantize_rows(x, rows, k, inv, exact, tile.rows), |a, panel, out, ldc| {
         int8_panel(a, w, panel, out, ldc, blocking, tile)
     });
 }
 
-/// The dequantisation inputs of one `MR × NR` tile.
+/// The dequantisation inputs of one tile (its rows × `NR`).
 struct Dequant<'a> {
     row_scale: &'a [f32],
     row_zero: &'a [i32],
     col_scale: &'a [f32],
     col_sum: &'a [i32],
-    /// The exact channels' share: `exact` values per row (`MR × exact`) and the panel of their
+    /// The exact channels' share: `exact` values per row (tile rows × `exact`) and the panel of their
     /// f32 weight rows (`exact × NR`).
     exact: usize,
     exact_x: &'a [f32],
@@ -543,7 +603,8 @@ struct Dequant<'a> {
 /// last depth slice; before it, `acc` itself (its bits), from which the next slice goes on.
 type Int8Tile = fn(&[u32], &[u32], usize, &mut [f32], usize, usize, Slice, &Dequant<'_>);
 
-fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc: usize, blocking: &Blocking, tile: Int8Tile) {
+fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc: usize, blocking: &Blocking, kernel: TileKernel<Int8Tile>) {
+    let mr = kernel.rows;
     let depth = w.panels.depth;
     let lanes = &w.panels.panels[panel * depth * NR..(panel + 1) * depth * NR];
     let cols = panel * NR..(panel + 1) * NR;
@@ -551,8 +612,9 @@ fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc
         Some((channels, rows)) => (channels.len(), &rows.panels[panel * channels.len() * NR..(panel + 1) * channels.len() * NR]),
         None => (0, &[][..]),
     };
-    tiles_of_panel(a.rows, NR.min(w.panels.n - panel * NR), depth, blocking, out, ldc, |index, valid, range, slice, out, ldc| {
-        let rows = index * MR..(index + 1) * MR;
+    let width = NR.min(w.panels.n - panel * NR);
+    tiles_of_panel(a.rows, width, depth, blocking, (mr, kernel.step), out, ldc, |index, valid, range, slice, out, ldc| {
+        let rows = index * mr..(index + 1) * mr;
         let dequant = Dequant {
             row_scale: &a.scale[rows.clone()],
             row_zero: &a.zero[rows.clone()],
@@ -562,8 +624,8 @@ fn int8_panel(a: &Quantized, w: &Int8Weights, panel: usize, out: &mut [f32], ldc
             exact_x: &a.exact[rows.start * exact..rows.end * exact],
             exact_w,
         };
-        let a = &a.lanes[index * MR * depth..(index + 1) * MR * depth];
-        tile(&a[range.start..], &lanes[range.start * NR..], range.len(), out, ldc, valid, slice, &dequant)
+        let a = &a.lanes[index * mr * depth..(index + 1) * mr * depth];
+        (kernel.run)(&a[range.start..], &lanes[range.start * NR..], range.len(), out, ldc, valid, slice, &dequant)
     });
 }
 
@@ -596,29 +658,50 @@ fn int8_tile_reference(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc:
 }
 
 mod blocking;
+mod unit;
 
-/// The f32 and bf16 products with a chosen blocking, for `examples/bench_dense`.
+/// The f32, bf16 and int8 products with a chosen blocking and unit, for `examples/bench_dense`.
 #[doc(hidden)]
 pub mod bench {
     use super::*;
 
-    /// A `(k, n)` weight matrix packed as the encoder packs it, and its bf16 rounding where the
-    /// CPU has AVX-512 BF16.
-    pub struct Weights(Packed<f32>, Option<Packed<u32>>);
+    /// A `(k, n)` weight matrix packed as the encoder packs it, its bf16 rounding where the CPU
+    /// has AVX-512 BF16, and its int8 quantisation (plain: no smoothing, no exact channels)
+    /// where it has AVX-512 VNNI.
+    pub struct Weights(Packed<f32>, Option<Packed<u32>>, Option<Int8Weights>);
 
     pub fn pack(w: &[f32], k: usize, n: usize) -> Weights {
         let f32 = Packed::f32(w, k, n);
         let bf16 = bf16_supported().then(|| Packed::bf16(&f32));
-        Weights(f32, bf16)
+        let int8 = int8_supported().then(|| Int8Weights::new(&f32, None, &[]));
+        Weights(f32, bf16, int8)
     }
 
-    /// `out ← x · w` in f32, or with bf16 inputs (`None` where the CPU lacks AVX-512 BF16).
+    /// The arithmetic of a product.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Arithmetic {
+        F32,
+        Bf16,
+        Int8,
+    }
+
+    /// `out ← x · w` in f32, or with bf16 inputs, on this process's unit (`None` where the CPU
+    /// lacks AVX-512 BF16).
     pub fn product(x: &[f32], m: usize, w: &Weights, out: &mut [f32], bf16: bool, blocking: &Blocking) -> Option<()> {
+        let arithmetic = if bf16 { Arithmetic::Bf16 } else { Arithmetic::F32 };
+        product_on(x, m, w, out, arithmetic, units().bf16.unwrap_or(Unit::Avx512), blocking)
+    }
+
+    /// `out ← x · w` in `arithmetic` on `unit` (f32: always AVX-512); `None` where the CPU
+    /// cannot run it.
+    pub fn product_on(x: &[f32], m: usize, w: &Weights, out: &mut [f32], arithmetic: Arithmetic, unit: Unit, blocking: &Blocking) -> Option<()> {
         assert!(f32_supported(), "the CPU has no AVX-512");
-        match (bf16, &w.1) {
-            (false, _) => packed_product(x, m, &w.0, out, blocking, |x, rows| rows_f32(x, rows, w.0.k)),
-            (true, Some(p)) => packed_product(x, m, p, out, blocking, |x, rows| rows_bf16(x, rows, p.k, p.depth)),
-            (true, None) => return None,
+        let runs = |chosen: Option<Unit>| chosen.is_some() && (unit == Unit::Avx512 || chosen == Some(Unit::Amx));
+        match (arithmetic, &w.1, &w.2) {
+            (Arithmetic::F32, _, _) => packed_product(x, m, &w.0, out, blocking, F32_AVX512, |x, rows| rows_f32(x, rows, w.0.k)),
+            (Arithmetic::Bf16, Some(p), _) if runs(units().bf16) => bf16_product(x, m, p, out, blocking, bf16_kernel(unit)),
+            (Arithmetic::Int8, _, Some(q)) if runs(units().int8) => int8_product(x, m, q, out, blocking, int8_kernel(unit)),
+            _ => return None,
         }
         Some(())
     }
@@ -646,6 +729,27 @@ mod kernel {
 
     pub(super) fn quantize_row(_: &[f32], _: &[f32], _: &mut [u32]) -> (f32, i32) {
         unreachable!("int8_supported() is false off x86-64")
+    }
+
+    pub(super) mod amx {
+        use super::super::Slice;
+
+        pub(in super::super) const ROWS: usize = 32;
+        pub(in super::super) const STEP: usize = 16;
+
+        #[allow(dead_code)] // unit.rs reads CPUID's AMX bits on x86-64 only
+        pub(in super::super) fn request_tile_data() -> bool {
+            false
+        }
+
+        pub(in super::super) fn bf16_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: Slice) {
+            unreachable!("no AMX off x86-64")
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub(in super::super) fn int8_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: Slice, _: &super::super::Dequant<'_>) {
+            unreachable!("no AMX off x86-64")
+        }
     }
 }
 

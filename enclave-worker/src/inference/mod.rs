@@ -85,7 +85,7 @@ mod strided;
 
 pub use arch::Architecture;
 pub use batching::{Batch, BatchLimits, plan_batches};
-pub use dense::{Blocking as DenseBlocking, L2Size, blocking as dense_blocking};
+pub use dense::{Blocking as DenseBlocking, L2Size, Unit as DenseUnit, Units as DenseUnits, blocking as dense_blocking, units as dense_units};
 #[doc(hidden)] // for examples/bench_dense
 pub use dense::bench as dense_bench;
 pub use embedder::{Backend, Embedder, EmbedderSettings, ModelFiles, Tokenized};

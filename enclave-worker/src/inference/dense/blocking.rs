@@ -65,11 +65,21 @@ impl Blocking {
         Self { l2, measured, depth_slice: (l2.0 / 2 / (NR * LANE_BYTES)).max(64) }
     }
 
-    /// The depth ranges a panel `depth` lanes deep is run in: as few as `depth_slice` allows,
-    /// of equal length (± 1).
+    /// The depth ranges a panel `depth` lanes deep is run in by a kernel that takes `step` lanes
+    /// at a time (AVX-512: 1; AMX: 16): as few as `depth_slice` allows (at least one step each),
+    /// of equal length (± one step), every slice but the last ending at a multiple of `step`.
+    pub(crate) fn slices_in_steps(&self, depth: usize, step: usize) -> impl Iterator<Item = Range<usize>> {
+        let step = step.max(1);
+        let steps = depth.div_ceil(step);
+        let count = steps.div_ceil((self.depth_slice / step).max(1)).max(1);
+        let at = move |i: usize| (i * steps / count * step).min(depth);
+        (0..count).map(move |i| at(i)..at(i + 1))
+    }
+
+    /// [`Self::slices_in_steps`] in steps of one lane.
+    #[cfg(test)]
     pub(crate) fn slices(&self, depth: usize) -> impl Iterator<Item = Range<usize>> {
-        let count = depth.div_ceil(self.depth_slice.max(1)).max(1);
-        (0..count).map(move |i| i * depth / count..(i + 1) * depth / count)
+        self.slices_in_steps(depth, 1)
     }
 }
 

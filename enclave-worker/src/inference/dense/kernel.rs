@@ -6,6 +6,8 @@ use std::arch::x86_64::*;
 
 use super::{MR, NR, Slice};
 
+pub(super) mod amx;
+
 /// The checks every tile kernel relies on.
 fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize, slice: Slice) {
     assert!((1..=MR).contains(&rows) && ldc >= NR && slice.lda >= depth);
@@ -59,6 +61,61 @@ pub(super) fn int8_tile(
             [d.row_zero.as_ptr(), d.col_sum.as_ptr()],
             (d.exact, d.exact_x.as_ptr(), d.exact_w.as_ptr()),
         )
+    }
+}
+
+/// Dequantises `rows` rows of `NR` int32 sums in place (their bits in `out`, rows `ldc` apart),
+/// with the arithmetic of the VNNI kernel after its last slice (`int8_tile_reference`'s): the
+/// AMX kernel's last step.
+pub(super) fn dequantize_rows(out: &mut [f32], ldc: usize, rows: usize, d: &super::Dequant<'_>) {
+    assert!(rows >= 1 && ldc >= NR && out.len() >= (rows - 1) * ldc + NR);
+    assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
+    assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
+    assert!(d.exact_x.len() >= rows * d.exact && d.exact_w.len() >= d.exact * NR);
+    assert!(super::int8_supported());
+    // SAFETY: the CPU has AVX-512 F; the kernel reads and writes `NR` f32 at `r·ldc` for
+    // `r < rows` within `out`, reads `rows` row scales, zero points and rows of exact values,
+    // `NR` column scales and sums and `exact × NR` exact weights (all checked above).
+    unsafe {
+        dequantize_avx512(
+            out.as_mut_ptr(),
+            ldc,
+            rows,
+            [d.row_scale.as_ptr(), d.col_scale.as_ptr()],
+            [d.row_zero.as_ptr(), d.col_sum.as_ptr()],
+            (d.exact, d.exact_x.as_ptr(), d.exact_w.as_ptr()),
+        )
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn dequantize_avx512(
+    out: *mut f32,
+    ldc: usize,
+    rows: usize,
+    [row_scale, col_scale]: [*const f32; 2],
+    [row_zero, col_sum]: [*const i32; 2],
+    (exact, exact_x, exact_w): (usize, *const f32, *const f32),
+) {
+    // SAFETY: within the lengths `dequantize_rows` checked; each vector is loaded before it is
+    // stored over.
+    unsafe {
+        let scale = [0, 16, 32, 48].map(|v| _mm512_loadu_ps(col_scale.add(v)));
+        let sum = [0, 16, 32, 48].map(|v| _mm512_loadu_si512(col_sum.add(v).cast()));
+        for r in 0..rows {
+            let zero = _mm512_set1_epi32(*row_zero.add(r));
+            let row = _mm512_set1_ps(*row_scale.add(r));
+            for v in 0..NR / 16 {
+                let at = out.add(r * ldc + v * 16);
+                let corrected = _mm512_sub_epi32(_mm512_loadu_si512(at.cast()), _mm512_mullo_epi32(zero, sum[v]));
+                let mut value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
+                for c in 0..exact {
+                    let x = _mm512_set1_ps(*exact_x.add(r * exact + c));
+                    value = _mm512_fmadd_ps(x, _mm512_loadu_ps(exact_w.add(c * NR + v * 16)), value);
+                }
+                _mm512_storeu_ps(at, value);
+            }
+        }
     }
 }
 

@@ -75,7 +75,7 @@ fn bf16_matches_the_rounded_product() {
         return;
     }
     let round = |v: f32| f64::from(bf16_value(bf16_bits(v)));
-    check_shapes(|x, m, w, k, n, out| matmul_bf16(x, m, &Packed::bf16(&Packed::f32(w, k, n)), out), round);
+    check_shapes(|x, m, w, k, n, out| bf16_product(x, m, &Packed::bf16(&Packed::f32(w, k, n)), out, blocking(), BF16_AVX512), round);
 }
 
 #[test]
@@ -141,6 +141,9 @@ const INT8_SHAPES: [(usize, usize, usize); 10] = [
     (250, 385, 129),
 ];
 
+/// The scalar int8 tile as a kernel of `MR` rows.
+const INT8_REFERENCE: TileKernel<Int8Tile> = TileKernel { rows: MR, step: 1, run: int8_tile_reference };
+
 /// Depth slices of 5 lanes: the scalar references run panel after panel in slices, so the
 /// kernels (one slice for these shapes) are checked against a sliced computation too.
 const THIN: Blocking = Blocking { l2: L2Size(0), measured: false, depth_slice: 5 };
@@ -161,8 +164,8 @@ fn int8_kernel_equals_the_scalar_reference_bit_for_bit() {
         let w = values(100 + seed as u64, k * n);
         let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
         let (mut vnni, mut reference) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-        matmul_int8(&x, m, &weights, &mut vnni);
-        int8_product(&x, m, &weights, &mut reference, &THIN, int8_tile_reference);
+        int8_product(&x, m, &weights, &mut vnni, blocking(), INT8_VNNI);
+        int8_product(&x, m, &weights, &mut reference, &THIN, INT8_REFERENCE);
         let plain = int8_plain(&x, &w, m, k, n);
         for (i, ((a, b), c)) in vnni.iter().zip(&reference).zip(&plain).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
@@ -180,7 +183,7 @@ fn int8_tile_reference_matches_the_plain_product_anywhere() {
         let w = values(100 + seed as u64, k * n);
         let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
         let mut reference = vec![f32::NAN; m * n];
-        int8_product(&x, m, &weights, &mut reference, &THIN, int8_tile_reference);
+        int8_product(&x, m, &weights, &mut reference, &THIN, INT8_REFERENCE);
         let plain = int8_plain(&x, &w, m, k, n);
         for (i, (a, b)) in reference.iter().zip(&plain).enumerate() {
             assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: {a} vs {b}");
@@ -301,7 +304,7 @@ fn int8_with_exact_channels_equals_its_references_on_odd_shapes() {
         let exact = some_channels(k);
         let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &exact);
         let mut reference = vec![f32::NAN; m * n];
-        int8_product(&x, m, &weights, &mut reference, &THIN, int8_tile_reference);
+        int8_product(&x, m, &weights, &mut reference, &THIN, INT8_REFERENCE);
         let kept = |p: usize| !exact.contains(&p);
         let x_int8: Vec<f32> = x.iter().enumerate().map(|(i, &v)| if kept(i % k) { v } else { 0.0 }).collect();
         let w_int8: Vec<f32> = w.iter().enumerate().map(|(i, &v)| if kept(i / n) { v } else { 0.0 }).collect();
@@ -316,7 +319,7 @@ fn int8_with_exact_channels_equals_its_references_on_odd_shapes() {
         }
         if int8_supported() {
             let mut vnni = vec![f32::NAN; m * n];
-            matmul_int8(&x, m, &weights, &mut vnni);
+            int8_product(&x, m, &weights, &mut vnni, blocking(), INT8_VNNI);
             for (i, (a, b)) in vnni.iter().zip(&reference).enumerate() {
                 assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
             }
@@ -368,15 +371,15 @@ fn every_blocking_gives_the_same_bits() {
         let int8 = Int8Weights::new(&w, None, &some_channels(k));
         let outputs = |blocking: &Blocking| {
             let mut out = [(); 4].map(|_| vec![f32::NAN; m * n]);
-            int8_product(&x, m, &int8, &mut out[0], blocking, int8_tile_reference);
+            int8_product(&x, m, &int8, &mut out[0], blocking, INT8_REFERENCE);
             if f32_supported() {
-                packed_product(&x, m, &w, &mut out[1], blocking, |x, rows| rows_f32(x, rows, k));
+                packed_product(&x, m, &w, &mut out[1], blocking, F32_AVX512, |x, rows| rows_f32(x, rows, k));
             }
             if bf16_supported() {
-                packed_product(&x, m, &bf16, &mut out[2], blocking, |x, rows| rows_bf16(x, rows, k, bf16.depth));
+                bf16_product(&x, m, &bf16, &mut out[2], blocking, BF16_AVX512);
             }
             if int8_supported() {
-                int8_product(&x, m, &int8, &mut out[3], blocking, kernel::int8_tile);
+                int8_product(&x, m, &int8, &mut out[3], blocking, INT8_VNNI);
             }
             out.map(|values| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
         };
@@ -422,5 +425,136 @@ fn the_slice_follows_the_l2_size() {
     assert_eq!(Blocking::for_l2(L2Size(1024 * KIB), true).slices(4096).count(), 2);
     if let Some(L2Size(bytes)) = L2Size::of_this_cpu() {
         assert!((128 * KIB..=64 * 1024 * KIB).contains(&bytes), "CPUID's L2 of {bytes} bytes per thread");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// AMX: the tile kernels against the scalar references, where this CPU has AMX and Linux grants
+// the tile state; elsewhere skipped, saying so.
+
+/// Whether the AMX kernel of a product can run here; prints why not.
+fn amx_runs(product: &str, unit: Option<Unit>) -> bool {
+    let runs = unit == Some(Unit::Amx);
+    if !runs {
+        eprintln!("skipped: no AMX {product} here ({:?}, units {:?})", unit::amx(), units());
+    }
+    runs
+}
+
+/// Shapes ragged for the 32-row, 16-lane-step, 64-column AMX tile: rows 1, 31, 33, 95, 97;
+/// depths short of, past and between whole steps (int8: 64 k a step; bf16: 32); a narrow
+/// last panel; and the encoder's shapes (whole steps), both ways of splitting the work.
+const AMX_SHAPES: [(usize, usize, usize); 10] = [
+    (1, 1, 1),
+    (31, 63, 65),
+    (33, 65, 64),
+    (32, 64, 64),
+    (5, 129, 130),
+    (95, 31, 200),
+    (97, 384, 1152),
+    (200, 1536, 384),
+    (250, 385, 129),
+    (64, 1000, 70),
+];
+
+#[test]
+fn amx_int8_kernel_equals_the_scalar_reference_bit_for_bit() {
+    if !amx_runs("INT8", units().int8) {
+        return;
+    }
+    for (seed, &(m, k, n)) in AMX_SHAPES.iter().chain(&INT8_SHAPES).enumerate() {
+        let x = activations(seed as u64, m, k);
+        let w = values(100 + seed as u64, k * n);
+        for exact in [vec![], some_channels(k)] {
+            let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &exact);
+            let (mut amx, mut reference) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            int8_product(&x, m, &weights, &mut amx, blocking(), INT8_AMX);
+            int8_product(&x, m, &weights, &mut reference, &THIN, INT8_REFERENCE);
+            for (i, (a, b)) in amx.iter().zip(&reference).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}), {} exact: [{i}] AMX {a} vs reference {b}", exact.len());
+            }
+            if exact.is_empty() {
+                let plain = int8_plain(&x, &w, m, k, n);
+                for (i, (a, c)) in amx.iter().zip(&plain).enumerate() {
+                    assert_eq!(a.to_bits(), c.to_bits(), "({m},{k},{n}) [{i}]: AMX {a} vs plain reference {c}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn amx_bf16_matches_the_rounded_product() {
+    // Not bit for bit: `tdpbf16ps` does not add its 32 products one by one in f32 as
+    // `vdpbf16ps` does (measured on Emerald Rapids: about a third of the sums differ from the
+    // AVX-512 kernel's, by a few ulps, and lie closer to the exact sum of the rounded inputs).
+    // So the same bound as the AVX-512 kernel: f32 summation error of k terms.
+    if !amx_runs("BF16", units().bf16) {
+        return;
+    }
+    let round = |v: f32| f64::from(bf16_value(bf16_bits(v)));
+    let amx = |x: &[f32], m, w: &[f32], k, n, out: &mut [f32]| {
+        bf16_product(x, m, &Packed::bf16(&Packed::f32(w, k, n)), out, blocking(), BF16_AMX)
+    };
+    check_shapes(amx, round);
+    for (seed, &(m, k, n)) in AMX_SHAPES.iter().enumerate() {
+        let x = values(seed as u64, m * k);
+        let w = values(100 + seed as u64, k * n);
+        let mut out = vec![f32::NAN; m * n];
+        amx(&x, m, &w, k, n, &mut out);
+        let want = reference(&x, &w, m, k, n, round);
+        let bound = k as f64 * 1.2e-7 + 1e-6;
+        for (i, (&got, &want)) in out.iter().zip(&want).enumerate() {
+            assert!((f64::from(got) - want).abs() <= bound, "({m},{k},{n}) [{i}]: AMX {got} vs {want}");
+        }
+    }
+}
+
+#[test]
+fn amx_kernels_give_the_same_bits_for_every_blocking() {
+    // Slices begin at whole steps of the tile kernel, so every blocking groups the products of
+    // each `tdpbf16ps` alike and the sums wait in the output as f32 (int8: int32 bits).
+    let (bf16_amx, int8_amx) = (units().bf16 == Some(Unit::Amx), units().int8 == Some(Unit::Amx));
+    if !bf16_amx && !int8_amx {
+        amx_runs("BF16 or INT8", None);
+        return;
+    }
+    let blockings = [1, 5, 17, 64, 100_000].map(|depth_slice| Blocking { l2: L2Size(0), measured: false, depth_slice });
+    for (seed, &(m, k, n)) in AMX_SHAPES.iter().enumerate() {
+        let x = activations(seed as u64, m, k);
+        let w = Packed::f32(&values(100 + seed as u64, k * n), k, n);
+        let (bf16, int8) = (Packed::bf16(&w), Int8Weights::new(&w, None, &some_channels(k)));
+        let outputs = |blocking: &Blocking| {
+            let mut out = [(); 2].map(|_| vec![f32::NAN; m * n]);
+            if bf16_amx {
+                bf16_product(&x, m, &bf16, &mut out[0], blocking, BF16_AMX);
+            }
+            if int8_amx {
+                int8_product(&x, m, &int8, &mut out[1], blocking, INT8_AMX);
+            }
+            out.map(|values| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
+        };
+        let whole = outputs(&blockings[4]);
+        for blocking in &blockings[..4] {
+            for (product, (got, want)) in ["bf16", "int8"].iter().zip(outputs(blocking).iter().zip(&whole)) {
+                assert!(got == want, "({m},{k},{n}) AMX {product}, slices of {}: not the unsliced bits", blocking.depth_slice);
+            }
+        }
+    }
+}
+
+#[test]
+fn slices_in_steps_begin_at_whole_steps() {
+    for (depth_slice, step) in [(0, 16), (1, 16), (5, 16), (17, 16), (64, 16), (2048, 16), (5, 1)] {
+        let blocking = Blocking { l2: L2Size(0), measured: false, depth_slice };
+        for depth in [0, 1, 15, 16, 17, 63, 64, 65, 383, 1536, 4097] {
+            let slices: Vec<_> = blocking.slices_in_steps(depth, step).collect();
+            assert_eq!((slices[0].start, slices.last().unwrap().end), (0, depth));
+            assert!(slices.windows(2).all(|two| two[0].end == two[1].start && two[0].end % step == 0));
+            assert!(slices.iter().all(|s| !s.is_empty() || depth == 0), "depth {depth}, {depth_slice}/{step}: {slices:?}");
+            // As few slices as the slice depth (rounded down to whole steps, at least one) allows.
+            let most = (depth_slice / step).max(1) * step;
+            assert_eq!(slices.len(), depth.div_ceil(step).div_ceil(most / step).max(1), "depth {depth}, {depth_slice}/{step}");
+        }
     }
 }

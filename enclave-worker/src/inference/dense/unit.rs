@@ -1,0 +1,123 @@
+//! Which unit runs the bf16 and int8 products: AVX-512 (`vdpbf16ps`, `vpdpbusd`) or, where the
+//! CPU has them and Linux grants their state, the AMX tiles (`tdpbf16ps`, `tdpbusd`). Chosen
+//! once per process, at the first product (the engine asks at start-up), like the blocking.
+//!
+//! AMX needs both: CPUID's `amx_tile` with `amx_bf16` (resp. `amx_int8`), and the kernel's
+//! permission for the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
+//! without which the first tile instruction faults. The AMX kernels also use AVX-512 for what
+//! is not a product (the int8 activations' quantisation, dequantising), so they are chosen only
+//! where the AVX-512 kernel of the same precision would run too.
+
+use std::sync::OnceLock;
+
+/// The instructions a product's tile kernel runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// AVX-512 vectors, 6 rows × 64 columns a tile.
+    Avx512,
+    /// AMX tiles, 32 rows × 64 columns a tile.
+    Amx,
+}
+
+impl Unit {
+    /// As the benchmark and the worker's log name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Avx512 => "avx512",
+            Self::Amx => "amx",
+        }
+    }
+}
+
+/// The units of this process's reduced-precision products (`None`: the precision cannot run
+/// here at all). f32 always runs on AVX-512 (AMX has no f32 product).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Units {
+    pub bf16: Option<Unit>,
+    pub int8: Option<Unit>,
+}
+
+/// What this CPU reports, and whether Linux granted the tile state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Amx {
+    pub tile: bool,
+    pub bf16: bool,
+    pub int8: bool,
+    pub granted: bool,
+}
+
+impl Amx {
+    /// CPUID leaf 7's AMX bits; the permission is asked for only when the CPU has tiles.
+    fn of_this_cpu() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let features = raw_cpuid::CpuId::new().get_extended_feature_info();
+            let has = |f: fn(&raw_cpuid::ExtendedFeatures) -> bool| features.as_ref().is_some_and(f);
+            let tile = has(raw_cpuid::ExtendedFeatures::has_amx_tile);
+            Self {
+                tile,
+                bf16: has(raw_cpuid::ExtendedFeatures::has_amx_bf16),
+                int8: has(raw_cpuid::ExtendedFeatures::has_amx_int8),
+                granted: tile && super::kernel::amx::request_tile_data(),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            Self { tile: false, bf16: false, int8: false, granted: false }
+        }
+    }
+
+    /// The units, given what the AVX-512 kernels can run.
+    fn units(self, bf16_avx512: bool, int8_avx512: bool) -> Units {
+        let usable = self.tile && self.granted;
+        let pick = |avx512: bool, amx: bool| avx512.then_some(if usable && amx { Unit::Amx } else { Unit::Avx512 });
+        Units { bf16: pick(bf16_avx512, self.bf16), int8: pick(int8_avx512, self.int8) }
+    }
+}
+
+/// This CPU's AMX, read (and the tile state requested) once.
+pub(crate) fn amx() -> &'static Amx {
+    static AMX: OnceLock<Amx> = OnceLock::new();
+    AMX.get_or_init(Amx::of_this_cpu)
+}
+
+/// This process's units.
+pub fn units() -> &'static Units {
+    static UNITS: OnceLock<Units> = OnceLock::new();
+    UNITS.get_or_init(|| amx().units(super::bf16_supported(), super::int8_supported()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: Amx = Amx { tile: true, bf16: true, int8: true, granted: true };
+
+    #[test]
+    fn amx_only_with_the_tile_state_granted() {
+        let amx = Some(Unit::Amx);
+        assert_eq!(ALL.units(true, true), Units { bf16: amx, int8: amx });
+        // Linux refused (or predates) the tile state: the first tile instruction would fault.
+        let refused = Amx { granted: false, ..ALL };
+        assert_eq!(refused.units(true, true), Units { bf16: Some(Unit::Avx512), int8: Some(Unit::Avx512) });
+        // One of the two products on tiles.
+        let int8_only = Amx { bf16: false, ..ALL };
+        assert_eq!(int8_only.units(true, true), Units { bf16: Some(Unit::Avx512), int8: amx });
+    }
+
+    #[test]
+    fn no_amx_without_the_avx512_kernels_it_leans_on() {
+        assert_eq!(ALL.units(false, false), Units { bf16: None, int8: None });
+        assert_eq!(ALL.units(true, false), Units { bf16: Some(Unit::Amx), int8: None });
+    }
+
+    #[test]
+    fn the_choice_matches_cpuid() {
+        let (amx, units) = (amx(), units());
+        eprintln!("this CPU: {amx:?} → {units:?}");
+        if !(amx.tile && amx.granted) {
+            assert_ne!(units.bf16, Some(Unit::Amx));
+            assert_ne!(units.int8, Some(Unit::Amx));
+        }
+    }
+}
