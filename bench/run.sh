@@ -87,7 +87,7 @@ py="$venv/bin/python"
 # and build the dependencies twice): the worker and its benchmarks, and the stack's binaries
 # for the pipeline and memory steps.
 say "release builds"
-cargo build --release --locked -p enclave-worker -p ephem-batch -p host-poller --bins \
+cargo build --release --locked -p enclave-worker -p ephem-batch -p host-poller -p devstack --bins \
     --example bench_inference --example embed_corpus --example bench_cold_start
 
 # 4. ONNX export of the same weights (fp32, then dynamic int8), checked against sentence-transformers.

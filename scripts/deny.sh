@@ -88,9 +88,16 @@ if [ "$#" -eq 0 ]; then
     refuse client-cli "-e normal" '^lambda_runtime ' "may not reach the Lambda runtime"
     refuse ephem-batch "-e normal" '^lambda_runtime ' "may not reach the Lambda runtime"
     # The embedded default is composed at the top, by the binary: no library below it may reach it,
-    # and the Lambda handlers run on the ports alone (the local adapters only in their tests).
+    # and the Lambda handlers run on the ports alone. Every feature counts: fixtures behind a
+    # feature are in the library's tree all the same; they are the dev-dependency lambdas-testing.
     refuse client-cli "-e normal" '^devstack ' "may not reach the embedded default"
-    refuse lambdas "-e normal" '^(devstack|cloud-local) ' "may not reach the embedded default or the local adapters"
+    refuse lambdas "-e normal --all-features" '^(devstack|cloud-local|lambdas-testing) ' "may not reach the embedded default or the local adapters"
+    # What the client and the handlers both read (the bulk manifest, the dead-letter checks, the
+    # redrive) lives in `cloud`: the client never reaches the server's code, not even in tests.
+    refuse client-cli "-e normal,dev --all-features" '^lambdas ' "may not reach the Lambda handlers"
+    # The trusted crate's tests and examples neither: whatever plays a host or a cloud around
+    # the worker (the cold-start benchmark, the worker-process tests) lives outside it.
+    refuse enclave-worker "-e normal,dev --all-features" '^(cloud|cloud-aws|cloud-local|devstack|host-poller|lambdas|lambdas-testing) ' "may not reach the ports or the adapters, tests and examples included"
 fi
 
 # The rules cargo cannot see: no #[path] include, no file over 900 lines, no import cycle

@@ -143,7 +143,8 @@ impl CorpusForm {
 /// Reading failed as a whole (the file, not a line).
 #[derive(Debug, thiserror::Error)]
 pub enum CorpusError {
-    #[error("reading the corpus{}: {source}", path.as_ref().map(|p| format!(" {p}")).unwrap_or_default())]
+    /// The cause is the error's source, not part of its text: a chain (`{:#}`) says it once.
+    #[error("reading the corpus{}", path.as_ref().map(|p| format!(" {p}")).unwrap_or_default())]
     Io {
         path: Option<String>,
         #[source]

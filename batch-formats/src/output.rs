@@ -46,6 +46,7 @@ use std::fs::File;
 use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use protocol::envelope::JobId;
 use protocol::records::{ErrorCode, OutputRecord, Vector};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -134,11 +135,30 @@ pub struct OutputOptions {
     pub format: OutputFormat,
     /// Named in OpenAI output lines (`model`).
     pub model_id: String,
-    /// The job id (hex); seeds the OpenAI `batch_req_`/`req_` ids.
-    pub job_id: String,
+    /// Whose results these are; seeds the OpenAI `batch_req_`/`req_` ids.
+    pub results_of: ResultsOf,
     /// The model's dimensions, if known; otherwise the first vector sets them. Every vector
     /// must have them.
     pub dimensions: Option<usize>,
+}
+
+/// Whose results a writer writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResultsOf {
+    /// One job's.
+    Job(JobId),
+    /// A bulk run's, every shard's in one file: named by its bulk id.
+    Bulk(String),
+}
+
+impl ResultsOf {
+    /// The text the derived ids hash: the job id in hex, or the bulk id.
+    fn seed(&self) -> Cow<'_, str> {
+        match self {
+            ResultsOf::Job(job) => Cow::Owned(job.to_hex()),
+            ResultsOf::Bulk(bulk_id) => Cow::Borrowed(bulk_id),
+        }
+    }
 }
 
 /// What a writer wrote.
@@ -298,11 +318,11 @@ impl OutputWriter {
         if self.options.format == OutputFormat::OpenAi {
             let key = format!("line:{}", error.line);
             let line = OpenAiLine {
-                id: derived_id("batch_req_", &self.options.job_id, &key),
+                id: derived_id("batch_req_", &self.options.results_of.seed(), &key),
                 custom_id: error.id.as_deref(),
                 response: OpenAiResponse {
                     status_code: 400,
-                    request_id: derived_id("req_", &self.options.job_id, &key),
+                    request_id: derived_id("req_", &self.options.results_of.seed(), &key),
                     body: OpenAiBody::Error {
                         error: OpenAiError {
                             message: Cow::Borrowed(&error.message),
@@ -416,8 +436,9 @@ impl OutputWriter {
     fn write_group(&mut self, group: Option<Group>) -> Result<(), OutputError> {
         let Some(group) = group else { return Ok(()) };
         let key = format!("custom_id:{}", group.custom_id);
-        let id = derived_id("batch_req_", &self.options.job_id, &key);
-        let request_id = derived_id("req_", &self.options.job_id, &key);
+        let seed = self.options.results_of.seed();
+        let id = derived_id("batch_req_", &seed, &key);
+        let request_id = derived_id("req_", &seed, &key);
         if let Some((_, first_code, _)) = group.failures.first() {
             let message = group
                 .failures
@@ -540,11 +561,11 @@ fn widen(vector: &Vector) -> Cow<'_, [f32]> {
     }
 }
 
-/// `<prefix><32 hex digits>`: SHA-256 over the prefix, the job id and `key`, so that ids are
-/// stable across re-writes of the same results and differ between jobs.
-fn derived_id(prefix: &str, job_id: &str, key: &str) -> String {
+/// `<prefix><32 hex digits>`: SHA-256 over the prefix, the [`ResultsOf::seed`] and `key`, so
+/// that ids are stable across re-writes of the same results and differ between jobs.
+fn derived_id(prefix: &str, seed: &str, key: &str) -> String {
     let mut hasher = Sha256::new();
-    for part in ["ephem-batch openai id", prefix, job_id, key] {
+    for part in ["ephem-batch openai id", prefix, seed, key] {
         hasher.update((part.len() as u64).to_be_bytes());
         hasher.update(part.as_bytes());
     }

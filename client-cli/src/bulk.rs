@@ -14,9 +14,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
+use cloud::bulk::{Manifest, ManifestStatus};
 use cloud::messages::JobState;
 use cloud::{layout, ExecutionStatus, ObjectError, Services};
-use lambdas::bulk::{Manifest, ManifestStatus};
 use protocol::envelope::{JobId, ResultSecretKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 use crate::backend::Opened;
 use crate::home::Home;
 use crate::jobstate::JobFiles;
-use crate::output::{OutputOptions, OutputSummary, OutputWriter};
+use crate::output::{OutputOptions, OutputSummary, OutputWriter, ResultsOf};
 use crate::results::{self, Format};
 use crate::submit::{self, SubmitArgs};
 use crate::trust::{ClientTrust, TrustArgs};
@@ -85,7 +85,7 @@ pub struct BulkRecord {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BulkShard {
     pub key: String,
-    pub job_id: String,
+    pub job_id: JobId,
     pub records: u64,
     pub local_errors: u64,
 }
@@ -111,8 +111,8 @@ impl BulkRecord {
         std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))
     }
 
-    fn job(&self, index: usize) -> anyhow::Result<JobId> {
-        crate::status::parse_job(&self.shards[index].job_id)
+    fn job(&self, index: usize) -> JobId {
+        self.shards[index].job_id
     }
 }
 
@@ -171,8 +171,10 @@ pub fn submit(home: &Home, opened: &Opened, args: &SubmitArgs) -> anyhow::Result
         shards: sealed
             .shards
             .iter()
-            .map(|(key, job)| BulkShard { key: key.clone(), job_id: job.job_id.clone(), records: job.records, local_errors: job.local_errors })
-            .collect(),
+            .map(|(key, job)| {
+                Ok(BulkShard { key: key.clone(), job_id: job.job_id, records: job.records, local_errors: job.local_errors })
+            })
+            .collect::<anyhow::Result<_>>()?,
         execution: None,
     };
     record.save(home)?;
@@ -194,7 +196,7 @@ fn check_shards_accepted(services: &Services, record: &BulkRecord) -> anyhow::Re
     while !waiting.is_empty() {
         let mut still = Vec::new();
         for index in waiting {
-            let job = record.job(index)?;
+            let job = record.job(index);
             match crate::status::read_status(services, &job)? {
                 Some(status) if status.state == JobState::Failed => {
                     let failure = status.failure.map(|f| format!("check `{}` failed: {}", f.check, f.message)).unwrap_or_default();
@@ -229,7 +231,7 @@ pub fn wait(services: &Services, record: &BulkRecord) -> anyhow::Result<(cloud::
     let described = loop {
         let described = workflow.describe(execution)?;
         for (index, done) in committed.iter_mut().enumerate().filter(|(_, d)| !**d) {
-            *done = services.jobs.head(&layout::job_receipt(&record.job(index)?))?.is_some();
+            *done = services.jobs.head(&layout::job_receipt(&record.job(index)))?.is_some();
         }
         bar.set_position(committed.iter().filter(|d| **d).count() as u64);
         if described.status.is_done() {
@@ -253,8 +255,8 @@ pub fn read_manifest(services: &Services, bulk_id: &str) -> anyhow::Result<Optio
 
 /// The manifest lists exactly the shards this client sealed, in the same order.
 fn manifest_matches(record: &BulkRecord, manifest: &Manifest) -> Result<(), String> {
-    let ours: Vec<(&str, &str)> = record.shards.iter().map(|s| (s.key.as_str(), s.job_id.as_str())).collect();
-    let theirs: Vec<(&str, &str)> = manifest.shards.iter().map(|s| (s.key.as_str(), s.job_id.as_str())).collect();
+    let ours: Vec<(&str, JobId)> = record.shards.iter().map(|s| (s.key.as_str(), s.job_id)).collect();
+    let theirs: Vec<(&str, JobId)> = manifest.shards.iter().map(|s| (s.key.as_str(), s.job_id)).collect();
     if manifest.bulk_id != record.bulk_id || manifest.prefix != record.prefix {
         return Err(format!("the manifest is bulk run {} over {}, not {} over {}", manifest.bulk_id, manifest.prefix, record.bulk_id, record.prefix));
     }
@@ -287,7 +289,7 @@ pub fn status(home: &Home, services: &Services, bulk_id: &str, json: bool) -> an
     for (index, shard) in record.shards.iter().enumerate() {
         let state = match manifest.as_ref().and_then(|m| m.shards.iter().find(|s| s.job_id == shard.job_id)) {
             Some(listed) => status_word(&listed.status).to_owned(),
-            None => crate::status::view(services, &record.job(index)?).map(|v| v.state.as_str().to_owned()).unwrap_or_else(|e| e.to_string()),
+            None => crate::status::view(services, &record.job(index)).map(|v| v.state.as_str().to_owned()).unwrap_or_else(|e| e.to_string()),
         };
         shards.push(serde_json::json!({"key": shard.key, "job_id": shard.job_id, "records": shard.records, "state": state}));
     }
@@ -373,7 +375,7 @@ pub fn results(
     let manifest = read_manifest(services, bulk_id)?
         .ok_or_else(|| anyhow!("bulk run {bulk_id} has no manifest yet (`ephem-batch bulk status {bulk_id}`)"))?;
     manifest_matches(&record, &manifest).map_err(|e| anyhow!("bulk run {bulk_id}: {e}"))?;
-    let first = JobFiles::new(home, &record.shards[0].job_id).load()?;
+    let first = JobFiles::new(home, &record.shards[0].job_id.to_hex()).load()?;
     let format = format.unwrap_or_else(|| results::default_format(&first));
     let output = output.map(Path::to_path_buf).unwrap_or_else(|| results::default_output(&first, format));
     let committed: Vec<bool> = manifest.shards.iter().map(|s| matches!(s.status, ManifestStatus::Committed { .. })).collect();
@@ -389,11 +391,11 @@ pub fn results(
     }
     // The OpenAI ids derive from the bulk id, as a job's from its job id.
     let options =
-        OutputOptions { format: format.output(), model_id: first.model_id.clone(), job_id: bulk_id.to_owned(), dimensions: Some(results::dimensions(services, trust, &first)?) };
+        OutputOptions { format: format.output(), model_id: first.model_id.clone(), results_of: ResultsOf::Bulk(bulk_id.to_owned()), dimensions: Some(results::dimensions(services, trust, &first)?) };
     let mut writer = OutputWriter::create(&output, options)?;
     let mut appended = Vec::new();
     for (index, done) in committed.iter().enumerate() {
-        let job = record.job(index)?;
+        let job = record.job(index);
         if *done {
             appended.push(results::append_job(home, services, trust, key, &job, &mut writer)?);
         } else {
@@ -482,16 +484,16 @@ pub fn verify(home: &Home, services: &Services, trust: &ClientTrust, key: &Resul
     let mut differing = Vec::new();
     for shard in &manifest.shards {
         if let ManifestStatus::Committed { receipt_sha256, .. } = &shard.status {
-            let job = crate::status::parse_job(&shard.job_id)?;
+            let job = shard.job_id;
             let committed = services.jobs.get_at_most(&layout::job_receipt(&job), cloud::MAX_SMALL_OBJECT).ok().map(|b| hex::encode(Sha256::digest(&b)));
             if committed.as_deref() != Some(receipt_sha256.as_str()) {
-                differing.push(shard.job_id.clone());
+                differing.push(shard.job_id.to_hex());
             }
         }
     }
     check("receipt_sha256", differing.is_empty(), if differing.is_empty() { "the manifest names the committed receipts".into() } else { differing.join(", ") });
     for index in 0..record.shards.len() {
-        let job = record.job(index)?;
+        let job = record.job(index);
         out.shards.push(verify_job(home, services, trust, &job, key, None)?);
     }
     Ok(out)
@@ -568,7 +570,7 @@ pub fn report(bulk_id: &str, written: &BulkWritten, elapsed: Duration, json: boo
 pub fn wait_for_ledger(services: &Services, record: &BulkRecord, manifest: &Manifest) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     for shard in manifest.shards.iter().filter(|s| matches!(s.status, ManifestStatus::Committed { .. })) {
-        let job = crate::status::parse_job(&shard.job_id)?;
+        let job = shard.job_id;
         while crate::status::view(services, &job)?.ledger.is_none() {
             if Instant::now() > deadline {
                 eprintln!("note: the ledger has not appended every receipt of bulk run {} yet", record.bulk_id);

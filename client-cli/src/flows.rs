@@ -8,7 +8,7 @@ use cloud::Services;
 use crate::backend::Opened;
 use crate::home::Home;
 use crate::submit::SubmitArgs;
-use crate::{bulk, keys, results, status, submit, trust, wait};
+use crate::{bulk, keys, results, submit, trust, wait};
 
 /// `submit`: the job sealed and uploaded; with `--wait`, its results opened, checked and
 /// reported.
@@ -25,12 +25,12 @@ pub fn submit(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Re
     }
     eprintln!("job {} submitted: {} records ({} refused locally)", job.job_id, job.records, job.local_errors);
     let trust = trust::ClientTrust::load(home, &args.trust)?;
-    let id = status::parse_job(&job.job_id)?;
+    let id = job.job_id;
     let timeout = args.wait_timeout.map_or(wait::DEFAULT_WAIT_TIMEOUT, std::time::Duration::from_secs);
     wait::until_done(services, &id, job.records, timeout)?;
     let key = keys::load_result_key(&home.result_key(), false)?;
     let written = results::run(home, services, &trust, &key, &id, args.output.as_deref(), args.format)?;
-    report_written(&job.job_id, &written, started.elapsed(), args.json)
+    report_written(&job.job_id.to_hex(), &written, started.elapsed(), args.json)
 }
 
 /// `submit --bulk`: the shards sealed and uploaded, the workflow started; with `--wait`, the

@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use anyhow::{anyhow, Context};
+use protocol::envelope::JobId;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
@@ -14,7 +15,7 @@ use crate::home::{create_private_dir, read_own, read_private, write_private, Hom
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientJob {
-    pub job_id: String,
+    pub job_id: JobId,
     pub submitted_ms: u64,
     pub input_file: String,
     /// `plain` or `openai`; `None` when no line was accepted.
@@ -265,7 +266,7 @@ mod tests {
 
     fn job(plain: &str, ids: &str) -> ClientJob {
         ClientJob {
-            job_id: "ab".repeat(16),
+            job_id: JobId([0xab; 16]),
             submitted_ms: 1,
             input_file: "corpus.jsonl".into(),
             form: None,
@@ -303,7 +304,7 @@ mod tests {
         let (plain, ids) = ("66".repeat(32), "77".repeat(32));
         let legacy = job(&plain, &ids);
         // As an older client wrote it: digests in the clear, mode 0644.
-        let path = home.job_dir(&legacy.job_id).join("job.json");
+        let path = home.job_dir(&legacy.job_id.to_hex()).join("job.json");
         std::fs::write(&path, serde_json::to_vec(&legacy).unwrap()).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
 

@@ -13,7 +13,7 @@ use protocol::manifest::SignedManifest;
 use crate::corpus::LineError;
 use crate::home::Home;
 use crate::jobstate::{ClientJob, JobFiles};
-use crate::output::{OutputError, OutputFormat, OutputOptions, OutputSummary, OutputWriter};
+use crate::output::{OutputError, OutputFormat, OutputOptions, OutputSummary, OutputWriter, ResultsOf};
 use crate::trust::ClientTrust;
 use crate::verify::{self, Check, Fetched, Verification};
 
@@ -81,7 +81,7 @@ pub fn default_format(job: &ClientJob) -> Format {
 /// `<input stem>.embeddings.<ext>` beside the input.
 pub fn default_output(job: &ClientJob, format: Format) -> PathBuf {
     let input = Path::new(&job.input_file);
-    let stem = input.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| job.job_id.clone());
+    let stem = input.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| job.job_id.to_hex());
     let ext = if format == Format::Npy { "npy" } else { "jsonl" };
     input.with_file_name(format!("{stem}.embeddings.{ext}"))
 }
@@ -108,7 +108,7 @@ pub fn run(
     let output = output.map(Path::to_path_buf).unwrap_or_else(|| default_output(&state, format));
     let dimensions = Some(dimensions(services, trust, &state)?);
     let mut writer =
-        OutputWriter::create(&output, OutputOptions { format: format.output(), model_id: state.model_id.clone(), job_id: job.to_hex(), dimensions })?;
+        OutputWriter::create(&output, OutputOptions { format: format.output(), model_id: state.model_id.clone(), results_of: ResultsOf::Job(*job), dimensions })?;
     let appended = append_job(home, services, trust, key, job, &mut writer)?;
     let paths = writer.paths().clone();
     let summary = writer.finish()?;
@@ -142,7 +142,7 @@ pub struct Appended {
 impl Appended {
     /// Remembers what was downloaded (call once the output is in place).
     pub fn save(self, home: &Home) -> anyhow::Result<Verification> {
-        JobFiles::new(home, &self.state.job_id).save(&self.state)?;
+        JobFiles::new(home, &self.state.job_id.to_hex()).save(&self.state)?;
         Ok(self.verification)
     }
 }

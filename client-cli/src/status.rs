@@ -29,7 +29,7 @@ pub fn read_status(services: &Services, job: &JobId) -> anyhow::Result<Option<Jo
 /// Everything the stores say about a job.
 #[derive(Debug, Serialize)]
 pub struct JobView {
-    pub job_id: String,
+    pub job_id: JobId,
     pub state: JobState,
     pub status: Option<JobStatus>,
     pub receipt_committed: bool,
@@ -47,7 +47,7 @@ pub fn view(services: &Services, job: &JobId) -> anyhow::Result<JobView> {
         (None, false) if services.jobs.head(&layout::job_input(job))?.is_some() => JobState::Queued,
         (None, false) => bail!("job {job} does not exist"),
     };
-    Ok(JobView { job_id: job.to_hex(), state, status, receipt_committed, ledger })
+    Ok(JobView { job_id: *job, state, status, receipt_committed, ledger })
 }
 
 pub fn print(view: &JobView) {

@@ -22,7 +22,9 @@ use protocol::manifest::Manifest;
 use protocol::records::encode_input;
 use sha2::{Digest, Sha256};
 
-use crate::corpus::{count_records, CorpusForm, CorpusItem, CorpusOptions, CorpusReader};
+use batch_formats::corpus_file::{check_corpus_file, CorpusFileError};
+
+use crate::corpus::{count_records, CorpusForm, CorpusItem, CorpusOptions, CorpusReader, CorpusSummary};
 use crate::home::Home;
 pub use crate::model_choice::CheckedModel;
 use crate::model_choice::{choose_model, ModelPins};
@@ -214,7 +216,7 @@ impl Sealing {
     /// What the client remembers about a job it sealed.
     fn client_job(&self, job_id: &JobId, input_file: &Path, form: Option<CorpusForm>, records: u64, errors: u64, sealed: &SealOutcome) -> ClientJob {
         ClientJob {
-            job_id: job_id.to_hex(),
+            job_id: *job_id,
             submitted_ms: self.now_ms,
             input_file: input_file.display().to_string(),
             form: form.map(|f| f.as_str().to_owned()),
@@ -266,13 +268,21 @@ pub fn shaping(manifest: &Manifest, prompt: Option<&str>, dimensions: Option<u32
     Ok((prompt.map(str::to_owned), dimensions))
 }
 
+/// The local checks of `args.file`, run before anything reaches the stack: it exists, is a
+/// regular file this process can read, and yields at least one record (every line checked as
+/// sealing checks it). The binary runs them before it opens a backend; [`run`] and
+/// [`seal_bulk`] run them first too, for the callers that opened one already.
+pub fn check_input(args: &SubmitArgs) -> Result<CorpusSummary, CorpusFileError> {
+    check_corpus_file(&args.file, &CorpusOptions::new(args.model.clone()))
+}
+
 pub fn run(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Result<ClientJob> {
+    check_input(args)?;
     let sealing = Sealing::prepare(home, services, args)?;
     let job = seal_file(home, services, &sealing, &args.file)?;
-    let job_id = JobId::from_hex(&job.job_id).ok_or_else(|| anyhow!("job id {} is not hex", job.job_id))?;
-    check_accepted(services, &job_id)?;
+    check_accepted(services, &job.job_id)?;
     if job.local_errors > 0 {
-        let files = JobFiles::new(home, &job.job_id);
+        let files = JobFiles::new(home, &job.job_id.to_hex());
         eprintln!("{} line(s) refused locally (never sent): {}", job.local_errors, files.local_errors().display());
     }
     Ok(job)
@@ -280,7 +290,7 @@ pub fn run(home: &Home, services: &Services, args: &SubmitArgs) -> anyhow::Resul
 
 /// Seals `file` as one job, uploads it and saves what the client remembers of it.
 pub fn seal_file(home: &Home, services: &Services, sealing: &Sealing, file: &Path) -> anyhow::Result<ClientJob> {
-    let summary = count_records(file, &sealing.corpus_options).with_context(|| format!("reading {}", file.display()))?;
+    let summary = count_records(file, &sealing.corpus_options)?;
     let (sealed, job_id) = sealing.seal(summary.records)?;
     let files = JobFiles::new(home, &job_id.to_hex());
     files.create_dir()?;
@@ -378,6 +388,7 @@ pub fn seal_bulk(home: &Home, services: &Services, args: &SubmitArgs, prefix: &s
     if per_shard == 0 {
         bail!("--shard-records must be at least 1");
     }
+    check_input(args)?;
     let sealing = Sealing::prepare(home, services, args)?;
     // First pass: where each shard starts and how many records it announces.
     let plans = plan_pass(&args.file, &sealing.corpus_options, per_shard)?;
@@ -434,7 +445,7 @@ pub fn seal_bulk(home: &Home, services: &Services, args: &SubmitArgs, prefix: &s
     let form = corpus.summary().form;
     for (_, job) in &mut shards {
         job.form = form.map(|f| f.as_str().to_owned());
-        JobFiles::new(home, &job.job_id).save(job)?;
+        JobFiles::new(home, &job.job_id.to_hex()).save(job)?;
     }
     Ok(BulkSealed { sealing, form, shards })
 }
@@ -446,8 +457,7 @@ fn continue_with(current: &mut Option<(usize, ShardSealer, JobId, JobFiles)>, it
 
 /// The first pass of [`seal_bulk`]: the shard plan, reading the file once in constant memory.
 fn plan_pass(file: &Path, options: &CorpusOptions, per_shard: u64) -> anyhow::Result<Vec<ShardPlan>> {
-    let reading = || format!("reading {}", file.display());
-    let input = File::open(file).with_context(reading)?;
+    let input = File::open(file).with_context(|| format!("opening {}", file.display()))?;
     let mut corpus = CorpusReader::new(BufReader::with_capacity(1 << 20, input), options.clone());
     // Only the shapes: the texts are dropped as the plan is made.
     let shapes = std::iter::from_fn(|| match corpus.next_item() {
@@ -459,7 +469,7 @@ fn plan_pass(file: &Path, options: &CorpusOptions, per_shard: u64) -> anyhow::Re
     let mut failure = None;
     let plans = plan_shards(shapes.map_while(|r| r.map_err(|e| failure = Some(e)).ok()), per_shard);
     match failure {
-        Some(e) => Err(anyhow::Error::from(e).context(reading())),
+        Some(e) => Err(e.into()),
         None => Ok(plans),
     }
 }

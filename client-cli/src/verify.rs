@@ -39,7 +39,7 @@ pub struct Check {
 
 #[derive(Debug, Serialize)]
 pub struct Verification {
-    pub job_id: String,
+    pub job_id: JobId,
     pub development_root: bool,
     pub checks: Vec<Check>,
 }
@@ -54,7 +54,7 @@ impl Verification {
     }
 
     pub fn new(job: &JobId, trust: &ClientTrust) -> Self {
-        Verification { job_id: job.to_hex(), development_root: trust.development, checks: Vec::new() }
+        Verification { job_id: *job, development_root: trust.development, checks: Vec::new() }
     }
 
     pub fn add(&mut self, name: &'static str, passed: bool, detail: impl Into<String>) -> bool {

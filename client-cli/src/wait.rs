@@ -22,7 +22,7 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
      `ephem-batch status {job}` follows it, `ephem-batch results {job}` fetches it once completed"
 )]
 pub struct WaitTimedOut {
-    pub job: String,
+    pub job: JobId,
     pub state: &'static str,
     pub waited_s: u64,
 }
@@ -64,7 +64,7 @@ pub fn until_done(services: &Services, job: &JobId, records: u64, timeout: Durat
         }
         if started.elapsed() >= timeout {
             bar.abandon();
-            return Err(WaitTimedOut { job: job.to_hex(), state: view.state.as_str(), waited_s: started.elapsed().as_secs() }.into());
+            return Err(WaitTimedOut { job: *job, state: view.state.as_str(), waited_s: started.elapsed().as_secs() }.into());
         }
         std::thread::sleep(Duration::from_millis(250));
     }
@@ -82,10 +82,10 @@ pub fn until_done(services: &Services, job: &JobId, records: u64, timeout: Durat
 /// What a tenant can do about a job the deployment ended before any host finished it.
 fn unprocessed_hint(check: &str) -> Option<&'static str> {
     match check {
-        lambdas::dead_letter::UPLOAD_UNPROCESSED => {
+        cloud::messages::UPLOAD_UNPROCESSED => {
             Some("the deployment never queued this upload (its operator is alerted); nothing was processed: submit the input again later")
         }
-        lambdas::dead_letter::DEAD_LETTERED => {
+        cloud::messages::DEAD_LETTERED => {
             Some("no host finished this job before the queue gave up on it; nothing was returned: submit the input again later")
         }
         _ => None,
@@ -115,18 +115,19 @@ mod tests {
     /// on-upload said, and what to do.
     #[test]
     fn a_job_ended_unprocessed_ends_the_wait_with_the_check() {
-        use cloud::messages::Failure;
+        use cloud::messages::{Failure, JobStatus, UPLOAD_UNPROCESSED};
         let dir = tempfile::tempdir().unwrap();
         let services = cloud_local::LocalCloud::open(dir.path()).unwrap().services();
         let job = JobId([4; 16]);
         services.jobs.put(&cloud::layout::job_input(&job), b"sealed", cloud::PutCondition::CreateOnly).unwrap();
-        let marked = lambdas::dead_letter::mark_failed(
-            services.jobs.as_ref(),
-            &job,
-            Failure { check: "upload_unprocessed".into(), message: "on-upload gave up after 3 invocation(s) (RetriesExhausted): queue unavailable".into() },
-        )
-        .unwrap();
-        assert_eq!(marked, lambdas::dead_letter::Marked::Failed);
+        // The status `job-dead-letter` writes for it.
+        let mut status = JobStatus::new(job, JobState::Failed, 1);
+        status.failure = Some(Failure {
+            check: UPLOAD_UNPROCESSED.into(),
+            message: "on-upload gave up after 3 invocation(s) (RetriesExhausted): queue unavailable".into(),
+        });
+        let status = serde_json::to_vec(&status).unwrap();
+        services.jobs.put(&cloud::layout::job_status(&job), &status, cloud::PutCondition::CreateOnly).unwrap();
         let started = Instant::now();
         let error = until_done(&services, &job, 10, Duration::from_secs(60)).unwrap_err().to_string();
         assert!(started.elapsed() < Duration::from_secs(5));

@@ -4,11 +4,11 @@
 
 use std::path::Path;
 
-use ephem_batch_client::output::{OutputFormat, OutputOptions, OutputWriter};
+use ephem_batch_client::output::{OutputFormat, OutputOptions, OutputWriter, ResultsOf};
 use protocol::records::{OutputRecord, Vector};
 
 fn write_one(out: &Path) -> Result<(), ephem_batch_client::output::OutputError> {
-    let options = OutputOptions { format: OutputFormat::Jsonl, model_id: "m".into(), job_id: "ab".repeat(16), dimensions: None };
+    let options = OutputOptions { format: OutputFormat::Jsonl, model_id: "m".into(), results_of: ResultsOf::Job(protocol::envelope::JobId([0xab; 16])), dimensions: None };
     let mut writer = OutputWriter::create(out, options)?;
     writer.record(&OutputRecord::Embedding { id: "a".into(), tokens: 2, vector: Vector::F32(vec![0.6, 0.8]) })?;
     writer.finish().map(drop)

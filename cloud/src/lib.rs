@@ -1,20 +1,23 @@
 #![forbid(unsafe_code)]
 //! The ports of the pipeline: small traits — [`ObjectStore`] (S3), [`Queue`] (SQS), [`Kms`]
-//! (KMS), [`TaskTokens`] and [`Executions`] (Step Functions) — the storage [`layout`] and the
-//! [`messages`] that travel between components. The adapters live beside it: `cloud-aws` (the
-//! AWS SDK) and `cloud-local` (the embedded default). Every caller (host-poller, Lambda
-//! handlers, `ephem-batch`) holds a [`Services`] and never knows which backend it talks to;
-//! which one it is, is decided once, in the binary's `main`.
+//! (KMS), [`TaskTokens`] and [`Executions`] (Step Functions) — the storage [`layout`], the
+//! [`messages`] that travel between components and the objects both sides of them read (the
+//! [`bulk`] manifest), and the ledger's dead-letter [`redrive`] over the queue port. The
+//! adapters live beside it: `cloud-aws` (the AWS SDK) and `cloud-local` (the embedded default).
+//! Every caller (host-poller, Lambda handlers, `ephem-batch`) holds a [`Services`] and never
+//! knows which backend it talks to; which one it is, is decided once, in the binary's `main`.
 //!
 //! The traits are blocking: the host-poller and the client move bytes with threads, and an AWS
 //! adapter drives its async SDK from its own runtime.
 
+pub mod bulk;
 pub mod hooked;
 pub mod kms;
 pub mod layout;
 pub mod messages;
 pub mod objects;
 pub mod queue;
+pub mod redrive;
 pub mod workflow;
 
 use std::sync::Arc;

@@ -84,6 +84,12 @@ pub struct Failure {
     pub message: String,
 }
 
+/// The check of a job whose upload `on-upload` never turned into a job message: the
+/// dead-letter consumer (`job-dead-letter`) ends it failed with this check.
+pub const UPLOAD_UNPROCESSED: &str = "upload_unprocessed";
+/// The check of a job whose message the job queue dead-lettered with no end recorded.
+pub const DEAD_LETTERED: &str = "dead_lettered";
+
 /// `jobs/<id>/status.json`: informative only — the receipt is the truth.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobStatus {

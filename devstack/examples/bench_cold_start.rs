@@ -26,13 +26,14 @@
 //! worker's peak RSS when ready.
 //!
 //! ```text
-//! cargo build --release -p enclave-worker --bins --example bench_cold_start
+//! cargo build --release -p enclave-worker -p devstack --bins --example bench_cold_start
 //! target/release/examples/bench_cold_start [--boots 20] [--threads 2] [--worker PATH] [--json OUT]
 //! ```
 //!
 //! The model comes from `EPHEM_MODEL_DIR` or `.ephem/models/all-MiniLM-L6-v2`
 //! (`bash scripts/setup-model.sh`); the worker binary defaults to `enclave-worker` beside this
-//! example's directory (`target/release/`).
+//! example's directory (`target/release/`). It lives with the embedded default, not in the
+//! enclave crate: the trusted crate's tree never reaches the ports or the local adapters.
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -155,6 +155,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Submit(args) => {
+            // The file is checked before anything reaches a stack: a missing, unreadable or
+            // empty corpus is said once, and nothing is opened, warned about or chosen.
+            submit::check_input(&args)?;
             let home = home()?;
             let opened = backend::open(&home, &cli.backend)?;
             if args.bulk { flows::submit_bulk(&home, &opened, &args) } else { flows::submit(&home, &opened.services, &args) }

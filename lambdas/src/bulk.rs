@@ -17,7 +17,7 @@ mod aggregate;
 #[cfg(test)]
 mod tests;
 
-pub use aggregate::{aggregate, manifest_key, AggregateInput, AggregateOutput, Manifest, ManifestShard, ManifestStatus, ShardStatus};
+pub use aggregate::{aggregate, manifest_key, AggregateInput, AggregateOutput, ShardStatus};
 
 use std::collections::BTreeMap;
 
@@ -54,9 +54,7 @@ pub enum BulkError {
     /// Two shards are one job (a copy of a sealed shard): awaited twice in one run they would
     /// share one task slot, and the manifest would count the job twice.
     #[error("shards {first} and {second} are the same job {job_id}: remove one of them")]
-    DuplicateJob { job_id: String, first: String, second: String },
-    #[error("shard {index} names job {job_id:?}, which is not 32 hex digits")]
-    JobId { index: usize, job_id: String },
+    DuplicateJob { job_id: JobId, first: String, second: String },
     /// The run's listing is written once; this run's shards are not those it holds (the bulk
     /// id was used for another listing).
     #[error("{key} already lists other shards (bulk run {bulk_id} listed {prefix} before): use a new bulk id")]
@@ -84,7 +82,7 @@ pub struct ListInput {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Shard {
     pub key: String,
-    pub job_id: String,
+    pub job_id: JobId,
 }
 
 /// `bulk-list-shards` output.
@@ -122,7 +120,7 @@ pub fn list_shards(input: &ListInput, jobs: &dyn ObjectStore, config: &Config) -
             continue;
         }
         match derived_job_id(jobs, &meta.key) {
-            Ok(Ok(job)) => shards.push(Shard { key: meta.key, job_id: job.to_hex() }),
+            Ok(Ok(job)) => shards.push(Shard { key: meta.key, job_id: job }),
             Ok(Err(reason)) => tracing::warn!(key = %meta.key, %reason, "not a sealed shard; left out of the bulk run"),
             Err(ObjectError::NotFound { .. }) => {}
             Err(error) => return Err(error.into()),
@@ -143,8 +141,8 @@ pub fn list_shards(input: &ListInput, jobs: &dyn ObjectStore, config: &Config) -
 fn distinct_jobs(shards: &[Shard]) -> Result<(), BulkError> {
     let mut seen = BTreeMap::new();
     for shard in shards {
-        if let Some(first) = seen.insert(shard.job_id.as_str(), shard.key.as_str()) {
-            return Err(BulkError::DuplicateJob { job_id: shard.job_id.clone(), first: first.to_owned(), second: shard.key.clone() });
+        if let Some(first) = seen.insert(shard.job_id, shard.key.as_str()) {
+            return Err(BulkError::DuplicateJob { job_id: shard.job_id, first: first.to_owned(), second: shard.key.clone() });
         }
     }
     Ok(())
@@ -188,7 +186,7 @@ pub struct AwaitInput {
     pub bulk_id: String,
     pub bucket: String,
     pub key: String,
-    pub job_id: String,
+    pub job_id: JobId,
     pub task_token: String,
 }
 
@@ -207,7 +205,7 @@ pub enum AwaitState {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AwaitOutput {
-    pub job_id: String,
+    pub job_id: JobId,
     pub state: AwaitState,
 }
 
@@ -217,7 +215,7 @@ pub struct AwaitOutput {
 /// the two run in, one of them completes it.
 pub fn await_shard(input: &AwaitInput, jobs: &dyn ObjectStore, tokens: &dyn TaskTokens, now_ms: u64) -> Result<AwaitOutput, BulkError> {
     check_bulk_id(&input.bulk_id)?;
-    let job = JobId::from_hex(&input.job_id).ok_or_else(|| BulkError::JobId { index: 0, job_id: input.job_id.clone() })?;
+    let job = input.job_id;
     workflow::write_bulk_task(jobs, &job, &input.bulk_id, &input.task_token, now_ms)?;
     let end = match jobs.head(&layout::job_receipt(&job))? {
         Some(_) => Some(JobEnd::Committed),
@@ -234,7 +232,7 @@ pub fn await_shard(input: &AwaitInput, jobs: &dyn ObjectStore, tokens: &dyn Task
         }
     };
     tracing::info!(bulk_id = %input.bulk_id, job = %job, key = %input.key, ?state, "shard awaited");
-    Ok(AwaitOutput { job_id: job.to_hex(), state })
+    Ok(AwaitOutput { job_id: job, state })
 }
 
 /// The recorded reason if the job's (informative, host-written) status says it failed or was

@@ -27,10 +27,8 @@ use serde_json::Value;
 
 use crate::on_upload::{self, Config};
 
-/// The check of a job whose upload on-upload never turned into a job message.
-pub const UPLOAD_UNPROCESSED: &str = "upload_unprocessed";
-/// The check of a job whose message the job queue dead-lettered with no end recorded.
-pub const DEAD_LETTERED: &str = "dead_lettered";
+/// The checks this consumer ends a job with (the client reads them too: `cloud::messages`).
+pub use cloud::messages::{DEAD_LETTERED, UPLOAD_UNPROCESSED};
 
 /// A status larger than this is not one a writer of this deployment made: read no more of it.
 const STATUS_READ_LIMIT: u64 = 64 * 1024;
@@ -46,7 +44,7 @@ pub enum DeadLetterError {
     #[error("sending the receipt to the ledger queue: {0}")]
     Queue(#[from] QueueError),
     #[error("the status of job {job} changed {WRITE_ATTEMPTS} times while it was being marked failed")]
-    Contended { job: String },
+    Contended { job: JobId },
 }
 
 /// What a record on the dead-letter consumer's queues is.
@@ -116,14 +114,14 @@ pub fn failure_record(event: &S3Event, condition: &str, invocations: u32, error:
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The job's status is now failed with `check`.
-    MarkedFailed { job_id: String, check: &'static str },
+    MarkedFailed { job_id: JobId, check: &'static str },
     /// The job had ended already (receipt committed, or a final status): left as it was.
-    AlreadyEnded { job_id: String, state: JobState },
+    AlreadyEnded { job_id: JobId, state: JobState },
     /// The job's receipt is committed and the ledger does not hold it (its host stopped before
     /// it sent it): sent to the ledger queue, as the host would have.
-    ReceiptSentToLedger { job_id: String },
+    ReceiptSentToLedger { job_id: JobId },
     /// A shard whose job input exists: that input's own event ends the job.
-    InputExists { job_id: String },
+    InputExists { job_id: JobId },
     /// Nothing to attach a status to.
     Unattributable { reason: String },
 }
@@ -195,7 +193,7 @@ fn end_upload(key: &str, reason: &str, services: &Services, config: &Config) -> 
         Err(error) => return Err(error.into()),
     };
     if services.jobs.head(&layout::job_input(&job))?.is_some() {
-        return Ok(Outcome::InputExists { job_id: job.to_hex() });
+        return Ok(Outcome::InputExists { job_id: job });
     }
     end_job(&job, UPLOAD_UNPROCESSED, reason, services)
 }
@@ -204,7 +202,7 @@ fn end_upload(key: &str, reason: &str, services: &Services, config: &Config) -> 
 fn end_job(job: &JobId, check: &'static str, message: &str, services: &Services) -> Result<Outcome, DeadLetterError> {
     let failure = Failure { check: check.to_owned(), message: message.to_owned() };
     let (outcome, end) = match mark_failed(services.jobs.as_ref(), job, failure)? {
-        Marked::Failed => (Outcome::MarkedFailed { job_id: job.to_hex(), check }, JobEnd::Failed { reason: format!("{check}: {message}") }),
+        Marked::Failed => (Outcome::MarkedFailed { job_id: *job, check }, JobEnd::Failed { reason: format!("{check}: {message}") }),
         Marked::Ended { state, failure } => {
             let end = match (state, failure) {
                 (JobState::Completed, _) => JobEnd::Committed,
@@ -212,8 +210,8 @@ fn end_job(job: &JobId, check: &'static str, message: &str, services: &Services)
                 (state, None) => JobEnd::Failed { reason: state.as_str().to_owned() },
             };
             let outcome = match state {
-                JobState::Completed if send_receipt_to_ledger(job, services)? => Outcome::ReceiptSentToLedger { job_id: job.to_hex() },
-                state => Outcome::AlreadyEnded { job_id: job.to_hex(), state },
+                JobState::Completed if send_receipt_to_ledger(job, services)? => Outcome::ReceiptSentToLedger { job_id: *job },
+                state => Outcome::AlreadyEnded { job_id: *job, state },
             };
             (outcome, end)
         }
@@ -319,7 +317,7 @@ pub fn mark_failed(jobs: &dyn ObjectStore, job: &JobId, failure: Failure) -> Res
             Err(error) => return Err(error.into()),
         }
     }
-    Err(DeadLetterError::Contended { job: job.to_hex() })
+    Err(DeadLetterError::Contended { job: *job })
 }
 
 #[cfg(test)]

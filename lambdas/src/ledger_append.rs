@@ -33,7 +33,6 @@
 //! invokes against an emulator.
 
 mod function;
-mod redrive;
 #[cfg(test)]
 mod tests;
 
@@ -52,7 +51,7 @@ use receipts_ledger::{
 };
 
 pub use function::{queues_of, FunctionConfig, FunctionError, LedgerFunction, DEFAULT_CACHE_DIR};
-pub use redrive::{redrive, RedriveError, RedriveReport};
+pub use cloud::redrive::{redrive, RedriveError, RedriveReport};
 
 /// The group receipts travel in; what a dead-lettered message without one is sent back into.
 pub use cloud::messages::LEDGER_GROUP;

@@ -31,7 +31,3 @@ pub mod on_upload;
 pub mod policies;
 pub mod shell;
 pub mod sqs_event;
-
-/// Fixtures for this crate's tests and the embedded default's (`devstack`): feature `testing`.
-#[cfg(any(test, feature = "testing"))]
-pub mod testing;

@@ -93,9 +93,9 @@ pub enum Outcome {
     /// Not an input object (another key in the bucket).
     Ignored { key: String },
     /// A shard under a store prefix became (or already was) the input of job `job_id`.
-    Copied { key: String, job_id: String, input_key: String, already: bool },
+    Copied { key: String, job_id: JobId, input_key: String, already: bool },
     /// A job message was sent.
-    Queued { job_id: String, message_id: String },
+    Queued { job_id: JobId, message_id: String },
     /// The upload cannot become a job; `check` names why.
     Refused { key: String, check: &'static str, message: String },
 }
@@ -149,7 +149,7 @@ fn handle_shard(key: &str, services: &Services) -> Result<Outcome, OnUploadError
         Err(error) => return Err(error.into()),
     };
     let input_key = layout::job_input(&job);
-    let copied = |already| Outcome::Copied { key: key.to_owned(), job_id: job.to_hex(), input_key: input_key.clone(), already };
+    let copied = |already| Outcome::Copied { key: key.to_owned(), job_id: job, input_key: input_key.clone(), already };
     // Server-side (S3 CopyObject, UploadPartCopy above 5 GiB): a shard of any size, no bytes
     // through this function. Create-only: the commit says whether the input was there.
     match jobs.copy(key, &input_key, Some(&checked.etag), PutCondition::CreateOnly) {
@@ -201,7 +201,7 @@ fn handle_key(key: &str, tenant: &Tenant, services: &Services, config: &Config) 
             let fair_share = SendOptions { group_id: Some(tenant.as_str().to_owned()), ..SendOptions::default() };
             let message_id = services.job_queue.send(&body, &fair_share)?;
             tracing::info!(job = %job, records = header.record_count, tenant = tenant.as_str(), "job queued");
-            Ok(Outcome::Queued { job_id: job.to_hex(), message_id })
+            Ok(Outcome::Queued { job_id: job, message_id })
         }
         Err((check, message)) => {
             tracing::warn!(job = %job, check, %message, "upload refused");
@@ -430,7 +430,7 @@ mod tests {
 #[cfg(test)]
 mod shard_tests {
     use super::*;
-    use crate::testing::Fixture;
+    use lambdas_testing::Fixture;
     use cloud::messages::JobMessage;
     use std::time::Duration;
 
@@ -463,13 +463,13 @@ mod shard_tests {
         let input_key = layout::job_input(&job);
         assert_eq!(
             out,
-            vec![Outcome::Copied { key: key.into(), job_id: job.to_hex(), input_key: input_key.clone(), already: false }]
+            vec![Outcome::Copied { key: key.into(), job_id: job, input_key: input_key.clone(), already: false }]
         );
         assert_eq!(f.services.jobs.get(&input_key).unwrap(), bytes);
 
         // The input's own event creates the job, through the same checks as any upload.
         let out = handle_with(&event(&input_key), &f.services, &config()).unwrap();
-        assert!(matches!(&out[0], Outcome::Queued { job_id, .. } if *job_id == job.to_hex()), "{out:?}");
+        assert!(matches!(&out[0], Outcome::Queued { job_id, .. } if *job_id == job), "{out:?}");
         let received = f.services.job_queue.receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap();
         let message: JobMessage = serde_json::from_str(&received[0].body).unwrap();
         assert_eq!((message.input_key.as_str(), message.record_count), (input_key.as_str(), 12));
@@ -545,7 +545,7 @@ mod shard_tests {
         let f = Fixture::new();
         let workflows = f.cloud.workflows();
         // The manifest the jobs name is withdrawn: every upload is refused as model_manifest.
-        f.services.models.delete(&layout::model_manifest(crate::testing::MODEL, 1)).unwrap();
+        f.services.models.delete(&layout::model_manifest(lambdas_testing::MODEL, 1)).unwrap();
         let await_input = |job: &JobId, token: &str| AwaitInput {
             bulk_id: "b-refused".into(),
             bucket: "jobs".into(),
@@ -586,7 +586,7 @@ mod shard_tests {
         );
 
         // An accepted upload completes nothing: its host will.
-        f.services.models.put(&layout::model_manifest(crate::testing::MODEL, 1), b"a signed manifest (only its hash matters here)", PutCondition::CreateOnly).unwrap();
+        f.services.models.put(&layout::model_manifest(lambdas_testing::MODEL, 1), b"a signed manifest (only its hash matters here)", PutCondition::CreateOnly).unwrap();
         let (bytes, job) = f.sealed(3);
         let token = workflows.issue_token("local:execution:b-ok").unwrap();
         await_shard(&await_input(&job, &token), f.services.jobs.as_ref(), workflows.as_ref(), 3).unwrap();
@@ -618,7 +618,7 @@ mod copy_tests {
     use cloud::hooked::{Hooked, StoreHooks};
 
     use super::*;
-    use crate::testing::Fixture;
+    use lambdas_testing::Fixture;
 
     /// A tenant who replaces a shard right after its header was read.
     struct SwapAfterRead {

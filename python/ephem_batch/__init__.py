@@ -162,6 +162,10 @@ class Client:
         the manifest's named prompts (``None``: its default prompt, ``"none"``: no prompt) — all
         recorded in the receipt. ``model_version`` / ``manifest_sha256`` pin a signed model
         version, as ``--model-version`` / ``--manifest-sha256``.
+
+        Raises ``ValueError`` naming the file, before anything reaches the stack, when it is
+        missing, not a regular file it can read, or holds no record (empty, or every line
+        refused).
         """
         if dtype not in ("float32", "float16"):
             raise ConfigurationError(f"dtype {dtype!r}: expected 'float32' or 'float16'")
@@ -181,6 +185,13 @@ class Client:
                     dimensions=dimensions,
                 )
             )
+        except ValueError as error:
+            # A file the library refused before sealing (missing, not a readable regular file,
+            # no record in it): named as the caller named it.
+            if scratch is None:
+                raise
+            raise ValueError(str(error).replace(path, "the records given")) from None
+        else:
             if scratch is not None:
                 # Kept in the job's own (private) directory: prove_record reads the texts again.
                 os.replace(path, os.path.join(self.home, "client", "jobs", record["job_id"], _KEPT_CORPUS))

@@ -107,7 +107,7 @@ fn library_error(py: Python<'_>, error: anyhow::Error) -> PyErr {
     }
     if let Some(timed_out) = error.downcast_ref::<wait::WaitTimedOut>() {
         let attributes = [
-            ("job_id", timed_out.job.clone().into_pyobject(py).unwrap().into_any().unbind()),
+            ("job_id", timed_out.job.to_hex().into_pyobject(py).unwrap().into_any().unbind()),
             ("state", timed_out.state.into_pyobject(py).unwrap().into_any().unbind()),
         ];
         return raise(py, "WaitTimeoutError", format!("{error:#}"), &attributes);
@@ -247,6 +247,8 @@ impl NativeClient {
             partial: false,
             trust: self.trust.clone(),
         };
+        // The file's own checks first, before anything reaches the stack: a ValueError naming it.
+        py.detach(|| submit::check_input(&args)).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
         let job = py.detach(|| submit::run(&self.home, &self.opened.services, &args)).map_err(|e| library_error(py, e))?;
         to_json(py, &job)
     }

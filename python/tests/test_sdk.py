@@ -222,3 +222,26 @@ def test_configuration_errors_are_exceptions(client, tmp_path):
     with pytest.raises(ephem_batch.EphemBatchError) as raised:
         client.submit(["x"], prompt="query")
     assert "prompt \"query\"" in str(raised.value)
+
+
+def test_a_corpus_that_cannot_be_submitted_is_a_value_error_naming_it(client, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    refused = tmp_path / "refused.jsonl"
+    refused.write_text("not json\n")
+    cases = [
+        (str(tmp_path / "missing.jsonl"), "missing.jsonl: no such file"),
+        (str(tmp_path), "is a directory, not a corpus file"),
+        (str(empty), "empty.jsonl is empty: a corpus needs at least one record"),
+        (str(refused), "refused.jsonl holds no record: all 1 of its lines were refused"),
+        ([], "the records given is empty"),
+    ]
+    jobs = os.path.join(client.home, "client", "jobs")
+    before = sorted(os.listdir(jobs)) if os.path.isdir(jobs) else []
+    for source, said in cases:
+        with pytest.raises(ValueError) as raised:
+            client.submit(source)
+        assert said in str(raised.value), str(raised.value)
+        assert "\n" not in str(raised.value)
+    # Nothing was sealed for any of them.
+    assert (sorted(os.listdir(jobs)) if os.path.isdir(jobs) else []) == before

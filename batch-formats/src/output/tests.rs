@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 const MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
 
 fn options(format: OutputFormat) -> OutputOptions {
-    OutputOptions { format, model_id: MODEL.into(), job_id: "ab".repeat(16), dimensions: None }
+    OutputOptions { format, model_id: MODEL.into(), results_of: ResultsOf::Job(protocol::envelope::JobId([0xab; 16])), dimensions: None }
 }
 
 fn embedding(id: &str, tokens: u32, values: &[f32]) -> OutputRecord {
@@ -227,18 +227,21 @@ fn openai_lines_regroup_strings_and_failed_lines_go_to_errors() {
 
 #[test]
 fn openai_ids_are_stable_and_per_job() {
-    let write = |job: &str| {
+    let write = |results_of: ResultsOf| {
         let dir = tempfile::tempdir().unwrap();
         let out = dir.path().join("o.jsonl");
-        let mut writer =
-            OutputWriter::create(&out, OutputOptions { job_id: job.into(), ..options(OutputFormat::OpenAi) })
-                .unwrap();
+        let mut writer = OutputWriter::create(&out, OutputOptions { results_of, ..options(OutputFormat::OpenAi) }).unwrap();
         writer.record(&embedding("r#0", 1, &[1.0])).unwrap();
         writer.finish().unwrap();
         std::fs::read(&out).unwrap()
     };
-    assert_eq!(write("j1"), write("j1"));
-    assert_ne!(write("j1"), write("j2"));
+    let job = |n: u8| ResultsOf::Job(protocol::envelope::JobId([n; 16]));
+    assert_eq!(write(job(1)), write(job(1)));
+    assert_ne!(write(job(1)), write(job(2)));
+    assert_ne!(write(ResultsOf::Bulk("b1".into())), write(ResultsOf::Bulk("b2".into())));
+    // A job's ids are seeded by its id in hex, as before the id was typed: the same results
+    // written again by an older or newer client carry the same ids.
+    assert_eq!(write(job(0xab)), write(ResultsOf::Bulk("ab".repeat(16))));
 }
 
 #[test]

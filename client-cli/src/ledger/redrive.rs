@@ -1,7 +1,7 @@
 //! `ephem-batch ledger redrive`: the operator's way back for receipts in the ledger's
 //! dead-letter queue, once what held them is fixed — a policy uploaded for a new image, a store
 //! or a grant repaired. Each message goes back to the ledger queue in its group, oldest first
-//! (`lambdas::ledger_append::redrive`), and `ledger-append` appends them in that order.
+//! (`cloud::redrive`), and `ledger-append` appends them in that order.
 //!
 //! With `--backend aws` the queues are the deployment's (`LedgerDlqUrl`, `LedgerQueueUrl`);
 //! locally, the home's. SQS's own `StartMessageMoveTask` moves FIFO dead letters too (docs/
@@ -42,7 +42,7 @@ fn queues(opened: &Opened) -> anyhow::Result<(Arc<dyn Queue>, Arc<dyn Queue>)> {
 
 pub fn redrive_command(opened: &Opened, args: &RedriveArgs) -> anyhow::Result<ExitCode> {
     let (dlq, source) = queues(opened)?;
-    let (report, error) = lambdas::ledger_append::redrive(dlq.as_ref(), source.as_ref(), args.max.unwrap_or(u64::MAX), Duration::from_secs(1));
+    let (report, error) = cloud::redrive::redrive(dlq.as_ref(), source.as_ref(), args.max.unwrap_or(u64::MAX), Duration::from_secs(1));
     if args.json {
         let out = serde_json::json!({
             "ok": error.is_none(),

@@ -1,8 +1,9 @@
 use super::*;
-use lambdas::bulk::{self, ListInput, Manifest, ManifestStatus};
+use cloud::bulk::{Manifest, ManifestStatus};
+use lambdas::bulk::{self, ListInput};
 use crate::local_workflow::{self, Steps, AWAIT_SHARD};
 use lambdas::on_upload::Config;
-use lambdas::testing::Fixture;
+use lambdas_testing::Fixture;
 use cloud::messages::{Failure, JobState, JobStatus};
 use cloud::workflow::{complete_bulk_task, JobEnd};
 use cloud::{layout, Completion, PutCondition, TaskTokens};
@@ -237,7 +238,7 @@ fn shards_ended_before_and_after_their_token_was_written_give_a_verified_manifes
 
     let m = env.manifest("run-1");
     assert_eq!((m.committed, m.timed_out, m.failed, m.refused), (3, 0, 0, 0));
-    assert_eq!(m.shards.iter().map(|s| s.job_id.clone()).collect::<Vec<_>>(), jobs);
+    assert_eq!(m.shards.iter().map(|s| s.job_id.to_hex()).collect::<Vec<_>>(), jobs);
     assert_eq!(m.attestation_root, hex::encode(env.enclave.anchor().sha256()));
     let ManifestStatus::Committed { receipt_key, records_ok, .. } = &m.shards[1].status else { panic!("{m:?}") };
     assert_eq!(receipt_key, &layout::job_receipt(&JobId::from_hex(&jobs[1]).unwrap()));
@@ -258,7 +259,7 @@ fn a_failed_jobs_token_is_failed_and_the_shard_listed_with_its_reason() {
     );
     assert_eq!(visits["ShardFailed"], 2);
     let m = env.manifest("f");
-    let status = |job: &str| m.shards.iter().find(|s| s.job_id == job).unwrap().status.clone();
+    let status = |job: &str| m.shards.iter().find(|s| s.job_id.to_hex() == job).unwrap().status.clone();
     assert!(matches!(status(&done), ManifestStatus::Committed { .. }));
     assert_eq!(
         status(&failing),
@@ -284,8 +285,8 @@ fn a_shard_whose_job_never_ends_times_out_after_a_day() {
         Ending::Succeeded(json!({"manifest_key": "bulk/r/manifest.json", "committed": 1, "timed_out": 1, "failed": 0}))
     );
     let m = env.manifest("r");
-    assert_eq!(m.shards.iter().find(|s| s.job_id == stuck).unwrap().status, ManifestStatus::TimedOut);
-    assert!(m.shards.iter().any(|s| s.job_id == done));
+    assert_eq!(m.shards.iter().find(|s| s.job_id.to_hex() == stuck).unwrap().status, ManifestStatus::TimedOut);
+    assert!(m.shards.iter().any(|s| s.job_id.to_hex() == done));
     // The host that finally ends the job is told the task is closed.
     assert_eq!(env.host_commits(&stuck), Some(Completion::AlreadyClosed { code: "TaskTimedOut".into() }));
 }
@@ -301,7 +302,7 @@ fn what_a_host_reports_on_the_token_is_not_trusted() {
     assert!(cause.contains("no receipt"), "{cause}");
     let m = env.manifest("l");
     assert_eq!((m.committed, m.refused, m.failed), (1, 1, 0));
-    let status = |job: &str| m.shards.iter().find(|s| s.job_id == job).unwrap().status.clone();
+    let status = |job: &str| m.shards.iter().find(|s| s.job_id.to_hex() == job).unwrap().status.clone();
     assert!(matches!(status(&liar), ManifestStatus::Refused { check, .. } if check == "receipt"));
     assert!(matches!(status(&modest), ManifestStatus::Committed { .. }), "a verified receipt counts whatever the token said");
 }

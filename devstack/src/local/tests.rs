@@ -3,9 +3,9 @@ use std::time::Duration;
 
 use cloud::messages::JobState;
 use cloud::{PutCondition, QueueStats, Received, SendOptions};
-use lambdas::dead_letter::{DEAD_LETTERED, UPLOAD_UNPROCESSED};
+use cloud::messages::{DEAD_LETTERED, UPLOAD_UNPROCESSED};
 use lambdas::on_upload;
-use lambdas::testing::Fixture;
+use lambdas_testing::Fixture;
 
 use super::*;
 

@@ -1,6 +1,7 @@
 //! `bulk-aggregate`: the manifest of a bulk run, from the listing `bulk-list-shards` wrote and
 //! each job's own objects (receipt, status), with one word per shard from the workflow.
 
+use cloud::bulk::{Manifest, ManifestShard, ManifestStatus};
 use cloud::workflow::JOB_FAILED_ERROR;
 use cloud::{layout, ObjectError, ObjectStore, PutCondition};
 use protocol::envelope::JobId;
@@ -40,70 +41,6 @@ pub struct AggregateOutput {
     pub committed: usize,
     pub timed_out: usize,
     pub failed: usize,
-}
-
-/// `bulk/<bulk_id>/manifest.json`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Manifest {
-    pub version: u32,
-    pub bulk_id: String,
-    pub bucket: String,
-    pub prefix: String,
-    pub created_ms: u64,
-    pub note: String,
-    /// Hex SHA-256 of the attestation root the receipts were verified under.
-    pub attestation_root: String,
-    pub shards: Vec<ManifestShard>,
-    pub committed: usize,
-    pub timed_out: usize,
-    #[serde(default)]
-    pub failed: usize,
-    pub refused: usize,
-    pub records_ok: u64,
-    pub records_failed: u64,
-    pub tokens: u64,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case", tag = "status")]
-pub enum ManifestStatus {
-    /// The receipt verified; what it says.
-    Committed {
-        receipt_key: String,
-        receipt_sha256: String,
-        input_sha256: String,
-        output_sha256: String,
-        attempt: u64,
-        model_id: String,
-        manifest_hash: String,
-        attestation_sha256: String,
-        pcr0: String,
-        records_ok: u64,
-        records_failed: u64,
-        tokens: u64,
-        started_ms: u64,
-        finished_ms: u64,
-    },
-    /// No receipt, and no recorded failure, within the workflow's wait.
-    TimedOut,
-    /// No receipt. `error`: `EphemBatch.JobFailed` when the job's status records the failure
-    /// (`reason`: what it records — informative, written by hosts), else `States.TaskFailed`
-    /// (the shard's task failed; its error's name is in the execution's history).
-    Failed {
-        error: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        reason: Option<String>,
-    },
-    /// A receipt is there but does not verify; `check` names the failed check.
-    Refused { receipt_key: String, check: String, message: String },
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ManifestShard {
-    pub key: String,
-    pub job_id: String,
-    #[serde(flatten)]
-    pub status: ManifestStatus,
 }
 
 const MANIFEST_NOTE: &str = "This manifest signs nothing. Each committed shard's receipt (jobs/<job_id>/receipt.cose) \
@@ -148,8 +85,8 @@ pub fn aggregate(
     }
     distinct_jobs(&listing.shards)?;
     let mut shards = Vec::with_capacity(listing.shards.len());
-    for (index, (shard, outcome)) in listing.shards.iter().zip(&input.outcomes).enumerate() {
-        let job = JobId::from_hex(&shard.job_id).ok_or_else(|| BulkError::JobId { index, job_id: shard.job_id.clone() })?;
+    for (shard, outcome) in listing.shards.iter().zip(&input.outcomes) {
+        let job = shard.job_id;
         let status = match (verify_shard(&job, jobs, attestations, check)?, outcome) {
             (Some(found), _) => found,
             (None, ShardStatus::Committed) => ManifestStatus::Refused {
@@ -163,7 +100,7 @@ pub fn aggregate(
                 None => ManifestStatus::TimedOut,
             },
         };
-        shards.push(ManifestShard { key: shard.key.clone(), job_id: job.to_hex(), status });
+        shards.push(ManifestShard { key: shard.key.clone(), job_id: job, status });
     }
     let m = manifest(input, check, now_ms, shards);
     let key = manifest_key(&input.bulk_id);

@@ -1,4 +1,5 @@
 use super::*;
+use cloud::bulk::{Manifest, ManifestStatus};
 use cloud_local::DirObjectStore;
 use protocol::dev_enclave::DevEnclave;
 use protocol::attestation::PolicySet;
@@ -29,7 +30,7 @@ fn input(bulk_id: &str, outcomes: Vec<ShardStatus>) -> AggregateInput {
 }
 
 fn shard(bulk_id: &str, name: &str, job: &JobId) -> Shard {
-    Shard { key: format!("stores/s/incoming/{bulk_id}/{name}.sealed"), job_id: job.to_hex() }
+    Shard { key: format!("stores/s/incoming/{bulk_id}/{name}.sealed"), job_id: *job }
 }
 
 /// Shard 1's receipt is the genuine image's; shard 2's comes from a host running its own
@@ -78,7 +79,7 @@ fn a_listing_with_one_job_twice_is_refused_by_name() {
     let err = aggregate(&input("dup", vec![ShardStatus::Committed; 2]), &jobs, &attestations, &ReceiptVerifier::new(enclave.anchor()), T).unwrap_err();
     match &err {
         BulkError::DuplicateJob { job_id, first, second } => {
-            assert_eq!(job_id, &id.to_hex());
+            assert_eq!(job_id, &id);
             assert!(first.ends_with("/a.sealed") && second.ends_with("/copy-of-a.sealed"), "{err}");
         }
         other => panic!("{other}"),

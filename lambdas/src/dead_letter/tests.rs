@@ -4,7 +4,7 @@ use cloud_local::TokenOutcome;
 use cloud::hooked::{Hooked, StoreHooks};
 
 use super::*;
-use crate::testing::Fixture;
+use lambdas_testing::Fixture;
 
 fn config() -> Config {
     Config::from_list("stores/acme/")
@@ -27,7 +27,7 @@ fn a_job_that_ended_is_never_marked_failed() {
     let completed = serde_json::to_vec(&JobStatus::new(done, JobState::Completed, 1)).unwrap();
     f.services.jobs.put(&layout::job_status(&done), &completed, PutCondition::CreateOnly).unwrap();
     let out = handle_body(&message(&done), &f.services, &config()).unwrap();
-    assert_eq!(out, [Outcome::AlreadyEnded { job_id: done.to_hex(), state: JobState::Completed }]);
+    assert_eq!(out, [Outcome::AlreadyEnded { job_id: done, state: JobState::Completed }]);
     assert_eq!(f.services.jobs.get(&layout::job_status(&done)).unwrap(), completed);
 
     // The receipt is committed; the host died before it wrote `completed`.
@@ -37,7 +37,7 @@ fn a_job_that_ended_is_never_marked_failed() {
     f.services.jobs.put(&layout::job_status(&committed), &running, PutCondition::CreateOnly).unwrap();
     f.services.jobs.put(&layout::job_receipt(&committed), b"receipt", PutCondition::CreateOnly).unwrap();
     let out = handle_body(&message(&committed), &f.services, &config()).unwrap();
-    assert_eq!(out, [Outcome::AlreadyEnded { job_id: committed.to_hex(), state: JobState::Completed }]);
+    assert_eq!(out, [Outcome::AlreadyEnded { job_id: committed, state: JobState::Completed }]);
     assert_eq!(f.services.jobs.get(&layout::job_status(&committed)).unwrap(), running);
     assert!(matches!(f.cloud.workflows().outcome(&token).unwrap(), Some(TokenOutcome::Succeeded { .. })));
 
@@ -116,11 +116,11 @@ fn records_are_read_as_lambda_writes_them() {
         other => panic!("{other:?}"),
     }
     let out = handle_body(&record, &f.services, &config()).unwrap();
-    assert_eq!(out, [Outcome::MarkedFailed { job_id: job.to_hex(), check: UPLOAD_UNPROCESSED }]);
+    assert_eq!(out, [Outcome::MarkedFailed { job_id: job, check: UPLOAD_UNPROCESSED }]);
 
     // The shard became its job input before the invocation failed: that input's event decides.
     f.services.jobs.put(&layout::job_input(&job), &bytes, PutCondition::CreateOnly).unwrap();
-    assert_eq!(handle_body(&record, &f.services, &config()).unwrap(), [Outcome::InputExists { job_id: job.to_hex() }]);
+    assert_eq!(handle_body(&record, &f.services, &config()).unwrap(), [Outcome::InputExists { job_id: job }]);
 
     for body in ["not json", r#"{"hello": 1}"#, r#"{"requestPayload": {"x": 1}}"#] {
         assert!(matches!(&handle_body(body, &f.services, &config()).unwrap()[..], [Outcome::Unattributable { .. }]), "{body}");
@@ -166,7 +166,7 @@ fn a_committed_receipt_the_ledger_never_heard_of_is_sent_to_it() {
     .to_string();
 
     let out = handle_body(&message, &f.services, &config()).unwrap();
-    assert_eq!(out, [Outcome::ReceiptSentToLedger { job_id: job.to_hex() }]);
+    assert_eq!(out, [Outcome::ReceiptSentToLedger { job_id: job }]);
     let sent = f.services.ledger_queue.receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap();
     assert_eq!(sent.len(), 1);
     let sent: LedgerMessage = serde_json::from_str(&sent[0].body).unwrap();
@@ -176,6 +176,6 @@ fn a_committed_receipt_the_ledger_never_heard_of_is_sent_to_it() {
     // Once the ledger holds the job, a second dead letter for it sends nothing.
     f.services.jobs.put(&layout::job_ledgered(&job), b"{}", PutCondition::CreateOnly).unwrap();
     let out = handle_body(&message, &f.services, &config()).unwrap();
-    assert_eq!(out, [Outcome::AlreadyEnded { job_id: job.to_hex(), state: JobState::Completed }]);
+    assert_eq!(out, [Outcome::AlreadyEnded { job_id: job, state: JobState::Completed }]);
     assert!(f.services.ledger_queue.receive(10, Duration::ZERO, Duration::from_secs(30)).unwrap().is_empty());
 }

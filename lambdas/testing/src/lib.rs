@@ -1,5 +1,7 @@
-//! Test fixtures: a local cloud with a published fleet epoch and model manifest, and sealed
-//! job inputs made for them.
+//! Test fixtures of the Lambda handlers, for `lambdas`' own tests and the embedded default's
+//! (`devstack`): a local cloud with a published fleet epoch and model manifest, and sealed job
+//! inputs made for them. A dev-dependency only: the handlers' library never reaches the local
+//! adapters (`scripts/deny.sh`).
 
 use cloud_local::LocalCloud;
 use cloud::{PutCondition, Services};
@@ -46,14 +48,14 @@ impl Fixture {
     pub fn waiting_token(&self, job: &JobId, bulk_id: &str) -> String {
         let workflows = self.cloud.workflows();
         let token = workflows.issue_token(&format!("local:execution:{bulk_id}")).unwrap();
-        let input = crate::bulk::AwaitInput {
+        let input = lambdas::bulk::AwaitInput {
             bulk_id: bulk_id.into(),
             bucket: "jobs".into(),
             key: format!("stores/acme/{job}.sealed"),
-            job_id: job.to_hex(),
+            job_id: *job,
             task_token: token.clone(),
         };
-        crate::bulk::await_shard(&input, self.services.jobs.as_ref(), workflows.as_ref(), cloud::now_ms()).unwrap();
+        lambdas::bulk::await_shard(&input, self.services.jobs.as_ref(), workflows.as_ref(), cloud::now_ms()).unwrap();
         assert_eq!(workflows.outcome(&token).unwrap(), None, "the token waits");
         token
     }

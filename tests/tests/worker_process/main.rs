@@ -4,6 +4,9 @@
 //! document and sealing a real CMS envelope to the one-shot key it carries), then sends sealed
 //! jobs as a client would and checks the sealed results and the receipt. A host that answers KMS
 //! calls itself is refused by the worker's TLS check.
+//!
+//! Here, not in the enclave crate: the host it plays reaches the ports and the local adapters
+//! (`cloud`, `cloud-local`), which the trusted crate's tree never does (`scripts/deny.sh`).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -206,7 +209,7 @@ impl Drop for WorkerProcess {
 /// Starts the worker; it reaches KMS through `kms_relay` and trusts `kms_root` there.
 fn spawn_worker(dir: &Path, kms_relay: &Path, kms_root: &Path) -> WorkerProcess {
     let socket = dir.join("worker.sock");
-    let child = Command::new(env!("CARGO_BIN_EXE_enclave-worker"))
+    let child = Command::new(worker_bin())
         .arg("--listen")
         .arg(format!("unix:{}", socket.display()))
         .arg("--kms-relay")
@@ -743,9 +746,14 @@ fn a_fleet_key_wrapped_under_a_host_owned_kms_key_is_refused() {
     assert_eq!(binding.not_after_ms, genuine.not_after_ms);
 }
 
+/// The workspace's `enclave-worker` (`cargo build --workspace --bins`).
+fn worker_bin() -> PathBuf {
+    tests::bin_dir().join("enclave-worker")
+}
+
 /// The worker's PCR0 under the development NSM: SHA-384 of its binary (DESIGN.md §4).
 fn worker_pcr0() -> Vec<u8> {
-    sha2::Sha384::digest(std::fs::read(env!("CARGO_BIN_EXE_enclave-worker")).unwrap()).to_vec()
+    sha2::Sha384::digest(std::fs::read(worker_bin()).unwrap()).to_vec()
 }
 
 mod online;
