@@ -213,6 +213,9 @@ pub fn verify_ledger(
     key: &VerifierKey,
     check: Option<&dyn ReceiptCheck>,
 ) -> Result<VerifyReport, StoreError> {
+    // Checkpoints, entries, nodes and their count of one moment: an append committing
+    // between two of these reads would otherwise look like a corrupt ledger.
+    let _snapshot = store.read_snapshot()?;
     let checkpoints = store.checkpoints()?;
     let mut r = Replay {
         store,

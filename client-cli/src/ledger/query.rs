@@ -78,6 +78,8 @@ pub fn query_rows(
     key: &VerifierKey,
     check: &ReceiptVerifier,
 ) -> anyhow::Result<Vec<Row>> {
+    // The checkpoint, the rows and their proofs of one moment.
+    let _snapshot = store.read_snapshot()?;
     let checkpoint = latest_signed(store, key)?;
     let mut rows = Vec::new();
     for entry in store.query(query)? {

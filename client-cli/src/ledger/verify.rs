@@ -26,6 +26,9 @@ pub(super) fn verify_command(dir: &Path, json: bool, trust: &LedgerTrust, witnes
     let pinned = home_key(trust.ledger_key.as_deref(), dir)?;
     let check = receipt_check(&trust.root, dir, true)?;
     let policy = witness.policy()?;
+    // The replay, the latest checkpoint and the consistency proof from the one seen before all
+    // read one moment of the ledger, however the appender commits meanwhile.
+    let _snapshot = store.read_snapshot()?;
     let report = verify_ledger(&store, &pinned.key, Some(&check))?;
     let recorded_key_differs = store.ledger_key()?.is_some_and(|k| k != pinned.key.to_string());
     let messages: Vec<String> = report.issues.iter().map(ToString::to_string).collect();

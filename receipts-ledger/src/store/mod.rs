@@ -158,10 +158,48 @@ pub trait LedgerStore: TreeReader {
     fn scan_entries(&self, f: &mut dyn FnMut(Result<Entry, StoreError>) -> bool) -> Result<(), StoreError>;
     /// Number of stored tree nodes.
     fn tree_node_count(&self) -> Result<u64, StoreError>;
+    /// Starts one read transaction: until the returned guard drops, every read through this
+    /// store sees the ledger as it was at one moment, whatever commits meanwhile. A reader
+    /// that checks entries, nodes and checkpoints against one another takes one, else an
+    /// append between two of its reads looks like corruption. Inside another snapshot, the
+    /// outer one holds.
+    fn read_snapshot(&self) -> Result<ReadSnapshot<'_>, StoreError>;
     /// Replaces the note of the checkpoint of `size` with `note`: the same checkpoint text with
     /// every stored signature line, and only lines added (witness cosignatures), or
     /// [`StoreError::NotSameCheckpoint`]. Nothing signed can change this way.
     fn add_cosignatures(&self, size: u64, note: &str) -> Result<(), StoreError>;
+}
+
+/// One read transaction on a store's connection, ended when dropped (see
+/// [`LedgerStore::read_snapshot`]). Holds no lock against writers: SQLite's WAL keeps the
+/// snapshot's pages readable while appends commit.
+#[must_use = "the snapshot ends when this guard is dropped"]
+pub struct ReadSnapshot<'a> {
+    /// `None` when nested in a transaction already open on the connection.
+    conn: Option<&'a rusqlite::Connection>,
+}
+
+impl<'a> ReadSnapshot<'a> {
+    /// Begins a read transaction on `conn` and takes its snapshot now (SQLite takes it at the
+    /// first read, not at `BEGIN`).
+    pub(crate) fn begin(conn: &'a rusqlite::Connection) -> Result<Self, StoreError> {
+        if !conn.is_autocommit() {
+            return Ok(Self { conn: None });
+        }
+        conn.execute_batch("BEGIN DEFERRED")?;
+        let guard = Self { conn: Some(conn) };
+        conn.query_row("SELECT count(*) FROM meta", [], |_| Ok(()))?;
+        Ok(guard)
+    }
+}
+
+impl Drop for ReadSnapshot<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn {
+            // A read transaction has nothing to lose: ending it cannot fail in a way that matters.
+            let _ = conn.execute_batch("COMMIT");
+        }
+    }
 }
 
 /// Number of complete subtrees of a tree of `size` leaves.

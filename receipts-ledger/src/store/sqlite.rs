@@ -6,7 +6,7 @@ use protocol::JobId;
 #[cfg(test)]
 use super::expected_tree_nodes;
 use super::{
-    AppendOutcome, CheckpointPolicy, LedgerStore, Query, StoreError, StoredCheckpoint,
+    AppendOutcome, CheckpointPolicy, LedgerStore, Query, ReadSnapshot, StoreError, StoredCheckpoint,
 };
 use crate::checkpoint::Checkpoint;
 use crate::entry::{
@@ -707,10 +707,11 @@ impl LedgerStore for SqliteStore {
     }
 
     fn scan_entries(&self, f: &mut dyn FnMut(Result<Entry, StoreError>) -> bool) -> Result<(), StoreError> {
-        // One read transaction: a consistent snapshot even while others append.
-        let tx = Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred)?;
+        // One read transaction (the caller's, if it holds one): a consistent snapshot even
+        // while others append.
+        let snapshot = self.read_snapshot()?;
         {
-            let mut stmt = tx.prepare(&format!("SELECT {} FROM entries ORDER BY idx", self.columns))?;
+            let mut stmt = self.conn.prepare(&format!("SELECT {} FROM entries ORDER BY idx", self.columns))?;
             let mut rows = stmt.query([])?;
             while let Some(r) = rows.next()? {
                 if !f(entry_from_row(r)) {
@@ -718,8 +719,12 @@ impl LedgerStore for SqliteStore {
                 }
             }
         }
-        tx.finish()?;
+        drop(snapshot);
         Ok(())
+    }
+
+    fn read_snapshot(&self) -> Result<ReadSnapshot<'_>, StoreError> {
+        ReadSnapshot::begin(&self.conn)
     }
 
     fn tree_node_count(&self) -> Result<u64, StoreError> {

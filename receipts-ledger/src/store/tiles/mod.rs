@@ -795,6 +795,9 @@ impl LedgerStore for TileStore {
     fn tree_node_count(&self) -> Result<u64, StoreError> {
         self.cache.tree_node_count()
     }
+    fn read_snapshot(&self) -> Result<super::ReadSnapshot<'_>, StoreError> {
+        self.cache.read_snapshot()
+    }
 }
 
 /// The cache file an appender keeps in `dir`.

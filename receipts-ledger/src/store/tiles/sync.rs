@@ -32,11 +32,15 @@ pub fn sync(store: &mut TileStore) -> Result<SyncReport, TileError> {
     let from = store.cache.size()?;
     let seen = store.altered.len();
     let head: Option<Head> = store.refresh()?;
+    // The size and the checkpoint count of one moment (another sync of this copy may commit).
+    let snapshot = store.cache.read_snapshot()?;
+    let (size, checkpoints) = (store.cache.size()?, store.cache.checkpoints()?.len() as u64);
+    drop(snapshot);
     Ok(SyncReport {
         from,
-        size: store.cache.size()?,
+        size,
         root: head.map(|h| hex::encode(h.root)),
-        checkpoints: store.cache.checkpoints()?.len() as u64,
+        checkpoints,
         altered_metadata: store.altered.get(seen..).unwrap_or_default().to_vec(),
     })
 }
@@ -70,6 +74,8 @@ impl AuditReport {
 /// index. Superseded partial tiles are checked too: each was once served for a checkpoint.
 pub fn audit(store: &TileStore) -> Result<AuditReport, TileError> {
     let cache = &store.cache;
+    // Every object is compared with one moment of the copy.
+    let _snapshot = cache.read_snapshot()?;
     let size = cache.size()?;
     let layout = &store.layout;
     let objects = store.objects.as_ref();
