@@ -417,7 +417,7 @@ impl NativeClient {
         if let Some((_, client)) = online.as_ref().filter(|(made_for, _)| *made_for == relay) {
             return Ok(Arc::clone(client));
         }
-        let args = serve::ServeArgs { listen: ([127, 0, 0, 1], 0).into(), relay: relay.clone(), refresh_seconds: 60, trust: self.trust.clone() };
+        let args = serve::ServeArgs { listen: ([127, 0, 0, 1], 0).into(), relay: relay.clone(), refresh_seconds: 60, require_token: false, trust: self.trust.clone() };
         let client = Arc::new(serve::OnlineClient::new(&self.home, self.opened.services.clone(), &args)?);
         *online = Some((relay, Arc::clone(&client)));
         Ok(client)

@@ -324,7 +324,7 @@ pub fn http_exchange(port: u16, method: &str, path: &str, content_type: &str, bo
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
     stream.set_read_timeout(Some(std::time::Duration::from_secs(120))).expect("timeout");
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).expect("send the head");

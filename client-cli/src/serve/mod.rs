@@ -4,6 +4,7 @@
 //! encapsulates every request to the verified fleet key and opens the answer. It fails closed: when
 //! no document verifies, it answers 503 naming the check and sends nothing.
 
+pub mod access;
 mod models;
 pub mod proxy;
 mod relay_client;
@@ -36,6 +37,10 @@ pub struct ServeArgs {
     /// Re-verify the fleet's attestation document (and each model's manifest) this often.
     #[arg(long, default_value_t = 60)]
     pub refresh_seconds: u64,
+    /// Require a bearer token: written (mode 0600) to `<home>/client/serve.token` if it is not
+    /// there. Once that file exists every request must carry it, with or without this flag.
+    #[arg(long)]
+    pub require_token: bool,
     #[command(flatten)]
     pub trust: TrustArgs,
 }
@@ -75,14 +80,22 @@ impl Proxy {
 pub fn run(home: &Home, services: Services, args: &ServeArgs) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("tokio runtime")?;
     runtime.block_on(async {
+        // Beside the result key: the client directory, the owner's alone. Written before the
+        // port opens, so whoever reaches the port finds the token required.
+        let token_path = home.result_key().with_file_name(access::TOKEN_FILE);
+        let token = if args.require_token { Some(access::ensure_token(&token_path)?) } else { access::read_token(&token_path)? };
+        if token.is_some() {
+            eprintln!("serve: requests must carry the bearer token in {}", token_path.display());
+        }
         let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+        let access = access::Access::new(listener.local_addr()?.port(), token.as_deref());
         let proxy = Arc::new(tokio::task::block_in_place(|| Proxy::new(home, services, args))?);
         match proxy.targets.get() {
             Ok(target) => eprintln!("serve: fleet epoch {} verified", target.epoch),
             Err(failure) => eprintln!("serve: refusing requests until the fleet verifies — {failure}"),
         }
         eprintln!("serve: OpenAI embeddings API on http://{}/v1", listener.local_addr()?);
-        proxy::accept(listener, proxy).await
+        proxy::accept(listener, proxy, access).await
     })
 }
 

@@ -14,14 +14,18 @@ use hyper_util::rt::TokioIo;
 use protocol::ohttp;
 use protocol::online::{self, ApiError, RequestHeaders, EMBEDDINGS_PATH, MAX_BODY};
 
-use super::{Proxy, Relayed};
+use super::access::Access;
+use super::{Proxy, Relayed, Target};
 
-pub async fn accept(listener: tokio::net::TcpListener, proxy: Arc<Proxy>) -> anyhow::Result<()> {
+/// Serves connections on `listener`; each request passes `access` before anything else.
+pub async fn accept(listener: tokio::net::TcpListener, proxy: Arc<Proxy>, access: Access) -> anyhow::Result<()> {
+    let access = Arc::new(access);
     loop {
         let (stream, _) = listener.accept().await?;
         let proxy = Arc::clone(&proxy);
+        let access = Arc::clone(&access);
         tokio::spawn(async move {
-            let service = service_fn(move |request| handle(Arc::clone(&proxy), request));
+            let service = service_fn(move |request| handle(Arc::clone(&proxy), Arc::clone(&access), request));
             let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
         });
     }
@@ -29,7 +33,16 @@ pub async fn accept(listener: tokio::net::TcpListener, proxy: Arc<Proxy>) -> any
 
 type Answer = Response<Full<Bytes>>;
 
-async fn handle(proxy: Arc<Proxy>, request: Request<Incoming>) -> Result<Answer, std::convert::Infallible> {
+async fn handle(proxy: Arc<Proxy>, access: Arc<Access>, request: Request<Incoming>) -> Result<Answer, std::convert::Infallible> {
+    if let Err(refused) = access.admit(request.headers()) {
+        let status = StatusCode::from_u16(refused.status()).unwrap_or(StatusCode::FORBIDDEN);
+        let (status, body) = refusal_body(status, "permission_error", refused.check(), &refused.to_string());
+        let mut answer = json(status, body);
+        if status == StatusCode::UNAUTHORIZED {
+            answer.headers_mut().insert(hyper::header::WWW_AUTHENTICATE, hyper::header::HeaderValue::from_static("Bearer"));
+        }
+        return Ok(answer);
+    }
     Ok(match (request.method(), request.uri().path()) {
         (&Method::POST, EMBEDDINGS_PATH) => embeddings(proxy, request).await,
         (&Method::GET, "/v1/models") => models(proxy).await,
@@ -76,6 +89,8 @@ pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
         Err(message) => return error_body(&ApiError { status: 404, ..ApiError::invalid("model", "model_not_found", message) }),
     };
     // One retry after re-verifying, when the enclave no longer holds the key (epoch rotated).
+    // Only then: the relay may have delivered the request and answered `encapsulation` anyway,
+    // and a resend to the same key would be a second enclave answer, counted twice.
     for attempt in 0..2 {
         let headers = RequestHeaders { sent_ms: cloud::now_ms(), client: proxy.label, manifest: Some(manifest) };
         let plaintext = online::encode_request_with("POST", EMBEDDINGS_PATH, &body, headers);
@@ -94,7 +109,15 @@ pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
             Relayed::Refused { check, .. } if check == "encapsulation" && attempt == 0 => {
                 let proxy = Arc::clone(proxy);
                 match tokio::task::spawn_blocking(move || proxy.targets.refresh()).await {
-                    Ok(Ok(fresh)) => target = fresh,
+                    Ok(Ok(fresh)) if rotated(&target, &fresh) => target = fresh,
+                    Ok(Ok(_)) => {
+                        return refusal_body(
+                            StatusCode::BAD_GATEWAY,
+                            "relay_error",
+                            "encapsulation",
+                            &format!("the relay says the enclave refused the key of epoch {}, which is still the verified one: not sent again", target.epoch),
+                        );
+                    }
                     Ok(Err(failure)) => return refusal_body(StatusCode::SERVICE_UNAVAILABLE, "attestation_error", "attestation", &failure.to_string()),
                     Err(join) => return error_body(&ApiError::server(format!("verification task: {join}"))),
                 }
@@ -109,6 +132,11 @@ pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
         }
     }
     refusal_body(StatusCode::BAD_GATEWAY, "relay_error", "encapsulation", "the enclave refused the freshly verified key")
+}
+
+/// Whether a re-verified target is another key than the one a request was refused under.
+fn rotated(refused: &Target, fresh: &Target) -> bool {
+    fresh.epoch != refused.epoch || fresh.config != refused.config
 }
 
 /// The models a client can use: every model with a manifest the trusted publisher signed.
