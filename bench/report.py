@@ -121,6 +121,7 @@ def markdown(doc):
                    f"{ms('ours', '9')} ms against {ms('ort-fp32', '9')} ms, median ratio {lp['ratio_9_median']:.2f}.")
         out.append("")
     out += issue23(doc, top)
+    out += units_and_peaks(doc, top)
     out.append("")
     out.append("Our worker in detail:")
     out.append("")
@@ -256,6 +257,52 @@ def issue23(doc, top):
     row(f"pipeline / raw inference ≥ 0.95 ({p['documents']:,} docs)" if p else "pipeline / raw inference ≥ 0.95",
         p and p["ratio"], lambda v: v >= 0.95, f"{p['ratio']:.3f}" if p else "not run")
     out.append("")
+    return out
+
+
+# Each unit's peak as a multiple of the same-run fp32 GEMM peak (AVX-512 FMA, 2 FMA units:
+# 32 multiply-adds a cycle): VNNI 4 (four u8 × i8 products per 32-bit lane), AVX-512 BF16 2
+# (pairs), AMX int8 32 (1,024 multiply-adds a cycle), AMX bf16 16 (512).
+PEAK_MULTIPLE = {("int8", "avx512"): 4, ("bf16", "avx512"): 2, ("int8", "amx"): 32, ("bf16", "amx"): 16}
+
+
+def units_and_peaks(doc, top):
+    """Issue 39: which unit ran bf16 and int8 (AVX-512 or AMX tiles, the worker's start-up
+    choice) and each precision's useful work against its unit's peak, beside fp32's against the
+    GEMM peak; on Intel, its targets (bf16 ≥ 2× our fp32, int8 ≥ 1.3× ONNX Runtime int8)."""
+    tp = doc["throughput"]
+    o = tp["ours"][top]
+    peak = o.get("gemm_peak_gflop_per_s")
+    intel = doc["machine"].get("cpu_vendor") == "GenuineIntel"
+    out = [f"Dense units and peaks ({top} threads, this run):", "",
+           "| precision | unit | docs/s | useful G(FL)OP/s | unit peak (× GEMM peak) | fraction of the unit's peak |",
+           "|---|---|---|---|---|---|"]
+    share = ratio(o["useful_gflop_per_s"], peak)
+    out.append(f"| fp32 | AVX-512 FMA | {fmt(o['documents_per_s'])} | {fmt(o['useful_gflop_per_s'], 0)} | "
+               f"{fmt(peak, 0)} (GEMM peak) | {'–' if share is None else f'{100 * share:.0f} %'} |")
+    for precision in ("bf16", "int8"):
+        r = tp.get(f"ours-{precision}", {}).get(top)
+        if not r:
+            continue
+        unit = (r.get("dense_units") or {}).get(precision)
+        multiple = PEAK_MULTIPLE.get((precision, unit))
+        unit_peak = peak * multiple if peak and multiple else None
+        share = ratio(r["useful_gflop_per_s"], unit_peak)
+        out.append(f"| {precision} | {unit or 'not recorded'} | {fmt(r['documents_per_s'])} | {fmt(r['useful_gflop_per_s'], 0)} | "
+                   f"{fmt(unit_peak, 0)} ({multiple or '–'}×) | {'–' if share is None else f'{100 * share:.1f} %'} |")
+    out.append("")
+    if intel:
+        out += ["Issue 39's Intel targets (this run):", "", "| target | measured | met |", "|---|---|---|"]
+        b, q = tp.get("ours-bf16", {}).get(top), tp.get("ours-int8", {}).get(top)
+        rows = [("fp32 / ONNX Runtime fp32 ≥ 1.0×", ratio(o["documents_per_s"], tp["ort-fp32"][top]["documents_per_s"]), 1.0),
+                ("bf16 / our fp32 ≥ 2×", ratio(b["documents_per_s"], o["documents_per_s"]) if b else None, 2.0),
+                ("int8 / ONNX Runtime dynamic int8 ≥ 1.3×",
+                 ratio(q["documents_per_s"], tp["ort-int8"][top]["documents_per_s"]) if q else None, 1.3)]
+        for label, r, goal in rows:
+            out.append(f"| {label} | {fmt(r, 2)}× | {'–' if r is None else ('yes' if r >= goal else 'no')} |")
+        c = q.get("min_cosine_to_fp32") if q else None
+        out.append(f"| int8 min cosine to our fp32 (corpus) ≥ 0.999 | {fmt(c, 6)} | {'–' if c is None else ('yes' if c >= 0.999 else 'no')} |")
+        out.append("")
     return out
 
 
