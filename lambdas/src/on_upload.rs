@@ -550,7 +550,7 @@ mod shard_tests {
             bulk_id: "b-refused".into(),
             bucket: "jobs".into(),
             key: format!("stores/acme/incoming/{job}.sealed"),
-            job_id: job.to_hex(),
+            job_id: *job,
             task_token: token.into(),
         };
 

@@ -346,7 +346,7 @@ fn the_await_step_writes_the_token_before_it_looks() {
         bulk_id: "w".into(),
         bucket: BUCKET.into(),
         key: "stores/acme/w/a.sealed".into(),
-        job_id: job.to_hex(),
+        job_id: job,
         task_token: token.clone(),
     };
     let out = bulk::await_shard(&input, env.f.services.jobs.as_ref(), workflows.as_ref(), T).unwrap();
