@@ -251,6 +251,12 @@ def issue23(doc, top):
         fmt(r, 2) + "×" if q else "not run (no AVX-512 VNNI, or before int8 was in the suite)")
     c = q.get("min_cosine_to_fp32") if q else None
     row("int8 min cosine to our fp32 (corpus) ≥ 0.999", c, lambda v: v >= 0.999, fmt(c, 6))
+    # Per length, over the corpus and the accuracy set (short texts and the reference texts).
+    buckets = (q or {}).get("min_cosine_to_fp32_by_tokens") or {}
+    mins = [b["min"] for b in buckets.values() if b.get("min") is not None]
+    shown = " / ".join(f"{name}: {fmt(b.get('min'), 6)} ({b.get('texts', 0)})" for name, b in buckets.items())
+    row("int8 min cosine to our fp32 per length bucket (tokens: min (texts)) ≥ 0.999", min(mins) if mins else None,
+        lambda v: v >= 0.999, shown or "not measured (before the buckets were in the suite)")
     r, how = latency_128(doc, top)
     row("128-token latency / ONNX Runtime fp32 ≤ 1.0", r, lambda v: v <= 1.0, f"{fmt(r, 2)} ({how})")
     p = doc.get("pipeline")
