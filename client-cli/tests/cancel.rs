@@ -10,7 +10,7 @@ use support::{ids, Fixture};
 
 fn queued_job(f: &Fixture, tag: &str) -> JobId {
     let job = f.seal(&f.services, &f.corpus(&ids(tag, 2))).unwrap_or_else(|e| panic!("{e:#}"));
-    JobId::from_hex(&job.job_id).unwrap()
+    job.job_id
 }
 
 fn failure(result: anyhow::Result<()>) -> CancelFailure {

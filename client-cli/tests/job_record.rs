@@ -39,12 +39,12 @@ fn job_json_is_private_and_confirms_no_guess_of_the_corpus() {
     let f = Fixture::new();
     let corpus = ids("patient", 5);
     let job = f.seal(&f.services, &f.corpus(&corpus)).unwrap_or_else(|e| panic!("{e:#}"));
-    let id = JobId::from_hex(&job.job_id).unwrap();
+    let id = job.job_id.clone();
     let ran = f.complete(&id);
     let (plain_guess, ids_guess) = guessed_digests(&corpus);
     assert_eq!(plain_guess, hex::encode(ran.input_plain_sha256), "the guess is the very plaintext the enclave opened");
 
-    let (text, mode) = job_json(&f, &job.job_id);
+    let (text, mode) = job_json(&f, &job.job_id.to_hex());
     assert_eq!(mode, 0o600, "job.json is the user's alone");
     assert!(!text.contains(&plain_guess), "job.json confirms a guessed corpus by its plaintext hash:\n{text}");
     assert!(!text.contains(&ids_guess), "job.json confirms guessed record ids:\n{text}");
@@ -55,13 +55,13 @@ fn job_json_is_private_and_confirms_no_guess_of_the_corpus() {
     for check in ["commitment", "record_ids"] {
         assert!(written.verification.checks.iter().any(|c| c.name == check && c.passed), "{check} passes");
     }
-    let (text, mode) = job_json(&f, &job.job_id);
+    let (text, mode) = job_json(&f, &job.job_id.to_hex());
     assert_eq!(mode, 0o600);
     assert!(text.contains("\"downloaded\""), "{text}");
     for digest in [&plain_guess, &ids_guess, &hex::encode(ran.output_plain_sha256)] {
         assert!(!text.contains(digest.as_str()), "job.json after results names a plaintext digest:\n{text}");
     }
-    let again = JobFiles::new(&f.home, &job.job_id).load().unwrap();
+    let again = JobFiles::new(&f.home, &job.job_id.to_hex()).load().unwrap();
     assert_eq!(again.plaintext_sha256, plain_guess, "the client itself reads its digests back");
 }
 

@@ -184,7 +184,7 @@ impl Fixture {
             now_ms: T0 + 2_000,
         };
         let job = submit::seal_file(&self.home, &self.services, &sealing, &corpus).unwrap();
-        let id = JobId::from_hex(&job.job_id).unwrap();
+        let id = job.job_id.clone();
         (job, id)
     }
 

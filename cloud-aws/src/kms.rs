@@ -15,7 +15,10 @@ use zeroize::Zeroizing;
 
 use super::error::Failure;
 use super::runtime::AwsRuntime;
-use cloud::kms::{ed25519_from_spki, AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, KeyDescription, Kms, KmsError, Recipient};
+use cloud::kms::{
+    ed25519_from_spki, AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, GrantSummary, KeyDescription, KeyEvidence,
+    KeyMetadata, Kms, KmsError, Recipient,
+};
 
 /// AWS KMS. Cheap to clone.
 #[derive(Clone)]
@@ -219,6 +222,46 @@ impl Kms for AwsKms {
             enabled: metadata.enabled,
             multi_region: metadata.multi_region.unwrap_or(false),
             policy,
+        })
+    }
+
+    fn key_evidence(&self, key_id: &str) -> Result<KeyEvidence, KmsError> {
+        let described = self.describe_key(key_id)?;
+        let state = self
+            .runtime
+            .block_on(self.client.describe_key().key_id(&described.arn).send())
+            .map_err(|e| self.error("DescribeKey", Some(&described.arn), e))?
+            .key_metadata
+            .and_then(|m| m.key_state)
+            .map(|s| s.as_str().to_owned())
+            .unwrap_or_default();
+        let listed = self
+            .runtime
+            .block_on(self.client.list_grants().key_id(&described.arn).send())
+            .map_err(|e| self.error("ListGrants", Some(&described.arn), e))?;
+        let grants = listed
+            .grants
+            .unwrap_or_default()
+            .into_iter()
+            .map(|g| GrantSummary {
+                grant_id: g.grant_id.unwrap_or_default(),
+                grantee_principal: g.grantee_principal.unwrap_or_default(),
+                operations: g.operations.unwrap_or_default().iter().map(|o| o.as_str().to_owned()).collect(),
+            })
+            .collect();
+        Ok(KeyEvidence {
+            metadata: KeyMetadata {
+                arn: described.arn,
+                key_state: state,
+                enabled: described.enabled,
+                origin: described.origin,
+                key_spec: described.key_spec,
+                key_usage: described.key_usage,
+                multi_region: described.multi_region,
+            },
+            policy: described.policy,
+            grants,
+            grants_truncated: listed.truncated,
         })
     }
 

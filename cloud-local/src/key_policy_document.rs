@@ -31,12 +31,15 @@ impl LocalKeyPolicy {
             "Sid": "AllowAccountReadKeyPolicy",
             "Effect": "Allow",
             "Principal": principal,
-            "Action": ["kms:DescribeKey", "kms:GetKeyPolicy"],
+            "Action": ["kms:DescribeKey", "kms:GetKeyPolicy", "kms:ListGrants"],
             "Resource": "*",
         })];
         let mut release = vec!["kms:Decrypt"];
         if self.allow_generate_data_key {
             release.push("kms:GenerateDataKey");
+        }
+        if self.allow_generate_data_key_pair && self.require_recipient {
+            release.push("kms:GenerateDataKeyPair");
         }
         let mut release_conditions = conditions.clone();
         if self.require_recipient {
@@ -51,16 +54,36 @@ impl LocalKeyPolicy {
             statements.push(statement("AllowGenerateDataKeyPairWithoutPlaintext", &principal, &pair, conditions.clone()));
         }
         if self.require_recipient {
-            for key in attested.keys() {
+            // Every release operation, whether or not this key allows it (as the deployment's do).
+            let all_release = ["kms:Decrypt", "kms:GenerateDataKey", "kms:GenerateDataKeyPair"];
+            for (key, value) in &attested {
+                let name = key.rsplit(':').next().unwrap_or_default();
                 statements.push(json!({
-                    "Sid": format!("DenyReleaseWithout{}", key.rsplit(':').next().unwrap_or_default()),
+                    "Sid": format!("DenyReleaseWithout{name}"),
                     "Effect": "Deny",
                     "Principal": "*",
-                    "Action": release,
+                    "Action": all_release,
                     "Resource": "*",
                     "Condition": { "Null": { key: "true" } },
                 }));
+                statements.push(json!({
+                    "Sid": format!("DenyReleaseToOther{name}"),
+                    "Effect": "Deny",
+                    "Principal": "*",
+                    "Action": all_release,
+                    "Resource": "*",
+                    "Condition": { "StringNotEqualsIgnoreCase": { key: value } },
+                }));
             }
+        }
+        if self.deny_wrapping {
+            statements.push(json!({
+                "Sid": "DenyWrappingAndPolicyChanges",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": ["kms:Encrypt", "kms:ReEncrypt*", "kms:CreateGrant", "kms:PutKeyPolicy", "kms:Import*"],
+                "Resource": "*",
+            }));
         }
         json!({ "Version": "2012-10-17", "Id": "ephem-batch-local", "Statement": statements })
     }

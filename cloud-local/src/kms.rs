@@ -28,7 +28,10 @@ use zeroize::Zeroizing;
 
 use super::key_policy_document::condition_key;
 use super::sqlite;
-use cloud::kms::{AwsCredentials, DataKey, DataKeyPair, Decrypted, EncryptionContext, KeyDescription, Kms, KmsError, Recipient};
+use cloud::kms::{
+    AwsCredentials, DataKey, DataKeyPair, DataKeyPairForRecipient, Decrypted, EncryptionContext, GrantSummary, KeyDescription,
+    KeyEvidence, KeyMetadata, Kms, KmsError, Recipient,
+};
 use cloud::now_ms;
 
 /// Key ARNs of the local KMS: a fixed pseudo-region and account.
@@ -72,11 +75,16 @@ pub struct LocalKeyPolicy {
     pub allow_generate_data_key_pair: bool,
     /// Encryption-context keys every request must carry (the policies' `Null` conditions).
     pub required_context_keys: Vec<String>,
+    /// The explicit Deny, for everyone, of `Encrypt`, `ReEncrypt*`, `CreateGrant`,
+    /// `PutKeyPolicy` and `Import*`: it overrides any grant. Off in policies written before
+    /// the deny list held `Encrypt` (stored policies without the field read as such).
+    #[serde(default)]
+    pub deny_wrapping: bool,
 }
 
 impl LocalKeyPolicy {
-    /// The fleet key: `Decrypt` only to an enclave with these measurements; rotation may create
-    /// epoch key pairs under {epoch, not_after}.
+    /// The fleet key: `Decrypt` and `GenerateDataKeyPair` only to an enclave with these
+    /// measurements, under {epoch, not_after}; nobody may wrap anything under it or change it.
     pub fn fleet(pcr0: impl Into<Vec<u8>>, pcr8: Option<Vec<u8>>) -> LocalKeyPolicy {
         LocalKeyPolicy {
             recipient_pcrs: pcrs(pcr0.into(), pcr8),
@@ -85,6 +93,7 @@ impl LocalKeyPolicy {
             allow_generate_data_key: false,
             allow_generate_data_key_pair: true,
             required_context_keys: vec!["epoch".into(), "not_after".into()],
+            deny_wrapping: true,
         }
     }
 
@@ -98,6 +107,7 @@ impl LocalKeyPolicy {
             allow_generate_data_key: true,
             allow_generate_data_key_pair: false,
             required_context_keys: vec!["model_id".into(), "version".into()],
+            deny_wrapping: false,
         }
     }
 
@@ -110,6 +120,7 @@ impl LocalKeyPolicy {
             allow_generate_data_key: true,
             allow_generate_data_key_pair: true,
             required_context_keys: Vec::new(),
+            deny_wrapping: false,
         }
     }
 
@@ -286,6 +297,13 @@ CREATE TABLE IF NOT EXISTS keys (
     created_ms  INTEGER NOT NULL,
     enabled     INTEGER NOT NULL DEFAULT 1
 );
+CREATE TABLE IF NOT EXISTS grants (
+    grant_id   TEXT PRIMARY KEY,
+    key_id     TEXT NOT NULL REFERENCES keys (key_id),
+    grantee    TEXT NOT NULL,
+    operations TEXT NOT NULL,
+    created_ms INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS aliases (
     alias      TEXT PRIMARY KEY,
     key_id     TEXT NOT NULL REFERENCES keys (key_id),
@@ -299,6 +317,8 @@ struct KeyRecord {
     material: Zeroizing<[u8; 32]>,
     policy: LocalKeyPolicy,
     enabled: bool,
+    /// The operations the key's grants allow (KMS names: `Encrypt`, `Decrypt`, …).
+    granted: Vec<String>,
 }
 
 /// The operations a policy speaks about, for messages.
@@ -308,6 +328,8 @@ enum Op {
     Decrypt,
     GenerateDataKey,
     GenerateDataKeyPair,
+    /// `GenerateDataKeyPair` with plaintext (to a `Recipient`).
+    GenerateDataKeyPairForRecipient,
 }
 
 impl Op {
@@ -317,6 +339,7 @@ impl Op {
             Op::Decrypt => "Decrypt",
             Op::GenerateDataKey => "GenerateDataKey",
             Op::GenerateDataKeyPair => "GenerateDataKeyPairWithoutPlaintext",
+            Op::GenerateDataKeyPairForRecipient => "GenerateDataKeyPair",
         }
     }
 }
@@ -393,6 +416,29 @@ impl LocalKms {
         rows.collect::<Result<_, _>>().map_err(|e| self.db(e))
     }
 
+    /// KMS `CreateGrant`, as an account could call it before a key's policy denied it (grants
+    /// outlive the policy that allowed them): `grantee` may then perform `operations` on the key
+    /// unless the key policy explicitly denies them. Returns the grant id.
+    pub fn create_grant(&self, key_id: &str, grantee: &str, operations: &[&str]) -> Result<String, KmsError> {
+        let key_id = self.resolve(key_id)?;
+        let grant_id = random_hex::<32>()?;
+        let operations = serde_json::to_string(operations).unwrap_or_default();
+        self.conn()
+            .execute(
+                "INSERT INTO grants (grant_id, key_id, grantee, operations, created_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![grant_id, key_id, grantee, operations, db_ms(now_ms())],
+            )
+            .map_err(|e| self.db(e))?;
+        Ok(grant_id)
+    }
+
+    /// KMS `ListGrants`: (grant id, grantee, operations) of the key.
+    pub fn grants(&self, key_id: &str) -> Result<Vec<(String, String, Vec<String>)>, KmsError> {
+        let key_id = self.resolve(key_id)?;
+        let conn = self.conn();
+        grants_in(&conn, &key_id).map_err(|e| self.db(e))
+    }
+
     /// KMS `EnableKey` / `DisableKey`: a disabled key refuses every operation.
     pub fn set_key_enabled(&self, key_id: &str, enabled: bool) -> Result<(), KmsError> {
         let key_id = self.resolve(key_id)?;
@@ -427,7 +473,8 @@ impl LocalKms {
         );
         let policy = LocalKeyPolicy::from_json(&policy)
             .map_err(|e| KmsError::Unavailable(format!("key {key_id}: stored policy does not parse: {e}")))?;
-        Ok(KeyRecord { key_id, material, policy, enabled })
+        let granted = grants_in(&conn, &key_id).map_err(|e| self.db(e))?.into_iter().flat_map(|(_, _, ops)| ops).collect();
+        Ok(KeyRecord { key_id, material, policy, enabled, granted })
     }
 
     /// Loads a key for `op` and applies everything its policy says about the request.
@@ -454,13 +501,17 @@ impl LocalKms {
             return Err(KmsError::Disabled { key_id: key.key_id });
         }
         let policy = &key.policy;
-        let allowed = match op {
+        let by_policy = match op {
             Op::Encrypt => policy.allow_encrypt,
             Op::Decrypt => true,
             Op::GenerateDataKey => policy.allow_generate_data_key,
-            Op::GenerateDataKeyPair => policy.allow_generate_data_key_pair,
+            Op::GenerateDataKeyPair | Op::GenerateDataKeyPairForRecipient => policy.allow_generate_data_key_pair,
         };
-        if !allowed {
+        let by_grant = key.granted.iter().any(|granted| granted == op.name());
+        if matches!(op, Op::Encrypt) && policy.deny_wrapping {
+            return Err(KmsError::AccessDenied(format!("Encrypt is explicitly denied by the key policy of {}", key.key_id)));
+        }
+        if !by_policy && !by_grant {
             return Err(KmsError::AccessDenied(format!("{} is not allowed by the key policy of {}", op.name(), key.key_id)));
         }
         if let Some(missing) = policy.required_context_keys.iter().find(|k| !context.contains_key(*k)) {
@@ -470,7 +521,7 @@ impl LocalKms {
                 key.key_id
             )));
         }
-        let releases_plaintext = matches!(op, Op::Decrypt | Op::GenerateDataKey);
+        let releases_plaintext = matches!(op, Op::Decrypt | Op::GenerateDataKey | Op::GenerateDataKeyPairForRecipient);
         let public_key = match recipient {
             None if releases_plaintext && policy.require_recipient => {
                 return Err(KmsError::AccessDenied(format!(
@@ -631,6 +682,53 @@ impl Kms for LocalKms {
         Ok(Decrypted { key_id: key.key_id, plaintext, ciphertext_for_recipient })
     }
 
+    fn generate_data_key_pair_for_recipient(
+        &self,
+        key_id: &str,
+        context: &EncryptionContext,
+        recipient: &Recipient,
+    ) -> Result<DataKeyPairForRecipient, KmsError> {
+        use p256::pkcs8::{EncodePrivateKey, EncodePublicKey};
+        let (key, recipient_key) = self.authorize(key_id, Op::GenerateDataKeyPairForRecipient, context, Some(recipient))?;
+        let secret = p256_secret()?;
+        let pkcs8 = Zeroizing::new(
+            secret.to_pkcs8_der().map_err(|e| KmsError::Unavailable(format!("PKCS#8 encoding: {e}")))?.as_bytes().to_vec(),
+        );
+        let spki = secret.public_key().to_public_key_der().map_err(|e| KmsError::Unavailable(format!("SPKI encoding: {e}")))?;
+        let private_key_ciphertext_blob = blob::seal(&key.key_id, &key.material, &pkcs8, context)?;
+        let (_, envelope) = deliver(pkcs8, recipient_key)?;
+        let ciphertext_for_recipient =
+            envelope.ok_or_else(|| KmsError::Unavailable("no envelope for the recipient".into()))?;
+        Ok(DataKeyPairForRecipient {
+            key_id: key.key_id,
+            public_key_der: spki.as_bytes().to_vec(),
+            private_key_ciphertext_blob,
+            ciphertext_for_recipient,
+        })
+    }
+
+    fn key_evidence(&self, key_id: &str) -> Result<KeyEvidence, KmsError> {
+        let key = self.load(key_id)?;
+        let grants = self.grants(&key.key_id)?;
+        Ok(KeyEvidence {
+            metadata: KeyMetadata {
+                arn: key.key_id.clone(),
+                key_state: if key.enabled { "Enabled" } else { "Disabled" }.into(),
+                enabled: key.enabled,
+                origin: "AWS_KMS".into(),
+                key_spec: "SYMMETRIC_DEFAULT".into(),
+                key_usage: "ENCRYPT_DECRYPT".into(),
+                multi_region: false,
+            },
+            policy: key.policy.to_iam_policy().to_string(),
+            grants: grants
+                .into_iter()
+                .map(|(grant_id, grantee_principal, operations)| GrantSummary { grant_id, grantee_principal, operations })
+                .collect(),
+            grants_truncated: false,
+        })
+    }
+
     fn describe_key(&self, key_id: &str) -> Result<KeyDescription, KmsError> {
         let key = self.load(key_id)?;
         Ok(KeyDescription {
@@ -643,6 +741,12 @@ impl Kms for LocalKms {
             multi_region: false,
         })
     }
+}
+
+fn grants_in(conn: &Connection, key_id: &str) -> rusqlite::Result<Vec<(String, String, Vec<String>)>> {
+    let mut stmt = conn.prepare("SELECT grant_id, grantee, operations FROM grants WHERE key_id = ?1 ORDER BY created_ms, grant_id")?;
+    let rows = stmt.query_map([key_id], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))?;
+    rows.map(|row| row.map(|(id, grantee, ops)| (id, grantee, serde_json::from_str(&ops).unwrap_or_default()))).collect()
 }
 
 /// Key id, key ARN, alias name or alias ARN → key ARN, if it exists.

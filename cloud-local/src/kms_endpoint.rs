@@ -23,11 +23,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use protocol::attestation::DevTlsIdentity;
-use protocol::kms_api::{self, DecryptRequest, DecryptResponse, ErrorResponse, HttpMessage, HttpReadError, StartLine};
+use protocol::kms_api::{
+    self, DecryptRequest, DecryptResponse, ErrorResponse, GenerateDataKeyPairRequest, GenerateDataKeyPairResponse, GetKeyPolicyRequest,
+    HttpMessage, HttpReadError, KeyIdRequest, RecipientInfo, StartLine,
+};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use cloud::kms::{Kms, Recipient};
+use cloud::kms::{KeyEvidence, Kms, Recipient};
 
 /// Directory of the TLS identity, under the local KMS's directory.
 pub const TLS_DIR: &str = "kms-tls";
@@ -149,36 +152,99 @@ impl KmsEndpoint {
         if request.header("host") != Some(expected_host.as_str()) {
             return (400, error_body("ValidationException", &format!("this endpoint is {expected_host}")));
         }
-        if request.header("x-amz-target") != Some(kms_api::DECRYPT_TARGET) {
-            return (400, error_body("UnknownOperationException", "the local KMS endpoint serves Decrypt only"));
-        }
         if !request.header("authorization").is_some_and(|a| a.starts_with("AWS4-HMAC-SHA256 Credential=")) {
             return (400, error_body("MissingAuthenticationTokenException", "the request is not signed (SigV4)"));
         }
-        let decrypt: DecryptRequest = match kms_api::from_json(&request.body) {
-            Ok(decrypt) => decrypt,
-            Err(e) => return (400, error_body("SerializationException", &e.to_string())),
+        let answered = match request.header("x-amz-target") {
+            Some(kms_api::DECRYPT_TARGET) => self.decrypt(&request.body),
+            Some(kms_api::GENERATE_DATA_KEY_PAIR_TARGET) => self.generate_data_key_pair(&request.body),
+            Some(kms_api::DESCRIBE_KEY_TARGET) => self.read_key(&request.body, |evidence| {
+                let m = &evidence.metadata;
+                serde_json::json!({ "KeyMetadata": {
+                    "Arn": m.arn, "KeyId": m.arn.rsplit('/').next().unwrap_or_default(), "KeyState": m.key_state,
+                    "Enabled": m.enabled, "Origin": m.origin, "KeySpec": m.key_spec, "KeyUsage": m.key_usage,
+                    "MultiRegion": m.multi_region,
+                }})
+            }),
+            Some(kms_api::GET_KEY_POLICY_TARGET) => match kms_api::from_json::<GetKeyPolicyRequest>(&request.body) {
+                Ok(get) if get.policy_name == "default" => {
+                    self.read_key(serde_json::to_vec(&KeyIdRequest { key_id: get.key_id }).unwrap_or_default().as_slice(), |e| {
+                        serde_json::json!({ "Policy": e.policy, "PolicyName": "default" })
+                    })
+                }
+                Ok(_) => Err((400, error_body("NotFoundException", "the only key policy is named default"))),
+                Err(e) => Err((400, error_body("SerializationException", &e.to_string()))),
+            },
+            Some(kms_api::LIST_GRANTS_TARGET) => self.read_key(&request.body, |e| {
+                let grants: Vec<_> = e
+                    .grants
+                    .iter()
+                    .map(|g| serde_json::json!({
+                        "GrantId": g.grant_id, "GranteePrincipal": g.grantee_principal, "Operations": g.operations,
+                        "KeyId": e.metadata.arn,
+                    }))
+                    .collect();
+                serde_json::json!({ "Grants": grants, "Truncated": e.grants_truncated })
+            }),
+            _ => Err((400, error_body("UnknownOperationException", "the local KMS endpoint serves Decrypt, GenerateDataKeyPair, DescribeKey, GetKeyPolicy and ListGrants"))),
         };
-        let Some(recipient) = decrypt.recipient else {
-            return (400, error_body("ValidationException", "the local KMS endpoint answers Recipient requests only"));
-        };
-        if recipient.key_encryption_algorithm != kms_api::RSAES_OAEP_SHA_256 {
-            return (400, error_body("ValidationException", "KeyEncryptionAlgorithm must be RSAES_OAEP_SHA_256"));
-        }
-        let recipient = Recipient { attestation_document: recipient.attestation_document };
-        match self.kms.decrypt(decrypt.key_id.as_deref(), &decrypt.ciphertext_blob, &decrypt.encryption_context, Some(&recipient)) {
-            Ok(decrypted) => {
-                let answer = DecryptResponse {
-                    key_id: decrypted.key_id,
-                    ciphertext_for_recipient: decrypted.ciphertext_for_recipient,
-                    plaintext: None,
-                };
-                (200, serde_json::to_vec(&answer).unwrap_or_default())
-            }
-            // As KMS answers: its own failures are 500s (the client retries), the caller's 400s.
-            Err(error) => (if error.is_transient() { 500 } else { 400 }, error_body(error.code(), &error.to_string())),
+        match answered {
+            Ok(body) => (200, body),
+            Err(failure) => failure,
         }
     }
+
+    fn decrypt(&self, body: &[u8]) -> Result<Vec<u8>, (u16, Vec<u8>)> {
+        let decrypt: DecryptRequest = kms_api::from_json(body).map_err(|e| (400, error_body("SerializationException", &e.to_string())))?;
+        let recipient = recipient(decrypt.recipient)?;
+        let decrypted = self
+            .kms
+            .decrypt(decrypt.key_id.as_deref(), &decrypt.ciphertext_blob, &decrypt.encryption_context, Some(&recipient))
+            .map_err(kms_failure)?;
+        let answer = DecryptResponse { key_id: decrypted.key_id, ciphertext_for_recipient: decrypted.ciphertext_for_recipient, plaintext: None };
+        Ok(serde_json::to_vec(&answer).unwrap_or_default())
+    }
+
+    fn generate_data_key_pair(&self, body: &[u8]) -> Result<Vec<u8>, (u16, Vec<u8>)> {
+        let request: GenerateDataKeyPairRequest =
+            kms_api::from_json(body).map_err(|e| (400, error_body("SerializationException", &e.to_string())))?;
+        if request.key_pair_spec != kms_api::ECC_NIST_P256 {
+            return Err((400, error_body("ValidationException", "the local KMS generates ECC_NIST_P256 key pairs only")));
+        }
+        let recipient = recipient(request.recipient)?;
+        let pair = self
+            .kms
+            .generate_data_key_pair_for_recipient(&request.key_id, &request.encryption_context, &recipient)
+            .map_err(kms_failure)?;
+        let answer = GenerateDataKeyPairResponse {
+            key_id: pair.key_id,
+            public_key: pair.public_key_der,
+            private_key_ciphertext_blob: pair.private_key_ciphertext_blob,
+            ciphertext_for_recipient: Some(pair.ciphertext_for_recipient),
+            private_key_plaintext: None,
+        };
+        Ok(serde_json::to_vec(&answer).unwrap_or_default())
+    }
+
+    /// A read of the key's evidence (`DescribeKey`, `GetKeyPolicy`, `ListGrants`), shaped by `shape`.
+    fn read_key(&self, body: &[u8], shape: impl FnOnce(&KeyEvidence) -> serde_json::Value) -> Result<Vec<u8>, (u16, Vec<u8>)> {
+        let request: KeyIdRequest = kms_api::from_json(body).map_err(|e| (400, error_body("SerializationException", &e.to_string())))?;
+        let evidence = self.kms.key_evidence(&request.key_id).map_err(kms_failure)?;
+        Ok(shape(&evidence).to_string().into_bytes())
+    }
+}
+
+/// Only `Recipient` requests are answered: the endpoint never hands plaintext to the caller.
+fn recipient(info: Option<RecipientInfo>) -> Result<Recipient, (u16, Vec<u8>)> {
+    let info = info.ok_or_else(|| (400, error_body("ValidationException", "the local KMS endpoint answers Recipient requests only")))?;
+    if info.key_encryption_algorithm != kms_api::RSAES_OAEP_SHA_256 {
+        return Err((400, error_body("ValidationException", "KeyEncryptionAlgorithm must be RSAES_OAEP_SHA_256")));
+    }
+    Ok(Recipient { attestation_document: info.attestation_document })
+}
+
+fn kms_failure(error: cloud::KmsError) -> (u16, Vec<u8>) {
+    (if error.is_transient() { 500 } else { 400 }, error_body(error.code(), &error.to_string()))
 }
 
 fn error_body(code: &str, message: &str) -> Vec<u8> {

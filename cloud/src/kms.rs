@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+pub use protocol::key_checks::{GrantSummary, KeyEvidence, KeyMetadata};
 pub use protocol::kms_api::AwsCredentials;
 use zeroize::Zeroizing;
 
@@ -92,6 +93,18 @@ pub struct KeyDescription {
     pub policy: String,
 }
 
+/// `GenerateDataKeyPair` (ECC_NIST_P256) with a `Recipient`: the private key only in a CMS
+/// envelope to the attested enclave's one-shot key, and wrapped under the KMS key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataKeyPairForRecipient {
+    pub key_id: String,
+    /// DER SubjectPublicKeyInfo.
+    pub public_key_der: Vec<u8>,
+    /// The wrapped DER PKCS#8 private key.
+    pub private_key_ciphertext_blob: Vec<u8>,
+    pub ciphertext_for_recipient: Vec<u8>,
+}
+
 /// `Decrypt`.
 #[derive(Debug)]
 pub struct Decrypted {
@@ -129,6 +142,22 @@ pub trait Kms: Send + Sync {
     /// a policy refuse: the caller must not take silence for a good policy.
     fn describe_key(&self, key_id: &str) -> Result<KeyDescription, KmsError> {
         Err(KmsError::Validation(format!("this KMS cannot describe key {key_id}")))
+    }
+    /// `DescribeKey`, `GetKeyPolicy` and `ListGrants` of one key, as the key checks read them
+    /// (`protocol::key_checks`). Adapters that cannot read all three refuse.
+    fn key_evidence(&self, key_id: &str) -> Result<KeyEvidence, KmsError> {
+        Err(KmsError::Validation(format!("this KMS cannot read the policy and grants of key {key_id}")))
+    }
+    /// `GenerateDataKeyPair` (ECC_NIST_P256) for an attested enclave; adapters that cannot
+    /// release to a recipient refuse.
+    fn generate_data_key_pair_for_recipient(
+        &self,
+        key_id: &str,
+        context: &EncryptionContext,
+        recipient: &Recipient,
+    ) -> Result<DataKeyPairForRecipient, KmsError> {
+        let _ = (context, recipient);
+        Err(KmsError::Validation(format!("this KMS cannot release a key pair of {key_id} to an enclave")))
     }
     /// `GetPublicKey` of an Ed25519 key (`ECC_NIST_EDWARDS25519`): its 32 raw bytes. The ledger
     /// signs checkpoints with such a key; adapters without one refuse.

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use protocol::envelope::FleetSecretKey;
 use protocol::fleet::EpochRecord;
 use protocol::kms_arn::KmsKeyArn;
-use protocol::kms_api::{self, AwsCredentials, DecryptRequest, RecipientInfo};
+use protocol::key_checks::KeyEvidence;
+use protocol::kms_api::{self, AwsCredentials, DecryptRequest, GenerateDataKeyPairRequest, GenerateDataKeyPairResponse, RecipientInfo};
 use protocol::frame::{self, FrameIoError, Message};
 use protocol::manifest::{Manifest, SignedManifest};
 use protocol::stream::StreamOpener;
@@ -20,7 +21,7 @@ use zeroize::Zeroizing;
 
 use crate::inference::{Embedder, EmbedderSettings, Engine, ModelFiles};
 use crate::key_release::kms_https::KmsHttps;
-use crate::key_release::{self, KmsTransport, KmsTransportError, RsaKeyPool};
+use crate::key_release::{self, FleetEpoch, KmsTransport, KmsTransportError, RsaKeyPool};
 use crate::model_memory::{MemoryError, Room};
 use crate::nsm::AttestationRequest;
 use crate::online::OnlineState;
@@ -147,14 +148,9 @@ impl<C: Read + Write> Control<'_, C> {
     }
 }
 
-impl<C: Read + Write> KmsTransport for Control<'_, C> {
-    fn decrypt(
-        &mut self,
-        key_id: Option<String>,
-        ciphertext_blob: Vec<u8>,
-        encryption_context: BTreeMap<String, String>,
-        recipient_attestation: Vec<u8>,
-    ) -> Result<(String, Vec<u8>), KmsTransportError> {
+impl<C: Read + Write> Control<'_, C> {
+    /// The host role's credentials for one KMS call.
+    fn credentials(&mut self) -> Result<AwsCredentials, KmsTransportError> {
         let transport = |e: ControlError| KmsTransportError::new(KmsTransportError::TRANSPORT, e.to_string());
         let request = self.request_id();
         self.send(&Message::KmsCredentialsRequest { request }).map_err(transport)?;
@@ -167,12 +163,46 @@ impl<C: Read + Write> KmsTransport for Control<'_, C> {
                 return Err(KmsTransportError::new(KmsTransportError::TRANSPORT, format!("unexpected answer {other:?}")));
             }
         };
-        let recipient = RecipientInfo {
-            key_encryption_algorithm: kms_api::RSAES_OAEP_SHA_256.into(),
-            attestation_document: recipient_attestation,
-        };
-        let request = DecryptRequest { ciphertext_blob, key_id, encryption_context, recipient: Some(recipient) };
+        Ok(credentials)
+    }
+}
+
+fn recipient(attestation_document: Vec<u8>) -> RecipientInfo {
+    RecipientInfo { key_encryption_algorithm: kms_api::RSAES_OAEP_SHA_256.into(), attestation_document }
+}
+
+impl<C: Read + Write> KmsTransport for Control<'_, C> {
+    fn decrypt(
+        &mut self,
+        key_id: Option<String>,
+        ciphertext_blob: Vec<u8>,
+        encryption_context: BTreeMap<String, String>,
+        recipient_attestation: Vec<u8>,
+    ) -> Result<(String, Vec<u8>), KmsTransportError> {
+        let credentials = self.credentials()?;
+        let request = DecryptRequest { ciphertext_blob, key_id, encryption_context, recipient: Some(recipient(recipient_attestation)) };
         self.kms.decrypt(&credentials, &request)
+    }
+
+    fn key_evidence(&mut self, key: &KmsKeyArn) -> Result<KeyEvidence, KmsTransportError> {
+        let credentials = self.credentials()?;
+        self.kms.key_evidence(&credentials, key)
+    }
+
+    fn generate_data_key_pair(
+        &mut self,
+        key: &KmsKeyArn,
+        encryption_context: BTreeMap<String, String>,
+        recipient_attestation: Vec<u8>,
+    ) -> Result<GenerateDataKeyPairResponse, KmsTransportError> {
+        let credentials = self.credentials()?;
+        let request = GenerateDataKeyPairRequest {
+            key_id: key.to_string(),
+            key_pair_spec: kms_api::ECC_NIST_P256.into(),
+            encryption_context,
+            recipient: Some(recipient(recipient_attestation)),
+        };
+        self.kms.generate_data_key_pair(&credentials, key, &request)
     }
 }
 
@@ -185,6 +215,9 @@ pub fn serve<C: Read + Write>(worker: &Worker, online: &OnlineState, pool: &RsaK
         };
         let outcome = match message {
             Message::UseFleetEpoch { epoch, object_key } => use_epoch(worker, pool, &mut control, epoch, &object_key),
+            Message::CreateFleetEpoch { epoch, not_after_ms, kms_key } => {
+                create_epoch(worker, pool, &mut control, FleetEpoch { epoch, not_after_ms }, &kms_key)
+            }
             Message::LoadModel { manifest_key } => load_model(worker, pool, &mut control, &manifest_key, Room::Evict),
             Message::LoadModelIfFits { manifest_key } => load_model(worker, pool, &mut control, &manifest_key, Room::OnlyIfFits),
             Message::ListModels => list_models(worker, &mut control),
@@ -242,6 +275,11 @@ fn use_epoch<C: Read + Write>(
         tracing::info!(epoch, "fleet epoch published again");
         return Ok(());
     }
+    // Held but expired: never released again under the same number, so no document is ever
+    // published for a key the worker would then refuse to hold.
+    if worker.held_epoch(epoch).is_some() {
+        return Err(ControlError::EpochInUse(format!("epoch {epoch} was held and has ended; it is not taken up again")));
+    }
     let record = EpochRecord::from_json(&control.fetch_small(object_key)?)?;
     if record.epoch != epoch {
         return Err(ControlError::Protocol(format!("object {object_key} holds epoch {}, not {epoch}", record.epoch)));
@@ -259,6 +297,25 @@ fn use_epoch<C: Read + Write>(
     worker.add_epoch(epoch, held).map_err(|e| ControlError::EpochInUse(e.to_string()))?;
     tracing::info!(epoch, "fleet epoch in use, attestation published");
     Ok(())
+}
+
+/// Creates an epoch (`key_release::genesis`) and sends its record and genesis to the host. The
+/// worker does not hold the key yet: it takes the epoch up, as any other, when the host asks it to
+/// use the record the host stored (another host may have won the race for the number).
+fn create_epoch<C: Read + Write>(
+    worker: &Worker,
+    pool: &RsaKeyPool,
+    control: &mut Control<'_, C>,
+    epoch: FleetEpoch,
+    kms_key: &str,
+) -> Result<(), ControlError> {
+    let kms_key = kms_key.parse::<KmsKeyArn>().map_err(|e| key_release::KeyReleaseError::FleetKmsKey(e.to_string()))?;
+    let created = key_release::genesis::create_fleet_epoch(worker.nsm(), pool, control, &kms_key, epoch)?;
+    tracing::info!(epoch = epoch.epoch, kms_key = %kms_key, "fleet epoch created");
+    control.send(&Message::FleetEpochCreated {
+        record: created.record.to_json().into_bytes(),
+        genesis: created.genesis.to_json().into_bytes(),
+    })
 }
 
 /// Makes and publishes the document binding an epoch's keys; returns it.

@@ -247,7 +247,7 @@ fn setup() -> Setup {
     Setup { _dir: dir, nsm, pool: RsaKeyPool::start(2) }
 }
 
-/// An epoch record as `ephem-batch fleet rotate` stores it, with KMS holding its key.
+/// An epoch record as a host stores it, with KMS holding its key.
 fn epoch_record(kms: &mut TestKms, epoch: u64, not_after_ms: u64) -> (EpochRecord, FleetSecretKey) {
     let (pkcs8, fleet) = fleet_pkcs8();
     let blob = format!("wrapped fleet key of epoch {epoch}").into_bytes();

@@ -107,11 +107,16 @@ enum FleetCommand {
         #[arg(long, default_value_t = 7)]
         validity_days: u64,
     },
-    /// Check that the deployment's fleet KMS key releases only to the measured image and wraps
-    /// nothing anyone chose (DescribeKey, GetKeyPolicy); exit 1 naming each failed check.
+    /// Check that a fleet KMS key releases only to the measured image and wraps nothing anyone
+    /// chose (DescribeKey, GetKeyPolicy, ListGrants, read with this caller's credentials); exit 1
+    /// naming each failed check.
     CheckKey {
         #[arg(long)]
         json: bool,
+        /// Forget the key evidence this client accepted for the key before, and remember this
+        /// answer if it passes.
+        #[arg(long)]
+        recheck: bool,
         #[command(flatten)]
         trust: trust::TrustArgs,
     },
@@ -223,17 +228,24 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("fleet epoch {} valid until {}", record.epoch, protocol::attestation::format_ms(record.not_after_ms));
             Ok(ExitCode::SUCCESS)
         }
-        Command::Fleet(FleetCommand::CheckKey { json, trust }) => {
+        Command::Fleet(FleetCommand::CheckKey { json, recheck, trust }) => {
             let home = home()?;
             let services = backend::open(&home, &cli.backend)?.services;
             let trust = trust::ClientTrust::load(&home, &trust)?;
-            let pinned = trust.pinned_fleet_kms_key()?;
-            let described = services.kms.describe_key(pinned.as_str()).with_context(|| format!("describing {pinned}"))?;
-            let report = ephem_batch_client::fleet_key::check(&described, pinned, &trust.policy);
+            let key = trust.pinned_fleet_kms_key()?;
+            let evidence = services.kms.key_evidence(key.as_str()).with_context(|| format!("reading key {key}"))?;
+            let report = ephem_batch_client::fleet_key::check(&evidence, key, &trust.policy);
+            let memory = ephem_batch_client::fleet_key::memory::KeyMemory::of(&home);
+            if report.passed() {
+                if recheck {
+                    memory.forget(key)?;
+                }
+                memory.accept(key, &evidence.digest(), cloud::now_ms())?;
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
-                report.print();
+                ephem_batch_client::fleet_key::print(&report);
             }
             Ok(if report.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }

@@ -267,6 +267,8 @@ pub fn describe(message: &Message) -> &'static str {
         Message::Attest { .. } => "Attest",
         Message::Attested { .. } => "Attested",
         Message::UseFleetEpoch { .. } => "UseFleetEpoch",
+        Message::CreateFleetEpoch { .. } => "CreateFleetEpoch",
+        Message::FleetEpochCreated { .. } => "FleetEpochCreated",
         Message::LoadModel { .. } => "LoadModel",
         Message::CollectUsage { .. } => "CollectUsage",
         Message::Status { .. } => "Status",

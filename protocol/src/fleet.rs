@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::envelope::FleetPublicKey;
+use crate::key_checks::KeyEvidence;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum EpochRecordError {
@@ -73,6 +74,47 @@ impl EpochRecord {
 /// {"epoch": N, "not_after": ms}, both decimal.
 pub fn encryption_context(epoch: u64, not_after_ms: u64) -> BTreeMap<String, String> {
     [("epoch".to_owned(), epoch.to_string()), ("not_after".to_owned(), not_after_ms.to_string())].into_iter().collect()
+}
+
+/// How an epoch came to be, when an enclave created it (`fleet-genesis/epoch-<N>.json`,
+/// docs/protocol.md §7.3.1): the enclave's attestation document whose `user_data` is the genesis
+/// binding, and what KMS said about the key (whose digest that binding carries). A client seals
+/// only to an epoch that has one; everything in it is checked, nothing trusted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EpochGenesis {
+    pub epoch: u64,
+    /// The genesis attestation document (COSE_Sign1), hex.
+    pub document: String,
+    pub key_evidence: KeyEvidence,
+}
+
+impl EpochGenesis {
+    pub fn from_json(bytes: &[u8]) -> Result<Self, EpochRecordError> {
+        let genesis: Self = serde_json::from_slice(bytes).map_err(|e| EpochRecordError::Json(e.to_string()))?;
+        genesis.document_bytes()?;
+        Ok(genesis)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    pub fn document_bytes(&self) -> Result<Vec<u8>, EpochRecordError> {
+        hex::decode(&self.document).map_err(|_| EpochRecordError::Invalid("genesis document is not hex"))
+    }
+}
+
+/// The longest an epoch may last from its creation (and from any document binding it): a
+/// client refuses a binding whose `not_after` is further out, an enclave creates none such.
+pub const MAX_EPOCH_LIFETIME_MS: u64 = 30 * 24 * 3600 * 1000;
+
+/// Where epochs' geneses are stored.
+pub const GENESIS_PREFIX: &str = "fleet-genesis/";
+
+/// Object key of an epoch's genesis.
+pub fn genesis_object_key(epoch: u64) -> String {
+    format!("{GENESIS_PREFIX}epoch-{epoch}.json")
 }
 
 /// Object key of an epoch's record.

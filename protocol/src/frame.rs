@@ -100,6 +100,18 @@ pub enum Message {
     },
     /// Host → enclave: configure the fleet key of an epoch (the wrapped key's object name).
     UseFleetEpoch { epoch: u64, object_key: String },
+    /// Host → enclave: create epoch `epoch` under the KMS key `kms_key`, ending at
+    /// `not_after_ms` (docs/protocol.md §7.3.1). The worker checks the key, has KMS generate the
+    /// pair for it, answers `FleetEpochCreated` and then `Status`; it holds the new key only once
+    /// the host asks it to use the epoch as stored.
+    CreateFleetEpoch { epoch: u64, not_after_ms: u64, kms_key: String },
+    /// Enclave → host: the new epoch's record and genesis (JSON each), to store create-only.
+    FleetEpochCreated {
+        #[serde(with = "serde_bytes")]
+        record: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        genesis: Vec<u8>,
+    },
     /// Host → enclave: load a model from its signed manifest's object name.
     LoadModel { manifest_key: String },
     /// Host → enclave: send the usage receipts of the periods that have ended, or of every

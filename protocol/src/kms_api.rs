@@ -15,8 +15,19 @@ use base64::engine::general_purpose::STANDARD;
 use serde::{Deserialize, Serialize};
 use zeroize::Zeroizing;
 
+use crate::key_checks::{GrantSummary, KeyEvidence, KeyMetadata};
+use crate::kms_arn::KmsKeyArn;
+
 /// `X-Amz-Target` of `Decrypt`.
 pub const DECRYPT_TARGET: &str = "TrentService.Decrypt";
+/// `X-Amz-Target` of `GenerateDataKeyPair` (an epoch's key pair, created by an enclave).
+pub const GENERATE_DATA_KEY_PAIR_TARGET: &str = "TrentService.GenerateDataKeyPair";
+/// `X-Amz-Target`s of the reads whose answers are a key's evidence (`key_checks`).
+pub const DESCRIBE_KEY_TARGET: &str = "TrentService.DescribeKey";
+pub const GET_KEY_POLICY_TARGET: &str = "TrentService.GetKeyPolicy";
+pub const LIST_GRANTS_TARGET: &str = "TrentService.ListGrants";
+/// The only key pair spec of a fleet key.
+pub const ECC_NIST_P256: &str = "ECC_NIST_P256";
 /// `Content-Type` of every KMS request.
 pub const CONTENT_TYPE: &str = "application/x-amz-json-1.1";
 /// The only key encryption algorithm KMS offers for a recipient.
@@ -36,6 +47,10 @@ pub enum KmsApiError {
     NoCiphertextForRecipient,
     #[error("KMS answer carries a plaintext where only a CiphertextForRecipient may be")]
     PlaintextInAnswer,
+    #[error("partition {0:?} has no KMS endpoint this enclave knows")]
+    Partition(String),
+    #[error("the credentials are for region {credentials:?}, but the key {key} is in {key_region:?}: refused before connecting")]
+    RegionMismatch { credentials: String, key: String, key_region: String },
 }
 
 /// What an enclave signs its own KMS call with: the region that names the endpoint and the
@@ -68,6 +83,27 @@ pub fn endpoint_host(region: &str) -> Result<String, KmsApiError> {
         return Err(KmsApiError::Region(region.to_owned()));
     }
     Ok(format!("kms.{region}.amazonaws.com"))
+}
+
+/// The KMS host name of the key's own partition and region, never one the host names: the
+/// credentials the host supplies must be for that same region, else the call is refused before
+/// any connection (a host cannot steer the enclave to another region's KMS, where a key of the
+/// same id could mean something else).
+pub fn endpoint_host_for_key(key: &KmsKeyArn, credentials_region: &str) -> Result<String, KmsApiError> {
+    if credentials_region != key.region() {
+        return Err(KmsApiError::RegionMismatch {
+            credentials: credentials_region.chars().take(64).collect(),
+            key: key.to_string(),
+            key_region: key.region().to_owned(),
+        });
+    }
+    let suffix = match key.partition() {
+        "aws" | "aws-us-gov" => "amazonaws.com",
+        "aws-cn" => "amazonaws.com.cn",
+        other => return Err(KmsApiError::Partition(other.to_owned())),
+    };
+    endpoint_host(key.region())?;
+    Ok(format!("kms.{}.{suffix}", key.region()))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +148,128 @@ impl DecryptResponse {
         }
         let envelope = self.ciphertext_for_recipient.ok_or(KmsApiError::NoCiphertextForRecipient)?;
         Ok((self.key_id, envelope))
+    }
+}
+
+/// `GenerateDataKeyPair` request body.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct GenerateDataKeyPairRequest {
+    pub key_id: String,
+    pub key_pair_spec: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub encryption_context: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipient: Option<RecipientInfo>,
+}
+
+/// `GenerateDataKeyPair` response body (the fields the enclave reads).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct GenerateDataKeyPairResponse {
+    pub key_id: String,
+    /// SPKI DER.
+    #[serde(with = "b64")]
+    pub public_key: Vec<u8>,
+    #[serde(with = "b64")]
+    pub private_key_ciphertext_blob: Vec<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_option")]
+    pub ciphertext_for_recipient: Option<Vec<u8>>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "b64_option")]
+    pub private_key_plaintext: Option<Vec<u8>>,
+}
+
+impl GenerateDataKeyPairResponse {
+    /// With a recipient KMS returns no plaintext; an answer that does is refused.
+    pub fn check_recipient_answer(&self) -> Result<&[u8], KmsApiError> {
+        if self.private_key_plaintext.is_some() {
+            return Err(KmsApiError::PlaintextInAnswer);
+        }
+        self.ciphertext_for_recipient.as_deref().ok_or(KmsApiError::NoCiphertextForRecipient)
+    }
+}
+
+/// The body of `DescribeKey` and `ListGrants`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct KeyIdRequest {
+    pub key_id: String,
+}
+
+/// `GetKeyPolicy` request body (`PolicyName` is always `default`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct GetKeyPolicyRequest {
+    pub key_id: String,
+    pub policy_name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct DescribeKeyResponse {
+    pub key_metadata: KeyMetadataAnswer,
+}
+
+/// `KeyMetadata` as KMS writes it (the fields the key checks read; KMS sends more).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct KeyMetadataAnswer {
+    pub arn: String,
+    pub key_state: String,
+    pub enabled: bool,
+    pub origin: String,
+    #[serde(default)]
+    pub key_spec: String,
+    pub key_usage: String,
+    #[serde(default)]
+    pub multi_region: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct GetKeyPolicyResponse {
+    pub policy: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ListGrantsResponse {
+    #[serde(default)]
+    pub grants: Vec<GrantAnswer>,
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct GrantAnswer {
+    pub grant_id: String,
+    #[serde(default)]
+    pub grantee_principal: String,
+    #[serde(default)]
+    pub operations: Vec<String>,
+}
+
+/// The three answers as the key checks read them.
+pub fn key_evidence(described: DescribeKeyResponse, policy: GetKeyPolicyResponse, grants: ListGrantsResponse) -> KeyEvidence {
+    let m = described.key_metadata;
+    KeyEvidence {
+        metadata: KeyMetadata {
+            arn: m.arn,
+            key_state: m.key_state,
+            enabled: m.enabled,
+            origin: m.origin,
+            key_spec: m.key_spec,
+            key_usage: m.key_usage,
+            multi_region: m.multi_region,
+        },
+        policy: policy.policy,
+        grants: grants
+            .grants
+            .into_iter()
+            .map(|g| GrantSummary { grant_id: g.grant_id, grantee_principal: g.grantee_principal, operations: g.operations })
+            .collect(),
+        grants_truncated: grants.truncated,
     }
 }
 
@@ -271,6 +429,38 @@ mod tests {
         for bad in ["", "EU", "evil.example.com", "a/b", "-x", "x-", "eu-west-1.amazonaws.com#", &"a".repeat(33)] {
             assert!(endpoint_host(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_endpoint_is_the_keys_own() {
+        let key: KmsKeyArn = "arn:aws:kms:eu-west-1:123456789012:key/k".parse().unwrap();
+        assert_eq!(endpoint_host_for_key(&key, "eu-west-1").unwrap(), "kms.eu-west-1.amazonaws.com");
+        assert!(matches!(endpoint_host_for_key(&key, "us-east-1"), Err(KmsApiError::RegionMismatch { .. })));
+        let china: KmsKeyArn = "arn:aws-cn:kms:cn-north-1:123456789012:key/k".parse().unwrap();
+        assert_eq!(endpoint_host_for_key(&china, "cn-north-1").unwrap(), "kms.cn-north-1.amazonaws.com.cn");
+        let unknown: KmsKeyArn = "arn:evil:kms:eu-west-1:123456789012:key/k".parse().unwrap();
+        assert_eq!(endpoint_host_for_key(&unknown, "eu-west-1"), Err(KmsApiError::Partition("evil".into())));
+        let local: KmsKeyArn = "arn:aws:kms:local:000000000000:key/k".parse().unwrap();
+        assert_eq!(endpoint_host_for_key(&local, LOCAL_REGION).unwrap(), "kms.local.amazonaws.com");
+    }
+
+    #[test]
+    fn key_reads_decode_as_kms_writes_them() {
+        let described: DescribeKeyResponse = from_json(
+            br#"{"KeyMetadata":{"AWSAccountId":"1","Arn":"arn:k","KeyState":"Enabled","Enabled":true,"Origin":"AWS_KMS",
+                "KeySpec":"SYMMETRIC_DEFAULT","KeyUsage":"ENCRYPT_DECRYPT","MultiRegion":false,"CreationDate":1.7E9}}"#,
+        )
+        .unwrap();
+        let policy: GetKeyPolicyResponse = from_json(br#"{"Policy":"{}","PolicyName":"default"}"#).unwrap();
+        let grants: ListGrantsResponse =
+            from_json(br#"{"Grants":[{"GrantId":"g","GranteePrincipal":"p","Operations":["Encrypt"],"KeyId":"arn:k"}],"Truncated":false}"#)
+                .unwrap();
+        let evidence = key_evidence(described, policy, grants);
+        assert_eq!(evidence.metadata.arn, "arn:k");
+        assert_eq!(evidence.grants[0].operations, ["Encrypt"]);
+        let pair: GenerateDataKeyPairResponse =
+            from_json(br#"{"KeyId":"arn:k","PublicKey":"AQ==","PrivateKeyCiphertextBlob":"Ag==","CiphertextForRecipient":"Aw=="}"#).unwrap();
+        assert_eq!(pair.check_recipient_answer().unwrap(), [3]);
     }
 
     #[test]

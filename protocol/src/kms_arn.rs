@@ -32,6 +32,11 @@ impl KmsKeyArn {
         &self.0
     }
 
+    /// The partition part (`aws`, `aws-cn`, `aws-us-gov`).
+    pub fn partition(&self) -> &str {
+        self.0.split(':').nth(1).unwrap_or_default()
+    }
+
     /// The region part (`us-east-1`, `local`).
     pub fn region(&self) -> &str {
         self.0.split(':').nth(3).unwrap_or_default()

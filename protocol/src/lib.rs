@@ -15,6 +15,7 @@ pub mod envelope;
 pub mod failed_check;
 pub mod fleet;
 pub mod frame;
+pub mod key_checks;
 pub mod keys;
 pub mod kms_api;
 pub mod kms_arn;

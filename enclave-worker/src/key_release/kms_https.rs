@@ -20,7 +20,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hmac::{Hmac, KeyInit, Mac};
-use protocol::kms_api::{self, AwsCredentials, DecryptRequest, DecryptResponse, ErrorResponse, HttpReadError, StartLine};
+use protocol::key_checks::KeyEvidence;
+use protocol::kms_api::{
+    self, AwsCredentials, DecryptRequest, DecryptResponse, ErrorResponse, GenerateDataKeyPairRequest, GenerateDataKeyPairResponse,
+    GetKeyPolicyRequest, HttpReadError, KeyIdRequest, StartLine,
+};
+use protocol::kms_arn::KmsKeyArn;
+
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use sha2::{Digest, Sha256};
@@ -46,6 +52,9 @@ const MAX_RESPONSE_LEN: usize = 256 * 1024;
 pub const TLS_CHECK: &str = "kms_tls";
 /// The error code of an answer that is not KMS's HTTP/JSON.
 pub const HTTP_CHECK: &str = "kms_http";
+/// The error code of a call refused before connecting: the credentials' region is not the key's,
+/// or the key's partition or region names no KMS endpoint.
+pub const REGION_CHECK: &str = "kms_region";
 
 /// Which roots KMS's certificate must chain to.
 #[derive(Clone, Debug)]
@@ -133,9 +142,43 @@ impl KmsHttps {
         credentials: &AwsCredentials,
         request: &DecryptRequest,
     ) -> Result<(String, Vec<u8>), KmsTransportError> {
+        let key = request.key_id.as_deref().and_then(|id| id.parse::<KmsKeyArn>().ok());
+        let host = host_for(credentials, key.as_ref())?;
+        let answer = self.call(credentials, &host, kms_api::DECRYPT_TARGET, &encode(request)?)?;
+        decode::<DecryptResponse>(&answer)?.into_recipient_answer().map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))
+    }
+
+    /// Sends `GenerateDataKeyPair` with a `Recipient` for the key `key` (its ARN names the host).
+    pub fn generate_data_key_pair(
+        &self,
+        credentials: &AwsCredentials,
+        key: &KmsKeyArn,
+        request: &GenerateDataKeyPairRequest,
+    ) -> Result<GenerateDataKeyPairResponse, KmsTransportError> {
+        let host = host_for(credentials, Some(key))?;
+        let answer = self.call(credentials, &host, kms_api::GENERATE_DATA_KEY_PAIR_TARGET, &encode(request)?)?;
+        let answer: GenerateDataKeyPairResponse = decode(&answer)?;
+        answer.check_recipient_answer().map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))?;
+        Ok(answer)
+    }
+
+    /// `DescribeKey`, `GetKeyPolicy` and `ListGrants` of `key`, each answer read through TLS that
+    /// ends here: the evidence the key checks read.
+    pub fn key_evidence(&self, credentials: &AwsCredentials, key: &KmsKeyArn) -> Result<KeyEvidence, KmsTransportError> {
+        let host = host_for(credentials, Some(key))?;
+        let key_id = encode(&KeyIdRequest { key_id: key.to_string() })?;
+        let described = self.call(credentials, &host, kms_api::DESCRIBE_KEY_TARGET, &key_id)?;
+        let policy_request = encode(&GetKeyPolicyRequest { key_id: key.to_string(), policy_name: "default".into() })?;
+        let policy = self.call(credentials, &host, kms_api::GET_KEY_POLICY_TARGET, &policy_request)?;
+        let grants = self.call(credentials, &host, kms_api::LIST_GRANTS_TARGET, &key_id)?;
+        Ok(kms_api::key_evidence(decode(&described)?, decode(&policy)?, decode(&grants)?))
+    }
+
+    /// One operation, retried as the `RetryPolicy` says; the body of KMS's 200 answer.
+    fn call(&self, credentials: &AwsCredentials, host: &str, target: &str, body: &[u8]) -> Result<Vec<u8>, KmsTransportError> {
         let mut failed = 0;
         loop {
-            let (status, error) = match self.decrypt_once(credentials, request) {
+            let (status, error) = match self.call_once(credentials, host, target, body) {
                 Ok(answer) => return Ok(answer),
                 Err(failure) => failure,
             };
@@ -153,22 +196,21 @@ impl KmsHttps {
         }
     }
 
-    /// One call; a failure comes with the HTTP status, if an answer arrived.
-    fn decrypt_once(
+    /// One call; the body of a 200 answer, or the failure with the HTTP status if an answer arrived.
+    fn call_once(
         &self,
         credentials: &AwsCredentials,
-        request: &DecryptRequest,
-    ) -> Result<(String, Vec<u8>), (Option<u16>, KmsTransportError)> {
+        host: &str,
+        target: &str,
+        body: &[u8],
+    ) -> Result<Vec<u8>, (Option<u16>, KmsTransportError)> {
         let no_status = |error| (None, error);
-        let host = kms_api::endpoint_host(&credentials.region)
-            .map_err(|e| no_status(KmsTransportError::new(HTTP_CHECK, e.to_string())))?;
-        let body = serde_json::to_vec(request).map_err(|e| no_status(KmsTransportError::new(HTTP_CHECK, e.to_string())))?;
         let headers = [
             ("content-type", kms_api::CONTENT_TYPE.to_owned()),
-            ("host", host.clone()),
-            ("x-amz-target", kms_api::DECRYPT_TARGET.to_owned()),
+            ("host", host.to_owned()),
+            ("x-amz-target", target.to_owned()),
         ];
-        let signed = sign_v4(credentials, kms_api::SERVICE, "POST", "/", &headers, &body, SystemTime::now());
+        let signed = sign_v4(credentials, kms_api::SERVICE, "POST", "/", &headers, body, SystemTime::now());
         let mut http = format!("POST / HTTP/1.1\r\ncontent-length: {}\r\nconnection: close\r\n", body.len());
         for (name, value) in headers.iter().chain(signed.iter()) {
             http.push_str(&format!("{name}: {value}\r\n"));
@@ -178,33 +220,49 @@ impl KmsHttps {
         let socket = self.relay.connect().map_err(|e| {
             no_status(KmsTransportError::new(KmsTransportError::TRANSPORT, format!("KMS relay {:?}: {e}", self.relay)))
         })?;
-        let name = ServerName::try_from(host.clone()).map_err(|e| no_status(KmsTransportError::new(TLS_CHECK, e.to_string())))?;
+        let name = ServerName::try_from(host.to_owned()).map_err(|e| no_status(KmsTransportError::new(TLS_CHECK, e.to_string())))?;
         let session = rustls::ClientConnection::new(Arc::clone(&self.tls), name)
             .map_err(|e| no_status(KmsTransportError::new(TLS_CHECK, e.to_string())))?;
         let mut tls = rustls::StreamOwned::new(session, socket);
-        let io = |e: std::io::Error| no_status(tls_or_transport(&host, e));
+        let io = |e: std::io::Error| no_status(tls_or_transport(host, e));
         tls.write_all(http.as_bytes()).map_err(io)?;
-        tls.write_all(&body).map_err(io)?;
+        tls.write_all(body).map_err(io)?;
         tls.flush().map_err(io)?;
         let answer = kms_api::read_http_message(&mut tls, false, MAX_RESPONSE_LEN).map_err(|e| match e {
-            HttpReadError::Io(e) => no_status(tls_or_transport(&host, e)),
+            HttpReadError::Io(e) => no_status(tls_or_transport(host, e)),
             HttpReadError::Http(message) => no_status(KmsTransportError::new(HTTP_CHECK, format!("answer: {message}"))),
         })?;
         let (status, body) = match answer.start {
             StartLine::Response { status } => (status, answer.body),
             StartLine::Request { .. } => return Err(no_status(KmsTransportError::new(HTTP_CHECK, "answer is a request"))),
         };
-        let failed = |error| (Some(status), error);
         if status == 200 {
-            let answer: DecryptResponse =
-                kms_api::from_json(&body).map_err(|e| failed(KmsTransportError::new(HTTP_CHECK, e.to_string())))?;
-            return answer.into_recipient_answer().map_err(|e| failed(KmsTransportError::new(HTTP_CHECK, e.to_string())));
+            return Ok(body);
         }
+        let failed = |error| (Some(status), error);
         match kms_api::from_json::<ErrorResponse>(&body) {
             Ok(error) => Err(failed(KmsTransportError::new(error.code(), error.message.clone().unwrap_or_default()))),
             Err(_) => Err(failed(KmsTransportError::new(HTTP_CHECK, format!("HTTP {status} without a KMS error body")))),
         }
     }
+}
+
+fn encode<T: ?Sized + serde::Serialize>(request: &T) -> Result<Vec<u8>, KmsTransportError> {
+    serde_json::to_vec(request).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(answer: &[u8]) -> Result<T, KmsTransportError> {
+    kms_api::from_json(answer).map_err(|e| KmsTransportError::new(HTTP_CHECK, e.to_string()))
+}
+
+/// The KMS host to call: the key's own partition and region when the key is named by its ARN
+/// (credentials for another region are refused before connecting), else the credentials' region.
+fn host_for(credentials: &AwsCredentials, key: Option<&KmsKeyArn>) -> Result<String, KmsTransportError> {
+    let host = match key {
+        Some(key) => kms_api::endpoint_host_for_key(key, &credentials.region),
+        None => kms_api::endpoint_host(&credentials.region),
+    };
+    host.map_err(|e| KmsTransportError::new(REGION_CHECK, e.to_string()))
 }
 
 /// A TLS failure (certificate, handshake, alert) names the `kms_tls` check; anything else is

@@ -34,12 +34,15 @@ use protocol::attestation::AttestationDocument;
 use protocol::cms::CmsError;
 use protocol::envelope::FleetSecretKey;
 use protocol::fleet::EpochRecord;
+use protocol::key_checks::KeyEvidence;
+use protocol::kms_api::GenerateDataKeyPairResponse;
 use protocol::kms_arn::KmsKeyArn;
 use protocol::manifest::Manifest;
 use zeroize::Zeroizing;
 
 use crate::nsm::{AttestationRequest, Nsm, NsmError};
 
+pub mod genesis;
 pub mod kms_https;
 
 pub use crate::one_shot_key::{KeyGenerationError, OneShotKey, RSA_BITS, RsaKeyPool};
@@ -101,6 +104,16 @@ pub enum KeyReleaseError {
     /// The epoch names no KMS key ARN, or KMS answered for another key than the one asked.
     #[error("fleet_kms_key: {0}")]
     FleetKmsKey(String),
+    /// Refused before connecting: the host's credentials are for another region than the key's,
+    /// or the key's partition has no KMS endpoint the worker knows.
+    #[error("kms_region: {0}")]
+    KmsRegion(String),
+    /// The key a new epoch would be generated under fails the key checks (`protocol::key_checks`).
+    #[error("fleet_key_checks: {0}")]
+    FleetKeyChecks(String),
+    /// A new epoch's `not_after` is past the longest epoch lifetime.
+    #[error("fleet_epoch_lifetime: epoch {epoch} would end at {not_after_ms} ms, more than {max_days} days after {now_ms} ms")]
+    FleetEpochLifetime { epoch: u64, not_after_ms: u64, now_ms: u64, max_days: u64 },
 }
 
 impl KeyReleaseError {
@@ -123,6 +136,9 @@ impl KeyReleaseError {
             KeyReleaseError::InvalidPublishedKey => "invalid_published_key",
             KeyReleaseError::FleetKeyMismatch { .. } => "fleet_key_mismatch",
             KeyReleaseError::FleetKmsKey(_) => "fleet_kms_key",
+            KeyReleaseError::KmsRegion(_) => "kms_region",
+            KeyReleaseError::FleetKeyChecks(_) => "fleet_key_checks",
+            KeyReleaseError::FleetEpochLifetime { .. } => "fleet_epoch_lifetime",
         }
     }
 }
@@ -147,9 +163,9 @@ impl KmsTransportError {
     }
 }
 
-/// KMS `Decrypt` with `Recipient` (RSAES_OAEP_SHA_256), through the host.
+/// The worker's KMS calls (`Recipient` with RSAES_OAEP_SHA_256), through the host.
 pub trait KmsTransport {
-    /// Returns KMS's key id (ARN) and `CiphertextForRecipient`.
+    /// `Decrypt`: returns KMS's key id (ARN) and `CiphertextForRecipient`.
     fn decrypt(
         &mut self,
         key_id: Option<String>,
@@ -157,6 +173,22 @@ pub trait KmsTransport {
         encryption_context: BTreeMap<String, String>,
         recipient_attestation: Vec<u8>,
     ) -> Result<(String, Vec<u8>), KmsTransportError>;
+
+    /// `DescribeKey`, `GetKeyPolicy` and `ListGrants` of `key` (genesis only).
+    fn key_evidence(&mut self, key: &KmsKeyArn) -> Result<KeyEvidence, KmsTransportError> {
+        Err(KmsTransportError::new(KmsTransportError::TRANSPORT, format!("this transport cannot read key {key}")))
+    }
+
+    /// `GenerateDataKeyPair` (ECC_NIST_P256) of `key` to the recipient (genesis only).
+    fn generate_data_key_pair(
+        &mut self,
+        key: &KmsKeyArn,
+        encryption_context: BTreeMap<String, String>,
+        recipient_attestation: Vec<u8>,
+    ) -> Result<GenerateDataKeyPairResponse, KmsTransportError> {
+        let _ = (encryption_context, recipient_attestation);
+        Err(KmsTransportError::new(KmsTransportError::TRANSPORT, format!("this transport cannot generate key pairs of {key}")))
+    }
 }
 
 impl<T: KmsTransport + ?Sized> KmsTransport for &mut T {
@@ -169,6 +201,19 @@ impl<T: KmsTransport + ?Sized> KmsTransport for &mut T {
     ) -> Result<(String, Vec<u8>), KmsTransportError> {
         (**self).decrypt(key_id, ciphertext_blob, encryption_context, recipient_attestation)
     }
+
+    fn key_evidence(&mut self, key: &KmsKeyArn) -> Result<KeyEvidence, KmsTransportError> {
+        (**self).key_evidence(key)
+    }
+
+    fn generate_data_key_pair(
+        &mut self,
+        key: &KmsKeyArn,
+        encryption_context: BTreeMap<String, String>,
+        recipient_attestation: Vec<u8>,
+    ) -> Result<GenerateDataKeyPairResponse, KmsTransportError> {
+        (**self).generate_data_key_pair(key, encryption_context, recipient_attestation)
+    }
 }
 
 impl<T: KmsTransport + ?Sized> KmsTransport for Box<T> {
@@ -180,6 +225,19 @@ impl<T: KmsTransport + ?Sized> KmsTransport for Box<T> {
         recipient_attestation: Vec<u8>,
     ) -> Result<(String, Vec<u8>), KmsTransportError> {
         (**self).decrypt(key_id, ciphertext_blob, encryption_context, recipient_attestation)
+    }
+
+    fn key_evidence(&mut self, key: &KmsKeyArn) -> Result<KeyEvidence, KmsTransportError> {
+        (**self).key_evidence(key)
+    }
+
+    fn generate_data_key_pair(
+        &mut self,
+        key: &KmsKeyArn,
+        encryption_context: BTreeMap<String, String>,
+        recipient_attestation: Vec<u8>,
+    ) -> Result<GenerateDataKeyPairResponse, KmsTransportError> {
+        (**self).generate_data_key_pair(key, encryption_context, recipient_attestation)
     }
 }
 
@@ -218,7 +276,7 @@ where
 
 /// The release, with a check on the NSM's own document before anything goes to KMS. Returns the
 /// key id KMS answered with (read inside the worker's TLS session) and the plaintext.
-fn release_checked<N, T>(
+pub(crate) fn release_checked<N, T>(
     nsm: &N,
     key: OneShotKey,
     transport: &mut T,
@@ -231,6 +289,23 @@ where
     N: Nsm + ?Sized,
     T: KmsTransport + ?Sized,
 {
+    attested_call(nsm, key, before_kms, |document| {
+        transport.decrypt(key_id, ciphertext_blob, encryption_context, document).map_err(kms_error)
+    })
+}
+
+/// One KMS call with a `Recipient`: the NSM's document for `key` (checked to carry exactly that
+/// key, then by `before_kms`), the call, which returns its answer and the envelope, and the
+/// envelope opened with the one-shot key (consumed whatever the outcome).
+pub(crate) fn attested_call<N, A>(
+    nsm: &N,
+    key: OneShotKey,
+    before_kms: impl FnOnce(&AttestationDocument) -> Result<(), KeyReleaseError>,
+    call: impl FnOnce(Vec<u8>) -> Result<(A, Vec<u8>), KeyReleaseError>,
+) -> Result<(A, Zeroizing<Vec<u8>>), KeyReleaseError>
+where
+    N: Nsm + ?Sized,
+{
     let document = nsm.attest(AttestationRequest::key_release(&key))?;
     // Our own NSM's output read back (not anyone else's): it must carry exactly our key.
     let parsed = AttestationDocument::parse_unverified(&document)
@@ -241,19 +316,23 @@ where
         ));
     }
     before_kms(&parsed)?;
-    let (kms_key_id, envelope) =
-        transport.decrypt(key_id, ciphertext_blob, encryption_context, document).map_err(|e| match e.code.as_str() {
-            KmsTransportError::TRANSPORT => KeyReleaseError::KmsTransport(relayed(&e.message)),
-            kms_https::TLS_CHECK => KeyReleaseError::KmsTls(relayed(&e.message)),
-            kms_https::HTTP_CHECK => KeyReleaseError::KmsHttp(relayed(&e.message)),
-            _ => KeyReleaseError::KmsFailed { code: relayed(&e.code), message: relayed(&e.message) },
-        })?;
-    // `open` consumes the key: it is zeroized whatever the outcome.
-    Ok((kms_key_id, key.open(&envelope)?))
+    let (answer, envelope) = call(document)?;
+    Ok((answer, key.open(&envelope)?))
+}
+
+/// A failed KMS call, by the check it names.
+pub(crate) fn kms_error(e: KmsTransportError) -> KeyReleaseError {
+    match e.code.as_str() {
+        KmsTransportError::TRANSPORT => KeyReleaseError::KmsTransport(relayed(&e.message)),
+        kms_https::TLS_CHECK => KeyReleaseError::KmsTls(relayed(&e.message)),
+        kms_https::HTTP_CHECK => KeyReleaseError::KmsHttp(relayed(&e.message)),
+        kms_https::REGION_CHECK => KeyReleaseError::KmsRegion(relayed(&e.message)),
+        _ => KeyReleaseError::KmsFailed { code: relayed(&e.code), message: relayed(&e.message) },
+    }
 }
 
 /// Host-relayed text, cut to a bounded length for logs.
-fn relayed(text: &str) -> String {
+pub(crate) fn relayed(text: &str) -> String {
     text.chars().take(MAX_RELAYED_TEXT).collect()
 }
 
@@ -406,7 +485,7 @@ where
 
 /// A published P-256 public key (SEC1, compressed or not, or SPKI DER) as the 65-byte
 /// uncompressed point.
-fn parse_published_key(bytes: &[u8]) -> Result<Vec<u8>, KeyReleaseError> {
+pub(crate) fn parse_published_key(bytes: &[u8]) -> Result<Vec<u8>, KeyReleaseError> {
     use p256::elliptic_curve::sec1::ToSec1Point;
     use p256::pkcs8::DecodePublicKey;
     let key = p256::PublicKey::from_sec1_bytes(bytes)

@@ -33,7 +33,7 @@
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use protocol::attestation::{TrustAnchor, UserDataBinding};
+use protocol::attestation::{GenesisBinding, TrustAnchor, UserDataBinding};
 use protocol::envelope::FleetSecretKey;
 
 use crate::one_shot_key::OneShotKey;
@@ -120,6 +120,12 @@ impl AttestationRequest {
 
     /// A fresh document on a client's request: the published binding plus the client's nonce
     /// (1..=1024 bytes), the only host-relayed field the worker ever attests.
+    /// The document of an epoch the worker created (user_data: the genesis binding, made of a
+    /// key KMS generated for it and what KMS said about the key).
+    pub fn genesis(binding: &GenesisBinding) -> Self {
+        AttestationRequest { public_key: None, user_data: Some(binding.encode()), nonce: None }
+    }
+
     pub fn fresh(binding: &UserDataBinding, client_nonce: &[u8]) -> Result<Self, NsmError> {
         if client_nonce.is_empty() || client_nonce.len() > MAX_NONCE_LEN {
             return Err(NsmError::NonceLength(client_nonce.len()));

@@ -26,6 +26,7 @@ pub mod check;
 #[cfg(feature = "dev-issuer")]
 pub mod dev_issuer;
 pub mod document;
+pub mod genesis;
 pub mod error;
 pub mod policy;
 pub mod policy_set;
@@ -40,6 +41,7 @@ pub use check::{Check, CheckName, Report, RootInfo, VerifiedDocument};
 #[cfg(feature = "dev-issuer")]
 pub use dev_issuer::{DevIssuer, DevIssuerError, DevIssuerKeys, DevTlsIdentity, DocumentRequest};
 pub use document::AttestationDocument;
+pub use genesis::{GenesisBinding, GenesisError, check_epoch_lifetime, check_genesis};
 pub use error::AttestationError;
 pub use policy::{Policy, PolicyError, SignedPolicy};
 pub use policy_set::{AllowedPolicy, PolicyId, PolicySet, PolicySetError, policy_id};

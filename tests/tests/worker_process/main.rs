@@ -572,8 +572,8 @@ fn expired_epochs_are_refused_by_name() {
 /// record, its own "KMS" sealing that key to the worker's one-shot key — CMS carries no MAC and
 /// the one-shot key is public). Were the worker to accept, it would attest to a key the host
 /// holds and clients would seal their texts to it. The worker calls KMS over TLS and pins the
-/// root, so the host's KMS is refused (`kms_tls`), as is a region whose name the real endpoint's
-/// certificate does not carry; nothing is published.
+/// root, so the host's KMS is refused (`kms_tls`); credentials for another region than the key's
+/// are refused before connecting (`kms_region`); nothing is published.
 #[test]
 fn a_host_that_answers_kms_itself_gets_no_key_released() {
     let dir = tempfile::tempdir().unwrap();
@@ -599,22 +599,18 @@ fn a_host_that_answers_kms_itself_gets_no_key_released() {
     assert!(host.published.is_empty(), "no document binds a key the host chose");
     drop(worker);
 
-    // The genuine endpoint, but the host names another region: the name the worker checks is
-    // kms.eu-west-1.amazonaws.com, which the local endpoint's certificate does not carry.
+    // The genuine endpoint, but the host's credentials are for another region than the key's
+    // (the record names a key in `local`): refused before any connection, whatever the region
+    // says — the worker talks only to the key's own KMS.
     let worker = spawn_worker(dir.path(), &genuine_socket, &pinned_root);
-    host.access.region = "eu-west-1".into();
     let mut control = connect(&worker.socket, Channel::Control);
-    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
-    match host.serve(&mut control) {
-        Message::Error { message } => assert!(message.starts_with("kms_tls"), "{message}"),
-        other => panic!("a certificate for another name was accepted: {other:?}"),
-    }
-    // A region that is no region name never reaches TLS.
-    host.access.region = "evil.example.com/".into();
-    write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
-    match host.serve(&mut control) {
-        Message::Error { message } => assert!(message.starts_with("kms_http"), "{message}"),
-        other => panic!("a host-chosen server name was used: {other:?}"),
+    for region in ["eu-west-1", "evil.example.com/"] {
+        host.access.region = region.into();
+        write_frame(&mut control, &Message::UseFleetEpoch { epoch: 1, object_key: epoch_object_key(1) }).unwrap();
+        match host.serve(&mut control) {
+            Message::Error { message } => assert!(message.starts_with("kms_region"), "{region}: {message}"),
+            other => panic!("credentials for region {region} were used for a key in local: {other:?}"),
+        }
     }
     // And with the genuine endpoint and region the same worker releases the key.
     host.access.region = "local".into();
