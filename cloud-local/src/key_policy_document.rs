@@ -114,7 +114,11 @@ mod tests {
         let doc = LocalKeyPolicy::fleet(vec![0xab; 48], None).to_iam_policy();
         let text = doc.to_string();
         assert!(text.contains(&"ab".repeat(48)), "{text}");
-        assert!(!text.contains("\"kms:Encrypt\""), "{text}");
+        let allows_encrypt = doc["Statement"].as_array().unwrap().iter().any(|statement| {
+            statement["Effect"] == "Allow" && statement["Action"].as_array().unwrap().iter().any(|a| a == "kms:Encrypt")
+        });
+        assert!(!allows_encrypt, "{text}");
+        assert!(text.contains("DenyWrappingAndPolicyChanges"), "the fleet key denies Encrypt to everyone: {text}");
         assert!(text.contains("GenerateDataKeyPairWithoutPlaintext"));
         let unrestricted = LocalKeyPolicy::unrestricted().to_iam_policy().to_string();
         assert!(unrestricted.contains("kms:Encrypt") && !unrestricted.contains("RecipientAttestation"), "{unrestricted}");
