@@ -75,6 +75,37 @@ impl AwsKms {
         AwsKms { client, credentials, runtime }
     }
 
+    /// One `DescribeKey` and the `GetKeyPolicy` of the key it resolved, named by its ARN (an
+    /// alias could move between the two calls).
+    fn metadata_and_policy(&self, key_id: &str) -> Result<(KeyMetadata, String), KmsError> {
+        Self::check_key_id("DescribeKey", key_id)?;
+        let described = self
+            .runtime
+            .block_on(self.client.describe_key().key_id(key_id).send())
+            .map_err(|e| self.error("DescribeKey", Some(key_id), e))?;
+        let metadata = described
+            .key_metadata
+            .ok_or_else(|| KmsError::Unavailable(format!("KMS DescribeKey {key_id}: no KeyMetadata in the answer")))?;
+        let arn = metadata.arn.clone().ok_or_else(|| KmsError::Unavailable(format!("KMS DescribeKey {key_id}: no Arn")))?;
+        let policy = self
+            .runtime
+            .block_on(self.client.get_key_policy().key_id(&arn).policy_name("default").send())
+            .map_err(|e| self.error("GetKeyPolicy", Some(&arn), e))?
+            .policy
+            .ok_or_else(|| KmsError::Unavailable(format!("KMS GetKeyPolicy {arn}: no Policy in the answer")))?;
+        let text = |value: Option<&str>| value.unwrap_or_default().to_owned();
+        let metadata = KeyMetadata {
+            arn,
+            key_state: text(metadata.key_state.as_ref().map(|s| s.as_str())),
+            enabled: metadata.enabled,
+            origin: text(metadata.origin.as_ref().map(|o| o.as_str())),
+            key_spec: text(metadata.key_spec.as_ref().map(|k| k.as_str())),
+            key_usage: text(metadata.key_usage.as_ref().map(|k| k.as_str())),
+            multi_region: metadata.multi_region.unwrap_or(false),
+        };
+        Ok((metadata, policy))
+    }
+
     fn check_key_id(op: &str, key_id: &str) -> Result<(), KmsError> {
         if key_id.is_empty() {
             return Err(KmsError::Validation(format!(
@@ -198,47 +229,24 @@ impl Kms for AwsKms {
     }
 
     fn describe_key(&self, key_id: &str) -> Result<KeyDescription, KmsError> {
-        Self::check_key_id("DescribeKey", key_id)?;
-        let described = self
-            .runtime
-            .block_on(self.client.describe_key().key_id(key_id).send())
-            .map_err(|e| self.error("DescribeKey", Some(key_id), e))?;
-        let metadata = described
-            .key_metadata
-            .ok_or_else(|| KmsError::Unavailable(format!("KMS DescribeKey {key_id}: no KeyMetadata in the answer")))?;
-        let arn = metadata.arn.clone().ok_or_else(|| KmsError::Unavailable(format!("KMS DescribeKey {key_id}: no Arn")))?;
-        // The policy of the key DescribeKey resolved, named by its ARN (an alias could move).
-        let policy = self
-            .runtime
-            .block_on(self.client.get_key_policy().key_id(&arn).policy_name("default").send())
-            .map_err(|e| self.error("GetKeyPolicy", Some(&arn), e))?
-            .policy
-            .ok_or_else(|| KmsError::Unavailable(format!("KMS GetKeyPolicy {arn}: no Policy in the answer")))?;
+        let (m, policy) = self.metadata_and_policy(key_id)?;
         Ok(KeyDescription {
-            arn,
-            origin: metadata.origin.map(|o| o.as_str().to_owned()).unwrap_or_default(),
-            key_spec: metadata.key_spec.map(|k| k.as_str().to_owned()).unwrap_or_default(),
-            key_usage: metadata.key_usage.map(|k| k.as_str().to_owned()).unwrap_or_default(),
-            enabled: metadata.enabled,
-            multi_region: metadata.multi_region.unwrap_or(false),
+            arn: m.arn,
+            origin: m.origin,
+            key_spec: m.key_spec,
+            key_usage: m.key_usage,
+            enabled: m.enabled,
+            multi_region: m.multi_region,
             policy,
         })
     }
 
     fn key_evidence(&self, key_id: &str) -> Result<KeyEvidence, KmsError> {
-        let described = self.describe_key(key_id)?;
-        let state = self
-            .runtime
-            .block_on(self.client.describe_key().key_id(&described.arn).send())
-            .map_err(|e| self.error("DescribeKey", Some(&described.arn), e))?
-            .key_metadata
-            .and_then(|m| m.key_state)
-            .map(|s| s.as_str().to_owned())
-            .unwrap_or_default();
+        let (metadata, policy) = self.metadata_and_policy(key_id)?;
         let listed = self
             .runtime
-            .block_on(self.client.list_grants().key_id(&described.arn).send())
-            .map_err(|e| self.error("ListGrants", Some(&described.arn), e))?;
+            .block_on(self.client.list_grants().key_id(&metadata.arn).send())
+            .map_err(|e| self.error("ListGrants", Some(&metadata.arn), e))?;
         let grants = listed
             .grants
             .unwrap_or_default()
@@ -249,20 +257,7 @@ impl Kms for AwsKms {
                 operations: g.operations.unwrap_or_default().iter().map(|o| o.as_str().to_owned()).collect(),
             })
             .collect();
-        Ok(KeyEvidence {
-            metadata: KeyMetadata {
-                arn: described.arn,
-                key_state: state,
-                enabled: described.enabled,
-                origin: described.origin,
-                key_spec: described.key_spec,
-                key_usage: described.key_usage,
-                multi_region: described.multi_region,
-            },
-            policy: described.policy,
-            grants,
-            grants_truncated: listed.truncated,
-        })
+        Ok(KeyEvidence { metadata, policy, grants, grants_truncated: listed.truncated })
     }
 
     fn ed25519_public_key(&self, key_id: &str) -> Result<[u8; 32], KmsError> {
