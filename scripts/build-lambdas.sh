@@ -2,7 +2,7 @@
 # Builds the Lambda binaries of crate lambdas/ for the provided.al2023 runtime (x86_64, glibc 2.34)
 # and writes target/lambda/<name>/bootstrap.zip for each, where the CDK app takes them
 # (cdk/lib/lambda-code.ts):
-#   on-upload ledger-append fleet-rotate bulk-list-shards bulk-await-shard bulk-aggregate job-dead-letter
+#   on-upload ledger-append bulk-list-shards bulk-await-shard bulk-aggregate job-dead-letter
 #
 # The link is against glibc 2.34, whatever the build machine's glibc:
 #   cargo lambda build --release --target x86_64-unknown-linux-gnu.2.34 --output-format zip -p lambdas
@@ -30,7 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib/venv.sh
 
-NAMES=(on-upload ledger-append fleet-rotate bulk-list-shards bulk-await-shard bulk-aggregate job-dead-letter)
+NAMES=(on-upload ledger-append bulk-list-shards bulk-await-shard bulk-aggregate job-dead-letter)
 GLIBC=2.34
 TARGET="x86_64-unknown-linux-gnu.$GLIBC"
 OUT=target/lambda

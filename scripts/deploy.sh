@@ -5,8 +5,8 @@
 #              enclave-image/buildspec.yml); its measurements fetched back, the policy signed here
 #   3 deploy   Lambda zips (scripts/build-lambdas.sh), cdk deploy --outputs-file with the EIF and
 #              host-poller of step 2 as assets (published by their content), the policy uploaded
-#   4 publish  the first fleet-key epoch (fleet-rotate) and the model (encrypt, sign, upload as
-#              ModelPublisherRoleArn)
+#   4 publish  the model (encrypt, sign, upload as ModelPublisherRoleArn), then the first
+#              fleet-key epoch awaited: the first host's enclave creates it, with its genesis
 #   5 ledger   the ledger key string derived from LedgerSigningKeyArn (GetPublicKey) and pinned
 #   6 job      examples/corpus.jsonl submitted, its results opened and the job verified
 #
@@ -19,12 +19,16 @@
 #                 roll the fleet onto the image of the checked-out commit, in the only order
 #                 that loses no job (docs/operations.md §4): U1 build it; U2 its keys first
 #                 (cdk deploy -c nextPolicyFile, the hosts unchanged) and its policy uploaded;
-#                 U3 a new epoch under its fleet key; U4 the model re-sealed under its model key
-#                 as the next version; U5 only then the launch template (one host always in
-#                 service), waiting for its attestation; U6 a job submitted and verified against
-#                 the new policy. Resumable like the steps (state UPDATE_<n>=done).
+#                 U3 the model re-sealed under its model key as the next version; U4 only then
+#                 the launch template (one host always in service), waiting for its attestation
+#                 (its first host's enclave creates an epoch under the new fleet key first);
+#                 U5 that epoch's genesis found; U6 a job submitted and verified against the new
+#                 policy. Resumable like the steps (state UPDATE_<n>=done).
 #   scripts/deploy.sh ledger-key-string NAME SPKI_BASE64
 #                 print the C2SP verifier key string of an Ed25519 key (docs/protocol.md §8.5)
+#   scripts/deploy.sh fleet-genesis ATTESTATIONS_BUCKET FLEET_KEY_ARN
+#                 print the genesis (fleet-genesis/epoch-<N>.json) of an unexpired epoch whose
+#                 record names FLEET_KEY_ARN; exit 1 if there is none
 #
 # State: $EPHEM_DEPLOY_DIR (default .ephem/deploy/): `state` (KEY=value lines: STEP_<n>=done and each
 # step's outputs), outputs.json (cdk deploy --outputs-file), the client home (home/), the model's
@@ -57,12 +61,12 @@ CORPUS="${EPHEM_DEPLOY_CORPUS:-examples/corpus.jsonl}"
 WAIT_S="${EPHEM_DEPLOY_WAIT_S:-3600}"
 
 STEPS=(keys image deploy publish ledger job)
-UPDATES=(build keys epoch model roll job)
+UPDATES=(build keys model roll epoch job)
 TITLES=(
   "publisher keys (on this machine, never uploaded)"
   "enclave image built by CodeBuild in your account; measurements fetched, policy signed here"
   "Lambda zips, cdk deploy (the EIF and host-poller as assets), policy uploaded"
-  "first fleet-key epoch; model encrypted, signed, uploaded as the publisher role"
+  "model encrypted, signed, uploaded as the publisher role; the first fleet-key epoch awaited"
   "ledger key pinned from the stack outputs"
   "first job submitted and verified"
 )
@@ -98,6 +102,30 @@ PY
 if [ "${1:-}" = ledger-key-string ]; then
   [ $# -eq 3 ] || die "usage: scripts/deploy.sh ledger-key-string NAME SPKI_BASE64"
   ledger_key_string "$2" "$3"
+  exit
+fi
+
+# ---- an epoch with its genesis under a fleet key (docs/protocol.md §7.3.1) -----------------------
+# Hosts' enclaves create the epochs: the record fleet-keys/epoch-<N>.json (its kms_key_id names the
+# KMS key), then the genesis fleet-genesis/epoch-<N>.json, both create-only. Clients seal only to
+# an epoch that has a genesis.
+fleet_genesis() { # BUCKET KEY_ARN: print the genesis of an unexpired epoch under KEY_ARN, else fail
+  local bucket="$1" arn="$2" key n
+  for key in $(aws s3api list-objects-v2 --bucket "$bucket" --prefix fleet-genesis/ --query 'Contents[].Key' --output text); do
+    n="${key#fleet-genesis/epoch-}"; n="${n%.json}"
+    [[ "$n" =~ ^[0-9]+$ ]] && [ "$key" = "fleet-genesis/epoch-$n.json" ] || continue
+    if aws s3 cp "s3://$bucket/fleet-keys/epoch-$n.json" - 2>/dev/null \
+        | jq -e --arg k "$arn" '.kms_key_id == $k and .not_after_ms > (now * 1000)' >/dev/null 2>&1; then
+      echo "$key"
+      return 0
+    fi
+  done
+  return 1
+}
+
+if [ "${1:-}" = fleet-genesis ]; then
+  [ $# -eq 3 ] || die "usage: scripts/deploy.sh fleet-genesis ATTESTATIONS_BUCKET FLEET_KEY_ARN"
+  fleet_genesis "$2" "$3"
   exit
 fi
 
@@ -149,6 +177,23 @@ cap() { # VAR PLACEHOLDER CMD...: VAR gets the command's stdout (the placeholder
   local var="$1" ph="$2"; shift 2
   show "$@"
   if [ "$DRY" = 1 ]; then printf -v "$var" '%s' "$ph"; else printf -v "$var" '%s' "$("$@")"; fi
+}
+wait_for_genesis() { # KEY_ARN WHOSE: until an unexpired epoch under KEY_ARN has its genesis, up to $WAIT_S
+  local arn="$1" whose="$2" bucket start=$SECONDS key
+  bucket="$(outp AttestationsBucketName)"
+  note "repeat every 30 s, up to ${WAIT_S} s, until it prints one: an epoch under $arn, created by $whose enclave"
+  show scripts/deploy.sh fleet-genesis "$bucket" "$arn"
+  [ "$DRY" = 1 ] && return 0
+  until key="$(fleet_genesis "$bucket" "$arn")"; do
+    [ $((SECONDS - start)) -lt "$WAIT_S" ] || die "step $CURRENT: after ${WAIT_S} s no epoch under $arn has a genesis in s3://$bucket/fleet-genesis/.
+  Look at: the Auto Scaling group $(outp FleetAutoScalingGroupName) (is a host in service? with -c minHosts=0 none
+  runs until work waits: set its desired capacity to 1); on a host, /var/log/ephem-batch-boot.log and the journal
+  (the stack's host log group, Fleet/HostLogs): host-poller logs 'worker refused' for target Creation(<N>) with the
+  enclave's reason (e.g. fleet_key_checks, naming each failed check), 'fleet key ...' when DescribeKey fails, or
+  'new epoch not stored'. Re-run the script to keep waiting."
+    sleep 30
+  done
+  echo "    (found: s3://$bucket/$key)"
 }
 wait_for() { # WHAT CMD...: retry CMD every 30 s for up to $WAIT_S
   local what="$1" start=$SECONDS; shift
@@ -328,16 +373,7 @@ step_deploy() {
 
 check_publish() { [ -n "$(get MODEL_MANIFEST)" ] && [ -s "$STATE_DIR/model/v$MODEL_VERSION/manifest.cose" ]; }
 step_publish() {
-  local epochs manifest sealed="$STATE_DIR/model/v$MODEL_VERSION"
-  note "fleet-rotate runs every rotationDays; the first epoch is started now unless one exists"
-  cap epochs "0" aws s3api list-objects-v2 --bucket "$(outp AttestationsBucketName)" --prefix fleet-keys/ --max-items 1 --query KeyCount --output text
-  if [ "$DRY" = 1 ] || [ "${epochs:-0}" = 0 ] || [ "$epochs" = None ]; then
-    x aws lambda invoke --function-name "$(outp FleetRotateFunctionName)" --payload '{}' \
-        --cli-binary-format raw-in-base64-out "$STATE_DIR/fleet-rotate.json"
-    show jq -e '.errorMessage == null' "$STATE_DIR/fleet-rotate.json"
-    [ "$DRY" = 1 ] || jq -e '.errorMessage == null' "$STATE_DIR/fleet-rotate.json" >/dev/null \
-      || die "step 4: fleet-rotate failed: $(cat "$STATE_DIR/fleet-rotate.json")"
-  fi
+  local manifest sealed="$STATE_DIR/model/v$MODEL_VERSION"
   x scripts/setup-model.sh
   note "the publisher role (ModelPublisherRoleArn): kms:Encrypt with the model key, writes under models/"
   show aws sts assume-role --role-arn "$(outp ModelPublisherRoleArn)" --role-session-name ephem-deploy-model
@@ -356,6 +392,10 @@ step_publish() {
   manifest="models/${MODEL_ID##*/}/v$MODEL_VERSION/manifest.cose"
   client model verify --published "$manifest" --publisher-key "$(sv MODEL_PUBLISHER_KEY MODEL_PUBLISHER_KEY)"
   put MODEL_MANIFEST "$manifest"; put MODEL_VERSION_PUBLISHED "$MODEL_VERSION"
+  note "the first fleet-key epoch: no one makes it but an enclave of the deployed image. The first host's"
+  note "enclave reads the fleet key's policy and grants, has KMS generate the epoch's key pair for itself,"
+  note "and its host stores the record and the genesis (docs/protocol.md §7.3.1); found at once if one exists"
+  wait_for_genesis "$(outp FleetKeyArn)" "the first host's"
 }
 
 check_ledger() { [ -s "$STATE_DIR/ledger.key" ] && grep -q '+' "$STATE_DIR/ledger.key"; }
@@ -414,8 +454,10 @@ step_job() {
 # ---- an image update (--update-image; docs/operations.md §4) ------------------------------------
 # The running image's keys release nothing to the new one, and the reverse (key policies bind
 # PCR0 and never change), so every order but this one strands work: the new image's keys first,
-# then an epoch and the model sealed to them, and only then hosts that run it, while at least one
-# host of the old image keeps serving what was sealed to the old keys.
+# then the model sealed to them, and only then hosts that run it, while at least one host of the
+# old image keeps serving what was sealed to the old keys. The new image's epoch cannot come
+# earlier: only its enclaves can create one under its fleet key, and its first host does so
+# before it attests (so before the launch hook lets it into service).
 
 new_dir() { local d; d="$(get NEXT_IMAGE_DIR)"; echo "${d:-dist/enclave/$COMMIT}"; }
 
@@ -432,25 +474,19 @@ update_keys() {
   local cur new
   cur="$(image_dir)" new="$(new_dir)"
   if same_measurements; then
-    note "the new image has the running image's PCRs: its keys, epochs and model are the running ones (U2-U4 not needed)"
+    note "the new image has the running image's PCRs: its keys, epochs and model are the running ones (U2, U3 and U5 not needed)"
     return
   fi
   note "its signed policy first: the ledger then accepts receipts of both images"
   x aws s3 cp "$new/policy.json" "s3://$(outp ArtifactsBucketName)/artifacts/policies/$COMMIT.json"
   note "the new image's fleet and model keys, beside the running image's; the hosts keep their launch"
-  note "template (the running image's EIF and host-poller); fleet-rotate now wraps epochs for the new image"
+  note "template (the running image's EIF and host-poller); the new image's hosts will create their epochs under its fleet key"
   cdk_deploy "$cur" -c "nextPolicyFile=$(from_cdk "$new/policy.json")"
-  outp NextFleetKeyArn >/dev/null
+  put NEXT_FLEET_KEY_ARN "$(outp NextFleetKeyArn)"
 }
-update_epoch() {
-  if same_measurements; then note "same PCRs: no new epoch"; return; fi
-  note "a new epoch under the new fleet key (NextFleetKeyArn): the hosts of the new image will open it;"
-  note "those of the running image keep the epochs they hold, and the jobs sealed to them"
-  x aws lambda invoke --function-name "$(outp FleetRotateFunctionName)" --payload '{}' \
-      --cli-binary-format raw-in-base64-out "$STATE_DIR/fleet-rotate-update.json"
-  show jq -e '.errorMessage == null' "$STATE_DIR/fleet-rotate-update.json"
-  [ "$DRY" = 1 ] || jq -e '.errorMessage == null' "$STATE_DIR/fleet-rotate-update.json" >/dev/null \
-    || die "step U3: fleet-rotate failed: $(cat "$STATE_DIR/fleet-rotate-update.json")"
+next_fleet_key() { # recorded by U2 (after U4 the outputs name it FleetKeyArn, and NextFleetKeyArn is gone)
+  local k; k="$(get NEXT_FLEET_KEY_ARN)"
+  if [ -n "$k" ]; then echo "$k"; else outp NextFleetKeyArn; fi
 }
 update_model() {
   local version published sealed manifest key
@@ -488,13 +524,24 @@ update_roll() {
   new="$(new_dir)"
   note "only now the launch template: the new image's EIF and host-poller, its policy as the current one;"
   note "Auto Scaling starts a new host before it stops an old one (MinInstancesInService 1), and a"
-  note "stopping host finishes the jobs it holds (drain hook); the old keys are retained, not deleted"
+  note "stopping host finishes the jobs it holds (drain hook); the old keys are retained, not deleted."
+  note "The first new host's enclave finds no epoch under the new fleet key and creates one, then attests"
   cdk_deploy "$new"
   wait_for "an attestation document of the new image" \
       "$EPHEM" --home "$HOME_DIR" --backend aws --stack-outputs "$OUT" attest fetch --policy "$new/policy.json" \
       --publisher-key "$(sv IMAGE_PUBLISHER_KEY IMAGE_PUBLISHER_KEY)"
   put IMAGE_DIR "$new"; put IMAGE_COMMIT "$COMMIT"
   ROLLED_DIR="$new"
+}
+update_epoch() {
+  local key
+  if same_measurements; then note "same PCRs: the running fleet key's epochs serve (no new key)"; return; fi
+  key="$(next_fleet_key)"
+  note "the new fleet key (U2's NextFleetKeyArn) is now FleetKeyArn: the epoch its first host created, with its genesis"
+  if [ "$DRY" = 0 ] && [ "$(outp FleetKeyArn)" != "$key" ]; then
+    die "step U5: FleetKeyArn is $(outp FleetKeyArn), not the key U2 created ($key): the roll did not make the new keys current"
+  fi
+  wait_for_genesis "$key" "a new host's"
 }
 update_job() {
   note "clients move to the new policy (give them $(new_dir)/policy.json): a job sealed now is served by the new image"
@@ -519,7 +566,7 @@ run_update() {
     "update_$name"
     put "UPDATE_$n" "done:$COMMIT"
   done
-  [ "$DRY" = 1 ] || { put NEXT_IMAGE_COMMIT ""; put NEXT_IMAGE_DIR ""; put NEXT_MODEL_VERSION ""; }
+  [ "$DRY" = 1 ] || { put NEXT_IMAGE_COMMIT ""; put NEXT_IMAGE_DIR ""; put NEXT_MODEL_VERSION ""; put NEXT_FLEET_KEY_ARN ""; }
   echo "deploy: the fleet runs the image of $COMMIT$([ "$DRY" = 0 ] || echo " (dry run: nothing was run)")"
 }
 

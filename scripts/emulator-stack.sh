@@ -50,7 +50,7 @@ synth() {
     # The functions are created in the emulator, never run: any zip will do.
     python3 - "$work/lambda-zips" <<'EOF'
 import pathlib, sys, zipfile
-for name in ["on-upload", "ledger-append", "fleet-rotate", "bulk-list-shards", "bulk-await-shard", "bulk-aggregate", "job-dead-letter"]:
+for name in ["on-upload", "ledger-append", "bulk-list-shards", "bulk-await-shard", "bulk-aggregate", "job-dead-letter"]:
     d = pathlib.Path(sys.argv[1]) / name
     d.mkdir(parents=True)
     with zipfile.ZipFile(d / "bootstrap.zip", "w") as z:

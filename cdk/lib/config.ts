@@ -27,9 +27,9 @@ export interface DeployConfig {
   readonly measurements: Measurements;
   /**
    * The image about to be rolled out (`-c nextPolicyFile=…` or `-c nextPcr0=… [-c nextPcr8=…]`):
-   * its fleet and model keys are created beside the running image's, and fleet-rotate wraps new
-   * epochs under its fleet key, while the hosts still run the current image
-   * (`scripts/deploy.sh --update-image`, docs/operations.md §4).
+   * its fleet and model keys are created beside the running image's (so the model can be sealed
+   * to them; its hosts create their epochs under its fleet key), while the hosts still run the
+   * current image (`scripts/deploy.sh --update-image`, docs/operations.md §4).
    */
   readonly nextMeasurements?: Measurements;
   /** EC2 instance type of the hosts; must support Nitro Enclaves. */
@@ -77,8 +77,6 @@ export interface DeployConfig {
   readonly jobsRetentionDays: number;
   /** Prefixes of the jobs bucket where data owners drop sealed shards (S3-event-triggered jobs). */
   readonly storePrefixes: string[];
-  /** Days between fleet-key rotations (a new epoch each time). */
-  readonly rotationDays: number;
   /** Directory holding `<name>/bootstrap.zip` for each Lambda, as scripts/build-lambdas.sh writes them. */
   readonly lambdaAssetsDir: string;
   /**
@@ -135,6 +133,13 @@ export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process
         'so sealed inputs expire with the rest of their job after jobsRetentionDays',
     );
   }
+  if (read('rotationDays') !== undefined) {
+    // Refused rather than ignored, as above: nothing rotates on a schedule any more.
+    throw new ConfigError(
+      'rotationDays is no longer a setting: the hosts\' enclaves create the fleet-key epochs (a new one when none ' +
+        'lasts two more days; docs/protocol.md §7.3.1), and no Lambda rotates them',
+    );
+  }
   const storePrefixes = stringList(read, 'storePrefixes', ['stores/']);
   checkPrefixes(storePrefixes);
   const lambdaAssetsDir = str(read, 'lambdaAssetsDir', path.join(repoRoot(), 'target', 'lambda'));
@@ -157,7 +162,6 @@ export function loadConfig(read: ContextReader, cliEnv: CliEnvironment = process
     witnesses: witnesses(read),
     jobsRetentionDays: int(read, 'jobsRetentionDays', 30, 1, 3650),
     storePrefixes,
-    rotationDays: int(read, 'rotationDays', 7, 1, 365),
     lambdaAssetsDir: path.resolve(lambdaAssetsDir),
     ...hostArtifactPaths(read),
     onlineCertificateArn: certificateArn(read, 'onlineCertificateArn'),

@@ -85,7 +85,6 @@ export class EphemBatch extends Construct {
       nextMeasurements: cfg.nextMeasurements,
       breakGlassRole: this.identities.keyBreakGlassRole,
       hostRole: this.identities.hostRole,
-      rotationRole: this.identities.rotationRole,
       ledgerRole: this.identities.ledgerRole,
       modelPublisherRole: this.identities.modelPublisherRole,
     });
@@ -93,6 +92,7 @@ export class EphemBatch extends Construct {
       hostRole: this.identities.hostRole,
       storage: this.storage,
       queues: this.queues,
+      fleetKeyArn: this.keys.fleetKey.attrArn,
       expectedPcr0: cfg.measurements.pcr0,
       enclaveEif: cfg.enclaveEif,
       hostPoller: cfg.hostPoller,
@@ -117,7 +117,6 @@ export class EphemBatch extends Construct {
       queues: this.queues,
       keys: this.keys,
       storePrefixes: cfg.storePrefixes,
-      rotationDays: cfg.rotationDays,
       lambdaAssetsDir: cfg.lambdaAssetsDir,
       ledgerReservedConcurrency: cfg.ledgerReservedConcurrency,
       witnesses: cfg.witnesses,
@@ -199,7 +198,7 @@ export class EphemBatch extends Construct {
     out('Region', stack.region, 'AWS region of the deployment');
     out('JobsBucketName', s.jobs.bucketName, 'jobs/<job_id>/..., store prefixes, bulk/<bulk_id>/manifest.json');
     out('ModelsBucketName', s.models.bucketName, 'encrypted models and signed manifests');
-    out('AttestationsBucketName', s.attestations.bucketName, 'published attestation documents (attestations/) and fleet-key epochs (fleet-keys/)');
+    out('AttestationsBucketName', s.attestations.bucketName, 'published attestation documents (attestations/), fleet-key epochs (fleet-keys/) and their geneses (fleet-genesis/)');
     out('ArtifactsBucketName', s.artifacts.bucketName, 'artifacts/policies/: the image publisher\'s signed policies the ledger appenders accept');
     out('LedgerBucketName', s.ledger.bucketName, 'the ledger (C2SP tlog-tiles), under Object Lock (ledgerLockMode)');
     out('JobQueueUrl', q.jobs.queueUrl, 'job messages (on-upload -> hosts)');
@@ -207,17 +206,16 @@ export class EphemBatch extends Construct {
     out('LedgerQueueUrl', q.ledger.queueUrl, 'receipts (hosts -> ledger-append), FIFO');
     out('LedgerDlqUrl', q.ledgerDlq.queueUrl, 'receipts that could not be appended');
     out('UploadFailureQueueUrl', q.uploadFailures.queueUrl, 'on-upload failure records (job-dead-letter marks their jobs failed)');
-    out('FleetKeyArn', k.fleetKey.attrArn, 'KMS key wrapping fleet-key epochs (released only to the measured image)');
+    out('FleetKeyArn', k.fleetKey.attrArn, 'KMS key wrapping fleet-key epochs (generated for and released only to the measured image)');
     out('ModelKeyArn', k.modelKey.attrArn, 'KMS key wrapping model data keys (released only to the measured image)');
     out('LedgerSigningKeyArn', k.ledgerSigningKey.attrArn, 'KMS Ed25519 key signing ledger checkpoints (GetPublicKey to pin it)');
     out('KeyBreakGlassRoleArn', this.identities.keyBreakGlassRole.roleArn, 'the kill switch: may DisableKey/EnableKey on the three keys, nothing else (MFA; docs/operations.md §5)');
     if (k.next !== undefined) {
-      out('NextFleetKeyArn', k.next.fleetKey.attrArn, 'the incoming image\'s fleet key (fleet-rotate wraps new epochs under it)');
+      out('NextFleetKeyArn', k.next.fleetKey.attrArn, 'the incoming image\'s fleet key (its hosts create their epochs under it)');
       out('NextModelKeyArn', k.next.modelKey.attrArn, 'the incoming image\'s model key (seal the model under it before the hosts roll)');
       out('NextImageSha384', k.next.measurements.pcr0, 'PCR0 of the incoming image');
     }
     out('BulkStateMachineArn', this.workflow.stateMachine.stateMachineArn, 'bulk workflow (submit --bulk)');
-    out('FleetRotateFunctionName', this.lambdas.fleetRotate.functionName, 'invoke to start a new fleet-key epoch now');
     out('ModelPublisherRoleArn', this.identities.modelPublisherRole.roleArn, 'role to assume for ephem-batch model encrypt|upload');
     out('FleetAutoScalingGroupName', this.fleet.hosts.autoScalingGroupName, 'the hosts');
     out('DashboardName', this.observability.dashboard.dashboardName, 'CloudWatch dashboard');

@@ -30,6 +30,11 @@ export interface FleetProps {
   readonly hostRole: iam.Role;
   readonly storage: Storage;
   readonly queues: Queues;
+  /**
+   * The running image's fleet key: the hosts describe it (its ARN) and have their enclaves create
+   * epochs under it (keys.ts); a new image is a new key, and a new launch template.
+   */
+  readonly fleetKeyArn: string;
   readonly expectedPcr0: string;
   /** The enclave image and host-poller files (both or neither: placeholders, host-artifacts.ts). */
   readonly enclaveEif?: string;
@@ -110,6 +115,7 @@ export class Fleet extends Construct {
           EPHEM_JOBS_BUCKET: props.storage.jobs.bucketName,
           EPHEM_MODELS_BUCKET: props.storage.models.bucketName,
           EPHEM_ATTESTATIONS_BUCKET: props.storage.attestations.bucketName,
+          EPHEM_FLEET_KEY_ARN: props.fleetKeyArn,
           EPHEM_ENCLAVE_CID: String(ENCLAVE_CID),
           // One JSON object per line in the journal, as the log group receives it.
           EPHEM_LOG_FORMAT: 'json',
@@ -354,11 +360,18 @@ export class Fleet extends Construct {
     });
     allow(role, 'ListModels', ['s3:ListBucket'], [models.bucketArn], { conditions: prefixes('models/*') });
 
-    // Attestations bucket: fleet-key epochs, published documents, clients' requests for fresh ones.
-    allow(role, 'ReadFleetKeys', ['s3:GetObject'], [attestations.arnForObjects('fleet-keys/*')], {
-      why: 'Fleet-key epochs are named at run time; their private halves are wrapped under the fleet key and useless outside the enclave.',
+    // Attestations bucket: fleet-key epochs and their geneses, published documents, clients'
+    // requests for fresh ones. A host offers its enclave only the epochs that have a genesis.
+    allow(role, 'ReadFleetKeys', ['s3:GetObject'], [attestations.arnForObjects('fleet-keys/*'), attestations.arnForObjects('fleet-genesis/*')], {
+      why: 'Fleet-key epochs and their geneses are named by epoch number, known at run time; private halves are wrapped under the fleet key and useless outside the enclave.',
     });
-    allow(role, 'ListFleetKeys', ['s3:ListBucket'], [attestations.bucketArn], { conditions: prefixes('fleet-keys/*') });
+    allow(role, 'ListFleetKeys', ['s3:ListBucket'], [attestations.bucketArn], { conditions: prefixes('fleet-keys/*', 'fleet-genesis/*') });
+    // The epoch its enclave created (record, then genesis): create-only, so two hosts never both
+    // claim a number and nothing stored is ever replaced.
+    allow(role, 'CreateFleetEpochsIfAbsent', ['s3:PutObject'], [attestations.arnForObjects('fleet-keys/*'), attestations.arnForObjects('fleet-genesis/*')], {
+      conditions: { Null: { 's3:if-none-match': 'false' } },
+      why: 'Epoch records and geneses are named by the epoch number the host claims at run time; the write must be conditional (If-None-Match).',
+    });
     allow(role, 'PublishAttestations', ['s3:PutObject'], [attestations.arnForObjects('attestations/*')], {
       why: 'Each enclave boot publishes fresh attestation documents under names chosen at run time; clients verify them, so a forged one gains nothing.',
     });
@@ -388,10 +401,11 @@ export class Fleet extends Construct {
     // other assets (the Lambda code, earlier images), no list.
     const object = (a: HostArtifact) => a.asset.bucket.arnForObjects(a.asset.s3ObjectKey);
     allow(role, 'FetchArtifacts', ['s3:GetObject'], [object(this.artifacts.enclaveEif), object(this.artifacts.hostPoller)]);
-    // KMS: nothing here. The fleet and model key policies name this role directly, and only
-    // for requests that carry the enclave's attestation (keys.ts). CloudWatch metrics: nothing
-    // either; the dashboard's job counts come from ledger-append (lambdas.ts). Step Functions: the
-    // stack grants the bulk run's task completion once the state machine exists.
+    // KMS: nothing here. The fleet and model key policies name this role directly: releases and
+    // new epochs only for requests that carry the enclave's attestation, and the reads of the
+    // fleet key's evidence (DescribeKey, GetKeyPolicy, ListGrants) (keys.ts). CloudWatch metrics:
+    // nothing either; the dashboard's job counts come from ledger-append (lambdas.ts). Step
+    // Functions: the stack grants the bulk run's task completion once the state machine exists.
   }
 
   /**

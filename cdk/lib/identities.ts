@@ -7,10 +7,11 @@ import { Construct } from 'constructs';
 import { justifyWildcardResources } from './nag';
 
 export class Identities extends Construct {
-  /** EC2 hosts of the fleet (host-poller). Reaches the fleet and model keys only through an attested enclave. */
+  /**
+   * EC2 hosts of the fleet (host-poller). Reaches the fleet and model keys only through an attested
+   * enclave, which also has KMS generate each new fleet-key epoch for itself.
+   */
   readonly hostRole: iam.Role;
-  /** fleet-rotate Lambda: makes a new fleet key pair per epoch; never sees a private key. */
-  readonly rotationRole: iam.Role;
   /** ledger-append Lambda: the ledger's only writer and signer. */
   readonly ledgerRole: iam.Role;
   /** on-upload Lambda: turns S3 upload events into job messages. */
@@ -38,10 +39,6 @@ export class Identities extends Construct {
     this.hostRole = new iam.Role(this, 'HostRole', {
       assumedBy: new iam.ServicePrincipal('ec2.amazonaws.com'),
       description: 'ephem-batch fleet host (host-poller, untrusted relay)',
-    });
-    this.rotationRole = new iam.Role(this, 'FleetRotateRole', {
-      assumedBy: lambdaService,
-      description: 'ephem-batch fleet-rotate Lambda',
     });
     this.ledgerRole = new iam.Role(this, 'LedgerAppendRole', {
       assumedBy: lambdaService,

@@ -2,10 +2,19 @@
 //
 //  * The fleet key (wraps each epoch's HPKE private key) and the model key (wraps model data
 //    keys) release plaintext only to an attested enclave: `Decrypt` (and, for the model key,
-//    `GenerateDataKey`) is allowed to the host role only when the request carries a Nitro
-//    attestation document whose image hash (PCR0, `kms:RecipientAttestation:ImageSha384`) and,
-//    if given, PCR8 equal the measurements given at deploy time. KMS then returns the result
-//    encrypted to the enclave's one-shot key; the host that relays the call sees ciphertext.
+//    `GenerateDataKey`; for the fleet key, `GenerateDataKeyPair`) is allowed to the host role only
+//    when the request carries a Nitro attestation document whose image hash (PCR0,
+//    `kms:RecipientAttestation:ImageSha384`) and, if given, PCR8 equal the measurements given at
+//    deploy time. KMS then returns the result encrypted to the enclave's one-shot key; the host
+//    that relays the call sees ciphertext.
+//  * Fleet-key epochs are created by enclaves (docs/protocol.md §7.3.1): an enclave has KMS
+//    generate the epoch's P-256 key pair for itself (`GenerateDataKeyPair` with a `Recipient`,
+//    encryption context {epoch, not_after}), so the private key is known to KMS and to enclaves
+//    of the measured image only. Before that it reads the key evidence (`DescribeKey`,
+//    `GetKeyPolicy`, `ListGrants`) with the host role's credentials, which this policy grants the
+//    host role itself. Nobody else can make an epoch: no `GenerateDataKeyPairWithoutPlaintext`
+//    (a rotation step that called it could equally have wrapped a key pair of its own), no
+//    `Encrypt`.
 //  * Explicit Deny statements, for every principal, refuse those operations when the
 //    attestation condition is absent (a `Null` check) or different, so no later Allow
 //    anywhere can loosen them.
@@ -15,9 +24,12 @@
 //    publisher role may Encrypt. There is no "account root may do kms:*" statement: a key policy
 //    cannot be edited after deployment, by anyone. A new enclave image therefore means new keys
 //    (the measurements are part of the keys' logical ids), and so does a new policy (its version,
-//    KEY_POLICY_VERSION, is too). KMS refuses such a policy unless the policy-lockout safety
-//    check is bypassed — which is why every key here sets BypassPolicyLockoutSafetyCheck.
-//  * The account may read the policy (GetKeyPolicy, DescribeKey): clients and auditors check it.
+//    KEY_POLICY_VERSION or the key's own, is too). KMS refuses such a policy unless the
+//    policy-lockout safety check is bypassed — which is why every key here sets
+//    BypassPolicyLockoutSafetyCheck.
+//  * The account may read the policy (GetKeyPolicy, DescribeKey, ListGrants): clients and
+//    auditors check it (an IAM policy must allow them too, as the tenant policy of
+//    docs/operations.md §3 does; the host role is named in the fleet key's policy instead).
 //    It may also tag the key, turn rotation on, schedule deletion and cancel it: the operations
 //    CloudFormation needs to create and retire a key. None of them releases or re-wraps data.
 //  * The kill switch: a break-glass role may DisableKey and EnableKey, nothing else. Disabling
@@ -25,7 +37,8 @@
 //    after a mistaken ScheduleKeyDeletion (KMS leaves a cancelled key Disabled). Limiting
 //    ScheduleKeyDeletion itself is an SCP's job (docs/operations.md §5, the keys' kill switch).
 //  * An incoming image (`-c nextPolicyFile=`) gets its fleet and model keys before any host runs
-//    it, so an epoch and the model can be sealed to them first (docs/operations.md §4).
+//    it, so the model can be sealed to them first; its hosts then create their own epoch under
+//    its fleet key (docs/operations.md §4).
 import { createHash } from 'node:crypto';
 import { Aws, Fn, RemovalPolicy } from 'aws-cdk-lib';
 import * as iam from 'aws-cdk-lib/aws-iam';
@@ -46,13 +59,32 @@ export const ENCRYPT_ACTION = 'kms:Encrypt';
 /** The kill switch of the break-glass role: stop and restore every use of a key; releases nothing. */
 export const KILL_SWITCH_ACTIONS = ['kms:DisableKey', 'kms:EnableKey'];
 /**
- * The version of the policies below, part of every key's logical id: a key's policy can never be
- * changed, so a changed policy must be a new key (the old one is retained). 3: the kill switch,
- * the Encrypt/Import* denials and ListGrants for the account.
+ * The version of the policies below, part of each key's logical id: a key's policy can never be
+ * changed, so a changed policy must be a new key (the old one is retained). A key whose policy did
+ * not change keeps its version, and so stays the same key.
+ *   3: the kill switch, the Encrypt/Import* denials and ListGrants for the account (every key).
+ *   4: the fleet key only. Enclaves create the epochs: the host role may GenerateDataKeyPair with
+ *      the image's attestation (P-256, {epoch, not_after}) and read the key evidence (DescribeKey,
+ *      GetKeyPolicy, ListGrants); the fleet-rotate role and its GenerateDataKeyPairWithoutPlaintext
+ *      are gone, since an epoch it made could as well have been a key pair its operator knows.
  */
-export const KEY_POLICY_VERSION = 3;
+export const KEY_POLICY_VERSION = 4;
+/** The model key's policy is version 3's (unchanged by 4): its keys are kept. */
+export const MODEL_KEY_POLICY_VERSION = 3;
+/** The ledger signing key's policy is version 3's (unchanged by 4): the key clients pinned is kept. */
+export const LEDGER_KEY_POLICY_VERSION = 3;
 /** Read-only operations the account may perform (clients check the key policy and that it has no grants). */
 export const READ_ACTIONS = ['kms:DescribeKey', 'kms:GetKeyPolicy', 'kms:GetKeyRotationStatus', 'kms:ListResourceTags', 'kms:ListGrants'];
+/**
+ * What an enclave reads of the fleet key, with the host role's credentials, before it creates an
+ * epoch (protocol::key_checks::KeyEvidence); the host reads the first two to learn the key's ARN.
+ */
+export const EVIDENCE_ACTIONS = ['kms:DescribeKey', 'kms:GetKeyPolicy', 'kms:ListGrants'];
+/** The key pair an epoch is: P-256 (DHKEM(P-256, HKDF-SHA256)), under {epoch, not_after}. */
+export const EPOCH_KEY_PAIR_CONDITIONS = {
+  StringEquals: { 'kms:DataKeyPairSpec': 'ECC_NIST_P256' },
+  Null: { 'kms:EncryptionContext:epoch': 'false', 'kms:EncryptionContext:not_after': 'false' },
+};
 /** What CloudFormation needs to create, tag and retire a key; nothing here touches data. */
 export const LIFECYCLE_ACTIONS = ['kms:TagResource', 'kms:UntagResource', 'kms:ScheduleKeyDeletion', 'kms:CancelKeyDeletion'];
 
@@ -61,7 +93,6 @@ export interface KeysProps {
   /** The image about to be rolled out (`-c nextPolicyFile=`): its keys are created now, first. */
   readonly nextMeasurements?: Measurements;
   readonly hostRole: iam.IRole;
-  readonly rotationRole: iam.IRole;
   readonly ledgerRole: iam.IRole;
   readonly modelPublisherRole: iam.IRole;
   /** May DisableKey and EnableKey on every key, nothing else (the kill switch). */
@@ -76,7 +107,7 @@ export interface ImageKeys {
 }
 
 export class Keys extends Construct {
-  /** Symmetric key under which fleet-rotate wraps each epoch's P-256 HPKE private key (the running image's). */
+  /** Symmetric key under which KMS wraps each epoch's P-256 HPKE private key, generated for an attested enclave (the running image's). */
   readonly fleetKey: kms.CfnKey;
   /** Symmetric key under which model data keys are wrapped (encryption context {model_id, version}). */
   readonly modelKey: kms.CfnKey;
@@ -96,8 +127,9 @@ export class Keys extends Construct {
 
     // The ledger key is separate and has nothing to do with enclaves: it signs checkpoints.
     // V3: the kill switch and the Import* denial (V2: ledger-append may read the public key;
-    // V1: only the account root could). Each is retained when the next replaces it.
-    this.ledgerSigningKey = newKey(this, `LedgerSigningKeyV${KEY_POLICY_VERSION}`, {
+    // V1: only the account root could). Each is retained when the next replaces it. Version 4
+    // changed only the fleet key's policy, so this is still V3.
+    this.ledgerSigningKey = newKey(this, `LedgerSigningKeyV${LEDGER_KEY_POLICY_VERSION}`, {
       description: 'ephem-batch ledger checkpoint signing key (Ed25519)',
       keySpec: 'ECC_NIST_EDWARDS25519',
       keyUsage: 'SIGN_VERIFY',
@@ -131,8 +163,7 @@ export class Keys extends Construct {
 
   /** The fleet and model keys of one image; their logical ids name the image and the policy version. */
   private imageKeys(props: KeysProps, m: Measurements): ImageKeys {
-    const tag = `V${KEY_POLICY_VERSION}${measurementTag(m)}`;
-    const fleetKey = newKey(this, `FleetKey${tag}`, {
+    const fleetKey = newKey(this, `FleetKeyV${KEY_POLICY_VERSION}${measurementTag(m)}`, {
       description: `ephem-batch fleet key; releases epoch keys only to enclave image ${m.pcr0.slice(0, 16)}...`,
       keySpec: 'SYMMETRIC_DEFAULT',
       keyUsage: 'ENCRYPT_DECRYPT',
@@ -140,22 +171,22 @@ export class Keys extends Construct {
       statements: [
         ...accountStatements(true, props.breakGlassRole),
         allowAttested('AllowAttestedEnclaveDecrypt', props.hostRole, ['kms:Decrypt'], m),
+        // A new epoch: KMS generates the pair and returns the private key only inside the CMS
+        // envelope for the enclave's Recipient key (the Denies below refuse it without one).
+        allowAttested('AllowAttestedEnclaveNewEpochKeyPairs', props.hostRole, ['kms:GenerateDataKeyPair'], m, EPOCH_KEY_PAIR_CONDITIONS),
+        // The key evidence the enclave checks before it creates an epoch (and the host's DescribeKey).
         {
-          sid: 'AllowRotationNewEpochKeyPairs',
+          sid: 'AllowHostReadKeyEvidence',
           effect: 'Allow',
-          principal: props.rotationRole.roleArn,
-          actions: ['kms:GenerateDataKeyPairWithoutPlaintext'],
-          conditions: {
-            StringEquals: { 'kms:DataKeyPairSpec': 'ECC_NIST_P256' },
-            Null: { 'kms:EncryptionContext:epoch': 'false', 'kms:EncryptionContext:not_after': 'false' },
-          },
+          principal: props.hostRole.roleArn,
+          actions: EVIDENCE_ACTIONS,
         },
         ...denyUnattested(m),
         denyForbidden([ENCRYPT_ACTION]),
       ],
     });
 
-    const modelKey = newKey(this, `ModelKey${tag}`, {
+    const modelKey = newKey(this, `ModelKeyV${MODEL_KEY_POLICY_VERSION}${measurementTag(m)}`, {
       description: `ephem-batch model key; releases model data keys only to enclave image ${m.pcr0.slice(0, 16)}...`,
       keySpec: 'SYMMETRIC_DEFAULT',
       keyUsage: 'ENCRYPT_DECRYPT',
@@ -266,16 +297,26 @@ function accountStatements(symmetric: boolean, breakGlassRole: iam.IRole): KeyPo
   ];
 }
 
-/** Allow `actions` to `principal` only with the deployed image's attestation (PCR0, and PCR8 if given). */
-function allowAttested(sid: string, principal: iam.IRole, actions: string[], m: Measurements): KeyPolicyStatement {
+/**
+ * Allow `actions` to `principal` only with the deployed image's attestation (PCR0, and PCR8 if
+ * given), and the further conditions `more` (which may not replace the attestation's).
+ */
+function allowAttested(
+  sid: string,
+  principal: iam.IRole,
+  actions: string[],
+  m: Measurements,
+  more: Record<string, Record<string, string>> = {},
+): KeyPolicyStatement {
   const expected: Record<string, string> = { [IMAGE_SHA384_KEY]: m.pcr0 };
   if (m.pcr8) expected[PCR8_KEY] = m.pcr8;
+  if ('StringEqualsIgnoreCase' in more) throw new Error(`${sid}: the attestation condition is allowAttested's own`);
   return {
     sid,
     effect: 'Allow',
     principal: principal.roleArn,
     actions,
-    conditions: { StringEqualsIgnoreCase: expected },
+    conditions: { StringEqualsIgnoreCase: expected, ...more },
   };
 }
 

@@ -11,7 +11,6 @@ import { Construct } from 'constructs';
 export const LAMBDA_NAMES = [
   'on-upload',
   'ledger-append',
-  'fleet-rotate',
   'bulk-list-shards',
   'bulk-await-shard',
   'bulk-aggregate',

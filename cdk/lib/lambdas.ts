@@ -1,11 +1,10 @@
 // The Rust Lambdas (crate lambdas/, one binary each, runtime provided.al2023) and what
 // triggers them: S3 uploads -> on-upload, the ledger FIFO queue -> ledger-append (one at a
-// time), a schedule -> fleet-rotate; the bulk workflow calls bulk-list-shards, bulk-await-shard
-// (once per shard, as a task that waits for its token) and bulk-aggregate; on-upload's failures
-// and the jobs DLQ -> job-dead-letter. Each runs under its own role with only the calls it makes.
+// time); the bulk workflow calls bulk-list-shards, bulk-await-shard (once per shard, as a task
+// that waits for its token) and bulk-aggregate; on-upload's failures and the jobs DLQ ->
+// job-dead-letter. Each runs under its own role with only the calls it makes. No Lambda makes
+// fleet-key epochs: the hosts' enclaves do (keys.ts, fleet.ts).
 import { Annotations, Duration } from 'aws-cdk-lib';
-import * as events from 'aws-cdk-lib/aws-events';
-import * as targets from 'aws-cdk-lib/aws-events-targets';
 import * as iam from 'aws-cdk-lib/aws-iam';
 import * as lambda from 'aws-cdk-lib/aws-lambda';
 import * as destinations from 'aws-cdk-lib/aws-lambda-destinations';
@@ -39,7 +38,6 @@ export interface LambdasProps {
   readonly queues: Queues;
   readonly keys: Keys;
   readonly storePrefixes: string[];
-  readonly rotationDays: number;
   readonly lambdaAssetsDir: string;
   /** ledger-append's reserved concurrency, if any (a new account's quota may not allow one). */
   readonly ledgerReservedConcurrency?: number;
@@ -52,7 +50,6 @@ export interface LambdasProps {
 export class Lambdas extends Construct {
   readonly onUpload: lambda.Function;
   readonly ledgerAppend: lambda.Function;
-  readonly fleetRotate: lambda.Function;
   readonly bulkListShards: lambda.Function;
   readonly bulkAwaitShard: lambda.Function;
   readonly bulkAggregate: lambda.Function;
@@ -129,6 +126,8 @@ export class Lambdas extends Construct {
     allow(ids.onUploadRole, 'WriteJobStatus', ['s3:PutObject'], [storage.jobs.arnForObjects('jobs/*/status.json')], {
       why: 'Writes the status of the job an upload creates (queued) or why it was refused; job ids are known at run time.',
     });
+    // The record only, not fleet-genesis/: whoever sealed the job checked the epoch's genesis, and
+    // this check (the header's key is the epoch's) only spares a host a job it could not open.
     allow(ids.onUploadRole, 'ReadFleetKeyEpochs', ['s3:GetObject'], [storage.attestations.arnForObjects('fleet-keys/*')], {
       why: 'Reads the fleet-key epoch a sealed header names, by its number; public keys and wrapped private keys only.',
     });
@@ -199,29 +198,6 @@ export class Lambdas extends Construct {
     ], {
       why: 'Writes jobs/<id>/ledger-proof.json (the entry\'s proof), jobs/<id>/transparent-statement.cbor (the same as a SCITT statement) and jobs/<id>/ledgered.json (its index) for the job just appended, which clients read; job ids are known at run time.',
     });
-
-    // fleet-rotate: a new fleet key pair per epoch; KMS returns only the wrapped private key.
-    this.fleetRotate = this.rustFunction('fleet-rotate', ids.rotationRole, {
-      timeout: Duration.seconds(60),
-      memorySize: 256,
-      environment: {
-        // While an image is incoming, new epochs are wrapped for it (docs/operations.md §4).
-        EPHEM_FLEET_KEY_ARN: (keys.next?.fleetKey ?? keys.fleetKey).attrArn,
-        EPHEM_ATTESTATIONS_BUCKET: storage.attestations.bucketName,
-        EPHEM_ROTATION_DAYS: String(props.rotationDays),
-      },
-    });
-    new events.Rule(this, 'FleetRotateSchedule', {
-      description: 'ephem-batch: start a new fleet-key epoch',
-      schedule: events.Schedule.rate(Duration.days(props.rotationDays)),
-      targets: [new targets.LambdaFunction(this.fleetRotate, { retryAttempts: 2 })],
-    });
-    const epochs = 'Fleet-key epochs are named by epoch number, chosen at run time, under fleet-keys/ only.';
-    allow(ids.rotationRole, 'ReadFleetKeys', ['s3:GetObject'], [storage.attestations.arnForObjects('fleet-keys/*')], { why: epochs });
-    allow(ids.rotationRole, 'ListFleetKeys', ['s3:ListBucket'], [storage.attestations.bucketArn], {
-      conditions: { StringLike: { 's3:prefix': ['fleet-keys/*'] } },
-    });
-    allow(ids.rotationRole, 'WriteFleetKeys', ['s3:PutObject'], [storage.attestations.arnForObjects('fleet-keys/*')], { why: epochs });
 
     // Bulk workflow steps.
     this.bulkListShards = this.rustFunction('bulk-list-shards', ids.bulkListRole, {
@@ -350,7 +326,6 @@ export class Lambdas extends Construct {
     this.all = [
       this.onUpload,
       this.ledgerAppend,
-      this.fleetRotate,
       this.bulkListShards,
       this.bulkAwaitShard,
       this.bulkAggregate,

@@ -9,7 +9,8 @@
 //                       <store prefix><...>.sealed (sealed shards dropped by data owners),
 //                       bulk/<bulk_id>/shards.json, bulk/<bulk_id>/manifest.json (bulk workflow)
 //   models bucket       models/<model_id>/<version>/... (encrypted weights + signed manifest)
-//   attestations bucket attestations/... (published attestation documents), fleet-keys/<epoch>/...
+//   attestations bucket attestations/... (published attestation documents), fleet-keys/epoch-<N>.json
+//                       (epoch records), fleet-genesis/epoch-<N>.json (how an enclave created each)
 //   artifacts bucket    artifacts/host-poller, artifacts/enclave.eif (fetched by the hosts at boot)
 //   ledger bucket       the C2SP tlog-tiles layout written by ledger-append
 import { Duration, Stack, Validations } from 'aws-cdk-lib';
@@ -83,7 +84,7 @@ export class Storage extends Construct {
       ],
     });
 
-    // Attestation documents and fleet-key epochs: an auditor verifies a receipt against the
+    // Attestation documents, fleet-key epochs and their geneses: an auditor verifies a receipt against the
     // document it names, so old versions are kept. Clients' requests for a fresh document and
     // the answers are tenant-written or tenant-driven and live seconds: whatever a host did not
     // remove (and, the bucket being versioned, what it did remove) is gone within about two days.

@@ -39,7 +39,7 @@ zips="$(mktemp -d)"
 trap 'rm -rf "$zips"' EXIT
 python3 - "$zips" <<'EOF'
 import sys, zipfile, pathlib
-for name in ["on-upload", "ledger-append", "fleet-rotate", "bulk-list-shards", "bulk-await-shard", "bulk-aggregate", "job-dead-letter"]:
+for name in ["on-upload", "ledger-append", "bulk-list-shards", "bulk-await-shard", "bulk-aggregate", "job-dead-letter"]:
     d = pathlib.Path(sys.argv[1]) / name
     d.mkdir(parents=True)
     with zipfile.ZipFile(d / "bootstrap.zip", "w") as z:

@@ -112,6 +112,10 @@ describe('deploy configuration', () => {
     assert.equal(loadConfig(ctx({ pcr0: TEST_PCR0, jobsRetentionDays: '7' })).jobsRetentionDays, 7);
   });
 
+  it('refuses the former rotationDays instead of ignoring it (enclaves create the epochs)', () => {
+    assert.throws(() => loadConfig(ctx({ pcr0: TEST_PCR0, rotationDays: '7' })), (e: Error) => e instanceof ConfigError && /rotationDays is no longer a setting/.test(e.message));
+  });
+
   it('store prefixes must not overlap each other or jobs/', () => {
     assert.doesNotThrow(() => checkPrefixes(['store/', 'tenants/acme/', 'tenants/globex/']));
     assert.throws(() => checkPrefixes(['tenants/', 'tenants/acme/']), /overlap/);

@@ -68,8 +68,13 @@ describe('host-poller (HostRole)', () => {
       DeleteLosingAttemptOutputs: { actions: ['s3:DeleteObject'], resources: ['JOBS/jobs/*/attempts/*'] },
       ReadModels: { actions: ['s3:GetObject'], resources: ['MODELS/*'] },
       ListModels: { actions: ['s3:ListBucket'], resources: ['MODELS'], condition: prefix('models/*') },
-      ReadFleetKeys: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/fleet-keys/*'] },
-      ListFleetKeys: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('fleet-keys/*') },
+      ReadFleetKeys: { actions: ['s3:GetObject'], resources: ['ATTESTATIONS/fleet-keys/*', 'ATTESTATIONS/fleet-genesis/*'] },
+      ListFleetKeys: { actions: ['s3:ListBucket'], resources: ['ATTESTATIONS'], condition: prefix('fleet-keys/*', 'fleet-genesis/*') },
+      CreateFleetEpochsIfAbsent: {
+        actions: ['s3:PutObject'],
+        resources: ['ATTESTATIONS/fleet-keys/*', 'ATTESTATIONS/fleet-genesis/*'],
+        condition: { Null: { 's3:if-none-match': 'false' } },
+      },
       PublishAttestations: { actions: ['s3:PutObject'], resources: ['ATTESTATIONS/attestations/*'] },
       ReadAttestationDocumentsAndRequests: {
         actions: ['s3:GetObject'],
@@ -85,6 +90,18 @@ describe('host-poller (HostRole)', () => {
         resources: [`CDK_ASSETS/${stack.fleet.artifacts.enclaveEif.asset.s3ObjectKey}`, `CDK_ASSETS/${stack.fleet.artifacts.hostPoller.asset.s3ObjectKey}`],
       },
     });
+  });
+
+  it('fleet-key epochs: only hosts store them, create-only, and no Lambda writes one (enclaves create epochs)', () => {
+    const writers = statements
+      .filter(({ statement: s }) => s.Effect === 'Allow' && asArray<string>(s.Action).some((a) => a === 's3:PutObject' || a === 's3:*' || a === '*'))
+      .filter(({ statement: s }) => asArray(s.Resource).map(resourceName).some((r) => /^ATTESTATIONS\/(fleet-keys|fleet-genesis|\*)/.test(r)));
+    assert.deepEqual(writers.map(({ owner, statement: s }) => `${owner.replace(/[0-9A-F]{8}$/, '')}:${s.Sid}`), ['IdentitiesHostRoleDefaultPolicy:CreateFleetEpochsIfAbsent']);
+    assert.deepEqual(writers[0].statement.Condition, { Null: { 's3:if-none-match': 'false' } });
+    // Nothing of the retired rotation Lambda is left.
+    assert.ok(!Object.keys(json.Resources).some((id) => /FleetRotate/.test(id)), 'no fleet-rotate resource');
+    assert.ok(!resourcesOfType(json, 'AWS::Events::Rule').length, 'no schedule');
+    assert.equal(json.Outputs?.FleetRotateFunctionName, undefined);
   });
 
   it('CloudWatch Logs: ships its journal and boot log to the host log group only', () => {

@@ -122,7 +122,7 @@ describe('enclave image and host-poller: content-addressed assets', () => {
   it('cdk deploy publishes both files, staged byte for byte under those keys', () => {
     const out = fs.mkdtempSync(path.join(os.tmpdir(), 'ephem-out-'));
     const zips = fs.mkdtempSync(path.join(os.tmpdir(), 'ephem-zips-'));
-    for (const name of ['on-upload', 'ledger-append', 'fleet-rotate', 'bulk-list-shards', 'bulk-await-shard', 'bulk-aggregate', 'job-dead-letter']) {
+    for (const name of ['on-upload', 'ledger-append', 'bulk-list-shards', 'bulk-await-shard', 'bulk-aggregate', 'job-dead-letter']) {
       fs.mkdirSync(path.join(zips, name));
       fs.writeFileSync(path.join(zips, name, 'bootstrap.zip'), name);
     }

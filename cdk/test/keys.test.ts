@@ -1,14 +1,13 @@
 // The key policies are the root of confidentiality (DESIGN.md §3): test every clause.
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { FORBIDDEN_ACTIONS, IMAGE_SHA384_KEY, PCR8_KEY, RELEASE_ACTIONS } from '../lib/keys';
+import { EVIDENCE_ACTIONS, FORBIDDEN_ACTIONS, IMAGE_SHA384_KEY, PCR8_KEY, RELEASE_ACTIONS } from '../lib/keys';
 import { CfnResourceJson, TEST_PCR0, TEST_PCR8, asArray, defaultStack, identityStatements, referencedId, resourcesOfType, synth } from './helpers';
 
 const { json, stack } = defaultStack();
 const keys = resourcesOfType(json, 'AWS::KMS::Key');
 const roleId = (path: string) => stack.getLogicalId(stack.identities.node.findChild(path).node.defaultChild as any);
 const HOST = roleId('HostRole');
-const ROTATION = roleId('FleetRotateRole');
 const LEDGER = roleId('LedgerAppendRole');
 const PUBLISHER = roleId('ModelPublisherRole');
 const BREAK_GLASS = roleId('KeyBreakGlassRole');
@@ -88,7 +87,7 @@ describe('KMS keys', () => {
   ] as const) {
     describe(`${name} key: release only to the attested enclave`, () => {
       it(`allows ${released.join(' and ')} to the host role only with ImageSha384 = PCR0 and PCR8 exact`, () => {
-        const allows = statements(key).filter((s) => s.Effect === 'Allow' && principalOf(s) === HOST);
+        const allows = statements(key).filter((s) => s.Effect === 'Allow' && principalOf(s) === HOST && actionsOf(s).some((a) => a === 'kms:Decrypt'));
         assert.equal(allows.length, 1);
         const s = allows[0];
         assert.deepEqual([...actionsOf(s)].sort(), [...released].sort());
@@ -113,15 +112,46 @@ describe('KMS keys', () => {
     });
   }
 
-  it('fleet key: the rotation role gets only GenerateDataKeyPairWithoutPlaintext (P-256, with epoch context)', () => {
-    const forRotation = statements(fleetKey).filter((s) => s.Effect === 'Allow' && principalOf(s) === ROTATION);
-    assert.equal(forRotation.length, 1);
-    assert.deepEqual(actionsOf(forRotation[0]), ['kms:GenerateDataKeyPairWithoutPlaintext']);
-    assert.equal(forRotation[0].Condition.StringEquals['kms:DataKeyPairSpec'], 'ECC_NIST_P256');
-    // And nowhere else may the rotation role do anything with any key.
+  it('fleet key: the host role has exactly three statements: attested Decrypt, attested new epochs, the key evidence', () => {
+    const forHost = statements(fleetKey).filter((s) => s.Effect === 'Allow' && principalOf(s) === HOST);
+    assert.deepEqual(forHost.map((s) => s.Sid), ['AllowAttestedEnclaveDecrypt', 'AllowAttestedEnclaveNewEpochKeyPairs', 'AllowHostReadKeyEvidence']);
+    // The model and ledger keys give it no evidence reads (nor anything else but the model key's release).
     for (const k of [modelKey, ledgerKey]) {
-      assert.ok(!statements(k).some((s) => s.Effect === 'Allow' && principalOf(s) === ROTATION));
+      assert.ok(!statements(k).some((s) => s.Effect === 'Allow' && principalOf(s) === HOST && actionsOf(s).some((a) => EVIDENCE_ACTIONS.includes(a))));
     }
+  });
+
+  it('fleet key: the host role may GenerateDataKeyPair only for the attested image (PCR0 and PCR8), P-256, under {epoch, not_after}', () => {
+    // Epochs are created by enclaves (docs/protocol.md §7.3.1); without its attestation condition
+    // this statement would let the host have KMS make a pair and return it in plaintext.
+    const creating = statements(fleetKey).filter((s) => s.Effect === 'Allow' && actionsOf(s).some((a) => a.startsWith('kms:GenerateDataKeyPair')));
+    assert.equal(creating.length, 1, 'one statement creates epochs');
+    const [s] = creating;
+    assert.equal(s.Sid, 'AllowAttestedEnclaveNewEpochKeyPairs');
+    assert.equal(principalOf(s), HOST);
+    assert.deepEqual(actionsOf(s), ['kms:GenerateDataKeyPair']);
+    assert.deepEqual(s.Condition, {
+      StringEqualsIgnoreCase: { [IMAGE_SHA384_KEY]: TEST_PCR0, [PCR8_KEY]: TEST_PCR8 },
+      StringEquals: { 'kms:DataKeyPairSpec': 'ECC_NIST_P256' },
+      Null: { 'kms:EncryptionContext:epoch': 'false', 'kms:EncryptionContext:not_after': 'false' },
+    });
+    // Without PCR8 the condition binds PCR0 alone, still.
+    const pcr0Only = resourcesOfType(synth().json, 'AWS::KMS::Key').find(([, k]) => String(k.Properties?.Description).startsWith('ephem-batch fleet key'))![1];
+    const s0 = statements(pcr0Only).find((x) => x.Sid === 'AllowAttestedEnclaveNewEpochKeyPairs');
+    assert.deepEqual(s0?.Condition?.StringEqualsIgnoreCase, { [IMAGE_SHA384_KEY]: TEST_PCR0 });
+    // The pair is never generated without plaintext for anyone (a pair only its caller's KMS key wraps).
+    for (const k of [fleetKey, modelKey, ledgerKey]) {
+      assert.ok(!statements(k).some((x) => x.Effect === 'Allow' && actionsOf(x).includes('kms:GenerateDataKeyPairWithoutPlaintext')));
+    }
+  });
+
+  it('fleet key: the host role reads the key evidence (DescribeKey, GetKeyPolicy, ListGrants), unconditionally and nothing more', () => {
+    const reads = statements(fleetKey).find((s) => s.Sid === 'AllowHostReadKeyEvidence');
+    assert.ok(reads);
+    assert.equal(reads.Effect, 'Allow');
+    assert.equal(principalOf(reads), HOST);
+    assert.deepEqual([...actionsOf(reads)].sort(), ['kms:DescribeKey', 'kms:GetKeyPolicy', 'kms:ListGrants']);
+    assert.equal(reads.Condition, undefined);
   });
 
   it('model key: the publisher may only Encrypt, with {model_id, version} in the context', () => {
@@ -148,9 +178,12 @@ describe('KMS keys', () => {
     for (const action of ['kms:GetPublicKey', 'kms:Sign']) assert.ok(allowed(action), `ledger-append may not call ${action}`);
   });
 
-  it('ledger key: a policy that changed is a new key (a versioned logical id), since nobody may PutKeyPolicy', () => {
-    const [[id]] = resourcesOfType(json, 'AWS::KMS::Key').filter(([, k]) => String(k.Properties?.Description).startsWith('ephem-batch ledger'));
-    assert.match(id, /LedgerSigningKeyV3/);
+  it('a policy that changed is a new key (a versioned logical id), since nobody may PutKeyPolicy; an unchanged one keeps its key', () => {
+    const idOf = (prefix: string) => resourcesOfType(json, 'AWS::KMS::Key').filter(([, k]) => String(k.Properties?.Description).startsWith(prefix))[0][0];
+    // V4 changed the fleet key's policy only (enclaves create epochs): the model and ledger keys stay V3.
+    assert.match(idOf('ephem-batch fleet key'), /^KeysFleetKeyV4/);
+    assert.match(idOf('ephem-batch model key'), /^KeysModelKeyV3/);
+    assert.match(idOf('ephem-batch ledger'), /^KeysLedgerSigningKeyV3/);
   });
 
   it('under the model key only the publisher role may Encrypt: a Deny for every other principal, by aws:PrincipalArn', () => {
@@ -175,7 +208,7 @@ describe('KMS keys', () => {
     assert.ok(json.Outputs?.KeyBreakGlassRoleArn, 'KeyBreakGlassRoleArn output');
   });
 
-  it('an incoming image (-c nextPcr0) gets its own fleet and model keys first; fleet-rotate wraps new epochs under its fleet key', () => {
+  it('an incoming image (-c nextPcr0) gets its own fleet and model keys first; only its enclaves create epochs under its fleet key', () => {
     const next = 'dd'.repeat(48);
     const { json: j } = synth({ nextPcr0: next });
     const k = resourcesOfType(j, 'AWS::KMS::Key');
@@ -190,10 +223,16 @@ describe('KMS keys', () => {
     const ids = (t: typeof j) => resourcesOfType(t, 'AWS::KMS::Key').map(([id]) => id);
     for (const id of ids(synth().json)) assert.ok(ids(j).includes(id), `${id} kept`);
     assert.ok(j.Outputs?.NextFleetKeyArn && j.Outputs?.NextModelKeyArn && j.Outputs?.NextImageSha384);
-    const [nextFleetId] = bound('ephem-batch fleet key', next)[0];
-    const rotate = resourcesOfType(j, 'AWS::Lambda::Function').find(([, f]) => f.Properties?.Environment?.Variables?.EPHEM_ROTATION_DAYS !== undefined);
-    assert.ok(rotate, 'fleet-rotate');
-    assert.equal(referencedId(rotate![1].Properties?.Environment?.Variables?.EPHEM_FLEET_KEY_ARN), nextFleetId);
+    const [[, nextFleet]] = bound('ephem-batch fleet key', next);
+    const creates = statements(nextFleet).find((s) => s.Sid === 'AllowAttestedEnclaveNewEpochKeyPairs');
+    assert.equal(creates?.Condition?.StringEqualsIgnoreCase?.[IMAGE_SHA384_KEY], next, 'the new image\'s enclaves, not the running ones');
+    // The hosts still run the current image, with its fleet key: the new key's first epoch is made
+    // by the first host of the new image (docs/operations.md §4).
+    const [[runningFleetId]] = bound('ephem-batch fleet key', TEST_PCR0);
+    const [[, lt]] = resourcesOfType(j, 'AWS::EC2::LaunchTemplate');
+    const named = JSON.stringify(lt.Properties?.LaunchTemplateData?.UserData);
+    assert.ok(named.includes(`"${runningFleetId}"`), 'the hosts name the running image\'s fleet key');
+    assert.ok(!named.includes(`"${bound('ephem-batch fleet key', next)[0][0]}"`), 'not the incoming one');
   });
 
   it('no identity policy grants any KMS permission: keys are reachable only through their key policies', () => {
@@ -226,22 +265,18 @@ describe('KMS keys', () => {
   it('fleet key: nobody may wrap material they chose under it (what `ephem-batch fleet check-key` checks)', () => {
     // A client pins the fleet key's ARN (check fleet_kms_key); that is only as strong as the key's
     // inability to wrap a private key someone knows: no Encrypt, ReEncrypt*, plaintext-returning
-    // data keys, imported material or replicas, for anyone.
-    const wraps = /^kms:(Encrypt|ReEncrypt|ImportKeyMaterial|GenerateDataKeyPair$|GenerateDataKey$|GenerateDataKeyWithoutPlaintext|ReplicateKey|CreateGrant|PutKeyPolicy)/;
+    // data keys, pairs generated without plaintext, imported material or replicas, for anyone. The
+    // one pair generation allowed returns the private key to the attested enclave alone (above).
+    const wraps = /^kms:(Encrypt|ReEncrypt|ImportKeyMaterial|GenerateDataKey$|GenerateDataKeyWithoutPlaintext|GenerateDataKeyPairWithoutPlaintext|ReplicateKey|CreateGrant|PutKeyPolicy)/;
     for (const s of statements(fleetKey).filter((x) => x.Effect === 'Allow')) {
       for (const a of actionsOf(s)) assert.ok(!wraps.test(a), `statement ${s.Sid} allows ${a} on the fleet key`);
     }
     // KMS makes the material (Origin AWS_KMS, the default) and the key stays in one Region.
     assert.ok(fleetKey.Properties?.Origin === undefined || fleetKey.Properties?.Origin === 'AWS_KMS');
     assert.notEqual(fleetKey.Properties?.MultiRegion, true);
-    // The only statements that release (Decrypt) require the image's PCR0.
-    for (const s of statements(fleetKey).filter((x) => x.Effect === 'Allow' && actionsOf(x).includes('kms:Decrypt'))) {
+    // The only statements that release (Decrypt) or create a pair require the image's PCR0.
+    for (const s of statements(fleetKey).filter((x) => x.Effect === 'Allow' && actionsOf(x).some((a) => RELEASE_ACTIONS.includes(a)))) {
       assert.equal(s.Condition?.StringEqualsIgnoreCase?.[IMAGE_SHA384_KEY], TEST_PCR0, `statement ${s.Sid}`);
     }
-    // And only the rotation role creates epochs, without plaintext.
-    const creating = statements(fleetKey).filter((x) => x.Effect === 'Allow' && actionsOf(x).some((a) => a.startsWith('kms:GenerateDataKeyPair')));
-    assert.equal(creating.length, 1);
-    assert.deepEqual(actionsOf(creating[0]), ['kms:GenerateDataKeyPairWithoutPlaintext']);
-    assert.equal(principalOf(creating[0]), ROTATION);
   });
 });

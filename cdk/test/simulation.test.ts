@@ -26,7 +26,7 @@ const CDK_ASSETS_BUCKET = DefaultStackSynthesizer.DEFAULT_FILE_ASSETS_BUCKET_NAM
   .replace('${AWS::AccountId}', ACCOUNT)
   .replace('${AWS::Region}', REGION);
 /** The roles of the template the table names, by construct id under Identities. */
-const ROLES = ['HostRole', 'FleetRotateRole', 'LedgerAppendRole', 'OnUploadRole', 'BulkListShardsRole', 'BulkAwaitShardRole', 'BulkAggregateRole', 'JobDeadLetterRole', 'ModelPublisherRole', 'KeyBreakGlassRole'];
+const ROLES = ['HostRole', 'LedgerAppendRole', 'OnUploadRole', 'BulkListShardsRole', 'BulkAwaitShardRole', 'BulkAggregateRole', 'JobDeadLetterRole', 'ModelPublisherRole', 'KeyBreakGlassRole'];
 /** Managed policies attached to those roles, which the simulation leaves out (it has no copy of them), with why that is safe. */
 const UNMODELLED_MANAGED_POLICIES: Record<string, string> = {
   'arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore': 'ssm:, ssmmessages:, ec2messages: only: no S3, SQS, KMS, Step Functions or Auto Scaling action',
@@ -425,5 +425,47 @@ describe('KMS key-policy rule (issue 19: ledger-append could not read its key)',
     // The host role's session with an IAM grant for Sign: the ledger key delegates no Sign to the account.
     const host: Principal = { arn: who.HostRole.arn, policies: withIam.policies.slice(-1) };
     assert.equal((await decide(template, { principal: host, action: 'kms:Sign', resource: template.arn('kms://ledger'), context: context('kms:Sign', { 'kms:SigningAlgorithm': 'ED25519_SHA_512' }) })).result, 'ImplicitlyDenied');
+  });
+});
+
+describe('new fleet-key epochs: the Allow itself requires the attestation (docs/protocol.md §7.3.1)', () => {
+  const fleetKeyId = template.idOf('AWS::KMS::Key', /^KeysFleetKey/);
+  const epochContext = { 'kms:DataKeyPairSpec': 'ECC_NIST_P256', 'kms:EncryptionContext:epoch': '43', 'kms:EncryptionContext:not_after': '1767225600000' };
+  const attested = { 'kms:RecipientAttestation:ImageSha384': '${PCR0}', 'kms:RecipientAttestation:PCR8': '${PCR8}' };
+  const generate = (context: Record<string, string>): CallRow => ({
+    binary: 'enclave', role: 'HostRole', op: 'enclave-tls', action: 'kms:GenerateDataKeyPair', resource: 'kms://fleet', context,
+  });
+  /** The template with the fleet key's statements edited. */
+  function edited(edit: (statements: any[]) => any[]): ResolvedTemplate {
+    const t = structuredClone(defaultStack().json) as CfnTemplate;
+    const policy = t.Resources[fleetKeyId].Properties!.KeyPolicy;
+    policy.Statement = edit(policy.Statement);
+    return new ResolvedTemplate(t);
+  }
+  const decideIn = async (t: ResolvedTemplate, row: CallRow) =>
+    (await decide(t, { ...request(row, principals(t).HostRole), resource: t.arn('kms://fleet') })).result;
+
+  it('with every Deny of the fleet key removed, the host role still gets no unattested or other-image pair', async () => {
+    // The Denies are the second line; this is the first: a regression that dropped the Allow's
+    // condition (or put GenerateDataKeyPair in an unconditioned statement) would pass the Denies' rows alone.
+    const noDenies = edited((statements) => statements.filter((x: any) => x.Effect !== 'Deny'));
+    assert.equal(await decideIn(noDenies, generate({ ...attested, ...epochContext })), 'Allowed');
+    assert.equal(await decideIn(noDenies, generate(epochContext)), 'ImplicitlyDenied', 'no attestation');
+    assert.equal(await decideIn(noDenies, generate({ ...attested, 'kms:RecipientAttestation:ImageSha384': '${OTHER}', ...epochContext })), 'ImplicitlyDenied', 'another image');
+    assert.equal(await decideIn(noDenies, generate({ 'kms:RecipientAttestation:ImageSha384': '${PCR0}', ...epochContext })), 'ImplicitlyDenied', 'no PCR8');
+  });
+
+  it('and the check can fail: the same Allow without its attestation condition lets the host have a pair in plaintext', async () => {
+    const withoutAttestation = (c: Record<string, unknown>) => Object.fromEntries(Object.entries(c).filter(([operator]) => operator !== 'StringEqualsIgnoreCase'));
+    const unconditioned = edited((statements) =>
+      statements
+        .filter((x: any) => x.Effect !== 'Deny')
+        .map((x: any) => (x.Sid === 'AllowAttestedEnclaveNewEpochKeyPairs' ? { ...x, Condition: withoutAttestation(x.Condition) } : x)),
+    );
+    assert.equal(await decideIn(unconditioned, generate(epochContext)), 'Allowed');
+  });
+
+  it('with the Denies in place, the unattested request is refused explicitly', async () => {
+    assert.equal((await decide(template, request(generate(epochContext), who.HostRole))).result, 'ExplicitlyDenied');
   });
 });

@@ -78,6 +78,13 @@ describe('fleet', () => {
     for (const unused of ['EPHEM_METRICS_NAMESPACE', 'EPHEM_LIFECYCLE_HOOK']) assert.ok(!userData.includes(unused), unused);
   });
 
+  it('the poller is given its image\'s fleet key, under which its enclave creates the epochs (EPHEM_FLEET_KEY_ARN)', () => {
+    const env = /host-poller\.env <<EOF\n([\s\S]*?)\nEOF\n/.exec(userDataScript())?.[1] ?? '';
+    const [[fleetKeyId]] = resourcesOfType(json, 'AWS::KMS::Key').filter(([, k]) => String(k.Properties?.Description).startsWith('ephem-batch fleet key'));
+    assert.match(env, new RegExp(`^EPHEM_FLEET_KEY_ARN=<GetAtt:${fleetKeyId}\\.Arn>$`, 'm'));
+    assert.deepEqual(json.Outputs?.FleetKeyArn?.Value, { 'Fn::GetAtt': [fleetKeyId, 'Arn'] }, 'the key clients pin');
+  });
+
   it('vsock-proxy may reach exactly this Region\'s KMS on 443, and a dead enclave is restarted', () => {
     const [[, lt]] = resourcesOfType(json, 'AWS::EC2::LaunchTemplate');
     const parts = stack.resolve(lt.Properties?.LaunchTemplateData?.UserData)['Fn::Base64']['Fn::Join'][1] as unknown[];
@@ -471,8 +478,10 @@ describe('lambdas', () => {
     assert.deepEqual(conds, ['{"Null":{"s3:if-match":"false"}}', '{"Null":{"s3:if-none-match":"false"}}']);
   });
 
-  it('fleet-rotate runs on a schedule', () => {
-    template.hasResourceProperties('AWS::Events::Rule', { ScheduleExpression: 'rate(7 days)', State: 'ENABLED' });
+  it('no Lambda makes fleet-key epochs: no fleet-rotate, no schedule (the hosts\' enclaves create them)', () => {
+    const names = resourcesOfType(json, 'AWS::Lambda::Function').map(([, f]) => String(f.Properties?.Description));
+    assert.ok(!names.some((n) => n.includes('fleet-rotate')), names.join());
+    assert.ok(!resourcesOfType(json, 'AWS::Events::Rule').some(([, r]) => r.Properties?.ScheduleExpression !== undefined), 'no scheduled rule');
   });
 });
 

@@ -4,7 +4,8 @@
 # exact commands, fake stack outputs resolved), that a dry run runs and writes nothing, resuming
 # (steps 1-3 recorded done: the plan starts at 4, twice the same), a done step whose output is
 # gone, --from, a real run that fails at step 2 naming it and resumes there, and the ledger key
-# string against the known answer of docs/protocol.md §8.5. Run by cdk/scripts/test.sh (make test).
+# string against the known answer of docs/protocol.md §8.5, and the search for an epoch's genesis
+# (fleet-genesis). Run by cdk/scripts/test.sh (make test).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -18,13 +19,22 @@ has() { grep -qF -- "$2" "$1" && ok "$3" || { not_ok "$3 (no '$2' in $1)"; sed '
 lacks() { ! grep -qF -- "$2" "$1" && ok "$3" || not_ok "$3 ('$2' found in $1)"; }
 
 # Fake tools: every call is logged; a dry run must make none. aws fails but for sts (so a real
-# run gets past the preflight); ephem-batch can make keys (so a real run can finish step 1).
+# run gets past the preflight) and, given FAKE_S3 (a directory standing for the attestations
+# bucket), for the listing of fleet-genesis/ and the copy of an object to stdout; ephem-batch can
+# make keys (so a real run can finish step 1).
 mkdir -p "$t/bin"
 cat >"$t/bin/fake" <<'EOF'
 #!/usr/bin/env bash
 echo "$(basename "$0") $*" >>"$FAKE_LOG"
 case "$(basename "$0") $1 ${2:-}" in
   "aws sts get-caller-identity") echo 123456789012 ;;
+  "aws s3api list-objects-v2")
+    [ -n "${FAKE_S3:-}" ] || exit 1
+    keys="$(cd "$FAKE_S3" && find fleet-genesis -type f 2>/dev/null | sort | tr '\n' '\t')"
+    echo "${keys:-None}" ;;
+  "aws s3 cp")
+    [ -n "${FAKE_S3:-}" ] && [ "$4" = - ] || exit 1
+    cat "$FAKE_S3/${3#s3://*/}" ;;
   "ephem-batch policy keygen")
     out="$4"; [ "$3" = --out ] && [ ! -e "$out" ] || exit 1
     printf '%064d\n' 7 >"$out"; chmod 600 "$out"; printf 'ab%.0s' {1..32}; echo ;;
@@ -41,7 +51,7 @@ mkdir -p "$state"
 cat >"$state/outputs.json" <<'EOF'
 {"EphemBatch": {"Region": "eu-west-1", "ArtifactsBucketName": "fake-artifacts", "AttestationsBucketName": "fake-attestations",
  "ModelsBucketName": "fake-models", "LedgerBucketName": "fake-ledger", "LedgerSigningKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-ledger",
- "ModelKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-model", "FleetRotateFunctionName": "fake-fleet-rotate",
+ "ModelKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-model", "FleetKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-fleet",
  "ModelPublisherRoleArn": "arn:aws:iam::123456789012:role/fake-publisher", "FleetAutoScalingGroupName": "fake-asg"}}
 EOF
 export EPHEM_DEPLOY_DIR="$state"
@@ -72,11 +82,20 @@ deploy_at="$(grep -n -- "cdk deploy -c" "$t/plan" | cut -d: -f1)"
 [ "$(grep -c -- "/artifacts/policies/" "$t/plan")" = 1 ] && [ "$policy_at" -lt "$deploy_at" ] \
   && ok "a stack that exists (outputs file) gets the policy once, before cdk deploy rolls new hosts in" \
   || not_ok "policy upload order: policy at line $policy_at, cdk deploy at $deploy_at"
-has "$t/plan" "aws lambda invoke --function-name fake-fleet-rotate" "step 4 starts the first fleet epoch"
 has "$t/plan" "aws sts assume-role --role-arn arn:aws:iam::123456789012:role/fake-publisher" "step 4 assumes the publisher role"
 for sub in "model encrypt" "model sign" "model upload" "model verify --published models/all-MiniLM-L6-v2/v1/manifest.cose"; do
   has "$t/plan" "$sub" "step 4: $sub"
 done
+genesis_wait="scripts/deploy.sh fleet-genesis fake-attestations arn:aws:kms:eu-west-1:123456789012:key/fake-fleet"
+has "$t/plan" "$genesis_wait" "step 4 waits for an epoch with its genesis under FleetKeyArn"
+verify_at="$(grep -n -- "model verify --published" "$t/plan" | head -n1 | cut -d: -f1)"
+genesis_at="$(grep -nF -- "$genesis_wait" "$t/plan" | head -n1 | cut -d: -f1)"
+ledger_at="$(grep -n -- "^5\. ledger" "$t/plan" | cut -d: -f1)"
+[ -n "$genesis_at" ] && [ "$verify_at" -lt "$genesis_at" ] && [ "$genesis_at" -lt "$ledger_at" ] \
+  && ok "step 4 publishes the model, then waits for the first epoch (hosts boot meanwhile)" \
+  || not_ok "step 4 order: model verify at $verify_at, genesis wait at $genesis_at, step 5 at $ledger_at"
+lacks "$t/plan" "lambda invoke" "no Lambda makes an epoch"
+lacks "$t/plan" "fleet-rotate" "fleet-rotate is gone"
 has "$t/plan" "aws kms get-public-key --key-id arn:aws:kms:eu-west-1:123456789012:key/fake-ledger" "step 5 reads the ledger key"
 has "$t/plan" "ledger-key-string fake-ledger.s3.eu-west-1.amazonaws.com" "step 5 names the origin from the outputs"
 has "$t/plan" "submit examples/corpus.jsonl" "step 6 submits the example corpus"
@@ -117,7 +136,7 @@ for n in "1. keys" "2. image" "3. deploy"; do has "$t/resume1" "$n: " "$n is rep
 has "$t/resume1" "-- resume at step 4 (publish)" "the plan resumes at step 4"
 lacks "$t/resume1" "policy keygen" "no step 1 command is planned again"
 lacks "$t/resume1" "cdk deploy -c" "no step 3 command is planned again"
-has "$t/resume1" "aws lambda invoke --function-name fake-fleet-rotate" "step 4 is planned"
+has "$t/resume1" "$genesis_wait" "step 4 is planned"
 has "$t/resume1" "submit examples/corpus.jsonl --policy $t/img/policy.json --publisher-key $(cat "$state/keys/image-publisher.pub")" "later steps use the recorded outputs"
 cmp -s "$t/resume1" "$t/resume2" && ok "the same plan twice (idempotent)" || not_ok "two dry runs differ"
 [ "$before" = "$(snapshot)" ] && [ ! -s "$FAKE_LOG" ] && ok "the resumed dry runs touch nothing" || not_ok "a resumed dry run wrote or called something"
@@ -168,7 +187,7 @@ fi
 [ ! -s "$FAKE_LOG" ] && ok "no tool was called before the refusal" || not_ok "called before the pin check: $(cat "$FAKE_LOG")"
 has "$t/plan" "enclave-image/check-pins.sh" "the plan shows the pin check"
 
-# --- 7. --update-image: the new image's keys, then an epoch and the model under them, only then the hosts ---
+# --- 7. --update-image: the new image's keys, then the model under them, then the hosts (whose first creates the epoch) ---
 upd="$t/update"
 mkdir -p "$upd/keys"
 jq '.EphemBatch += {"NextFleetKeyArn": "arn:aws:kms:eu-west-1:123456789012:key/fake-next-fleet",
@@ -185,21 +204,23 @@ head_commit="$(git -C "$root" rev-parse HEAD)"
 before="$(cat "$upd/state")"
 EPHEM_DEPLOY_DIR="$upd" "$deploy" --update-image --dry-run >"$t/upd" 2>&1 || { cat "$t/upd"; not_ok "--update-image --dry-run exits 0"; }
 order="$(grep -Eo '^U[0-9]\. [a-z]+' "$t/upd" | tr '\n' ' ')"
-[ "$order" = "U1. build U2. keys U3. epoch U4. model U5. roll U6. job " ] && ok "update phases in order" || not_ok "update phases: '$order'"
+[ "$order" = "U1. build U2. keys U3. model U4. roll U5. epoch U6. job " ] && ok "update phases in order" || not_ok "update phases: '$order'"
 line() { grep -nF -- "$1" "$t/upd" | head -n1 | cut -d: -f1; }
 policy_at="$(line "s3://fake-artifacts/artifacts/policies/$head_commit.json")"
 keys_at="$(line "-c nextPolicyFile=../dist/enclave/$head_commit/policy.json")"
-epoch_at="$(line "aws lambda invoke --function-name fake-fleet-rotate")"
 seal_at="$(line "env EPHEM_MODEL_KEY_ARN=arn:aws:kms:eu-west-1:123456789012:key/fake-next-model ephem-batch")"
 roll_at="$(line "-c enclaveEif=../dist/enclave/$head_commit/enclave.eif")"
+attest_at="$(line "attest fetch --policy dist/enclave/$head_commit/policy.json")"
+epoch_at="$(line "scripts/deploy.sh fleet-genesis fake-attestations arn:aws:kms:eu-west-1:123456789012:key/fake-next-fleet")"
 submit_at="$(line "submit examples/corpus.jsonl --policy dist/enclave/$head_commit/policy.json")"
-if [ -n "$policy_at" ] && [ -n "$keys_at" ] && [ -n "$epoch_at" ] && [ -n "$seal_at" ] && [ -n "$roll_at" ] && [ -n "$submit_at" ] \
-   && [ "$policy_at" -lt "$keys_at" ] && [ "$keys_at" -lt "$epoch_at" ] && [ "$epoch_at" -lt "$seal_at" ] \
-   && [ "$seal_at" -lt "$roll_at" ] && [ "$roll_at" -lt "$submit_at" ]; then
-  ok "policy, then new keys, then the epoch, then the model under the new model key, then the launch template, then a job on the new policy"
+if [ -n "$policy_at" ] && [ -n "$keys_at" ] && [ -n "$seal_at" ] && [ -n "$roll_at" ] && [ -n "$attest_at" ] && [ -n "$epoch_at" ] && [ -n "$submit_at" ] \
+   && [ "$policy_at" -lt "$keys_at" ] && [ "$keys_at" -lt "$seal_at" ] && [ "$seal_at" -lt "$roll_at" ] \
+   && [ "$roll_at" -lt "$attest_at" ] && [ "$attest_at" -lt "$epoch_at" ] && [ "$epoch_at" -lt "$submit_at" ]; then
+  ok "policy, then new keys, then the model under the new model key, then the launch template and its attestation, then the new key's genesis, then a job on the new policy"
 else
-  not_ok "update order: policy $policy_at, keys $keys_at, epoch $epoch_at, model $seal_at, roll $roll_at, submit $submit_at"
+  not_ok "update order: policy $policy_at, keys $keys_at, model $seal_at, roll $roll_at, attested $attest_at, epoch $epoch_at, submit $submit_at"
 fi
+lacks "$t/upd" "lambda invoke" "no Lambda makes the new key's epoch"
 grep -F -- "-c nextPolicyFile=" "$t/upd" | grep -qF -- "-c enclaveEif=$t/img/enclave.eif" \
   && ok "the keys deploy keeps the running image on the hosts" || not_ok "the keys deploy changes the hosts' image"
 grep -F -- "-c enclaveEif=../dist/enclave/$head_commit/" "$t/upd" | grep -qvF -- "nextPolicyFile" \
@@ -213,7 +234,7 @@ if EPHEM_DEPLOY_DIR="$upd" "$deploy" --update-image --dry-run >"$t/upd2" 2>&1; t
   has "$t/upd2" "the fleet already runs the image of $head_commit" "an update to the running commit is refused"; fi
 
 # A real run (fake tools) of an update whose image has the running PCRs, U1 recorded done: no new
-# keys, epoch or model; it fails at U5 (no account), names U5, and a re-run resumes there.
+# keys or model; it fails at U4 (no account), names U4, and a re-run resumes there.
 same="$t/same"
 mkdir -p "$same/img-new"
 cp "$upd/outputs.json" "$same/"
@@ -226,15 +247,39 @@ echo '{"version":1,"pcrs":{"2":"cc","1":"bb","0":"aa"}}' >"$t/img/policy.json"
 if EPHEM_DEPLOY_DIR="$same" "$deploy" --update-image >"$t/same.log" 2>&1; then not_ok "a real update without an account fails"; fi
 has "$t/same.log" "U1. build — done" "U1 recorded done is not run again"
 has "$t/same.log" "the new image has the running image's PCRs" "same PCRs: no new keys"
-has "$t/same.log" "deploy: step U5 (roll) failed" "the failure names U5"
-has "$t/same.log" "re-run scripts/deploy.sh --update-image: it resumes at step U5" "and how to resume"
+has "$t/same.log" "deploy: step U4 (roll) failed" "the failure names U4"
+has "$t/same.log" "re-run scripts/deploy.sh --update-image: it resumes at step U4" "and how to resume"
 lacks "$FAKE_LOG" "nextPolicyFile" "no keys deploy"
-lacks "$FAKE_LOG" "lambda invoke" "no new epoch"
 lacks "$FAKE_LOG" "model encrypt" "no re-sealed model"
-grep -qx "UPDATE_4=done:$head_commit" "$same/state" && ok "U2-U4 recorded done" || not_ok "U4 recorded: $(cat "$same/state")"
+grep -qx "UPDATE_3=done:$head_commit" "$same/state" && ok "U2-U3 recorded done" || not_ok "U3 recorded: $(cat "$same/state")"
+grep -q "^UPDATE_4=" "$same/state" && not_ok "U4 recorded done after it failed" || ok "U4 not recorded done"
 echo x >"$t/img/policy.json"
 
-# --- 8. the ledger key string: known answer of docs/protocol.md §8.5 ---------------------------------
+# --- 8. fleet-genesis: an unexpired epoch under the key, with its genesis --------------------------------
+s3="$t/s3"
+mkdir -p "$s3/fleet-keys" "$s3/fleet-genesis"
+now_ms=$(( $(date +%s) * 1000 ))
+old_key=arn:aws:kms:eu-west-1:123456789012:key/old new_key=arn:aws:kms:eu-west-1:123456789012:key/new
+record() { # EPOCH NOT_AFTER_MS KEY_ARN
+  printf '{"epoch": %s, "not_after_ms": %s, "kms_key_id": "%s", "public_key": "04", "wrapped_private_key": "00"}\n' "$1" "$2" "$3" \
+    >"$s3/fleet-keys/epoch-$1.json"
+}
+record 1 $((now_ms + 86400000)) "$old_key"; echo '{}' >"$s3/fleet-genesis/epoch-1.json"   # another key's
+record 2 $((now_ms - 60000)) "$new_key"; echo '{}' >"$s3/fleet-genesis/epoch-2.json"     # expired
+record 3 $((now_ms + 86400000)) "$new_key"                                                 # no genesis
+echo '{}' >"$s3/fleet-genesis/epoch-9.json"                                                # no record
+if FAKE_S3="$s3" "$deploy" fleet-genesis fake-attestations "$new_key" >"$t/genesis.out" 2>&1; then
+  not_ok "fleet-genesis found one where none counts: $(cat "$t/genesis.out")"
+else
+  ok "fleet-genesis: another key's, an expired one, a record without genesis and a genesis without record do not count"
+fi
+record 4 $((now_ms + 86400000)) "$new_key"; echo '{}' >"$s3/fleet-genesis/epoch-4.json"
+got="$(FAKE_S3="$s3" "$deploy" fleet-genesis fake-attestations "$new_key" 2>&1)" || true
+[ "$got" = "fleet-genesis/epoch-4.json" ] && ok "fleet-genesis finds the epoch under the key" || not_ok "fleet-genesis: '$got'"
+got="$(FAKE_S3="$s3" "$deploy" fleet-genesis fake-attestations "$old_key" 2>&1)" || true
+[ "$got" = "fleet-genesis/epoch-1.json" ] && ok "and the old key's under the old key" || not_ok "fleet-genesis (old key): '$got'"
+
+# --- 9. the ledger key string: known answer of docs/protocol.md §8.5 ---------------------------------
 # The verifier key's base64(0x01 || key), as an Ed25519 SubjectPublicKeyInfo the way KMS returns it.
 pub="$(echo 'ASFS+NGbeR0kRTJC4V8uq2y3z/p7al7TAJeWDgaYgdsS' | base64 -d | tail -c 32 | od -An -tx1 | tr -d ' \n')"
 spki="$(echo "302a300506032b6570032100$pub" | xxd -r -p | base64 -w0)"
