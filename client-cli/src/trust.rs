@@ -12,10 +12,14 @@ use anyhow::{anyhow, Context};
 use clap::Args;
 use cloud::{layout, ObjectError, Services};
 use ed25519_dalek::VerifyingKey;
-use protocol::attestation::{self, AttestationDocument, Policy, SignedPolicy, UserDataBinding, VerifiedDocument, VerifyOptions};
+use protocol::attestation::{
+    self, AttestationDocument, GenesisError, Policy, SignedPolicy, UserDataBinding, VerifiedDocument, VerifyOptions,
+};
+use protocol::fleet::{genesis_object_key, EpochGenesis};
 use protocol::envelope::FleetPublicKey;
 use protocol::kms_arn::KmsKeyArn;
 
+use crate::fleet_key::memory::KeyMemory;
 use crate::home::Home;
 
 #[derive(Args, Debug, Clone, Default)]
@@ -31,9 +35,9 @@ pub struct TrustArgs {
     /// Default: the development model publisher (embedded default only).
     #[arg(long, value_name = "HEX", env = "EPHEM_MODEL_PUBLISHER_KEY")]
     pub model_publisher_key: Option<String>,
-    /// The deployment's fleet KMS key (a key ARN): a fleet key is trusted only from a document
-    /// whose binding names it. Default: the stack outputs' FleetKeyArn, or the home's local
-    /// fleet key.
+    /// A fleet KMS key (a key ARN) the binding must name, beside the genesis every fleet key
+    /// must have. Default: the stack outputs' FleetKeyArn, or the home's local fleet key — a
+    /// consistency check only: an operator-written name is never what makes a key trusted.
     #[arg(long, value_name = "ARN", env = "EPHEM_FLEET_KEY_ARN")]
     pub fleet_key_arn: Option<String>,
 }
@@ -44,9 +48,11 @@ pub struct ClientTrust {
     pub policy_file: PathBuf,
     pub model_publisher: VerifyingKey,
     pub development: bool,
-    /// The deployment's fleet KMS key; `None` only where nothing is sealed (receipts are checked
-    /// against the fleet key the job was sealed to).
+    /// A fleet KMS key the binding must name, if one is given or the backend names one (a
+    /// consistency check: trust in a fleet key comes from its genesis).
     pub fleet_kms_key: Option<KmsKeyArn>,
+    /// What this client accepted about each fleet KMS key.
+    pub key_memory: KeyMemory,
 }
 
 /// An Ed25519 public key given as 64 hex digits; `what` names it in errors.
@@ -89,7 +95,7 @@ impl ClientTrust {
             Some(text) => Some(text.parse::<KmsKeyArn>().context("--fleet-key-arn")?),
             None => crate::backend::fleet_kms_key(),
         };
-        Ok(ClientTrust { policy, policy_file, model_publisher, development, fleet_kms_key })
+        Ok(ClientTrust { policy, policy_file, model_publisher, development, fleet_kms_key, key_memory: KeyMemory::of(home) })
     }
 
     /// The deployment's fleet KMS key, or why there is none.
@@ -103,11 +109,20 @@ impl ClientTrust {
     }
 
     /// Options for a document whose fleet key the client is about to seal to: everything of
-    /// [`options_now`](Self::options_now), and the binding must name the deployment's KMS key.
+    /// [`options_now`](Self::options_now), and, if a fleet KMS key is named, the binding must
+    /// name it (a name that differs is refused by `fleet_kms_key`, never followed).
     pub fn options_for_sealing(&self, now_ms: u64) -> anyhow::Result<VerifyOptions> {
         let mut options = self.options_now(now_ms);
-        options.expected_fleet_kms_key = Some(self.pinned_fleet_kms_key()?.clone());
+        options.expected_fleet_kms_key = self.fleet_kms_key.clone();
         Ok(options)
+    }
+
+    /// Options for an epoch's genesis document: the policy, at the document's own time (an epoch
+    /// lives for days, its genesis certificate for hours); its `user_data` is a genesis binding,
+    /// which `attestation::check_genesis` reads.
+    pub fn options_for_genesis(&self, document: &[u8]) -> VerifyOptions {
+        let at = AttestationDocument::parse_unverified(document).map(|d| d.timestamp_ms).unwrap_or(0);
+        self.policy.verify_options(at)
     }
 
     /// Says loudly when the trust is only a development root.
@@ -160,7 +175,7 @@ pub fn current_enclave(services: &Services, trust: &ClientTrust, now_ms: u64) ->
             Err(ObjectError::NotFound { .. }) => continue,
             Err(error) => return Err(error.into()),
         };
-        match check_published(&document, trust, now_ms) {
+        match check_published(services, &document, trust, now_ms) {
             Ok((verified, binding, fleet)) => {
                 let newer = best.as_ref().is_none_or(|b| verified.document.timestamp_ms > b.verified.document.timestamp_ms);
                 if newer {
@@ -173,11 +188,37 @@ pub fn current_enclave(services: &Services, trust: &ClientTrust, now_ms: u64) ->
     best.ok_or_else(|| anyhow!("no published attestation document passes the policy:\n  {}", failures.join("\n  ")))
 }
 
-fn check_published(document: &[u8], trust: &ClientTrust, now_ms: u64) -> anyhow::Result<(VerifiedDocument, UserDataBinding, FleetPublicKey)> {
+/// A published document, and the fleet key it binds, as a client may seal to it: the document
+/// passes the policy now; the epoch is current and no longer than an epoch may be; the epoch's
+/// genesis — an enclave of the same policy saying KMS generated the key for it under a key that
+/// releases only to the image — vouches for exactly this key; and the key's evidence is what this
+/// client accepted before for the same KMS key.
+fn check_published(
+    services: &Services,
+    document: &[u8],
+    trust: &ClientTrust,
+    now_ms: u64,
+) -> anyhow::Result<(VerifiedDocument, UserDataBinding, FleetPublicKey)> {
     let verified = attestation::verify(document, &trust.options_for_sealing(now_ms)?)?;
     let binding = verified.binding.clone().ok_or_else(|| anyhow!("check `user_data_binding` failed: no binding"))?;
+    attestation::check_epoch_lifetime(&binding, verified.document.timestamp_ms, now_ms)?;
+    let genesis = epoch_genesis(services, binding.epoch)?;
+    let born = attestation::check_genesis(&genesis, &binding, &trust.options_for_genesis(&genesis.document_bytes()?))?;
+    trust.key_memory.accept(&born.kms_key, &born.evidence_digest, now_ms)?;
     let fleet = FleetPublicKey::from_bytes(&binding.fleet_public_key).map_err(|e| anyhow!("bound fleet key: {e}"))?;
     Ok((verified, binding, fleet))
+}
+
+/// Largest genesis read (a document and a key policy: a few KiB each).
+const MAX_GENESIS_LEN: u64 = 256 * 1024;
+
+/// The stored genesis of `epoch` (`fleet_key_genesis` when there is none).
+fn epoch_genesis(services: &Services, epoch: u64) -> Result<EpochGenesis, GenesisError> {
+    match services.attestations.get_at_most(&genesis_object_key(epoch), MAX_GENESIS_LEN) {
+        Ok(bytes) => EpochGenesis::from_json(&bytes).map_err(|e| GenesisError::Unreadable(e.to_string())),
+        Err(ObjectError::NotFound { .. }) => Err(GenesisError::Missing(epoch)),
+        Err(error) => Err(GenesisError::Unreadable(error.to_string())),
+    }
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use ephem_batch_client::home::Home;
 use ephem_batch_client::jobstate::ClientJob;
 use ephem_batch_client::results::{self, ResultsError};
 use ephem_batch_client::submit::{self, CheckedModel, Sealing};
+use ephem_batch_client::fleet_key::memory::KeyMemory;
 use ephem_batch_client::trust::{self, ClientTrust};
 use ephem_batch_client::{keys, verify};
 use protocol::attestation::dev_issuer::development_pcrs;
@@ -29,6 +30,8 @@ use protocol::manifest::{Manifest, ModelFile, Pooling, SignedManifest};
 use protocol::receipt::{PlaintextCommitment, Receipt, SignedReceipt};
 use protocol::records::{encode_output, InputDecoder, OutputRecord, Vector};
 use sha2::{Digest, Sha256};
+
+mod support;
 
 const MODEL: &str = "example/tiny-bert";
 const DIMENSIONS: usize = 4;
@@ -135,6 +138,8 @@ impl Fixture {
         binding.epoch = 3;
         let mut request = DocumentRequest::new("i-0123456789abcdef0-enc0123456789abcdef");
         request.pcrs = development_pcrs([7; 48]);
+        binding.not_after_ms = T0 + support::EPOCH_MS;
+        support::publish_genesis(&home, &services, &issuer, &request, &mut binding);
         request.user_data = Some(binding.encode());
         let document = issuer.attest(&request, T0).unwrap();
         let pcrs = (0u8..3).map(|i| (i, request.pcrs[i as usize].to_vec())).collect();
@@ -156,7 +161,8 @@ impl Fixture {
             policy_file: "test-policy.json".into(),
             model_publisher: self.publisher.verifying_key(),
             development: true,
-            fleet_kms_key: Some(vectors::BINDING_KMS_KEY.parse().unwrap()),
+            fleet_kms_key: None,
+            key_memory: KeyMemory::of(&self.home),
         }
     }
 

@@ -37,11 +37,6 @@ use ephem_batch_client::backend::{Backend, BackendArgs};
 use ephem_batch_client::home::{write_private, Home};
 use ephem_batch_client::submit::DEFAULT_MODEL;
 
-/// Fleet-key epochs the local stack creates are valid this long; a new one is made when less
-/// than a day is left.
-const EPOCH_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
-const EPOCH_MARGIN: Duration = Duration::from_secs(24 * 3600);
-
 #[derive(Subcommand, Debug)]
 pub enum DevCommand {
     /// Start the local stack (idempotent: only what is missing is created or started).
@@ -174,18 +169,19 @@ fn ensure_key(kms: &LocalKms, alias: &str, policy: LocalKeyPolicy, description: 
     Ok(key_id)
 }
 
-fn ensure_epoch(services: &Services, fleet_key: &str) -> anyhow::Result<u64> {
+/// The newest epoch under `fleet_key` that has a genesis: the enclave created it (the host asks
+/// its worker for one when none lasts long enough; docs/protocol.md §7.4).
+fn current_epoch(services: &Services, fleet_key: &str) -> anyhow::Result<Option<u64>> {
     let now = cloud::now_ms();
-    let current = lambdas::fleet_rotate::epochs(services)?
-        .into_iter()
-        .filter(|r| r.kms_key_id == fleet_key && r.not_after_ms > now + EPOCH_MARGIN.as_millis() as u64)
-        .last();
-    if let Some(record) = current {
-        return Ok(record.epoch);
+    for record in lambdas::fleet_epochs::epochs(services)?.into_iter().rev() {
+        if record.kms_key_id == fleet_key
+            && record.not_after_ms > now
+            && services.attestations.head(&protocol::fleet::genesis_object_key(record.epoch))?.is_some()
+        {
+            return Ok(Some(record.epoch));
+        }
     }
-    let record = lambdas::fleet_rotate::rotate(services, EPOCH_VALIDITY.as_millis() as u64, now)?;
-    eprintln!("fleet epoch {} created", record.epoch);
-    Ok(record.epoch)
+    Ok(None)
 }
 
 fn ensure_model(services: &Services, model_key: &str, model_dir: &Path) -> anyhow::Result<String> {
@@ -292,7 +288,6 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     };
     let fleet_key = ensure_key(&kms, cloud_local::FLEET_KEY_ALIAS, LocalKeyPolicy::fleet(pcr0.to_vec(), None), "ephem-batch fleet keys (local)")?;
     let model_key = ensure_key(&kms, cloud_local::MODEL_KEY_ALIAS, LocalKeyPolicy::model(pcr0.to_vec(), None), "ephem-batch model keys (local)")?;
-    let epoch = ensure_epoch(&services, &fleet_key)?;
     let model_dir = args.model_dir.clone().unwrap_or_else(|| home.default_model_dir());
     let manifest_key = ensure_model(&services, &model_key, &model_dir)?;
 
@@ -341,6 +336,12 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
         })?;
     }
     write_policy(home, pcr0)?;
+    let mut epoch = None;
+    wait_for("the enclave worker to create a fleet epoch", Duration::from_secs(120), || {
+        epoch = current_epoch(&services, &fleet_key)?;
+        Ok(epoch.is_some())
+    })?;
+    let epoch = epoch.unwrap_or_default();
 
     if opened.aws.is_some() {
         aws::start_pump(home, backend)?;
@@ -421,7 +422,7 @@ pub fn status(home: &Home, backend: &BackendArgs, json: bool) -> anyhow::Result<
     for (name, queue) in &dead_letters {
         queues.insert(name.clone(), queue.stats()?);
     }
-    let epochs = lambdas::fleet_rotate::epochs(&services)?;
+    let epochs = lambdas::fleet_epochs::epochs(&services)?;
     let models: Vec<String> = services.models.list(layout::MODELS_PREFIX)?.into_iter().filter(|m| layout::manifest_version(&m.key).is_some()).map(|m| m.key).collect();
     let published = services.attestations.list(layout::ATTESTATIONS_CURRENT_PREFIX)?;
     let held = processes["host-poller"].and_then(|_| worker_models(home));

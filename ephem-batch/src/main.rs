@@ -101,12 +101,6 @@ struct ResultsArgs {
 
 #[derive(Subcommand)]
 enum FleetCommand {
-    /// Start a new fleet-key epoch (KMS GenerateDataKeyPairWithoutPlaintext).
-    Rotate {
-        /// How long the new epoch's key may be used.
-        #[arg(long, default_value_t = 7)]
-        validity_days: u64,
-    },
     /// Check that a fleet KMS key releases only to the measured image and wraps nothing anyone
     /// chose (DescribeKey, GetKeyPolicy, ListGrants, read with this caller's credentials); exit 1
     /// naming each failed check.
@@ -218,14 +212,6 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let key = keys::load_result_key(&home.result_key(), false)?;
             status::cancel(&services, &status::parse_job(&job)?, &key)?;
             println!("cancelled {job}");
-            Ok(ExitCode::SUCCESS)
-        }
-        Command::Fleet(FleetCommand::Rotate { validity_days }) => {
-            let home = home()?;
-            let services = backend::open(&home, &cli.backend)?.services;
-            let record = lambdas::fleet_rotate::rotate(&services, validity_days * 24 * 3600 * 1000, cloud::now_ms())
-                .context("fleet rotation")?;
-            println!("fleet epoch {} valid until {}", record.epoch, protocol::attestation::format_ms(record.not_after_ms));
             Ok(ExitCode::SUCCESS)
         }
         Command::Fleet(FleetCommand::CheckKey { json, recheck, trust }) => {

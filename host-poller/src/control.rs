@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cloud::{layout, ObjectError, ObjectMeta, PutCondition, Services};
-use protocol::fleet::EpochRecord;
+use protocol::fleet::{epoch_object_key, genesis_object_key, EpochRecord, GENESIS_PREFIX};
 use protocol::frame::{Channel, Message, ResidentModel};
 use sha2::{Digest, Sha256};
 
@@ -63,11 +63,18 @@ pub(crate) enum ControlError {
     WouldEvict { model_id: String, bytes: u64, free: u64 },
 }
 
+/// How long an epoch this host creates lasts, and how long before the newest one ends the next
+/// is created (clients seal to the newest; older epochs stay usable until their own end).
+const EPOCH_VALIDITY: Duration = Duration::from_secs(7 * 24 * 3600);
+const EPOCH_RENEWAL: Duration = Duration::from_secs(2 * 24 * 3600);
+
 /// What a control request is about, for the failure memory.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 enum Target {
     Epoch(u64),
     Manifest(String),
+    /// Creating the next epoch (the number it would have).
+    Creation(u64),
 }
 
 /// A request the worker refused: not asked again before `next`, unless the object changed.
@@ -108,12 +115,19 @@ struct Reply {
     document: Option<Vec<u8>>,
     /// `ModelMemory`: the budget and the models held.
     memory: Option<(u64, Vec<ResidentModel>)>,
+    /// `FleetEpochCreated`: the record and genesis (JSON) to store.
+    created: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// What the stores hold that the worker should have.
 struct Wanted {
-    /// Unexpired epochs, oldest first (so the newest is published last and stays "current").
+    /// Unexpired epochs that have a genesis, oldest first (so the newest is published last and
+    /// stays "current").
     epochs: BTreeMap<u64, (String, String)>,
+    /// The KMS key and end (ms) of each of `epochs`.
+    ends: BTreeMap<u64, (String, u64)>,
+    /// The highest epoch number any record holds, expired or without genesis included.
+    highest_epoch: u64,
     /// Model directory (`models/<name>`) → (newest manifest key, etag).
     manifests: BTreeMap<String, (String, String)>,
 }
@@ -262,13 +276,19 @@ impl Control {
     /// One pass: every epoch and newest manifest the worker does not have yet, then a fresh
     /// publication if the last one is getting old.
     fn configure(&mut self, link: &mut WorkerLink, generation: u64) -> Result<(), ControlError> {
-        let wanted = match self.wanted() {
+        let mut wanted = match self.wanted() {
             Ok(wanted) => wanted,
             Err(error) => {
                 tracing::warn!(%error, "cannot list fleet keys or models");
                 return Ok(());
             }
         };
+        if self.renew_epoch(link, &wanted)? {
+            match self.wanted() {
+                Ok(fresh) => wanted = fresh,
+                Err(error) => tracing::warn!(%error, "cannot list fleet keys or models"),
+            }
+        }
         let mut ready = None;
         for (epoch, (key, etag)) in &wanted.epochs {
             if self.epochs.contains(epoch) || self.refused(&Target::Epoch(*epoch), etag) {
@@ -325,6 +345,59 @@ impl Control {
             self.shared.set_ready(generation, true);
         }
         Ok(())
+    }
+
+    /// Has the worker create the next epoch when no epoch with a genesis lasts beyond
+    /// [`EPOCH_RENEWAL`], and stores it create-only: the record first (so two hosts never both
+    /// claim a number), then its genesis. `true` when a new epoch was stored.
+    fn renew_epoch(&mut self, link: &mut WorkerLink, wanted: &Wanted) -> Result<bool, ControlError> {
+        let epoch = wanted.highest_epoch + 1;
+        let target = Target::Creation(epoch);
+        if self.refused(&target, "") {
+            return Ok(false);
+        }
+        // The operator names the key (an alias or an ARN); the worker checks whatever it is.
+        let kms_key = match self.services.kms.describe_key(&self.services.keys.fleet) {
+            Ok(described) => described.arn,
+            Err(error) => {
+                self.refusal(target, "", &format!("fleet key {}: {error}", self.services.keys.fleet));
+                return Ok(false);
+            }
+        };
+        // Only epochs under this host's key count: a new image's hosts (a new key, which releases
+        // only to them) create their own beside the old image's.
+        let now = cloud::now_ms();
+        let renew_at = now + EPOCH_RENEWAL.as_millis() as u64;
+        if wanted.ends.values().any(|(key, end)| *key == kms_key && *end > renew_at) {
+            return Ok(false);
+        }
+        let not_after_ms = now + EPOCH_VALIDITY.as_millis() as u64;
+        let request = Message::CreateFleetEpoch { epoch, not_after_ms, kms_key: kms_key.clone() };
+        let (record, genesis) = match self.request(link, &request) {
+            Ok(Reply { created: Some(created), .. }) => created,
+            Ok(_) => return Err(ControlError::Unexpected("Status without FleetEpochCreated")),
+            Err(ControlError::Refused(message)) => {
+                self.refusal(target, "", &message);
+                return Ok(false);
+            }
+            Err(error) => return Err(error),
+        };
+        let store = &self.services.attestations;
+        for (key, bytes) in [(epoch_object_key(epoch), record), (genesis_object_key(epoch), genesis)] {
+            match retry::transient("store the new epoch", || store.put(&key, &bytes, PutCondition::CreateOnly)) {
+                Ok(_) => {}
+                Err(ObjectError::AlreadyExists { .. }) => {
+                    tracing::info!(epoch, key, "another host stored this epoch first");
+                    return Ok(true);
+                }
+                Err(error) => {
+                    tracing::warn!(epoch, key, %error, "new epoch not stored");
+                    return Ok(false);
+                }
+            }
+        }
+        tracing::info!(epoch, kms_key, not_after_ms, "fleet epoch created by the worker and stored");
+        Ok(true)
     }
 
     fn refused(&mut self, target: &Target, etag: &str) -> bool {
@@ -502,6 +575,7 @@ impl Control {
         link.send(request)?;
         let mut document = None;
         let mut memory = None;
+        let mut created = None;
         loop {
             match link.recv()? {
                 Message::FetchObject { request, key } => self.relay.fetch(link, request, &key)?,
@@ -515,10 +589,11 @@ impl Control {
                     self.manifests.retain(|held, _| *held != dir);
                 }
                 Message::ModelMemory { budget, models } => memory = Some((budget, models)),
+                Message::FleetEpochCreated { record, genesis } => created = Some((record, genesis)),
                 Message::ModelWouldEvict { model_id, bytes, free } => return Err(ControlError::WouldEvict { model_id, bytes, free }),
                 Message::Status { ready, epochs, models, detail } => {
                     tracing::debug!(ready, ?epochs, ?models, detail, "worker status");
-                    return Ok(Reply { ready, document, memory });
+                    return Ok(Reply { ready, document, memory, created });
                 }
                 Message::Error { message } => return Err(ControlError::Refused(message)),
                 other => return Err(ControlError::Unexpected(describe(&other))),
@@ -530,7 +605,14 @@ impl Control {
     fn wanted(&self) -> Result<Wanted, ObjectError> {
         let now = cloud::now_ms();
         let mut epochs = BTreeMap::new();
+        let (mut ends, mut highest_epoch) = (BTreeMap::new(), 0);
         let attestations = &self.services.attestations;
+        // Only an epoch whose genesis exists is offered to the worker: no client seals to any
+        // other (the genesis is checked by clients, not here).
+        let with_genesis: BTreeSet<String> = retry::transient("list fleet geneses", || attestations.list(GENESIS_PREFIX))?
+            .into_iter()
+            .map(|meta| meta.key)
+            .collect();
         for meta in retry::transient("list fleet keys", || attestations.list(layout::FLEET_KEYS_PREFIX))? {
             let bytes = match retry::transient("get fleet key", || attestations.get_at_most(&meta.key, MAX_SMALL_OBJECT)) {
                 Ok(bytes) => bytes,
@@ -540,10 +622,18 @@ impl Control {
             // The record is untrusted here as everywhere; the host only needs its epoch and
             // expiry to decide what to ask for, and the worker checks both again.
             match EpochRecord::from_json(&bytes) {
-                Ok(record) if record.not_after_ms > now => {
+                Ok(record) => {
+                    highest_epoch = highest_epoch.max(record.epoch);
+                    if record.not_after_ms <= now || meta.key != epoch_object_key(record.epoch) {
+                        continue;
+                    }
+                    if !with_genesis.contains(&genesis_object_key(record.epoch)) {
+                        tracing::debug!(epoch = record.epoch, "skipping an epoch without genesis");
+                        continue;
+                    }
+                    ends.insert(record.epoch, (record.kms_key_id.clone(), record.not_after_ms));
                     epochs.insert(record.epoch, (meta.key.clone(), meta.etag.clone()));
                 }
-                Ok(_) => {}
                 Err(error) => tracing::warn!(key = meta.key, %error, "skipping fleet-key object"),
             }
         }
@@ -556,7 +646,8 @@ impl Control {
                 manifests.insert(dir.to_owned(), (version, meta.key.clone(), meta.etag.clone()));
             }
         }
-        Ok(Wanted { epochs, manifests: manifests.into_iter().map(|(dir, (_, key, etag))| (dir, (key, etag))).collect() })
+        let manifests = manifests.into_iter().map(|(dir, (_, key, etag))| (dir, (key, etag))).collect();
+        Ok(Wanted { epochs, ends, highest_epoch, manifests })
     }
 }
 

@@ -15,7 +15,7 @@ use host_poller::{PollerConfig, WorkerEndpoint, WorkerSource};
 use protocol::cancel::CancelRequest;
 use protocol::FailedCheck;
 use protocol::envelope::{seal_job, FleetSecretKey, JobHeader, JobId, JobOptions, ResultSecretKey};
-use protocol::fleet::{epoch_object_key, EpochRecord};
+use protocol::fleet::{epoch_object_key, genesis_object_key, EpochRecord};
 use protocol::frame::Message;
 use protocol::receipt::SignedReceipt;
 use sha2::{Digest, Sha256};
@@ -41,6 +41,8 @@ fn setup(mode: JobMode, max_receives: u32) -> (MemCloud, FakeWorker, PollerConfi
     let cloud = MemCloud::new(max_receives);
     let hour = 3_600_000;
     cloud.attestations.put(&epoch_object_key(1), &epoch_record(1, cloud::now_ms() + hour), PutCondition::CreateOnly).unwrap();
+    // The host offers only epochs with a genesis (its content is the clients' to check).
+    cloud.attestations.put(&genesis_object_key(1), b"{}", PutCondition::CreateOnly).unwrap();
     cloud.models.put("models/all-MiniLM-L6-v2/v1/manifest.cose", b"manifest v1", PutCondition::CreateOnly).unwrap();
     let worker = FakeWorker::start(mode);
     let mut config = PollerConfig::new(WorkerSource::Connect(WorkerEndpoint::Unix(worker.socket.clone())));
@@ -113,6 +115,7 @@ fn a_job_streams_through_commits_and_reaches_the_ledger() {
     // An expired epoch is never offered; one KMS refuses is reported back by its AWS code.
     cloud.attestations.put(&epoch_object_key(0), &epoch_record(0, now - 1), PutCondition::CreateOnly).unwrap();
     cloud.attestations.put(&epoch_object_key(99), &epoch_record(99, now + 3_600_000), PutCondition::CreateOnly).unwrap();
+    cloud.attestations.put(&genesis_object_key(99), b"{}", PutCondition::CreateOnly).unwrap();
     // Only the newest manifest of a model is loaded.
     cloud.models.put("models/all-MiniLM-L6-v2/v2/manifest.cose", b"manifest v2", PutCondition::CreateOnly).unwrap();
     let (job, input) = put_job(&cloud, 0x11, 600_000);

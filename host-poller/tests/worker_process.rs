@@ -20,7 +20,7 @@ use host_poller::{PollerConfig, SpawnConfig, WorkerSource};
 use p256::pkcs8::DecodePublicKey;
 use protocol::attestation::{self, TrustAnchor, UserDataBinding, VerifyOptions};
 use protocol::envelope::{self, FleetPublicKey, JobHeader, JobId, JobOptions, Preamble, ResultSecretKey, StreamKind};
-use protocol::fleet::{encryption_context, epoch_object_key, EpochRecord};
+use protocol::fleet::{encryption_context, epoch_object_key, genesis_object_key, EpochRecord};
 use protocol::manifest::{development_publisher, manifest_hash, Manifest};
 use protocol::{ohttp, online};
 use protocol::receipt::SignedReceipt;
@@ -70,6 +70,8 @@ fn provision(local: &LocalCloud, worker: &Path) -> (FleetPublicKey, [u8; 32]) {
     };
     let attestations = local.attestations_store();
     attestations.put(&epoch_object_key(1), record.to_json().as_bytes(), PutCondition::CreateOnly).unwrap();
+    // The host offers only epochs with a genesis (its content is the clients' to check).
+    attestations.put(&genesis_object_key(1), b"{}", PutCondition::CreateOnly).unwrap();
 
     let files = dev_model::read_files(&dev_model::model_dir());
     let mut dek = [0u8; 32];

@@ -9,7 +9,7 @@
 //! - [`dead_letter`]: on-upload's failure records and the jobs DLQ → the job marked failed
 //!   (unless it ended) and its waiting bulk task completed.
 //! - [`ledger_append`]: ledger queue batch → verified receipts appended to the ledger.
-//! - [`fleet_rotate`]: a new fleet-key epoch, wrapped by KMS.
+//! - [`fleet_epochs`]: the fleet-key epoch records stored (enclaves create them: docs/protocol.md §7.3.2).
 //! - [`bulk`]: the bulk workflow's steps (list the shards, await each shard on a task token,
 //!   aggregate verified receipts).
 //! - [`metrics`]: the deployment's metrics as CloudWatch Embedded Metric Format lines.
@@ -22,7 +22,7 @@
 
 pub mod bulk;
 pub mod dead_letter;
-pub mod fleet_rotate;
+pub mod fleet_epochs;
 pub mod job_limits;
 pub mod ledger_append;
 pub mod ledger_signer;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use cloud_local::LocalCloud;
+use cloud_local::{LocalCloud, LocalKeyPolicy};
 use cloud::{layout, PutCondition, Services};
 use ed25519_dalek::SigningKey;
 use ephem_batch_client::corpus::CorpusOptions;
@@ -15,9 +15,12 @@ use ephem_batch_client::jobstate::ClientJob;
 use ephem_batch_client::keys;
 use ephem_batch_client::results;
 use ephem_batch_client::submit::{self, CheckedModel, Sealing};
+use ephem_batch_client::fleet_key::memory::KeyMemory;
 use ephem_batch_client::trust::{self, ClientTrust};
 use protocol::attestation::dev_issuer::development_pcrs;
-use protocol::attestation::{vectors, DevIssuer, DocumentRequest, Policy};
+use protocol::attestation::{vectors, DevIssuer, DocumentRequest, GenesisBinding, Policy, UserDataBinding};
+use protocol::fleet::{genesis_object_key, EpochGenesis};
+use protocol::kms_arn::KmsKeyArn;
 use protocol::envelope::{self, FleetSecretKey, JobId, JobOptions, Preamble, ResultHeader, ResultPublicKey, ResultSecretKey, StreamKind};
 use protocol::manifest::{Manifest, ModelFile, Pooling, SignedManifest};
 use protocol::receipt::{PlaintextCommitment, Receipt};
@@ -60,6 +63,39 @@ pub struct Fixture {
     manifest_key: String,
 }
 
+/// How long the fixtures' epochs last.
+pub const EPOCH_MS: u64 = 7 * 24 * 3_600_000;
+
+/// What an enclave of `request`'s image does to create `binding`'s epoch (docs/protocol.md
+/// §7.3.2): a fleet KMS key that releases only to that PCR0, its evidence, and a genesis document
+/// binding both, stored beside the epoch. Returns the key's ARN, which `binding` must name.
+pub fn publish_genesis(
+    home: &Home,
+    services: &Services,
+    issuer: &DevIssuer,
+    request: &DocumentRequest,
+    binding: &mut UserDataBinding,
+) -> KmsKeyArn {
+    let local = LocalCloud::open(home.root()).unwrap();
+    let kms = local.kms();
+    let arn = kms.create_key(LocalKeyPolicy::fleet(request.pcrs[0].to_vec(), None), "fixture fleet key").unwrap();
+    let evidence = cloud::Kms::key_evidence(&*kms, &arn).unwrap();
+    binding.kms_key = arn.parse().unwrap();
+    let born = GenesisBinding {
+        fleet_public_key: binding.fleet_public_key,
+        epoch: binding.epoch,
+        not_after_ms: binding.not_after_ms,
+        kms_key: binding.kms_key.clone(),
+        evidence_digest: evidence.digest(),
+    };
+    let mut genesis_request = request.clone();
+    genesis_request.user_data = Some(born.encode());
+    let document = issuer.attest(&genesis_request, T0 - 60_000).unwrap();
+    let genesis = EpochGenesis { epoch: binding.epoch, document: hex::encode(document), key_evidence: evidence };
+    services.attestations.put(&genesis_object_key(binding.epoch), genesis.to_json().as_bytes(), PutCondition::Overwrite).unwrap();
+    binding.kms_key.clone()
+}
+
 impl Fixture {
     pub fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
@@ -77,6 +113,8 @@ impl Fixture {
         binding.epoch = 3;
         let mut request = DocumentRequest::new("i-0123456789abcdef0-enc0123456789abcdef");
         request.pcrs = development_pcrs([7; 48]);
+        binding.not_after_ms = T0 + EPOCH_MS;
+        binding.kms_key = publish_genesis(&home, &services, &issuer, &request, &mut binding);
         request.user_data = Some(binding.encode());
         let document = issuer.attest(&request, T0).unwrap();
         let pcrs = (0u8..3).map(|i| (i, request.pcrs[i as usize].to_vec())).collect();
@@ -98,7 +136,8 @@ impl Fixture {
             policy_file: "test-policy.json".into(),
             model_publisher: self.publisher.verifying_key(),
             development: true,
-            fleet_kms_key: Some(vectors::BINDING_KMS_KEY.parse().unwrap()),
+            fleet_kms_key: None,
+            key_memory: KeyMemory::of(&self.home),
         }
     }
 

@@ -197,6 +197,9 @@ fn control(mut connection: UnixStream, state: &Mutex<FakeState>) {
                 send(&mut connection, &Message::Attested { request, document });
                 send(&mut connection, &status(&state.lock().unwrap()));
             }
+            Message::CreateFleetEpoch { .. } => {
+                send(&mut connection, &Message::Error { message: "fleet_key_checks: the fake worker creates no epochs".into() });
+            }
             other => panic!("fake worker: unexpected control message {other:?}"),
         }
     }

@@ -29,28 +29,47 @@ fn evidence(policy: String) -> KeyEvidence {
     }
 }
 
-/// The statements cdk/lib/keys.ts gives the fleet key (principals shortened).
+/// The statements cdk/lib/keys.ts gives the fleet key (policy version 4, without PCR8; principals
+/// shortened).
 fn deployed_fleet_policy(image: &str) -> serde_json::Value {
     let release = ["kms:Decrypt", "kms:GenerateDataKey", "kms:GenerateDataKeyPair"];
     json!({
         "Version": "2012-10-17",
         "Statement": [
             {"Sid": "AllowAccountReadKeyPolicy", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
-             "Action": ["kms:DescribeKey", "kms:GetKeyPolicy", "kms:ListGrants"], "Resource": "*"},
+             "Action": ["kms:DescribeKey", "kms:GetKeyPolicy", "kms:GetKeyRotationStatus", "kms:ListResourceTags", "kms:ListGrants"],
+             "Resource": "*"},
             {"Sid": "AllowAccountKeyLifecycle", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:root"},
-             "Action": ["kms:TagResource", "kms:ScheduleKeyDeletion", "kms:CancelKeyDeletion"], "Resource": "*"},
-            {"Sid": "AllowAttestedEnclaveRelease", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:role/host"},
-             "Action": ["kms:Decrypt", "kms:GenerateDataKeyPair"], "Resource": "*",
+             "Action": ["kms:TagResource", "kms:UntagResource", "kms:ScheduleKeyDeletion", "kms:CancelKeyDeletion", "kms:EnableKeyRotation"],
+             "Resource": "*"},
+            {"Sid": "AllowBreakGlassKillSwitch", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:role/break-glass"},
+             "Action": ["kms:DisableKey", "kms:EnableKey"], "Resource": "*"},
+            {"Sid": "AllowAttestedEnclaveDecrypt", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:role/host"},
+             "Action": "kms:Decrypt", "Resource": "*",
              "Condition": {"StringEqualsIgnoreCase": {"kms:RecipientAttestation:ImageSha384": image}}},
+            {"Sid": "AllowAttestedEnclaveNewEpochKeyPairs", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:role/host"},
+             "Action": "kms:GenerateDataKeyPair", "Resource": "*",
+             "Condition": {"StringEqualsIgnoreCase": {"kms:RecipientAttestation:ImageSha384": image},
+                           "StringEquals": {"kms:DataKeyPairSpec": "ECC_NIST_P256"},
+                           "Null": {"kms:EncryptionContext:epoch": "false", "kms:EncryptionContext:not_after": "false"}}},
+            {"Sid": "AllowHostReadKeyEvidence", "Effect": "Allow", "Principal": {"AWS": "arn:aws:iam::123456789012:role/host"},
+             "Action": ["kms:DescribeKey", "kms:GetKeyPolicy", "kms:ListGrants"], "Resource": "*"},
             {"Sid": "DenyReleaseWithoutAttestation", "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": release, "Resource": "*",
              "Condition": {"Null": {"kms:RecipientAttestation:ImageSha384": "true"}}},
             {"Sid": "DenyReleaseToOtherImages", "Effect": "Deny", "Principal": {"AWS": "*"}, "Action": release, "Resource": "*",
              "Condition": {"StringNotEqualsIgnoreCase": {"kms:RecipientAttestation:ImageSha384": image}}},
-            {"Sid": "DenyForbidden", "Effect": "Deny", "Principal": {"AWS": "*"},
-             "Action": ["kms:Encrypt", "kms:PutKeyPolicy", "kms:CreateGrant", "kms:ReEncrypt*", "kms:Import*"], "Resource": "*"}
+            {"Sid": "DenyPolicyChangesGrantsReEncryptImportEncrypt", "Effect": "Deny", "Principal": {"AWS": "*"},
+             "Action": ["kms:PutKeyPolicy", "kms:CreateGrant", "kms:ReEncrypt*", "kms:Import*", "kms:Encrypt"], "Resource": "*"}
         ]
     })
 }
+
+/// The statement of `doc` named `sid`.
+fn statement<'a>(doc: &'a mut serde_json::Value, sid: &str) -> &'a mut serde_json::Value {
+    doc["Statement"].as_array_mut().unwrap().iter_mut().find(|s| s["Sid"] == sid).unwrap()
+}
+
+const FORBIDDEN: &str = "DenyPolicyChangesGrantsReEncryptImportEncrypt";
 
 fn failed(report: &KeyReport) -> Vec<&'static str> {
     report.failed().into_iter().map(KeyCheck::as_str).collect()
@@ -76,12 +95,12 @@ fn a_policy_without_the_deny_statements_is_named() {
         doc["Statement"].as_array_mut().unwrap().retain(|s| s["Sid"] != sid);
         check_policy(&doc)
     };
-    assert_eq!(without("DenyForbidden"), ["key_policy_denies_wrapping"]);
+    assert_eq!(without(FORBIDDEN), ["key_policy_denies_wrapping"]);
     assert_eq!(without("DenyReleaseWithoutAttestation"), ["key_policy_denies_unattested_release"]);
     assert_eq!(without("DenyReleaseToOtherImages"), ["key_policy_denies_unattested_release"]);
     // The policy the CDK app wrote before kms:Encrypt was denied.
     let mut old = deployed_fleet_policy(&image);
-    old["Statement"][5]["Action"] = json!(["kms:PutKeyPolicy", "kms:CreateGrant", "kms:ReEncrypt*"]);
+    statement(&mut old, FORBIDDEN)["Action"] = json!(["kms:PutKeyPolicy", "kms:CreateGrant", "kms:ReEncrypt*"]);
     assert_eq!(check_policy(&old), ["key_policy_denies_wrapping"]);
     // A Deny that exempts a principal, is conditioned, or names only some principals does not count.
     for (field, value) in [
@@ -91,12 +110,12 @@ fn a_policy_without_the_deny_statements_is_named() {
         ("Resource", json!("arn:aws:kms:eu-central-2:123456789012:key/other")),
     ] {
         let mut doc = deployed_fleet_policy(&image);
-        doc["Statement"][5][field] = value;
+        statement(&mut doc, FORBIDDEN)[field] = value;
         assert_eq!(check_policy(&doc), ["key_policy_denies_wrapping"], "{field}");
     }
     // A release Deny for another image's PCR0 protects nothing.
     let mut doc = deployed_fleet_policy(&image);
-    doc["Statement"][4]["Condition"] = json!({"StringNotEqualsIgnoreCase": {"kms:RecipientAttestation:ImageSha384": "cd".repeat(48)}});
+    statement(&mut doc, "DenyReleaseToOtherImages")["Condition"] = json!({"StringNotEqualsIgnoreCase": {"kms:RecipientAttestation:ImageSha384": "cd".repeat(48)}});
     assert_eq!(check_policy(&doc), ["key_policy_denies_unattested_release"]);
 }
 
@@ -105,8 +124,8 @@ fn a_duplicate_key_anywhere_is_refused() {
     let image = hex::encode(pcr0());
     let text = deployed_fleet_policy(&image).to_string();
     // The forbidden-operations Deny also says "Allow": which one IAM takes is not ours to guess.
-    let duplicated = text.replacen(r#""Effect":"Deny","Principal":{"AWS":"*"},"Resource":"*","Sid":"DenyForbidden""#,
-        r#""Effect":"Deny","Effect":"Allow","Principal":{"AWS":"*"},"Resource":"*","Sid":"DenyForbidden""#, 1);
+    let duplicated = text.replacen(r#""Effect":"Deny","Principal":{"AWS":"*"},"Resource":"*","Sid":"DenyPolicyChangesGrantsReEncryptImportEncrypt""#,
+        r#""Effect":"Deny","Effect":"Allow","Principal":{"AWS":"*"},"Resource":"*","Sid":"DenyPolicyChangesGrantsReEncryptImportEncrypt""#, 1);
     assert_ne!(duplicated, text);
     let report = evaluate(&evidence(duplicated), &arn(), &pcr0());
     assert_eq!(failed(&report)[0], "key_policy_document");
