@@ -10,6 +10,9 @@
 //! - `ephem-manifest` (optional): the SHA-256 (hex) of the signed model manifest the client
 //!   checked; the gateway answers 409 if the model it runs is another (as a job header's
 //!   manifest hash).
+//!
+//! Both messages are padded with zero bytes (RFC 9292 §3.8) to a size bucket ([`padded_len`]), so
+//! the relay sees the bucket of a request or response, not its length.
 
 use std::io::Cursor;
 
@@ -82,6 +85,9 @@ pub struct OnlineRequest {
 pub enum RequestFormError {
     #[error("not Binary HTTP: {0}")]
     NotBinaryHttp(String),
+    /// Bytes after the message that are not zero padding (RFC 9292 §3.8).
+    #[error("padding: a non-zero byte follows the Binary HTTP message")]
+    Padding,
     #[error("no {SENT_HEADER} header, or not a decimal number")]
     SentTime,
     #[error("{CLIENT_HEADER} is not 64 hex digits")]
@@ -148,17 +154,46 @@ pub fn encode_request_with(method: &str, path: &str, body: &[u8], headers: Reque
         message.put_header(MANIFEST_HEADER, hex::encode(manifest));
     }
     message.write_content(body);
+    padded(&message)
+}
+
+/// The smallest padded size of a `len`-byte message: 4 KiB, then powers of two up to 256 KiB,
+/// then whole 64 KiB (a request body is at most [`MAX_BODY`], so a padded request stays well under
+/// the relay's limit; a large response costs at most 64 KiB more).
+pub fn padded_len(len: usize) -> usize {
+    const MIN: usize = 4 * 1024;
+    const STEP: usize = 64 * 1024;
+    if len <= 256 * 1024 {
+        len.next_power_of_two().max(MIN)
+    } else {
+        len.div_ceil(STEP) * STEP
+    }
+}
+
+/// `message` in known-length Binary HTTP, zero-padded to [`padded_len`].
+fn padded(message: &bhttp::Message) -> Vec<u8> {
     let mut out = Vec::new();
     // Writing to a Vec cannot fail.
     let _ = message.write_bhttp(bhttp::Mode::KnownLength, &mut out);
+    out.resize(padded_len(out.len()), 0);
     out
+}
+
+/// Reads one Binary HTTP message followed by nothing but zero padding.
+fn read_padded(bytes: &[u8]) -> Result<bhttp::Message, RequestFormError> {
+    let mut cursor = Cursor::new(bytes);
+    let message = bhttp::Message::read_bhttp(&mut cursor).map_err(|e| RequestFormError::NotBinaryHttp(e.to_string()))?;
+    let end = usize::try_from(cursor.position()).unwrap_or(bytes.len());
+    if bytes[end.min(bytes.len())..].iter().any(|&b| b != 0) {
+        return Err(RequestFormError::Padding);
+    }
+    Ok(message)
 }
 
 /// Reads a decapsulated request. `Err` only when there is nothing to answer (see
 /// [`RequestFormError`]); a request that is well formed but wrong answers with an [`ApiError`].
 pub fn decode_request(bytes: &[u8]) -> Result<OnlineRequest, RequestFormError> {
-    let message = bhttp::Message::read_bhttp(&mut Cursor::new(bytes))
-        .map_err(|e| RequestFormError::NotBinaryHttp(e.to_string()))?;
+    let message = read_padded(bytes)?;
     let header = message.header();
     let sent_ms = header
         .get(SENT_HEADER.as_bytes())
@@ -263,25 +298,57 @@ fn parse_call(body: &[u8]) -> Result<EmbeddingsCall, ApiError> {
     })
 }
 
-/// The JSON body of a successful answer.
+/// The JSON body of a successful answer. Float vectors are written with every number the same
+/// width ([`fixed_width`]), so the body's length depends on the shape of the answer, never on the
+/// values in it.
 pub fn embeddings_body(model: &str, vectors: &[Vec<f32>], tokens: u64, encoding: Encoding) -> Vec<u8> {
-    let data: Vec<Value> = vectors
-        .iter()
-        .enumerate()
-        .map(|(index, vector)| {
-            let embedding = match encoding {
-                Encoding::Float => json!(vector),
-                Encoding::Base64 => {
-                    let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
-                    json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+    let mut out = String::from(r#"{"object":"list","data":["#);
+    for (index, vector) in vectors.iter().enumerate() {
+        if index > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!(r#"{{"object":"embedding","index":{index},"embedding":"#));
+        match encoding {
+            Encoding::Float => {
+                out.push('[');
+                for (i, &x) in vector.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    fixed_width(x, &mut out);
                 }
-            };
-            json!({"object": "embedding", "index": index, "embedding": embedding})
-        })
-        .collect();
-    json!({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
-        .to_string()
-        .into_bytes()
+                out.push(']');
+            }
+            Encoding::Base64 => {
+                let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+                out.push_str(&Value::from(base64::engine::general_purpose::STANDARD.encode(bytes)).to_string());
+            }
+        }
+        out.push('}');
+    }
+    let model = Value::from(model).to_string();
+    out.push_str(&format!(r#"],"model":{model},"usage":{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}}}"#));
+    out.into_bytes()
+}
+
+/// Width of one number in a float answer.
+const FLOAT_WIDTH: usize = 15;
+
+/// `x` as a JSON number of exactly [`FLOAT_WIDTH`] characters: a sign or a space (JSON
+/// whitespace), nine significant digits (enough to read back the same f32) and a two-digit signed
+/// exponent, e.g. ` 1.23456780e-01`; a non-finite value (never produced for an embedding) as a
+/// padded `null`.
+fn fixed_width(x: f32, out: &mut String) {
+    if !x.is_finite() {
+        out.push_str(&format!("{:>FLOAT_WIDTH$}", "null"));
+        return;
+    }
+    let text = format!("{:.8e}", x.abs());
+    let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let sign = if x.is_sign_negative() && x != 0.0 { '-' } else { ' ' };
+    let exp_sign = if exponent < 0 { '-' } else { '+' };
+    out.push_str(&format!("{sign}{mantissa}e{exp_sign}{:02}", exponent.abs()));
 }
 
 /// Builds the Binary HTTP response the gateway encapsulates.
@@ -290,15 +357,12 @@ pub fn encode_response(status: u16, body: &[u8]) -> Vec<u8> {
     let mut message = bhttp::Message::response(status);
     message.put_header("content-type", "application/json");
     message.write_content(body);
-    let mut out = Vec::new();
-    let _ = message.write_bhttp(bhttp::Mode::KnownLength, &mut out);
-    out
+    padded(&message)
 }
 
 /// Reads a decapsulated response: its status and body.
 pub fn decode_response(bytes: &[u8]) -> Result<(u16, Vec<u8>), RequestFormError> {
-    let message = bhttp::Message::read_bhttp(&mut Cursor::new(bytes))
-        .map_err(|e| RequestFormError::NotBinaryHttp(e.to_string()))?;
+    let message = read_padded(bytes)?;
     let status = message.control().status().map(|s| s.code()).ok_or_else(|| RequestFormError::NotBinaryHttp("a request, not a response".into()))?;
     Ok((status, message.content().to_vec()))
 }

@@ -89,3 +89,43 @@ fn responses_round_trip_and_base64_is_little_endian_f32() {
     assert_eq!((status, body.as_slice()), (200, b"{}".as_slice()));
     assert!(decode_response(&encode_request("POST", "/", b"", 1, ClientLabel::ANONYMOUS)).is_err());
 }
+
+#[test]
+fn requests_and_responses_are_padded_to_their_bucket() {
+    let body = |text: &str| json!({"model": "m", "input": [text]}).to_string();
+    let short = encode_request("POST", EMBEDDINGS_PATH, body(&"a".repeat(10)).as_bytes(), 1_700, ClientLabel([1; 32]));
+    let long = encode_request("POST", EMBEDDINGS_PATH, body(&"a".repeat(1_000)).as_bytes(), 1_700, ClientLabel([1; 32]));
+    assert_eq!(short.len(), 4096, "texts of 10 and 1,000 bytes share a bucket");
+    assert_eq!(long.len(), short.len());
+    assert_eq!(decode_request(&long).unwrap().call.unwrap().inputs, ["a".repeat(1_000)]);
+    // Float responses whose values print to different lengths: one size.
+    let answer = |v: f32| encode_response(200, &embeddings_body("m", &[vec![v; 384]], 3, Encoding::Float));
+    assert_eq!(answer(0.5).len(), answer(-0.123_456_79).len());
+    assert_eq!(decode_response(&answer(0.5)).unwrap().0, 200);
+    // Padding is zeros only; anything else after the message is refused by name.
+    let mut tampered = short.clone();
+    *tampered.last_mut().unwrap() = 1;
+    assert_eq!(decode_request(&tampered).unwrap_err(), RequestFormError::Padding);
+    let mut tampered = answer(0.5);
+    *tampered.last_mut().unwrap() = 7;
+    assert_eq!(decode_response(&tampered).unwrap_err(), RequestFormError::Padding);
+    // The buckets.
+    assert_eq!([padded_len(1), padded_len(4097), padded_len(300 * 1024)], [4096, 8192, 320 * 1024]);
+}
+
+#[test]
+fn float_answers_read_back_the_same_f32_at_one_width() {
+    let values = [0.0f32, -0.0, 1.0, -1.0, 0.1, -0.123_456_79, 3.0e-8, -2.5e-38, f32::MIN_POSITIVE, 9.999_999e-1, 1.0e10];
+    let body = embeddings_body("m", &[values.to_vec()], 1, Encoding::Float);
+    let parsed: Value = serde_json::from_slice(&body).unwrap();
+    let read: Vec<f32> = parsed["data"][0]["embedding"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    for (a, b) in values.iter().zip(&read) {
+        assert_eq!(a.to_bits() & 0x7fff_ffff, b.to_bits() & 0x7fff_ffff, "{a} read back as {b}");
+    }
+    let text = std::str::from_utf8(&body).unwrap();
+    let start = text.find(r#""embedding":["#).unwrap() + r#""embedding":["#.len();
+    let array = &text[start..start + text[start..].find(']').unwrap()];
+    assert!(array.split(',').all(|n| n.len() == FLOAT_WIDTH), "{array}");
+    assert_eq!(parsed["model"], "m");
+    assert_eq!(parsed["usage"]["total_tokens"], 1);
+}
