@@ -40,6 +40,10 @@ pub struct TrustArgs {
     /// consistency check only: an operator-written name is never what makes a key trusted.
     #[arg(long, value_name = "ARN", env = "EPHEM_FLEET_KEY_ARN")]
     pub fleet_key_arn: Option<String>,
+    /// The witnesses whose cosignatures a job's ledger checkpoint must carry (`verify`, `results`,
+    /// `submit --wait`, `bulk results|verify`), as for `ledger verify`.
+    #[command(flatten)]
+    pub witness: crate::ledger::WitnessArgs,
 }
 
 /// The verified policy and the keys the client pins.
@@ -53,6 +57,9 @@ pub struct ClientTrust {
     pub fleet_kms_key: Option<KmsKeyArn>,
     /// What this client accepted about each fleet KMS key.
     pub key_memory: KeyMemory,
+    /// The witness quorum a job's ledger checkpoint must carry (`--witness`, `--witness-quorum`,
+    /// `EPHEM_WITNESSES`); `None`: the checkpoint is signed by the operator's key only.
+    pub witnesses: Option<receipts_ledger::WitnessPolicy>,
 }
 
 /// An Ed25519 public key given as 64 hex digits; `what` names it in errors.
@@ -95,7 +102,8 @@ impl ClientTrust {
             Some(text) => Some(text.parse::<KmsKeyArn>().context("--fleet-key-arn")?),
             None => crate::backend::fleet_kms_key(),
         };
-        Ok(ClientTrust { policy, policy_file, model_publisher, development, fleet_kms_key, key_memory: KeyMemory::of(home) })
+        let witnesses = args.witness.policy().context("the witness settings")?;
+        Ok(ClientTrust { policy, policy_file, model_publisher, development, fleet_kms_key, key_memory: KeyMemory::of(home), witnesses })
     }
 
     /// The deployment's fleet KMS key, or why there is none.

@@ -163,6 +163,7 @@ impl Fixture {
             development: true,
             fleet_kms_key: None,
             key_memory: KeyMemory::of(&self.home),
+            witnesses: None,
         }
     }
 
@@ -234,6 +235,7 @@ impl Fixture {
             finished_ms: T0 + 3_000,
             commitment: PlaintextCommitment::from_digests(&opened.commitment_key, &sha256(&plain), &sha256(&output_plain)),
             records_root: None,
+            compute: None,
         };
         self.services.jobs.put(&layout::job_output(job, attempt), &output, PutCondition::Overwrite).unwrap();
         Attempt { receipt: receipt.sign(&self.enclave.receipt_key), output }

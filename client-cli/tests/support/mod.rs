@@ -138,6 +138,7 @@ impl Fixture {
             development: true,
             fleet_kms_key: None,
             key_memory: KeyMemory::of(&self.home),
+            witnesses: None,
         }
     }
 
@@ -218,6 +219,7 @@ impl Fixture {
             finished_ms: T0 + 3_000,
             commitment: PlaintextCommitment::from_digests(&opened.commitment_key, &sha256(&plain), &sha256(&output_plain)),
             records_root: None,
+            compute: None,
         };
         self.services.jobs.put(&layout::job_output(job, 1), &output, PutCondition::CreateOnly).unwrap();
         self.services.jobs.put(&layout::job_receipt(job), &receipt.sign(&self.receipt_key), PutCondition::CreateOnly).unwrap();
