@@ -196,7 +196,7 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
             options.normalize,
             options.prompt.as_deref().unwrap_or("none"),
             options.dimensions.map_or("model's".to_owned(), |d| d.to_string())
-        ),
+        ) + &receipt.compute.as_ref().map(compute_detail).unwrap_or_default(),
     );
     out.add("result_key", hex(receipt.result_key_id) == state.result_key_id, format!("sealed to key {}", hex(receipt.result_key_id)));
     out.add(
@@ -210,6 +210,19 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
         format!("{} embedded + {} failed of {} sealed, {} tokens", receipt.records_ok, receipt.records_failed, state.records, receipt.tokens),
     );
     out.add("input_sha256", hex(receipt.input_sha256) == state.sealed_sha256, hex(receipt.input_sha256));
+}
+
+/// How a bf16 or int8 job computed, as its receipt states (`compute`): "; int8 on avx512, bf16
+/// on avx512; 12 records of at most 8 tokens at bf16".
+fn compute_detail(compute: &protocol::receipt::Compute) -> String {
+    let units: Vec<String> = [("int8", compute.int8), ("bf16", compute.bf16)]
+        .into_iter()
+        .filter_map(|(arithmetic, unit)| unit.map(|unit| format!("{arithmetic} on {}", unit.as_str())))
+        .collect();
+    let short = compute.short.map(|s| {
+        format!("; {} records of at most {} tokens at {}", s.records, s.max_tokens, s.precision.as_str())
+    });
+    format!("; {}{}", units.join(", "), short.unwrap_or_default())
 }
 
 /// The opened output against the verified receipt and the sealed ids: `output_sha256`,

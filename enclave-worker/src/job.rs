@@ -116,6 +116,9 @@ struct Running {
     ok: u64,
     failed: u64,
     tokens: u64,
+    /// Embedded records computed at a wider precision than the job's (an int8 job's short
+    /// texts; the receipt's `compute`).
+    wider: u64,
 }
 
 /// Serves one job connection after its `Hello`. Failures are reported to the host as
@@ -218,6 +221,7 @@ fn run<C: Read + Write>(worker: &Worker, connection: &mut C) -> Result<(), JobEr
         finished_ms: worker.now_ms().max(started_ms),
         commitment: std::mem::take(&mut state.commitment).finish(&state.commitment_key),
         records_root: Some(state.records.root()),
+        compute: state.model.engine.embedder().compute(state.options.precision, state.wider),
     };
     tracing::info!(
         job = %state.job_id, ok = state.ok, failed = state.failed, tokens = state.tokens,
@@ -277,6 +281,7 @@ fn start(worker: &Worker, preamble: &Preamble, claimed: JobId, attempt: u64, out
         ok: 0,
         failed: 0,
         tokens: 0,
+        wider: 0,
     })
 }
 
@@ -317,6 +322,10 @@ fn flush_window(state: &mut Running, out: &mut Vec<u8>) -> Result<(), JobError> 
                 state.records.push(leaf.hash());
                 state.ok += 1;
                 state.tokens += u64::from(*tokens);
+                let precision = state.options.precision;
+                if state.model.engine.embedder().precision_for(precision, *tokens as usize) != precision {
+                    state.wider += 1;
+                }
             }
             OutputRecord::Error { .. } => state.failed += 1,
         }

@@ -309,6 +309,7 @@ fn receipt(job: u8) -> Receipt {
         finished_ms: fixed::DEV_DOC_TIME_MS + 9_000,
         commitment: [0xc0; 32],
         records_root: None,
+        compute: None,
     }
 }
 

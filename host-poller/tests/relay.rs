@@ -284,6 +284,7 @@ fn fake_receipt(job: &JobId, attempt: u64, document: &[u8]) -> Vec<u8> {
         finished_ms: 2,
         commitment: [4; 32],
         records_root: None,
+        compute: None,
     }
     .sign(&receipt_key())
 }

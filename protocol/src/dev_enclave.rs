@@ -105,6 +105,7 @@ impl DevEnclave {
             finished_ms: self.document_ms + job * 1000 + 500,
             commitment: [0x77; 32],
             records_root: None,
+            compute: None,
         }
     }
 

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::cbor::{self, CborError, MapBuilder, MapReader};
 use crate::cose::{self, CoseError, Sign1};
-use crate::envelope::{JobId, JobOptions};
+use crate::envelope::{JobId, JobOptions, Precision};
 use crate::keys::KeyId;
 
 pub const CONTENT_TYPE: &str = "application/vnd.ephem-batch.receipt.v1+cbor";
@@ -58,6 +58,133 @@ pub struct Receipt {
     /// The root of the per-record tree ([`crate::record_tree`]) over the `records_ok` embedded
     /// records; `None` in receipts of enclaves from before it.
     pub records_root: Option<[u8; 32]>,
+    /// How a bf16 or int8 job's dense products ran; `None` for fp32 jobs and in receipts of
+    /// enclaves from before it.
+    pub compute: Option<Compute>,
+}
+
+/// The unit that ran a reduced arithmetic's dense products, chosen by the enclave at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeUnit {
+    /// AVX-512 vectors (`vdpbf16ps`, `vpdpbusd`).
+    Avx512,
+    /// AMX tiles (`tdpbf16ps`, `tdpbusd`).
+    Amx,
+}
+
+impl ComputeUnit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Avx512 => "avx512",
+            Self::Amx => "amx",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "avx512" => Some(Self::Avx512),
+            "amx" => Some(Self::Amx),
+            _ => None,
+        }
+    }
+}
+
+/// What `options.precision` alone does not say about a bf16 or int8 job: the unit of each
+/// reduced arithmetic its products used and, for int8, the short records it computed wider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compute {
+    /// The unit of the bf16 products, if the job's mode has any (a bf16 job; an int8 job's
+    /// products kept wider, on a CPU with AVX-512 BF16).
+    pub bf16: Option<ComputeUnit>,
+    /// The unit of the int8 products (int8 jobs).
+    pub int8: Option<ComputeUnit>,
+    /// int8 jobs: the records computed at a wider precision because they are short.
+    pub short: Option<ShortRecords>,
+}
+
+/// An int8 job's records of at most `max_tokens` tokens (`[CLS]` and `[SEP]` included) ran every
+/// dense product at `precision` (bf16, or fp32 on a CPU without AVX-512 BF16) instead of int8,
+/// since int8's accuracy bound does not hold on such short texts; `records` of the job's
+/// `records_ok` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShortRecords {
+    pub max_tokens: u32,
+    pub precision: Precision,
+    pub records: u64,
+}
+
+impl Compute {
+    /// `{"units": {"bf16"?: unit, "int8"?: unit}, "short"?: {"tokens", "records", "precision"}}`.
+    pub fn to_cbor(&self) -> ciborium::Value {
+        let mut units = MapBuilder::new();
+        if let Some(unit) = self.bf16 {
+            units = units.text("bf16", unit.as_str());
+        }
+        if let Some(unit) = self.int8 {
+            units = units.text("int8", unit.as_str());
+        }
+        let mut map = MapBuilder::new().value("units", units.build());
+        if let Some(short) = &self.short {
+            map = map.value(
+                "short",
+                MapBuilder::new()
+                    .uint("tokens", u64::from(short.max_tokens))
+                    .uint("records", short.records)
+                    .text("precision", short.precision.as_str())
+                    .build(),
+            );
+        }
+        map.build()
+    }
+
+    /// Strict: no unknown key or unit, at least one unit, a short precision of bf16 or fp32.
+    pub fn read(mut map: MapReader) -> Result<Self, ReceiptError> {
+        let mut units = map.map("units")?;
+        let unit = |units: &mut MapReader, key: &'static str| -> Result<Option<ComputeUnit>, ReceiptError> {
+            match units.optional(key) {
+                None => Ok(None),
+                Some(ciborium::Value::Text(text)) => {
+                    ComputeUnit::parse(&text).map(Some).ok_or(ReceiptError::Invalid("compute: unknown unit"))
+                }
+                Some(_) => Err(CborError::WrongType(key).into()),
+            }
+        };
+        let (bf16, int8) = (unit(&mut units, "bf16")?, unit(&mut units, "int8")?);
+        units.finish()?;
+        if bf16.is_none() && int8.is_none() {
+            return Err(ReceiptError::Invalid("compute: no unit"));
+        }
+        let short = match map.optional("short") {
+            None => None,
+            Some(value) => {
+                let mut short = MapReader::new(value).map_err(|_| CborError::WrongType("short"))?;
+                let max_tokens = u32::try_from(short.uint("tokens")?).map_err(|_| CborError::WrongType("tokens"))?;
+                let records = short.uint("records")?;
+                let precision = match Precision::parse(&short.text("precision")?) {
+                    Some(p @ (Precision::Bf16 | Precision::Fp32)) => p,
+                    _ => return Err(ReceiptError::Invalid("compute: short precision")),
+                };
+                short.finish()?;
+                Some(ShortRecords { max_tokens, precision, records })
+            }
+        };
+        map.finish()?;
+        Ok(Self { bf16, int8, short })
+    }
+
+    /// Whether it fits a receipt of a job at `precision` with `records_ok` embedded records:
+    /// the job's own arithmetic has its unit, short records only in int8 jobs and never more
+    /// than were embedded, at bf16 only with bf16's unit named.
+    fn fits(&self, precision: Precision, records_ok: u64) -> bool {
+        let own = match precision {
+            Precision::Fp32 => false,
+            Precision::Bf16 => self.bf16.is_some() && self.int8.is_none() && self.short.is_none(),
+            Precision::Int8 => self.int8.is_some(),
+        };
+        own && self.short.is_none_or(|s| {
+            precision == Precision::Int8 && s.records <= records_ok && (s.precision == Precision::Fp32 || self.bf16.is_some())
+        })
+    }
 }
 
 impl Receipt {
@@ -65,6 +192,9 @@ impl Receipt {
         let mut map = MapBuilder::new();
         if let Some(root) = &self.records_root {
             map = map.bytes("records", root);
+        }
+        if let Some(compute) = &self.compute {
+            map = map.value("compute", compute.to_cbor());
         }
         cbor::encode(
             &map
@@ -116,8 +246,15 @@ impl Receipt {
             finished_ms: map.uint("finished_ms")?,
             commitment: map.array("commitment")?,
             records_root: map.optional_array("records")?,
+            compute: match map.optional("compute") {
+                None => None,
+                Some(value) => Some(Compute::read(MapReader::new(value).map_err(|_| CborError::WrongType("compute"))?)?),
+            },
         };
         map.finish()?;
+        if receipt.compute.as_ref().is_some_and(|c| !c.fits(receipt.options.precision, receipt.records_ok)) {
+            return Err(ReceiptError::Invalid("compute does not fit the job's precision"));
+        }
         if receipt.finished_ms < receipt.started_ms {
             return Err(ReceiptError::Invalid("finished before it started"));
         }
@@ -222,7 +359,110 @@ pub(crate) mod tests {
             finished_ms: 1_760_000_012_345,
             commitment: [0x77; 32],
             records_root: None,
+            compute: None,
         }
+    }
+
+    /// An int8 job's receipt, its short records at bf16.
+    fn int8_sample() -> Receipt {
+        let mut receipt = sample();
+        receipt.options.precision = Precision::Int8;
+        receipt.compute = Some(Compute {
+            bf16: Some(ComputeUnit::Avx512),
+            int8: Some(ComputeUnit::Amx),
+            short: Some(ShortRecords { max_tokens: 8, precision: Precision::Bf16, records: 12 }),
+        });
+        receipt
+    }
+
+    /// A payload with `edit` applied to its decoded map, every map's keys put in deterministic
+    /// order again.
+    fn edited(receipt: &Receipt, edit: impl FnOnce(&mut ciborium::Value)) -> Vec<u8> {
+        fn canonical(value: &mut ciborium::Value) {
+            if let ciborium::Value::Map(entries) = value {
+                entries.iter_mut().for_each(|(_, v)| canonical(v));
+                entries.sort_by_key(|(k, _)| {
+                    let key = cbor::encode(k);
+                    (key.len(), key)
+                });
+            }
+        }
+        let mut value = cbor::decode_deterministic(&receipt.to_payload()).unwrap();
+        edit(&mut value);
+        canonical(&mut value);
+        cbor::encode(&value)
+    }
+
+    fn text(s: &str) -> ciborium::Value {
+        ciborium::Value::Text(s.into())
+    }
+
+    /// The value at `path` of nested maps.
+    fn at<'v>(value: &'v mut ciborium::Value, path: &[&str]) -> &'v mut ciborium::Value {
+        match path.split_first() {
+            None => value,
+            Some((key, rest)) => {
+                let ciborium::Value::Map(entries) = value else { panic!("{key}: not a map") };
+                at(&mut entries.iter_mut().find(|(k, _)| *k == text(key)).unwrap().1, rest)
+            }
+        }
+    }
+
+    /// Adds `key: "x"` to the map at `path`.
+    fn add_key(value: &mut ciborium::Value, path: &[&str], key: &str) {
+        let ciborium::Value::Map(entries) = at(value, path) else { panic!("not a map") };
+        entries.push((text(key), text("x")));
+    }
+
+    #[test]
+    fn compute_round_trips_and_is_absent_unless_set() {
+        let receipt = int8_sample();
+        assert_eq!(Receipt::from_payload(&receipt.to_payload()).unwrap(), receipt);
+        let payload = receipt.to_payload();
+        // The nested maps' keys are in deterministic order too (the strict decoder checks it).
+        assert!(payload.windows(7).any(|w| w == b"compute"));
+        // A receipt without it (fp32, or from an enclave before it) encodes as before: no key.
+        assert!(!sample().to_payload().windows(7).any(|w| w == b"compute"));
+        // A bf16 job names only bf16's unit; an int8 job without AVX-512 BF16 its short records at fp32.
+        let mut bf16 = sample();
+        bf16.options.precision = Precision::Bf16;
+        bf16.compute = Some(Compute { bf16: Some(ComputeUnit::Avx512), int8: None, short: None });
+        assert_eq!(Receipt::from_payload(&bf16.to_payload()).unwrap(), bf16);
+        let mut no_bf16 = int8_sample();
+        no_bf16.compute = Some(Compute {
+            bf16: None,
+            int8: Some(ComputeUnit::Avx512),
+            short: Some(ShortRecords { max_tokens: 8, precision: Precision::Fp32, records: 0 }),
+        });
+        assert_eq!(Receipt::from_payload(&no_bf16.to_payload()).unwrap(), no_bf16);
+    }
+
+    #[test]
+    fn compute_is_decoded_strictly() {
+        let receipt = int8_sample();
+        let compute = |receipt: &Receipt| receipt.compute.clone().unwrap();
+        let with = |c: Compute| Receipt { compute: Some(c), ..int8_sample() }.to_payload();
+        let refused = |payload: &[u8], why: &str| {
+            assert!(Receipt::from_payload(payload).is_err(), "{why}: decoded");
+        };
+        // Facts that do not fit the job.
+        refused(&Receipt { options: JobOptions { precision: Precision::Fp32, ..receipt.options.clone() }, ..receipt.clone() }.to_payload(), "an fp32 job with compute");
+        refused(&Receipt { options: JobOptions { precision: Precision::Bf16, ..receipt.options.clone() }, ..receipt.clone() }.to_payload(), "a bf16 job with short records");
+        refused(&with(Compute { int8: None, ..compute(&receipt) }), "an int8 job without int8's unit");
+        refused(&with(Compute { bf16: None, ..compute(&receipt) }), "short records at bf16 without bf16's unit");
+        let mut many = compute(&receipt);
+        many.short.as_mut().unwrap().records = receipt.records_ok + 1;
+        refused(&with(many), "more short records than embedded");
+        refused(&with(Compute { bf16: None, int8: None, short: None }), "no unit");
+        // Unknown keys, units and precisions, at every level.
+        refused(&edited(&receipt, |v| add_key(v, &["compute"], "zz")), "an unknown key in compute");
+        refused(&edited(&receipt, |v| add_key(v, &["compute", "units"], "fp16")), "an unknown arithmetic");
+        refused(&edited(&receipt, |v| add_key(v, &["compute", "short"], "zz")), "an unknown key in short");
+        refused(&edited(&receipt, |v| *at(v, &["compute", "units", "int8"]) = text("gpu")), "an unknown unit");
+        refused(&edited(&receipt, |v| *at(v, &["compute", "short", "precision"]) = text("int8")), "short records at int8");
+        refused(&edited(&receipt, |v| *at(v, &["compute"]) = text("avx512")), "compute not a map");
+        // The editing itself keeps a receipt that decodes when it changes nothing.
+        assert_eq!(Receipt::from_payload(&edited(&receipt, |_| ())).unwrap(), receipt);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use protocol::envelope::{
 };
 use protocol::frame::{self, Message};
 use protocol::manifest::{Manifest, ModelFile, Pooling};
-use protocol::receipt::{PlaintextCommitment, Receipt};
+use protocol::receipt::{Compute, ComputeUnit, PlaintextCommitment, Receipt, ShortRecords};
 use protocol::records::{encode_input, encode_output, ErrorCode, InputRecord, OutputRecord, Vector};
 
 const DOC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md");
@@ -138,11 +138,20 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
         finished_ms: 1_767_225_601_000,
         commitment,
         records_root: Some(records.root()),
+        compute: None,
     };
     let receipt_key = SigningKey::from_bytes(&[0x05; 32]);
     v.insert("receipt.key_public", receipt_key.verifying_key().as_bytes().to_vec());
     v.insert("receipt.payload", receipt.to_payload());
     v.insert("receipt.cose", receipt.sign(&receipt_key));
+    // The `compute` value of an int8 job's receipt on AVX-512 whose 12 records of at most 8
+    // tokens ran at bf16.
+    let compute = Compute {
+        bf16: Some(ComputeUnit::Avx512),
+        int8: Some(ComputeUnit::Avx512),
+        short: Some(ShortRecords { max_tokens: 8, precision: Precision::Bf16, records: 12 }),
+    };
+    v.insert("receipt.compute", protocol::cbor::encode(&compute.to_cbor()));
 
     let manifest = Manifest {
         model_id: header.model_id.clone(),

@@ -28,6 +28,7 @@ fn receipt_bytes() -> Vec<u8> {
         finished_ms: 2,
         commitment: [9; 32],
         records_root: None,
+        compute: None,
     };
     receipt.sign(&SigningKey::from_bytes(&[1; 32]))
 }

@@ -5,6 +5,7 @@ use candle_nn::VarBuilder;
 use candle_transformers::models::bert::{BertModel, Config};
 use protocol::envelope::Precision;
 use protocol::manifest::{Manifest, Pooling};
+use protocol::receipt::{Compute, ComputeUnit, ShortRecords};
 use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
@@ -103,6 +104,15 @@ const INT8_CALIBRATION: [&str; 8] = [
     "A library for parsing, validating and transforming JSON documents in memory, with streaming support \
      for large inputs, a command-line tool, and bindings for several languages including Python and C.",
 ];
+
+/// In an int8 job, texts of at most this many tokens (`[CLS]` and `[SEP]` included) run every
+/// dense product at bf16 (fp32 without AVX-512 BF16) instead: on them int8's bound does not
+/// hold. Measured on all-MiniLM-L6-v2 (docs/benchmarks.md, "int8 on short texts"): over ~30,000
+/// prefixes of Debian descriptions, int8's worst cosine to fp32 was 0.99563 at 3 tokens, 75,
+/// 34, 9 and 1 texts below 0.999 at 3, 4, 5 and 6 tokens, 0.99907 at 8, and 0.99922 or more at
+/// every length from 9 on, the corpus's own level. A short text is a small share of a job's
+/// work, so computing it wider costs little.
+pub const INT8_SHORT_TOKENS: usize = 8;
 
 /// A sentence-embedding model: tokenizer + BERT encoder + pooling. `Send + Sync`; one instance
 /// serves every job for its model.
@@ -225,6 +235,48 @@ impl Embedder {
         Ok(())
     }
 
+    /// The precision a text of `tokens` tokens (`[CLS]`, `[SEP]` and a prompt included) is
+    /// computed at in a job at `precision`: the job's own, but in an int8 job a text of at most
+    /// [`INT8_SHORT_TOKENS`] runs every dense product at [`Embedder::int8_short_precision`].
+    pub fn precision_for(&self, precision: Precision, tokens: usize) -> Precision {
+        if precision == Precision::Int8 && tokens <= INT8_SHORT_TOKENS {
+            self.int8_short_precision()
+        } else {
+            precision
+        }
+    }
+
+    /// What an int8 job's short texts run at: bf16 on a CPU with AVX-512 BF16 (its own bound,
+    /// cosine ≥ 0.9999 to fp32 on every text measured), fp32 elsewhere.
+    pub fn int8_short_precision(&self) -> Precision {
+        if Encoder::supports_precision(Precision::Bf16) { Precision::Bf16 } else { Precision::Fp32 }
+    }
+
+    /// The receipt's statement of how a job at `precision` computed (`compute`, docs/protocol.md
+    /// §4): the unit of each reduced arithmetic its products used and, for int8, how many of its
+    /// embedded records were short enough to run wider. `None` for fp32.
+    pub fn compute(&self, precision: Precision, short_records: u64) -> Option<Compute> {
+        let units = super::dense::units();
+        let unit = |unit: Option<super::dense::Unit>| {
+            unit.map(|unit| match unit {
+                super::dense::Unit::Avx512 => ComputeUnit::Avx512,
+                super::dense::Unit::Amx => ComputeUnit::Amx,
+            })
+        };
+        match precision {
+            Precision::Fp32 => None,
+            Precision::Bf16 => Some(Compute { bf16: unit(units.bf16), int8: None, short: None }),
+            Precision::Int8 => {
+                let wider = self.int8_short_precision();
+                Some(Compute {
+                    bf16: if wider == Precision::Bf16 { unit(units.bf16) } else { None },
+                    int8: unit(units.int8),
+                    short: Some(ShortRecords { max_tokens: INT8_SHORT_TOKENS as u32, precision: wider, records: short_records }),
+                })
+            }
+        }
+    }
+
     /// The model's architecture (`config.json` `model_type`).
     pub fn architecture(&self) -> Architecture {
         self.arch
@@ -313,15 +365,36 @@ impl Embedder {
         let mut out = Vec::with_capacity(batch.len());
         match &self.model {
             Model::Fused(encoder) => {
-                let sequences: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
-                encoder.forward(&sequences, precision, |states| {
-                    let mut start = 0;
-                    for tokenized in batch {
-                        let n = tokenized.ids.len();
-                        out.push(self.pool(&states[start * h..(start + n) * h], normalize));
-                        start += n;
+                // Each member at its own precision ([`Embedder::precision_for`]): in an int8 job
+                // the short ones and the others are two packed groups, one forward pass each.
+                // Batches are sorted by length, so only the one at the boundary has both.
+                let at = |t: &&Tokenized| self.precision_for(precision, t.tokens());
+                let first = at(&batch[0]);
+                if batch.iter().all(|t| at(&t) == first) {
+                    let sequences: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
+                    encoder.forward(&sequences, first, |states| {
+                        let mut start = 0;
+                        for tokenized in batch {
+                            let n = tokenized.ids.len();
+                            out.push(self.pool(&states[start * h..(start + n) * h], normalize));
+                            start += n;
+                        }
+                    })?;
+                } else {
+                    out.resize(batch.len(), Vec::new());
+                    let (same, other): (Vec<usize>, Vec<usize>) = (0..batch.len()).partition(|&i| at(&batch[i]) == first);
+                    for members in [same, other] {
+                        let sequences: Vec<&[u32]> = members.iter().map(|&i| batch[i].ids.as_slice()).collect();
+                        encoder.forward(&sequences, at(&batch[members[0]]), |states| {
+                            let mut start = 0;
+                            for &i in &members {
+                                let n = batch[i].ids.len();
+                                out[i] = self.pool(&states[start * h..(start + n) * h], normalize);
+                                start += n;
+                            }
+                        })?;
                     }
-                })?;
+                }
             }
             Model::Candle(model) => {
                 let rows = batch.len();

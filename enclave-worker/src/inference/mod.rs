@@ -24,7 +24,8 @@
 //!   The fused encoder also computes at the reduced precisions a job may ask for (`dense.rs`):
 //!   bf16 (AVX-512 BF16) and int8 (AVX-512 VNNI: weights per output channel, activations per
 //!   token, after smoothing outlier channels into the weights, 8 channels per product exact, the
-//!   FFN output in bf16); attention, softmax, LayerNorm,
+//!   FFN output in bf16 where the calibration set asks for it, and every product of a text of at
+//!   most [`INT8_SHORT_TOKENS`] tokens in bf16); attention, softmax, LayerNorm,
 //!   GELU, residuals and pooling stay f32. A precision the worker cannot compute is refused.
 //! * [`plan_batches`] — the pure batching policy: sort by length, cut into batches whose *padded*
 //!   size (`batch size × longest member`) stays under a token budget and a batch-size cap.
@@ -88,7 +89,7 @@ pub use batching::{Batch, BatchLimits, plan_batches};
 pub use dense::{Blocking as DenseBlocking, L2Size, Unit as DenseUnit, Units as DenseUnits, blocking as dense_blocking, units as dense_units};
 #[doc(hidden)] // for examples/bench_dense
 pub use dense::bench as dense_bench;
-pub use embedder::{Backend, Embedder, EmbedderSettings, ModelFiles, Tokenized};
+pub use embedder::{Backend, Embedder, EmbedderSettings, INT8_SHORT_TOKENS, ModelFiles, Tokenized};
 pub use engine::{CandleThreads, EmbedOptions, Engine, EngineSettings, candle_thread_settings};
 pub use metrics::{Metrics, MetricsSnapshot};
 

@@ -299,6 +299,7 @@ fn job(mut connection: UnixStream, state: &Mutex<FakeState>) {
         finished_ms: 2,
         commitment: [4; 32],
         records_root: None,
+        compute: None,
     };
     send(&mut connection, &Message::JobDone { receipt: receipt.sign(&receipt_key()) });
 }

@@ -486,8 +486,22 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
         match run_job(&worker.socket, reduced_job.job_id, &reduced_job.bytes) {
             Ok((output, receipt_bytes)) => {
                 let signed = SignedReceipt::decode(&receipt_bytes).unwrap();
-                assert_eq!(signed.verify(&receipt_key).unwrap().options.precision, precision);
+                let stated = signed.verify(&receipt_key).unwrap();
+                assert_eq!(stated.options.precision, precision);
                 let (_, reduced) = open_output(&client, reduced_job.job_id, &output, records.len());
+                // How it computed: the precision's unit; an int8 job's records of at most 8
+                // tokens at bf16 (fp32 without AVX-512 BF16), counted (none here: tests/
+                // int8_short_texts.rs runs short ones).
+                let compute = stated.compute.clone().expect("a reduced-precision receipt states how it computed");
+                let short = reduced.iter().filter(|r| matches!(r, OutputRecord::Embedding { tokens, .. } if *tokens <= 8)).count();
+                match precision {
+                    Precision::Bf16 => assert!(compute.bf16.is_some() && compute.int8.is_none() && compute.short.is_none(), "{compute:?}"),
+                    _ => {
+                        let stated = compute.short.expect("int8's short records");
+                        assert!(compute.int8.is_some(), "{compute:?}");
+                        assert_eq!((stated.max_tokens, stated.records), (8, short as u64), "{compute:?}");
+                    }
+                }
                 for i in [0, 2, 3] {
                     let (OutputRecord::Embedding { vector: full, .. }, OutputRecord::Embedding { vector: low, .. }) =
                         (&outputs[i], &reduced[i])
