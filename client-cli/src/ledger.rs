@@ -38,7 +38,10 @@
 //!
 //! One file per subcommand under `ledger/` (`query.rs`, `verify.rs`, `checkpoint.rs`, `prove.rs`,
 //! `verify_bundle.rs`, `consistency.rs`, `sync.rs`, `redrive.rs`), with the shared trust options in
-//! `trust.rs` and a job's own proof object (`jobs/<id>/ledger-proof.json`) in `proof.rs`.
+//! `trust.rs`, a job's own proof object (`jobs/<id>/ledger-proof.json`) in `proof.rs`, a job's
+//! whole ledger check (witnesses, checkpoints seen) in `job_check.rs`, the witness settings and
+//! the memory of checkpoints in `witness_policy.rs`, and consistency proofs from a bucket's hash
+//! tiles in `hash_tiles.rs`.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -60,6 +63,8 @@ use serde::Serialize;
 
 mod checkpoint;
 mod consistency;
+mod hash_tiles;
+mod job_check;
 mod proof;
 mod prove;
 mod query;
@@ -79,7 +84,9 @@ use consistency::consistency_command;
 use prove::prove_command;
 use verify::verify_command;
 pub use verify_bundle::{ProvenReceipt, Refusal, check_bundle, check_bundle_witnessed};
-pub use witness_policy::{SeenCheck, WitnessArgs, check_seen, check_witnessed};
+pub use witness_policy::{SeenAs, SeenCheck, WitnessArgs, check_seen, check_witnessed, remember_checkpoint, seen_checkpoint};
+pub use hash_tiles::{HashTiles, tiles_consistency};
+pub use job_check::{JobEntry, accept_checkpoint, check_job_in_ledger, check_job_proof_object};
 use verify_bundle::verify_bundle_command;
 pub use proof::{JobProof, check_job_proof, check_proof};
 pub use query::{Row, UsageDetail, query_ledger, query_rows, usage_gaps};

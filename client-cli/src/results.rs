@@ -40,9 +40,11 @@ fn list(failed: &[Check]) -> String {
     failed.iter().map(|c| format!("{}: {}", c.name, c.detail)).collect::<Vec<_>>().join("\n  ")
 }
 
-/// The failed checks but the ledger's (the ledger may not have caught up yet).
+/// The failed checks but a ledger check that found the job not in the ledger yet (it may not
+/// have caught up); a ledger check that refused what it was shown (`witness_quorum`, `fork`, a
+/// refused proof, …) is a failure like any other.
 fn refused(job: &JobId, out: &Verification) -> ResultsError {
-    let failed = out.failures().into_iter().filter(|c| c.name != "ledger").cloned().collect();
+    let failed = out.failures().into_iter().filter(|c| c.name != "ledger" || out.ledger_refusal.is_some()).cloned().collect();
     ResultsError::NotVerified { job: job.to_hex(), failed }
 }
 
@@ -149,7 +151,7 @@ impl Appended {
 
 /// Writes a job's locally refused lines and its records to `writer`, checked against the
 /// receipt read once and verified before any of its fields is used. On any failed check (but
-/// the ledger's) it fails: the caller then drops the writer unfinished, so no file appears
+/// a ledger that does not hold the job yet) it fails: the caller then drops the writer unfinished, so no file appears
 /// under its final name.
 pub fn append_job(
     home: &Home,
@@ -190,7 +192,7 @@ pub fn append_job(
         }
     };
     verify::check_output(&files, &state, receipt, &downloaded, &mut out);
-    verify::check_ledger(home, services, job, &verified.bytes, &mut out);
+    verify::check_ledger(home, services, trust, job, &verified.bytes, &mut out);
     refuse_on_failure(job, &out)?;
     state.downloaded = Some(downloaded);
     Ok(Appended { verification: out, state })

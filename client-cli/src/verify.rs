@@ -13,7 +13,7 @@
 //! | `output_sha256` | the sealed output this client downloaded (and wrote) is the one the enclave wrote: same attempt, same SHA-256 |
 //! | `record_ids` | the output's record ids are the ids this client sealed, in order |
 //! | `commitment` | the keyed plaintext commitment: the enclave saw exactly this plaintext and produced exactly this output |
-//! | `ledger` | the ledger holds this receipt, byte for byte, with an inclusion proof against a checkpoint signed by the ledger key: for a deployment, the job's own proof object (`jobs/<id>/ledger-proof.json`, read with jobs-bucket access only), else the home's synced copy of the ledger |
+//! | `ledger` | the ledger holds this receipt, byte for byte, with an inclusion proof against a checkpoint signed by the ledger key: for a deployment, the job's own proof object (`jobs/<id>/ledger-proof.json`), else the home's synced copy of the ledger; the checkpoint carries the configured witnesses' quorum (`witness_quorum`, `witness_cosignature`; without witnesses the detail says it is signed by the operator's key only) and is consistent with the largest checkpoint of the ledger this client accepted before (`fork`, `rollback`, `consistency`), which it then records |
 
 use anyhow::anyhow;
 use cloud::{layout, ObjectError, Services};
@@ -25,7 +25,7 @@ use receipts_ledger::VerifierKey;
 use serde::Serialize;
 
 use crate::backend::LedgerSource;
-use crate::ledger::JobProof;
+use crate::ledger::Refusal;
 use crate::home::Home;
 use crate::jobstate::{ClientJob, Downloaded, JobFiles};
 use crate::trust::ClientTrust;
@@ -42,6 +42,10 @@ pub struct Verification {
     pub job_id: JobId,
     pub development_root: bool,
     pub checks: Vec<Check>,
+    /// When the `ledger` check failed because what the ledger showed is refused (not because
+    /// the entry is not there yet): the refusal's check (`witness_quorum`, `fork`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ledger_refusal: Option<&'static str>,
 }
 
 impl Verification {
@@ -54,7 +58,7 @@ impl Verification {
     }
 
     pub fn new(job: &JobId, trust: &ClientTrust) -> Self {
-        Verification { job_id: *job, development_root: trust.development, checks: Vec::new() }
+        Verification { job_id: *job, development_root: trust.development, checks: Vec::new(), ledger_refusal: None }
     }
 
     pub fn add(&mut self, name: &'static str, passed: bool, detail: impl Into<String>) -> bool {
@@ -165,7 +169,7 @@ pub fn verify_job(
         Ok(downloaded) => check_output(&files, &state, receipt, &downloaded, &mut out),
         Err(error) => unopened_output(job, receipt.attempt, &error, &mut out),
     }
-    check_ledger(home, services, job, &verified.bytes, &mut out);
+    check_ledger(home, services, trust, job, &verified.bytes, &mut out);
     Ok(out)
 }
 
@@ -284,48 +288,42 @@ fn decode32(text: &str) -> Option<[u8; 32]> {
     hex::decode(text).ok()?.try_into().ok()
 }
 
-/// The ledger holds the receipt, and an inclusion proof against a signed checkpoint verifies
-/// with the ledger key. A deployment's job is checked with its own proof object when there is
-/// one (a refused one fails the check, naming why); without one, with the synced ledger.
-pub fn check_ledger(home: &Home, services: &Services, job: &JobId, receipt: &[u8], out: &mut Verification) {
-    let result = (|| -> anyhow::Result<String> {
-        let dir = match crate::backend::ledger_source() {
-            LedgerSource::Home => home.ledger_dir(),
+/// The ledger holds the receipt, proven against a checkpoint signed by the ledger key that
+/// carries the witness quorum configured (`trust.witnesses`) and is consistent with every
+/// checkpoint of this ledger this client accepted before (`crate::ledger::job_check`). A
+/// deployment's job is checked with its own proof object when there is one (a refused one fails
+/// the check, naming why), with consistency proofs from the ledger bucket's hash tiles; without
+/// one, with the synced copy. A refusal sets [`Verification::ledger_refusal`].
+pub fn check_ledger(home: &Home, services: &Services, trust: &ClientTrust, job: &JobId, receipt: &[u8], out: &mut Verification) {
+    let policy = trust.witnesses.as_ref();
+    let result = (|| -> anyhow::Result<Result<String, Refusal>> {
+        let (dir, source) = match crate::backend::ledger_source() {
+            LedgerSource::Home => (home.ledger_dir(), "the home's ledger".to_owned()),
             LedgerSource::Bucket { name, objects, copy } => {
                 let key = deployment_ledger_key(name, copy)?;
-                match crate::ledger::check_job_proof(services.jobs.as_ref(), job, receipt, &key)? {
-                    JobProof::Proven(p) => {
-                        return Ok(format!(
-                            "entry {} of {} ({}), checkpoint signed by {}",
-                            p.leaf_index,
-                            p.checkpoint.size,
-                            layout::job_ledger_proof(job),
-                            key.name()
-                        ));
-                    }
-                    JobProof::Refused(r) => {
-                        return Err(anyhow!("the ledger proof {} is refused: {}: {}", layout::job_ledger_proof(job), r.check, r.message));
-                    }
-                    JobProof::Absent => {}
+                let proof = layout::job_ledger_proof(job);
+                let checked = crate::ledger::check_job_proof_object(services.jobs.as_ref(), objects.as_ref(), "", copy, job, receipt, &key, policy)?;
+                match checked {
+                    Some(Ok(entry)) => return Ok(Ok(entry.describe(&proof))),
+                    Some(Err(r)) => return Ok(Err(Refusal { check: r.check, message: format!("the ledger proof {proof} is refused: {}", r.message) })),
+                    None => {}
                 }
                 sync_deployment_ledger(name, objects.clone(), copy, &key)?;
-                copy.clone()
+                (copy.clone(), format!("the home's copy of the ledger in {name}"))
             }
             LedgerSource::Unnamed => {
                 return Err(anyhow!("the AWS settings name no ledger bucket (EPHEM_LEDGER_BUCKET / LedgerBucketName)"));
             }
         };
-        let store = LocalLedger::open_read_only(&dir)?;
         let pinned = LocalLedger::verifier_key(&dir)?;
-        let bundle = receipts_ledger::prove(&store, job).map_err(|e| anyhow!("{e}"))?;
-        let verified = receipts_ledger::verify_bundle(&bundle, &pinned).map_err(|e| anyhow!("{e}"))?;
-        if verified.receipt != receipt {
-            return Err(anyhow!("the ledger holds a different receipt for this job"));
-        }
-        Ok(format!("entry {} of {}, checkpoint signed by {}", verified.leaf_index, verified.checkpoint.size, pinned.name()))
+        Ok(crate::ledger::check_job_in_ledger(&dir, job, receipt, &pinned, policy)?.map(|entry| entry.describe(&source)))
     })();
     match result {
-        Ok(detail) => out.add("ledger", true, detail),
+        Ok(Ok(detail)) => out.add("ledger", true, detail),
+        Ok(Err(refusal)) => {
+            out.ledger_refusal = Some(refusal.check);
+            out.add("ledger", false, format!("{}: {}", refusal.check, refusal.message))
+        }
         Err(error) => out.add("ledger", false, error.to_string()),
     };
 }

@@ -20,8 +20,9 @@ use super::verify_bundle::bundle_refusal;
 
 /// What a job's proof object says, checked.
 pub enum JobProof {
-    /// The ledger holds the receipt at `leaf_index` of the checkpoint signed by the pinned key.
-    Proven(VerifiedBundle),
+    /// The ledger holds the receipt at `leaf_index` of the checkpoint signed by the pinned key;
+    /// `note` is that checkpoint as the proof carries it (with any witnesses' cosignatures).
+    Proven { proven: VerifiedBundle, note: String },
     /// No proof object (an appender from before there were any, or not appended yet).
     Absent,
     /// It does not prove the receipt: the check that failed.
@@ -41,13 +42,14 @@ pub fn check_job_proof(jobs: &dyn ObjectStore, job: &JobId, receipt: &[u8], pinn
         Err(e) => return Err(e),
     };
     Ok(match check_proof(&bytes, receipt, pinned) {
-        Ok(proven) => JobProof::Proven(proven),
+        Ok((proven, note)) => JobProof::Proven { proven, note },
         Err(refusal) => JobProof::Refused(refusal),
     })
 }
 
-/// Checks proof bundle bytes against the pinned key and the receipt they must prove.
-pub fn check_proof(bytes: &[u8], receipt: &[u8], pinned: &VerifierKey) -> Result<VerifiedBundle, Refusal> {
+/// Checks proof bundle bytes against the pinned key and the receipt they must prove: what they
+/// prove, and the signed checkpoint note they carry.
+pub fn check_proof(bytes: &[u8], receipt: &[u8], pinned: &VerifierKey) -> Result<(VerifiedBundle, String), Refusal> {
     let bundle = ProofBundle::from_json(bytes).map_err(|e| bundle_refusal(&e))?;
     let proven = verify_bundle(&bundle, pinned).map_err(|e| bundle_refusal(&e))?;
     if proven.receipt != receipt {
@@ -56,7 +58,7 @@ pub fn check_proof(bytes: &[u8], receipt: &[u8], pinned: &VerifierKey) -> Result
             message: format!("the proof is for another receipt (leaf {} of {}), not this job's", proven.leaf_index, proven.checkpoint.size),
         });
     }
-    Ok(proven)
+    Ok((proven, bundle.checkpoint))
 }
 
 #[cfg(test)]
@@ -120,7 +122,7 @@ mod tests {
             edit(&mut bundle);
             self.jobs.put(&layout::job_ledger_proof(&id(j)), bundle.to_json().as_bytes(), PutCondition::Overwrite).unwrap();
             match check_job_proof(&self.jobs, &id(j), &self.receipt(j), &self.key).unwrap() {
-                JobProof::Proven(_) => None,
+                JobProof::Proven { .. } => None,
                 JobProof::Refused(refusal) => Some(refusal.check),
                 JobProof::Absent => Some("absent"),
             }
@@ -132,7 +134,7 @@ mod tests {
         let f = fixture();
         for j in 0..4 {
             match check_job_proof(&f.jobs, &id(j), &f.receipt(j), &f.key).unwrap() {
-                JobProof::Proven(p) => assert_eq!((p.leaf_index, p.checkpoint.size), (j, j + 1)),
+                JobProof::Proven { proven: p, .. } => assert_eq!((p.leaf_index, p.checkpoint.size), (j, j + 1)),
                 _ => panic!("job {j} not proven"),
             }
         }

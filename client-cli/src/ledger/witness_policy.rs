@@ -87,46 +87,93 @@ fn seen_path(dir: &Path, origin: &str) -> PathBuf {
 /// What the seen-checkpoint check found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct SeenCheck {
-    /// The size of the checkpoint seen before, if any.
+    /// The size of the largest checkpoint seen before, if any.
     pub previous: Option<u64>,
     pub size: u64,
+}
+
+/// Which checkpoint is checked against the ones seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SeenAs {
+    /// The ledger's latest checkpoint (`ledger verify`): one smaller than the largest seen is a
+    /// `rollback`.
+    Latest,
+    /// The checkpoint a job's proof rests on (`verify`, `results`): it may be older than the
+    /// largest seen (the job was appended before), and must then be a prefix of it.
+    JobProof,
+}
+
+/// A consistency proof between two sizes `(old, new)` of the ledger being checked, from wherever
+/// it is read (a ledger store, a bucket's hash tiles); it is verified against both signed roots,
+/// so it is never trusted.
+pub type Prover<'a> = &'a dyn Fn(u64, u64) -> Result<Vec<receipts_ledger::merkle::Hash>, String>;
+
+/// One process checks and records one origin's checkpoints at a time (the Python SDK's threads).
+static SEEN: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The largest checkpoint this client recorded for `origin` in `dir`, if any.
+pub fn seen_checkpoint(dir: &Path, origin: &str) -> anyhow::Result<Option<Checkpoint>> {
+    let path = seen_path(dir, origin);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let text = receipts_ledger::note::Note::parse(text.as_bytes()).with_context(|| format!("{}", path.display()))?.text;
+            Ok(Some(Checkpoint::parse(&text).with_context(|| format!("{}", path.display()))?))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
 }
 
 /// Checks the ledger's latest checkpoint (already verified under the pinned key) against the
 /// one this client saw last, then records it. Refusals: `rollback` (smaller), `fork` (same
 /// size, other root), `consistency` (the ledger cannot prove the newer one extends it).
 pub fn check_seen(dir: &Path, store: &dyn LedgerStore, latest: &Checkpoint, note: &str) -> anyhow::Result<Result<SeenCheck, Refusal>> {
-    let path = seen_path(dir, &latest.origin);
-    let previous = match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let text = receipts_ledger::note::Note::parse(text.as_bytes()).with_context(|| format!("{}", path.display()))?.text;
-            Some(Checkpoint::parse(&text).with_context(|| format!("{}", path.display()))?)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    let prove = |old: u64, new: u64| consistency(store, old, new).map_err(|e| e.to_string());
+    remember_checkpoint(dir, latest, note, SeenAs::Latest, &prove)
+}
+
+/// Checks a checkpoint (already verified under the pinned key, and against the witness policy)
+/// against the largest this client saw of its origin (`<dir>/seen/<hex SHA-256(origin)>`), and
+/// records it if it is larger. The one place every check of a checkpoint remembers it:
+/// `ledger verify` ([`check_seen`]) and each job's ledger check. Refusals: `fork` (same size,
+/// other root), `rollback` (smaller, for [`SeenAs::Latest`]), `consistency` (no proof from
+/// `prove` that the larger of the two extends the smaller).
+pub fn remember_checkpoint(dir: &Path, checkpoint: &Checkpoint, note: &str, seen_as: SeenAs, prove: Prover<'_>) -> anyhow::Result<Result<SeenCheck, Refusal>> {
+    let _one_at_a_time = SEEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let path = seen_path(dir, &checkpoint.origin);
+    let previous = seen_checkpoint(dir, &checkpoint.origin)?;
+    let refuse = |check: &'static str, message: String| Ok(Err(Refusal { check, message }));
+    // Proves that the tree of `small` is a prefix of the tree of `large`.
+    let extends = |small: &Checkpoint, large: &Checkpoint| -> Result<(), String> {
+        let proof = prove(small.size, large.size).map_err(|e| format!("no consistency proof {} -> {}: {e}", small.size, large.size))?;
+        verify_consistency(small.size, large.size, &small.root, &large.root, &proof)
+            .map_err(|e| format!("checkpoint {} does not extend checkpoint {}: {e}", large.size, small.size))
     };
     if let Some(seen) = &previous {
-        let refuse = |check: &'static str, message: String| Ok(Err(Refusal { check, message }));
-        if latest.size < seen.size {
-            return refuse("rollback", format!("the ledger's checkpoint has {} entries; this client saw {} before", latest.size, seen.size));
+        if checkpoint.size == seen.size && checkpoint.root != seen.root {
+            return refuse("fork", format!("checkpoint {} has another root than the one this client saw", checkpoint.size));
         }
-        if latest.size == seen.size && latest.root != seen.root {
-            return refuse("fork", format!("checkpoint {} has another root than the one this client saw", latest.size));
-        }
-        if latest.size > seen.size && seen.size > 0 {
-            let proof = match consistency(store, seen.size, latest.size) {
-                Ok(p) => p,
-                Err(e) => return refuse("consistency", format!("no consistency proof {} -> {}: {e}", seen.size, latest.size)),
-            };
-            if let Err(e) = verify_consistency(seen.size, latest.size, &seen.root, &latest.root, &proof) {
-                return refuse("consistency", format!("checkpoint {} does not extend the {} seen before: {e}", latest.size, seen.size));
+        if checkpoint.size < seen.size {
+            if seen_as == SeenAs::Latest {
+                return refuse("rollback", format!("the ledger's checkpoint has {} entries; this client saw {} before", checkpoint.size, seen.size));
             }
+            // An older checkpoint (a job appended earlier) must be a prefix of the one seen.
+            if let Err(message) = extends(checkpoint, seen) {
+                return refuse("consistency", format!("{message} (the larger was seen before)"));
+            }
+            return Ok(Ok(SeenCheck { previous: Some(seen.size), size: checkpoint.size }));
+        }
+        if checkpoint.size > seen.size
+            && seen.size > 0
+            && let Err(message) = extends(seen, checkpoint)
+        {
+            return refuse("consistency", format!("{message} (the smaller was seen before)"));
         }
     }
     std::fs::create_dir_all(path.parent().unwrap_or(dir))?;
-    let tmp = path.with_extension("tmp");
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
     std::fs::write(&tmp, note).and_then(|()| std::fs::rename(&tmp, &path)).with_context(|| format!("writing {}", path.display()))?;
-    Ok(Ok(SeenCheck { previous: previous.map(|p| p.size), size: latest.size }))
+    Ok(Ok(SeenCheck { previous: previous.map(|p| p.size), size: checkpoint.size }))
 }
 
 #[cfg(test)]
