@@ -254,7 +254,9 @@ def issue23(doc, top):
     # Per length, over the corpus and the accuracy set (short texts and the reference texts).
     buckets = (q or {}).get("min_cosine_to_fp32_by_tokens") or {}
     mins = [b["min"] for b in buckets.values() if b.get("min") is not None]
-    shown = " / ".join(f"{name}: {fmt(b.get('min'), 6)} ({b.get('texts', 0)})" for name, b in buckets.items())
+    # In length order ("1-8", "9-32", "33-128", "129+"; the JSON object's keys are sorted as text).
+    order = sorted(buckets, key=lambda name: int(name.split("-")[0].rstrip("+")))
+    shown = " / ".join(f"{name}: {fmt(buckets[name].get('min'), 6)} ({buckets[name].get('texts', 0)})" for name in order)
     row("int8 min cosine to our fp32 per length bucket (tokens: min (texts)) ≥ 0.999", min(mins) if mins else None,
         lambda v: v >= 0.999, shown or "not measured (before the buckets were in the suite)")
     r, how = latency_128(doc, top)

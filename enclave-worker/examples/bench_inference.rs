@@ -141,6 +141,34 @@ fn read_corpus(path: &PathBuf) -> Vec<InputRecord> {
         .collect()
 }
 
+/// Length buckets (tokens with `[CLS]`/`[SEP]`) of a reduced precision's agreement with fp32.
+const TOKEN_BUCKETS: [(&str, std::ops::RangeInclusive<u32>); 4] =
+    [("1-8", 1..=8), ("9-32", 9..=32), ("33-128", 33..=128), ("129+", 129..=u32::MAX)];
+
+/// The texts of the int8 accuracy set (tests/testdata/short_texts/reference.json: 156 short texts
+/// and the reference texts of every length), beside the corpus in the per-length agreement; none
+/// if the file is not there.
+fn read_accuracy_set() -> Vec<InputRecord> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/short_texts/reference.json");
+    let Ok(raw) = std::fs::read_to_string(path) else {
+        eprintln!("{path}: not found; the length buckets cover the corpus only");
+        return Vec::new();
+    };
+    let doc: serde_json::Value = serde_json::from_str(&raw).expect("the accuracy set is JSON");
+    doc["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .enumerate()
+        .map(|(i, c)| InputRecord { id: format!("accuracy-{i}"), text: c["text"].as_str().expect("text").as_bytes().to_vec() })
+        .collect()
+}
+
+/// A bucket's first length ("9-32" → 9), to show them in order (JSON objects are not).
+fn leading_number(name: &str) -> u32 {
+    name.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(u32::MAX)
+}
+
 fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -277,14 +305,18 @@ fn run_child(args: &Args) -> serde_json::Value {
         }
         median(&mut times)
     };
-    // Reduced precision: its worst cosine to the fp32 vectors over the whole corpus.
-    let min_cosine_to_fp32 = (args.precision != Precision::Fp32).then(|| {
+    // Reduced precision: its worst cosine to the fp32 vectors over the whole corpus, and per
+    // length bucket over the corpus and the accuracy set (short texts and reference texts).
+    let accuracy_set = read_accuracy_set();
+    let agreement = (args.precision != Precision::Fp32).then(|| {
+        let texts: Vec<InputRecord> = records.iter().chain(&accuracy_set).cloned().collect();
         let vectors = |options: &EmbedOptions| {
-            let mut out = Vec::with_capacity(records.len());
+            let mut out = Vec::with_capacity(texts.len());
             engine
-                .embed_stream(records.iter().cloned(), options, OutputDtype::F32, |record| {
-                    if let OutputRecord::Embedding { vector, .. } = record {
-                        out.push(vector.to_f32());
+                .embed_stream(texts.iter().cloned(), options, OutputDtype::F32, |record| {
+                    match record {
+                        OutputRecord::Embedding { vector, tokens, .. } => out.push(Some((vector.to_f32(), tokens))),
+                        OutputRecord::Error { .. } => out.push(None),
                     }
                     Ok::<(), ()>(())
                 })
@@ -292,8 +324,24 @@ fn run_child(args: &Args) -> serde_json::Value {
             out
         };
         let (reduced, full) = (vectors(&options), vectors(&EmbedOptions::default()));
-        reduced.iter().zip(&full).map(|(a, b)| cosine(a, b)).fold(1.0f64, f64::min)
+        let cosines: Vec<Option<(f64, u32)>> = reduced
+            .iter()
+            .zip(&full)
+            .map(|(a, b)| Some((cosine(&a.as_ref()?.0, &b.as_ref()?.0), b.as_ref()?.1)))
+            .collect();
+        let corpus = cosines[..records.len()].iter().flatten().map(|c| c.0).fold(1.0f64, f64::min);
+        let buckets: serde_json::Map<String, serde_json::Value> = TOKEN_BUCKETS
+            .iter()
+            .map(|(name, range)| {
+                let inside: Vec<f64> = cosines.iter().flatten().filter(|c| range.contains(&c.1)).map(|c| c.0).collect();
+                let min = inside.iter().copied().reduce(f64::min);
+                ((*name).to_owned(), serde_json::json!({"min": min, "texts": inside.len()}))
+            })
+            .collect();
+        (corpus, buckets)
     });
+    let min_cosine_to_fp32 = agreement.as_ref().map(|a| a.0);
+    let min_cosine_to_fp32_by_tokens = agreement.map(|a| a.1);
     let short_ms = latency(&case("capital_of_france"));
     let ms_128 = latency(&case("tokens_128"));
 
@@ -314,6 +362,8 @@ fn run_child(args: &Args) -> serde_json::Value {
         "backend": format!("{:?}", args.backend),
         "precision": args.precision.as_str(),
         "min_cosine_to_fp32": min_cosine_to_fp32,
+        "min_cosine_to_fp32_by_tokens": min_cosine_to_fp32_by_tokens,
+        "accuracy_set_texts": accuracy_set.len(),
         "candle_gemm_tasks": candle.gemm_tasks,
         "candle_elementwise_threads": candle.elementwise_threads,
         "documents": delta.documents,
@@ -401,7 +451,19 @@ fn main() {
             r["min_cosine_to_fp32"]
                 .as_f64()
                 .map(|c| format!("  {} min cosine to fp32 {c:.6}", r["precision"].as_str().unwrap_or("")))
-                .unwrap_or_default(),
+                .unwrap_or_default()
+                + &r["min_cosine_to_fp32_by_tokens"]
+                    .as_object()
+                    .map(|b| {
+                        let mut buckets: Vec<_> = b.iter().collect();
+                        buckets.sort_by_key(|(name, _)| leading_number(name));
+                        let shown: Vec<String> = buckets
+                            .into_iter()
+                            .map(|(name, v)| format!("{name}: {} ({})", v["min"].as_f64().map_or("-".into(), |m| format!("{m:.6}")), v["texts"]))
+                            .collect();
+                        format!(" (by tokens {})", shown.join(", "))
+                    })
+                    .unwrap_or_default(),
         );
         results.push(r);
     }
