@@ -85,8 +85,15 @@ class Client:
     ``cdk deploy --outputs-file`` JSON), ``kms`` from ``EPHEM_KMS``, ``policy`` and
     ``publisher_key`` from ``EPHEM_POLICY`` and ``EPHEM_PUBLISHER_KEY`` (the signed attestation
     policy and its signer; default: the development policy of ``ephem-batch dev up``),
-    ``model_publisher_key`` from ``EPHEM_MODEL_PUBLISHER_KEY`` and ``fleet_key_arn`` from
-    ``EPHEM_FLEET_KEY_ARN``.
+    ``model_publisher_key`` from ``EPHEM_MODEL_PUBLISHER_KEY``, ``fleet_key_arn`` from
+    ``EPHEM_FLEET_KEY_ARN``, and ``witnesses`` from ``EPHEM_WITNESSES``.
+
+    ``witnesses`` (cosigner keys, or files holding them) and ``witness_quorum`` are ``ephem-batch
+    verify``'s ``--witness`` and ``--witness-quorum``: a job's ledger checkpoint must carry the
+    quorum's cosignatures (default: all of them), else :meth:`Job.results` and :meth:`Job.verify`
+    refuse it naming ``witness_quorum``. Without witnesses the ledger check says the checkpoint
+    is signed by the operator's key only. Every checkpoint accepted is remembered in the home and
+    a later one must be consistent with it (``fork``, ``consistency``).
 
     One process talks to one backend (the library's fleet key and ledger are process-wide): a
     second client with another home or backend raises :class:`ConfigurationError`.
@@ -103,6 +110,8 @@ class Client:
         model_publisher_key: Optional[str] = None,
         fleet_key_arn: Optional[str] = None,
         kms: Optional[str] = None,
+        witnesses: Optional[Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]] = None,
+        witness_quorum: Optional[int] = None,
     ) -> None:
         if backend is not None and backend not in ("local", "aws"):
             raise ConfigurationError(f"backend {backend!r}: expected 'local' or 'aws'")
@@ -119,6 +128,12 @@ class Client:
         ):
             if value is not None:
                 args += [flag, os.fspath(value)]
+        if isinstance(witnesses, (str, os.PathLike)):
+            witnesses = [witnesses]
+        for witness in witnesses or ():
+            args += ["--witness", os.fspath(witness)]
+        if witness_quorum is not None:
+            args += ["--witness-quorum", str(int(witness_quorum))]
         self._native = _native.NativeClient(args)
         #: The receipts ledger's compliance view.
         self.ledger = Ledger(self)

@@ -1,6 +1,8 @@
 """The Python SDK against the local stack: submit, wait, results, errors, verify, ledger."""
 
+import base64
 import glob
+import hashlib
 import json
 import os
 import shutil
@@ -273,3 +275,36 @@ def test_a_corpus_that_cannot_be_submitted_is_a_value_error_naming_it(client, tm
         assert "\n" not in str(raised.value)
     # Nothing was sealed for any of them.
     assert (sorted(os.listdir(jobs)) if os.path.isdir(jobs) else []) == before
+
+
+def _stranger(key: str) -> str:
+    """A witness key nobody asked to cosign: the stack's witness's public key under another name
+    (so another key id)."""
+    _name, _id, raw = key.split("+", 2)
+    name = "witness.example/stranger"
+    key_id = hashlib.sha256(name.encode() + b"\n" + base64.b64decode(raw)).digest()[:4].hex()
+    return f"{name}+{key_id}+{raw}"
+
+
+def test_results_and_verify_take_the_witness_settings(stack):
+    """`dev up` runs a witness that cosigns each checkpoint of the stack's ledger. A client given
+    its key gets its results and a ledger check naming it; a client that also requires a witness
+    which never cosigned gets nothing written and a refusal naming `witness_quorum`; a client
+    without witnesses is told the checkpoint is signed by the operator's key only."""
+    with open(os.path.join(stack.home, "run", "witness.url")) as f:
+        key = f.read().strip().rsplit("@", 1)[0]
+    witnessed = ephem_batch.Client(home=stack.home, backend="local", witnesses=[key])
+    strict = ephem_batch.Client(home=stack.home, backend="local", witnesses=[key, _stranger(key)], witness_quorum=2)
+    job = witnessed.submit(TEXTS[:2]).wait()
+    with pytest.raises(VerificationError) as raised:
+        strict.job(job.id).results()
+    assert raised.value.check == "ledger" and "witness_quorum" in str(raised.value), str(raised.value)
+    assert not os.path.exists(os.path.join(stack.home, "client", "jobs", job.id, "embeddings.npy")), "nothing written"
+    assert strict.job(job.id).verify(raise_on_failure=False)["ledger"].detail.startswith("witness_quorum")
+
+    ids, vectors = witnessed.job(job.id).results()
+    assert ids == ["0", "1"] and vectors.shape == (2, 384)
+    ledger = witnessed.job(job.id).verify()["ledger"]
+    assert ledger.passed and f"cosigned by {key.split('+')[0]}" in ledger.detail, ledger.detail
+    plain = ephem_batch.Client(home=stack.home, backend="local")
+    assert "signed by the operator's key only" in plain.job(job.id).verify()["ledger"].detail

@@ -75,6 +75,30 @@ fn local_pipeline_end_to_end() {
     assert_eq!(status["state"], "completed");
     assert!(status["ledger"]["index"].is_u64());
 
+    // --- the ledger check's witnesses: none asked, the operator's key alone is said to sign ----
+    let ledger = checks.iter().find(|c| c["name"] == "ledger").unwrap();
+    assert!(ledger["detail"].as_str().unwrap().contains("signed by the operator's key only"), "{ledger}");
+    // The stack's own witness (dev up) cosigns every checkpoint; a witness nobody asked (its key
+    // under another name) never did: with both required, `verify` refuses by name.
+    let endpoint = std::fs::read_to_string(stack.home().join("run/witness.url")).unwrap();
+    let witness = endpoint.trim().rsplit_once('@').unwrap().0.to_owned();
+    let witnessed = json(&stack.ok(&["verify", &job, "--json", "--witness", &witness]));
+    let ledger = witnessed["checks"].as_array().unwrap().iter().find(|c| c["name"] == "ledger").unwrap().clone();
+    assert!(ledger["passed"] == true && ledger["detail"].as_str().unwrap().contains("cosigned by"), "{ledger}");
+    let stranger = {
+        use base64::Engine as _;
+        use sha2::Digest as _;
+        let raw = witness.splitn(3, '+').nth(2).unwrap();
+        let name = "witness.example/stranger";
+        let key = base64::engine::general_purpose::STANDARD.decode(raw).unwrap();
+        let id = sha2::Sha256::digest([name.as_bytes(), b"\n", &key].concat());
+        format!("{name}+{}+{raw}", hex::encode(&id[..4]))
+    };
+    let refused = stack.cli(&["verify", &job, "--json", "--witness", &witness, "--witness", &stranger]);
+    assert_eq!(refused.status.code(), Some(1), "{}", stack.describe(&refused));
+    let refused = json(&String::from_utf8_lossy(&refused.stdout));
+    assert_eq!(refused["ledger_refusal"], "witness_quorum", "{refused}");
+
     // --- the fleet KMS key: bound in the published document, pinned by the client ---------------
     // `fleet check-key` passes on the home's fleet key and names the key it checked.
     let key_report = json(&stack.ok(&["fleet", "check-key", "--json"]));

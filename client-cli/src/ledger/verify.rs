@@ -86,6 +86,9 @@ pub(super) fn verify_command(dir: &Path, json: bool, trust: &LedgerTrust, witnes
         if let (Some(names), Some(policy)) = (&witnesses, &policy) {
             println!("witnesses   {} cosigned the latest checkpoint (quorum {})", names.join(", "), policy.quorum);
         }
+        if policy.is_none() {
+            println!("witnesses   none configured: the checkpoints are signed by the operator's key only (--witness, EPHEM_WITNESSES)");
+        }
         if let Some(s) = &seen {
             match s.previous {
                 Some(p) => println!("seen        checkpoint {} extends the {p} this client saw before", s.size),

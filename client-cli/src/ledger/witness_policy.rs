@@ -224,6 +224,26 @@ mod tests {
         assert!(WitnessArgs { witnesses: vec![], quorum: Some(1) }.policy_with(None).is_err());
     }
 
+    /// `EPHEM_WITNESSES`: keys, files of keys and an appender's `KEY@URL` entries, separated by
+    /// commas or newlines; `--witness` replaces it.
+    #[test]
+    fn witnesses_from_the_environment() {
+        let keys: Vec<String> = (1..=3u8).map(|i| CosignerSigner::from_seed(&format!("w{i}.test"), &[i; 32]).unwrap().verifier().to_string()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("w3.keys");
+        std::fs::write(&file, format!("{}\n\n", keys[2])).unwrap();
+        let env = format!("{}@http://127.0.0.1:9/w, {}\n{}", keys[0], keys[1], file.display());
+        let none = WitnessArgs::default();
+        let policy = none.policy_with(Some(&env)).unwrap().unwrap();
+        assert_eq!((policy.keys.len(), policy.quorum), (3, 3));
+        let two = WitnessArgs { quorum: Some(2), ..Default::default() }.policy_with(Some(&env)).unwrap().unwrap();
+        assert_eq!((two.keys.len(), two.quorum), (3, 2));
+        let given = WitnessArgs { witnesses: vec![keys[1].clone()], quorum: None }.policy_with(Some(&env)).unwrap().unwrap();
+        assert_eq!(given.keys.len(), 1, "--witness replaces EPHEM_WITNESSES");
+        assert!(none.policy_with(Some(" , \n")).unwrap().is_none());
+        assert!(none.policy_with(Some("not-a-key")).is_err());
+    }
+
     #[test]
     fn seen_checkpoints_catch_forks_rollbacks_and_rewrites() {
         let dir = tempfile::tempdir().unwrap();
