@@ -56,7 +56,9 @@ fn provision(local: &LocalCloud, worker: &Path) -> (FleetPublicKey, [u8; 32]) {
     let model_key = kms.create_key(LocalKeyPolicy::model(pcr0, None), "model keys (test)").unwrap();
     kms.set_alias(MODEL_KEY_ALIAS, &model_key).unwrap();
 
-    let not_after_ms = cloud::now_ms() + 3_600_000;
+    // Longer than the two days after which a host asks its worker for the next epoch: this test's
+    // documents must keep binding epoch 1.
+    let not_after_ms = cloud::now_ms() + 3 * 24 * 3_600_000;
     let pair = kms.generate_data_key_pair_without_plaintext(&fleet_key, &encryption_context(1, not_after_ms)).unwrap();
     let public = p256::PublicKey::from_public_key_der(&pair.public_key_der).unwrap();
     let point = p256::elliptic_curve::sec1::ToSec1Point::to_sec1_point(&public, false);
@@ -229,7 +231,7 @@ fn the_poller_runs_sealed_jobs_through_the_real_worker() {
     // encapsulated request again is refused as a replay, by name.
     let key_config = ohttp::KeyConfig::for_epoch(1, fleet.clone());
     let body = serde_json::json!({"input": texts(3), "model": MODEL_ID}).to_string();
-    let request = online::encode_request("POST", online::EMBEDDINGS_PATH, body.as_bytes(), cloud::now_ms(), online::ClientLabel([3; 32]));
+    let request = online::encode_request("POST", online::EMBEDDINGS_PATH, body.as_bytes(), cloud::now_ms(), Some(online::ClientSecret([3; 32])));
     let (encapsulated, opener) = ohttp::encapsulate_request(&key_config, &request).unwrap();
     let (http_status, media_type, answer) = post_ohttp(relay_address, &encapsulated);
     assert_eq!((http_status, media_type.as_str()), (200, "message/ohttp-res"));

@@ -5,8 +5,9 @@
 //! Two headers travel inside the encryption, so the relay never sees them:
 //! - `ephem-sent-ms`: when the client sent the request (ms since the UNIX epoch); the gateway
 //!   refuses one outside its replay window;
-//! - `ephem-client`: the 32-byte id (hex) the client's usage is accounted under; a label the
-//!   client chooses, not an authentication;
+//! - `ephem-client-secret`: 32 bytes (hex) only the client knows; the gateway accounts the
+//!   request under the label SHA-256(label prefix ‖ secret) ([`ClientSecret::label`]), so a
+//!   request can be charged to a label only by whoever holds its secret;
 //! - `ephem-manifest` (optional): the SHA-256 (hex) of the signed model manifest the client
 //!   checked; the gateway answers 409 if the model it runs is another (as a job header's
 //!   manifest hash).
@@ -24,7 +25,11 @@ use crate::envelope::{valid_model_id, Precision};
 
 pub const EMBEDDINGS_PATH: &str = "/v1/embeddings";
 pub const SENT_HEADER: &str = "ephem-sent-ms";
-pub const CLIENT_HEADER: &str = "ephem-client";
+pub const CLIENT_SECRET_HEADER: &str = "ephem-client-secret";
+/// The header that once carried a bare label; refused, so an old client is never silently
+/// accounted as anonymous.
+pub const RETIRED_CLIENT_HEADER: &str = "ephem-client";
+const LABEL_PREFIX: &[u8] = b"ephem-batch/v1 client label";
 pub const MANIFEST_HEADER: &str = "ephem-manifest";
 /// Inputs in one request.
 pub const MAX_INPUTS: usize = 256;
@@ -35,8 +40,27 @@ pub const MAX_BODY: usize = 256 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ClientLabel(pub [u8; 32]);
 
+/// What a client proves its label with: sent only inside the encryption, so the relay never
+/// sees it, and the label it hashes to is all that usage receipts and the ledger show.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientSecret(pub [u8; 32]);
+
+impl ClientSecret {
+    /// The label this secret's requests are accounted under.
+    pub fn label(&self) -> ClientLabel {
+        use sha2::{Digest, Sha256};
+        ClientLabel(Sha256::new().chain_update(LABEL_PREFIX).chain_update(self.0).finalize().into())
+    }
+}
+
+impl std::fmt::Debug for ClientSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ClientSecret(label {})", self.label().to_hex())
+    }
+}
+
 impl ClientLabel {
-    /// The label of a request that named none.
+    /// The label of a request that sent no secret.
     pub const ANONYMOUS: ClientLabel = ClientLabel([0; 32]);
 
     pub fn to_hex(&self) -> String {
@@ -90,7 +114,7 @@ pub enum RequestFormError {
     Padding,
     #[error("no {SENT_HEADER} header, or not a decimal number")]
     SentTime,
-    #[error("{CLIENT_HEADER} is not 64 hex digits")]
+    #[error("{CLIENT_SECRET_HEADER} is not 64 hex digits, or the retired {RETIRED_CLIENT_HEADER} label header was sent")]
     ClientLabel,
     #[error("{MANIFEST_HEADER} is not 64 hex digits")]
     Manifest,
@@ -126,15 +150,16 @@ impl ApiError {
 }
 
 /// The routing headers a client puts inside its request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestHeaders {
     pub sent_ms: u64,
-    pub client: ClientLabel,
+    /// `None`: the request is accounted as [`ClientLabel::ANONYMOUS`].
+    pub client: Option<ClientSecret>,
     pub manifest: Option<[u8; 32]>,
 }
 
 /// Builds the Binary HTTP request the client encapsulates.
-pub fn encode_request(method: &str, path: &str, body: &[u8], sent_ms: u64, client: ClientLabel) -> Vec<u8> {
+pub fn encode_request(method: &str, path: &str, body: &[u8], sent_ms: u64, client: Option<ClientSecret>) -> Vec<u8> {
     encode_request_with(method, path, body, RequestHeaders { sent_ms, client, manifest: None })
 }
 
@@ -149,7 +174,9 @@ pub fn encode_request_with(method: &str, path: &str, body: &[u8], headers: Reque
     );
     message.put_header("content-type", "application/json");
     message.put_header(SENT_HEADER, sent_ms.to_string());
-    message.put_header(CLIENT_HEADER, client.to_hex());
+    if let Some(secret) = client {
+        message.put_header(CLIENT_SECRET_HEADER, hex::encode(secret.0));
+    }
     if let Some(manifest) = manifest {
         message.put_header(MANIFEST_HEADER, hex::encode(manifest));
     }
@@ -200,12 +227,15 @@ pub fn decode_request(bytes: &[u8]) -> Result<OnlineRequest, RequestFormError> {
         .and_then(|v| std::str::from_utf8(v).ok())
         .and_then(|v| v.parse().ok())
         .ok_or(RequestFormError::SentTime)?;
-    let client = match header.get(CLIENT_HEADER.as_bytes()) {
+    if header.get(RETIRED_CLIENT_HEADER.as_bytes()).is_some() {
+        return Err(RequestFormError::ClientLabel);
+    }
+    let client = match header.get(CLIENT_SECRET_HEADER.as_bytes()) {
         None => ClientLabel::ANONYMOUS,
         Some(value) => hex::decode(value)
             .ok()
             .and_then(|b| b.try_into().ok())
-            .map(ClientLabel)
+            .map(|secret| ClientSecret(secret).label())
             .ok_or(RequestFormError::ClientLabel)?,
     };
     let manifest = match header.get(MANIFEST_HEADER.as_bytes()) {

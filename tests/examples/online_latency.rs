@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use protocol::envelope::FleetPublicKey;
 use protocol::ohttp::{self, KeyConfig};
-use protocol::online::{self, ClientLabel, EMBEDDINGS_PATH};
+use protocol::online::{self, EMBEDDINGS_PATH};
 use tests::{http_exchange, wait_until, Stack};
 
 const BODY: &str = r#"{"input":"a tool to encrypt and sign my email","model":"sentence-transformers/all-MiniLM-L6-v2"}"#;
@@ -66,7 +66,7 @@ fn main() {
         assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     });
     let to_relay: Arc<dyn Fn() + Send + Sync> = Arc::new(move || {
-        let request = online::encode_request("POST", EMBEDDINGS_PATH, BODY.as_bytes(), cloud::now_ms(), ClientLabel::ANONYMOUS);
+        let request = online::encode_request("POST", EMBEDDINGS_PATH, BODY.as_bytes(), cloud::now_ms(), None);
         let (encapsulated, opener) = ohttp::encapsulate_request(&config, &request).unwrap();
         let (status, body) = post(relay_port, "/v1/ohttp", ohttp::REQUEST_MEDIA_TYPE, &encapsulated);
         assert_eq!(status, 200);

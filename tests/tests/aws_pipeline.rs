@@ -63,7 +63,16 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
     let text = corpus_with_canaries(&corpus, Some(60), &canaries);
     let expected_ids: Vec<String> = text.lines().map(|l| json(l)["id"].as_str().unwrap().to_owned()).collect();
     let out = work.path().join("embeddings.jsonl");
-    let report = json(&stack.ok(&["submit", corpus.to_str().unwrap(), "--wait", "-o", out.to_str().unwrap(), "--json"]));
+    // The tenant's trust inputs are the signed policy and the image publisher's key; the fleet
+    // key is believed from the genesis the host stored in S3 beside the epoch its worker created.
+    let policy = stack.home().join("dev/policy.json");
+    let publisher = std::fs::read_to_string(stack.home().join("dev/image-publisher.pub")).unwrap();
+    let trust = ["--policy", policy.to_str().unwrap(), "--publisher-key", publisher.trim()];
+    let geneses = services.attestations.list(protocol::fleet::GENESIS_PREFIX).unwrap();
+    assert!(!geneses.is_empty(), "the worker's epoch has its genesis in the attestations bucket");
+    let mut args = vec!["submit", corpus.to_str().unwrap(), "--wait", "-o", out.to_str().unwrap(), "--json"];
+    args.extend_from_slice(&trust);
+    let report = json(&stack.ok(&args));
     let job = report["job_id"].as_str().unwrap().to_owned();
     assert_eq!(report["embedded"], expected_ids.len(), "{report}");
     assert_eq!(report["errors"], 0);
@@ -72,7 +81,9 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
         std::fs::read_to_string(&out).unwrap().lines().map(|l| json(l)["id"].as_str().unwrap().to_owned()).collect();
     assert_eq!(ids, expected_ids, "results in input order");
 
-    let verification = json(&stack.ok(&["verify", &job, "--json"]));
+    let mut args = vec!["verify", job.as_str(), "--json"];
+    args.extend_from_slice(&trust);
+    let verification = json(&stack.ok(&args));
     for check in verification["checks"].as_array().unwrap() {
         assert_eq!(check["passed"], true, "{check}");
     }

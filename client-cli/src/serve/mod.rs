@@ -17,7 +17,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use clap::Args;
 use cloud::Services;
-use protocol::online::ClientLabel;
+use protocol::online::ClientSecret;
 use sha2::{Digest, Sha256};
 
 use crate::home::Home;
@@ -51,9 +51,9 @@ pub struct Proxy {
     pub targets: Targets,
     pub models: models::ModelPinning,
     pub relay: RelayClient,
-    /// The label this client's usage is accounted under: derived from its result key, so stable
-    /// per home and revealing nothing of the key.
-    pub label: ClientLabel,
+    /// What this client's usage is accounted under: derived from its result secret key, so stable
+    /// per home, known to no one else, and revealing nothing of the key.
+    pub client: ClientSecret,
 }
 
 impl Proxy {
@@ -69,10 +69,10 @@ impl Proxy {
         trust.warn_if_development();
         let refresh = Duration::from_secs(args.refresh_seconds.max(1));
         let result_key = crate::keys::load_result_key(&home.result_key(), true)?;
-        let label = ClientLabel(Sha256::new().chain_update(b"ephem-batch/v1 client label").chain_update(result_key.public_key().to_bytes()).finalize().into());
+        let client = ClientSecret(Sha256::new().chain_update(b"ephem-batch/v1 client secret").chain_update(&*result_key.to_bytes()).finalize().into());
         let models = models::ModelPinning::new(home.clone(), trust.model_publisher, refresh);
         let targets = Targets::new(services.clone(), trust, refresh);
-        Ok(Self { services, targets, models, relay: RelayClient::new(&relay_url)?, label })
+        Ok(Self { services, targets, models, relay: RelayClient::new(&relay_url)?, client })
     }
 }
 

@@ -92,7 +92,7 @@ pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
     // Only then: the relay may have delivered the request and answered `encapsulation` anyway,
     // and a resend to the same key would be a second enclave answer, counted twice.
     for attempt in 0..2 {
-        let headers = RequestHeaders { sent_ms: cloud::now_ms(), client: proxy.label, manifest: Some(manifest) };
+        let headers = RequestHeaders { sent_ms: cloud::now_ms(), client: Some(proxy.client.clone()), manifest: Some(manifest) };
         let plaintext = online::encode_request_with("POST", EMBEDDINGS_PATH, &body, headers);
         let (encapsulated, opener) = match ohttp::encapsulate_request(&target.config, &plaintext) {
             Ok(pair) => pair,

@@ -13,7 +13,10 @@ use crate::worker::Worker;
 
 pub const PERIOD_MS: u64 = 60_000;
 /// Open accounts held at most: a host that never collects cannot grow the enclave's memory. Past
-/// it, the oldest account is dropped (and counted, see [`UsageBook::dropped`]).
+/// it, a request that would open another account is refused before it is computed
+/// ([`UsageBook::admits`]); no account is ever dropped, so no one can evict another's usage. (The
+/// book may pass the bound by the requests computed at the same moment, at most the online
+/// concurrency.)
 pub const MAX_OPEN_ACCOUNTS: usize = 4096;
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -51,7 +54,6 @@ pub struct Answered<'a> {
 pub struct UsageBook {
     open: BTreeMap<Account, Tally>,
     issued: u64,
-    dropped: u64,
     /// The last flush: no period starts before it.
     flushed_at_ms: u64,
 }
@@ -62,32 +64,30 @@ fn minute_end(period_start_ms: u64) -> u64 {
 }
 
 impl UsageBook {
-    pub fn record(&mut self, answered: Answered<'_>, now_ms: u64) {
-        let account = Account {
+    fn account(&self, client: ClientLabel, model_id: &str, precision: Precision, epoch: u64, now_ms: u64) -> Account {
+        Account {
             period_start_ms: (now_ms - now_ms % PERIOD_MS).max(self.flushed_at_ms.min(now_ms)),
-            client: answered.client,
-            model_id: answered.model_id.to_owned(),
-            precision: answered.precision,
-            epoch: answered.epoch,
-        };
-        if !self.open.contains_key(&account) && self.open.len() >= MAX_OPEN_ACCOUNTS {
-            // Accounts sort by period first: the first is the oldest.
-            if let Some((oldest, _)) = self.open.pop_first() {
-                self.dropped += 1;
-                tracing::warn!(period_start_ms = oldest.period_start_ms, "usage book full: the host has not collected; oldest account dropped");
-            }
+            client,
+            model_id: model_id.to_owned(),
+            precision,
+            epoch,
         }
+    }
+
+    /// Whether a request of `client` for `model_id` at `precision` under `epoch` may be computed
+    /// now: its account is open already, or the book has room for one more.
+    pub fn admits(&self, client: ClientLabel, model_id: &str, precision: Precision, epoch: u64, now_ms: u64) -> bool {
+        self.open.len() < MAX_OPEN_ACCOUNTS || self.open.contains_key(&self.account(client, model_id, precision, epoch, now_ms))
+    }
+
+    pub fn record(&mut self, answered: Answered<'_>, now_ms: u64) {
+        let account = self.account(answered.client, answered.model_id, answered.precision, answered.epoch, now_ms);
         let tally = self.open.entry(account).or_default();
         tally.manifest_hash = answered.manifest_hash;
         tally.requests += 1;
         tally.inputs += answered.inputs;
         tally.tokens += answered.tokens;
         tally.commitment.absorb(answered.request, answered.response);
-    }
-
-    /// Accounts dropped because the book was full (the host did not collect in time).
-    pub fn dropped(&self) -> u64 {
-        self.dropped
     }
 
     /// Takes the accounts whose period ended by `now_ms` (every one if `flush`, and then no new
@@ -154,16 +154,34 @@ mod tests {
         }
     }
 
+    /// 4,097 accounts (a host that never collects, or clients opening labels) cannot evict the
+    /// victim's: the 4,097th is refused before anything is computed, and the victim's tally stays.
     #[test]
-    fn a_host_that_never_collects_cannot_grow_the_book_past_its_bound() {
+    fn a_full_book_refuses_new_accounts_and_evicts_no_one() {
         let mut book = UsageBook::default();
-        for minute in 0..(MAX_OPEN_ACCOUNTS as u64 + 10) {
-            book.record(answered(1), minute * PERIOD_MS);
+        let victim = ClientLabel([0xee; 32]);
+        book.record(Answered { client: victim, ..answered(0) }, 5);
+        for client in 1..MAX_OPEN_ACCOUNTS as u32 {
+            let label = nth_label(client);
+            assert!(book.admits(label, "m", Precision::Fp32, 1, 5));
+            book.record(Answered { client: label, ..answered(0) }, 5);
         }
         assert_eq!(book.open.len(), MAX_OPEN_ACCOUNTS);
-        assert_eq!(book.dropped(), 10);
-        // The newest periods are the ones kept.
-        assert_eq!(book.open.keys().next().unwrap().period_start_ms, 10 * PERIOD_MS);
+        let newcomer = ClientLabel([0xaa; 32]);
+        assert!(!book.admits(newcomer, "m", Precision::Fp32, 1, 5), "the 4,097th account is refused");
+        assert!(!book.admits(victim, "m", Precision::Fp32, 1, PERIOD_MS + 5), "a new period is a new account");
+        assert!(book.admits(victim, "m", Precision::Fp32, 1, 7), "an open account goes on");
+        let ended = book.take_ended(PERIOD_MS, false);
+        let kept = ended.iter().find(|(a, _)| a.client == victim).expect("the victim's usage is kept");
+        assert_eq!((kept.1.requests, kept.1.tokens), (1, 3));
+        assert!(book.admits(newcomer, "m", Precision::Fp32, 1, PERIOD_MS + 5), "collected: room again");
+    }
+
+    /// Distinct labels for the fill.
+    fn nth_label(n: u32) -> ClientLabel {
+        let mut label = [1u8; 32];
+        label[..4].copy_from_slice(&n.to_be_bytes());
+        ClientLabel(label)
     }
 
     /// A host that flushes often (the development stack does) gets receipts whose periods follow

@@ -1,9 +1,9 @@
 use super::*;
 
 fn call(body: &str) -> Result<EmbeddingsCall, ApiError> {
-    let label = ClientLabel([5; 32]);
-    let request = decode_request(&encode_request("POST", EMBEDDINGS_PATH, body.as_bytes(), 1_700, label)).unwrap();
-    assert_eq!((request.sent_ms, request.client), (1_700, label));
+    let secret = ClientSecret([5; 32]);
+    let request = decode_request(&encode_request("POST", EMBEDDINGS_PATH, body.as_bytes(), 1_700, Some(secret.clone()))).unwrap();
+    assert_eq!((request.sent_ms, request.client), (1_700, secret.label()));
     request.call
 }
 
@@ -50,15 +50,15 @@ fn bad_requests_get_openai_errors_naming_the_parameter() {
 
 #[test]
 fn the_manifest_the_client_checked_travels_inside() {
-    let headers = RequestHeaders { sent_ms: 3, client: ClientLabel::ANONYMOUS, manifest: Some([0xab; 32]) };
+    let headers = RequestHeaders { sent_ms: 3, client: None, manifest: Some([0xab; 32]) };
     let request = decode_request(&encode_request_with("POST", EMBEDDINGS_PATH, b"{}", headers)).unwrap();
     assert_eq!(request.manifest, Some([0xab; 32]));
-    assert_eq!(decode_request(&encode_request("POST", EMBEDDINGS_PATH, b"{}", 3, ClientLabel::ANONYMOUS)).unwrap().manifest, None);
+    assert_eq!(decode_request(&encode_request("POST", EMBEDDINGS_PATH, b"{}", 3, None)).unwrap().manifest, None);
 }
 
 #[test]
 fn only_post_embeddings_is_served() {
-    let request = decode_request(&encode_request("GET", "/v1/models", b"", 1, ClientLabel::ANONYMOUS)).unwrap();
+    let request = decode_request(&encode_request("GET", "/v1/models", b"", 1, None)).unwrap();
     assert_eq!(request.call.unwrap_err().status, 404);
 }
 
@@ -70,10 +70,29 @@ fn requests_without_a_sent_time_or_with_a_bad_label_are_not_requests() {
     message.write_bhttp(bhttp::Mode::KnownLength, &mut bytes).unwrap();
     assert_eq!(decode_request(&bytes), Err(RequestFormError::SentTime));
     message.put_header(SENT_HEADER, "5");
-    message.put_header(CLIENT_HEADER, "zz");
+    message.put_header(CLIENT_SECRET_HEADER, "zz");
     let mut bytes = Vec::new();
     message.write_bhttp(bhttp::Mode::KnownLength, &mut bytes).unwrap();
     assert_eq!(decode_request(&bytes), Err(RequestFormError::ClientLabel));
+}
+
+#[test]
+fn a_label_is_charged_only_by_the_holder_of_its_secret() {
+    let victim = ClientSecret([7; 32]);
+    let label = victim.label();
+    // Whoever knows only the victim's label (every usage row shows it) cannot send it: the bare
+    // label header is refused, and a label sent as a secret hashes to another label.
+    let mut message = bhttp::Message::request(b"POST".to_vec(), b"https".to_vec(), b"a".to_vec(), EMBEDDINGS_PATH.as_bytes().to_vec());
+    message.put_header(SENT_HEADER, "5");
+    message.put_header(RETIRED_CLIENT_HEADER, label.to_hex());
+    let mut bytes = Vec::new();
+    message.write_bhttp(bhttp::Mode::KnownLength, &mut bytes).unwrap();
+    assert_eq!(decode_request(&bytes), Err(RequestFormError::ClientLabel));
+    let posing = decode_request(&encode_request("POST", EMBEDDINGS_PATH, b"{}", 5, Some(ClientSecret(label.0)))).unwrap();
+    assert_ne!(posing.client, label);
+    let genuine = decode_request(&encode_request("POST", EMBEDDINGS_PATH, b"{}", 5, Some(victim))).unwrap();
+    assert_eq!(genuine.client, label);
+    assert_eq!(decode_request(&encode_request("POST", EMBEDDINGS_PATH, b"{}", 5, None)).unwrap().client, ClientLabel::ANONYMOUS);
 }
 
 #[test]
@@ -87,14 +106,14 @@ fn responses_round_trip_and_base64_is_little_endian_f32() {
     assert_eq!(bytes, [1.0f32.to_le_bytes(), (-0.5f32).to_le_bytes()].concat());
     let (status, body) = decode_response(&encode_response(200, b"{}")).unwrap();
     assert_eq!((status, body.as_slice()), (200, b"{}".as_slice()));
-    assert!(decode_response(&encode_request("POST", "/", b"", 1, ClientLabel::ANONYMOUS)).is_err());
+    assert!(decode_response(&encode_request("POST", "/", b"", 1, None)).is_err());
 }
 
 #[test]
 fn requests_and_responses_are_padded_to_their_bucket() {
     let body = |text: &str| json!({"model": "m", "input": [text]}).to_string();
-    let short = encode_request("POST", EMBEDDINGS_PATH, body(&"a".repeat(10)).as_bytes(), 1_700, ClientLabel([1; 32]));
-    let long = encode_request("POST", EMBEDDINGS_PATH, body(&"a".repeat(1_000)).as_bytes(), 1_700, ClientLabel([1; 32]));
+    let short = encode_request("POST", EMBEDDINGS_PATH, body(&"a".repeat(10)).as_bytes(), 1_700, Some(ClientSecret([1; 32])));
+    let long = encode_request("POST", EMBEDDINGS_PATH, body(&"a".repeat(1_000)).as_bytes(), 1_700, Some(ClientSecret([1; 32])));
     assert_eq!(short.len(), 4096, "texts of 10 and 1,000 bytes share a bucket");
     assert_eq!(long.len(), short.len());
     assert_eq!(decode_request(&long).unwrap().call.unwrap().inputs, ["a".repeat(1_000)]);

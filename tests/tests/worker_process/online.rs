@@ -1,7 +1,7 @@
 //! The worker as an Oblivious HTTP gateway, played by a host that relays, replays and tampers.
 
 use protocol::ohttp::{self, KeyConfig};
-use protocol::online::{self, ClientLabel, EMBEDDINGS_PATH};
+use protocol::online::{self, ClientSecret, EMBEDDINGS_PATH};
 use protocol::usage::{SignedUsageReceipt, UsageCommitment};
 use protocol::FailedCheck;
 
@@ -45,7 +45,7 @@ struct Exchange {
 }
 
 fn exchange(config: &KeyConfig, body: &serde_json::Value, sent_ms: u64) -> Exchange {
-    let request = online::encode_request("POST", EMBEDDINGS_PATH, body.to_string().as_bytes(), sent_ms, ClientLabel([9; 32]));
+    let request = online::encode_request("POST", EMBEDDINGS_PATH, body.to_string().as_bytes(), sent_ms, Some(ClientSecret([9; 32])));
     let (encapsulated, opener) = ohttp::encapsulate_request(config, &request).unwrap();
     Exchange { request, encapsulated, opener }
 }
@@ -108,7 +108,7 @@ fn online_requests_are_answered_as_batch_jobs_once_and_accounted_in_a_signed_usa
     let narrow = exchange(&config, &serde_json::json!({"input": "x", "model": MODEL_ID, "dimensions": 128}), now_ms());
     let (status, body, _) = opened(&narrow, relay(&mut connection, 7, &narrow.encapsulated));
     assert_eq!((status, body["error"]["param"].as_str()), (400, Some("dimensions")));
-    let headers = online::RequestHeaders { sent_ms: now_ms(), client: ClientLabel([9; 32]), manifest: Some([1; 32]) };
+    let headers = online::RequestHeaders { sent_ms: now_ms(), client: Some(ClientSecret([9; 32])), manifest: Some([1; 32]) };
     let request = online::encode_request_with("POST", EMBEDDINGS_PATH, br#"{"input":"x","model":"sentence-transformers/all-MiniLM-L6-v2"}"#, headers);
     let (encapsulated, opener) = ohttp::encapsulate_request(&config, &request).unwrap();
     let pinned = Exchange { request, encapsulated, opener };
@@ -142,7 +142,7 @@ fn online_requests_are_answered_as_batch_jobs_once_and_accounted_in_a_signed_usa
     let binding = UserDataBinding::decode(verified.document.user_data.as_deref().unwrap()).unwrap();
     let signed = SignedUsageReceipt::decode(receipt_bytes).unwrap();
     let usage = signed.verify(&VerifyingKey::from_bytes(&binding.receipt_public_key).unwrap()).unwrap();
-    assert_eq!((usage.requests, usage.inputs, usage.client, usage.epoch), (2, 3, ClientLabel([9; 32]), 1));
+    assert_eq!((usage.requests, usage.inputs, usage.client, usage.epoch), (2, 3, ClientSecret([9; 32]).label(), 1));
     assert_eq!(usage.manifest_hash, manifest);
     assert_eq!(usage.attestation_sha256, <[u8; 32]>::from(Sha256::digest(document)));
     let cut_tokens = body["usage"]["prompt_tokens"].as_u64().unwrap();
