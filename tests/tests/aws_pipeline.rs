@@ -87,6 +87,19 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
     for check in verification["checks"].as_array().unwrap() {
         assert_eq!(check["passed"], true, "{check}");
     }
+    // The key checks over the flow's fleet key pass; an Encrypt grant (grants outlive
+    // PutKeyPolicy) fails them by name. The enclave reads the same evidence before it creates an
+    // epoch, so no epoch could be born under the key now.
+    let fleet_key = stack.ok(&["fleet", "check-key", "--json", "--recheck"]);
+    assert!(json(&fleet_key)["checks"].as_array().unwrap().iter().all(|c| c["passed"] == true), "{fleet_key}");
+    let kms = devstack::dev::aws::local_kms_of(&cloud).unwrap();
+    let key = json(&fleet_key)["key"].as_str().unwrap().to_owned();
+    kms.create_grant(&key, "arn:aws:iam::000000000000:role/operator", &["Encrypt"]).unwrap();
+    let granted = stack.cli(&["fleet", "check-key", "--json"]);
+    assert!(!granted.status.success(), "{}", stack.describe(&granted));
+    let report = json(&String::from_utf8_lossy(&granted.stdout));
+    let failed: Vec<&str> = report["checks"].as_array().unwrap().iter().filter(|c| c["passed"] == false).filter_map(|c| c["name"].as_str()).collect();
+    assert!(failed.contains(&"key_grants"), "{report}");
     // Inclusion was checked with the job's own proof object: no copy of the ledger was needed.
     let ledger_detail = verification["checks"].as_array().unwrap().iter().find(|c| c["name"] == "ledger").unwrap()["detail"].clone();
     assert!(ledger_detail.as_str().unwrap().contains("ledger-proof.json"), "{ledger_detail}");
