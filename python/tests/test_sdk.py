@@ -226,24 +226,22 @@ def test_configuration_errors_are_exceptions(client, tmp_path):
     assert "prompt \"query\"" in str(raised.value)
 
 
-def test_an_epoch_whose_genesis_does_not_vouch_for_its_key_is_refused_and_nothing_is_sent():
-    """The operator edits the stored genesis of the only epoch (here: the epoch it names), as it
-    would to pass off a key of its own: submit and embed refuse before sealing anything."""
-    from conftest import Stack
-
-    own = Stack()
+def test_an_epoch_whose_genesis_does_not_vouch_for_its_key_is_refused_and_nothing_is_sent(stack):
+    """The operator edits the stored genesis of every epoch (here: the epoch it names), as it
+    would to pass off a key of its own: submit and embed refuse before sealing anything. A fresh
+    client verifies afresh (no target cached); the geneses are restored afterwards."""
+    geneses = glob.glob(os.path.join(stack.home, "**", "fleet-genesis", "epoch-*.json"), recursive=True)
+    assert geneses, "the worker stored a genesis"
+    originals = {}
     try:
-        own.up()
-        client = ephem_batch.Client(home=own.home, backend="local")
-        client.submit(TEXTS[:1]).wait()
-        geneses = glob.glob(os.path.join(own.home, "**", "fleet-genesis", "epoch-*.json"), recursive=True)
-        assert geneses, "the worker stored a genesis"
         for path in geneses:
             with open(path) as f:
-                genesis = json.load(f)
+                originals[path] = f.read()
+            genesis = json.loads(originals[path])
             genesis["epoch"] += 100
             with open(path, "w") as f:
                 json.dump(genesis, f)
+        client = ephem_batch.Client(home=stack.home, backend="local")
         with pytest.raises(Exception) as raised:
             client.submit(TEXTS[:1])
         assert "fleet_key_genesis" in str(raised.value)
@@ -251,7 +249,9 @@ def test_an_epoch_whose_genesis_does_not_vouch_for_its_key_is_refused_and_nothin
             client.embed(["a query"])
         assert "fleet_key_genesis" in str(raised.value)
     finally:
-        own.down()
+        for path, text in originals.items():
+            with open(path, "w") as f:
+                f.write(text)
 
 
 def test_a_corpus_that_cannot_be_submitted_is_a_value_error_naming_it(client, tmp_path):
