@@ -171,12 +171,16 @@ pub struct Serve {
 impl Serve {
     /// Starts `serve` with `extra` arguments and waits until it listens.
     pub fn start(stack: &Stack, extra: &[&str]) -> Serve {
+        Self::start_with(|args| stack.command(args), extra)
+    }
+
+    /// [`Serve::start`] for any stack: `command` makes the CLI invocation of the given arguments.
+    pub fn start_with(command: impl FnOnce(&[&str]) -> std::process::Command, extra: &[&str]) -> Serve {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let listen = format!("127.0.0.1:{port}");
         let mut args = vec!["serve", "--listen", listen.as_str()];
         args.extend_from_slice(extra);
-        let child = stack
-            .command(&args)
+        let child = command(&args)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()

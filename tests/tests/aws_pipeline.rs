@@ -87,6 +87,21 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
     for check in verification["checks"].as_array().unwrap() {
         assert_eq!(check["passed"], true, "{check}");
     }
+    // An online query with the same trust inputs, through the host's relay.
+    {
+        let serve = tests::Serve::start_with(
+            |args| {
+                let mut command = stack.command();
+                command.args(args);
+                command
+            },
+            &trust,
+        );
+        let (status, answer) =
+            serve.embeddings(&serde_json::json!({"model": "sentence-transformers/all-MiniLM-L6-v2", "input": ["a query"]}));
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["data"][0]["embedding"].as_array().unwrap().len(), 384, "{answer}");
+    }
     // The key checks over the flow's fleet key pass; an Encrypt grant (grants outlive
     // PutKeyPolicy) fails them by name. The enclave reads the same evidence before it creates an
     // epoch, so no epoch could be born under the key now.
