@@ -232,6 +232,16 @@ pub enum LedgerCommand {
     /// oldest first, once what held them is fixed (a policy uploaded, a store back). Uses the
     /// backend's queues (`--backend aws`: LedgerDlqUrl, LedgerQueueUrl).
     Redrive(RedriveArgs),
+    /// Check this client's online usage against the ledger: every account its log holds
+    /// (`serve` and the SDK's `embed` log each answered exchange) must have a usage receipt with
+    /// the same request count and commitment, and no receipt under its label may be unknown to
+    /// the log; exit 1 naming each period that is withheld, miscounted or charged unlogged.
+    ReconcileUsage {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        trust: LedgerTrust,
+    },
     /// Print the consistency proof between two tree sizes (hex hashes, one per line).
     Consistency {
         old_size: u64,
@@ -363,6 +373,7 @@ pub fn run(command: LedgerCommand, ledger_dir: &Path) -> anyhow::Result<ExitCode
         }
         LedgerCommand::Redrive(_) => Err(anyhow!("ledger redrive needs the backend's queues: run it through `ephem-batch`")),
         LedgerCommand::ProveRecord(_) => Err(anyhow!("ledger prove-record reads the job's results: run it through `ephem-batch`")),
+        LedgerCommand::ReconcileUsage { .. } => Err(anyhow!("ledger reconcile-usage reads the home's usage log: run it through `ephem-batch`")),
     }
 }
 

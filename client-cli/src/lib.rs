@@ -23,6 +23,7 @@ pub mod serve;
 pub mod status;
 pub mod submit;
 pub mod trust;
+pub mod usage_log;
 pub mod verify;
 pub mod wait;
 

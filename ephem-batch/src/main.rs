@@ -253,6 +253,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!("record {:?} (#{} of {}) of job {}: {}", args.id, bundle.index, bundle.records, args.job, args.output.display());
             Ok(ExitCode::SUCCESS)
         }
+        Command::Ledger(ephem_batch_client::ledger::LedgerCommand::ReconcileUsage { json, trust }) => {
+            let home = home()?;
+            ephem_batch_client::usage_log::reconcile_command(&home, &backend::ledger_dir(&home, &cli.backend), json, &trust)
+        }
         Command::Ledger(command) => ephem_batch_client::ledger::run(command, &backend::ledger_dir(&home()?, &cli.backend)),
         Command::Witness(WitnessCommand::Serve(args)) => witness::serve_command(&args).map(|()| ExitCode::SUCCESS),
         Command::Dev(command) => {

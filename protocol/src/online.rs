@@ -31,6 +31,8 @@ pub const CLIENT_SECRET_HEADER: &str = "ephem-client-secret";
 pub const RETIRED_CLIENT_HEADER: &str = "ephem-client";
 const LABEL_PREFIX: &[u8] = b"ephem-batch/v1 client label";
 pub const MANIFEST_HEADER: &str = "ephem-manifest";
+/// In a 200 answer: where the gateway accounted the request ([`AccountedAs`], JSON).
+pub const USAGE_HEADER: &str = "ephem-usage";
 /// Inputs in one request.
 pub const MAX_INPUTS: usize = 256;
 /// Bytes of one request's JSON body.
@@ -381,20 +383,63 @@ fn fixed_width(x: f32, out: &mut String) {
     out.push_str(&format!("{sign}{mantissa}e{exp_sign}{:02}", exponent.abs()));
 }
 
+/// Where the gateway accounted one answered request (docs/protocol.md §9.5): the usage account
+/// (enclave receipt key, period start, model, precision, epoch) and the request's place in it.
+/// The client logs it with the digests of its exchange and recomputes the account's commitment
+/// from its log (`ephem-batch ledger reconcile-usage`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountedAs {
+    /// The enclave receipt key's id (hex): each enclave keeps its own book.
+    pub receipt_key_id: String,
+    pub start_ms: u64,
+    pub model: String,
+    pub precision: String,
+    pub epoch: u64,
+    /// The requests of the account before this one.
+    pub index: u64,
+}
+
 /// Builds the Binary HTTP response the gateway encapsulates.
 pub fn encode_response(status: u16, body: &[u8]) -> Vec<u8> {
+    encode_response_accounted(status, body, None)
+}
+
+/// [`encode_response`] saying where the request was accounted.
+pub fn encode_response_accounted(status: u16, body: &[u8], accounted: Option<&AccountedAs>) -> Vec<u8> {
     let status = bhttp::StatusCode::try_from(status).unwrap_or_else(|_| bhttp::StatusCode::try_from(500u16).expect("500"));
     let mut message = bhttp::Message::response(status);
     message.put_header("content-type", "application/json");
+    if let Some(accounted) = accounted {
+        message.put_header(USAGE_HEADER, serde_json::to_string(accounted).unwrap_or_default());
+    }
     message.write_content(body);
     padded(&message)
 }
 
+/// An opened answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedResponse {
+    pub status: u16,
+    pub body: Vec<u8>,
+    /// Where the request was accounted, if the gateway said (a 200 answer does).
+    pub accounted: Option<AccountedAs>,
+}
+
 /// Reads a decapsulated response: its status and body.
 pub fn decode_response(bytes: &[u8]) -> Result<(u16, Vec<u8>), RequestFormError> {
+    open_response(bytes).map(|opened| (opened.status, opened.body))
+}
+
+/// Reads a decapsulated response with where it was accounted.
+pub fn open_response(bytes: &[u8]) -> Result<OpenedResponse, RequestFormError> {
     let message = read_padded(bytes)?;
     let status = message.control().status().map(|s| s.code()).ok_or_else(|| RequestFormError::NotBinaryHttp("a request, not a response".into()))?;
-    Ok((status, message.content().to_vec()))
+    let accounted = match message.header().get(USAGE_HEADER.as_bytes()) {
+        None => None,
+        Some(value) => Some(serde_json::from_slice(value).map_err(|e| RequestFormError::NotBinaryHttp(format!("{USAGE_HEADER}: {e}")))?),
+    };
+    Ok(OpenedResponse { status, body: message.content().to_vec(), accounted })
 }
 
 #[cfg(test)]

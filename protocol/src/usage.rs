@@ -155,13 +155,12 @@ pub struct UsageCommitment(pub [u8; 32]);
 
 impl UsageCommitment {
     pub fn absorb(&mut self, request: &[u8], response: &[u8]) {
-        self.0 = Sha256::new()
-            .chain_update(COMMITMENT_LABEL)
-            .chain_update(self.0)
-            .chain_update(Sha256::digest(request))
-            .chain_update(Sha256::digest(response))
-            .finalize()
-            .into();
+        self.absorb_digests(&Sha256::digest(request).into(), &Sha256::digest(response).into());
+    }
+
+    /// [`UsageCommitment::absorb`] from the exchange's SHA-256 digests (what a client logs).
+    pub fn absorb_digests(&mut self, request: &[u8; 32], response: &[u8; 32]) {
+        self.0 = Sha256::new().chain_update(COMMITMENT_LABEL).chain_update(self.0).chain_update(request).chain_update(response).finalize().into();
     }
 }
 

@@ -65,6 +65,12 @@ fn serve_answers_openai_requests_with_the_batch_vectors_and_the_host_never_sees_
     let jobs = tests::json(&stack.ok(&["ledger", "query", "--jobs", "--json"]));
     assert!(jobs.as_array().unwrap().iter().all(|r| r["kind"] == "job"), "{jobs}");
     stack.ok(&["ledger", "verify"]);
+    // The client's own log of those exchanges reconciles with the receipts: every account it
+    // sent into has a receipt with its count and commitment.
+    let reconciled = tests::json(&stack.ok(&["ledger", "reconcile-usage", "--json"]));
+    assert_eq!(reconciled["passed"], true, "{reconciled}");
+    let periods = reconciled["periods"].as_array().unwrap();
+    assert!(!periods.is_empty() && periods.iter().all(|p| p["outcome"] == "matched"), "{reconciled}");
 
     // The relay refuses what does not open, naming the check; it never answers an unopened request.
     let relay = stack.ok(&["dev", "status", "--json"]);

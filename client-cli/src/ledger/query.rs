@@ -53,6 +53,9 @@ pub struct UsageDetail {
     pub sequence: u64,
     pub receipt_key_id: String,
     pub precision: String,
+    pub epoch: u64,
+    /// The receipt's commitment over its exchanges (hex), which their client can recompute.
+    pub commitment: String,
 }
 
 /// Usage sequence numbers missing between the lowest and highest seen per enclave receipt key:
@@ -100,6 +103,8 @@ pub fn query_rows(
                         sequence: signed.receipt.sequence,
                         receipt_key_id: hex::encode(signed.kid),
                         precision: signed.receipt.precision.as_str().to_owned(),
+                        epoch: signed.receipt.epoch,
+                        commitment: hex::encode(signed.receipt.commitment),
                     }),
                 ),
                 Err(_) => (None, None),

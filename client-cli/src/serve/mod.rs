@@ -54,6 +54,8 @@ pub struct Proxy {
     /// What this client's usage is accounted under: derived from its result secret key, so stable
     /// per home, known to no one else, and revealing nothing of the key.
     pub client: ClientSecret,
+    /// Where each answered exchange is logged for reconciliation (`crate::usage_log`).
+    pub usage_log: std::path::PathBuf,
 }
 
 impl Proxy {
@@ -72,7 +74,7 @@ impl Proxy {
         let client = ClientSecret(Sha256::new().chain_update(b"ephem-batch/v1 client secret").chain_update(&*result_key.to_bytes()).finalize().into());
         let models = models::ModelPinning::new(home.clone(), trust.model_publisher, refresh);
         let targets = Targets::new(services.clone(), trust, refresh);
-        Ok(Self { services, targets, models, relay: RelayClient::new(&relay_url)?, client })
+        Ok(Self { services, targets, models, relay: RelayClient::new(&relay_url)?, client, usage_log: crate::usage_log::log_path(home) })
     }
 }
 

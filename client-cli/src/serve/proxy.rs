@@ -100,9 +100,17 @@ pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
         };
         match proxy.relay.send(encapsulated).await {
             Relayed::Response(encapsulated) => {
-                let opened = opener.open(&encapsulated).map_err(|e| e.to_string()).and_then(|plain| online::decode_response(&plain).map_err(|e| e.to_string()));
+                let opened = opener
+                    .open(&encapsulated)
+                    .map_err(|e| e.to_string())
+                    .and_then(|plain| online::open_response(&plain).map(|opened| (opened, plain)).map_err(|e| e.to_string()));
                 return match opened {
-                    Ok((status, body)) => (StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY), body),
+                    Ok((opened, plain)) => {
+                        if let Some(accounted) = opened.accounted {
+                            log_exchange(proxy, accounted, &plaintext, &plain);
+                        }
+                        (StatusCode::from_u16(opened.status).unwrap_or(StatusCode::BAD_GATEWAY), opened.body)
+                    }
                     Err(check) => refusal_body(StatusCode::BAD_GATEWAY, "relay_error", "response", &format!("the response did not open: {check}")),
                 };
             }
@@ -132,6 +140,21 @@ pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
         }
     }
     refusal_body(StatusCode::BAD_GATEWAY, "relay_error", "encapsulation", "the enclave refused the freshly verified key")
+}
+
+/// Logs an answered exchange for reconciliation; a log that cannot be written is said, not fatal
+/// (the answer is the caller's either way; reconciliation then reports the account incomplete).
+fn log_exchange(proxy: &Proxy, accounted: online::AccountedAs, request: &[u8], response: &[u8]) {
+    use sha2::{Digest, Sha256};
+    let exchange = crate::usage_log::Exchange {
+        label: proxy.client.label().to_hex(),
+        accounted,
+        request_sha256: hex::encode(Sha256::digest(request)),
+        response_sha256: hex::encode(Sha256::digest(response)),
+    };
+    if let Err(error) = crate::usage_log::append(&proxy.usage_log, &exchange) {
+        eprintln!("serve: usage log: {error:#}");
+    }
 }
 
 /// Whether a re-verified target is another key than the one a request was refused under.

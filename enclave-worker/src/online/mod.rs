@@ -109,8 +109,22 @@ pub fn answer(worker: &Worker, state: &OnlineState, encapsulated: &[u8]) -> Resu
         Ok((body, served)) => (200, body, Some(served)),
         Err(error) => (error.status, error.to_json(), None),
     };
-    let response = online::encode_response(status, &body);
-    if let Some(served) = served {
+    let Some(served) = served else {
+        return seal(&sealer, &online::encode_response(status, &body));
+    };
+    // One lock from the slot to the record: the answer names the place it is recorded at.
+    let mut usage = lock(&state.usage);
+    let (start_ms, index) = usage.slot(request.client, &served.model_id, served.precision, epoch, now);
+    let accounted = online::AccountedAs {
+        receipt_key_id: hex::encode(protocol::keys::key_id(&worker.receipt_key().verifying_key().to_bytes())),
+        start_ms,
+        model: served.model_id.clone(),
+        precision: served.precision.as_str().to_owned(),
+        epoch,
+        index,
+    };
+    let response = online::encode_response_accounted(status, &body, Some(&accounted));
+    {
         let answered = Answered {
             client: request.client,
             model_id: &served.model_id,
@@ -122,8 +136,9 @@ pub fn answer(worker: &Worker, state: &OnlineState, encapsulated: &[u8]) -> Resu
             request: &plaintext,
             response: &response,
         };
-        lock(&state.usage).record(answered, now);
+        usage.record(answered, now);
     }
+    drop(usage);
     seal(&sealer, &response)
 }
 

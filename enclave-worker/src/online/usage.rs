@@ -80,6 +80,13 @@ impl UsageBook {
         self.open.len() < MAX_OPEN_ACCOUNTS || self.open.contains_key(&self.account(client, model_id, precision, epoch, now_ms))
     }
 
+    /// Where a request answered now would be accounted: its account and the requests before it
+    /// there (what the answer tells the client, and what [`UsageBook::record`] then records).
+    pub fn slot(&self, client: ClientLabel, model_id: &str, precision: Precision, epoch: u64, now_ms: u64) -> (u64, u64) {
+        let account = self.account(client, model_id, precision, epoch, now_ms);
+        (account.period_start_ms, self.open.get(&account).map_or(0, |tally| tally.requests))
+    }
+
     pub fn record(&mut self, answered: Answered<'_>, now_ms: u64) {
         let account = self.account(answered.client, answered.model_id, answered.precision, answered.epoch, now_ms);
         let tally = self.open.entry(account).or_default();
