@@ -152,22 +152,37 @@ pub fn reconcile(exchanges: &[Exchange], rows: &[Row], now_ms: u64) -> Vec<Perio
     periods
 }
 
-/// `ledger reconcile-usage`: the log of `home` against the ledger in `ledger_dir`.
-pub fn reconcile_command(home: &Home, ledger_dir: &Path, json: bool, trust: &LedgerTrust) -> anyhow::Result<std::process::ExitCode> {
-    let path = log_path(home);
-    let exchanges = read(&path)?;
+/// What reconciling a home's log found.
+#[derive(Debug, Clone, Serialize)]
+pub struct Reconciliation {
+    /// Every account matched or pending.
+    pub passed: bool,
+    pub log: PathBuf,
+    pub exchanges: usize,
+    pub periods: Vec<Period>,
+}
+
+/// The log of `home` against the verified usage rows of the ledger in `ledger_dir`.
+pub fn reconcile_home(home: &Home, ledger_dir: &Path, trust: &LedgerTrust) -> anyhow::Result<Reconciliation> {
+    let log = log_path(home);
+    let exchanges = read(&log)?;
     let usage = receipts_ledger::Query { kind: Some(receipts_ledger::EntryKind::Usage), ..receipts_ledger::Query::default() };
     let rows: Vec<Row> = query_ledger(ledger_dir, &usage, trust)?
         .into_iter()
         .filter(|row| !matches!(row.verdict, receipts_ledger::EntryVerdict::Invalid { .. }))
         .collect();
     let periods = reconcile(&exchanges, &rows, cloud::now_ms());
-    let passed = periods.iter().all(|p| p.outcome.passed());
+    Ok(Reconciliation { passed: periods.iter().all(|p| p.outcome.passed()), log, exchanges: exchanges.len(), periods })
+}
+
+/// `ledger reconcile-usage`.
+pub fn reconcile_command(home: &Home, ledger_dir: &Path, json: bool, trust: &LedgerTrust) -> anyhow::Result<std::process::ExitCode> {
+    let found = reconcile_home(home, ledger_dir, trust)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"passed": passed, "log": path, "periods": periods}))?);
+        println!("{}", serde_json::to_string_pretty(&found)?);
     } else {
-        println!("{} exchanges in {}", exchanges.len(), path.display());
-        for p in &periods {
+        println!("{} exchanges in {}", found.exchanges, found.log.display());
+        for p in &found.periods {
             let receipted = p.receipted.map_or("none".to_owned(), |n| n.to_string());
             println!(
                 "{:<13} period from {} ({} {} epoch {}, enclave {}…): {} logged, receipt {}",
@@ -182,7 +197,7 @@ pub fn reconcile_command(home: &Home, ledger_dir: &Path, json: bool, trust: &Led
             );
         }
     }
-    Ok(if passed { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
+    Ok(if found.passed { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
 }
 
 fn period(key: Key, logged: u64, receipted: Option<u64>, outcome: Outcome) -> Period {

@@ -452,6 +452,30 @@ class Job:
         return f"ephem_batch.Job({self.id!r})"
 
 
+def _ledger_trust_args(
+    ledger_key: Optional[str],
+    root: Optional[str],
+    development_root: Optional[Union[bool, str]],
+    expect_pcr: Optional[Mapping[int, str]],
+    allow_debug: bool,
+) -> List[str]:
+    """The ledger trust options as on the command line."""
+    args: List[str] = []
+    if ledger_key is not None:
+        args += ["--ledger-key", ledger_key]
+    if root is not None:
+        args += ["--root", root]
+    if development_root is True:
+        args += ["--development-root"]
+    elif isinstance(development_root, str):
+        args += ["--development-root", development_root]
+    for index, value in (expect_pcr or {}).items():
+        args += ["--expect-pcr", f"{index}={value}"]
+    if allow_debug:
+        args += ["--allow-debug"]
+    return args
+
+
 class Ledger:
     """The receipts ledger of the client's backend (``ephem-batch ledger``)."""
 
@@ -488,18 +512,7 @@ class Ledger:
         for flag, when in (("--since", since), ("--until", until)):
             if when is not None:
                 args += [flag, _time_arg(when)]
-        if ledger_key is not None:
-            args += ["--ledger-key", ledger_key]
-        if root is not None:
-            args += ["--root", root]
-        if development_root is True:
-            args += ["--development-root"]
-        elif isinstance(development_root, str):
-            args += ["--development-root", development_root]
-        for index, value in (expect_pcr or {}).items():
-            args += ["--expect-pcr", f"{index}={value}"]
-        if allow_debug:
-            args += ["--allow-debug"]
+        args += _ledger_trust_args(ledger_key, root, development_root, expect_pcr, allow_debug)
         rows = json.loads(self._client._native.ledger_query(args))
         if dataframe is False:
             return rows
@@ -510,6 +523,23 @@ class Ledger:
                 raise NotAvailableError("dataframe=True needs pandas (pip install pandas)") from None
             return rows
         return pd.DataFrame(rows)
+
+    def reconcile_usage(
+        self,
+        *,
+        ledger_key: Optional[str] = None,
+        root: Optional[str] = None,
+        development_root: Optional[Union[bool, str]] = None,
+        expect_pcr: Optional[Mapping[int, str]] = None,
+        allow_debug: bool = False,
+    ) -> Dict[str, Any]:
+        """This home's online usage against the ledger (``ephem-batch ledger reconcile-usage``):
+        ``embed`` logs where the enclave accounted each answered request; every account must have
+        a usage receipt with the log's count and commitment. A dict: ``passed``, ``log``,
+        ``exchanges`` and ``periods`` (each with its ``outcome``: ``matched``, ``pending``,
+        ``withheld``, ``commitment``, ``log_incomplete`` or ``unlogged``)."""
+        args = _ledger_trust_args(ledger_key, root, development_root, expect_pcr, allow_debug)
+        return json.loads(self._client._native.ledger_reconcile_usage(args))
 
     def prove(self, job: Union[str, Job], path: Optional[Union[str, "os.PathLike[str]"]] = None) -> ProofBundle:
         """Writes the job's offline proof bundle (``ephem-batch ledger prove``): its receipt,

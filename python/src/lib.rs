@@ -363,6 +363,18 @@ impl NativeClient {
         to_json(py, &rows)
     }
 
+    /// `ephem-batch ledger reconcile-usage --json` with `args` (`--ledger-key`, the root
+    /// options): this home's online usage log against the ledger's usage receipts.
+    fn ledger_reconcile_usage(&self, py: Python<'_>, args: Vec<String>) -> PyResult<String> {
+        let parsed = QueryArgs::try_parse_from(&args).map_err(|e| config_error(py, e.to_string().trim_end()))?;
+        let trust = LedgerTrust { ledger_key: parsed.ledger_key, root: parsed.root };
+        let dir = self.ledger_dir();
+        let found = py
+            .detach(|| ephem_batch_client::usage_log::reconcile_home(&self.home, &dir, &trust))
+            .map_err(|e| library_error(py, e))?;
+        to_json(py, &found)
+    }
+
     /// `ephem-batch ledger prove JOB -o OUTPUT`: the job's offline proof bundle (a checkpoint
     /// signed first if none covers its entry), checked under the ledger's own key before it is
     /// written. JSON: the path and the ledger key that verifies it.

@@ -199,6 +199,22 @@ def test_embed_goes_online_and_equals_the_batch_path(client, done_job):
     assert all(row["kind"] == "job" for row in client.ledger.query(kind="job", dataframe=False))
 
 
+def test_embedded_usage_reconciles_with_the_ledger(client):
+    """embed logs where each answer was accounted; once the receipts are in the ledger every
+    account of the log is matched (the local stack collects usage every 2 s)."""
+    client.embed(["reconcile me", "and me"])
+    deadline = time.time() + 60
+    while True:
+        found = client.ledger.reconcile_usage()
+        outcomes = {p["outcome"] for p in found["periods"]}
+        if found["exchanges"] and outcomes == {"matched"}:
+            break
+        assert outcomes <= {"matched", "pending"}, found
+        assert time.time() < deadline, found
+        time.sleep(1)
+    assert found["passed"] is True
+
+
 def test_embed_refuses_a_fleet_that_fails_the_policy_and_sends_nothing(stack):
     other = ephem_batch.Client(home=stack.home, backend="local", fleet_key_arn="arn:aws:kms:local:000000000000:key/0000-not-the-deployments")
     with pytest.raises(ephem_batch.OnlineError) as raised:
