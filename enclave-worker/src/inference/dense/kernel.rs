@@ -373,22 +373,38 @@ unsafe fn int8_avx512(
         // SAFETY: see `store`.
         return unsafe { store(&acc, out, ldc, rows) };
     }
+    // Every row of the tile is dequantised in registers (rows past `rows` from a zero point and
+    // scale of 0: computed, never stored), then the exact channels are added channel by channel,
+    // each channel's four weight vectors loaded once for all rows; each value still sees the same
+    // operations in the same order (the channels ascending), so the bits are the scalar
+    // reference's. (Channel-inner, the weights were loaded once per row and the 24 values went
+    // through the stack: a quarter of the kernel's time on Zen 4.)
     // SAFETY: `NR` column scales and sums, `rows` row scales and zero points, `MR × exact`
     // exact values and `exact × NR` exact weights (checked by `int8_tile`); stores as in `store`.
     unsafe {
         let scale = [0, 16, 32, 48].map(|v| _mm512_loadu_ps(col_scale.add(v)));
         let sum = [0, 16, 32, 48].map(|v| _mm512_loadu_si512(col_sum.add(v).cast()));
-        for (r, acc_row) in acc.iter().enumerate().take(rows) {
-            let zero = _mm512_set1_epi32(*row_zero.add(r));
-            let row = _mm512_set1_ps(*row_scale.add(r));
-            for (v, acc) in acc_row.iter().enumerate() {
+        let mut value = [[_mm512_setzero_ps(); NR / 16]; MR];
+        for (r, (acc_row, value_row)) in acc.iter().zip(&mut value).enumerate() {
+            let (zero, row) = if r < rows { (*row_zero.add(r), *row_scale.add(r)) } else { (0, 0.0) };
+            let (zero, row) = (_mm512_set1_epi32(zero), _mm512_set1_ps(row));
+            for (v, (acc, value)) in acc_row.iter().zip(value_row).enumerate() {
                 let corrected = _mm512_sub_epi32(*acc, _mm512_mullo_epi32(zero, sum[v]));
-                let mut value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
-                for c in 0..exact {
-                    let x = _mm512_set1_ps(*exact_x.add(r * exact + c));
-                    value = _mm512_fmadd_ps(x, _mm512_loadu_ps(exact_w.add(c * NR + v * 16)), value);
+                *value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
+            }
+        }
+        for c in 0..exact {
+            let w = [0, 16, 32, 48].map(|v| _mm512_loadu_ps(exact_w.add(c * NR + v)));
+            for (r, value_row) in value.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*exact_x.add(r * exact + c));
+                for (value, w) in value_row.iter_mut().zip(w) {
+                    *value = _mm512_fmadd_ps(x, w, *value);
                 }
-                _mm512_storeu_ps(out.add(r * ldc + v * 16), value);
+            }
+        }
+        for (r, value_row) in value.iter().enumerate().take(rows) {
+            for (v, value) in value_row.iter().enumerate() {
+                _mm512_storeu_ps(out.add(r * ldc + v * 16), *value);
             }
         }
     }
