@@ -26,6 +26,7 @@ pub mod trust;
 pub mod usage_log;
 pub mod verify;
 pub mod wait;
+pub mod witness_args;
 
 // The batch formats are their own crate (the fuzz targets build it alone); the client's modules
 // name them as before.

@@ -43,7 +43,7 @@ pub struct TrustArgs {
     /// The witnesses whose cosignatures a job's ledger checkpoint must carry (`verify`, `results`,
     /// `submit --wait`, `bulk results|verify`), as for `ledger verify`.
     #[command(flatten)]
-    pub witness: crate::ledger::WitnessArgs,
+    pub witness: crate::witness_args::WitnessArgs,
 }
 
 /// The verified policy and the keys the client pins.
