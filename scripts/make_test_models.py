@@ -35,6 +35,17 @@ as transformers computes them. Floats keep 7 significant digits.
 tests/tests/st_config_forms.rs, tests/tests/model_matrix.rs and enclave-worker/tests/arch_reference.rs
 read them.
 
+ModernBERT (ModernBertModel: rotary positions, GeGLU, no biases, pre-norm LayerNorm without bias,
+local and global attention layers) is written beside them, under tests/testdata/models/modernbert/
+with its own reference.json (so that the file above stays as it was): hidden 36, 3 heads (head
+dimension 12), 4 layers of which the first and the fourth global (global_attn_every_n_layers 3),
+a local window of 16 (each token sees 8 on either side), intermediate 38, 8,192 positions, rotary
+bases 160,000 (global) and 10,000 (local), a byte-level BPE tokenizer trained here ([CLS] $A
+[SEP], as ModernBERT's), two folders (v6-mean: 6.x form, mean pooling, Normalize, the prompts;
+classic-cls: classic form, CLS pooling, max_seq_length 8192) and the same texts plus one cut at
+8,192 tokens. The generator refuses weights for which a wrong rotary base, no local window or
+no rotary at all would keep the vectors within cosine 0.99 of the reference.
+
 The tokenizer trainers are not deterministic, so the committed XLM-R and MPNet tokenizers are
 reused unless --retrain-tokenizers: with them a rerun rewrites every file byte for byte.
 
@@ -42,7 +53,7 @@ Run by hand (torch from PyPI is several GB), never by setup or CI:
   python3 -m venv /tmp/stvenv
   /tmp/stvenv/bin/pip install -r scripts/make_test_models.requirements.txt
   bash scripts/setup-model.sh
-  /tmp/stvenv/bin/python scripts/make_test_models.py [--model-dir DIR] [--retrain-tokenizers]
+  /tmp/stvenv/bin/python scripts/make_test_models.py [--model-dir DIR] [--retrain-tokenizers] [--only modernbert]
   rm -rf /tmp/stvenv
 """
 
@@ -412,15 +423,201 @@ def buckets():
     return transformers.models.mpnet.modeling_mpnet.MPNetEncoder.relative_position_bucket(rel).tolist()
 
 
+MODERNBERT = dict(hidden_size=36, num_attention_heads=3, num_hidden_layers=4, intermediate_size=38,
+                  max_position_embeddings=8192, local_attention=16, global_attn_every_n_layers=3,
+                  hidden_activation="gelu", norm_eps=1e-5, norm_bias=False, attention_bias=False, mlp_bias=False)
+MODERNBERT_LENGTH = 8192
+# name, form, pooling, Normalize, prompts
+MODERNBERT_FOLDERS = [
+    ("v6-mean", "v6", "mean", True, PROMPTS),
+    ("classic-cls", "classic", "cls", False, None),
+]
+# Past 8,192 tokens with this tokenizer, so that one text is cut at the model's own length.
+MODERNBERT_TEXTS = TEXTS + [("very-long-mixed", (LONG_EN + LONG_RU + LONG_ZH) * 40)]
+MODERNBERT_SPECIALS = ["[CLS]", "[PAD]", "[SEP]", "[UNK]", "[MASK]"]
+
+
+def bpe_tokenizer():
+    """ModernBERT's pipeline: byte-level BPE (no normaliser), [CLS] $A [SEP]."""
+    tok = Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=MODERNBERT_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(TRAINING * 4, trainer=trainer)
+    ids = {t: tok.token_to_id(t) for t in MODERNBERT_SPECIALS}
+    assert ids == {t: i for i, t in enumerate(MODERNBERT_SPECIALS)}, ids
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B [SEP]", special_tokens=[("[CLS]", 0), ("[SEP]", 2)]
+    )
+    return tok
+
+
+def modernbert_scale(model, generator):
+    """Larger spreads than transformers' init, as scale_weights: norms around 1, embeddings 0.5,
+    linear layers 1.5/sqrt(fan-in). ModernBERT has no biases."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            assert not name.endswith(".bias"), name
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=generator))
+            elif "tok_embeddings" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=generator))
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * (1.5 / p.shape[-1] ** 0.5))
+
+
+def modernbert_model(config_kwargs, state=None):
+    config = transformers.ModernBertConfig(**config_kwargs)
+    model = transformers.ModernBertModel(config)
+    if state is not None:
+        model.load_state_dict(state)
+    return model.eval()
+
+
+def modernbert_sensitivity(tok, config_kwargs, state, vectors, texts):
+    """The tests must notice a wrong rotary base (the global and local ones swapped), a missing
+    local window, or rotary positions missing altogether: each must move some text's mean-pooled
+    vector below cosine 0.99."""
+    thetas = dict(global_rope_theta=10_000.0, local_rope_theta=160_000.0)
+    variants = {
+        "rotary bases swapped": modernbert_model(dict(config_kwargs, **thetas), state),
+        "no local window": modernbert_model(dict(config_kwargs, local_attention=4 * MODERNBERT_LENGTH), state),
+    }
+    def pooled(model, text, positions=None):
+        enc = tok(text, truncation=True, max_length=MODERNBERT_LENGTH, return_tensors="pt")
+        with torch.no_grad():
+            out = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], position_ids=positions)
+        v = out.last_hidden_state[0].mean(0)
+        return (v / v.norm()).numpy()
+    base = modernbert_model(config_kwargs, state)
+    for name, model in list(variants.items()) + [("no rotary positions", base)]:
+        worst = 1.0
+        for text, ref in zip(texts, vectors):
+            positions = None
+            if name == "no rotary positions":
+                n = len(tok(text, truncation=True, max_length=MODERNBERT_LENGTH)["input_ids"])
+                positions = torch.zeros(1, n, dtype=torch.long)
+            worst = min(worst, float(np.dot(pooled(model, text, positions), np.array(ref))))
+        if worst > 0.99:
+            sys.exit(f"modernbert: {name} still gives cosine {worst:.5f}: weights too weak to test")
+        print(f"modernbert: {name}: worst cosine {worst:.4f}")
+
+
+def modernbert(args):
+    """The ModernBERT checkpoint, its two folders and tests/testdata/models/modernbert/reference.json."""
+    arch_dir = os.path.join(args.out, "modernbert")
+    os.makedirs(arch_dir, exist_ok=True)
+    committed = os.path.join(arch_dir, "tokenizer.json")
+    if os.path.exists(committed) and not args.retrain_tokenizers:
+        tokenizer = Tokenizer.from_file(committed)
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+    else:
+        tokenizer = bpe_tokenizer()
+    texts = [t for _, t in MODERNBERT_TEXTS]
+    torch.manual_seed(SEED)
+    generator = torch.Generator().manual_seed(SEED + len(ARCHS))
+    config_kwargs = dict(MODERNBERT, vocab_size=tokenizer.get_vocab_size(), pad_token_id=1, cls_token_id=0,
+                         bos_token_id=0, sep_token_id=2, eos_token_id=2)
+    model = modernbert_model(config_kwargs)
+    modernbert_scale(model, generator)
+    layer_types = model.config.layer_types
+    assert layer_types == ["full_attention", "sliding_attention", "sliding_attention", "full_attention"], layer_types
+    entry = {
+        "model_type": "modernbert",
+        "hidden_size": MODERNBERT["hidden_size"],
+        "tokenizer": "committed",
+        "layer_types": layer_types,
+        "folders": {},
+    }
+    doc = {
+        "generator": "scripts/make_test_models.py",
+        "versions": PINNED,
+        "seed": SEED,
+        "prompts": PROMPTS,
+        "texts": [{"name": n, "text": t} for n, t in MODERNBERT_TEXTS],
+        "architectures": {"modernbert": entry},
+    }
+    with tempfile.TemporaryDirectory() as work:
+        staging = os.path.join(work, "hf")
+        model.save_pretrained(staging, safe_serialization=True)
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]",
+            mask_token="[MASK]", model_max_length=MODERNBERT_LENGTH, model_input_names=["input_ids", "attention_mask"],
+        )
+        fast.save_pretrained(staging)
+        if not os.path.exists(committed):
+            shutil.copy(os.path.join(staging, "tokenizer.json"), committed)
+        entry["tokenizer_sha256"] = sha256(committed)
+        weights = None
+        for name, form, pooling, normalize, prompts in MODERNBERT_FOLDERS:
+            saved = os.path.join(work, name)
+            limit = MODERNBERT_LENGTH if form == "classic" else None
+            transformer = models.Transformer(staging, max_seq_length=limit)
+            modules = [transformer, models.Pooling(transformer.get_embedding_dimension(), pooling_mode=pooling)]
+            if normalize:
+                modules.append(models.Normalize())
+            kwargs = {"prompts": prompts, "default_prompt_name": "query"} if prompts else {}
+            SentenceTransformer(modules=modules, device="cpu", **kwargs).save(saved)
+            if form == "classic":
+                classic_form(saved, MODERNBERT["hidden_size"], pooling, limit)
+            commit_folder(saved, os.path.join(arch_dir, name))
+            tensors = load_file(os.path.join(saved, "model.safetensors"))
+            if weights is None:
+                weights = tensors
+                save_file({k: v.contiguous() for k, v in sorted(tensors.items())}, os.path.join(arch_dir, "model.safetensors"))
+            else:
+                assert weights.keys() == tensors.keys() and all(torch.equal(weights[k], tensors[k]) for k in weights)
+            assembled = os.path.join(work, name + ".assembled")
+            assemble(arch_dir, name, committed, assembled)
+            st = SentenceTransformer(assembled, device="cpu")
+            assert st.max_seq_length == MODERNBERT_LENGTH, (name, st.max_seq_length)
+            runs = {}
+            for key in [""] + list(prompts or {}):
+                prefix = prompts[key] if key else ""
+                tokens, truncated = token_counts(st, texts, prefix)
+                kw = dict(prompt_name=key) if key else dict(prompt="")
+                vectors = st.encode(texts, batch_size=2, convert_to_numpy=True, **kw)
+                runs[key] = {"tokens": tokens, "truncated": truncated, "vectors": rounded(vectors)}
+            tokens = runs[""]["tokens"]
+            assert any(t == MODERNBERT_LENGTH for t in tokens), "a text cut at 8,192"
+            assert sum(t > MODERNBERT["local_attention"] for t in tokens) >= 5, "texts past the local window"
+            entry["folders"][name] = {
+                "form": form,
+                "pooling": pooling,
+                "normalize": normalize,
+                "max_seq_length": MODERNBERT_LENGTH,
+                "prompts": prompts or {},
+                "default_prompt_name": "query" if prompts else None,
+                "runs": runs,
+            }
+            if name == "v6-mean":
+                modernbert_sensitivity(st.tokenizer, config_kwargs, weights, runs[""]["vectors"], texts)
+        a = entry["folders"]["classic-cls"]["runs"][""]["vectors"]
+        b = entry["folders"]["v6-mean"]["runs"][""]["vectors"]
+        worst = min(abs(float(np.dot(x, y) / (np.linalg.norm(x) * np.linalg.norm(y)))) for x, y in zip(a, b))
+        assert worst < 0.99, f"modernbert: CLS and mean pooling agree to {worst:.5f}"
+    with open(os.path.join(arch_dir, "reference.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print(f"modernbert: {len(MODERNBERT_FOLDERS)} folders, {len(texts)} texts, written to {arch_dir}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", default=os.path.join(ROOT, ".ephem", "models", "all-MiniLM-L6-v2"))
     parser.add_argument("--out", default=os.path.join(ROOT, "tests", "testdata", "models"))
     parser.add_argument("--retrain-tokenizers", action="store_true")
+    parser.add_argument("--only", choices=["modernbert"], help="write only this architecture's folder")
     args = parser.parse_args()
     check_versions()
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
+    if args.only == "modernbert":
+        modernbert(args)
+        return
     doc = {
         "generator": "scripts/make_test_models.py",
         "versions": PINNED,
@@ -500,6 +697,7 @@ def main():
     with open(os.path.join(args.out, "reference.json"), "w", encoding="utf-8") as f:
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
+    modernbert(args)
 
 
 if __name__ == "__main__":

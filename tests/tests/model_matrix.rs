@@ -8,13 +8,25 @@
 //! select the others. The `v6-mean` folders are onboarded with Matryoshka lengths, and
 //! `--dimensions 16` gives sentence-transformers' `truncate_dim=16` vectors; a length the model
 //! does not offer and a prompt it does not name are refused at submit, naming the flag.
+//!
+//! ModernBERT (`testdata/models/modernbert/`: rotary positions, GeGLU, local and global layers,
+//! 8,192 tokens) is checked in the engine the enclave runs, on every text, prompt and pooling of
+//! its two folders: token counts equal, cosine ≥ 0.99999 f32 and ≥ 0.999 bf16.
 
 mod matrix;
 
 use std::path::PathBuf;
 use std::time::Instant;
 
-use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS};
+use std::sync::Arc;
+
+use enclave_worker::inference::{
+    Architecture, Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, InferenceError,
+    ModelFiles,
+};
+use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, MODERNBERT_FOLDERS};
+use protocol::envelope::Precision;
+use protocol::manifest::Pooling;
 use serde_json::Value;
 
 const F32_MIN_COSINE: f64 = 0.9999;
@@ -194,3 +206,105 @@ fn every_model_in_the_matrix_serves_batch_jobs_as_sentence_transformers_does() {
     eprintln!("{} jobs in {:.1}s", m.jobs, started.elapsed().as_secs_f64());
 }
 
+
+const MODERNBERT_F32_MIN_COSINE: f64 = 0.99999;
+
+/// One ModernBERT folder loaded as the enclave loads a model: its config, the shared weights and
+/// tokenizer, the folder's pooling and length.
+fn modernbert_engine(entry: &Value, folder: &str, limits: BatchLimits) -> Engine {
+    let dir = matrix::data().join("modernbert");
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("modernbert/{name}: {e}"));
+    let (config, tokenizer, weights) = (read(&format!("{folder}/config.json")), read("tokenizer.json"), read("model.safetensors"));
+    let settings = EmbedderSettings {
+        pooling: if entry["pooling"] == "cls" { Pooling::Cls } else { Pooling::Mean },
+        normalize: entry["normalize"].as_bool().unwrap(),
+        max_tokens: entry["max_seq_length"].as_u64().unwrap() as usize,
+        dimensions: Some(36),
+        backend: Backend::Fused,
+    };
+    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights }, settings)
+        .unwrap_or_else(|e| panic!("modernbert/{folder}: {e}"));
+    assert_eq!(embedder.architecture(), Architecture::ModernBert);
+    Engine::new(Arc::new(embedder), EngineSettings { threads: 2, limits, ..Default::default() }).unwrap()
+}
+
+/// Every text at the reference's token count and at `bound` to its vector; the lowest cosine
+/// and its text.
+fn check_engine(engine: &Engine, texts: &[&str], run: &Run, options: &EmbedOptions, bound: f64, label: &str) -> (f64, String) {
+    let mut lowest = (f64::MAX, String::new());
+    for (index, result) in engine.embed_window(texts, options).into_iter().enumerate() {
+        let embedding = result.unwrap_or_else(|e| panic!("{label} text {index}: {e}"));
+        assert_eq!(u64::from(embedding.tokens), run.tokens[index], "{label} text {index}: token count");
+        let similarity = cosine(&embedding.vector, &run.vectors[index]);
+        assert!(similarity >= bound, "{label} text {index} ({} tokens): cosine {similarity}", embedding.tokens);
+        if similarity < lowest.0 {
+            lowest = (similarity, format!("text {index}, {} tokens", embedding.tokens));
+        }
+    }
+    lowest
+}
+
+#[test]
+fn modernbert_embeds_as_sentence_transformers_does() {
+    let reference = matrix::modernbert_reference();
+    let names_and_texts = matrix::texts(&reference);
+    let texts: Vec<&str> = names_and_texts.iter().map(|(_, t)| t.as_str()).collect();
+    let arch = &reference["architectures"]["modernbert"];
+    assert_eq!(arch["layer_types"], serde_json::json!(["full_attention", "sliding_attention", "sliding_attention", "full_attention"]));
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    for folder in MODERNBERT_FOLDERS {
+        let entry = &arch["folders"][folder];
+        let engine = modernbert_engine(entry, folder, BatchLimits::default());
+        let tokens = matrix::run(&reference, "modernbert", folder, "").tokens;
+        assert!(tokens.contains(&8192), "{folder}: a text cut at 8,192");
+        assert!(tokens.iter().filter(|&&t| t > 16).count() >= 10, "{folder}: texts past the local window");
+        let mut runs = vec![("".to_owned(), None)];
+        for (name, text) in entry["prompts"].as_object().unwrap() {
+            runs.push((name.clone(), Some(Arc::<str>::from(text.as_str().unwrap()))));
+        }
+        for (name, prompt) in runs {
+            let run = matrix::run(&reference, "modernbert", folder, &name);
+            let label = format!("modernbert/{folder} prompt {name:?}");
+            let normalize = entry["normalize"].as_bool().unwrap();
+            let options = EmbedOptions { prompt: prompt.clone(), normalize, ..Default::default() };
+            let (lowest, at) = check_engine(&engine, &texts, &run, &options, MODERNBERT_F32_MIN_COSINE, &label);
+            eprintln!("{label} f32: lowest cosine {lowest:.7} ({at})");
+            if bf16 {
+                let options = EmbedOptions { precision: Precision::Bf16, ..options };
+                let (lowest, at) = check_engine(&engine, &texts, &run, &options, BF16_MIN_COSINE, &label);
+                eprintln!("{label} bf16: lowest cosine {lowest:.7} ({at})");
+            }
+        }
+        // int8's bound is measured on BERT only: refused by name.
+        let err = engine.embedder().check_precision(Precision::Int8).unwrap_err();
+        assert!(
+            matches!(&err, InferenceError::UnsupportedPrecisionFor { precision: "int8", architecture: "modernbert" }),
+            "{err}"
+        );
+    }
+    if !bf16 {
+        eprintln!("modernbert bf16: skipped, this CPU has no AVX-512 BF16");
+    }
+}
+
+/// Packing changes nothing: rotary places and local windows are per sequence, so each text alone
+/// and all of them packed together give the same vectors.
+#[test]
+fn modernbert_packing_does_not_change_vectors() {
+    let reference = matrix::modernbert_reference();
+    let names_and_texts = matrix::texts(&reference);
+    // The texts below 4,000 tokens, so that many share a pass.
+    let texts: Vec<&str> = names_and_texts.iter().map(|(_, t)| t.as_str()).filter(|t| t.len() < 6_000).collect();
+    let entry = &reference["architectures"]["modernbert"]["folders"]["v6-mean"];
+    let one = modernbert_engine(entry, "v6-mean", BatchLimits { max_batch_size: 1, ..Default::default() });
+    let many = modernbert_engine(entry, "v6-mean", BatchLimits { max_batch_size: 64, max_padded_tokens: 1 << 16 });
+    let options = EmbedOptions::default();
+    let alone = one.embed_window(&texts, &options);
+    let packed = many.embed_window(&texts, &options);
+    assert!(many.metrics().batches < one.metrics().batches);
+    for (index, (a, b)) in alone.into_iter().zip(packed).enumerate() {
+        let (a, b) = (a.unwrap().vector, b.unwrap().vector);
+        let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-5, "text {index}: {diff}");
+    }
+}

@@ -1,6 +1,11 @@
 //! The encoder architectures the fused encoder computes, read from the model's `config.json`
-//! (`model_type`): BERT, XLM-RoBERTa and MPNet. `config.json` is one of the files the signed
-//! manifest hashes, so a host cannot change the architecture a model is run as.
+//! (`model_type`): BERT, XLM-RoBERTa, MPNet and ModernBERT (its spec and tensor names:
+//! [`super::modernbert`]). `config.json` is one of the files the signed manifest hashes, so a
+//! host cannot change the architecture a model is run as.
+//!
+//! Each architecture is a [`ArchConfig`]: the sizes, where the norms sit ([`Placement`]), the
+//! feed-forward activation ([`Activation`]) and each layer's attention ([`LayerAttention`]:
+//! rotary base, local window); the encoder's one layer loop computes all of them.
 //!
 //! What differs between them (facts from the transformers documentation and configs):
 //!
@@ -30,6 +35,40 @@ pub enum Architecture {
     Bert,
     XlmRoberta,
     MpNet,
+    ModernBert,
+}
+
+/// Where a layer's norms sit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// BERT: `x ← Norm(x + Attention(x))`, `x ← Norm(x + FFN(x))`, after the embedding's norm.
+    Post,
+    /// ModernBERT: `x ← x + Attention(Norm(x))`, `x ← x + FFN(Norm(x))`, a final norm after the
+    /// last layer; the first layer's attention norm may be absent (identity).
+    Pre,
+}
+
+/// The feed-forward activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Activation {
+    /// `gelu(x·W1 + b1)`, erf GELU.
+    Gelu,
+    /// `gelu(a) · g` with `[a | g] = x·W1 + b1`: the first linear layer is twice the width.
+    GeGlu,
+}
+
+/// One layer's attention: bidirectional softmax over the sequence, optionally with rotary
+/// positions and a local window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct LayerAttention {
+    /// The rotary base (`rope_theta`), or none (absolute positions at the embedding).
+    pub rotary_base: Option<f32>,
+    /// A query sees only keys at most this far from it (`|i − j| ≤ window`), or every key.
+    pub window: Option<usize>,
+}
+
+impl LayerAttention {
+    pub(crate) const GLOBAL: Self = Self { rotary_base: None, window: None };
 }
 
 impl Architecture {
@@ -39,6 +78,7 @@ impl Architecture {
             Architecture::Bert => "bert",
             Architecture::XlmRoberta => "xlm-roberta",
             Architecture::MpNet => "mpnet",
+            Architecture::ModernBert => "modernbert",
         }
     }
 
@@ -49,6 +89,7 @@ impl Architecture {
             Architecture::Bert => "bert.",
             Architecture::XlmRoberta => "roberta.",
             Architecture::MpNet => "mpnet.",
+            Architecture::ModernBert => "model.",
         }
     }
 }
@@ -72,13 +113,17 @@ pub(crate) struct ArchConfig {
     /// fall back to candle's `BertModel`, the others are refused.
     pub hidden_act: String,
     pub position_embedding_type: String,
+    pub placement: Placement,
+    pub activation: Activation,
+    /// One per layer.
+    pub attention: Vec<LayerAttention>,
 }
 
-fn field<'a>(config: &'a Value, name: &str) -> Option<&'a Value> {
+pub(crate) fn field<'a>(config: &'a Value, name: &str) -> Option<&'a Value> {
     config.get(name).filter(|v| !v.is_null())
 }
 
-fn size(config: &Value, name: &str) -> Result<usize, InferenceError> {
+pub(crate) fn size(config: &Value, name: &str) -> Result<usize, InferenceError> {
     let value = field(config, name).ok_or_else(|| InferenceError::Config(format!("{name}: missing")))?;
     value
         .as_u64()
@@ -87,7 +132,7 @@ fn size(config: &Value, name: &str) -> Result<usize, InferenceError> {
         .ok_or_else(|| InferenceError::Config(format!("{name}: {value} is not a size")))
 }
 
-fn text<'a>(config: &'a Value, name: &str, default: &'a str) -> Result<&'a str, InferenceError> {
+pub(crate) fn text<'a>(config: &'a Value, name: &str, default: &'a str) -> Result<&'a str, InferenceError> {
     match field(config, name) {
         None => Ok(default),
         Some(v) => v.as_str().ok_or_else(|| InferenceError::Config(format!("{name}: not a string"))),
@@ -107,6 +152,7 @@ impl ArchConfig {
             "bert" => Architecture::Bert,
             "xlm-roberta" => Architecture::XlmRoberta,
             "mpnet" => Architecture::MpNet,
+            "modernbert" => return super::modernbert::parse(&config),
             other => return Err(InferenceError::UnsupportedArchitecture(format!("model_type {other:?}"))),
         };
         let hidden_size = size(&config, "hidden_size")?;
@@ -135,6 +181,8 @@ impl ArchConfig {
                     .ok_or_else(|| InferenceError::Config("pad_token_id: missing or not an integer".into()))?;
                 (size(&config, "type_vocab_size")?, Some(pad))
             }
+            // Returned above from its own spec; never read as a BERT-family config.
+            Architecture::ModernBert => return Err(InferenceError::Config("modernbert: not a BERT-family config".into())),
             Architecture::MpNet => {
                 let buckets = field(&config, "relative_attention_num_buckets").map_or(Some(32), Value::as_u64);
                 if buckets != Some(MPNET_BUCKETS as u64) {
@@ -153,11 +201,12 @@ impl ArchConfig {
                 "max_position_embeddings {max_position_embeddings} leaves no position after padding_idx {pad}"
             )));
         }
+        let num_hidden_layers = size(&config, "num_hidden_layers")?;
         Ok(Self {
             arch,
             vocab_size: size(&config, "vocab_size")?,
             hidden_size,
-            num_hidden_layers: size(&config, "num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads,
             intermediate_size: size(&config, "intermediate_size")?,
             max_position_embeddings,
@@ -166,11 +215,18 @@ impl ArchConfig {
             padding_idx,
             hidden_act: text(&config, "hidden_act", "gelu")?.to_owned(),
             position_embedding_type: text(&config, "position_embedding_type", "absolute")?.to_owned(),
+            placement: Placement::Post,
+            activation: Activation::Gelu,
+            attention: vec![LayerAttention::GLOBAL; num_hidden_layers],
         })
     }
 
     /// Whether the fused encoder computes this model exactly; if not, why (naming the field).
     pub(crate) fn fused_computes(&self) -> Result<(), String> {
+        if self.arch == Architecture::ModernBert {
+            // Its spec refused at parse what the encoder does not compute.
+            return Ok(());
+        }
         if self.hidden_act != "gelu" {
             return Err(format!("hidden_act {:?} (the fused encoder computes erf GELU)", self.hidden_act));
         }

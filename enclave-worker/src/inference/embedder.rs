@@ -187,8 +187,8 @@ impl Embedder {
                 INT8_CALIBRATION.iter().filter_map(|text| tokenizer.encode_fast(*text, true).ok()).map(|e| e.get_ids().to_vec()),
             );
             Model::Fused(encoder)
-        } else if let (Architecture::XlmRoberta | Architecture::MpNet, Err(why)) = (config.arch, fused) {
-            // candle's BertModel has neither their positions nor MPNet's relative bias.
+        } else if let (Architecture::XlmRoberta | Architecture::MpNet | Architecture::ModernBert, Err(why)) = (config.arch, fused) {
+            // candle's BertModel has neither their positions, MPNet's relative bias nor ModernBERT's layers.
             return Err(InferenceError::UnsupportedArchitecture(format!(
                 "{}: only the fused encoder computes it, and not this model here: {why}",
                 config.arch.as_str()

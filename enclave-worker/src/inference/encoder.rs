@@ -28,55 +28,57 @@ use std::sync::{Mutex, OnceLock};
 use candle_core::{Device, Storage, Tensor};
 use protocol::envelope::Precision;
 use rayon::prelude::*;
-use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use safetensors::{Dtype, SafeTensors};
 
 use super::InferenceError;
-use super::arch::{self, ArchConfig, Architecture, RelativeBias};
+use super::arch::{self, Activation, ArchConfig, Architecture, LayerAttention, Placement, RelativeBias};
 use super::dense::{self, Int8Weights, Packed};
 use super::kernels;
 
 mod attention;
+pub(crate) mod blocks;
 mod int8;
 
+use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Tensors, Weight};
 use int8::{Int8Layer, Int8Product, LayerStats};
 
 /// Rows per element-wise task.
 const ROWS_PER_TASK: usize = 16;
 
-struct LayerNorm {
-    gamma: Vec<f32>,
-    beta: Vec<f32>,
+/// One layer of any architecture: the four products and two norms, placed as the architecture
+/// says ([`Placement`]).
+pub(crate) struct Layer {
+    /// `(hidden, 3·hidden)`: [Q | K | V] columns.
+    pub(crate) qkv: Linear,
+    pub(crate) out: Linear,
+    /// `intermediate` wide, or `2·intermediate` for a gated activation.
+    pub(crate) ff1: Linear,
+    pub(crate) ff2: Linear,
+    /// Post: after the attention's residual. Pre: before attention; `None` is the identity
+    /// (ModernBERT's first layer).
+    pub(crate) attn_norm: Option<Norm>,
+    /// Post: after the feed-forward's residual. Pre: before the feed-forward.
+    pub(crate) ff_norm: Norm,
+    pub(crate) attention: LayerAttention,
 }
 
-/// A dense layer's `(in, out)` weights: packed for our AVX-512 kernel, or a candle tensor on a
-/// CPU without AVX-512.
-enum Weight {
-    Packed(Packed<f32>),
-    Candle(Tensor),
-}
-
-impl Weight {
-    fn new(values: Vec<f32>, rows: usize, cols: usize) -> Result<Self, InferenceError> {
-        if dense::f32_supported() {
-            Ok(Weight::Packed(Packed::f32(&values, rows, cols)))
-        } else {
-            Tensor::from_vec(values, (rows, cols), &Device::Cpu).map(Weight::Candle).map_err(weights_err)
-        }
+impl Layer {
+    fn memory_bytes(&self) -> usize {
+        [&self.qkv, &self.out, &self.ff1, &self.ff2].into_iter().map(Linear::memory_bytes).sum::<usize>()
+            + self.attn_norm.as_ref().map_or(0, Norm::memory_bytes)
+            + self.ff_norm.memory_bytes()
     }
 }
 
-struct Layer {
-    /// `(hidden, 3·hidden)`: [Q | K | V] columns.
-    qkv_w: Weight,
-    qkv_b: Vec<f32>,
-    out_w: Weight,
-    out_b: Vec<f32>,
-    attn_ln: LayerNorm,
-    ff1_w: Weight,
-    ff1_b: Vec<f32>,
-    ff2_w: Weight,
-    ff2_b: Vec<f32>,
-    ff_ln: LayerNorm,
+/// An architecture's weights, from its tensor-name map (BERT's family here, ModernBERT's in
+/// [`super::modernbert`]).
+pub(crate) struct FamilyWeights {
+    pub(crate) embeddings: Embeddings,
+    pub(crate) layers: Vec<Layer>,
+    /// After the last layer (pre-norm architectures).
+    pub(crate) final_norm: Option<Norm>,
+    /// MPNet's relative position bias, shared by all layers.
+    pub(crate) relative: Option<RelativeBias>,
 }
 
 /// A layer's dense weights in bf16 panels (`precision: bf16`).
@@ -86,7 +88,6 @@ struct Bf16Layer {
     ff1: Packed<u32>,
     ff2: Packed<u32>,
 }
-
 
 /// The weights one layer's products use at the job's precision.
 #[derive(Clone, Copy)]
@@ -121,19 +122,19 @@ impl<'a> Reduced<'a> {
         }
     }
 }
-
 pub(crate) struct Encoder {
-    word: Vec<f32>,
-    position: Vec<f32>,
-    /// Token type 0 (every text is a single segment); zeros for MPNet, which has none.
-    token_type: Vec<f32>,
+    embeddings: Embeddings,
     /// Positions start after this index, which a padding token keeps (XLM-RoBERTa, MPNet).
     padding_idx: Option<u32>,
     /// MPNet's relative position bias, shared by all layers.
     relative: Option<RelativeBias>,
     arch: Architecture,
-    embedding_ln: LayerNorm,
+    placement: Placement,
+    activation: Activation,
     layers: Vec<Layer>,
+    final_norm: Option<Norm>,
+    /// One per distinct rotary base of the layers, with that base.
+    rotary: Vec<(f32, Rotary)>,
     hidden: usize,
     heads: usize,
     head_dim: usize,
@@ -154,13 +155,52 @@ pub(crate) struct Encoder {
     scratch: Mutex<Vec<Scratch>>,
 }
 
-
-fn weights_err(e: impl std::fmt::Display) -> InferenceError {
-    InferenceError::Weights(e.to_string())
-}
-
-fn le_f32(bytes: &[u8]) -> f32 {
-    f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+/// BERT's, XLM-RoBERTa's and MPNet's tensor names (MPNet names its attention tensors
+/// differently; the computation is BERT's).
+fn bert_family(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeights, InferenceError> {
+    let (hidden, inter) = (config.hidden_size, config.intermediate_size);
+    let (qkv_names, attn_out, attn_ln) = match config.arch {
+        Architecture::MpNet => (["attn.q", "attn.k", "attn.v"], "attn.o", "LayerNorm"),
+        _ => (["self.query", "self.key", "self.value"], "output.dense", "output.LayerNorm"),
+    };
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for (i, &attention) in config.attention.iter().enumerate() {
+        let p = format!("encoder.layer.{i}");
+        let qkv: Vec<String> = qkv_names.iter().map(|n| format!("{p}.attention.{n}")).collect();
+        let qkv: Vec<&str> = qkv.iter().map(String::as_str).collect();
+        layers.push(Layer {
+            qkv: t.fused(&qkv, hidden, hidden, true)?,
+            out: t.linear(&format!("{p}.attention.{attn_out}"), hidden, hidden, true)?,
+            attn_norm: Some(t.norm(&format!("{p}.attention.{attn_ln}"), hidden, true)?),
+            ff1: t.linear(&format!("{p}.intermediate.dense"), inter, hidden, true)?,
+            ff2: t.linear(&format!("{p}.output.dense"), hidden, inter, true)?,
+            ff_norm: t.norm(&format!("{p}.output.LayerNorm"), hidden, true)?,
+            attention,
+        });
+    }
+    let token_type = match config.type_vocab_size {
+        0 => vec![0f32; hidden],
+        types => t.first_row("embeddings.token_type_embeddings.weight", types, hidden)?,
+    };
+    let heads = config.num_attention_heads;
+    let relative = match config.arch {
+        Architecture::MpNet => {
+            let table = t.values("encoder.relative_attention_bias.weight", &[arch::MPNET_BUCKETS, heads])?;
+            Some(RelativeBias::new(&table, heads, config.max_tokens()))
+        }
+        _ => None,
+    };
+    Ok(FamilyWeights {
+        embeddings: Embeddings {
+            word: t.values("embeddings.word_embeddings.weight", &[config.vocab_size, hidden])?,
+            position: Some(t.values("embeddings.position_embeddings.weight", &[config.max_position_embeddings, hidden])?),
+            token_type,
+            norm: t.norm("embeddings.LayerNorm", hidden, true)?,
+        },
+        layers,
+        final_norm: None,
+        relative,
+    })
 }
 
 impl Encoder {
@@ -176,112 +216,34 @@ impl Encoder {
     /// CandleBert backend for others).
     pub(crate) fn load(weights: &[u8], config: &ArchConfig) -> Result<Self, InferenceError> {
         Self::supports(config).map_err(InferenceError::Config)?;
-        let file = SafeTensors::deserialize(weights).map_err(weights_err)?;
         // Checkpoints saved from BertModel have no prefix; from BertFor* they have `bert.` (and
-        // likewise `roberta.`, `mpnet.`).
-        let arch = config.arch;
-        let prefix =
-            if file.names().iter().any(|n| n.starts_with(arch.weight_prefix())) { arch.weight_prefix() } else { "" };
-        let view = |name: &str, shape: &[usize]| -> Result<TensorView<'_>, InferenceError> {
-            let view = file.tensor(&format!("{prefix}{name}")).map_err(|e| weights_err(format!("{name}: {e}")))?;
-            if view.dtype() != Dtype::F32 {
-                return Err(weights_err(format!("{name}: dtype {:?}, the fused encoder reads F32", view.dtype())));
-            }
-            if view.shape() != shape {
-                return Err(weights_err(format!("{name}: shape {:?}, expected {shape:?}", view.shape())));
-            }
-            Ok(view)
-        };
-        let values = |name: &str, shape: &[usize]| -> Result<Vec<f32>, InferenceError> {
-            Ok(view(name, shape)?.data().chunks_exact(4).map(le_f32).collect())
-        };
-        // Linear weights are stored (out, in); the products want (in, out), possibly several side by
-        // side: `dst` has `dst_cols` columns and this weight goes to columns `col..col + out`.
-        let transpose_into = |name: &str, out: usize, inp: usize, dst: &mut [f32], dst_cols: usize, col: usize| {
-            let data = view(name, &[out, inp])?.data();
-            for (o, row) in data.chunks_exact(4 * inp).enumerate() {
-                for (i, bytes) in row.chunks_exact(4).enumerate() {
-                    dst[i * dst_cols + col + o] = le_f32(bytes);
-                }
-            }
-            Ok::<(), InferenceError>(())
-        };
-        let linear = |name: &str, out: usize, inp: usize| -> Result<Weight, InferenceError> {
-            let mut dst = vec![0f32; inp * out];
-            transpose_into(name, out, inp, &mut dst, out, 0)?;
-            Weight::new(dst, inp, out)
-        };
-        let layer_norm = |prefix: &str, len: usize| -> Result<LayerNorm, InferenceError> {
-            Ok(LayerNorm {
-                gamma: values(&format!("{prefix}.weight"), &[len])?,
-                beta: values(&format!("{prefix}.bias"), &[len])?,
-            })
-        };
-
-        let (hidden, inter) = (config.hidden_size, config.intermediate_size);
-        // MPNet names its attention tensors differently; the computation is BERT's.
-        let (qkv_names, attn_out, attn_ln) = match arch {
-            Architecture::Bert | Architecture::XlmRoberta => {
-                (["self.query", "self.key", "self.value"], "output.dense", "output.LayerNorm")
-            }
-            Architecture::MpNet => (["attn.q", "attn.k", "attn.v"], "attn.o", "LayerNorm"),
-        };
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        for i in 0..config.num_hidden_layers {
-            let p = format!("encoder.layer.{i}");
-            let mut qkv = vec![0f32; hidden * 3 * hidden];
-            let mut qkv_b = Vec::with_capacity(3 * hidden);
-            for (part, name) in qkv_names.into_iter().enumerate() {
-                transpose_into(
-                    &format!("{p}.attention.{name}.weight"),
-                    hidden,
-                    hidden,
-                    &mut qkv,
-                    3 * hidden,
-                    part * hidden,
-                )?;
-                qkv_b.extend(values(&format!("{p}.attention.{name}.bias"), &[hidden])?);
-            }
-            layers.push(Layer {
-                qkv_w: Weight::new(qkv, hidden, 3 * hidden)?,
-                qkv_b,
-                out_w: linear(&format!("{p}.attention.{attn_out}.weight"), hidden, hidden)?,
-                out_b: values(&format!("{p}.attention.{attn_out}.bias"), &[hidden])?,
-                attn_ln: layer_norm(&format!("{p}.attention.{attn_ln}"), hidden)?,
-                ff1_w: linear(&format!("{p}.intermediate.dense.weight"), inter, hidden)?,
-                ff1_b: values(&format!("{p}.intermediate.dense.bias"), &[inter])?,
-                ff2_w: linear(&format!("{p}.output.dense.weight"), hidden, inter)?,
-                ff2_b: values(&format!("{p}.output.dense.bias"), &[hidden])?,
-                ff_ln: layer_norm(&format!("{p}.output.LayerNorm"), hidden)?,
-            });
-        }
-        let token_type = match config.type_vocab_size {
-            0 => vec![0f32; hidden],
-            types => view("embeddings.token_type_embeddings.weight", &[types, hidden])?.data()[..4 * hidden]
-                .chunks_exact(4)
-                .map(le_f32)
-                .collect(),
+        // likewise `roberta.`, `mpnet.`, `model.`).
+        let tensors = Tensors::new(weights, config.arch.weight_prefix())?;
+        let family = match config.arch {
+            Architecture::ModernBert => super::modernbert::weights(&tensors, config)?,
+            Architecture::Bert | Architecture::XlmRoberta | Architecture::MpNet => bert_family(&tensors, config)?,
         };
         let heads = config.num_attention_heads;
-        let relative = match arch {
-            Architecture::MpNet => {
-                let table = values("encoder.relative_attention_bias.weight", &[arch::MPNET_BUCKETS, heads])?;
-                Some(RelativeBias::new(&table, heads, config.max_tokens()))
+        let head_dim = config.hidden_size / heads;
+        let mut rotary: Vec<(f32, Rotary)> = Vec::new();
+        for base in config.attention.iter().filter_map(|a| a.rotary_base) {
+            if !rotary.iter().any(|(b, _)| *b == base) {
+                rotary.push((base, Rotary::new(base, head_dim)));
             }
-            Architecture::Bert | Architecture::XlmRoberta => None,
-        };
+        }
         Ok(Self {
-            word: values("embeddings.word_embeddings.weight", &[config.vocab_size, hidden])?,
-            position: values("embeddings.position_embeddings.weight", &[config.max_position_embeddings, hidden])?,
-            token_type,
+            embeddings: family.embeddings,
             padding_idx: config.padding_idx,
-            relative,
-            arch,
-            embedding_ln: layer_norm("embeddings.LayerNorm", hidden)?,
-            layers,
-            hidden,
+            relative: family.relative,
+            arch: config.arch,
+            placement: config.placement,
+            activation: config.activation,
+            layers: family.layers,
+            final_norm: family.final_norm,
+            rotary,
+            hidden: config.hidden_size,
             heads,
-            head_dim: hidden / heads,
+            head_dim,
             vocab: config.vocab_size,
             max_positions: config.max_tokens(),
             eps: config.layer_norm_eps as f32,
@@ -296,22 +258,7 @@ impl Encoder {
     /// table, the calibration sequences, and the bf16 and int8 copies once a job has built them;
     /// not the forward passes' kept scratch, which the batch limits bound, like any activations.
     pub(crate) fn memory_bytes(&self) -> usize {
-        let values = |v: &[f32]| std::mem::size_of_val(v);
-        let weight = |w: &Weight| match w {
-            Weight::Packed(p) => p.memory_bytes(),
-            Weight::Candle(t) => t.elem_count() * t.dtype().size_in_bytes(),
-        };
-        let norm = |l: &LayerNorm| values(&l.gamma) + values(&l.beta);
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                [&l.qkv_w, &l.out_w, &l.ff1_w, &l.ff2_w].into_iter().map(weight).sum::<usize>()
-                    + [&l.qkv_b, &l.out_b, &l.ff1_b, &l.ff2_b].into_iter().map(|b| values(b)).sum::<usize>()
-                    + norm(&l.attn_ln)
-                    + norm(&l.ff_ln)
-            })
-            .sum();
+        let layers: usize = self.layers.iter().map(Layer::memory_bytes).sum();
         let bf16: usize = match self.bf16.get() {
             Some(Ok(packed)) => packed.iter().map(|l| [&l.qkv, &l.out, &l.ff1, &l.ff2].into_iter().map(|p| p.memory_bytes()).sum::<usize>()).sum(),
             _ => 0,
@@ -323,8 +270,9 @@ impl Encoder {
         // The table RelativeBias::new builds: (heads, 2·span − 1) with span = max_positions.
         let relative = self.relative.as_ref().map_or(0, |_| self.heads * (2 * self.max_positions - 1) * std::mem::size_of::<f32>());
         let calibration: usize = self.calibration.iter().map(|s| std::mem::size_of_val(s.as_slice())).sum();
-        values(&self.word) + values(&self.position) + values(&self.token_type) + norm(&self.embedding_ln)
-            + layers + bf16 + int8 + relative + calibration
+        let rotary = self.rotary.len() * self.head_dim / 2 * std::mem::size_of::<f32>();
+        self.embeddings.memory_bytes() + layers + self.final_norm.as_ref().map_or(0, Norm::memory_bytes)
+            + bf16 + int8 + relative + calibration + rotary
     }
 
     /// Whether every tensor of the file is F32 (what [`Encoder::load`] reads).
@@ -352,7 +300,7 @@ impl Encoder {
             self.layers
                 .iter()
                 .map(|l| {
-                    Ok(Bf16Layer { qkv: pack(&l.qkv_w)?, out: pack(&l.out_w)?, ff1: pack(&l.ff1_w)?, ff2: pack(&l.ff2_w)? })
+                    Ok(Bf16Layer { qkv: pack(&l.qkv.w)?, out: pack(&l.out.w)?, ff1: pack(&l.ff1.w)?, ff2: pack(&l.ff2.w)? })
                 })
                 .collect()
         });
@@ -432,49 +380,66 @@ impl Encoder {
     ) -> Result<(), InferenceError> {
         let h = self.hidden;
         let total = offsets[offsets.len() - 1];
+        let embeddings = &self.embeddings;
 
-        // Embeddings: word + position + token type 0, then LayerNorm.
+        // Embeddings: word (+ absolute position + token type 0), then the norm.
         let mut positions = Vec::with_capacity(total);
         let mut ids = Vec::with_capacity(total);
         for s in sequences {
             arch::positions(s, self.padding_idx, &mut positions);
             ids.extend(s.iter().map(|&id| id as usize));
         }
-        let positions: Vec<(usize, usize)> = ids.into_iter().zip(positions).collect();
+        let tokens: Vec<(usize, usize)> = ids.into_iter().zip(positions).collect();
         let mut x = std::mem::take(&mut scratch.x);
         resize(&mut x, total * h);
-        x.par_chunks_mut(h * ROWS_PER_TASK).zip(positions.par_chunks(ROWS_PER_TASK)).for_each(|(rows, pos)| {
+        x.par_chunks_mut(h * ROWS_PER_TASK).zip(tokens.par_chunks(ROWS_PER_TASK)).for_each(|(rows, pos)| {
             let mut sum = vec![0f32; h];
             kernels::vectorized(#[inline(always)] || for (row, &(id, p)) in rows.chunks_exact_mut(h).zip(pos) {
-                let word = &self.word[id * h..(id + 1) * h];
-                let position = &self.position[p * h..(p + 1) * h];
-                for (((s, &w), &q), &t) in sum.iter_mut().zip(word).zip(position).zip(&self.token_type) {
-                    *s = w + q + t;
-                }
-                kernels::add_layer_norm(
-                    row,
-                    &sum,
-                    None,
-                    None,
-                    &self.embedding_ln.gamma,
-                    &self.embedding_ln.beta,
-                    self.eps,
-                );
+                let word = &embeddings.word[id * h..(id + 1) * h];
+                let input = match &embeddings.position {
+                    Some(table) => {
+                        let position = &table[p * h..(p + 1) * h];
+                        for (((s, &w), &q), &t) in sum.iter_mut().zip(word).zip(position).zip(&embeddings.token_type) {
+                            *s = w + q + t;
+                        }
+                        &sum[..]
+                    }
+                    None => word,
+                };
+                let norm = &embeddings.norm;
+                kernels::add_layer_norm(row, input, None, None, &norm.gamma, norm.beta.as_deref(), self.eps);
             });
         });
+        // Rotary layers turn each token by its place in its own sequence.
+        let longest = offsets.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        let tables: Vec<(f32, RotaryTable)> = self.rotary.iter().map(|(base, r)| (*base, r.table(longest))).collect();
+        let places: Vec<usize> = if tables.is_empty() { Vec::new() } else { offsets.windows(2).flat_map(|w| 0..w[1] - w[0]).collect() };
         let result = self.layers.iter().enumerate().try_for_each(|(i, layer)| {
             let stats = stats.as_deref_mut().map(|s| &mut s[i]);
-            self.layer(layer, reduced(i), &mut x, offsets, scratch, stats)
+            let rotary = layer.attention.rotary_base.and_then(|base| tables.iter().find(|(b, _)| *b == base)).map(|(_, t)| t);
+            let attention = Attention { window: layer.attention.window, rotary: rotary.map(|table| (table, places.as_slice())) };
+            self.layer(layer, reduced(i), &attention, &mut x, offsets, scratch, stats)
         });
+        if result.is_ok()
+            && let Some(norm) = &self.final_norm
+        {
+            fused_rows(&mut x, h, #[inline(always)] |_, row| {
+                let input = row.to_vec();
+                kernels::add_layer_norm(row, &input, None, None, &norm.gamma, norm.beta.as_deref(), self.eps);
+            });
+        }
         scratch.x = x;
         result
     }
 
-    /// One encoder layer over the packed hidden states `x` (`(total, hidden)`), in place.
+    /// One encoder layer over the packed hidden states `x` (`(total, hidden)`), in place, with
+    /// its norms where the architecture places them.
+    #[allow(clippy::too_many_arguments)]
     fn layer(
         &self,
         layer: &Layer,
         reduced: Reduced<'_>,
+        attention: &Attention<'_>,
         x: &mut [f32],
         offsets: &[usize],
         scratch: &mut Scratch,
@@ -487,44 +452,123 @@ impl Encoder {
         };
         let h = self.hidden;
         let total = offsets[offsets.len() - 1];
-        let Scratch { qkv, context, proj, h1, ff, .. } = scratch;
-
-        // Self-attention, then LayerNorm(projection + bias + x) into h1.
-        observe(0, x);
-        dense(x, total, &layer.qkv_w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
-        self.attention(qkv, &layer.qkv_b, offsets, context);
-        observe(1, context);
-        dense(context, total, &layer.out_w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
-        resize(h1, total * h);
-        self.residual_layer_norm(h1, proj, &layer.out_b, x, &layer.attn_ln);
-
-        // Feed-forward: GELU(h1 · W1 + b1) in place, then LayerNorm(· W2 + b2 + h1) into x.
-        observe(2, h1);
-        dense(h1, total, &layer.ff1_w, reduced.pick(|b| &b.ff1, |q| &q.ff1), ff)?;
-        let inter = layer.ff1_b.len();
-        fused_rows(ff, inter, #[inline(always)] |_, row| kernels::bias_gelu_in_place(row, &layer.ff1_b));
-        observe(3, ff);
-        dense(ff, total, &layer.ff2_w, reduced.pick(|b| &b.ff2, |q| &q.ff2), proj)?;
-        self.residual_layer_norm(x, proj, &layer.ff2_b, h1, &layer.ff_ln);
+        let Scratch { qkv, context, proj, h1, ff, gated, .. } = scratch;
+        match self.placement {
+            Placement::Post => {
+                // Self-attention, then Norm(projection + bias + x) into h1.
+                observe(0, x);
+                dense(x, total, &layer.qkv.w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
+                self.attention(qkv, layer.qkv.b.as_deref(), attention, offsets, context);
+                observe(1, context);
+                dense(context, total, &layer.out.w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
+                resize(h1, total * h);
+                let norm = layer.attn_norm.as_ref().ok_or_else(|| InferenceError::Forward("a post-norm layer without its attention norm".into()))?;
+                self.residual_norm(h1, proj, layer.out.b.as_deref(), x, norm);
+                // Feed-forward, then Norm(· W2 + b2 + h1) into x.
+                observe(2, h1);
+                let activated = self.feed_forward_in(layer, reduced, h1, total, ff, gated)?;
+                observe(3, activated);
+                dense(activated, total, &layer.ff2.w, reduced.pick(|b| &b.ff2, |q| &q.ff2), proj)?;
+                self.residual_norm(x, proj, layer.ff2.b.as_deref(), h1, &layer.ff_norm);
+            }
+            Placement::Pre => {
+                // x + Attention(Norm(x)), the first layer's norm possibly the identity.
+                let input: &[f32] = match &layer.attn_norm {
+                    Some(norm) => {
+                        self.norm_into(h1, x, norm);
+                        h1
+                    }
+                    None => x,
+                };
+                observe(0, input);
+                dense(input, total, &layer.qkv.w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
+                self.attention(qkv, layer.qkv.b.as_deref(), attention, offsets, context);
+                observe(1, context);
+                dense(context, total, &layer.out.w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
+                self.add_residual(x, proj, layer.out.b.as_deref());
+                // x + FFN(Norm(x)).
+                self.norm_into(h1, x, &layer.ff_norm);
+                observe(2, h1);
+                let activated = self.feed_forward_in(layer, reduced, h1, total, ff, gated)?;
+                observe(3, activated);
+                dense(activated, total, &layer.ff2.w, reduced.pick(|b| &b.ff2, |q| &q.ff2), proj)?;
+                self.add_residual(x, proj, layer.ff2.b.as_deref());
+            }
+        }
         Ok(())
     }
 
-    /// `out ← LayerNorm(product + bias + residual)`, row by row.
-    fn residual_layer_norm(&self, out: &mut [f32], product: &[f32], bias: &[f32], residual: &[f32], norm: &LayerNorm) {
+    /// The feed-forward's first product and its activation: `gelu(input · W1 + b1)` in `ff`, or
+    /// for GeGLU `gelu(a) · g` of the two halves into `gated`. Returns the activated rows.
+    fn feed_forward_in<'s>(
+        &self,
+        layer: &Layer,
+        reduced: Reduced<'_>,
+        input: &[f32],
+        total: usize,
+        ff: &'s mut Vec<f32>,
+        gated: &'s mut Vec<f32>,
+    ) -> Result<&'s [f32], InferenceError> {
+        dense(input, total, &layer.ff1.w, reduced.pick(|b| &b.ff1, |q| &q.ff1), ff)?;
+        let width = layer.ff1.width();
+        if let Some(b) = &layer.ff1.b {
+            if self.activation == Activation::Gelu {
+                fused_rows(ff, width, #[inline(always)] |_, row| kernels::bias_gelu_in_place(row, b));
+                return Ok(ff);
+            }
+            fused_rows(ff, width, #[inline(always)] |_, row| {
+                for (o, &v) in row.iter_mut().zip(b) {
+                    *o += v;
+                }
+            });
+        }
+        match self.activation {
+            Activation::Gelu => {
+                if layer.ff1.b.is_none() {
+                    fused_rows(ff, width, #[inline(always)] |_, row| kernels::gelu_in_place(row));
+                }
+                Ok(ff)
+            }
+            Activation::GeGlu => {
+                let inter = width / 2;
+                resize(gated, total * inter);
+                let ff: &[f32] = ff;
+                fused_rows(gated, inter, #[inline(always)] |i, out| kernels::geglu(out, &ff[i * width..(i + 1) * width]));
+                Ok(gated)
+            }
+        }
+    }
+
+    /// `out ← Norm(product + bias + residual)`, row by row.
+    fn residual_norm(&self, out: &mut [f32], product: &[f32], bias: Option<&[f32]>, residual: &[f32], norm: &Norm) {
         let h = self.hidden;
         fused_rows(out, h, #[inline(always)] |i, out| {
             let row = i * h..(i + 1) * h;
-            kernels::add_layer_norm(
-                out,
-                &product[row.clone()],
-                Some(bias),
-                Some(&residual[row]),
-                &norm.gamma,
-                &norm.beta,
-                self.eps,
-            )
+            kernels::add_layer_norm(out, &product[row.clone()], bias, Some(&residual[row]), &norm.gamma, norm.beta.as_deref(), self.eps)
         });
     }
+
+    /// `out ← Norm(x)`, row by row.
+    fn norm_into(&self, out: &mut Vec<f32>, x: &[f32], norm: &Norm) {
+        let h = self.hidden;
+        resize(out, x.len());
+        fused_rows(out, h, #[inline(always)] |i, out| {
+            kernels::add_layer_norm(out, &x[i * h..(i + 1) * h], None, None, &norm.gamma, norm.beta.as_deref(), self.eps)
+        });
+    }
+
+    /// `x ← x + product (+ bias)`, row by row.
+    fn add_residual(&self, x: &mut [f32], product: &[f32], bias: Option<&[f32]>) {
+        let h = self.hidden;
+        fused_rows(x, h, #[inline(always)] |i, row| kernels::add_residual(row, &product[i * h..(i + 1) * h], bias));
+    }
+}
+
+/// How one layer attends: a local window or none, and rotary positions (the table of its base
+/// and each packed token's place in its own sequence) or none.
+pub(super) struct Attention<'a> {
+    window: Option<usize>,
+    rotary: Option<(&'a RotaryTable, &'a [usize])>,
 }
 
 /// A forward pass's matrices, reused from layer to layer (same sizes every layer) and from pass to
@@ -537,6 +581,8 @@ struct Scratch {
     proj: Vec<f32>,
     h1: Vec<f32>,
     ff: Vec<f32>,
+    /// A gated activation's output (half the first product's width).
+    gated: Vec<f32>,
 }
 
 /// `buffer` with exactly `len` values; what it held is left in place (every user overwrites it).
@@ -626,7 +672,7 @@ mod tests {
         let padding: usize = encoder
             .layers
             .iter()
-            .flat_map(|l| [&l.qkv_w, &l.out_w, &l.ff1_w, &l.ff2_w])
+            .flat_map(|l| [&l.qkv.w, &l.out.w, &l.ff1.w, &l.ff2.w])
             .map(|w| match w {
                 Weight::Packed(p) => p.memory_bytes() - p.rows() * p.cols() * 4,
                 Weight::Candle(_) => 0,
@@ -640,7 +686,7 @@ mod tests {
         let dense_f32: usize = encoder
             .layers
             .iter()
-            .flat_map(|l| [&l.qkv_w, &l.out_w, &l.ff1_w, &l.ff2_w])
+            .flat_map(|l| [&l.qkv.w, &l.out.w, &l.ff1.w, &l.ff2.w])
             .map(|w| match w {
                 Weight::Packed(p) => p.memory_bytes(),
                 Weight::Candle(_) => 0,

@@ -57,13 +57,37 @@ pub(crate) fn erf(x: f32) -> f32 {
     p / q
 }
 
+/// The exact (erf) GELU of one value.
+#[inline(always)]
+pub(crate) fn gelu(x: f32) -> f32 {
+    let half = 0.5 * x;
+    half.mul_add(erf(x * std::f32::consts::FRAC_1_SQRT_2), half)
+}
+
 /// `row ← gelu(row + bias)` in place, with the exact (erf) GELU.
 #[inline(always)]
 pub(crate) fn bias_gelu_in_place(row: &mut [f32], bias: &[f32]) {
     for (o, &b) in row.iter_mut().zip(bias) {
-        let x = *o + b;
-        let half = 0.5 * x;
-        *o = half.mul_add(erf(x * std::f32::consts::FRAC_1_SQRT_2), half);
+        *o = gelu(*o + b);
+    }
+}
+
+/// `row ← gelu(row)` in place (a linear layer without bias).
+#[inline(always)]
+pub(crate) fn gelu_in_place(row: &mut [f32]) {
+    for o in row.iter_mut() {
+        *o = gelu(*o);
+    }
+}
+
+/// GeGLU: `out ← gelu(input) · gate` where `input` and `gate` are the two halves of `row` (the
+/// gated linear layer's output, `[input | gate]`, each `out.len()` wide).
+#[inline(always)]
+pub(crate) fn geglu(out: &mut [f32], row: &[f32]) {
+    let (input, gate) = row.split_at(out.len());
+    assert_eq!(gate.len(), out.len());
+    for ((o, &x), &g) in out.iter_mut().zip(input).zip(gate) {
+        *o = gelu(x) * g;
     }
 }
 
@@ -97,8 +121,9 @@ pub(crate) fn max(values: &[f32]) -> f32 {
     m
 }
 
-/// `out ← LayerNorm(x + bias + residual)` for one row (`gamma`, `beta`, `bias` of the row's length).
-/// Three passes: the sum, the centred values and their squares, the scaled result.
+/// `out ← LayerNorm(x + bias + residual)` for one row (`gamma`, `beta`, `bias` of the row's length;
+/// without `beta` a LayerNorm without bias). Three passes: the sum, the centred values and their
+/// squares, the scaled result.
 #[inline(always)]
 pub(crate) fn add_layer_norm(
     out: &mut [f32],
@@ -106,11 +131,11 @@ pub(crate) fn add_layer_norm(
     bias: Option<&[f32]>,
     residual: Option<&[f32]>,
     gamma: &[f32],
-    beta: &[f32],
+    beta: Option<&[f32]>,
     eps: f32,
 ) {
     let n = out.len();
-    assert!(x.len() == n && gamma.len() == n && beta.len() == n);
+    assert!(x.len() == n && gamma.len() == n && beta.is_none_or(|b| b.len() == n));
     assert!(bias.is_none_or(|b| b.len() == n) && residual.is_none_or(|r| r.len() == n));
     match (bias, residual) {
         (Some(bias), Some(residual)) => {
@@ -141,8 +166,35 @@ pub(crate) fn add_layer_norm(
     }
     let var = (acc.iter().sum::<f32>() + tail) / n as f32;
     let inv = 1.0 / (var + eps).sqrt();
-    for ((o, &g), &b) in out.iter_mut().zip(gamma).zip(beta) {
-        *o = (*o * inv).mul_add(g, b);
+    match beta {
+        Some(beta) => {
+            for ((o, &g), &b) in out.iter_mut().zip(gamma).zip(beta) {
+                *o = (*o * inv).mul_add(g, b);
+            }
+        }
+        None => {
+            for (o, &g) in out.iter_mut().zip(gamma) {
+                *o = *o * inv * g;
+            }
+        }
+    }
+}
+
+/// `out ← out + x (+ bias)` for one row: a pre-norm layer's residual.
+#[inline(always)]
+pub(crate) fn add_residual(out: &mut [f32], x: &[f32], bias: Option<&[f32]>) {
+    assert!(x.len() == out.len() && bias.is_none_or(|b| b.len() == out.len()));
+    match bias {
+        Some(bias) => {
+            for ((o, &v), &b) in out.iter_mut().zip(x).zip(bias) {
+                *o += v + b;
+            }
+        }
+        None => {
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o += v;
+            }
+        }
     }
 }
 
@@ -243,7 +295,7 @@ mod tests {
         let gamma: Vec<f32> = (0..384).map(|i| 1.0 + i as f32 * 1e-3).collect();
         let beta: Vec<f32> = (0..384).map(|i| -(i as f32) * 1e-3).collect();
         let mut out = vec![0f32; 384];
-        add_layer_norm(&mut out, &x, Some(&bias), Some(&residual), &gamma, &beta, 1e-12);
+        add_layer_norm(&mut out, &x, Some(&bias), Some(&residual), &gamma, Some(&beta), 1e-12);
         let y: Vec<f64> = (0..384).map(|i| f64::from(x[i]) + f64::from(bias[i]) + f64::from(residual[i])).collect();
         let mean = y.iter().sum::<f64>() / 384.0;
         let var = y.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / 384.0;

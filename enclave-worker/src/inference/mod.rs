@@ -7,10 +7,12 @@
 //! * [`Embedder`] — the backend: tokenizer + encoder, loaded from in-memory bytes (in
 //!   production the weights are decrypted into memory; there is no mmap and no file access here).
 //!   The architecture comes from `config.json`'s `model_type` ([`Architecture`], `arch.rs`): BERT,
-//!   XLM-RoBERTa (positions offset by `padding_idx + 1`) or MPNet (also a bucketed relative
-//!   position bias in attention); any other is refused by name. XLM-RoBERTa and MPNet run only
-//!   in the fused encoder, at fp32 and bf16 (int8 is refused for them: its bound is measured on
-//!   BERT only); `tests/arch_reference.rs` checks them against sentence-transformers.
+//!   XLM-RoBERTa (positions offset by `padding_idx + 1`), MPNet (also a bucketed relative
+//!   position bias in attention) or ModernBERT (`modernbert.rs`: pre-norm, GeGLU, rotary, local
+//!   and global layers); any other is refused by name. All run through one layer loop over shared
+//!   blocks (`encoder/blocks.rs`). XLM-RoBERTa, MPNet and ModernBERT run only in the fused
+//!   encoder, at fp32 and bf16 (int8 is refused for them: its bound is measured on BERT only);
+//!   `tests/arch_reference.rs` and the model matrix check them against sentence-transformers.
 //!   It tokenizes one text ([`Embedder::tokenize`]) and embeds one batch
 //!   ([`Embedder::embed_batch`]): mean (or CLS) pooling over the real tokens, optional L2
 //!   normalisation. Two encoders ([`Backend`]):
@@ -82,6 +84,7 @@ mod encoder;
 mod engine;
 mod kernels;
 mod metrics;
+mod modernbert;
 mod strided;
 
 pub use arch::Architecture;
@@ -185,6 +188,10 @@ pub enum InferenceError {
     DimensionsNotOffered { asked: u32, offered: Vec<u32> },
     #[error("config.json: unsupported architecture: {0}")]
     UnsupportedArchitecture(String),
+    /// A setting of the model's files the engine does not compute (or does not know), by file
+    /// and field.
+    #[error("{file}: {field} {found}: {reason}")]
+    UnsupportedSetting { file: &'static str, field: String, found: String, reason: &'static str },
     #[error("thread pool: {0}")]
     ThreadPool(String),
     #[error("model forward pass: {0}")]

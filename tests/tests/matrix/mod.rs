@@ -100,3 +100,11 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
 pub fn norm(v: &[f32]) -> f64 {
     v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt()
 }
+
+/// ModernBERT's part of the matrix (`testdata/models/modernbert/`): its own reference file, with
+/// the same layout as `reference.json` and one more text, cut at 8,192 tokens.
+pub const MODERNBERT_FOLDERS: [&str; 2] = ["v6-mean", "classic-cls"];
+
+pub fn modernbert_reference() -> Value {
+    serde_json::from_slice(&std::fs::read(data().join("modernbert/reference.json")).unwrap()).unwrap()
+}

@@ -1,26 +1,47 @@
 //! Multi-head self-attention of the fused encoder: per sequence over its own tokens, each head's
-//! two products on views of the QKV rows ([`strided`]), written in place.
+//! two products on views of the QKV rows ([`strided`]), written in place; rotary positions and a
+//! local window where the layer has them ([`Attention`]).
 
 use rayon::prelude::*;
 
-use super::{Encoder, fused_rows, resize};
+use super::{Attention, Encoder, fused_rows, resize};
 use crate::inference::kernels;
 use crate::inference::strided::{self, MatMut, MatRef};
 
 impl Encoder {
     /// Multi-head attention per sequence over its own tokens, into `context` (`(total, hidden)`).
-    /// `qkv`: `(total, 3·hidden)` without bias; the bias is added in place first. Each head's
+    /// `qkv`: `(total, 3·hidden)` without bias; the bias (if any) is added in place first, then
+    /// queries and keys are turned by their rotary angles (if the layer has them). Each head's
     /// products read Q, K and V where they lie and write its context columns in place
     /// ([`strided`]). One task per sequence when there are enough of them for the pool, else (one
     /// long text: latency) one task per head of each sequence.
-    pub(super) fn attention(&self, qkv: &mut [f32], qkv_b: &[f32], offsets: &[usize], context: &mut Vec<f32>) {
+    pub(super) fn attention(
+        &self,
+        qkv: &mut [f32],
+        qkv_b: Option<&[f32]>,
+        kind: &Attention<'_>,
+        offsets: &[usize],
+        context: &mut Vec<f32>,
+    ) {
         let h = self.hidden;
         let total = offsets[offsets.len() - 1];
-        fused_rows(qkv, 3 * h, #[inline(always)] |_, row| {
-            for (x, &b) in row.iter_mut().zip(qkv_b) {
-                *x += b;
-            }
-        });
+        if qkv_b.is_some() || kind.rotary.is_some() {
+            let d = self.head_dim;
+            fused_rows(qkv, 3 * h, #[inline(always)] |i, row| {
+                if let Some(qkv_b) = qkv_b {
+                    for (x, &b) in row.iter_mut().zip(qkv_b) {
+                        *x += b;
+                    }
+                }
+                if let Some((table, places)) = kind.rotary {
+                    // Queries and keys, not values.
+                    for head in row[..2 * h].chunks_exact_mut(d) {
+                        table.apply(head, places[i]);
+                    }
+                }
+            });
+        }
+        let window = kind.window;
         resize(context, total * h);
         let (d, sequences) = (self.head_dim, offsets.len() - 1);
         let qkv: &[f32] = qkv;
@@ -37,7 +58,7 @@ impl Encoder {
                 let (rows, n) = rows(s);
                 let mut scores = Vec::new();
                 for head in 0..self.heads {
-                    self.attention_head(rows, head, &mut scores, MatMut::new(&mut part[head * d..], n, d, h));
+                    self.attention_head(rows, head, window, &mut scores, MatMut::new(&mut part[head * d..], n, d, h));
                 }
             });
         } else {
@@ -47,7 +68,7 @@ impl Encoder {
                     .into_par_iter()
                     .map(|head| {
                         let mut out = vec![0f32; n * d];
-                        self.attention_head(rows, head, &mut Vec::new(), MatMut::new(&mut out, n, d, d));
+                        self.attention_head(rows, head, window, &mut Vec::new(), MatMut::new(&mut out, n, d, d));
                         out
                     })
                     .collect();
@@ -62,8 +83,10 @@ impl Encoder {
 
     /// One head of one sequence (`qkv`: its `n` rows, bias added) into `out` (`(n, head_dim)`):
     /// `softmax(Q·Kᵀ/√d [+ MPNet's relative bias]) · V`, each row's softmax divided out of its
-    /// `head_dim` results rather than its `n` probabilities. `scores` is the caller's buffer.
-    fn attention_head(&self, qkv: &[f32], head: usize, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
+    /// `head_dim` results rather than its `n` probabilities; with a `window`, query `i`'s softmax
+    /// runs over keys `|i − j| ≤ window` only and the others weigh exactly zero. `scores` is the
+    /// caller's buffer.
+    fn attention_head(&self, qkv: &[f32], head: usize, window: Option<usize>, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
         let (h, d) = (self.hidden, self.head_dim);
         let n = qkv.len() / (3 * h);
         let part = |start: usize| MatRef::new(&qkv[start + head * d..], n, d, 3 * h, 1);
@@ -78,7 +101,15 @@ impl Encoder {
                         *o += b;
                     }
                 }
-                *total = kernels::softmax_unnormalised(row);
+                *total = match window {
+                    Some(w) if w + 1 < n => {
+                        let (lo, hi) = (i.saturating_sub(w), (i + w + 1).min(n));
+                        row[..lo].fill(0.0);
+                        row[hi..].fill(0.0);
+                        kernels::softmax_unnormalised(&mut row[lo..hi])
+                    }
+                    _ => kernels::softmax_unnormalised(row),
+                };
             }
         });
         strided::matmul(MatRef::new(scores, n, n, n, 1), part(2 * h), out.reborrow(), 1.0);

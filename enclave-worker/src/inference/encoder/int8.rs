@@ -110,7 +110,7 @@ impl Encoder {
     /// Per layer, the largest |input| of each product over the calibration set, and the final
     /// hidden states, in fp32.
     fn calibration_stats(&self, sequences: &[&[u32]]) -> Result<(Vec<LayerStats>, Vec<f32>), InferenceError> {
-        let (h, inter) = (self.hidden, self.layers.first().map_or(0, |l| l.ff1_b.len()));
+        let (h, inter) = (self.hidden, self.layers.first().map_or(0, |l| l.ff2.w.shape().0));
         let mut stats = vec![LayerStats([vec![0f32; h], vec![0f32; h], vec![0f32; h], vec![0f32; inter]]); self.layers.len()];
         let states = self.run(sequences, |_| Reduced::Fp32, Some(&mut stats), <[f32]>::to_vec)?;
         Ok((stats, states))
@@ -156,10 +156,10 @@ impl Encoder {
                 })
             };
             layers.push(Int8Layer {
-                qkv: product(0, &l.qkv_w)?,
-                out: product(1, &l.out_w)?,
-                ff1: product(2, &l.ff1_w)?,
-                ff2: product(3, &l.ff2_w)?,
+                qkv: product(0, &l.qkv.w)?,
+                out: product(1, &l.out.w)?,
+                ff1: product(2, &l.ff1.w)?,
+                ff2: product(3, &l.ff2.w)?,
             });
         }
         // Without a calibration set nothing can be measured: every candidate stays wider.

@@ -1,0 +1,259 @@
+//! The building blocks every architecture's layers are made of: norms with or without a bias,
+//! linear layers with or without one (their width is their weight's), rotary position tables,
+//! and the reader that takes them from a checkpoint by name. An architecture is a map from its
+//! tensor names onto these ([`super::Layer`], [`Embeddings`]); the encoder's one layer loop
+//! computes them all.
+
+use candle_core::{Device, Tensor};
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+
+use super::super::InferenceError;
+use super::super::dense::{self, Packed};
+
+pub(crate) fn weights_err(e: impl std::fmt::Display) -> InferenceError {
+    InferenceError::Weights(e.to_string())
+}
+
+fn le_f32(bytes: &[u8]) -> f32 {
+    f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+}
+
+/// LayerNorm's weights; without `beta`, a LayerNorm without bias.
+pub(crate) struct Norm {
+    pub(crate) gamma: Vec<f32>,
+    pub(crate) beta: Option<Vec<f32>>,
+}
+
+impl Norm {
+    pub(crate) fn memory_bytes(&self) -> usize {
+        std::mem::size_of_val(self.gamma.as_slice()) + self.beta.as_deref().map_or(0, std::mem::size_of_val)
+    }
+}
+
+/// A dense layer's `(in, out)` weights: packed for our AVX-512 kernel, or a candle tensor on a
+/// CPU without AVX-512.
+pub(crate) enum Weight {
+    Packed(Packed<f32>),
+    Candle(Tensor),
+}
+
+impl Weight {
+    pub(crate) fn new(values: Vec<f32>, rows: usize, cols: usize) -> Result<Self, InferenceError> {
+        if dense::f32_supported() {
+            Ok(Weight::Packed(Packed::f32(&values, rows, cols)))
+        } else {
+            Tensor::from_vec(values, (rows, cols), &Device::Cpu).map(Weight::Candle).map_err(weights_err)
+        }
+    }
+
+    /// `(in, out)`.
+    pub(crate) fn shape(&self) -> (usize, usize) {
+        match self {
+            Weight::Packed(p) => (p.rows(), p.cols()),
+            Weight::Candle(t) => {
+                let dims = t.dims();
+                (dims[0], dims[1])
+            }
+        }
+    }
+
+    pub(crate) fn memory_bytes(&self) -> usize {
+        match self {
+            Weight::Packed(p) => p.memory_bytes(),
+            Weight::Candle(t) => t.elem_count() * t.dtype().size_in_bytes(),
+        }
+    }
+}
+
+/// A linear layer: weights and, if the architecture has one, a bias of the output's width.
+pub(crate) struct Linear {
+    pub(crate) w: Weight,
+    pub(crate) b: Option<Vec<f32>>,
+}
+
+impl Linear {
+    /// Output width: the weight's, whether or not there is a bias.
+    pub(crate) fn width(&self) -> usize {
+        self.w.shape().1
+    }
+
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.w.memory_bytes() + self.b.as_deref().map_or(0, std::mem::size_of_val)
+    }
+}
+
+/// What a layer's input embeddings are: word rows, plus for absolute-position architectures a
+/// position row and token type 0, then a norm.
+pub(crate) struct Embeddings {
+    pub(crate) word: Vec<f32>,
+    /// `None`: positions are rotary, inside attention.
+    pub(crate) position: Option<Vec<f32>>,
+    /// Token type 0 (every text is a single segment); zeros for MPNet, which has none.
+    pub(crate) token_type: Vec<f32>,
+    pub(crate) norm: Norm,
+}
+
+impl Embeddings {
+    pub(crate) fn memory_bytes(&self) -> usize {
+        let values = |v: &[f32]| std::mem::size_of_val(v);
+        values(&self.word) + self.position.as_deref().map_or(0, values) + values(&self.token_type) + self.norm.memory_bytes()
+    }
+}
+
+/// Reads a checkpoint's tensors by name (after an optional prefix, for checkpoints saved from a
+/// task model), checking dtype and shape, straight into the layouts the encoder computes with.
+pub(crate) struct Tensors<'a> {
+    file: SafeTensors<'a>,
+    prefix: &'static str,
+}
+
+impl<'a> Tensors<'a> {
+    pub(crate) fn new(weights: &'a [u8], prefix: &'static str) -> Result<Self, InferenceError> {
+        let file = SafeTensors::deserialize(weights).map_err(weights_err)?;
+        let prefix = if file.names().iter().any(|n| n.starts_with(prefix)) { prefix } else { "" };
+        Ok(Self { file, prefix })
+    }
+
+    fn view(&self, name: &str, shape: &[usize]) -> Result<TensorView<'_>, InferenceError> {
+        let view = self.file.tensor(&format!("{}{name}", self.prefix)).map_err(|e| weights_err(format!("{name}: {e}")))?;
+        if view.dtype() != Dtype::F32 {
+            return Err(weights_err(format!("{name}: dtype {:?}, the fused encoder reads F32", view.dtype())));
+        }
+        if view.shape() != shape {
+            return Err(weights_err(format!("{name}: shape {:?}, expected {shape:?}", view.shape())));
+        }
+        Ok(view)
+    }
+
+    pub(crate) fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, InferenceError> {
+        Ok(self.view(name, shape)?.data().chunks_exact(4).map(le_f32).collect())
+    }
+
+    /// The first row of a `(rows, cols)` tensor.
+    pub(crate) fn first_row(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, InferenceError> {
+        Ok(self.view(name, &[rows, cols])?.data()[..4 * cols].chunks_exact(4).map(le_f32).collect())
+    }
+
+    /// Linear weights are stored `(out, in)`; the products want `(in, out)`, possibly several side
+    /// by side: `dst` has `dst_cols` columns and this weight goes to columns `col..col + out`.
+    fn transpose_into(&self, name: &str, out: usize, inp: usize, dst: &mut [f32], dst_cols: usize, col: usize) -> Result<(), InferenceError> {
+        let data = self.view(name, &[out, inp])?.data();
+        for (o, row) in data.chunks_exact(4 * inp).enumerate() {
+            for (i, bytes) in row.chunks_exact(4).enumerate() {
+                dst[i * dst_cols + col + o] = le_f32(bytes);
+            }
+        }
+        Ok(())
+    }
+
+    /// A linear layer `{name}.weight` `(out, in)`, with `{name}.bias` if `bias`.
+    pub(crate) fn linear(&self, name: &str, out: usize, inp: usize, bias: bool) -> Result<Linear, InferenceError> {
+        self.fused(&[name], out, inp, bias)
+    }
+
+    /// Several linear layers over the same input as one, their outputs side by side (Q | K | V).
+    pub(crate) fn fused(&self, names: &[&str], out: usize, inp: usize, bias: bool) -> Result<Linear, InferenceError> {
+        let cols = out * names.len();
+        let mut w = vec![0f32; inp * cols];
+        let mut b = Vec::with_capacity(if bias { cols } else { 0 });
+        for (part, name) in names.iter().enumerate() {
+            self.transpose_into(&format!("{name}.weight"), out, inp, &mut w, cols, part * out)?;
+            if bias {
+                b.extend(self.values(&format!("{name}.bias"), &[out])?);
+            }
+        }
+        Ok(Linear { w: Weight::new(w, inp, cols)?, b: bias.then_some(b) })
+    }
+
+    /// A LayerNorm `{name}.weight`, with `{name}.bias` if `bias`.
+    pub(crate) fn norm(&self, name: &str, len: usize, bias: bool) -> Result<Norm, InferenceError> {
+        Ok(Norm {
+            gamma: self.values(&format!("{name}.weight"), &[len])?,
+            beta: if bias { Some(self.values(&format!("{name}.bias"), &[len])?) } else { None },
+        })
+    }
+}
+
+/// Rotary position embedding for one base (`rope_theta`), transformers' default kind: pairs
+/// `(x[k], x[k + d/2])` of each head's query and key turned by `position · base^(−2k/d)`.
+pub(crate) struct Rotary {
+    /// `base^(−2k/d)` for `k < d/2`, in f32 as transformers computes it.
+    inv_freq: Vec<f32>,
+}
+
+/// `cos` and `sin` of every position's angles up to some length: `(positions, d/2)` each.
+pub(crate) struct RotaryTable {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    half: usize,
+}
+
+impl Rotary {
+    pub(crate) fn new(base: f32, head_dim: usize) -> Self {
+        let inv_freq = (0..head_dim / 2)
+            .map(|k| {
+                // transformers: 1 / base ** (arange(0, d, 2).float() / d), in f32.
+                let exponent = (2 * k) as f32 / head_dim as f32;
+                1.0 / (f64::from(base).powf(f64::from(exponent)) as f32)
+            })
+            .collect();
+        Self { inv_freq }
+    }
+
+    /// The angles of positions `0..positions`: `position · inv_freq` rounded to f32 as
+    /// transformers rounds it, then its cosine and sine.
+    pub(crate) fn table(&self, positions: usize) -> RotaryTable {
+        let half = self.inv_freq.len();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        for p in 0..positions {
+            for &f in &self.inv_freq {
+                let angle = f64::from(p as f32 * f);
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        RotaryTable { cos, sin, half }
+    }
+}
+
+impl RotaryTable {
+    /// Turns one head's `d` values at `position` in place: `x·cos + rotate_half(x)·sin`.
+    #[inline(always)]
+    pub(crate) fn apply(&self, x: &mut [f32], position: usize) {
+        let half = self.half;
+        let (cos, sin) = (&self.cos[position * half..(position + 1) * half], &self.sin[position * half..(position + 1) * half]);
+        let (a, b) = x.split_at_mut(half);
+        for (((a, b), &c), &s) in a.iter_mut().zip(b.iter_mut()).zip(cos).zip(sin) {
+            let (x1, x2) = (*a, *b);
+            *a = x1 * c - x2 * s;
+            *b = x2 * c + x1 * s;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each pair turns by its angle: a rotation keeps the pair's length, and position 0 is the
+    /// identity.
+    #[test]
+    fn rotary_turns_each_pair_by_its_angle() {
+        let (d, base) = (8, 10_000.0f32);
+        let rotary = Rotary::new(base, d);
+        let table = rotary.table(40);
+        let x: Vec<f32> = (0..d).map(|i| i as f32 * 0.3 - 1.0).collect();
+        let mut at0 = x.clone();
+        table.apply(&mut at0, 0);
+        assert_eq!(at0, x);
+        let mut y = x.clone();
+        table.apply(&mut y, 37);
+        for k in 0..d / 2 {
+            let angle = 37.0 * f64::from(base).powf(-(2.0 * k as f64) / d as f64);
+            let (x1, x2) = (f64::from(x[k]), f64::from(x[k + d / 2]));
+            let want = (x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin());
+            assert!((f64::from(y[k]) - want.0).abs() < 1e-5 && (f64::from(y[k + d / 2]) - want.1).abs() < 1e-5, "{k}");
+        }
+    }
+}
