@@ -59,6 +59,13 @@ impl MatMut<'_> {
         MatMut { values: &mut *self.values, rows: self.rows, cols: self.cols, row_stride: self.row_stride }
     }
 
+    /// Rows `start..end` of the view, borrowed (a block of queries' outputs).
+    pub(crate) fn rows(&mut self, start: usize, end: usize) -> MatMut<'_> {
+        assert!(start <= end && end <= self.rows, "rows outside the view");
+        let offset = (start * self.row_stride).min(self.values.len());
+        MatMut { values: &mut self.values[offset..], rows: end - start, cols: self.cols, row_stride: self.row_stride }
+    }
+
     /// Divides row `r` by `divisors[r]`.
     pub(crate) fn scale_rows(&mut self, divisors: &[f32]) {
         assert_eq!(divisors.len(), self.rows, "one divisor per row");

@@ -84,35 +84,48 @@ impl Encoder {
     /// One head of one sequence (`qkv`: its `n` rows, bias added) into `out` (`(n, head_dim)`):
     /// `softmax(Q·Kᵀ/√d [+ MPNet's relative bias]) · V`, each row's softmax divided out of its
     /// `head_dim` results rather than its `n` probabilities; with a `window`, query `i`'s softmax
-    /// runs over keys `|i − j| ≤ window` only and the others weigh exactly zero. `scores` is the
-    /// caller's buffer.
+    /// runs over keys `|i − j| ≤ window` only, and the keys outside it are not computed at all
+    /// (blocks of queries against the keys their windows reach: memory and work linear in `n`).
+    /// `scores` is the caller's buffer.
     fn attention_head(&self, qkv: &[f32], head: usize, window: Option<usize>, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
         let (h, d) = (self.hidden, self.head_dim);
         let n = qkv.len() / (3 * h);
-        let part = |start: usize| MatRef::new(&qkv[start + head * d..], n, d, 3 * h, 1);
-        resize(scores, n * n);
-        strided::matmul(part(0), part(h).t(), MatMut::new(scores, n, n, n), 1.0 / (d as f32).sqrt());
-        let mut totals = vec![0f32; n];
-        kernels::vectorized(#[inline(always)] || {
-            for (i, (row, total)) in scores.chunks_exact_mut(n).zip(&mut totals).enumerate() {
-                // MPNet: the bias of each key's distance first, the bias row a slice.
-                if let Some(bias) = &self.relative {
-                    for (o, &b) in row.iter_mut().zip(bias.row(head, i, n)) {
-                        *o += b;
+        // Rows `start..start + rows` of Q (0), K (h) or V (2h).
+        let part = |offset: usize, start: usize, rows: usize| MatRef::new(&qkv[start * 3 * h + offset + head * d..], rows, d, 3 * h, 1);
+        let scale = 1.0 / (d as f32).sqrt();
+        // Without a window (or one that every query's reaches past both ends): one block of all.
+        let (block, reach) = match window {
+            Some(w) if w + 1 < n => (QUERY_BLOCK, w),
+            _ => (n.max(1), n),
+        };
+        let mut totals = vec![0f32; block.min(n)];
+        for q0 in (0..n).step_by(block) {
+            let q1 = (q0 + block).min(n);
+            let (k0, k1) = (q0.saturating_sub(reach), (q1 + reach).min(n));
+            let (m, keys) = (q1 - q0, k1 - k0);
+            resize(scores, m * keys);
+            strided::matmul(part(0, q0, m), part(h, k0, keys).t(), MatMut::new(scores, m, keys, keys), scale);
+            kernels::vectorized(#[inline(always)] || {
+                for (r, (row, total)) in scores.chunks_exact_mut(keys).zip(&mut totals).enumerate() {
+                    let i = q0 + r;
+                    // MPNet: the bias of each key's distance first, the bias row a slice.
+                    if let Some(bias) = &self.relative {
+                        for (o, &b) in row.iter_mut().zip(&bias.row(head, i, n)[k0..k1]) {
+                            *o += b;
+                        }
                     }
+                    let (lo, hi) = (i.saturating_sub(reach).max(k0) - k0, (i + reach + 1).min(k1) - k0);
+                    row[..lo].fill(0.0);
+                    row[hi..].fill(0.0);
+                    *total = kernels::softmax_unnormalised(&mut row[lo..hi]);
                 }
-                *total = match window {
-                    Some(w) if w + 1 < n => {
-                        let (lo, hi) = (i.saturating_sub(w), (i + w + 1).min(n));
-                        row[..lo].fill(0.0);
-                        row[hi..].fill(0.0);
-                        kernels::softmax_unnormalised(&mut row[lo..hi])
-                    }
-                    _ => kernels::softmax_unnormalised(row),
-                };
-            }
-        });
-        strided::matmul(MatRef::new(scores, n, n, n, 1), part(2 * h), out.reborrow(), 1.0);
-        out.scale_rows(&totals);
+            });
+            let mut rows = out.rows(q0, q1);
+            strided::matmul(MatRef::new(scores, m, keys, keys, 1), part(2 * h, k0, keys), rows.reborrow(), 1.0);
+            rows.scale_rows(&totals[..m]);
+        }
     }
 }
+
+/// Queries per block in a local layer: each block's scores are `QUERY_BLOCK × (QUERY_BLOCK + 2·window)`.
+const QUERY_BLOCK: usize = 64;
