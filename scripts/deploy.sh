@@ -384,7 +384,7 @@ step_publish() {
   if [ "$DRY" = 0 ] && [ -s "$sealed/manifest.cbor" ]; then
     echo "    (kept: $sealed, sealed earlier; a new encrypt would be a different manifest for v$MODEL_VERSION)"
   else
-    as_publisher model encrypt "$MODEL_DIR" --model-id "$MODEL_ID" --version "$MODEL_VERSION" --output "$sealed"
+    as_publisher model encrypt "$MODEL_DIR" --model-id "$MODEL_ID" --version "$MODEL_VERSION" --for-image "$(image_dir)/policy.json" --output "$sealed"
   fi
   note "signed here, offline, with the model publisher key (never uploaded)"
   x "$EPHEM" model sign "$sealed" --key "$KEYS/model-publisher.key"
@@ -510,7 +510,7 @@ update_model() {
     echo "    (kept: $sealed, sealed earlier)"
   else
     CLIENT_ENV=(env "EPHEM_MODEL_KEY_ARN=$key")
-    as_publisher model encrypt "$MODEL_DIR" --model-id "$MODEL_ID" --version "$version" --output "$sealed"
+    as_publisher model encrypt "$MODEL_DIR" --model-id "$MODEL_ID" --version "$version" --for-image "$(new_dir)/policy.json" --output "$sealed"
     CLIENT_ENV=()
   fi
   x "$EPHEM" model sign "$sealed" --key "$KEYS/model-publisher.key"

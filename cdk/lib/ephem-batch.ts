@@ -121,6 +121,7 @@ export class EphemBatch extends Construct {
       ledgerReservedConcurrency: cfg.ledgerReservedConcurrency,
       witnesses: cfg.witnesses,
       imagePublisherKey: props.imagePublisherKey,
+      imagePcr0s: [cfg.measurements.pcr0, ...(cfg.nextMeasurements ? [cfg.nextMeasurements.pcr0] : [])],
     });
     this.storage.routeUploadsTo(this.lambdas.onUpload, cfg.storePrefixes);
     this.workflow = new BulkWorkflow(this, 'BulkWorkflow', {

@@ -22,6 +22,8 @@ import { SHARD_SUFFIX, Storage } from './storage';
  * (every object under it: the allow-list, e.g. the old and the new image's during a rotation).
  */
 export const POLICIES_PREFIX = 'artifacts/policies/';
+/** The images the allow-list must admit (lambdas/src/policies.rs). */
+export const IMAGE_PCR0S_ENV = 'EPHEM_IMAGE_PCR0S';
 /** Context key of the image publisher's Ed25519 public key (64 hex), which signs the policies. */
 export const PUBLISHER_KEY_CONTEXT = 'imagePublisherKey';
 /**
@@ -45,6 +47,13 @@ export interface LambdasProps {
   readonly witnesses?: string[];
   /** The image publisher's Ed25519 public key (64 hex); else `-c imagePublisherKey`. */
   readonly imagePublisherKey?: string;
+  /**
+   * PCR0 of every image the fleet runs or is about to run (the running one, and during an
+   * update the incoming one). The functions refuse to start until a policy in the allow-list
+   * admits each, and an update changes this value, so Lambda replaces warm instances that read
+   * the allow-list before the incoming image's policy was uploaded.
+   */
+  readonly imagePcr0s: string[];
 }
 
 export class Lambdas extends Construct {
@@ -79,6 +88,7 @@ export class Lambdas extends Construct {
     const policies: Record<string, string> = {
       EPHEM_POLICIES_BUCKET: storage.artifacts.bucketName,
       EPHEM_POLICIES_PREFIX: POLICIES_PREFIX,
+      [IMAGE_PCR0S_ENV]: props.imagePcr0s.join(','),
       ...(publisherKey === undefined ? {} : { EPHEM_IMAGE_PUBLISHER_KEY: String(publisherKey).toLowerCase() }),
     };
     const readPolicies = (role: iam.Role) => {

@@ -233,6 +233,15 @@ describe('KMS keys', () => {
     const named = JSON.stringify(lt.Properties?.LaunchTemplateData?.UserData);
     assert.ok(named.includes(`"${runningFleetId}"`), 'the hosts name the running image\'s fleet key');
     assert.ok(!named.includes(`"${bound('ephem-batch fleet key', next)[0][0]}"`), 'not the incoming one');
+    // The functions that check receipts name both images, so naming the incoming one changes their
+    // configuration (warm instances, whose allow-list predates the new policy, are replaced) and a
+    // function whose allow-list lacks either image refuses to start (lambdas/src/policies.rs).
+    const images = (t: typeof j) => resourcesOfType(t, 'AWS::Lambda::Function')
+      .map(([, f]) => f.Properties?.Environment?.Variables?.EPHEM_IMAGE_PCR0S)
+      .filter((v) => v !== undefined);
+    assert.equal(images(j).length, 2, 'ledger-append and bulk-aggregate');
+    for (const v of images(j)) assert.equal(v, `${TEST_PCR0},${next}`);
+    for (const v of images(synth().json)) assert.equal(v, TEST_PCR0, 'without an incoming image: the running one only');
   });
 
   it('no identity policy grants any KMS permission: keys are reachable only through their key policies', () => {

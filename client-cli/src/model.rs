@@ -154,12 +154,21 @@ fn hash_file(path: &Path) -> Result<([u8; 32], u64), ModelError> {
     Ok((hasher.finalize().into(), size))
 }
 
+/// What the publisher says of a version beyond its directory: the Matryoshka lengths the model
+/// was trained for (nothing in a model directory says so) and the images whose model key the
+/// version is sealed to (`Manifest::images`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Offering {
+    pub matryoshka: Vec<u32>,
+    pub images: Vec<[u8; 48]>,
+}
+
 /// Hashes the files, makes and wraps a data key, and builds the manifest.
 fn prepare(
     dir: &Path,
     model_id: &str,
     version: u64,
-    matryoshka: &[u32],
+    offering: &Offering,
     kms: &dyn Kms,
     kms_key_id: &str,
 ) -> Result<(Manifest, Zeroizing<[u8; 32]>), ModelError> {
@@ -191,10 +200,16 @@ fn prepare(
         max_tokens: settings.max_tokens,
         prompts: Prompts { entries: settings.prompts, default: settings.default_prompt },
         matryoshka: {
-            let mut lengths = matryoshka.to_vec();
+            let mut lengths = offering.matryoshka.clone();
             lengths.sort_unstable();
             lengths.dedup();
             lengths
+        },
+        images: {
+            let mut images = offering.images.clone();
+            images.sort_unstable();
+            images.dedup();
+            images
         },
         kms_key_id: kms_key_id.to_owned(),
         wrapped_dek,
@@ -272,21 +287,20 @@ pub fn encrypt(
     kms_key_id: &str,
     out_dir: &Path,
 ) -> Result<Manifest, ModelError> {
-    encrypt_offering(dir, model_id, version, &[], kms, kms_key_id, out_dir)
+    encrypt_offering(dir, model_id, version, &Offering::default(), kms, kms_key_id, out_dir)
 }
 
-/// [`encrypt`], the manifest offering jobs the Matryoshka lengths `matryoshka` (the publisher's
-/// statement that the model was trained for them; nothing in a model directory says so).
+/// [`encrypt`], the manifest saying what `offering` says.
 pub fn encrypt_offering(
     dir: &Path,
     model_id: &str,
     version: u64,
-    matryoshka: &[u32],
+    offering: &Offering,
     kms: &dyn Kms,
     kms_key_id: &str,
     out_dir: &Path,
 ) -> Result<Manifest, ModelError> {
-    let (manifest, dek) = prepare(dir, model_id, version, matryoshka, kms, kms_key_id)?;
+    let (manifest, dek) = prepare(dir, model_id, version, offering, kms, kms_key_id)?;
     std::fs::create_dir_all(out_dir).map_err(|source| ModelError::Io { path: out_dir.to_owned(), source })?;
     let stale = out_dir.join(SIGNED_FILE);
     match std::fs::remove_file(&stale) {
@@ -452,7 +466,6 @@ pub struct PublishedModel {
 
 /// Encrypts, signs and uploads a model directory in one pass per file, streaming the sealed
 /// files straight into the store (no staging directory). Refuses a version already published.
-#[allow(clippy::too_many_arguments)]
 pub fn publish(
     dir: &Path,
     model_id: &str,
@@ -462,11 +475,26 @@ pub fn publish(
     signing_key: &SigningKey,
     models: &dyn ObjectStore,
 ) -> Result<PublishedModel, ModelError> {
+    publish_offering(dir, model_id, version, &Offering::default(), kms, kms_key_id, signing_key, models)
+}
+
+/// [`publish`], the manifest saying what `offering` says.
+#[allow(clippy::too_many_arguments)]
+pub fn publish_offering(
+    dir: &Path,
+    model_id: &str,
+    version: u64,
+    offering: &Offering,
+    kms: &dyn Kms,
+    kms_key_id: &str,
+    signing_key: &SigningKey,
+    models: &dyn ObjectStore,
+) -> Result<PublishedModel, ModelError> {
     let manifest_key = layout::model_manifest(model_id, version);
     if models.head(&manifest_key)?.is_some() {
         return Err(ModelError::VersionExists { key: manifest_key, model_id: model_id.to_owned(), version });
     }
-    let (manifest, dek) = prepare(dir, model_id, version, &[], kms, kms_key_id)?;
+    let (manifest, dek) = prepare(dir, model_id, version, offering, kms, kms_key_id)?;
     let signed = manifest.sign(signing_key);
     for file in &manifest.files {
         let object_key = Manifest::file_object_key(&manifest_key, &file.name);

@@ -9,7 +9,10 @@
 //!   `ephem-batch model set-minimum`); a manifest below it is refused;
 //! * `model_ratchet`: the client remembers, per publisher and model id, the highest version
 //!   (and floor) it has seen and refuses to go below it when the host withholds both;
-//! * `model_pin`: `--model-version` / `--manifest-sha256` choose exactly one manifest.
+//! * `model_pin`: `--model-version` / `--manifest-sha256` choose exactly one manifest;
+//! * `model_image`: only versions for the image the client attested count (`Manifest::images`:
+//!   during an image update the newest version is sealed to the new image's model key, which
+//!   the old image's enclaves cannot open).
 
 use std::path::{Path, PathBuf};
 
@@ -77,6 +80,11 @@ pub enum ModelChoiceError {
     Ratchet { model_id: String, seen: u64, seen_hash: String, version: u64, hash: String },
     #[error("check `model_pin` failed: no verified manifest of {model_id} is {wanted}; available: {available}")]
     Pin { model_id: String, wanted: String, available: String },
+    #[error(
+        "check `model_image` failed: no verified manifest of {model_id} is for the attested image (PCR0 {pcr0}); \
+         the versions name only: {available}"
+    )]
+    NoneForImage { model_id: String, pcr0: String, available: String },
     #[error("--manifest-sha256 must be 64 hex digits")]
     PinSyntax,
     #[error("model ratchet {path}: {message}")]
@@ -93,6 +101,7 @@ impl ModelChoiceError {
             Self::BelowMinimum { .. } | Self::BadMinimum { .. } => Some("model_minimum"),
             Self::Ratchet { .. } => Some("model_ratchet"),
             Self::Pin { .. } | Self::PinSyntax => Some("model_pin"),
+            Self::NoneForImage { .. } => Some("model_image"),
             _ => None,
         }
     }
@@ -118,11 +127,18 @@ struct Seen {
     minimum_version: u64,
 }
 
-fn ratchet_path(home: &Home, publisher: &VerifyingKey, model_id: &str) -> PathBuf {
+/// One file per publisher and model, and per image for versions that name their images: an
+/// image's versions ratchet among themselves (the old image's clients keep its older version
+/// while the new image's move on).
+fn ratchet_path(home: &Home, publisher: &VerifyingKey, model_id: &str, image: Option<&[u8]>) -> PathBuf {
     let mut hasher = Sha256::new();
     hasher.update(publisher.as_bytes());
     hasher.update([0]);
     hasher.update(model_id.as_bytes());
+    if let Some(pcr0) = image {
+        hasher.update([0]);
+        hasher.update(pcr0);
+    }
     home.root().join("client").join("models-seen").join(format!("{}.json", &hex::encode(hasher.finalize())[..32]))
 }
 
@@ -188,24 +204,37 @@ fn published_minimum(models: &dyn ObjectStore, model_id: &str, publisher: &Verif
     Ok(Some(minimum))
 }
 
-/// The manifest `submit` seals to: the pinned one, else the newest by signed version; never
-/// below the publisher's minimum (published now or seen before), and, unpinned, never below
-/// what this client has seen. Remembers what it saw. The development publisher's key is
-/// public, so a ratchet on it would protect nothing: it is kept for real publishers only.
+/// The manifest `submit` seals to for the enclave image measured `image_pcr0`: among the
+/// versions for that image, the pinned one, else the newest by signed version; never below the
+/// publisher's minimum (published now or seen before), and, unpinned, never below what this
+/// client has seen. Remembers what it saw. The development publisher's key is public, so a
+/// ratchet on it would protect nothing: it is kept for real publishers only.
 pub fn choose_model(
     models: &dyn ObjectStore,
     model_id: &str,
     publisher: &VerifyingKey,
     home: &Home,
     pins: &ModelPins,
+    image_pcr0: &[u8],
 ) -> Result<CheckedModel, ModelChoiceError> {
-    let verified = verified_manifests(models, model_id, publisher)?;
+    let all = verified_manifests(models, model_id, publisher)?;
+    let verified: Vec<CheckedModel> = all.iter().filter(|m| m.manifest.is_for_image(image_pcr0)).cloned().collect();
+    let Some(newest) = verified.iter().max_by_key(|m| m.manifest.version) else {
+        return Err(ModelChoiceError::NoneForImage {
+            model_id: model_id.to_owned(),
+            pcr0: hex::encode(image_pcr0),
+            available: all
+                .iter()
+                .map(|m| format!("v{} for {}", m.manifest.version, m.manifest.images.iter().map(hex::encode).collect::<Vec<_>>().join(", ")))
+                .collect::<Vec<_>>()
+                .join("; "),
+        });
+    };
     let minimum = published_minimum(models, model_id, publisher)?;
     let development = *publisher == protocol::manifest::development_publisher().verifying_key();
-    let path = ratchet_path(home, publisher, model_id);
+    let path = ratchet_path(home, publisher, model_id, (!newest.manifest.images.is_empty()).then_some(image_pcr0));
     let seen = if development { None } else { read_seen(&path)? };
 
-    let newest = verified.iter().max_by_key(|m| m.manifest.version).expect("at least one verified manifest");
     let chosen = if pins.any() {
         verified.iter().find(|m| pins.accepts(m)).ok_or_else(|| ModelChoiceError::Pin {
             model_id: model_id.to_owned(),

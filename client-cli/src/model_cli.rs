@@ -31,6 +31,12 @@ pub enum ModelCommand {
         /// `256,128,64`), which jobs may then ask for with `--dimensions`.
         #[arg(long, value_name = "N,M,…", value_delimiter = ',')]
         matryoshka: Vec<u32>,
+        /// The enclave image whose model key KMS_KEY is (repeatable): a signed policy file
+        /// (`dist/enclave/<commit>/policy.json`) or its PCR0 in hex. Clients then seal to this
+        /// version only for that image, and hosts of other images keep the version they hold
+        /// (an image update, docs/operations.md §4).
+        #[arg(long = "for-image", value_name = "POLICY_OR_PCR0")]
+        for_image: Vec<String>,
     },
     /// Sign OUT_DIR's manifest with the model publisher's key.
     Sign {
@@ -96,10 +102,11 @@ fn verifying_key(hex_key: Option<String>, development: bool) -> anyhow::Result<V
 
 pub fn run(command: ModelCommand, services: &Services) -> anyhow::Result<ExitCode> {
     match command {
-        ModelCommand::Encrypt { dir, model_id, version, kms_key, output, matryoshka } => {
+        ModelCommand::Encrypt { dir, model_id, version, kms_key, output, matryoshka, for_image } => {
             let key = kms_key.unwrap_or_else(|| services.keys.model.clone());
-            let manifest =
-                model::encrypt_offering(&dir, &model_id, version, &matryoshka, services.kms.as_ref(), &key, &output)?;
+            let images = for_image.iter().map(|given| image_pcr0(given)).collect::<anyhow::Result<_>>()?;
+            let offering = model::Offering { matryoshka, images };
+            let manifest = model::encrypt_offering(&dir, &model_id, version, &offering, services.kms.as_ref(), &key, &output)?;
             println!("sealed {} v{} ({} files) into {}", manifest.model_id, manifest.version, manifest.files.len(), output.display());
         }
         ModelCommand::Sign { out_dir, key, development } => {
@@ -142,4 +149,18 @@ pub fn run(command: ModelCommand, services: &Services) -> anyhow::Result<ExitCod
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--for-image`: a policy file's PCR0, or 96 hex digits. The publisher names its own image
+/// here; the policy's signature is checked by whoever trusts it, not by this label.
+fn image_pcr0(given: &str) -> anyhow::Result<[u8; 48]> {
+    let path = std::path::Path::new(given);
+    let pcr0 = if path.is_file() {
+        let text = std::fs::read_to_string(path).with_context(|| format!("--for-image {given}"))?;
+        let signed = protocol::attestation::SignedPolicy::from_json(&text).with_context(|| format!("--for-image {given}: not a policy file"))?;
+        signed.policy.pcrs.get(&0).cloned().ok_or_else(|| anyhow!("--for-image {given}: the policy names no PCR0"))?
+    } else {
+        hex::decode(given.trim()).map_err(|_| anyhow!("--for-image {given:?}: neither a policy file nor a PCR0 in hex"))?
+    };
+    pcr0.try_into().map_err(|_| anyhow!("--for-image {given}: a PCR0 is 48 bytes"))
 }

@@ -176,7 +176,8 @@ impl Sealing {
         let now_ms = cloud::now_ms();
         let enclave = current_enclave(services, &trust, now_ms)?;
         let pins = ModelPins::parse(args.model_version, args.manifest_sha256.as_deref())?;
-        let model = choose_model(services.models.as_ref(), &args.model, &trust.model_publisher, home, &pins)?;
+        let image_pcr0 = enclave.verified.document.pcrs.get(&0).cloned().unwrap_or_default();
+        let model = choose_model(services.models.as_ref(), &args.model, &trust.model_publisher, home, &pins, &image_pcr0)?;
         eprintln!("model {} v{} manifest {} ({})", model.manifest.model_id, model.manifest.version, hex::encode(model.hash), model.key);
         let result_key = crate::keys::load_result_key(&home.result_key(), true)?;
         let (prompt, dimensions) = shaping(&model.manifest, args.prompt.as_deref(), args.dimensions)?;

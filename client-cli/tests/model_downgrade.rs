@@ -15,6 +15,9 @@ use ephem_batch_client::model_choice::{self, choose_model, minimum_key, ModelCho
 
 const MODEL: &str = "example/tiny-bert";
 const NOW_MS: u64 = 1_760_000_000_000;
+/// The running image and the one an update rolls out.
+const IMAGE_A: [u8; 48] = [0xa0; 48];
+const IMAGE_B: [u8; 48] = [0xb0; 48];
 
 fn tiny_model(dir: &Path) {
     std::fs::write(dir.join("config.json"), br#"{"model_type": "bert", "hidden_size": 8, "max_position_embeddings": 512}"#)
@@ -63,8 +66,21 @@ impl World {
         home
     }
 
+    /// A version sealed for the images `images` (`model encrypt --for-image`).
+    fn publish_for(&self, version: u64, images: &[[u8; 48]]) -> PublishedModel {
+        let s = &self.services;
+        let offering = model::Offering { images: images.to_vec(), ..model::Offering::default() };
+        model::publish_offering(&self.model_dir, MODEL, version, &offering, s.kms.as_ref(), &s.keys.model, &self.publisher, self.models())
+            .unwrap()
+    }
+
     fn choose(&self, home: &Home, pins: ModelPins) -> Result<model_choice::CheckedModel, ModelChoiceError> {
-        choose_model(self.models(), MODEL, &self.publisher.verifying_key(), home, &pins)
+        self.choose_for(home, pins, &IMAGE_A)
+    }
+
+    /// The choice of a client that attested the image measured `pcr0`.
+    fn choose_for(&self, home: &Home, pins: ModelPins, pcr0: &[u8; 48]) -> Result<model_choice::CheckedModel, ModelChoiceError> {
+        choose_model(self.models(), MODEL, &self.publisher.verifying_key(), home, &pins, pcr0)
     }
 
     fn set_minimum(&self, version: u64) {
@@ -176,6 +192,33 @@ fn after_seeing_v2_a_client_refuses_v1_when_v2_is_withheld() {
     let other_bytes = elsewhere.models().get(&other_v2.manifest_key).unwrap();
     world.models().put(&v2.manifest_key, &other_bytes, PutCondition::CreateOnly).unwrap();
     refused(world.choose(&home, ModelPins::default()), "model_ratchet");
+}
+
+/// During an image update the newest version is sealed to the new image's model key: a client
+/// that attested the old image must keep sealing to the old image's version (the old enclaves
+/// cannot open the new one, the new ones cannot open the old epoch), and the ratchet of one
+/// image's versions does not hold the other's back.
+#[test]
+fn a_client_seals_to_the_newest_version_for_the_image_it_attested() {
+    let world = World::new();
+    let v1 = world.publish_for(1, &[IMAGE_A]);
+    let home = world.home();
+    assert_eq!(version(world.choose_for(&home, ModelPins::default(), &IMAGE_A)), 1);
+    let v2 = world.publish_for(2, &[IMAGE_B]);
+    assert_eq!(world.choose_for(&home, ModelPins::default(), &IMAGE_A).unwrap().hash, v1.manifest_hash, "v2 is for image B only");
+    assert_eq!(world.choose_for(&home, ModelPins::default(), &IMAGE_B).unwrap().hash, v2.manifest_hash);
+    // Both remembered: the old image's clients are not refused for having seen v2, and a host
+    // that withholds v2 from a client of image B is still caught.
+    assert_eq!(version(world.choose_for(&home, ModelPins::default(), &IMAGE_A)), 1);
+    // A pin cannot reach across images.
+    refused(world.choose_for(&home, ModelPins { version: Some(1), manifest_sha256: None }, &IMAGE_B), "model_pin");
+    world.models().delete(&v2.manifest_key).unwrap();
+    let text = refused(world.choose_for(&home, ModelPins::default(), &IMAGE_B), "model_image");
+    assert!(text.contains(&hex::encode(IMAGE_A)), "{text}");
+    // A version naming no image is for every image.
+    world.publish(3);
+    assert_eq!(version(world.choose_for(&home, ModelPins::default(), &IMAGE_B)), 3);
+    assert_eq!(version(world.choose_for(&home, ModelPins::default(), &IMAGE_A)), 3);
 }
 
 #[test]

@@ -20,6 +20,15 @@ pub struct JobMessage {
     pub epoch: u64,
     pub record_count: u64,
     pub created_ms: u64,
+    /// Receives the job spent before a host handed it over as a fresh message (a job sealed to
+    /// an epoch only another image's hosts hold, during an image update): attempts go on
+    /// counting from here, so no attempt number is used twice. Absent when zero.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub earlier_receives: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// On the ledger queue, sent by a host after it committed a receipt (or by `job-dead-letter`

@@ -14,6 +14,7 @@
 //! development worker's attestation is one only the local KMS can check.
 
 pub mod aws;
+pub mod update;
 pub mod witness;
 
 use std::collections::BTreeMap;
@@ -59,6 +60,9 @@ pub enum DevCommand {
     /// `ledger-append`, as the bucket notification and the Lambdas do in AWS (started by
     /// `dev up --backend aws`).
     AwsPump(aws::PumpArgs),
+    /// Roll out another enclave image beside the running one, then retire the running one, in
+    /// the order an account update follows (docs/operations.md §4).
+    UpdateImage(update::UpdateArgs),
 }
 
 #[derive(Args, Debug)]
@@ -184,7 +188,9 @@ fn current_epoch(services: &Services, fleet_key: &str) -> anyhow::Result<Option<
     Ok(None)
 }
 
-fn ensure_model(services: &Services, model_key: &str, model_dir: &Path) -> anyhow::Result<String> {
+/// The newest version sealed under `model_key`, else a new version sealed under it for the image
+/// measured `pcr0`.
+fn ensure_model(services: &Services, model_key: &str, model_dir: &Path, pcr0: [u8; 48]) -> anyhow::Result<String> {
     let publisher = protocol::manifest::development_publisher();
     let name = DEFAULT_MODEL.rsplit('/').next().unwrap_or(DEFAULT_MODEL);
     let mut newest = 0;
@@ -202,10 +208,12 @@ fn ensure_model(services: &Services, model_key: &str, model_dir: &Path) -> anyho
             bail!("{} has no {file}: run scripts/setup-model.sh (or pass --model-dir)", model_dir.display());
         }
     }
-    let published = ephem_batch_client::model::publish(
+    let offering = ephem_batch_client::model::Offering { images: vec![pcr0], ..Default::default() };
+    let published = ephem_batch_client::model::publish_offering(
         model_dir,
         DEFAULT_MODEL,
         newest + 1,
+        &offering,
         services.kms.as_ref(),
         model_key,
         &publisher,
@@ -231,14 +239,138 @@ fn image_publisher(home: &Home) -> anyhow::Result<SigningKey> {
 /// The development policy: the development root, the worker binary's PCRs, signed by the
 /// development image publisher.
 fn write_policy(home: &Home, pcr0: [u8; 48]) -> anyhow::Result<()> {
+    write_policy_to(home, pcr0, &home.dev_policy())
+}
+
+fn write_policy_to(home: &Home, pcr0: [u8; 48], path: &Path) -> anyhow::Result<()> {
     let pem = std::fs::read_to_string(home.dev_root_pem())?;
     let root = TrustAnchor::from_pem(&pem)?;
     let pcrs = development_pcrs(pcr0);
     let mut policy = Policy::aws((0..3u8).map(|i| (i, pcrs[i as usize].to_vec())).collect());
     policy.root = root;
     let signed = policy.sign(&image_publisher(home)?)?;
-    std::fs::write(home.dev_policy(), signed.to_json())?;
+    std::fs::write(path, signed.to_json())?;
     Ok(())
+}
+
+/// One host of the stack: a host-poller that starts and supervises one enclave image.
+struct HostSpec {
+    /// Its process name (`run/<name>.pid`, `logs/<name>.log`).
+    name: String,
+    worker: PathBuf,
+    /// The KMS key its worker creates epochs under: the image's own.
+    fleet_key: String,
+    /// Its pid files and sockets (`--run-dir`); `None`: the home's `run/`.
+    run_dir: Option<PathBuf>,
+    /// Its published document's name (`--host-id`); `None`: the machine's host name.
+    host_id: Option<String>,
+}
+
+/// Starts `host` and waits until its worker has published an attestation document; the Oblivious
+/// HTTP relay on a free loopback port, recorded for `serve` and `status` when the host is the
+/// stack's only one.
+fn start_host(
+    home: &Home,
+    backend: &BackendArgs,
+    opened: &ephem_batch_client::backend::Opened,
+    host: &HostSpec,
+    threads: usize,
+    concurrency: usize,
+) -> anyhow::Result<u32> {
+    let started = cloud::now_ms();
+    let services = &opened.services;
+    let (backend_name, env, max_receives) = match &opened.aws {
+        None => ("local", Vec::new(), cloud_local::MAX_RECEIVES),
+        Some(cloud) => ("aws", aws::child_env(home, backend)?, aws::max_receives(cloud)?),
+    };
+    let relay_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let mut args: Vec<String> = vec![
+        "--online-listen".into(),
+        format!("127.0.0.1:{relay_port}"),
+        "--backend".into(),
+        backend_name.into(),
+        "--max-receives".into(),
+        max_receives.to_string(),
+        "--home".into(),
+        home.root().display().to_string(),
+        "--spawn-worker".into(),
+        host.worker.display().to_string(),
+        "--fleet-key".into(),
+        host.fleet_key.clone(),
+        "--worker-threads".into(),
+        threads.to_string(),
+        "--concurrency".into(),
+        concurrency.to_string(),
+        // Online usage reaches the local ledger within seconds, not after each minute.
+        "--usage-collect-s".into(),
+        "2".into(),
+        "--usage-flush-each".into(),
+    ];
+    if let Some(dir) = &host.run_dir {
+        std::fs::create_dir_all(dir)?;
+        args.extend(["--run-dir".into(), dir.display().to_string()]);
+    }
+    if let Some(id) = &host.host_id {
+        args.extend(["--host-id".into(), id.clone()]);
+    }
+    std::fs::create_dir_all(home.run_dir())?;
+    let relay_url = format!("http://127.0.0.1:{relay_port}/v1/ohttp\n");
+    let relay_file = match &host.run_dir {
+        None => home.local_relay_url_file(),
+        Some(dir) => dir.join("online-relay.url"),
+    };
+    write_private(&relay_file, relay_url.as_bytes())?;
+    let pid = spawn(home, &host.name, &poller_binary()?, &args, &env)?;
+    eprintln!("started {} (pid {pid}), which starts {}", host.name, host.worker.display());
+    let measured = sha384_file(&host.worker)?.to_vec();
+    wait_for("the enclave worker to publish its attestation document", Duration::from_secs(120), || {
+        // By pid: until the child has exec'd, its command line is still this program's.
+        if !alive(pid) {
+            bail!("{} exited; see {}", host.name, home.log_file(&host.name).display());
+        }
+        for meta in services.attestations.list(layout::ATTESTATIONS_CURRENT_PREFIX)? {
+            if meta.modified_ms + 1000 < started {
+                continue;
+            }
+            let Ok(bytes) = services.attestations.get(&meta.key) else { continue };
+            let pcr0 = protocol::attestation::AttestationDocument::parse_unverified(&bytes).ok().and_then(|d| d.pcrs.get(&0).cloned());
+            if pcr0.as_ref() == Some(&measured) {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    })?;
+    Ok(pid)
+}
+
+/// The local KMS the stack administers (keys bound to the worker's measurement).
+fn local_kms(opened: &ephem_batch_client::backend::Opened) -> anyhow::Result<Arc<LocalKms>> {
+    Ok(match (&opened.local, &opened.aws) {
+        (Some(local), _) => local.kms(),
+        (None, Some(cloud)) => Arc::new(aws::local_kms_of(cloud)?),
+        (None, None) => unreachable!("a backend is always opened"),
+    })
+}
+
+/// The local Lambda runtime (`dev run-lambdas`), its checkpoints witnessed by the local witness.
+fn start_lambdas(home: &Home, input_retention_s: u64) -> anyhow::Result<()> {
+    let me = std::env::current_exe()?;
+    let args: Vec<String> = vec![
+        "--home".into(),
+        home.root().display().to_string(),
+        "dev".into(),
+        "run-lambdas".into(),
+        "--input-retention-s".into(),
+        input_retention_s.to_string(),
+    ];
+    let witnesses = witness::start(home)?;
+    let pid = spawn(home, "lambdas", &me, &args, &[(receipts_ledger::witness_client::WITNESSES_ENV, witnesses)])?;
+    eprintln!("started the local Lambda runtime (pid {pid})");
+    Ok(())
+}
+
+fn poller_binary() -> anyhow::Result<PathBuf> {
+    binary("host-poller")
 }
 
 fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {
@@ -268,7 +400,6 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     let opened = ephem_batch_client::backend::open(home, backend)?;
     let services = opened.services.clone();
     let worker_bin = binary("enclave-worker")?;
-    let poller_bin = binary("host-poller")?;
     let pcr0 = sha384_file(&worker_bin)?;
 
     if home.running("host-poller").is_some() {
@@ -281,59 +412,15 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
             );
         }
     }
-    let kms = match (&opened.local, &opened.aws) {
-        (Some(local), _) => local.kms(),
-        (None, Some(cloud)) => Arc::new(aws::local_kms_of(cloud)?),
-        (None, None) => unreachable!("a backend is always opened"),
-    };
+    let kms = local_kms(&opened)?;
     let fleet_key = ensure_key(&kms, cloud_local::FLEET_KEY_ALIAS, LocalKeyPolicy::fleet(pcr0.to_vec(), None), "ephem-batch fleet keys (local)")?;
     let model_key = ensure_key(&kms, cloud_local::MODEL_KEY_ALIAS, LocalKeyPolicy::model(pcr0.to_vec(), None), "ephem-batch model keys (local)")?;
     let model_dir = args.model_dir.clone().unwrap_or_else(|| home.default_model_dir());
-    let manifest_key = ensure_model(&services, &model_key, &model_dir)?;
+    let manifest_key = ensure_model(&services, &model_key, &model_dir, pcr0)?;
 
-    let started = cloud::now_ms();
     if home.running("host-poller").is_none() {
-        let (backend_name, env, max_receives) = match &opened.aws {
-            None => ("local", Vec::new(), cloud_local::MAX_RECEIVES),
-            Some(cloud) => ("aws", aws::child_env(home, backend)?, aws::max_receives(cloud)?),
-        };
-        // The Oblivious HTTP relay on a free loopback port, recorded for `serve` and `status`.
-        let relay_port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        let args: Vec<String> = vec![
-            "--online-listen".into(),
-            format!("127.0.0.1:{relay_port}"),
-            "--backend".into(),
-            backend_name.into(),
-            "--max-receives".into(),
-            max_receives.to_string(),
-            "--home".into(),
-            home.root().display().to_string(),
-            "--spawn-worker".into(),
-            worker_bin.display().to_string(),
-            "--worker-threads".into(),
-            args.threads.to_string(),
-            "--concurrency".into(),
-            args.concurrency.to_string(),
-            // Online usage reaches the local ledger within seconds, not after each minute.
-            "--usage-collect-s".into(),
-            "2".into(),
-            "--usage-flush-each".into(),
-        ];
-        std::fs::create_dir_all(home.run_dir())?;
-        write_private(&home.local_relay_url_file(), format!("http://127.0.0.1:{relay_port}/v1/ohttp\n").as_bytes())?;
-        let pid = spawn(home, "host-poller", &poller_bin, &args, &env)?;
-        eprintln!("started host-poller (pid {pid}), which starts enclave-worker");
-        wait_for("the enclave worker to publish its attestation document", Duration::from_secs(120), || {
-            // By pid: until the child has exec'd, its command line is still this program's.
-            if !alive(pid) {
-                bail!("host-poller exited; see {}", home.log_file("host-poller").display());
-            }
-            Ok(services
-                .attestations
-                .list(layout::ATTESTATIONS_CURRENT_PREFIX)?
-                .iter()
-                .any(|m| m.modified_ms + 1000 >= started))
-        })?;
+        let host = HostSpec { name: "host-poller".into(), worker: worker_bin.clone(), fleet_key: fleet_key.clone(), run_dir: None, host_id: None };
+        start_host(home, backend, &opened, &host, args.threads, args.concurrency)?;
     }
     write_policy(home, pcr0)?;
     let mut epoch = None;
@@ -346,19 +433,7 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     if opened.aws.is_some() {
         aws::start_pump(home, backend)?;
     } else if home.running("lambdas").is_none() {
-        let me = std::env::current_exe()?;
-        let args: Vec<String> = vec![
-            "--home".into(),
-            home.root().display().to_string(),
-            "dev".into(),
-            "run-lambdas".into(),
-            "--input-retention-s".into(),
-            args.input_retention_s.to_string(),
-        ];
-        // Every checkpoint the runtime signs goes to the local witness.
-        let witnesses = witness::start(home)?;
-        let pid = spawn(home, "lambdas", &me, &args, &[(receipts_ledger::witness_client::WITNESSES_ENV, witnesses)])?;
-        eprintln!("started the local Lambda runtime (pid {pid})");
+        start_lambdas(home, args.input_retention_s)?;
     }
     eprintln!(
         "\nWARNING: this local stack attests with a DEVELOPMENT root ({}):\n\
@@ -378,10 +453,13 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
 
 pub fn down(home: &Home) -> anyhow::Result<()> {
     let mut stopped = Vec::new();
-    // The poller first: it finishes in-flight jobs and stops its worker itself.
-    for name in ["host-poller", "lambdas", aws::PUMP, "enclave-worker", witness::PROCESS] {
+    // The pollers first (an image update's incoming host too): each finishes its in-flight jobs
+    // and stops its worker itself.
+    let incoming = update::incoming_hosts(home);
+    let names = ["host-poller"].into_iter().chain(incoming.iter().map(String::as_str));
+    for name in names.chain(["lambdas", aws::PUMP, "enclave-worker", witness::PROCESS]) {
         if stop(home, name, Duration::from_secs(120)) {
-            stopped.push(name);
+            stopped.push(name.to_owned());
         }
     }
     if stopped.is_empty() {
@@ -486,8 +564,9 @@ fn worker_models(home: &Home) -> Option<serde_json::Value> {
 }
 
 /// What the home's appenders admit: receipts under its development root whose documents satisfy
-/// its development policy (`dev up` writes it, signed by the development image publisher). A
-/// policy that does not verify stops the appender: it never admits any image instead.
+/// its development policy (`dev up` writes it, signed by the development image publisher) or
+/// the policy of an image an update rolls in or out (`dev/policies/`). A policy that does not
+/// verify stops the appender: it never admits any image instead.
 pub fn home_policies(home: &Home) -> anyhow::Result<(TrustAnchor, protocol::attestation::PolicySet)> {
     wait_for("the development root and policy", Duration::from_secs(120), || {
         Ok(home.dev_root_pem().is_file() && home.dev_policy().is_file())
@@ -496,9 +575,12 @@ pub fn home_policies(home: &Home) -> anyhow::Result<(TrustAnchor, protocol::atte
     let publisher = std::fs::read_to_string(home.dev_image_publisher_pub())
         .with_context(|| format!("reading {}", home.dev_image_publisher_pub().display()))?;
     let publisher = ephem_batch_client::trust::parse_key(&publisher, "the development image publisher key")?;
-    let file = home.dev_policy();
-    let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
-    let set = protocol::attestation::PolicySet::from_json(&publisher, &[(file.display().to_string(), text)])?;
+    let mut files = Vec::new();
+    for file in std::iter::once(home.dev_policy()).chain(update::image_policies(home)?) {
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        files.push((file.display().to_string(), text));
+    }
+    let set = protocol::attestation::PolicySet::from_json(&publisher, &files)?;
     for p in set.policies() {
         tracing::info!(policy = %hex::encode(p.id), source = %p.source, "receipts admitted under this policy");
     }

@@ -47,6 +47,7 @@ pub fn manifest(version: u64, files: &[(&str, Vec<u8>)], kms_key_id: &str, wrapp
         max_tokens: 256,
         prompts: Default::default(),
         matryoshka: Vec::new(),
+        images: Vec::new(),
         kms_key_id: kms_key_id.into(),
         wrapped_dek,
         created_ms,

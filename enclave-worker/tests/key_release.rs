@@ -486,6 +486,7 @@ fn data_keys_are_released_and_must_be_32_bytes() {
         max_tokens: 256,
         prompts: Default::default(),
         matryoshka: Vec::new(),
+        images: Vec::new(),
         kms_key_id: KEY_ARN.into(),
         wrapped_dek: b"dek-v3".to_vec(),
         created_ms: 0,

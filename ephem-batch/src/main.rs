@@ -269,6 +269,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     dev::run_lambdas(&home, std::time::Duration::from_secs(input_retention_s))?
                 }
                 dev::DevCommand::AwsPump(args) => dev::aws::pump(&home, &cli.backend, &args)?,
+                dev::DevCommand::UpdateImage(args) => dev::update::update_image(&home, &args, &cli.backend)?,
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -25,6 +25,7 @@ use protocol::frame::{Channel, Message, ResidentModel};
 use sha2::{Digest, Sha256};
 
 use cloud::MAX_SMALL_OBJECT;
+use crate::image_versions::{ImageVersions, Listed};
 use crate::models_status::ModelsStatus;
 use crate::relay::Relay;
 use crate::retry;
@@ -128,8 +129,8 @@ struct Wanted {
     ends: BTreeMap<u64, (String, u64)>,
     /// The highest epoch number any record holds, expired or without genesis included.
     highest_epoch: u64,
-    /// Model directory (`models/<name>`) → (newest manifest key, etag).
-    manifests: BTreeMap<String, (String, String)>,
+    /// Model directory (`models/<name>`) → its listed versions, ascending.
+    manifests: BTreeMap<String, Vec<Listed>>,
 }
 
 pub(crate) struct Control {
@@ -148,6 +149,8 @@ pub(crate) struct Control {
     /// The last attestation request key handled: the next pass lists from there.
     request_cursor: Option<String>,
     usage: UsageDelivery,
+    /// Which version of each model is for the worker's image.
+    versions: ImageVersions,
 }
 
 impl Control {
@@ -164,6 +167,7 @@ impl Control {
             refusals: HashMap::new(),
             last_publication: Instant::now(),
             request_cursor: Some(first_request_cursor(&settings.host_id)),
+            versions: ImageVersions::default(),
             settings,
         }
     }
@@ -307,7 +311,19 @@ impl Control {
             }
         }
         // Only what fits beside the models held: this pass never evicts (jobs demand the rest).
-        for (dir, (key, etag)) in &wanted.manifests {
+        for (dir, versions) in &wanted.manifests {
+            let chosen = match self.versions.choose(self.services.models.as_ref(), versions) {
+                Ok(Some((_, key, etag))) => (key, etag),
+                Ok(None) => {
+                    tracing::debug!(dir, "no version of this model is for the worker's image");
+                    continue;
+                }
+                Err(error) => {
+                    tracing::warn!(dir, %error, "cannot read the model's manifests");
+                    continue;
+                }
+            };
+            let (key, etag) = chosen;
             if self.manifests.get(dir) == Some(key) || self.unfit.contains(key) || self.refused(&Target::Manifest(key.clone()), etag) {
                 continue;
             }
@@ -580,7 +596,10 @@ impl Control {
             match link.recv()? {
                 Message::FetchObject { request, key } => self.relay.fetch(link, request, &key)?,
                 Message::KmsCredentialsRequest { request } => self.relay.kms_credentials(link, request)?,
-                Message::PublishAttestation { document } => self.relay.publish(document),
+                Message::PublishAttestation { document } => {
+                    self.versions.learn(&document);
+                    self.relay.publish(document)
+                }
                 Message::Attested { document: fresh, .. } => document = Some(fresh),
                 Message::UsageReceipt { receipt, attestation_document } => self.usage.received(&receipt, &attestation_document),
                 Message::ModelEvicted { model_id, .. } => {
@@ -637,16 +656,16 @@ impl Control {
                 Err(error) => tracing::warn!(key = meta.key, %error, "skipping fleet-key object"),
             }
         }
-        let mut manifests: BTreeMap<String, (u64, String, String)> = BTreeMap::new();
+        let mut manifests: BTreeMap<String, Vec<Listed>> = BTreeMap::new();
         let models = &self.services.models;
         for meta in retry::transient("list models", || models.list(layout::MODELS_PREFIX))? {
             let Some(version) = layout::manifest_version(&meta.key) else { continue };
             let Some(dir) = model_dir(&meta.key) else { continue };
-            if manifests.get(dir).is_none_or(|(newest, _, _)| version > *newest) {
-                manifests.insert(dir.to_owned(), (version, meta.key.clone(), meta.etag.clone()));
-            }
+            manifests.entry(dir.to_owned()).or_default().push((version, meta.key.clone(), meta.etag.clone()));
         }
-        let manifests = manifests.into_iter().map(|(dir, (_, key, etag))| (dir, (key, etag))).collect();
+        for versions in manifests.values_mut() {
+            versions.sort();
+        }
         Ok(Wanted { epochs, ends, highest_epoch, manifests })
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use cloud::messages::{Failure, JobMessage, LedgerMessage};
 use cloud::workflow::JobEnd;
-use cloud::{layout, Completion, ObjectError, ObjectWriter, PutCondition, QueueError, Received, Services};
+use cloud::{layout, Completion, ObjectError, ObjectWriter, PutCondition, QueueError, Received, SendOptions, Services};
 use protocol::cancel;
 use protocol::FailedCheck;
 use protocol::envelope::JobId;
@@ -59,6 +59,9 @@ pub enum Disposition {
     DeadLettered { check: String },
     /// Handed back to the queue at once (shutdown).
     Released,
+    /// Sealed to an epoch only another host holds: sent again as a fresh message for it
+    /// (`crate::handover`), this one deleted.
+    HandedOver { holder: String },
     /// The body is not a job message; left for the dead-letter queue.
     Unreadable,
 }
@@ -147,7 +150,7 @@ impl Delivery<'_> {
         let ctx = self.ctx;
         crate::residency::ensure_model(&ctx.services, &ctx.shared, ctx.settings.stall_timeout, &self.job, &self.message.model_id);
 
-        let attempt = u64::from(self.received.receive_count);
+        let attempt = u64::from(self.received.receive_count) + u64::from(self.message.earlier_receives);
         self.status.in_progress(attempt);
         let output_key = layout::job_output(&self.job, attempt);
         let writer = match retry::transient("open output", || jobs.writer(&output_key, PutCondition::CreateOnly)) {
@@ -220,6 +223,11 @@ impl Delivery<'_> {
     /// The worker refused the job.
     fn refused(&mut self, check: FailedCheck, message: String) -> Disposition {
         tracing::warn!(check = check.as_str(), message, "worker refused the job");
+        if check == FailedCheck::FleetKey {
+            if let Some(handed) = self.hand_over(&message) {
+                return handed;
+            }
+        }
         if check.needs_control() {
             self.ctx.shared.request_rescan();
             return self.retry(check.as_str(), message);
@@ -237,6 +245,38 @@ impl Delivery<'_> {
             return Disposition::Failed { check };
         }
         self.retry(check.as_str(), message)
+    }
+
+    /// Hands the job to the live host that holds its epoch (`crate::handover`): a fresh copy of
+    /// the message, then this one deleted. `None`: no such host, or the job has been received
+    /// too often; it then goes the ordinary way.
+    fn hand_over(&mut self, refusal: &str) -> Option<Disposition> {
+        let receives = self.message.earlier_receives.saturating_add(self.received.receive_count);
+        if receives >= crate::handover::MAX_EARLIER_RECEIVES {
+            return None;
+        }
+        let holder = match crate::handover::live_holder(&self.ctx.services, self.message.epoch, &self.ctx.settings.host_id, cloud::now_ms()) {
+            Ok(Some(holder)) => holder,
+            Ok(None) => return None,
+            Err(error) => {
+                tracing::warn!(%error, "cannot look for the epoch's holder");
+                return None;
+            }
+        };
+        let copy = JobMessage { earlier_receives: receives, ..self.message.clone() };
+        let body = serde_json::to_string(&copy).expect("a job message serialises");
+        let options = SendOptions { delay: crate::handover::HANDOVER_DELAY, ..SendOptions::default() };
+        let queue = &self.ctx.services.job_queue;
+        if let Err(error) = retry::transient("hand the job over", || queue.send(&body, &options)) {
+            tracing::warn!(%error, "job not handed over");
+            return None;
+        }
+        self.heartbeat.stop();
+        self.delete_message();
+        tracing::info!(epoch = self.message.epoch, holder, refusal, "job handed over to the host that holds its epoch");
+        let message = format!("{refusal}; handed over to the host that holds epoch {} ({holder})", self.message.epoch);
+        self.status.retrying(Some(Failure { check: FailedCheck::FleetKey.as_str().to_owned(), message }));
+        Some(Disposition::HandedOver { holder })
     }
 
     /// A job naming the newest manifest in the store, refused by a worker that runs an older

@@ -18,7 +18,9 @@
 
 mod control;
 mod delivery;
+mod handover;
 mod heartbeat;
+mod image_versions;
 mod job;
 mod models_status;
 pub mod online_relay;

@@ -38,7 +38,18 @@ struct Args {
     #[arg(long, env = "EPHEM_HOME", default_value = ".ephem")]
     home: PathBuf,
 
-    /// Start and supervise this `enclave-worker` on `<home>/run/worker.sock`.
+    /// This host's pid files and sockets. Default: `<home>/run`. Two hosts of one home (an image
+    /// update on the development stack) need two.
+    #[arg(long, env = "EPHEM_RUN_DIR")]
+    run_dir: Option<PathBuf>,
+
+    /// The KMS key this host's worker creates fleet epochs under (an ARN, key id or alias).
+    /// Default: the backend's (`FleetKeyArn`, or the local stack's alias). Each image has its
+    /// own, so a host of one image never asks for an epoch under another's.
+    #[arg(long, env = "EPHEM_HOST_FLEET_KEY")]
+    fleet_key: Option<String>,
+
+    /// Start and supervise this `enclave-worker` on `<run dir>/worker.sock`.
     #[arg(long, env = "EPHEM_SPAWN_WORKER", conflicts_with = "worker")]
     spawn_worker: Option<PathBuf>,
 
@@ -154,7 +165,7 @@ fn run(args: Args) -> Result<(), String> {
         .backend
         .unwrap_or(if std::env::var_os("EPHEM_JOB_QUEUE_URL").is_some() { Backend::Aws } else { Backend::Local });
     // The directory of a local KMS, if KMS is the local one: its HTTPS endpoint is served here.
-    let (services, local_kms_dir) = match backend {
+    let (mut services, local_kms_dir) = match backend {
         Backend::Local => (local_services(&args.home)?, Some(args.home.clone())),
         // Names from EPHEM_* (as user data writes them) or EPHEM_STACK_OUTPUTS; KMS from EPHEM_KMS.
         Backend::Aws => {
@@ -168,8 +179,12 @@ fn run(args: Args) -> Result<(), String> {
         }
     };
 
+    if let Some(key) = &args.fleet_key {
+        services.keys.fleet = key.clone();
+    }
+    let run_dir = args.run_dir.clone().unwrap_or_else(|| args.home.join("run"));
     let worker = if let Some(binary) = &args.spawn_worker {
-        let mut spawn = SpawnConfig::local(&args.home, binary.clone());
+        let mut spawn = SpawnConfig::local(&args.home, &run_dir, binary.clone());
         if let Some(dir) = &args.worker_state_dir {
             spawn.state_dir = dir.clone();
         }
@@ -215,8 +230,8 @@ fn run(args: Args) -> Result<(), String> {
         config.online = Some(online);
     }
     if backend == Backend::Local {
-        config.pid_file = Some(args.home.join("run").join("host-poller.pid"));
-        config.models_status = Some(args.home.join("run").join(host_poller::MODELS_STATUS_FILE));
+        config.pid_file = Some(run_dir.join("host-poller.pid"));
+        config.models_status = Some(run_dir.join(host_poller::MODELS_STATUS_FILE));
     }
 
     let poller = Poller::new(services, config);

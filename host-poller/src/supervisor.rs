@@ -41,15 +41,15 @@ pub struct SpawnConfig {
 }
 
 impl SpawnConfig {
-    /// The embedded default's layout under `home`: `run/worker.sock`, `run/enclave-worker.pid`,
-    /// state in `enclave/`.
-    pub fn local(home: &std::path::Path, binary: PathBuf) -> Self {
+    /// The embedded default's layout: `<run>/worker.sock`, `<run>/enclave-worker.pid`, state in
+    /// `<home>/enclave/`.
+    pub fn local(home: &std::path::Path, run: &std::path::Path, binary: PathBuf) -> Self {
         Self {
             binary,
-            socket: home.join("run").join("worker.sock"),
+            socket: run.join("worker.sock"),
             state_dir: home.join("enclave"),
             threads: 0,
-            pid_file: Some(home.join("run").join("enclave-worker.pid")),
+            pid_file: Some(run.join("enclave-worker.pid")),
             log_file: None,
             kms_relay: None,
             kms_tls_root: None,
@@ -60,13 +60,14 @@ impl SpawnConfig {
         WorkerEndpoint::Unix(self.socket.clone())
     }
 
-    /// Serves `kms` — a local KMS under `dir` — as its HTTPS endpoint on `<dir>/run/kms.sock`,
-    /// and has the worker reach KMS there with the endpoint's development root pinned. (In AWS
-    /// the worker reaches KMS through the parent's vsock-proxy and trusts the Amazon roots.)
+    /// Serves `kms` — a local KMS under `dir` — as its HTTPS endpoint on `kms.sock` beside the
+    /// worker's socket, and has the worker reach KMS there with the endpoint's development root
+    /// pinned. (In AWS the worker reaches KMS through the parent's vsock-proxy and trusts the
+    /// Amazon roots.)
     pub fn serve_local_kms(&mut self, dir: &std::path::Path, kms: Arc<dyn Kms>) -> Result<(), SupervisorError> {
         let failed = |e: &dyn std::fmt::Display| SupervisorError::KmsEndpoint(e.to_string());
         let endpoint = KmsEndpoint::open(dir, kms).map_err(|e| failed(&e))?;
-        let run = dir.join("run");
+        let run = self.socket.parent().map(std::path::Path::to_path_buf).unwrap_or_else(|| dir.join("run"));
         std::fs::create_dir_all(&run).map_err(|source| SupervisorError::Files { path: run.clone(), source })?;
         let socket = run.join("kms.sock");
         self.kms_tls_root = Some(endpoint.root_pem().to_path_buf());

@@ -519,6 +519,7 @@ fn a_message_whose_job_id_is_not_one_is_unreadable() {
         epoch: 1,
         record_count: 1,
         created_ms: 0,
+        earlier_receives: 0,
     })
     .unwrap();
     message["job_id"] = format!("{}g", &job.to_hex()[..31]).into();

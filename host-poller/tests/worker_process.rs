@@ -169,7 +169,7 @@ fn the_poller_runs_sealed_jobs_through_the_real_worker() {
     let binary = worker_binary();
     let (fleet, manifest) = provision(&local, &binary);
 
-    let mut spawn = SpawnConfig::local(home.path(), binary);
+    let mut spawn = SpawnConfig::local(home.path(), &home.path().join("run"), binary);
     spawn.threads = 2;
     spawn.log_file = Some(home.path().join("logs").join("enclave-worker.log"));
     spawn.serve_local_kms(home.path(), local.services().kms).unwrap();

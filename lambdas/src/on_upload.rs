@@ -190,6 +190,7 @@ fn handle_key(key: &str, tenant: &Tenant, services: &Services, config: &Config) 
                 epoch: header.epoch,
                 record_count: header.record_count,
                 created_ms: header.created_ms,
+                earlier_receives: 0,
             };
             // A re-delivered event must not reset the status of a job that already moved on.
             let status = JobStatus::new(job, JobState::Queued, header.record_count);

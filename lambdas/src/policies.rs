@@ -5,9 +5,12 @@
 //! the deployment pins.
 //!
 //! Environment: `EPHEM_IMAGE_PUBLISHER_KEY` (64 hex digits), `EPHEM_POLICIES_BUCKET`, and
-//! optionally `EPHEM_POLICIES_PREFIX` (default [`DEFAULT_PREFIX`]). A function without them,
-//! with no policy, or with one that does not verify refuses to start: it never falls back to
-//! admitting any image.
+//! optionally `EPHEM_POLICIES_PREFIX` (default [`DEFAULT_PREFIX`]) and `EPHEM_IMAGE_PCR0S` (the
+//! PCR0 of each image the fleet runs or is about to run, comma-separated hex). A function without
+//! them, with no policy, with one that does not verify, or with a named image no policy admits
+//! refuses to start: it never falls back to admitting any image, and it never runs warm on an
+//! allow-list read before an incoming image's policy was uploaded (the deployment names the
+//! incoming image as soon as its keys exist, which replaces the warm instances).
 
 use cloud::ObjectStore;
 use ed25519_dalek::VerifyingKey;
@@ -36,8 +39,24 @@ pub enum PoliciesError {
     TooMany { prefix: String, count: usize },
     #[error("policy object {key} is not UTF-8")]
     NotText { key: String },
+    #[error("image PCR0 {0:?} is not 96 hex digits")]
+    ImageSyntax(String),
+    #[error("no policy under the allow-list admits image PCR0 {0}: upload its signed policy first")]
+    ImageNotAdmitted(String),
     #[error(transparent)]
     Policies(#[from] PolicySetError),
+}
+
+/// Refuses `set` unless a policy of it names each image of `pcr0s` (comma-separated hex; empty:
+/// nothing named).
+pub fn check_images(set: &PolicySet, pcr0s: &str) -> Result<(), PoliciesError> {
+    for text in pcr0s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let pcr0 = hex::decode(text).ok().filter(|b| b.len() == 48).ok_or_else(|| PoliciesError::ImageSyntax(text.to_owned()))?;
+        if !set.policies().iter().any(|p| p.policy.pcrs.get(&0) == Some(&pcr0)) {
+            return Err(PoliciesError::ImageNotAdmitted(text.to_lowercase()));
+        }
+    }
+    Ok(())
 }
 
 /// The image publisher's key, as 64 hex digits.
@@ -73,6 +92,7 @@ pub fn policies_from_env(clients: &cloud_aws::AwsClients) -> Result<PolicySet, S
     let bucket = shell::var("EPHEM_POLICIES_BUCKET")?;
     let prefix = shell::optional("EPHEM_POLICIES_PREFIX").unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
     let set = load(&clients.object_store(&bucket, ""), &prefix, &publisher).map_err(invalid("EPHEM_POLICIES_BUCKET"))?;
+    check_images(&set, &shell::optional("EPHEM_IMAGE_PCR0S").unwrap_or_default()).map_err(invalid("EPHEM_IMAGE_PCR0S"))?;
     for p in set.policies() {
         let pcr0 = p.policy.pcrs.get(&0).map(hex::encode).unwrap_or_default();
         tracing::info!(policy = %hex::encode(p.id), source = %p.source, %pcr0, "receipts admitted under this policy");
@@ -115,5 +135,26 @@ mod tests {
         let err = load(&store, DEFAULT_PREFIX, &key).unwrap_err();
         assert!(err.to_string().starts_with("policy artifacts/policies/rogue.json: policy is signed by publisher key"), "{err}");
         assert!(matches!(publisher_key("abcd"), Err(PoliciesError::PublisherKey)));
+    }
+
+    /// An update names the incoming image before the functions restart: an allow-list read
+    /// before its policy was uploaded refuses to start instead of refusing its receipts.
+    #[test]
+    fn every_named_image_must_have_a_policy() {
+        let publisher = SigningKey::from_bytes(&[0x51; 32]);
+        let (old, new) = (DevEnclave::new(1, T), DevEnclave::with_image(1, 0x0b, T));
+        let only_old = PolicySet::verify(&publisher.verifying_key(), vec![("old".into(), old.policy(&publisher))]).unwrap();
+        let (old_pcr0, new_pcr0) = (hex::encode(old.pcrs[0]), hex::encode(new.pcrs[0]));
+        check_images(&only_old, &old_pcr0).unwrap();
+        check_images(&only_old, "").unwrap();
+        let err = check_images(&only_old, &format!("{old_pcr0},{new_pcr0}")).unwrap_err();
+        assert!(matches!(&err, PoliciesError::ImageNotAdmitted(p) if *p == new_pcr0), "{err}");
+        let both = PolicySet::verify(
+            &publisher.verifying_key(),
+            vec![("old".into(), old.policy(&publisher)), ("new".into(), new.policy(&publisher))],
+        )
+        .unwrap();
+        check_images(&both, &format!("{old_pcr0}, {}", new_pcr0.to_uppercase())).unwrap();
+        assert!(matches!(check_images(&both, "abcd"), Err(PoliciesError::ImageSyntax(_))));
     }
 }

@@ -28,6 +28,8 @@ pub const MAX_PROMPTS: usize = 32;
 pub const MAX_PROMPT_BYTES: usize = 4096;
 /// Matryoshka lengths a manifest may offer.
 pub const MAX_MATRYOSHKA: usize = 32;
+/// At most this many images a model version names (an update overlaps two).
+pub const MAX_IMAGES: usize = 8;
 
 
 /// The model's named prompts (sentence-transformers `prompts`, `default_prompt_name`): text the
@@ -117,6 +119,12 @@ pub struct Manifest {
     /// Shorter vector lengths the model was trained to keep meaning at (Matryoshka), which a job
     /// may ask for: ascending, each below `dimensions`. Absent from the payload when empty.
     pub matryoshka: Vec<u32>,
+    /// The PCR0 of each enclave image whose model key the publisher sealed this version to
+    /// (ascending, at most [`MAX_IMAGES`]). Clients seal a job to the newest version for the
+    /// image they attested, and hosts load it, so during an image update the old image's jobs
+    /// keep naming a version the old image can open (docs/protocol.md §5.1). Empty: not said
+    /// (the version is for every image). Absent from the payload when empty.
+    pub images: Vec<[u8; 48]>,
     /// KMS key that wraps the DEK.
     pub kms_key_id: String,
     /// The DEK as KMS `GenerateDataKey` returned it wrapped (CiphertextBlob), encryption context
@@ -154,6 +162,9 @@ impl Manifest {
         }
         if !self.matryoshka.is_empty() {
             map = map.value("matryoshka", Value::Array(self.matryoshka.iter().map(|&d| Value::from(d)).collect()));
+        }
+        if !self.images.is_empty() {
+            map = map.value("images", Value::Array(self.images.iter().map(|pcr0| Value::Bytes(pcr0.to_vec())).collect()));
         }
         cbor::encode(
             &map
@@ -203,6 +214,7 @@ impl Manifest {
         };
         let prompts = read_prompts(&mut map)?;
         let matryoshka = read_matryoshka(&mut map)?;
+        let images = read_images(&mut map)?;
         let manifest = Self {
             model_id: map.text("model")?,
             version: map.uint("version")?,
@@ -213,6 +225,7 @@ impl Manifest {
             max_tokens: u32::try_from(map.uint("max_tokens")?).map_err(|_| ManifestError::Invalid("max_tokens"))?,
             prompts,
             matryoshka,
+            images,
             kms_key_id: map.text("kms_key")?,
             wrapped_dek: map.bytes("wrapped_dek")?,
             created_ms: map.uint("created_ms")?,
@@ -242,6 +255,11 @@ impl Manifest {
     /// its Matryoshka lengths.
     pub fn offers_dimensions(&self, dimensions: u32) -> bool {
         dimensions == self.dimensions || self.matryoshka.contains(&dimensions)
+    }
+
+    /// Whether this version is for the image measured `pcr0`: it names that image, or none.
+    pub fn is_for_image(&self, pcr0: &[u8]) -> bool {
+        self.images.is_empty() || self.images.iter().any(|image| image.as_slice() == pcr0)
     }
 
     /// Every length [`Manifest::offers_dimensions`] accepts, ascending.
@@ -350,6 +368,25 @@ fn read_matryoshka(map: &mut MapReader) -> Result<Vec<u32>, ManifestError> {
         dimensions.push(dimension);
     }
     Ok(dimensions)
+}
+
+/// The optional `images`: PCR0 values (48 bytes each), ascending, without duplicates.
+fn read_images(map: &mut MapReader) -> Result<Vec<[u8; 48]>, ManifestError> {
+    let Some(value) = map.optional("images") else { return Ok(Vec::new()) };
+    let Value::Array(entries) = value else { return Err(CborError::WrongType("images").into()) };
+    if entries.is_empty() || entries.len() > MAX_IMAGES {
+        return Err(ManifestError::Invalid("number of images"));
+    }
+    let mut images: Vec<[u8; 48]> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let Value::Bytes(bytes) = entry else { return Err(CborError::WrongType("images").into()) };
+        let pcr0: [u8; 48] = bytes.try_into().map_err(|_| ManifestError::Invalid("an image's PCR0 is not 48 bytes"))?;
+        if images.last().is_some_and(|last| *last >= pcr0) {
+            return Err(ManifestError::Invalid("images must ascend, without duplicates"));
+        }
+        images.push(pcr0);
+    }
+    Ok(images)
 }
 
 /// The development model publisher: a key anyone can derive (seed SHA-256("ephem-batch
@@ -471,6 +508,7 @@ pub(crate) mod tests {
             max_tokens: 256,
             prompts: Prompts::default(),
             matryoshka: Vec::new(),
+            images: Vec::new(),
             kms_key_id: "local:model".into(),
             wrapped_dek: vec![0xde; 48],
             created_ms: 1_760_000_000_000,
@@ -564,6 +602,32 @@ pub(crate) mod tests {
         assert_eq!(refused(vec![0, 64]), ManifestError::Invalid("matryoshka dimension"));
         assert_eq!(refused(vec![64, 384]), ManifestError::Invalid("matryoshka dimensions must be below the model's dimensions"));
         assert_eq!(refused(vec![1; MAX_MATRYOSHKA + 1]), ManifestError::Invalid("number of matryoshka dimensions"));
+    }
+
+    #[test]
+    fn images_are_optional_signed_and_checked() {
+        assert!(!String::from_utf8_lossy(&sample().to_payload()).contains("images"), "old payloads unchanged");
+        assert!(sample().is_for_image(&[0xa0; 48]), "a version naming no image is for every image");
+        let mut manifest = sample();
+        manifest.images = vec![[0xa0; 48], [0xb0; 48]];
+        assert_eq!(Manifest::from_payload(&manifest.to_payload()).unwrap(), manifest);
+        assert!(manifest.is_for_image(&[0xb0; 48]) && !manifest.is_for_image(&[0xc0; 48]) && !manifest.is_for_image(&[0xb0; 47]));
+        let refused = |images: Vec<[u8; 48]>| {
+            let mut m = sample();
+            m.images = images;
+            Manifest::from_payload(&m.to_payload()).unwrap_err()
+        };
+        assert_eq!(refused(vec![[0xb0; 48], [0xa0; 48]]), ManifestError::Invalid("images must ascend, without duplicates"));
+        assert_eq!(refused(vec![[0xa0; 48]; 2]), ManifestError::Invalid("images must ascend, without duplicates"));
+        let many: Vec<[u8; 48]> = (0..=MAX_IMAGES as u8).map(|i| [i; 48]).collect();
+        assert_eq!(refused(many), ManifestError::Invalid("number of images"));
+        // A PCR0 of another length (a SHA-256 where SHA-384 belongs) is refused, not truncated.
+        let mut one = sample();
+        one.images = vec![[0xa0; 48]];
+        let (payload, long) = (one.to_payload(), [&[0x58, 48][..], &[0xa0; 48]].concat());
+        let at = payload.windows(long.len()).position(|w| w == long.as_slice()).expect("the PCR0's encoding");
+        let payload = [&payload[..at], &[0x58, 32][..], &[0xa0; 32], &payload[at + long.len()..]].concat();
+        assert_eq!(Manifest::from_payload(&payload).unwrap_err(), ManifestError::Invalid("an image's PCR0 is not 48 bytes"));
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn manifest_bytes() -> Vec<u8> {
         max_tokens: 256,
         prompts: Default::default(),
         matryoshka: Vec::new(),
+        images: Vec::new(),
         kms_key_id: "k".into(),
         wrapped_dek: vec![1; 8],
         created_ms: 0,

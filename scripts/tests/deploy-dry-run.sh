@@ -226,6 +226,7 @@ grep -F -- "-c nextPolicyFile=" "$t/upd" | grep -qF -- "-c enclaveEif=$t/img/enc
 grep -F -- "-c enclaveEif=../dist/enclave/$head_commit/" "$t/upd" | grep -qvF -- "nextPolicyFile" \
   && ok "the rolling deploy names no incoming image" || not_ok "the rolling deploy still names nextPolicyFile"
 has "$t/upd" "model encrypt .ephem/models/all-MiniLM-L6-v2 --model-id sentence-transformers/all-MiniLM-L6-v2 --version 2" "the model is re-sealed as the next version"
+has "$t/upd" "--version 2 --for-image dist/enclave/$head_commit/policy.json" "the next version is sealed for the new image only (old clients keep the old version)"
 has "$t/upd" "attest fetch --policy dist/enclave/$head_commit/policy.json" "the roll waits for the new image's attestation"
 [ ! -s "$FAKE_LOG" ] && [ "$before" = "$(cat "$upd/state")" ] && ok "an update dry run calls and writes nothing" || not_ok "an update dry run called or wrote"
 # Nothing to roll: the fleet runs this commit already.

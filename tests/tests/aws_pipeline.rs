@@ -188,6 +188,7 @@ fn aws_pipeline_end_to_end_redelivery_and_dead_letters() {
         epoch: message.epoch,
         record_count: 1,
         created_ms: cloud::now_ms(),
+        earlier_receives: 0,
     };
     services.job_queue.send(&serde_json::to_string(&ghost_message).unwrap(), &SendOptions::default()).unwrap();
     services.job_queue.send("not a job message", &SendOptions::default()).unwrap();

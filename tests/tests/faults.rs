@@ -223,6 +223,7 @@ fn job_message(stack: &Stack, job: &str) -> String {
         epoch: state["epoch"].as_u64().unwrap(),
         record_count: state["records"].as_u64().unwrap(),
         created_ms: cloud::now_ms(),
+        earlier_receives: 0,
     };
     serde_json::to_string(&message).unwrap()
 }

@@ -16,7 +16,8 @@ pub struct ModelPinning {
     home: Home,
     publisher: VerifyingKey,
     refresh: Duration,
-    checked: Mutex<BTreeMap<String, ([u8; 32], Instant)>>,
+    /// Per model id and image PCR0.
+    checked: Mutex<BTreeMap<(String, Vec<u8>), ([u8; 32], Instant)>>,
 }
 
 impl ModelPinning {
@@ -29,13 +30,15 @@ impl ModelPinning {
     }
 
     /// The manifest hash requests for `model_id` must be served with.
-    pub fn manifest(&self, models: &dyn ObjectStore, model_id: &str) -> Result<[u8; 32], String> {
+    pub fn manifest(&self, models: &dyn ObjectStore, model_id: &str, image_pcr0: &[u8]) -> Result<[u8; 32], String> {
         let mut checked = self.checked.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((hash, _)) = checked.get(model_id).filter(|(_, at)| at.elapsed() < self.refresh) {
+        let cache_key = (model_id.to_owned(), image_pcr0.to_vec());
+        if let Some((hash, _)) = checked.get(&cache_key).filter(|(_, at)| at.elapsed() < self.refresh) {
             return Ok(*hash);
         }
-        let model = choose_model(models, model_id, &self.publisher, &self.home, &ModelPins::default()).map_err(|e| e.to_string())?;
-        checked.insert(model_id.to_owned(), (model.hash, Instant::now()));
+        let model = choose_model(models, model_id, &self.publisher, &self.home, &ModelPins::default(), image_pcr0)
+            .map_err(|e| e.to_string())?;
+        checked.insert(cache_key, (model.hash, Instant::now()));
         Ok(model.hash)
     }
 }

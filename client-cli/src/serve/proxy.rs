@@ -71,7 +71,10 @@ pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
         let proxy = Arc::clone(proxy);
         tokio::task::spawn_blocking(move || {
             let target = proxy.targets.get();
-            let manifest = proxy.models.manifest(proxy.services.models.as_ref(), &model);
+            let manifest = match &target {
+                Ok(target) => proxy.models.manifest(proxy.services.models.as_ref(), &model, &target.image_pcr0),
+                Err(_) => Err(String::new()),
+            };
             (target, manifest)
         })
         .await

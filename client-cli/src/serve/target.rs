@@ -18,6 +18,8 @@ pub struct Target {
     pub epoch: u64,
     /// When the document stops verifying (chain) or its epoch ends, whichever is first.
     pub valid_until_ms: u64,
+    /// The attested image's PCR0: requests name a model version for this image.
+    pub image_pcr0: Vec<u8>,
 }
 
 /// Why nothing is sent: the check that failed, in `submit`'s words.
@@ -62,5 +64,6 @@ fn verify(services: &Services, trust: &ClientTrust) -> Result<Target, Attestatio
     let now = cloud::now_ms();
     let enclave = current_enclave(services, trust, now).map_err(|e| AttestationFailed(format!("{e:#}")))?;
     let valid_until_ms = enclave.verified.chain_not_after_ms.min(enclave.binding.not_after_ms);
-    Ok(Target { config: KeyConfig::for_epoch(enclave.binding.epoch, enclave.fleet), epoch: enclave.binding.epoch, valid_until_ms })
+    let image_pcr0 = enclave.verified.document.pcrs.get(&0).cloned().unwrap_or_default();
+    Ok(Target { config: KeyConfig::for_epoch(enclave.binding.epoch, enclave.fleet), epoch: enclave.binding.epoch, valid_until_ms, image_pcr0 })
 }

@@ -242,6 +242,7 @@ fn manifest() -> Manifest {
         max_tokens: 128,
         prompts: Default::default(),
         matryoshka: Vec::new(),
+        images: Vec::new(),
         kms_key_id: "alias/test-model".into(),
         wrapped_dek: vec![9; 48],
         created_ms: T0 - 1_000,

@@ -78,6 +78,7 @@ pub fn enqueue(queue: &dyn Queue, job: &JobId, input_size: u64, record_count: u6
         epoch: 1,
         record_count,
         created_ms: cloud::now_ms(),
+        earlier_receives: 0,
     };
     queue.send(&serde_json::to_string(&message).unwrap(), &SendOptions::default()).unwrap();
 }

@@ -135,6 +135,7 @@ fn records_are_read_as_lambda_writes_them() {
         epoch: 1,
         record_count: 1,
         created_ms: 0,
+        earlier_receives: 0,
     })
     .unwrap();
     message["job_id"] = format!("{}g", &job.to_hex()[..31]).into();
