@@ -7,7 +7,7 @@
 //! python3 scripts/build_corpus.py --count 2000 --out /tmp/corpus-2000.jsonl
 //! cargo run --release -p enclave-worker --example bench_inference -- --corpus /tmp/corpus-2000.jsonl
 //!     [--threads 1,2] [--repeats 3] [--budget 2048] [--max-batch 128] [--window 1024]
-//!     [--backend fused|candle] [--json out.json]
+//!     [--backend fused|candle] [--max-tokens 256] [--json out.json]
 //! ```
 //!
 //! Each thread count runs in a child process started with `RAYON_NUM_THREADS=n
@@ -44,6 +44,8 @@ struct Args {
     json: Option<PathBuf>,
     backend: Backend,
     precision: Precision,
+    /// Truncation length (the model's own for long-context models).
+    max_tokens: usize,
     child: bool,
 }
 
@@ -58,6 +60,7 @@ fn parse_args() -> Args {
         json: None,
         backend: Backend::Fused,
         precision: Precision::Fp32,
+        max_tokens: EmbedderSettings::default().max_tokens,
         child: false,
     };
     let mut it = std::env::args().skip(1);
@@ -73,6 +76,7 @@ fn parse_args() -> Args {
             "--budget" => args.budget = value().parse().unwrap_or_else(|_| usage("--budget TOKENS")),
             "--max-batch" => args.max_batch = value().parse().unwrap_or_else(|_| usage("--max-batch N")),
             "--window" => args.window = value().parse().unwrap_or_else(|_| usage("--window N")),
+            "--max-tokens" => args.max_tokens = value().parse().unwrap_or_else(|_| usage("--max-tokens N")),
             "--json" => args.json = Some(PathBuf::from(value())),
             "--backend" => {
                 args.backend = match value().as_str() {
@@ -104,7 +108,7 @@ fn parse_args() -> Args {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 2048] \
-         [--max-batch 128] [--window 1024] [--backend fused|candle] [--precision fp32|bf16|int8] [--json OUT]"
+         [--max-batch 128] [--window 1024] [--backend fused|candle] [--precision fp32|bf16|int8] [--max-tokens 256] [--json OUT]"
     );
     std::process::exit(2)
 }
@@ -234,7 +238,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     let started = Instant::now();
     let embedder = Embedder::load(
         ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights },
-        EmbedderSettings { backend: args.backend, ..EmbedderSettings::default() },
+        EmbedderSettings { backend: args.backend, max_tokens: args.max_tokens, ..EmbedderSettings::default() },
     )
     .expect("load model");
     assert_eq!(embedder.backend(), args.backend);
@@ -414,7 +418,7 @@ fn main() {
         let output = Command::new(&exe)
             .args(["--child", "--threads", &threads.to_string(), "--repeats", &args.repeats.to_string()])
             .args(["--budget", &args.budget.to_string(), "--max-batch", &args.max_batch.to_string()])
-            .args(["--window", &args.window.to_string()])
+            .args(["--window", &args.window.to_string(), "--max-tokens", &args.max_tokens.to_string()])
             .args(["--backend", if args.backend == Backend::Fused { "fused" } else { "candle" }])
             .args(["--precision", args.precision.as_str()])
             .arg("--corpus")

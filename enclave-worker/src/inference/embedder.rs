@@ -26,6 +26,8 @@ pub enum Backend {
     CandleBert,
 }
 
+// One per loaded model: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Model {
     Fused(Encoder),
     Candle(BertModel),

@@ -286,7 +286,8 @@ mod tests {
 
     #[test]
     fn unknown_fields_variants_and_counts_are_refused_by_name() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut Map<String, Value>)>)> = vec![
+        type Edit = Box<dyn Fn(&mut Map<String, Value>)>;
+        let cases: Vec<(&str, Edit)> = vec![
             ("fancy_new_flag", Box::new(|c| { c.insert("fancy_new_flag".into(), true.into()); })),
             ("norm_bias", Box::new(|c| { c.insert("norm_bias".into(), true.into()); })),
             ("attention_bias", Box::new(|c| { c.insert("attention_bias".into(), true.into()); })),

@@ -85,17 +85,21 @@ impl Encoder {
     /// `softmax(Q·Kᵀ/√d [+ MPNet's relative bias]) · V`, each row's softmax divided out of its
     /// `head_dim` results rather than its `n` probabilities; with a `window`, query `i`'s softmax
     /// runs over keys `|i − j| ≤ window` only, and the keys outside it are not computed at all
-    /// (blocks of queries against the keys their windows reach: memory and work linear in `n`).
-    /// `scores` is the caller's buffer.
+    /// (blocks of queries against the keys their windows reach: memory and work linear in `n`);
+    /// a long text's global attention also runs in blocks of queries, so that its scores take
+    /// memory linear in `n`. `scores` is the caller's buffer.
     fn attention_head(&self, qkv: &[f32], head: usize, window: Option<usize>, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
         let (h, d) = (self.hidden, self.head_dim);
         let n = qkv.len() / (3 * h);
         // Rows `start..start + rows` of Q (0), K (h) or V (2h).
         let part = |offset: usize, start: usize, rows: usize| MatRef::new(&qkv[start * 3 * h + offset + head * d..], rows, d, 3 * h, 1);
         let scale = 1.0 / (d as f32).sqrt();
-        // Without a window (or one that every query's reaches past both ends): one block of all.
+        // A local window: blocks of queries against the keys their windows reach. Global: every
+        // key, in blocks of queries for long texts (scores linear in n), in one block up to
+        // LONG_TEXT (every BERT-family text: their vectors as they always were).
         let (block, reach) = match window {
             Some(w) if w + 1 < n => (QUERY_BLOCK, w),
+            _ if n > LONG_TEXT => (GLOBAL_QUERY_BLOCK, n),
             _ => (n.max(1), n),
         };
         let mut totals = vec![0f32; block.min(n)];
@@ -129,3 +133,8 @@ impl Encoder {
 
 /// Queries per block in a local layer: each block's scores are `QUERY_BLOCK × (QUERY_BLOCK + 2·window)`.
 const QUERY_BLOCK: usize = 64;
+/// Texts longer than this attend globally in blocks of [`GLOBAL_QUERY_BLOCK`] queries, each
+/// block's scores `GLOBAL_QUERY_BLOCK × n` (4 MiB at 8,192 tokens, where all of them at once
+/// were 256 MiB per head in flight).
+const LONG_TEXT: usize = 512;
+const GLOBAL_QUERY_BLOCK: usize = 128;
