@@ -46,8 +46,9 @@ classic-cls: classic form, CLS pooling, max_seq_length 8192) and the same texts 
 8,192 tokens. The generator refuses weights for which a wrong rotary base, no local window or
 no rotary at all would keep the vectors within cosine 0.99 of the reference.
 
-The tokenizer trainers are not deterministic, so the committed XLM-R and MPNet tokenizers are
-reused unless --retrain-tokenizers: with them a rerun rewrites every file byte for byte.
+The tokenizer trainers are not deterministic, so the committed XLM-R, MPNet and ModernBERT
+tokenizers are reused unless --retrain-tokenizers: with them a rerun rewrites every file byte for
+byte.
 
 Run by hand (torch from PyPI is several GB), never by setup or CI:
   python3 -m venv /tmp/stvenv
