@@ -320,7 +320,7 @@ fn start_host(
         Some(dir) => dir.join("online-relay.url"),
     };
     write_private(&relay_file, relay_url.as_bytes())?;
-    let pid = spawn(home, &host.name, &poller_binary()?, &args, &env)?;
+    let pid = spawn(home, &host.name, &binary("host-poller")?, &args, &env)?;
     eprintln!("started {} (pid {pid}), which starts {}", host.name, host.worker.display());
     let measured = sha384_file(&host.worker)?.to_vec();
     wait_for("the enclave worker to publish its attestation document", Duration::from_secs(120), || {
@@ -367,10 +367,6 @@ fn start_lambdas(home: &Home, input_retention_s: u64) -> anyhow::Result<()> {
     let pid = spawn(home, "lambdas", &me, &args, &[(receipts_ledger::witness_client::WITNESSES_ENV, witnesses)])?;
     eprintln!("started the local Lambda runtime (pid {pid})");
     Ok(())
-}
-
-fn poller_binary() -> anyhow::Result<PathBuf> {
-    binary("host-poller")
 }
 
 fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> anyhow::Result<bool>) -> anyhow::Result<()> {

@@ -287,6 +287,41 @@ fn modernbert_embeds_as_sentence_transformers_does() {
     }
 }
 
+/// ModernBERT through the local stack as a user runs it: `model encrypt` onboards each folder,
+/// and a batch job over every reference text — up to 8,192 tokens, one cut there — gives
+/// sentence-transformers' vectors and token counts, with the folder's default prompt.
+#[test]
+fn modernbert_serves_batch_jobs_through_the_local_stack() {
+    let reference = matrix::modernbert_reference();
+    let texts = matrix::texts(&reference);
+    let work = tempfile::tempdir().unwrap();
+    let corpus = work.path().join("corpus.jsonl");
+    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
+    let tokenizer = matrix::tokenizer(&m.reference, "modernbert");
+    let hidden = m.reference["architectures"]["modernbert"]["hidden_size"].as_u64().unwrap();
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    for folder in MODERNBERT_FOLDERS {
+        m.onboard("modernbert", folder, &tokenizer);
+        let entry = m.reference["architectures"]["modernbert"]["folders"][folder].clone();
+        let default = entry["default_prompt_name"].as_str().unwrap_or("");
+        let run = matrix::run(&m.reference, "modernbert", folder, default);
+        let label = format!("modernbert/{folder} (local stack)");
+        let records = m.job("modernbert", folder, &[]);
+        let lowest = check(&records, &run, hidden, MODERNBERT_F32_MIN_COSINE, &label);
+        assert!(records.iter().any(|r| r["tokens"] == 8192), "{label}: a text cut at 8,192 tokens");
+        eprintln!("{label} default prompt {default:?} f32: lowest cosine {lowest:.7}");
+        if bf16 {
+            let records = m.job("modernbert", folder, &["--precision", "bf16"]);
+            let lowest = check(&records, &run, hidden, BF16_MIN_COSINE, &label);
+            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
+        }
+        let refused = m.refused("modernbert", folder, &["--precision", "int8"]);
+        assert!(refused.contains("int8"), "{label}: {refused}");
+    }
+}
+
 /// Packing changes nothing: rotary places and local windows are per sequence, so each text alone
 /// and all of them packed together give the same vectors.
 #[test]

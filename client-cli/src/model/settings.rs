@@ -21,13 +21,20 @@ const BERT_DEFAULT_POSITIONS: u32 = 512;
 /// The `model_type`s the enclave's engine runs (enclave-worker's `inference::arch`), with the rows
 /// of the position table before the first real token. A type is added here only once the engine
 /// computes it exactly.
-const ARCHITECTURES: [(&str, PositionOffset); 3] = [
+const ARCHITECTURES: [(&str, PositionOffset); 4] = [
     ("bert", PositionOffset::Zero),
     // Positions start at padding_idx + 1, the padding index being the config's pad_token_id.
     ("xlm-roberta", PositionOffset::AfterPadding),
     // MPNet's padding index is 1 whatever pad_token_id says: positions start at 2.
     ("mpnet", PositionOffset::Fixed(2)),
+    // Rotary positions: the table's length is the model's reach, from position 0.
+    ("modernbert", PositionOffset::Zero),
 ];
+
+/// ModernBERT settings the engine computes only one way (`enclave-worker/src/inference/
+/// modernbert.rs` checks the whole config again when it loads the model).
+const MODERNBERT_FIXED: [(&str, &str); 4] =
+    [("hidden_activation", "\"gelu\""), ("attention_bias", "false"), ("mlp_bias", "false"), ("norm_bias", "false")];
 
 #[derive(Debug, Clone, Copy)]
 enum PositionOffset {
@@ -110,8 +117,9 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     Ok(ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt })
 }
 
-/// The engine runs the [`ARCHITECTURES`] with absolute positions and erf GELU; anything else is
-/// refused. Returns the architecture's position offset.
+/// The engine runs the [`ARCHITECTURES`]: the BERT family with absolute positions and erf GELU,
+/// ModernBERT with its rotary positions, GeGLU and no biases; anything else is refused. Returns
+/// the architecture's position offset.
 fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
     let (kind, offset) = match config.get("model_type").and_then(Value::as_str) {
         Some(kind) => match ARCHITECTURES.iter().find(|(known, _)| *known == kind) {
@@ -128,6 +136,17 @@ fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
             _ => return Err(unsupported(path, "pad_token_id", config.get("pad_token_id").map_or("(absent)".into(), Value::to_string), "positions start after the padding index, which must be stated")),
         },
     };
+    if kind == "modernbert" {
+        for (field, only) in MODERNBERT_FIXED {
+            if let Some(found) = config.get(field).filter(|v| v.to_string() != only) {
+                return Err(unsupported(path, field, found, "the engine computes ModernBERT with erf GELU and without biases"));
+            }
+        }
+        if let Some(scaling) = config.get("rope_scaling").filter(|v| !v.is_null()) {
+            return Err(unsupported(path, "rope_scaling", scaling, "the engine computes unscaled rotary positions"));
+        }
+        return Ok(offset);
+    }
     if kind == "mpnet"
         && let Some(buckets) = config.get("relative_attention_num_buckets").filter(|b| b.as_u64() != Some(MPNET_BUCKETS))
     {

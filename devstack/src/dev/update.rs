@@ -142,7 +142,7 @@ pub fn update_image(home: &Home, args: &UpdateArgs, backend: &BackendArgs) -> an
         worker: args.worker.clone(),
         fleet_key: fleet_key.clone(),
         run_dir: Some(run_dir.clone()),
-        host_id: Some(format!("{}-{}", host_poller_id(), short(&new))),
+        host_id: Some(format!("image-{}", short(&new))),
     };
     let cold = std::time::Instant::now();
     start_host(home, backend, &opened, &host, args.threads, args.concurrency)?;
@@ -192,11 +192,4 @@ fn wait_for_quiet_queue(services: &cloud::Services, quiet: Duration) -> anyhow::
         }
         Ok(since.elapsed() >= quiet)
     })
-}
-
-/// The running host's published name: the machine's host name, as host-poller defaults it.
-fn host_poller_id() -> String {
-    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let name: String = name.trim().chars().filter(|c| c.is_ascii_alphanumeric() || *c == '-').collect();
-    if name.is_empty() { "host".into() } else { name }
 }

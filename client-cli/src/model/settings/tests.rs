@@ -166,6 +166,9 @@ fn architectures_and_limits_the_engine_does_not_run_are_refused() {
         ("", "model_type"),
         (r#", "model_type": "bert", "hidden_act": "gelu_new""#, "hidden_act"),
         (r#", "model_type": "bert", "position_embedding_type": "relative_key""#, "position_embedding_type"),
+        (r#", "model_type": "modernbert", "mlp_bias": true"#, "mlp_bias"),
+        (r#", "model_type": "modernbert", "hidden_activation": "silu""#, "hidden_activation"),
+        (r#", "model_type": "modernbert", "rope_scaling": {"type": "linear", "factor": 2.0}"#, "rope_scaling"),
     ] {
         write(dir.path(), "config.json", &config(extra));
         assert_eq!(refusal(dir.path()).0, "config.json");
@@ -180,6 +183,10 @@ fn architectures_and_limits_the_engine_does_not_run_are_refused() {
     assert_eq!(refusal(dir.path()).1, "max_seq_length");
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 512}"#);
     assert_eq!(read_settings(dir.path()).unwrap().max_tokens, 512);
+    // ModernBERT: rotary positions from 0, its whole table.
+    write(dir.path(), "config.json", r#"{"hidden_size": 8, "max_position_embeddings": 8192, "model_type": "modernbert", "hidden_activation": "gelu", "mlp_bias": false}"#);
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 8192}"#);
+    assert_eq!(read_settings(dir.path()).unwrap().max_tokens, 8192);
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 128, "do_lower_case": true}"#);
     assert_eq!(refusal(dir.path()).1, "do_lower_case");
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": -1}"#);
