@@ -1,5 +1,5 @@
 # The README's two commands are `make demo` and `make test`.
-.PHONY: demo test test-rust test-python test-python-wheel test-cdk test-aws test-supply-chain test-lambda-glibc test-go-interop test-scitt-interop deny fuzz
+.PHONY: demo test test-demo-build test-rust test-python test-python-wheel test-cdk test-aws test-supply-chain test-lambda-glibc test-go-interop test-scitt-interop deny fuzz
 
 demo:
 	bash scripts/demo.sh
@@ -11,7 +11,7 @@ demo:
 # test-go-interop: checkpoints, witness cosignatures and Merkle proofs against the transparency
 # ecosystem's Go code, both ways (scripts/tests/go-interop.sh; docs/protocol.md §8.12).
 # test-scitt-interop: the SCITT export verified by pycose (scripts/tests/scitt-interop.sh; §8.13).
-test: test-rust test-python test-cdk test-supply-chain test-lambda-glibc test-go-interop test-scitt-interop
+test: test-demo-build test-rust test-python test-cdk test-supply-chain test-lambda-glibc test-go-interop test-scitt-interop
 
 test-rust:
 	bash scripts/test-rust.sh
@@ -38,6 +38,10 @@ test-supply-chain: deny
 
 test-lambda-glibc:
 	bash scripts/tests/lambda-glibc.sh
+
+# The README's first command builds what it runs (scripts/tests/demo-build.sh; no build).
+test-demo-build:
+	bash scripts/tests/demo-build.sh
 
 test-go-interop:
 	bash scripts/tests/go-interop.sh

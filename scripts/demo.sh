@@ -17,7 +17,8 @@ echo "==> building ephem-batch, host-poller and enclave-worker"
 # One invocation, the three binaries and only the features they need (the worker's development
 # NSM, which the embedded default runs): no other crate of the workspace (the Lambda runtime, the
 # tests, the Python extension), and every dependency resolved and built once.
-cargo build --locked -p ephem-batch -p host-poller -p enclave-worker --features enclave-worker/dev --bins
+source scripts/lib/demo-build.sh
+cargo build --locked "${DEMO_PACKAGES[@]}" --bins
 bin=target/debug/ephem-batch
 
 echo "==> starting the local stack in $EPHEM_HOME"
