@@ -97,7 +97,8 @@ fn restart_appenders(home: &Home, backend: &BackendArgs, opened: &ephem_batch_cl
         stop(home, aws::PUMP, Duration::from_secs(60));
         aws::start_pump(home, backend)
     } else {
-        // The local Lambda runtime: restarted by `dev up`'s own code path.
+        // The local Lambda runtime reads the policies when it starts (restarted with the default
+        // input retention).
         if stop(home, "lambdas", Duration::from_secs(60)) {
             super::start_lambdas(home, 0)?;
         }
