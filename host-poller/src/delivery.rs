@@ -265,7 +265,7 @@ impl Delivery<'_> {
         };
         let copy = JobMessage { earlier_receives: receives, ..self.message.clone() };
         let body = serde_json::to_string(&copy).expect("a job message serialises");
-        let options = SendOptions { delay: crate::handover::HANDOVER_DELAY, ..SendOptions::default() };
+        let options = SendOptions { delay: crate::handover::handover_delay(receives), ..SendOptions::default() };
         let queue = &self.ctx.services.job_queue;
         if let Err(error) = retry::transient("hand the job over", || queue.send(&body, &options)) {
             tracing::warn!(%error, "job not handed over");

@@ -5,7 +5,7 @@
 //!
 //! "Live holder": a published current document, renewed within [`HOLDER_FRESH`], whose binding
 //! names the job's epoch and whose host is not this one. Read unverified: a host lying here can
-//! only delay the job (it is handed over at most [`MAX_EARLIER_RECEIVES`] receives' worth), and
+//! only delay the job (it is handed over until [`MAX_EARLIER_RECEIVES`] receives), and
 //! the enclave checks every sealed byte as always.
 
 use std::time::Duration;
@@ -17,12 +17,17 @@ use crate::retry;
 
 /// A document renewed within this long marks a running host (they renew every 30 minutes).
 pub(crate) const HOLDER_FRESH: Duration = Duration::from_secs(65 * 60);
-/// A handed-over copy waits this long, so the host that handed it over does not take it back
-/// before the holder has polled.
-pub(crate) const HANDOVER_DELAY: Duration = Duration::from_secs(5);
+/// How long a handed-over copy waits, after `receives` receives in all: 10 s after the first,
+/// doubling to at most a minute — so a holder busy for long is not outwaited by spent receives,
+/// and a free one gets the job within a minute (the host that handed it over may take it back and
+/// hand it over again meanwhile).
+pub(crate) fn handover_delay(receives: u32) -> Duration {
+    Duration::from_secs(5 << receives.min(4)).min(Duration::from_secs(60))
+}
 /// Past this many receives in all, a job is not handed over again: it takes the ordinary path
-/// to a terminal status (the dead-letter queue).
-pub(crate) const MAX_EARLIER_RECEIVES: u32 = 50;
+/// to a terminal status (the dead-letter queue). With [`handover_delay`], over 90 minutes: more
+/// than a draining host's 30.
+pub(crate) const MAX_EARLIER_RECEIVES: u32 = 100;
 
 /// The published document key of a live host, other than `own_host`'s, whose binding names
 /// `epoch`.
@@ -47,4 +52,17 @@ pub(crate) fn live_holder(services: &Services, epoch: u64, own_host: &str, now_m
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handovers_back_off_to_a_minute_and_cover_a_drain() {
+        let delays: Vec<u64> = (1..=6).map(|n| handover_delay(n).as_secs()).collect();
+        assert_eq!(delays, [10, 20, 40, 60, 60, 60]);
+        let covered: u64 = (1..MAX_EARLIER_RECEIVES).map(|n| handover_delay(n).as_secs()).sum();
+        assert!(covered > 90 * 60, "{covered} s");
+    }
 }

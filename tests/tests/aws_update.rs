@@ -114,7 +114,7 @@ fn aws_an_image_update_loses_no_job() {
 
     // --- image A serves a job, still running when the update begins -------------------------
     let long = work.path().join("long.jsonl");
-    corpus(&long, 2500);
+    corpus(&long, 1500);
     let (running, _) = submit(&stack, &long, &policy_a, &publisher);
     stack.wait_until("image A to start the job", Duration::from_secs(120), || {
         (status(&stack, &running)["state"] == "in_progress").then_some(())
