@@ -60,8 +60,8 @@ pub enum Disposition {
     /// Handed back to the queue at once (shutdown).
     Released,
     /// Sealed to an epoch only another host holds: sent again as a fresh message for it
-    /// (`crate::handover`), this one deleted.
-    HandedOver { holder: String },
+    /// (`crate::handover`), visible after `delay`; this one deleted.
+    HandedOver { holder: String, delay: Duration },
     /// The body is not a job message; left for the dead-letter queue.
     Unreadable,
 }
@@ -265,7 +265,8 @@ impl Delivery<'_> {
         };
         let copy = JobMessage { earlier_receives: receives, ..self.message.clone() };
         let body = serde_json::to_string(&copy).expect("a job message serialises");
-        let options = SendOptions { delay: crate::handover::handover_delay(receives), ..SendOptions::default() };
+        let delay = crate::handover::handover_delay(receives);
+        let options = SendOptions { delay, ..SendOptions::default() };
         let queue = &self.ctx.services.job_queue;
         if let Err(error) = retry::transient("hand the job over", || queue.send(&body, &options)) {
             tracing::warn!(%error, "job not handed over");
@@ -276,7 +277,7 @@ impl Delivery<'_> {
         tracing::info!(epoch = self.message.epoch, holder, refusal, "job handed over to the host that holds its epoch");
         let message = format!("{refusal}; handed over to the host that holds epoch {} ({holder})", self.message.epoch);
         self.status.retrying(Some(Failure { check: FailedCheck::FleetKey.as_str().to_owned(), message }));
-        Some(Disposition::HandedOver { holder })
+        Some(Disposition::HandedOver { holder, delay })
     }
 
     /// A job naming the newest manifest in the store, refused by a worker that runs an older

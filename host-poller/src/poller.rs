@@ -310,12 +310,19 @@ fn job_loop(context: &Context, poll_wait: Duration) {
                 release(context, &message);
                 continue;
             }
-            if let Disposition::Released = delivery::handle(context, message) {
-                tracing::info!("job handed back to the queue");
+            match delivery::handle(context, message) {
+                Disposition::Released => tracing::info!("job handed back to the queue"),
+                // This thread does not poll until the copy has been visible a while, so that the
+                // host holding the job's epoch, not this one, receives it.
+                Disposition::HandedOver { delay, .. } => shared.sleep(delay + HANDOVER_STEP_ASIDE),
+                _ => {}
             }
         }
     }
 }
+
+/// How long past a handed-over copy's delay the thread that handed it over stays out of the queue.
+const HANDOVER_STEP_ASIDE: Duration = Duration::from_secs(10);
 
 /// A message that arrived after shutdown began goes straight back.
 fn release(context: &Context, message: &Received) {

@@ -123,7 +123,7 @@ fn aws_an_image_update_loses_no_job() {
     // --- the update, in the background --------------------------------------------------------
     let mut update = stack.command();
     update
-        .args(["dev", "update-image", "--worker", worker_b.to_str().unwrap(), "--threads", "1", "--concurrency", "2", "--drain-s", "900"])
+        .args(["dev", "update-image", "--worker", worker_b.to_str().unwrap(), "--threads", "1", "--concurrency", "1", "--drain-s", "900"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let update = update.spawn().expect("dev update-image");
