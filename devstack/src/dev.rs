@@ -258,6 +258,8 @@ struct HostSpec {
     /// Its process name (`run/<name>.pid`, `logs/<name>.log`).
     name: String,
     worker: PathBuf,
+    /// Its measurement (the worker binary's SHA-384), which its published document must carry.
+    pcr0: [u8; 48],
     /// The KMS key its worker creates epochs under: the image's own.
     fleet_key: String,
     /// Its pid files and sockets (`--run-dir`); `None`: the home's `run/`.
@@ -322,7 +324,6 @@ fn start_host(
     write_private(&relay_file, relay_url.as_bytes())?;
     let pid = spawn(home, &host.name, &binary("host-poller")?, &args, &env)?;
     eprintln!("started {} (pid {pid}), which starts {}", host.name, host.worker.display());
-    let measured = sha384_file(&host.worker)?.to_vec();
     wait_for("the enclave worker to publish its attestation document", Duration::from_secs(120), || {
         // By pid: until the child has exec'd, its command line is still this program's.
         if !alive(pid) {
@@ -334,7 +335,7 @@ fn start_host(
             }
             let Ok(bytes) = services.attestations.get(&meta.key) else { continue };
             let pcr0 = protocol::attestation::AttestationDocument::parse_unverified(&bytes).ok().and_then(|d| d.pcrs.get(&0).cloned());
-            if pcr0.as_ref() == Some(&measured) {
+            if pcr0.as_deref() == Some(host.pcr0.as_slice()) {
                 return Ok(true);
             }
         }
@@ -415,7 +416,7 @@ pub fn up(home: &Home, args: &UpArgs, backend: &BackendArgs) -> anyhow::Result<(
     let manifest_key = ensure_model(&services, &model_key, &model_dir, pcr0)?;
 
     if home.running("host-poller").is_none() {
-        let host = HostSpec { name: "host-poller".into(), worker: worker_bin.clone(), fleet_key: fleet_key.clone(), run_dir: None, host_id: None };
+        let host = HostSpec { name: "host-poller".into(), worker: worker_bin.clone(), pcr0, fleet_key: fleet_key.clone(), run_dir: None, host_id: None };
         start_host(home, backend, &opened, &host, args.threads, args.concurrency)?;
     }
     write_policy(home, pcr0)?;

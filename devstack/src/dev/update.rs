@@ -141,6 +141,7 @@ pub fn update_image(home: &Home, args: &UpdateArgs, backend: &BackendArgs) -> an
     let host = HostSpec {
         name: format!("image-{}", short(&new)),
         worker: args.worker.clone(),
+        pcr0: new,
         fleet_key: fleet_key.clone(),
         run_dir: Some(run_dir.clone()),
         host_id: Some(format!("image-{}", short(&new))),
