@@ -47,10 +47,11 @@ echo "deny: ${checks[*]} checked in $(( $(now) - t ))s"
 # The enclave worker is the trusted computing base (DESIGN.md §2): whatever else the workspace
 # needs, no network stack, HTTP client, AWS, database or host-side crate may reach its tree,
 # production build (`nitro`) included. Its one TLS client (rustls + ring, for its own KMS calls,
-# docs/protocol.md §6.1) is allowed by name; aws-lc and every other TLS stack are not.
+# docs/protocol.md §6.1) is allowed by name; aws-lc and every other TLS stack are not. Nor is
+# candle: its BERT is the tests' and the benchmark's reference (feature `candle`), not the image's.
 # docs/supply-chain.md lists what it does depend on, and why.
 if [ "$#" -eq 0 ]; then
-    forbidden='^(aws-config|aws-sdk-.*|aws-smithy-.*|aws-runtime|aws-lc-rs|aws-lc-sys|rustls-native-certs|webpki-roots|hyper|h2|http|reqwest|ureq|tokio|mio|openssl|openssl-sys|native-tls|rusqlite|libsqlite3-sys|hf-hub|cloud|cloud-aws|cloud-local|host-poller|lambdas|receipts-ledger|lambda_runtime) '
+    forbidden='^(aws-config|aws-sdk-.*|aws-smithy-.*|aws-runtime|aws-lc-rs|aws-lc-sys|rustls-native-certs|webpki-roots|hyper|h2|http|reqwest|ureq|tokio|mio|openssl|openssl-sys|native-tls|rusqlite|libsqlite3-sys|hf-hub|cloud|cloud-aws|cloud-local|host-poller|lambdas|receipts-ledger|lambda_runtime|candle-.*) '
     tree="$(cargo tree --locked -p enclave-worker --features nitro -e normal --prefix none --format '{p}' | sed 's/ (\*)$//')"
     if found="$(grep -E "$forbidden" <<<"$tree" | sort -u)" && [ -n "$found" ]; then
         echo "deny: the enclave worker's tree reaches crates it must not have:" >&2

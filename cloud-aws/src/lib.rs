@@ -37,6 +37,7 @@ use std::time::Duration;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
+use aws_smithy_http_client::tls;
 
 pub use kms::AwsKms;
 pub use runtime::AwsRuntime;
@@ -116,7 +117,14 @@ impl AwsClients {
         // No operation timeout: long polls take up to 20 s and object bodies stream for as
         // long as they need. A connection that cannot be made fails fast and is retried.
         let timeouts = TimeoutConfig::builder().connect_timeout(Duration::from_secs(5)).build();
-        let mut loader = aws_config::defaults(BehaviorVersion::latest()).retry_config(retry).timeout_config(timeouts);
+        // HTTPS on rustls with ring, the crypto of every other TLS client here (Cargo.toml).
+        let https = aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::Ring))
+            .build_https();
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .http_client(https)
+            .retry_config(retry)
+            .timeout_config(timeouts);
         if let Some(region) = region {
             loader = loader.region(Region::new(region.to_owned()));
         }

@@ -129,7 +129,7 @@ struct Setup {
 
 fn setup(evidence_of: impl FnOnce(&str) -> KeyEvidence, answer: Answer) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let nsm = DevNsm::open(&dir.path().join("nsm")).unwrap();
+    let nsm = DevNsm::open(dir.path().join("nsm")).unwrap();
     let image = hex::encode(&nsm.pcrs()[&0]);
     let kms = GenesisKms { evidence: evidence_of(&image), answer, root: nsm.trust_anchor(), generated: 0 };
     Setup { _dir: dir, nsm, pool: RsaKeyPool::start(1), kms }

@@ -1,8 +1,5 @@
-//! The backend: tokenizer + BERT on candle's CPU device, loaded from bytes in memory.
+//! A sentence-embedding model: tokenizer, encoder and pooling, loaded from bytes in memory.
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::bert::{BertModel, Config};
 use protocol::envelope::Precision;
 use protocol::manifest::{Manifest, Pooling};
 use protocol::receipt::{Compute, ComputeUnit, ShortRecords};
@@ -17,12 +14,13 @@ use super::{InferenceError, RecordFailure};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Backend {
     /// The fused encoder (`encoder.rs`): packed unpadded tokens, per-sequence attention,
-    /// fused element-wise kernels, candle's gemm for the dense layers. Default; falls back to
-    /// [`Backend::CandleBert`] for a config it does not implement.
+    /// fused element-wise kernels, our dense kernels. Default; with the `candle` feature a BERT
+    /// config it does not implement falls back to [`Backend::CandleBert`].
     #[default]
     Fused,
     /// `candle_transformers::models::bert::BertModel` over right-padded batches with an attention
-    /// mask: the straightforward reference path.
+    /// mask: the straightforward reference path, in builds with the `candle` feature only
+    /// ([`super::candle_bert`]).
     CandleBert,
 }
 
@@ -30,7 +28,8 @@ pub enum Backend {
 #[allow(clippy::large_enum_variant)]
 enum Model {
     Fused(Encoder),
-    Candle(BertModel),
+    #[cfg(feature = "candle")]
+    Candle(super::candle_bert::CandleBert),
 }
 
 /// The three files of a model directory, as bytes in memory (decrypted and hash-checked by the
@@ -124,8 +123,6 @@ pub struct Embedder {
     settings: EmbedderSettings,
     arch: Architecture,
     hidden_size: usize,
-    pad_id: u32,
-    device: Device,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -139,8 +136,8 @@ impl std::fmt::Debug for Embedder {
 }
 
 impl Embedder {
-    /// Builds the model from bytes in memory. The weights are copied into candle tensors (no
-    /// mmap); the caller may drop or zeroize `files` afterwards.
+    /// Builds the model from bytes in memory. The weights are copied into the encoder's own
+    /// layout (no mmap); the caller may drop or zeroize `files` afterwards.
     pub fn load(files: ModelFiles<'_>, settings: EmbedderSettings) -> Result<Self, InferenceError> {
         let config = ArchConfig::parse(files.config)?;
         if settings.max_tokens < 3 || settings.max_tokens > config.max_tokens() {
@@ -163,6 +160,7 @@ impl Embedder {
             Tokenizer::from_bytes(files.tokenizer).map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
         // The shipped tokenizer.json pads every text to a fixed 128 tokens and truncates at 128
         // (STACK.md §5). We pad ourselves, within a batch, and truncate at max_tokens.
+        #[cfg(feature = "candle")]
         let shipped_pad = tokenizer.get_padding().map(|p| p.pad_id).or_else(|| tokenizer.token_to_id("[PAD]"));
         tokenizer.with_padding(None);
         tokenizer
@@ -174,7 +172,6 @@ impl Embedder {
             }))
             .map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
 
-        let device = Device::Cpu;
         let fused = if settings.backend != Backend::Fused {
             Err("the CandleBert backend was asked for".to_owned())
         } else if !Encoder::reads(files.weights) {
@@ -182,29 +179,28 @@ impl Embedder {
         } else {
             Encoder::supports(&config)
         };
-        let mut pad_id = shipped_pad.unwrap_or(0);
-        let model = if fused.is_ok() {
-            let mut encoder = Encoder::load(files.weights, &config)?;
-            encoder.calibrate_with(
-                INT8_CALIBRATION.iter().filter_map(|text| tokenizer.encode_fast(*text, true).ok()).map(|e| e.get_ids().to_vec()),
-            );
-            Model::Fused(encoder)
-        } else if let (Architecture::XlmRoberta | Architecture::MpNet | Architecture::ModernBert, Err(why)) = (config.arch, fused) {
-            // candle's BertModel has neither their positions, MPNet's relative bias nor ModernBERT's layers.
-            return Err(InferenceError::UnsupportedArchitecture(format!(
-                "{}: only the fused encoder computes it, and not this model here: {why}",
-                config.arch.as_str()
-            )));
-        } else {
-            let config: Config =
-                serde_json::from_slice(files.config).map_err(|e| InferenceError::Config(e.to_string()))?;
-            pad_id = shipped_pad.unwrap_or(config.pad_token_id as u32);
-            let tensors = candle_core::safetensors::load_buffer(files.weights, &device)
-                .map_err(|e| InferenceError::Weights(e.to_string()))?;
-            let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
-            Model::Candle(BertModel::load(vb, &config).map_err(|e| InferenceError::Weights(e.to_string()))?)
+        let model = match fused {
+            Ok(()) => {
+                let mut encoder = Encoder::load(files.weights, &config)?;
+                encoder.calibrate_with(
+                    INT8_CALIBRATION.iter().filter_map(|text| tokenizer.encode_fast(*text, true).ok()).map(|e| e.get_ids().to_vec()),
+                );
+                Model::Fused(encoder)
+            }
+            #[cfg(feature = "candle")]
+            Err(_) if config.arch == Architecture::Bert => {
+                Model::Candle(super::candle_bert::CandleBert::load(files.config, files.weights, shipped_pad)?)
+            }
+            Err(why) => {
+                // candle's BertModel (a test and benchmark reference) has neither their
+                // positions, MPNet's relative bias nor ModernBERT's layers.
+                return Err(InferenceError::UnsupportedArchitecture(format!(
+                    "{}: only the fused encoder computes it, and not this model here: {why}",
+                    config.arch.as_str()
+                )));
+            }
         };
-        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, pad_id, device })
+        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -223,6 +219,7 @@ impl Embedder {
     pub fn check_precision(&self, precision: Precision) -> Result<(), InferenceError> {
         let computes = match self.model {
             Model::Fused(_) => Encoder::supports_precision(precision),
+            #[cfg(feature = "candle")]
             Model::Candle(_) => precision == Precision::Fp32,
         };
         if !computes {
@@ -287,6 +284,7 @@ impl Embedder {
     pub fn backend(&self) -> Backend {
         match self.model {
             Model::Fused(_) => Backend::Fused,
+            #[cfg(feature = "candle")]
             Model::Candle(_) => Backend::CandleBert,
         }
     }
@@ -294,7 +292,7 @@ impl Embedder {
     /// Whether batches are padded to their longest member (CandleBert) or packed (Fused). Decides
     /// how many tokens the model really processes.
     pub fn pads_batches(&self) -> bool {
-        matches!(self.model, Model::Candle(_))
+        self.backend() == Backend::CandleBert
     }
 
     /// Length of the output vectors.
@@ -372,7 +370,7 @@ impl Embedder {
                 // Batches are sorted by length, so only the one at the boundary has both.
                 let at = |t: &&Tokenized| self.precision_for(precision, t.tokens());
                 let first = at(&batch[0]);
-                if batch.iter().all(|t| at(&t) == first) {
+                if batch.iter().all(|t| at(t) == first) {
                     let sequences: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
                     encoder.forward(&sequences, first, |states| {
                         let mut start = 0;
@@ -398,30 +396,10 @@ impl Embedder {
                     }
                 }
             }
+            #[cfg(feature = "candle")]
             Model::Candle(model) => {
-                let rows = batch.len();
-                let cols = batch.iter().map(|t| t.ids.len()).max().unwrap_or(0).max(1);
-                let mut ids = vec![self.pad_id; rows * cols];
-                let mut mask = vec![0u32; rows * cols];
-                for (row, tokenized) in batch.iter().enumerate() {
-                    let start = row * cols;
-                    ids[start..start + tokenized.ids.len()].copy_from_slice(&tokenized.ids);
-                    mask[start..start + tokenized.ids.len()].fill(1);
-                }
-                let forward = || -> candle_core::Result<Vec<f32>> {
-                    let input_ids = Tensor::from_vec(ids, (rows, cols), &self.device)?;
-                    let attention_mask = Tensor::from_vec(mask, (rows, cols), &self.device)?;
-                    let token_type_ids = input_ids.zeros_like()?;
-                    let hidden = model.forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
-                    hidden.flatten_all()?.to_vec1::<f32>()
-                };
-                let states = forward().map_err(|e| InferenceError::Forward(e.to_string()))?;
-                if states.len() != rows * cols * h {
-                    return Err(InferenceError::Forward(format!(
-                        "output has {} values, expected {rows}×{cols}×{h}",
-                        states.len()
-                    )));
-                }
+                let sequences: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
+                let (states, cols) = model.forward(&sequences, h)?;
                 for (row, tokenized) in batch.iter().enumerate() {
                     // Right padding: the first n positions are the real tokens.
                     let start = row * cols * h;
@@ -459,6 +437,7 @@ impl Embedder {
     /// `TOKENIZER_BYTES_PER_TOKEN` per entry). `None` for the candle backend, whose tensors
     /// are not measured here: the caller counts the weights file instead.
     pub fn memory_bytes(&self) -> Option<u64> {
+        #[cfg_attr(not(feature = "candle"), allow(irrefutable_let_patterns))]
         let Model::Fused(encoder) = &self.model else { return None };
         Some((encoder.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
     }

@@ -8,7 +8,7 @@
 //!   tokens, so nothing is computed for, or masked out of, padding.
 //! * **Dense layers through our own AVX-512 kernels** ([`super::dense`]: f32, or bf16 inputs with
 //!   f32 sums, or int8 with int32 sums, when a job asks for it), with weights transposed and
-//!   packed once at load time and Q/K/V fused into one `(hidden, 3·hidden)` product; candle's gemm
+//!   packed once at load time and Q/K/V fused into one `(hidden, 3·hidden)` product; gemm's kernels
 //!   on a CPU without AVX-512. For int8 the activations' outlier channels are first moved into
 //!   the weights (SmoothQuant, α = 0.5, power-of-two factors from the largest |activation| of each
 //!   input channel over a fixed calibration set run in fp32), the 8 channels still largest after
@@ -25,7 +25,6 @@
 
 use std::sync::{Mutex, OnceLock};
 
-use candle_core::{Device, Storage, Tensor};
 use protocol::envelope::Precision;
 use rayon::prelude::*;
 use safetensors::{Dtype, SafeTensors};
@@ -34,6 +33,7 @@ use super::InferenceError;
 use super::arch::{self, Activation, ArchConfig, Architecture, LayerAttention, Placement, RelativeBias};
 use super::dense::{self, Int8Weights, Packed};
 use super::kernels;
+use super::strided::{self, MatMut, MatRef};
 
 mod attention;
 pub(crate) mod blocks;
@@ -254,7 +254,7 @@ impl Encoder {
         })
     }
 
-    /// Bytes the encoder holds now: the f32 weights (packed, or candle tensors), the MPNet bias
+    /// Bytes the encoder holds now: the f32 weights (packed, or row-major without AVX-512), the MPNet bias
     /// table, the calibration sequences, and the bf16 and int8 copies once a job has built them;
     /// not the forward passes' kept scratch, which the batch limits bound, like any activations.
     pub(crate) fn memory_bytes(&self) -> usize {
@@ -295,7 +295,7 @@ impl Encoder {
         let packed = self.bf16.get_or_init(|| {
             let pack = |w: &Weight| match w {
                 Weight::Packed(w) => Ok(Packed::bf16(w)),
-                Weight::Candle(_) => Err(InferenceError::UnsupportedPrecision(Precision::Bf16.as_str())),
+                Weight::Plain { .. } => Err(InferenceError::UnsupportedPrecision(Precision::Bf16.as_str())),
             };
             self.layers
                 .iter()
@@ -590,15 +590,14 @@ fn resize(buffer: &mut Vec<f32>, len: usize) {
     buffer.resize(len, 0.0);
 }
 
-/// `out ← x · w` (`x`: `m` rows): through our f32 kernel (candle's gemm on a CPU without
-/// AVX-512), or through the bf16 or int8 kernel with `w`'s bf16 or int8 copy.
+/// `out ← x · w` (`x`: `m` rows): through our f32 kernel (gemm's on a CPU without AVX-512), or through the bf16 or int8 kernel with `w`'s bf16 or int8 copy.
 fn dense(x: &[f32], m: usize, w: &Weight, reduced: Product<'_>, out: &mut Vec<f32>) -> Result<(), InferenceError> {
     let k = x.len() / m.max(1);
     let (rows, cols) = match (w, reduced) {
         (_, Product::Bf16(packed)) => (packed.rows(), packed.cols()),
         (_, Product::Int8(quantised)) => (quantised.rows(), quantised.cols()),
         (Weight::Packed(packed), Product::Fp32) => (packed.rows(), packed.cols()),
-        (Weight::Candle(w), Product::Fp32) => w.dims2().map_err(forward_err)?,
+        (Weight::Plain { rows, cols, .. }, Product::Fp32) => (*rows, *cols),
     };
     if k != rows || x.len() != m * k {
         return Err(InferenceError::Forward(format!("({m}, {k}) · ({rows}, {cols})")));
@@ -608,33 +607,14 @@ fn dense(x: &[f32], m: usize, w: &Weight, reduced: Product<'_>, out: &mut Vec<f3
         (_, Product::Bf16(packed)) => dense::matmul_bf16(x, m, packed, out),
         (_, Product::Int8(quantised)) => dense::matmul_int8(x, m, quantised, out),
         (Weight::Packed(packed), Product::Fp32) => dense::matmul_f32(x, m, packed, out),
-        (Weight::Candle(w), Product::Fp32) => {
-            let product = tensor(x.to_vec(), m, k)?.matmul(w).map_err(forward_err)?;
-            with_slice(&product, |values| out.copy_from_slice(values))?;
-        }
+        (Weight::Plain { values, rows, cols }, Product::Fp32) => strided::matmul_parallel(
+            MatRef::new(x, m, k, k, 1),
+            MatRef::new(values, *rows, *cols, *cols, 1),
+            MatMut::new(out, m, *cols, *cols),
+            1.0,
+        ),
     }
     Ok(())
-}
-
-fn forward_err(e: candle_core::Error) -> InferenceError {
-    InferenceError::Forward(e.to_string())
-}
-
-fn tensor(values: Vec<f32>, rows: usize, cols: usize) -> Result<Tensor, InferenceError> {
-    Tensor::from_vec(values, (rows, cols), &Device::Cpu).map_err(forward_err)
-}
-
-/// Runs `f` on a contiguous f32 CPU tensor's values without copying them.
-fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R, InferenceError> {
-    let (storage, layout) = t.storage_and_layout();
-    let Storage::Cpu(cpu) = &*storage else {
-        return Err(InferenceError::Forward("tensor is not on the CPU".into()));
-    };
-    let values = cpu.as_slice::<f32>().map_err(forward_err)?;
-    let Some((start, end)) = layout.contiguous_offsets() else {
-        return Err(InferenceError::Forward("tensor is not contiguous".into()));
-    };
-    Ok(f(&values[start..end]))
 }
 
 /// Fills `out` row by row (`row_len` values each) in parallel blocks: `f(row_index, row)`.
@@ -675,7 +655,7 @@ mod tests {
             .flat_map(|l| [&l.qkv.w, &l.out.w, &l.ff1.w, &l.ff2.w])
             .map(|w| match w {
                 Weight::Packed(p) => p.memory_bytes() - p.rows() * p.cols() * 4,
-                Weight::Candle(_) => 0,
+                Weight::Plain { .. } => 0,
             })
             .sum();
         assert_eq!(before, used - bucket_weights + table + 4 * config.hidden_size + padding, "{used} bytes of tensors");
@@ -689,7 +669,7 @@ mod tests {
             .flat_map(|l| [&l.qkv.w, &l.out.w, &l.ff1.w, &l.ff2.w])
             .map(|w| match w {
                 Weight::Packed(p) => p.memory_bytes(),
-                Weight::Candle(_) => 0,
+                Weight::Plain { .. } => 0,
             })
             .sum();
         encoder.bf16_layers().unwrap();
@@ -697,22 +677,22 @@ mod tests {
         assert!(grown.abs_diff(dense_f32 / 2) <= dense_f32 / 100, "bf16 copy {grown} bytes for {dense_f32} of f32");
     }
 
-    /// The two forms a dense weight takes (our kernel's panels where the CPU has AVX-512, a candle
-    /// tensor elsewhere) compute the same product.
+    /// The two forms a dense weight takes (our kernel's panels where the CPU has AVX-512, gemm's
+    /// row-major values elsewhere) compute the same product.
     #[test]
     fn both_weight_forms_give_the_same_product() {
         if !dense::f32_supported() {
-            eprintln!("skipped: this CPU has no AVX-512, so only the candle form exists here");
+            eprintln!("skipped: this CPU has no AVX-512, so only the plain form exists here");
             return;
         }
         let (m, k, n) = (11, 37, 70);
         let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 101) as f32 / 50.0 - 1.0).collect();
         let w: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 97) as f32 / 48.0 - 1.0).collect();
         let packed = Weight::Packed(Packed::f32(&w, k, n));
-        let candle = Weight::Candle(Tensor::from_vec(w, (k, n), &Device::Cpu).unwrap());
+        let plain = Weight::Plain { values: w, rows: k, cols: n };
         let (mut ours, mut theirs) = (Vec::new(), vec![1.0; 3]);
         dense(&x, m, &packed, Product::Fp32, &mut ours).unwrap();
-        dense(&x, m, &candle, Product::Fp32, &mut theirs).unwrap();
+        dense(&x, m, &plain, Product::Fp32, &mut theirs).unwrap();
         assert_eq!(ours.len(), m * n);
         assert_eq!(theirs.len(), m * n);
         for (a, b) in ours.iter().zip(&theirs) {

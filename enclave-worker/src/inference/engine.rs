@@ -17,8 +17,7 @@ use super::{Embedding, InferenceError, RecordFailure};
 /// How an [`Engine`] runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EngineSettings {
-    /// Threads of the engine's rayon pool; 0 means `std::thread::available_parallelism()`. See the
-    /// module docs for the part of candle this does not reach.
+    /// Threads of the engine's rayon pool; 0 means `std::thread::available_parallelism()`.
     pub threads: usize,
     /// Token budget and batch-size cap of one batch.
     pub limits: BatchLimits,
@@ -79,25 +78,6 @@ impl EmbedOptions {
         };
         Ok(Self { truncate: options.truncate, normalize: options.normalize, precision: options.precision, prompt, dimensions })
     }
-}
-
-/// What candle's CPU backend will use, process-wide (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CandleThreads {
-    /// Tasks each matrix multiplication is split into (`RAYON_NUM_THREADS`, else physical cores).
-    pub gemm_tasks: usize,
-    /// Threads of candle's element-wise pool (`CANDLE_NUM_THREADS`, else as above).
-    pub elementwise_threads: usize,
-}
-
-pub fn candle_thread_settings() -> CandleThreads {
-    let gemm_tasks = candle_core::utils::get_num_threads();
-    let elementwise_threads = std::env::var("CANDLE_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(gemm_tasks);
-    CandleThreads { gemm_tasks, elementwise_threads }
 }
 
 /// Embeds windows of records with one model on a dedicated thread pool. `Sync`: several jobs may

@@ -1,4 +1,4 @@
-//! Text embedding inside the enclave: a BERT-family sentence-embedding backend on candle, and an
+//! Text embedding inside the enclave: a sentence-embedding backend on our own encoder, and an
 //! engine that batches records by token length under a token budget and returns results in input
 //! order (DESIGN.md §5 step 5, §7).
 //!
@@ -18,9 +18,11 @@
 //!   normalisation. Two encoders ([`Backend`]):
 //!   - `Fused` (default, `encoder.rs`): our own arrangement of the same computation — sequences
 //!     packed without padding, attention per sequence, Q/K/V fused, bias/residual/LayerNorm/GELU
-//!     fused in safe vectorisable Rust (`kernels.rs`), every product on candle's gemm;
-//!   - `CandleBert`: `candle_transformers`' `BertModel` over right-padded batches with the
-//!     attention mask and zero `token_type_ids` — the straightforward reference path.
+//!     fused in safe vectorisable Rust (`kernels.rs`), every product on our kernels (`dense.rs`)
+//!     or gemm's (attention, and dense layers on a CPU without AVX-512);
+//!   - `CandleBert` (feature `candle`, for tests and the benchmark only: `candle_bert.rs`):
+//!     `candle_transformers`' `BertModel` over right-padded batches with the attention mask and
+//!     zero `token_type_ids` — the straightforward reference path.
 //!
 //!   Both are checked against the same reference vectors (`tests/inference_reference.rs`).
 //!   The fused encoder also computes at the reduced precisions a job may ask for (`dense.rs`):
@@ -56,27 +58,18 @@
 //!
 //! # Threads
 //!
-//! candle takes no per-call thread count. Its CPU backend has two sources of parallelism:
-//!
-//! 1. matrix products (gemm): split into `candle_core::utils::get_num_threads()` tasks
-//!    (`RAYON_NUM_THREADS`, else the number of *physical* cores), executed with rayon on the
-//!    **current** rayon pool;
-//! 2. large element-wise tensor ops: candle's own global spin-barrier pool, sized once at first
-//!    use from `CANDLE_NUM_THREADS`, else `RAYON_NUM_THREADS`, else physical cores.
-//!
 //! [`Engine`] runs everything inside its own `rayon::ThreadPool` of [`EngineSettings::threads`]
-//! threads (default: available parallelism). That pool bounds (1), our tokenization, attention
-//! and element-wise kernels. The fused backend uses no candle element-wise op, so for it the
-//! engine's thread count is the whole story (measured: one engine thread with gemm splitting in 2
-//! tasks runs as fast as with `RAYON_NUM_THREADS=1`). The CandleBert backend also uses (2), which
-//! only the process environment sets, before the first tensor op — setting environment variables
-//! in-process is `unsafe`, which this crate forbids — so run it with `CANDLE_NUM_THREADS=n
-//! RAYON_NUM_THREADS=n`; the benchmark does this for every thread count, in a child process.
-//! [`candle_thread_settings`] reports what candle will use. Inside a Nitro enclave vCPUs are
-//! hyper-thread pairs, so candle's default (physical cores) is half the vCPU count: give the
-//! worker `RAYON_NUM_THREADS` = vCPUs there.
+//! threads (default: available parallelism): tokenization, the dense kernels, attention (gemm on
+//! the current rayon pool) and the element-wise kernels, so the engine's thread count is the
+//! whole story. The CandleBert reference also uses candle's own element-wise pool, which only the
+//! process environment sizes, before the first tensor op (setting environment variables
+//! in-process is `unsafe`, which this crate forbids): run it with `CANDLE_NUM_THREADS=n
+//! RAYON_NUM_THREADS=n`; the benchmark does this for every thread count, in a child process, and
+//! `candle_thread_settings` reports what candle will use.
 
 mod arch;
+#[cfg(feature = "candle")]
+mod candle_bert;
 mod batching;
 mod embedder;
 mod dense;
@@ -93,14 +86,13 @@ pub use dense::{Blocking as DenseBlocking, L2Size, Unit as DenseUnit, Units as D
 #[doc(hidden)] // for examples/bench_dense
 pub use dense::bench as dense_bench;
 pub use embedder::{Backend, Embedder, EmbedderSettings, INT8_SHORT_TOKENS, ModelFiles, Tokenized};
-pub use engine::{CandleThreads, EmbedOptions, Engine, EngineSettings, candle_thread_settings};
+#[cfg(feature = "candle")]
+pub use candle_bert::{CandleThreads, candle_thread_settings};
+pub use engine::{EmbedOptions, Engine, EngineSettings};
 pub use metrics::{Metrics, MetricsSnapshot};
 
 use protocol::records::{ErrorCode, OutputRecord, Vector};
 
-// A direct dependency only to switch on gemm's `x86-v4` (AVX-512) kernels for candle's matmul by
-// feature unification: ~1.9× GEMM throughput on AVX-512 CPUs (STACK.md §1). Not called directly.
-use gemm as _;
 
 /// One embedded record.
 #[derive(Debug, Clone, PartialEq)]

@@ -82,6 +82,15 @@ impl MatMut<'_> {
 ///
 /// Panics if the shapes do not match.
 pub(crate) fn matmul(a: MatRef<'_>, b: MatRef<'_>, out: MatMut<'_>, scale: f32) {
+    product(a, b, out, scale, gemm::Parallelism::None);
+}
+
+/// [`matmul`] split into tasks on the current rayon pool: one product as large as a layer's.
+pub(crate) fn matmul_parallel(a: MatRef<'_>, b: MatRef<'_>, out: MatMut<'_>, scale: f32) {
+    product(a, b, out, scale, gemm::Parallelism::Rayon(rayon::current_num_threads()));
+}
+
+fn product(a: MatRef<'_>, b: MatRef<'_>, out: MatMut<'_>, scale: f32, parallelism: gemm::Parallelism) {
     assert!(a.cols == b.rows && out.rows == a.rows && out.cols == b.cols, "shapes do not match");
     if out.rows == 0 || out.cols == 0 {
         return;
@@ -111,7 +120,7 @@ pub(crate) fn matmul(a: MatRef<'_>, b: MatRef<'_>, out: MatMut<'_>, scale: f32) 
             false,
             false,
             false,
-            gemm::Parallelism::None,
+            parallelism,
         )
     }
 }

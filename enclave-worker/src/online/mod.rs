@@ -93,17 +93,17 @@ pub fn answer(worker: &Worker, state: &OnlineState, encapsulated: &[u8]) -> Resu
         }
     };
     lock(&state.replay).admit(sealer.encapsulated_key(), request.sent_ms, now)?;
-    if let Ok(call) = &request.call {
-        if !lock(&state.usage).admits(request.client, &call.model, call.precision, epoch, now) {
-            let error = ApiError {
-                status: 503,
-                kind: "server_error",
-                param: None,
-                code: Some("usage_book_full"),
-                message: "the enclave's usage book is full until the host collects usage receipts; nothing was computed".into(),
-            };
-            return seal(&sealer, &online::encode_response(error.status, &error.to_json()));
-        }
+    if let Ok(call) = &request.call
+        && !lock(&state.usage).admits(request.client, &call.model, call.precision, epoch, now)
+    {
+        let error = ApiError {
+            status: 503,
+            kind: "server_error",
+            param: None,
+            code: Some("usage_book_full"),
+            message: "the enclave's usage book is full until the host collects usage receipts; nothing was computed".into(),
+        };
+        return seal(&sealer, &online::encode_response(error.status, &error.to_json()));
     }
     let (status, body, served) = match respond(worker, &request) {
         Ok((body, served)) => (200, body, Some(served)),

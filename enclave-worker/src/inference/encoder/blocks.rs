@@ -4,7 +4,6 @@
 //! tensor names onto these ([`super::Layer`], [`Embeddings`]); the encoder's one layer loop
 //! computes them all.
 
-use candle_core::{Device, Tensor};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::super::InferenceError;
@@ -30,11 +29,11 @@ impl Norm {
     }
 }
 
-/// A dense layer's `(in, out)` weights: packed for our AVX-512 kernel, or a candle tensor on a
-/// CPU without AVX-512.
+/// A dense layer's `(in, out)` weights: packed for our AVX-512 kernel, or row-major for gemm's
+/// on a CPU without AVX-512.
 pub(crate) enum Weight {
     Packed(Packed<f32>),
-    Candle(Tensor),
+    Plain { values: Vec<f32>, rows: usize, cols: usize },
 }
 
 impl Weight {
@@ -42,7 +41,10 @@ impl Weight {
         if dense::f32_supported() {
             Ok(Weight::Packed(Packed::f32(&values, rows, cols)))
         } else {
-            Tensor::from_vec(values, (rows, cols), &Device::Cpu).map(Weight::Candle).map_err(weights_err)
+            if values.len() != rows * cols {
+                return Err(InferenceError::Weights(format!("{} values for ({rows}, {cols})", values.len())));
+            }
+            Ok(Weight::Plain { values, rows, cols })
         }
     }
 
@@ -50,17 +52,14 @@ impl Weight {
     pub(crate) fn shape(&self) -> (usize, usize) {
         match self {
             Weight::Packed(p) => (p.rows(), p.cols()),
-            Weight::Candle(t) => {
-                let dims = t.dims();
-                (dims[0], dims[1])
-            }
+            Weight::Plain { rows, cols, .. } => (*rows, *cols),
         }
     }
 
     pub(crate) fn memory_bytes(&self) -> usize {
         match self {
             Weight::Packed(p) => p.memory_bytes(),
-            Weight::Candle(t) => t.elem_count() * t.dtype().size_in_bytes(),
+            Weight::Plain { values, .. } => std::mem::size_of_val(values.as_slice()),
         }
     }
 }
