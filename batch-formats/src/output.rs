@@ -25,11 +25,14 @@
 //!   "model", "usage": {"prompt_tokens", "total_tokens"}}}, "error": null}`. The `batch_req_` and
 //!   `req_` ids are derived from the job id and the custom_id, so writing the same results again
 //!   gives the same bytes.
-//! * **npy** — NumPy format 1.0, `<f4`, C order, shape `(rows, dimensions)`; the header is
+//! * **npy** — NumPy format 1.0, `<f4` (`|i1` for int8 and binary, `|u1` for uint8 and
+//!   ubinary output), C order, shape `(rows, elements)`; the header is
 //!   written with a placeholder shape and fixed up at the end (it has a fixed size, 128 bytes),
 //!   so the matrix streams to disk. Row `i` belongs to line `i` of the ids file.
 //!
-//! Vectors sent as f16 are widened to f32 in every format.
+//! Vectors sent as f16 are widened to f32 in every format; the compact encodings (int8, uint8,
+//! binary, ubinary: docs/protocol.md §2.2) are written as integers, as the enclave computed them
+//! (binary and ubinary: the packed bytes).
 //!
 //! The errors file, in the jsonl and npy formats, has one `{"id", "code", "message"}` line per
 //! failed record, plus `"line"` (1-based line of the corpus) for the lines refused locally at
@@ -46,7 +49,7 @@ use std::fs::File;
 use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use protocol::envelope::JobId;
+use protocol::envelope::{JobId, OutputDtype};
 use protocol::records::{ErrorCode, OutputRecord, Vector};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -93,6 +96,8 @@ pub enum OutputError {
     NoFileName(PathBuf),
     #[error("record {id:?} has {found} dimensions, the others {expected}")]
     Dimensions { id: String, expected: usize, found: usize },
+    #[error("record {id:?} is {found}, the records before it {expected}")]
+    Dtype { id: String, expected: &'static str, found: &'static str },
     #[error("record id {id:?} is not <custom_id>#<index>: the openai format needs a corpus of OpenAI request lines")]
     NotOpenAiId { id: String },
     #[error("the strings of request {custom_id:?} arrive out of order: expected index {expected}, got {found}")]
@@ -178,6 +183,13 @@ pub struct OutputSummary {
     /// to the errors file because another of its strings failed).
     pub tokens: u64,
     pub dimensions: Option<usize>,
+    /// The element type of the vectors written (all of a job's have one).
+    #[serde(serialize_with = "dtype_name", skip_serializing_if = "Option::is_none")]
+    pub dtype: Option<OutputDtype>,
+}
+
+fn dtype_name<S: serde::Serializer>(dtype: &Option<OutputDtype>, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(dtype.map_or("f32", OutputDtype::as_str))
 }
 
 /// A new file at `path`, never one reached through a link: a leftover is removed (the link itself,
@@ -245,7 +257,7 @@ struct Group {
     custom_id: String,
     /// Strings seen: the index the next one must have.
     strings: usize,
-    embeddings: Vec<Vec<f32>>,
+    embeddings: Vec<Values<'static>>,
     /// (index, code, message) of each failed string.
     failures: Vec<(usize, ErrorCode, String)>,
     tokens: u64,
@@ -352,7 +364,15 @@ impl OutputWriter {
         let vector = match record {
             OutputRecord::Embedding { id, tokens, vector } => {
                 self.summary.tokens += u64::from(*tokens);
-                let values = widen(vector);
+                // f16 is written widened, as f32 is: only the element type written must agree.
+                match self.summary.dtype {
+                    Some(expected) if npy_descr(expected) != npy_descr(vector.dtype()) => {
+                        return Err(OutputError::Dtype { id: id.clone(), expected: expected.as_str(), found: vector.dtype().as_str() });
+                    }
+                    Some(_) => {}
+                    None => self.summary.dtype = Some(vector.dtype()),
+                }
+                let values = Values::of(vector);
                 match self.summary.dimensions {
                     Some(expected) if expected != values.len() => {
                         return Err(OutputError::Dimensions { id: id.clone(), expected, found: values.len() });
@@ -377,11 +397,7 @@ impl OutputWriter {
             },
             Sink::Npy { data, ids } => match vector {
                 Some((_, values)) => {
-                    let mut bytes = Vec::with_capacity(values.len() * 4);
-                    for value in values.iter() {
-                        bytes.extend_from_slice(&value.to_le_bytes());
-                    }
-                    data.write_all(&bytes)?;
+                    data.write_all(&values.to_le_bytes())?;
                     ids.write_json(&id)?;
                     self.summary.records += 1;
                 }
@@ -512,8 +528,9 @@ impl OutputWriter {
         };
         partials.extend(ids.iter().map(|f| f.partial.clone()));
         partials.push(output.partial.clone());
+        let descr = self.summary.dtype.map_or(F32_DESCR, npy_descr);
         let header = (self.options.format == OutputFormat::Npy)
-            .then(|| npy_header(self.summary.records, self.summary.dimensions.unwrap_or(0)));
+            .then(|| npy_header_of(descr, self.summary.records, self.summary.dimensions.unwrap_or(0)));
         let result = (|| {
             let mut closed = vec![errors.close(None)?];
             if let Some(ids) = ids {
@@ -554,15 +571,63 @@ impl Drop for OutputWriter {
     }
 }
 
-fn widen(vector: &Vector) -> Cow<'_, [f32]> {
-    match vector {
-        Vector::F32(values) => Cow::Borrowed(values),
-        Vector::F16(_) => Cow::Owned(vector.to_f32()),
+/// A vector's elements as a format writes them: floats (f16 widened), or the compact
+/// encodings' integers.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Values<'a> {
+    Float(Cow<'a, [f32]>),
+    Signed(Cow<'a, [i8]>),
+    Unsigned(Cow<'a, [u8]>),
+}
+
+impl<'a> Values<'a> {
+    fn of(vector: &'a Vector) -> Self {
+        match vector {
+            Vector::F32(values) => Values::Float(Cow::Borrowed(values)),
+            Vector::F16(_) => Values::Float(Cow::Owned(vector.to_f32())),
+            Vector::Int8(values) | Vector::Binary(values) => Values::Signed(Cow::Borrowed(values)),
+            Vector::Uint8(values) | Vector::Ubinary(values) => Values::Unsigned(Cow::Borrowed(values)),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Values::Float(v) => v.len(),
+            Values::Signed(v) => v.len(),
+            Values::Unsigned(v) => v.len(),
+        }
+    }
+
+    fn into_owned(self) -> Values<'static> {
+        match self {
+            Values::Float(v) => Values::Float(Cow::Owned(v.into_owned())),
+            Values::Signed(v) => Values::Signed(Cow::Owned(v.into_owned())),
+            Values::Unsigned(v) => Values::Unsigned(Cow::Owned(v.into_owned())),
+        }
+    }
+
+    /// The elements as the npy data stores them (little-endian).
+    fn to_le_bytes(&self) -> Vec<u8> {
+        match self {
+            Values::Float(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Values::Signed(v) => v.iter().map(|&x| x as u8).collect(),
+            Values::Unsigned(v) => v.to_vec(),
+        }
     }
 }
 
-/// `<prefix><32 hex digits>`: SHA-256 over the prefix, the [`ResultsOf::seed`] and `key`, so
-/// that ids are stable across re-writes of the same results and differ between jobs.
+/// NumPy's type string for the elements of a dtype's vectors.
+fn npy_descr(dtype: OutputDtype) -> &'static str {
+    match dtype {
+        OutputDtype::F32 | OutputDtype::F16 => F32_DESCR,
+        OutputDtype::Int8 | OutputDtype::Binary => "|i1",
+        OutputDtype::Uint8 | OutputDtype::Ubinary => "|u1",
+    }
+}
+
+const F32_DESCR: &str = "<f4";
+
 fn derived_id(prefix: &str, seed: &str, key: &str) -> String {
     let mut hasher = Sha256::new();
     for part in ["ephem-batch openai id", prefix, seed, key] {
@@ -578,7 +643,12 @@ pub const NPY_HEADER_LEN: usize = 128;
 /// A NumPy format 1.0 preamble for a C-order little-endian f32 matrix, padded with spaces to
 /// [`NPY_HEADER_LEN`] bytes (a multiple of 64, as the format asks) whatever the shape.
 pub fn npy_header(rows: u64, columns: usize) -> [u8; NPY_HEADER_LEN] {
-    let dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {columns}), }}");
+    npy_header_of(F32_DESCR, rows, columns)
+}
+
+/// [`npy_header`] for elements of NumPy type `descr` (`<f4`, `|i1`, `|u1`).
+fn npy_header_of(descr: &str, rows: u64, columns: usize) -> [u8; NPY_HEADER_LEN] {
+    let dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': ({rows}, {columns}), }}");
     let mut header = [b' '; NPY_HEADER_LEN];
     header[..6].copy_from_slice(b"\x93NUMPY");
     header[6..8].copy_from_slice(&[1, 0]);
@@ -592,7 +662,7 @@ pub fn npy_header(rows: u64, columns: usize) -> [u8; NPY_HEADER_LEN] {
 #[derive(Serialize)]
 struct JsonlLine<'a> {
     id: &'a str,
-    embedding: &'a [f32],
+    embedding: &'a Values<'a>,
     tokens: u32,
 }
 
@@ -634,7 +704,7 @@ enum OpenAiBody<'a> {
 struct OpenAiEmbedding<'a> {
     object: &'static str,
     index: usize,
-    embedding: &'a [f32],
+    embedding: &'a Values<'static>,
 }
 
 #[derive(Serialize)]

@@ -48,6 +48,10 @@ pub struct ClientJob {
     /// Matryoshka length asked for (`None`: the model's own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dimensions: Option<u32>,
+    /// Hex SHA-256 of the `int8`/`uint8` ranges sent (their little-endian bytes, as the receipt
+    /// carries them); `None` for the other dtypes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ranges_sha256: Option<String>,
     /// Hex [`IdsDigest`] of the record ids sealed, in order (`None`: submitted by a client that
     /// kept none, so `record_ids` cannot pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -289,6 +293,7 @@ mod tests {
             precision: "fp32".into(),
             prompt: None,
             dimensions: None,
+            ranges_sha256: None,
             ids_sha256: Some(ids.into()),
             uploaded_ms: Some(2),
             downloaded: None,

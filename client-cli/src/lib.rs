@@ -17,6 +17,7 @@ pub mod model_cli;
 pub mod opening;
 pub mod policy;
 pub mod progress;
+pub mod ranges;
 pub mod record_proof;
 pub mod results;
 pub mod serve;

@@ -132,7 +132,10 @@ pub fn dimensions(services: &Services, trust: &ClientTrust, state: &ClientJob) -
     if manifest.model_id != state.model_id {
         return Err(refuse(format!("{} names model {}, the job {}", state.manifest_key, manifest.model_id, state.model_id)));
     }
-    Ok(state.dimensions.unwrap_or(manifest.dimensions) as usize)
+    let dimensions = state.dimensions.unwrap_or(manifest.dimensions) as usize;
+    // The elements of each vector written: a byte per eight dimensions for the bit forms.
+    let dtype = protocol::envelope::OutputDtype::parse(&state.dtype).unwrap_or_default();
+    Ok(dtype.elements(dimensions))
 }
 
 /// One job's results written to `writer`, verified.

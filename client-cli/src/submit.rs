@@ -74,9 +74,20 @@ pub struct SubmitArgs {
     /// Output format for `--wait` (default: `openai` for OpenAI Batch input, else `jsonl`).
     #[arg(long, value_enum)]
     pub format: Option<crate::results::Format>,
-    /// Vectors as f16 instead of f32 (half the size).
-    #[arg(long)]
+    /// Vectors as f16 instead of f32 (half the size); the same as `--dtype f16`.
+    #[arg(long, conflicts_with = "dtype")]
     pub f16: bool,
+    /// Element type of the vectors: `f32`, `f16`, or a compact encoding computed in the enclave
+    /// as sentence-transformers' `quantize_embeddings` does: `int8`/`uint8` (a byte per value, by
+    /// the `--ranges` given), `binary`/`ubinary` (a bit per value, `v > 0`, packed). The receipt
+    /// records it (and the ranges).
+    #[arg(long, value_name = "DTYPE", value_parser = parse_dtype)]
+    pub dtype: Option<OutputDtype>,
+    /// With `--dtype int8|uint8`: the per-dimension ranges, a `.npy` of shape (2, N) float32
+    /// (row 0 the minima, row 1 the maxima; `ephem-batch ranges` computes one from a job's f32
+    /// vectors).
+    #[arg(long, value_name = "NPY")]
+    pub ranges: Option<PathBuf>,
     /// Refuse texts longer than the model's maximum instead of truncating them.
     #[arg(long)]
     pub no_truncate: bool,
@@ -181,12 +192,14 @@ impl Sealing {
         eprintln!("model {} v{} manifest {} ({})", model.manifest.model_id, model.manifest.version, hex::encode(model.hash), model.key);
         let result_key = crate::keys::load_result_key(&home.result_key(), true)?;
         let (prompt, dimensions) = shaping(&model.manifest, args.prompt.as_deref(), args.dimensions)?;
+        let dtype = args.dtype.unwrap_or(if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 });
+        let ranges = crate::ranges::for_job(dtype, args.ranges.as_deref(), dimensions.unwrap_or(model.manifest.dimensions))?;
         let mut corpus_options = CorpusOptions::new(args.model.clone());
         corpus_options.dimensions = Some(dimensions.unwrap_or(model.manifest.dimensions));
         let options = JobOptions {
             truncate: !args.no_truncate,
             normalize: !args.no_normalize,
-            dtype: if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 },
+            dtype,
             precision: match args.precision {
                 PrecisionArg::Fp32 => Precision::Fp32,
                 PrecisionArg::Bf16 => Precision::Bf16,
@@ -194,6 +207,7 @@ impl Sealing {
             },
             prompt,
             dimensions,
+            ranges,
         };
         Ok(Sealing { trust, enclave, model, result_key, corpus_options, options, now_ms })
     }
@@ -241,6 +255,7 @@ impl Sealing {
             precision: self.options.precision.as_str().to_owned(),
             prompt: self.options.prompt.clone(),
             dimensions: self.options.dimensions,
+            ranges_sha256: self.options.ranges.as_ref().map(crate::ranges::sha256_hex),
             ids_sha256: Some(sealed.ids_sha256.clone()),
             uploaded_ms: None,
             downloaded: None,
@@ -251,6 +266,10 @@ impl Sealing {
 /// The prompt and vector length a job asks for, checked against the model's signed manifest
 /// before anything is sealed: a prompt it names (by default its default prompt; `none`: no
 /// prompt), a length it offers (its own asks for nothing).
+fn parse_dtype(text: &str) -> Result<OutputDtype, String> {
+    OutputDtype::parse(text).ok_or_else(|| format!("{text:?}: one of f32, f16, int8, uint8, binary, ubinary"))
+}
+
 pub fn shaping(manifest: &Manifest, prompt: Option<&str>, dimensions: Option<u32>) -> anyhow::Result<(Option<String>, Option<u32>)> {
     let prompt = manifest.prompts.chosen(prompt);
     if let Some(name) = prompt.filter(|name| manifest.prompts.get(name).is_none()) {

@@ -191,7 +191,8 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
             && options.dtype.as_str() == state.dtype
             && options.precision.as_str() == state.precision
             && options.prompt == state.prompt
-            && options.dimensions == state.dimensions,
+            && options.dimensions == state.dimensions
+            && options.ranges.as_ref().map(crate::ranges::sha256_hex) == state.ranges_sha256,
         format!(
             "{} {} truncate={} normalize={} prompt={} dimensions={}",
             options.precision.as_str(),
@@ -200,7 +201,8 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
             options.normalize,
             options.prompt.as_deref().unwrap_or("none"),
             options.dimensions.map_or("model's".to_owned(), |d| d.to_string())
-        ) + &receipt.compute.as_ref().map(compute_detail).unwrap_or_default(),
+        ) + &options.ranges.as_ref().map(|r| format!(" ranges={}", &crate::ranges::sha256_hex(r)[..16])).unwrap_or_default()
+            + &receipt.compute.as_ref().map(compute_detail).unwrap_or_default(),
     );
     out.add("result_key", hex(receipt.result_key_id) == state.result_key_id, format!("sealed to key {}", hex(receipt.result_key_id)));
     out.add(

@@ -49,6 +49,14 @@ enum Command {
     /// OpenAI's embeddings API on loopback, answered by the attested enclaves through Oblivious
     /// HTTP: set an application's `base_url` to http://127.0.0.1:8089/v1.
     Serve(ephem_batch_client::serve::ServeArgs),
+    /// Per-dimension ranges for `submit --dtype int8|uint8 --ranges`: the minima and maxima of
+    /// the vectors of a (rows, N) float32 .npy (`results --format npy` of an f32 job), written as
+    /// the (2, N) .npy sentence-transformers' `quantize_embeddings` takes.
+    Ranges {
+        embeddings: PathBuf,
+        #[arg(short, long, value_name = "OUT")]
+        output: PathBuf,
+    },
     /// Cancel a job no host has started (signed with this home's result key: only the job's
     /// submitter can cancel it).
     Cancel { job: String },
@@ -205,6 +213,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 outcome.print();
             }
             Ok(if outcome.passed() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Ranges { embeddings, output } => {
+            let ranges = ephem_batch_client::ranges::of_embeddings(&embeddings)?;
+            ephem_batch_client::ranges::write(&ranges, &output)?;
+            println!("ranges of {} dimensions written to {}", ranges.dimensions(), output.display());
+            Ok(ExitCode::SUCCESS)
         }
         Command::Cancel { job } => {
             let home = home()?;

@@ -22,6 +22,7 @@ pub mod kms_arn;
 pub mod manifest;
 pub mod ohttp;
 pub mod online;
+pub mod quantize;
 pub mod receipt;
 pub mod receipt_check;
 pub mod record_tree;

@@ -9,7 +9,8 @@
 //! An id is 1..=[`MAX_ID_LEN`] bytes of UTF-8. A text is carried as raw bytes, at most
 //! [`MAX_WIRE_TEXT_LEN`]; whether it is UTF-8 and at most [`MAX_TEXT_LEN`] bytes is for the enclave
 //! to judge, per record. dtype 0x01
-//! is f32, 0x02 is f16 (IEEE 754 binary16).
+//! is f32, 0x02 is f16 (IEEE 754 binary16); one byte per element: 0x03 int8, 0x04 uint8,
+//! 0x05 binary, 0x06 ubinary (the compact encodings of [`crate::quantize`]; `dim` counts bytes).
 
 use crate::envelope::OutputDtype;
 
@@ -133,6 +134,12 @@ pub enum Vector {
     F32(Vec<f32>),
     /// IEEE 754 binary16 bit patterns.
     F16(Vec<u16>),
+    Int8(Vec<i8>),
+    Uint8(Vec<u8>),
+    /// Packed sign bits, each byte − 128.
+    Binary(Vec<i8>),
+    /// Packed sign bits.
+    Ubinary(Vec<u8>),
 }
 
 impl Vector {
@@ -140,13 +147,30 @@ impl Vector {
         match self {
             Vector::F32(_) => OutputDtype::F32,
             Vector::F16(_) => OutputDtype::F16,
+            Vector::Int8(_) => OutputDtype::Int8,
+            Vector::Uint8(_) => OutputDtype::Uint8,
+            Vector::Binary(_) => OutputDtype::Binary,
+            Vector::Ubinary(_) => OutputDtype::Ubinary,
         }
     }
 
+    /// Elements (bytes for the bit forms).
     pub fn len(&self) -> usize {
         match self {
             Vector::F32(v) => v.len(),
             Vector::F16(v) => v.len(),
+            Vector::Int8(v) | Vector::Binary(v) => v.len(),
+            Vector::Uint8(v) | Vector::Ubinary(v) => v.len(),
+        }
+    }
+
+    /// The compact forms' elements as bytes (two's complement for the signed ones); `None` for
+    /// the float forms.
+    pub fn compact_bytes(&self) -> Option<Vec<u8>> {
+        match self {
+            Vector::F32(_) | Vector::F16(_) => None,
+            Vector::Int8(v) | Vector::Binary(v) => Some(v.iter().map(|&b| b as u8).collect()),
+            Vector::Uint8(v) | Vector::Ubinary(v) => Some(v.clone()),
         }
     }
 
@@ -154,12 +178,25 @@ impl Vector {
         self.len() == 0
     }
 
-    /// The values as f32 (f16 widened).
+    /// The elements as f32 (f16 widened; a compact form's integers as they are).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
             Vector::F32(v) => v.clone(),
             Vector::F16(v) => v.iter().map(|&bits| f16_to_f32(bits)).collect(),
+            Vector::Int8(v) | Vector::Binary(v) => v.iter().map(|&b| f32::from(b)).collect(),
+            Vector::Uint8(v) | Vector::Ubinary(v) => v.iter().map(|&b| f32::from(b)).collect(),
         }
+    }
+}
+
+fn compact_tag(dtype: OutputDtype) -> u8 {
+    match dtype {
+        OutputDtype::F32 => 0x01,
+        OutputDtype::F16 => 0x02,
+        OutputDtype::Int8 => 0x03,
+        OutputDtype::Uint8 => 0x04,
+        OutputDtype::Binary => 0x05,
+        OutputDtype::Ubinary => 0x06,
     }
 }
 
@@ -230,6 +267,12 @@ pub fn encode_output(record: &OutputRecord, out: &mut Vec<u8>) -> Result<(), Rec
                     for v in values {
                         out.extend_from_slice(&v.to_le_bytes());
                     }
+                }
+                compact => {
+                    let bytes = compact.compact_bytes().expect("a compact form");
+                    out.push(compact_tag(compact.dtype()));
+                    out.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+                    out.extend_from_slice(&bytes);
                 }
             }
         }
@@ -339,6 +382,16 @@ impl RecordKind for OutputRecord {
             0x02 => {
                 let Some(bytes) = cursor.take(dim * 2) else { return Ok(None) };
                 Vector::F16(bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect())
+            }
+            0x03..=0x06 => {
+                let Some(bytes) = cursor.take(dim) else { return Ok(None) };
+                let signed = || bytes.iter().map(|&b| b as i8).collect();
+                match dtype {
+                    0x03 => Vector::Int8(signed()),
+                    0x04 => Vector::Uint8(bytes.to_vec()),
+                    0x05 => Vector::Binary(signed()),
+                    _ => Vector::Ubinary(bytes.to_vec()),
+                }
             }
             dtype => return Err(RecordError::UnknownDtype { offset, dtype }),
         };
@@ -563,6 +616,14 @@ mod tests {
                 .prop_map(|(id, tokens, v)| OutputRecord::Embedding { id, tokens, vector: Vector::F32(v) }),
             (id, proptest::collection::vec(any::<u16>(), 0..50))
                 .prop_map(|(id, v)| OutputRecord::Embedding { id, tokens: 3, vector: Vector::F16(v) }),
+            (id, proptest::collection::vec(any::<i8>(), 0..40))
+                .prop_map(|(id, v)| OutputRecord::Embedding { id, tokens: 4, vector: Vector::Int8(v) }),
+            (id, proptest::collection::vec(any::<u8>(), 0..40))
+                .prop_map(|(id, v)| OutputRecord::Embedding { id, tokens: 5, vector: Vector::Ubinary(v) }),
+            (id, proptest::collection::vec(any::<u8>(), 0..40))
+                .prop_map(|(id, v)| OutputRecord::Embedding { id, tokens: 6, vector: Vector::Uint8(v) }),
+            (id, proptest::collection::vec(any::<i8>(), 0..40))
+                .prop_map(|(id, v)| OutputRecord::Embedding { id, tokens: 7, vector: Vector::Binary(v) }),
             (id, 0usize..11, ".{0,60}").prop_map(|(id, code, message)| OutputRecord::Error {
                 id,
                 code: ErrorCode::ALL[code],

@@ -65,7 +65,8 @@ fn jsonl_embeddings_and_errors() {
             local_errors: 1,
             received: 3,
             tokens: 5,
-            dimensions: Some(2)
+            dimensions: Some(2),
+            dtype: Some(OutputDtype::F32),
         }
     );
     assert_eq!(

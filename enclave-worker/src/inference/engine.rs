@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use protocol::envelope::{JobOptions, OutputDtype, Precision};
 use protocol::manifest::Manifest;
+use protocol::quantize::Ranges;
 use protocol::records::{ErrorCode, InputRecord, OutputRecord};
 use rayon::prelude::*;
 
@@ -48,11 +49,13 @@ pub struct EmbedOptions {
     pub prompt: Option<Arc<str>>,
     /// Keep the first this many values of each pooled vector (Matryoshka), then normalise.
     pub dimensions: Option<usize>,
+    /// The job's ranges for `int8`/`uint8` output, one per value of its vectors.
+    pub ranges: Option<Arc<Ranges>>,
 }
 
 impl Default for EmbedOptions {
     fn default() -> Self {
-        Self { truncate: true, normalize: true, precision: Precision::Fp32, prompt: None, dimensions: None }
+        Self { truncate: true, normalize: true, precision: Precision::Fp32, prompt: None, dimensions: None, ranges: None }
     }
 }
 
@@ -60,7 +63,7 @@ impl EmbedOptions {
     /// The inference part of a job's options, for this embedder and its signed manifest. What it
     /// cannot serve exactly as asked is refused, never served otherwise (the receipt records the
     /// options): a precision it cannot compute at, a prompt the manifest does not name, a
-    /// dimension count the manifest does not offer.
+    /// dimension count the manifest does not offer, ranges for another number of dimensions.
     pub fn for_job(options: &JobOptions, embedder: &Embedder, manifest: &Manifest) -> Result<Self, InferenceError> {
         embedder.check_precision(options.precision)?;
         let prompt = match &options.prompt {
@@ -76,7 +79,24 @@ impl EmbedOptions {
                 return Err(InferenceError::DimensionsNotOffered { asked, offered: manifest.offered_dimensions() });
             }
         };
-        Ok(Self { truncate: options.truncate, normalize: options.normalize, precision: options.precision, prompt, dimensions })
+        let ranges = match &options.ranges {
+            None => None,
+            Some(ranges) => {
+                let vectors = dimensions.unwrap_or(embedder.dimensions());
+                if ranges.dimensions() != vectors {
+                    return Err(InferenceError::RangesDimensions { ranges: ranges.dimensions(), vectors });
+                }
+                Some(Arc::new(ranges.clone()))
+            }
+        };
+        Ok(Self {
+            truncate: options.truncate,
+            normalize: options.normalize,
+            precision: options.precision,
+            prompt,
+            dimensions,
+            ranges,
+        })
     }
 }
 
@@ -219,7 +239,7 @@ impl Engine {
             .iter()
             .zip(results)
             .map(|(record, result)| match result {
-                Ok(embedding) => embedding.into_output(record.id.clone(), dtype),
+                Ok(embedding) => embedding.into_output(record.id.clone(), dtype, options.ranges.as_deref()),
                 Err(failure) => failure.into_output(record.id.clone()),
             })
             .collect()

@@ -91,6 +91,8 @@ pub use candle_bert::{CandleThreads, candle_thread_settings};
 pub use engine::{EmbedOptions, Engine, EngineSettings};
 pub use metrics::{Metrics, MetricsSnapshot};
 
+use protocol::envelope::OutputDtype;
+use protocol::quantize::{EncodeError, Ranges};
 use protocol::records::{ErrorCode, OutputRecord, Vector};
 
 
@@ -104,23 +106,20 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    /// The vector in the dtype a job asked for.
-    pub fn to_vector(&self, dtype: protocol::envelope::OutputDtype) -> Vector {
-        match dtype {
-            protocol::envelope::OutputDtype::F32 => Vector::F32(self.vector.clone()),
-            protocol::envelope::OutputDtype::F16 => {
-                Vector::F16(self.vector.iter().map(|&v| protocol::records::f32_to_f16(v)).collect())
-            }
-        }
+    /// The vector in the dtype a job asked for, with the job's ranges for `int8`/`uint8`
+    /// ([`protocol::quantize`]).
+    pub fn to_vector(&self, dtype: OutputDtype, ranges: Option<&Ranges>) -> Result<Vector, EncodeError> {
+        protocol::quantize::encode(self.vector.clone(), dtype, ranges)
     }
 
-    /// The output record for this embedding.
-    pub fn into_output(self, id: String, dtype: protocol::envelope::OutputDtype) -> OutputRecord {
-        let vector = match dtype {
-            protocol::envelope::OutputDtype::F32 => Vector::F32(self.vector),
-            protocol::envelope::OutputDtype::F16 => self.to_vector(dtype),
-        };
-        OutputRecord::Embedding { id, tokens: self.tokens, vector }
+    /// The output record for this embedding: an `inference_failed` error if the job's ranges do
+    /// not fit its vectors (the job's options were checked against the model before, so only a
+    /// defect reaches that).
+    pub fn into_output(self, id: String, dtype: OutputDtype, ranges: Option<&Ranges>) -> OutputRecord {
+        match protocol::quantize::encode(self.vector, dtype, ranges) {
+            Ok(vector) => OutputRecord::Embedding { id, tokens: self.tokens, vector },
+            Err(e) => OutputRecord::Error { id, code: ErrorCode::InferenceFailed, message: e.to_string() },
+        }
     }
 }
 
@@ -178,6 +177,8 @@ pub enum InferenceError {
     UnknownPrompt(String),
     #[error("dimensions {asked}: the model manifest offers {offered:?}")]
     DimensionsNotOffered { asked: u32, offered: Vec<u32> },
+    #[error("ranges: {ranges} dimensions, the job's vectors have {vectors}")]
+    RangesDimensions { ranges: usize, vectors: usize },
     #[error("config.json: unsupported architecture: {0}")]
     UnsupportedArchitecture(String),
     /// A setting of the model's files the engine does not compute (or does not know), by file

@@ -301,12 +301,20 @@ pub enum Precision {
     Int8,
 }
 
-/// Element type of the output vectors.
+/// Element type of the output vectors: floats, or a compact encoding ([`crate::quantize`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OutputDtype {
     #[default]
     F32,
     F16,
+    /// One signed byte per dimension, by the job's ranges.
+    Int8,
+    /// One byte per dimension, by the job's ranges.
+    Uint8,
+    /// One bit per dimension, packed, each byte − 128.
+    Binary,
+    /// One bit per dimension, packed.
+    Ubinary,
 }
 
 impl Precision {
@@ -333,6 +341,23 @@ impl OutputDtype {
         match self {
             OutputDtype::F32 => "f32",
             OutputDtype::F16 => "f16",
+            OutputDtype::Int8 => "int8",
+            OutputDtype::Uint8 => "uint8",
+            OutputDtype::Binary => "binary",
+            OutputDtype::Ubinary => "ubinary",
+        }
+    }
+
+    /// Whether the dtype quantises by per-dimension ranges (which the options must then carry).
+    pub fn needs_ranges(self) -> bool {
+        matches!(self, OutputDtype::Int8 | OutputDtype::Uint8)
+    }
+
+    /// Elements of an output vector of `dimensions` values: a byte per eight for the bit forms.
+    pub fn elements(self, dimensions: usize) -> usize {
+        match self {
+            OutputDtype::Binary | OutputDtype::Ubinary => dimensions.div_ceil(8),
+            _ => dimensions,
         }
     }
 
@@ -340,6 +365,10 @@ impl OutputDtype {
         match text {
             "f32" => Some(OutputDtype::F32),
             "f16" => Some(OutputDtype::F16),
+            "int8" => Some(OutputDtype::Int8),
+            "uint8" => Some(OutputDtype::Uint8),
+            "binary" => Some(OutputDtype::Binary),
+            "ubinary" => Some(OutputDtype::Ubinary),
             _ => None,
         }
     }
@@ -360,6 +389,9 @@ pub struct JobOptions {
     /// Vectors of this many values (a Matryoshka length the manifest offers, or the model's own);
     /// `None`: the model's own.
     pub dimensions: Option<u32>,
+    /// The per-dimension ranges of an `int8`/`uint8` job (present exactly for those dtypes), one
+    /// per value of the vectors it asks for; the receipt records them with the rest.
+    pub ranges: Option<crate::quantize::Ranges>,
 }
 
 impl Default for JobOptions {
@@ -371,13 +403,14 @@ impl Default for JobOptions {
             precision: Precision::Fp32,
             prompt: None,
             dimensions: None,
+            ranges: None,
         }
     }
 }
 
 impl JobOptions {
-    /// `prompt` and `dimensions` are written only when set, so options without them encode as
-    /// before they existed (and old receipts verify unchanged).
+    /// `prompt`, `dimensions` and `ranges` are written only when set, so options without them
+    /// encode as before they existed (and old receipts verify unchanged).
     pub fn to_cbor(&self) -> ciborium::Value {
         let mut map = MapBuilder::new()
             .text("dtype", self.dtype.as_str())
@@ -389,6 +422,9 @@ impl JobOptions {
         }
         if let Some(dimensions) = self.dimensions {
             map = map.uint("dimensions", u64::from(dimensions));
+        }
+        if let Some(ranges) = &self.ranges {
+            map = map.bytes("ranges", &ranges.to_bytes());
         }
         map.build()
     }
@@ -412,6 +448,21 @@ impl JobOptions {
                     .ok_or(EnvelopeError::HeaderInvalid("dimensions"))?,
             ),
         };
+        let ranges = match map.optional("ranges") {
+            None => None,
+            Some(ciborium::Value::Bytes(bytes)) => {
+                Some(crate::quantize::Ranges::from_bytes(&bytes).map_err(|_| EnvelopeError::HeaderInvalid("ranges"))?)
+            }
+            Some(_) => return Err(EnvelopeError::HeaderInvalid("ranges")),
+        };
+        if ranges.is_some() != dtype.needs_ranges() {
+            return Err(EnvelopeError::HeaderInvalid("ranges: present exactly for int8 and uint8 output"));
+        }
+        if let (Some(ranges), Some(dimensions)) = (&ranges, dimensions)
+            && ranges.dimensions() != dimensions as usize
+        {
+            return Err(EnvelopeError::HeaderInvalid("ranges: one per dimension asked for"));
+        }
         let options = Self {
             truncate: map.bool("truncate")?,
             normalize: map.bool("normalize")?,
@@ -419,6 +470,7 @@ impl JobOptions {
             precision,
             prompt,
             dimensions,
+            ranges,
         };
         map.finish()?;
         Ok(options)
