@@ -87,6 +87,20 @@ fn compact_encodings_equal_quantize_embeddings_of_the_f32_vectors_and_are_receip
     }
     assert_eq!(options_check(&stack, job)["passed"], json!(true));
 
+    // One compact record proven alone, offline: the bytes proven are the ones written.
+    let record = &json_lines(&work.path().join("again.jsonl"))[5];
+    let bundle = path("record.json");
+    stack.ok(&["ledger", "prove-record", job, record["id"].as_str().unwrap(), "-o", &bundle]);
+    let proven = tests::json(&stack.ok(&[
+        "ledger", "verify-record", &bundle,
+        "--ledger-key", stack.home().join("ledger/ledger.pub").to_str().unwrap(),
+        "--development-root", stack.home().join("enclave/dev-root.pem").to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(proven["valid"], json!(true), "{proven}");
+    let vector: Vec<i64> = proven["proven"]["vector"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as i64).collect();
+    assert_eq!(vector, ints(record), "{proven}");
+
     // What cannot be sealed is refused before any upload, naming the flag.
     for (extra, named) in [(&["--dtype", "int8"][..], "needs --ranges"), (&["--dtype", "nope"][..], "nope")] {
         let mut args = vec!["submit", corpus.to_str().unwrap()];
