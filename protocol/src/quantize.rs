@@ -8,34 +8,11 @@
 //! - `binary` / `ubinary`: one bit per dimension, `v > 0`, packed eight to a byte, most significant
 //!   bit first, the last byte padded with zeros (NumPy's `packbits`); `ubinary` is the bytes,
 //!   `binary` each byte − 128 as a signed byte.
+//!
+//! `records::Vector::encode` puts a vector in the dtype a job asked for with these.
 
-use crate::envelope::{MAX_DIMENSIONS, OutputDtype};
-use crate::records::{Vector, f32_to_f16};
-
-/// A vector in the dtype a job asked for. `ranges` are the job's (needed for `int8`/`uint8`).
-pub fn encode(values: Vec<f32>, dtype: OutputDtype, ranges: Option<&Ranges>) -> Result<Vector, EncodeError> {
-    let ranged = |ranges: Option<&Ranges>| match ranges {
-        None => Err(EncodeError::NoRanges(dtype.as_str())),
-        Some(r) if r.dimensions() != values.len() => Err(EncodeError::Dimensions { ranges: r.dimensions(), values: values.len() }),
-        Some(r) => Ok(r.quantize(&values)),
-    };
-    Ok(match dtype {
-        OutputDtype::F32 => Vector::F32(values),
-        OutputDtype::F16 => Vector::F16(values.iter().map(|&v| f32_to_f16(v)).collect()),
-        OutputDtype::Int8 => Vector::Int8(to_signed(ranged(ranges)?)),
-        OutputDtype::Uint8 => Vector::Uint8(ranged(ranges)?),
-        OutputDtype::Binary => Vector::Binary(to_signed(pack_bits(&values))),
-        OutputDtype::Ubinary => Vector::Ubinary(pack_bits(&values)),
-    })
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EncodeError {
-    #[error("{0} output needs the job's ranges")]
-    NoRanges(&'static str),
-    #[error("ranges for {ranges} dimensions, a vector of {values}")]
-    Dimensions { ranges: usize, values: usize },
-}
+/// Most dimensions a range covers: the records' `MAX_DIMENSIONS` (checked in `envelope`).
+pub const MAX_DIMENSIONS: usize = 8192;
 
 /// Per-dimension calibration ranges of `int8`/`uint8` output.
 #[derive(Debug, Clone, PartialEq)]
@@ -106,7 +83,7 @@ impl Ranges {
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Result<Self, RangesError> {
-        if bytes.is_empty() || bytes.len() % 8 != 0 || bytes.len() / 8 > MAX_DIMENSIONS {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(8) || bytes.len() / 8 > MAX_DIMENSIONS {
             return Err(RangesError::Length(bytes.len()));
         }
         let values: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();

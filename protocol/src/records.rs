@@ -13,6 +13,7 @@
 //! 0x05 binary, 0x06 ubinary (the compact encodings of [`crate::quantize`]; `dim` counts bytes).
 
 use crate::envelope::OutputDtype;
+use crate::quantize::{self, Ranges};
 
 pub const MAX_ID_LEN: usize = 512;
 /// Largest text embedded; a longer one is a per-record `too_large` error.
@@ -178,6 +179,26 @@ impl Vector {
         self.len() == 0
     }
 
+    /// `values` in the dtype a job asked for; `ranges` are the job's (needed for `int8`/`uint8`,
+    /// [`crate::quantize`]).
+    pub fn encode(values: Vec<f32>, dtype: OutputDtype, ranges: Option<&Ranges>) -> Result<Vector, EncodeError> {
+        let ranged = |ranges: Option<&Ranges>| match ranges {
+            None => Err(EncodeError::NoRanges(dtype.as_str())),
+            Some(r) if r.dimensions() != values.len() => {
+                Err(EncodeError::Dimensions { ranges: r.dimensions(), values: values.len() })
+            }
+            Some(r) => Ok(r.quantize(&values)),
+        };
+        Ok(match dtype {
+            OutputDtype::F32 => Vector::F32(values),
+            OutputDtype::F16 => Vector::F16(values.iter().map(|&v| f32_to_f16(v)).collect()),
+            OutputDtype::Int8 => Vector::Int8(quantize::to_signed(ranged(ranges)?)),
+            OutputDtype::Uint8 => Vector::Uint8(ranged(ranges)?),
+            OutputDtype::Binary => Vector::Binary(quantize::to_signed(quantize::pack_bits(&values))),
+            OutputDtype::Ubinary => Vector::Ubinary(quantize::pack_bits(&values)),
+        })
+    }
+
     /// The elements as f32 (f16 widened; a compact form's integers as they are).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
@@ -198,6 +219,15 @@ fn compact_tag(dtype: OutputDtype) -> u8 {
         OutputDtype::Binary => 0x05,
         OutputDtype::Ubinary => 0x06,
     }
+}
+
+/// Why a vector could not be put in a job's dtype.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EncodeError {
+    #[error("{0} output needs the job's ranges")]
+    NoRanges(&'static str),
+    #[error("ranges for {ranges} dimensions, a vector of {values}")]
+    Dimensions { ranges: usize, values: usize },
 }
 
 /// A record of a job's result: one per input record, in input order.

@@ -3,7 +3,7 @@
 //! `tests/testdata/quantize/reference.json` (written by `scripts/make_quantize_reference.py`).
 
 use protocol::envelope::OutputDtype;
-use protocol::quantize::{Ranges, encode};
+use protocol::quantize::Ranges;
 use protocol::records::Vector;
 use serde_json::Value;
 
@@ -27,7 +27,7 @@ fn every_encoding_equals_quantize_embeddings() {
             [(OutputDtype::Int8, "int8"), (OutputDtype::Uint8, "uint8"), (OutputDtype::Binary, "binary"), (OutputDtype::Ubinary, "ubinary")]
         {
             for (row, vector) in vectors.iter().enumerate() {
-                let ours: Vec<i64> = match encode(vector.clone(), dtype, Some(&ranges)).unwrap() {
+                let ours: Vec<i64> = match Vector::encode(vector.clone(), dtype, Some(&ranges)).unwrap() {
                     Vector::Int8(v) | Vector::Binary(v) => v.into_iter().map(i64::from).collect(),
                     Vector::Uint8(v) | Vector::Ubinary(v) => v.into_iter().map(i64::from).collect(),
                     other => panic!("{name}: {other:?}"),

@@ -7,7 +7,8 @@
 //! either differs fails `options`.
 
 use protocol::envelope::OutputDtype;
-use protocol::quantize::{Ranges, encode};
+use protocol::quantize::Ranges;
+use protocol::records::Vector;
 use serde_json::{Value, json};
 use tests::{Stack, json_lines, short_corpus};
 
@@ -54,7 +55,7 @@ fn compact_encodings_equal_quantize_embeddings_of_the_f32_vectors_and_are_receip
         let out = path(&format!("{name}.jsonl"));
         let report = submit(&extra, &out);
         for (i, (record, vector)) in json_lines(std::path::Path::new(&out)).iter().zip(&vectors).enumerate() {
-            let want = encode(vector.clone(), dtype, Some(&ranges)).unwrap().compact_bytes().unwrap();
+            let want = Vector::encode(vector.clone(), dtype, Some(&ranges)).unwrap().compact_bytes().unwrap();
             let want: Vec<i64> = match dtype {
                 OutputDtype::Int8 | OutputDtype::Binary => want.iter().map(|&b| i64::from(b as i8)).collect(),
                 _ => want.iter().map(|&b| i64::from(b)).collect(),

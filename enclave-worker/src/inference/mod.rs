@@ -92,8 +92,8 @@ pub use engine::{EmbedOptions, Engine, EngineSettings};
 pub use metrics::{Metrics, MetricsSnapshot};
 
 use protocol::envelope::OutputDtype;
-use protocol::quantize::{EncodeError, Ranges};
-use protocol::records::{ErrorCode, OutputRecord, Vector};
+use protocol::quantize::Ranges;
+use protocol::records::{EncodeError, ErrorCode, OutputRecord, Vector};
 
 
 /// One embedded record.
@@ -107,16 +107,16 @@ pub struct Embedding {
 
 impl Embedding {
     /// The vector in the dtype a job asked for, with the job's ranges for `int8`/`uint8`
-    /// ([`protocol::quantize`]).
+    /// ([`Vector::encode`]).
     pub fn to_vector(&self, dtype: OutputDtype, ranges: Option<&Ranges>) -> Result<Vector, EncodeError> {
-        protocol::quantize::encode(self.vector.clone(), dtype, ranges)
+        Vector::encode(self.vector.clone(), dtype, ranges)
     }
 
     /// The output record for this embedding: an `inference_failed` error if the job's ranges do
     /// not fit its vectors (the job's options were checked against the model before, so only a
     /// defect reaches that).
     pub fn into_output(self, id: String, dtype: OutputDtype, ranges: Option<&Ranges>) -> OutputRecord {
-        match protocol::quantize::encode(self.vector, dtype, ranges) {
+        match Vector::encode(self.vector, dtype, ranges) {
             Ok(vector) => OutputRecord::Embedding { id, tokens: self.tokens, vector },
             Err(e) => OutputRecord::Error { id, code: ErrorCode::InferenceFailed, message: e.to_string() },
         }

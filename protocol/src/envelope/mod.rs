@@ -301,6 +301,9 @@ pub enum Precision {
     Int8,
 }
 
+// The ranges of int8/uint8 output cover a vector's dimensions.
+const _: () = assert!(crate::quantize::MAX_DIMENSIONS == MAX_DIMENSIONS);
+
 /// Element type of the output vectors: floats, or a compact encoding ([`crate::quantize`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum OutputDtype {
