@@ -606,18 +606,258 @@ def modernbert(args):
     print(f"modernbert: {len(MODERNBERT_FOLDERS)} folders, {len(texts)} texts, written to {arch_dir}")
 
 
+QWEN3 = dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_hidden_layers=3,
+             intermediate_size=40, max_position_embeddings=32768, rms_norm_eps=1e-6, hidden_act="silu",
+             attention_bias=False, use_sliding_window=False, tie_word_embeddings=True)
+QWEN3_THETA = 1_000_000.0
+# Qwen3-Embedding's own prompts: an instruction for queries, nothing for documents.
+QWEN3_PROMPTS = {
+    "query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:",
+    "document": "",
+}
+QWEN3_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen2/Qwen3's pre-tokenizer split (tokenizer.json of the Qwen3 models).
+QWEN3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# name, form, max length (classic: max_seq_length; 6.x: the tokenizer's model_max_length), default prompt
+QWEN3_FOLDERS = [
+    ("classic-last", "classic", 8192, None),
+    ("v6-last", "v6", 1000, "query"),
+]
+QWEN3_TEXTS = TEXTS + [
+    ("typed-specials", "a <|endoftext|> b <|im_start|> c"),
+    ("very-long-mixed", (LONG_EN + LONG_RU + LONG_ZH) * 40),
+]
+
+
+def qwen3_tokenizer():
+    """Qwen3-Embedding's pipeline: NFC, Qwen's split then byte-level BPE, <|endoftext|> appended."""
+    tok = Tokenizer(tokenizers.models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN3_SPLIT), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=QWEN3_SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(TRAINING * 4, trainer=trainer)
+    ids = {t: tok.token_to_id(t) for t in QWEN3_SPECIALS}
+    assert ids == {t: i for i, t in enumerate(QWEN3_SPECIALS)}, ids
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A:0 <|endoftext|>:0", pair="$A:0 <|endoftext|>:0 $B:1 <|endoftext|>:1",
+        special_tokens=[("<|endoftext|>", 0)],
+    )
+    return tok
+
+
+def qwen3_model(config_kwargs, state=None):
+    model = transformers.Qwen3Model(transformers.Qwen3Config(**config_kwargs))
+    if state is not None:
+        model.load_state_dict(state)
+    return model.eval()
+
+
+def qwen3_scale(model, generator):
+    """Larger spreads than transformers' init: norms (q_norm and k_norm included) around 1,
+    embeddings 0.5, linear layers 1.5/sqrt(fan-in). Qwen3 has no biases."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            assert not name.endswith(".bias"), name
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=generator))
+            elif "embed_tokens" in name:
+                p.copy_(0.5 * torch.randn(p.shape, generator=generator))
+            else:
+                p.copy_(torch.randn(p.shape, generator=generator) * (1.5 / p.shape[-1] ** 0.5))
+
+
+def published_qwen3_config(path):
+    """config.json as the published Qwen3-Embedding checkpoints carry it (transformers 4.51):
+    rope_theta and the sliding-window fields at the top, no layer_types or rope_parameters."""
+    with open(path) as f:
+        config = json.load(f)
+    rope = config.pop("rope_parameters")
+    assert rope == {"rope_theta": QWEN3_THETA, "rope_type": "default"}, rope
+    assert config.pop("layer_types") == ["full_attention"] * QWEN3["num_hidden_layers"]
+    config.pop("dtype", None)
+    config.update(rope_theta=QWEN3_THETA, rope_scaling=None, sliding_window=None, max_window_layers=QWEN3["num_hidden_layers"],
+                  torch_dtype="float32", use_cache=True, architectures=["Qwen3ForCausalLM"])
+    with open(path, "w") as f:
+        json.dump(dict(sorted(config.items())), f, indent=2)
+        f.write("\n")
+
+
+def qwen3_sensitivity(tok, config_kwargs, state, vectors, texts):
+    """The tests must notice bidirectional attention, missing rotary positions, query heads
+    paired with the wrong key/value heads, or missing q_norm/k_norm: each must move some text's
+    last-token vector below cosine 0.99."""
+    heads, kv, d = QWEN3["num_attention_heads"], QWEN3["num_key_value_heads"], QWEN3["head_dim"]
+    def last(model, text, **kwargs):
+        enc = tok(text, truncation=True, max_length=2048, return_tensors="pt")
+        n = enc["input_ids"].shape[1]
+        if kwargs.pop("bidirectional", False):
+            kwargs["attention_mask"] = {"full_attention": torch.zeros(1, 1, n, n)}
+        if kwargs.pop("no_rotary", False):
+            kwargs["position_ids"] = torch.zeros(1, n, dtype=torch.long)
+        with torch.no_grad():
+            v = model(input_ids=enc["input_ids"], **kwargs).last_hidden_state[0, -1]
+        return (v / v.norm()).numpy()
+    # Query head slots 1 and 2 swapped: each then reads the other group's keys and values.
+    order = [0, 2, 1, 3] if heads == 4 and kv == 2 else None
+    assert order is not None
+    swapped = {k: v.clone() for k, v in state.items()}
+    for i in range(QWEN3["num_hidden_layers"]):
+        q = state[f"layers.{i}.self_attn.q_proj.weight"].view(heads, d, -1)
+        swapped[f"layers.{i}.self_attn.q_proj.weight"] = q[order].reshape(heads * d, -1)
+        o = state[f"layers.{i}.self_attn.o_proj.weight"].view(-1, heads, d)
+        swapped[f"layers.{i}.self_attn.o_proj.weight"] = o[:, order].reshape(-1, heads * d)
+    no_norm = qwen3_model(config_kwargs, state)
+    for layer in no_norm.layers:
+        layer.self_attn.q_norm = torch.nn.Identity()
+        layer.self_attn.k_norm = torch.nn.Identity()
+    base = qwen3_model(config_kwargs, state)
+    variants = [
+        ("bidirectional attention", base, dict(bidirectional=True)),
+        ("no rotary positions", base, dict(no_rotary=True)),
+        ("query heads on the other key/value group", qwen3_model(config_kwargs, swapped), {}),
+        ("no q_norm/k_norm", no_norm, {}),
+    ]
+    for name, model, kwargs in variants:
+        worst = min(float(np.dot(last(model, t, **dict(kwargs)), np.array(r) / np.linalg.norm(r))) for t, r in zip(texts, vectors))
+        if worst > 0.99:
+            sys.exit(f"qwen3: {name} still gives cosine {worst:.5f}: weights too weak to test")
+        print(f"qwen3: {name}: worst cosine {worst:.4f}")
+
+
+def qwen3(args):
+    """The Qwen3 checkpoint, its two folders and tests/testdata/models/qwen3/reference.json."""
+    arch_dir = os.path.join(args.out, "qwen3")
+    os.makedirs(arch_dir, exist_ok=True)
+    committed = os.path.join(arch_dir, "tokenizer.json")
+    if os.path.exists(committed) and not args.retrain_tokenizers:
+        tokenizer = Tokenizer.from_file(committed)
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+    else:
+        tokenizer = qwen3_tokenizer()
+    texts = [t for _, t in QWEN3_TEXTS]
+    torch.manual_seed(SEED)
+    generator = torch.Generator().manual_seed(SEED + len(ARCHS) + 1)
+    config_kwargs = dict(QWEN3, vocab_size=tokenizer.get_vocab_size(), rope_parameters={"rope_theta": QWEN3_THETA, "rope_type": "default"},
+                         pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    model = qwen3_model(config_kwargs)
+    qwen3_scale(model, generator)
+    entry = {"model_type": "qwen3", "hidden_size": QWEN3["hidden_size"], "tokenizer": "committed", "folders": {}}
+    doc = {
+        "generator": "scripts/make_test_models.py",
+        "versions": PINNED,
+        "seed": SEED,
+        "prompts": QWEN3_PROMPTS,
+        "texts": [{"name": n, "text": t} for n, t in QWEN3_TEXTS],
+        "architectures": {"qwen3": entry},
+    }
+    with tempfile.TemporaryDirectory() as work:
+        staging = os.path.join(work, "hf")
+        model.save_pretrained(staging, safe_serialization=True)
+        weights = load_file(os.path.join(staging, "model.safetensors"))
+        save_file({k: v.contiguous() for k, v in sorted(weights.items())}, os.path.join(arch_dir, "model.safetensors"))
+        fast = transformers.PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>", padding_side="left",
+            model_max_length=131072, model_input_names=["input_ids", "attention_mask"],
+        )
+        fast.save_pretrained(staging)
+        if not os.path.exists(committed):
+            shutil.copy(os.path.join(staging, "tokenizer.json"), committed)
+        entry["tokenizer_sha256"] = sha256(committed)
+        for name, form, limit, default in QWEN3_FOLDERS:
+            saved = os.path.join(work, name)
+            transformer = models.Transformer(staging, max_seq_length=limit if form == "classic" else None)
+            pooling = models.Pooling(transformer.get_embedding_dimension(), pooling_mode="lasttoken", include_prompt=True)
+            SentenceTransformer(modules=[transformer, pooling, models.Normalize()], device="cpu", prompts=QWEN3_PROMPTS,
+                                default_prompt_name=default).save(saved)
+            if form == "classic":
+                # Qwen3-Embedding's own files: the pooling flags, the stated length, the published config.
+                flags = {"word_embedding_dimension": QWEN3["hidden_size"], "pooling_mode_cls_token": False,
+                         "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+                         "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
+                         "pooling_mode_lasttoken": True, "include_prompt": True}
+                with open(os.path.join(saved, "1_Pooling", "config.json"), "w") as f:
+                    json.dump(flags, f, indent=4)
+                with open(os.path.join(saved, "sentence_bert_config.json"), "w") as f:
+                    json.dump({"max_seq_length": limit, "do_lower_case": False}, f, indent=4)
+                published_qwen3_config(os.path.join(saved, "config.json"))
+            else:
+                tc_path = os.path.join(saved, "tokenizer_config.json")
+                with open(tc_path) as f:
+                    tc = json.load(f)
+                tc["model_max_length"] = limit
+                with open(tc_path, "w") as f:
+                    json.dump(tc, f, indent=2)
+            commit_folder(saved, os.path.join(arch_dir, name))
+            assembled = os.path.join(work, name + ".assembled")
+            assemble(arch_dir, name, committed, assembled)
+            st = SentenceTransformer(assembled, device="cpu")
+            assert st.max_seq_length == limit, (name, st.max_seq_length)
+            assert st.tokenizer.padding_side == "left"
+            loaded = st[0].auto_model
+            assert type(loaded).__name__ == "Qwen3Model", type(loaded)
+            assert all(torch.equal(loaded.state_dict()[k], weights[k]) for k in weights)
+            runs = {}
+            for key in [""] + list(QWEN3_PROMPTS):
+                prefix = QWEN3_PROMPTS[key] if key else ""
+                tokens, truncated = token_counts(st, texts, prefix)
+                kw = dict(prompt_name=key) if key else dict(prompt="")
+                # Two to a batch: sentence-transformers pads a batch to its longest text, and
+                # attention's scores over 8,192 padded tokens take gigabytes per text.
+                vectors = st.encode(texts, batch_size=2, convert_to_numpy=True, **kw)
+                # Left padding shifts a batched text's rotary positions; one by one they start at 0.
+                alone = np.stack([st.encode([t], convert_to_numpy=True, **kw)[0] for t in texts])
+                agree = min(float(np.dot(a, b)) for a, b in zip(vectors, alone))
+                assert agree > 0.999999, (name, key, agree)
+                runs[key] = {"tokens": tokens, "truncated": truncated, "vectors": rounded(vectors), "batched_vs_alone": agree}
+                print(f"qwen3/{name} prompt {key!r}: batched and one by one agree to {agree:.8f}")
+            tokens = runs[""]["tokens"]
+            assert any(t == limit for t in tokens), (name, "a text cut at the limit")
+            entry["folders"][name] = {
+                "form": form,
+                "pooling": "lasttoken",
+                "normalize": True,
+                "max_seq_length": limit,
+                "prompts": QWEN3_PROMPTS,
+                "default_prompt_name": default,
+                "runs": runs,
+            }
+            if form == "classic":
+                qwen3_sensitivity(st.tokenizer, config_kwargs, weights, runs[""]["vectors"], texts)
+                # Mean pooling of the same states must differ too.
+                mean = SentenceTransformer(modules=[st[0], models.Pooling(QWEN3["hidden_size"], pooling_mode="mean"), models.Normalize()], device="cpu")
+                worst = min(float(np.dot(a, b)) for a, b in zip(mean.encode(texts, batch_size=2, prompt=""), runs[""]["vectors"]))
+                assert worst < 0.99, f"qwen3: mean and last-token pooling agree to {worst:.5f}"
+                print(f"qwen3: mean instead of last-token pooling: worst cosine {worst:.4f}")
+    with open(os.path.join(arch_dir, "reference.json"), "w", encoding="utf-8") as f:
+        json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print(f"qwen3: {len(QWEN3_FOLDERS)} folders, {len(texts)} texts, written to {arch_dir}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model-dir", default=os.path.join(ROOT, ".ephem", "models", "all-MiniLM-L6-v2"))
     parser.add_argument("--out", default=os.path.join(ROOT, "tests", "testdata", "models"))
     parser.add_argument("--retrain-tokenizers", action="store_true")
-    parser.add_argument("--only", choices=["modernbert"], help="write only this architecture's folder")
+    parser.add_argument("--only", choices=["modernbert", "qwen3"], help="write only this architecture's folder")
     args = parser.parse_args()
     check_versions()
     torch.set_num_threads(1)
     os.makedirs(args.out, exist_ok=True)
     if args.only == "modernbert":
         modernbert(args)
+        return
+    if args.only == "qwen3":
+        qwen3(args)
         return
     doc = {
         "generator": "scripts/make_test_models.py",
@@ -699,6 +939,7 @@ def main():
         json.dump(doc, f, ensure_ascii=False, separators=(",", ":"))
         f.write("\n")
     modernbert(args)
+    qwen3(args)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,8 @@ pub enum Pooling {
     Mean,
     /// The first token's vector.
     Cls,
+    /// The last token's vector (decoder embedders: Qwen3-Embedding).
+    LastToken,
 }
 
 impl Pooling {
@@ -88,6 +90,7 @@ impl Pooling {
         match self {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
+            Pooling::LastToken => "lasttoken",
         }
     }
 }
@@ -210,6 +213,7 @@ impl Manifest {
         let pooling = match map.text("pooling")?.as_str() {
             "mean" => Pooling::Mean,
             "cls" => Pooling::Cls,
+            "lasttoken" => Pooling::LastToken,
             _ => return Err(ManifestError::Invalid("unknown pooling")),
         };
         let prompts = read_prompts(&mut map)?;
@@ -524,6 +528,23 @@ pub(crate) mod tests {
         assert_eq!(signed.hash, manifest_hash(&bytes));
         let stranger = SigningKey::from_bytes(&[4; 32]);
         assert!(signed.verify(&stranger.verifying_key()).is_err());
+    }
+
+    /// Each pooling is written by name and read back; a name the protocol does not know is refused.
+    #[test]
+    fn every_pooling_round_trips_by_name() {
+        let publisher = SigningKey::from_bytes(&[3; 32]);
+        for (pooling, name) in [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken")] {
+            let manifest = Manifest { pooling, ..sample() };
+            assert!(String::from_utf8_lossy(&manifest.to_payload()).contains(name), "{name}");
+            let signed = SignedManifest::decode(&manifest.sign(&publisher)).unwrap();
+            assert_eq!(signed.verify(&publisher.verifying_key()).unwrap().pooling, pooling);
+        }
+        let payload = sample().to_payload();
+        let at = payload.windows(4).position(|w| w == b"mean").unwrap();
+        let mut other = payload.clone();
+        other[at..at + 4].copy_from_slice(b"last");
+        assert!(matches!(Manifest::from_payload(&other), Err(ManifestError::Invalid("unknown pooling"))));
     }
 
     #[test]

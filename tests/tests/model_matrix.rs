@@ -11,7 +11,8 @@
 //!
 //! ModernBERT (`testdata/models/modernbert/`: rotary positions, GeGLU, local and global layers,
 //! 8,192 tokens) is checked in the engine the enclave runs, on every text, prompt and pooling of
-//! its two folders: token counts equal, cosine ≥ 0.99999 f32 and ≥ 0.999 bf16.
+//! its two folders: token counts equal, cosine ≥ 0.99999 f32 and ≥ 0.999 bf16. ModernBERT and
+//! Qwen3 (`testdata/models/qwen3/`) also run as batch jobs through the local stack.
 
 mod matrix;
 
@@ -24,7 +25,7 @@ use enclave_worker::inference::{
     Architecture, Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, InferenceError,
     ModelFiles,
 };
-use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, MODERNBERT_FOLDERS};
+use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, MODERNBERT_FOLDERS, QWEN3_FOLDERS};
 use protocol::envelope::Precision;
 use protocol::manifest::Pooling;
 use serde_json::Value;
@@ -208,6 +209,7 @@ fn every_model_in_the_matrix_serves_batch_jobs_as_sentence_transformers_does() {
 
 
 const MODERNBERT_F32_MIN_COSINE: f64 = 0.99999;
+const QWEN3_F32_MIN_COSINE: f64 = 0.99999;
 
 /// One ModernBERT folder loaded as the enclave loads a model: its config, the shared weights and
 /// tokenizer, the folder's pooling and length.
@@ -341,5 +343,47 @@ fn modernbert_packing_does_not_change_vectors() {
         let (a, b) = (a.unwrap().vector, b.unwrap().vector);
         let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(diff < 1e-5, "text {index}: {diff}");
+    }
+}
+
+/// Qwen3 (`testdata/models/qwen3/`: a causal decoder, grouped-query attention, last-token pooling,
+/// Qwen3-Embedding's instruction prompt) through the local stack: `model encrypt` onboards both
+/// folders, and batch jobs with the folder's default prompt, with `--prompt query` or `--prompt
+/// none`, and at bf16 give sentence-transformers' vectors and token counts, up to each folder's
+/// own length (8,192 and 1,000; a text cut at each); int8 is refused.
+#[test]
+fn qwen3_serves_batch_jobs_through_the_local_stack() {
+    let reference = matrix::qwen3_reference();
+    let texts = matrix::texts(&reference);
+    let work = tempfile::tempdir().unwrap();
+    let corpus = work.path().join("corpus.jsonl");
+    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
+    let tokenizer = matrix::tokenizer(&m.reference, "qwen3");
+    let hidden = m.reference["architectures"]["qwen3"]["hidden_size"].as_u64().unwrap();
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    for folder in QWEN3_FOLDERS {
+        m.onboard("qwen3", folder, &tokenizer);
+        let entry = m.reference["architectures"]["qwen3"]["folders"][folder].clone();
+        let limit = entry["max_seq_length"].as_u64().unwrap();
+        let default = entry["default_prompt_name"].as_str().unwrap_or("");
+        let label = format!("qwen3/{folder} (local stack)");
+        // No flag (the signed default prompt, if any), then the prompt the default is not.
+        let other = if default.is_empty() { ("query", "query") } else { ("none", "") };
+        for (flags, prompt) in [(&[][..], default), (&["--prompt", other.0][..], other.1)] {
+            let run = matrix::run(&m.reference, "qwen3", folder, prompt);
+            let records = m.job("qwen3", folder, flags);
+            let lowest = check(&records, &run, hidden, QWEN3_F32_MIN_COSINE, &label);
+            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
+            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
+        }
+        if bf16 {
+            let records = m.job("qwen3", folder, &["--precision", "bf16"]);
+            let lowest = check(&records, &matrix::run(&m.reference, "qwen3", folder, default), hidden, BF16_MIN_COSINE, &label);
+            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
+        }
+        let refused = m.refused("qwen3", folder, &["--precision", "int8"]);
+        assert!(refused.contains("int8"), "{label}: {refused}");
     }
 }

@@ -21,7 +21,7 @@ const BERT_DEFAULT_POSITIONS: u32 = 512;
 /// The `model_type`s the enclave's engine runs (enclave-worker's `inference::arch`), with the rows
 /// of the position table before the first real token. A type is added here only once the engine
 /// computes it exactly.
-const ARCHITECTURES: [(&str, PositionOffset); 4] = [
+const ARCHITECTURES: [(&str, PositionOffset); 5] = [
     ("bert", PositionOffset::Zero),
     // Positions start at padding_idx + 1, the padding index being the config's pad_token_id.
     ("xlm-roberta", PositionOffset::AfterPadding),
@@ -29,12 +29,18 @@ const ARCHITECTURES: [(&str, PositionOffset); 4] = [
     ("mpnet", PositionOffset::Fixed(2)),
     // Rotary positions: the table's length is the model's reach, from position 0.
     ("modernbert", PositionOffset::Zero),
+    // A causal decoder with rotary positions from 0 (Qwen3-Embedding).
+    ("qwen3", PositionOffset::Zero),
 ];
 
 /// ModernBERT settings the engine computes only one way (`enclave-worker/src/inference/
 /// modernbert.rs` checks the whole config again when it loads the model).
 const MODERNBERT_FIXED: [(&str, &str); 4] =
     [("hidden_activation", "\"gelu\""), ("attention_bias", "false"), ("mlp_bias", "false"), ("norm_bias", "false")];
+
+/// Qwen3 settings the engine computes only one way (`enclave-worker/src/inference/qwen3.rs`
+/// checks the whole config again when it loads the model).
+const QWEN3_FIXED: [(&str, &str); 3] = [("hidden_act", "\"silu\""), ("attention_bias", "false"), ("use_sliding_window", "false")];
 
 #[derive(Debug, Clone, Copy)]
 enum PositionOffset {
@@ -118,7 +124,8 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
 }
 
 /// The engine runs the [`ARCHITECTURES`]: the BERT family with absolute positions and erf GELU,
-/// ModernBERT with its rotary positions, GeGLU and no biases; anything else is refused. Returns
+/// ModernBERT with its rotary positions, GeGLU and no biases, Qwen3 with SwiGLU, full causal
+/// attention and no biases; anything else is refused. Returns
 /// the architecture's position offset.
 fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
     let (kind, offset) = match config.get("model_type").and_then(Value::as_str) {
@@ -136,6 +143,20 @@ fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
             _ => return Err(unsupported(path, "pad_token_id", config.get("pad_token_id").map_or("(absent)".into(), Value::to_string), "positions start after the padding index, which must be stated")),
         },
     };
+    if kind == "qwen3" {
+        for (field, only) in QWEN3_FIXED {
+            if let Some(found) = config.get(field).filter(|v| v.to_string() != only) {
+                return Err(unsupported(path, field, found, "the engine computes Qwen3 with SwiGLU, without biases or sliding windows"));
+            }
+        }
+        if let Some(scaling) = config.get("rope_scaling").filter(|v| !v.is_null()) {
+            return Err(unsupported(path, "rope_scaling", scaling, "the engine computes unscaled rotary positions"));
+        }
+        if let Some(kind) = config.get("layer_types").and_then(Value::as_array).and_then(|t| t.iter().find(|k| k.as_str() != Some("full_attention"))) {
+            return Err(unsupported(path, "layer_types", kind, "the engine computes Qwen3 with full attention in every layer"));
+        }
+        return Ok(offset);
+    }
     if kind == "modernbert" {
         for (field, only) in MODERNBERT_FIXED {
             if let Some(found) = config.get(field).filter(|v| v.to_string() != only) {
@@ -243,7 +264,8 @@ fn read_pooling(path: &Path, dimensions: u32) -> Result<Pooling, ModelError> {
         return match mode.as_str() {
             Some("mean") => Ok(Pooling::Mean),
             Some("cls") => Ok(Pooling::Cls),
-            _ => Err(unsupported(path, "pooling_mode", mode, "the engine pools by mean or cls only")),
+            Some("lasttoken") => Ok(Pooling::LastToken),
+            _ => Err(unsupported(path, "pooling_mode", mode, "the engine pools by mean, cls or lasttoken only")),
         };
     }
     let set: Vec<&str> = config
@@ -254,8 +276,9 @@ fn read_pooling(path: &Path, dimensions: u32) -> Result<Pooling, ModelError> {
     match set.as_slice() {
         ["pooling_mode_mean_tokens"] => Ok(Pooling::Mean),
         ["pooling_mode_cls_token"] => Ok(Pooling::Cls),
-        [] => Err(unsupported(path, "pooling_mode_*", "none set", "one of mean_tokens, cls_token must be true")),
-        other => Err(unsupported(path, "pooling_mode_*", other.join(", "), "exactly one of mean_tokens, cls_token")),
+        ["pooling_mode_lasttoken"] => Ok(Pooling::LastToken),
+        [] => Err(unsupported(path, "pooling_mode_*", "none set", "one of mean_tokens, cls_token, lasttoken must be true")),
+        other => Err(unsupported(path, "pooling_mode_*", other.join(", "), "exactly one of mean_tokens, cls_token, lasttoken")),
     }
 }
 

@@ -1,6 +1,6 @@
 //! The encoder architectures the fused encoder computes, read from the model's `config.json`
-//! (`model_type`): BERT, XLM-RoBERTa, MPNet and ModernBERT (its spec and tensor names:
-//! [`super::modernbert`]). `config.json` is one of the files the signed manifest hashes, so a
+//! (`model_type`): BERT, XLM-RoBERTa, MPNet, ModernBERT and Qwen3 (their specs and tensor names:
+//! [`super::modernbert`], [`super::qwen3`]). `config.json` is one of the files the signed manifest hashes, so a
 //! host cannot change the architecture a model is run as.
 //!
 //! Each architecture is a [`ArchConfig`]: the sizes, where the norms sit ([`Placement`]), the
@@ -36,6 +36,7 @@ pub enum Architecture {
     XlmRoberta,
     MpNet,
     ModernBert,
+    Qwen3,
 }
 
 /// Where a layer's norms sit.
@@ -55,20 +56,24 @@ pub(crate) enum Activation {
     Gelu,
     /// `gelu(a) · g` with `[a | g] = x·W1 + b1`: the first linear layer is twice the width.
     GeGlu,
+    /// `silu(g) · u` with `[g | u] = x·W1` (Qwen3's gate and up projections fused at load).
+    SwiGlu,
 }
 
-/// One layer's attention: bidirectional softmax over the sequence, optionally with rotary
-/// positions and a local window.
+/// One layer's attention: softmax over the sequence, bidirectional or causal, optionally with
+/// rotary positions and a local window.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct LayerAttention {
     /// The rotary base (`rope_theta`), or none (absolute positions at the embedding).
     pub rotary_base: Option<f32>,
     /// A query sees only keys at most this far from it (`|i − j| ≤ window`), or every key.
     pub window: Option<usize>,
+    /// A query sees no key after it (decoders: Qwen3).
+    pub causal: bool,
 }
 
 impl LayerAttention {
-    pub(crate) const GLOBAL: Self = Self { rotary_base: None, window: None };
+    pub(crate) const GLOBAL: Self = Self { rotary_base: None, window: None, causal: false };
 }
 
 impl Architecture {
@@ -79,6 +84,7 @@ impl Architecture {
             Architecture::XlmRoberta => "xlm-roberta",
             Architecture::MpNet => "mpnet",
             Architecture::ModernBert => "modernbert",
+            Architecture::Qwen3 => "qwen3",
         }
     }
 
@@ -89,7 +95,7 @@ impl Architecture {
             Architecture::Bert => "bert.",
             Architecture::XlmRoberta => "roberta.",
             Architecture::MpNet => "mpnet.",
-            Architecture::ModernBert => "model.",
+            Architecture::ModernBert | Architecture::Qwen3 => "model.",
         }
     }
 }
@@ -102,6 +108,11 @@ pub(crate) struct ArchConfig {
     pub hidden_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
+    /// Key/value heads: fewer than the query heads in grouped-query attention (Qwen3), each shared
+    /// by `num_attention_heads / num_key_value_heads` query heads in order.
+    pub num_key_value_heads: usize,
+    /// Each head's width: `hidden_size / num_attention_heads` but where a config states another.
+    pub head_dim: usize,
     pub intermediate_size: usize,
     pub max_position_embeddings: usize,
     /// 0 for MPNet (no token type embeddings).
@@ -153,6 +164,7 @@ impl ArchConfig {
             "xlm-roberta" => Architecture::XlmRoberta,
             "mpnet" => Architecture::MpNet,
             "modernbert" => return super::modernbert::parse(&config),
+            "qwen3" => return super::qwen3::parse(&config),
             other => return Err(InferenceError::UnsupportedArchitecture(format!("model_type {other:?}"))),
         };
         let hidden_size = size(&config, "hidden_size")?;
@@ -181,8 +193,10 @@ impl ArchConfig {
                     .ok_or_else(|| InferenceError::Config("pad_token_id: missing or not an integer".into()))?;
                 (size(&config, "type_vocab_size")?, Some(pad))
             }
-            // Returned above from its own spec; never read as a BERT-family config.
-            Architecture::ModernBert => return Err(InferenceError::Config("modernbert: not a BERT-family config".into())),
+            // Returned above from their own specs; never read as BERT-family configs.
+            Architecture::ModernBert | Architecture::Qwen3 => {
+                return Err(InferenceError::Config(format!("{}: not a BERT-family config", arch.as_str())));
+            }
             Architecture::MpNet => {
                 let buckets = field(&config, "relative_attention_num_buckets").map_or(Some(32), Value::as_u64);
                 if buckets != Some(MPNET_BUCKETS as u64) {
@@ -208,6 +222,8 @@ impl ArchConfig {
             hidden_size,
             num_hidden_layers,
             num_attention_heads,
+            num_key_value_heads: num_attention_heads,
+            head_dim: hidden_size / num_attention_heads,
             intermediate_size: size(&config, "intermediate_size")?,
             max_position_embeddings,
             type_vocab_size,
@@ -223,8 +239,8 @@ impl ArchConfig {
 
     /// Whether the fused encoder computes this model exactly; if not, why (naming the field).
     pub(crate) fn fused_computes(&self) -> Result<(), String> {
-        if self.arch == Architecture::ModernBert {
-            // Its spec refused at parse what the encoder does not compute.
+        if matches!(self.arch, Architecture::ModernBert | Architecture::Qwen3) {
+            // Their specs refused at parse what the encoder does not compute.
             return Ok(());
         }
         if self.hidden_act != "gelu" {

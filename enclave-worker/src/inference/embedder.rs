@@ -193,7 +193,7 @@ impl Embedder {
             }
             Err(why) => {
                 // candle's BertModel (a test and benchmark reference) has neither their
-                // positions, MPNet's relative bias nor ModernBERT's layers.
+                // positions, MPNet's relative bias nor ModernBERT's or Qwen3's layers.
                 return Err(InferenceError::UnsupportedArchitecture(format!(
                     "{}: only the fused encoder computes it, and not this model here: {why}",
                     config.arch.as_str()
@@ -349,7 +349,7 @@ impl Embedder {
 
     /// Embeds one batch and returns one vector per member, in order: the encoder (packed tokens
     /// with the fused backend; right-padded with an attention mask and zero token types with
-    /// CandleBert), then mean (or CLS) pooling over each member's real tokens and, if `normalize`,
+    /// CandleBert), then mean, CLS or last-token pooling over each member's real tokens and, if `normalize`,
     /// L2 normalisation. Runs on the calling thread's rayon pool (see the module docs).
     pub fn embed_batch(
         &self,
@@ -416,6 +416,9 @@ impl Embedder {
         let n = (states.len() / h).max(1);
         let mut vector: Vec<f32> = match self.settings.pooling {
             Pooling::Cls => states[..h].to_vec(),
+            // The sequence's last token: with the tokenizer's `<|endoftext|>` appended (and kept
+            // by truncation), the token that has seen every other in a causal model.
+            Pooling::LastToken => states[(n - 1) * h..n * h].to_vec(),
             Pooling::Mean => {
                 let mut acc = vec![0f64; h];
                 for token in states.chunks_exact(h) {

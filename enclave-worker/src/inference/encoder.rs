@@ -48,7 +48,8 @@ const ROWS_PER_TASK: usize = 16;
 /// One layer of any architecture: the four products and two norms, placed as the architecture
 /// says ([`Placement`]).
 pub(crate) struct Layer {
-    /// `(hidden, 3·hidden)`: [Q | K | V] columns.
+    /// `(hidden, (heads + 2·kv_heads)·head_dim)`: [Q | K | V] columns (`3·hidden` without
+    /// grouped-query attention).
     pub(crate) qkv: Linear,
     pub(crate) out: Linear,
     /// `intermediate` wide, or `2·intermediate` for a gated activation.
@@ -59,6 +60,8 @@ pub(crate) struct Layer {
     pub(crate) attn_norm: Option<Norm>,
     /// Post: after the feed-forward's residual. Pre: before the feed-forward.
     pub(crate) ff_norm: Norm,
+    /// Per-head norms of the queries and keys before rotary (Qwen3's `q_norm`, `k_norm`).
+    pub(crate) qk_norm: Option<(Norm, Norm)>,
     pub(crate) attention: LayerAttention,
 }
 
@@ -67,11 +70,12 @@ impl Layer {
         [&self.qkv, &self.out, &self.ff1, &self.ff2].into_iter().map(Linear::memory_bytes).sum::<usize>()
             + self.attn_norm.as_ref().map_or(0, Norm::memory_bytes)
             + self.ff_norm.memory_bytes()
+            + self.qk_norm.as_ref().map_or(0, |(q, k)| q.memory_bytes() + k.memory_bytes())
     }
 }
 
-/// An architecture's weights, from its tensor-name map (BERT's family here, ModernBERT's in
-/// [`super::modernbert`]).
+/// An architecture's weights, from its tensor-name map (BERT's family here, ModernBERT's and
+/// Qwen3's in [`super::modernbert`], [`super::qwen3`]).
 pub(crate) struct FamilyWeights {
     pub(crate) embeddings: Embeddings,
     pub(crate) layers: Vec<Layer>,
@@ -137,6 +141,8 @@ pub(crate) struct Encoder {
     rotary: Vec<(f32, Rotary)>,
     hidden: usize,
     heads: usize,
+    /// Key/value heads; query head `i` reads group `i / (heads / kv_heads)`.
+    kv_heads: usize,
     head_dim: usize,
     vocab: usize,
     max_positions: usize,
@@ -175,6 +181,7 @@ fn bert_family(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeights, In
             ff1: t.linear(&format!("{p}.intermediate.dense"), inter, hidden, true)?,
             ff2: t.linear(&format!("{p}.output.dense"), hidden, inter, true)?,
             ff_norm: t.norm(&format!("{p}.output.LayerNorm"), hidden, true)?,
+            qk_norm: None,
             attention,
         });
     }
@@ -195,7 +202,7 @@ fn bert_family(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeights, In
             word: t.values("embeddings.word_embeddings.weight", &[config.vocab_size, hidden])?,
             position: Some(t.values("embeddings.position_embeddings.weight", &[config.max_position_embeddings, hidden])?),
             token_type,
-            norm: t.norm("embeddings.LayerNorm", hidden, true)?,
+            norm: Some(t.norm("embeddings.LayerNorm", hidden, true)?),
         },
         layers,
         final_norm: None,
@@ -221,10 +228,13 @@ impl Encoder {
         let tensors = Tensors::new(weights, config.arch.weight_prefix())?;
         let family = match config.arch {
             Architecture::ModernBert => super::modernbert::weights(&tensors, config)?,
+            Architecture::Qwen3 => super::qwen3::weights(&tensors, config)?,
             Architecture::Bert | Architecture::XlmRoberta | Architecture::MpNet => bert_family(&tensors, config)?,
         };
-        let heads = config.num_attention_heads;
-        let head_dim = config.hidden_size / heads;
+        let (heads, head_dim) = (config.num_attention_heads, config.head_dim);
+        if heads % config.num_key_value_heads != 0 {
+            return Err(InferenceError::Config("num_attention_heads is not a multiple of num_key_value_heads".into()));
+        }
         let mut rotary: Vec<(f32, Rotary)> = Vec::new();
         for base in config.attention.iter().filter_map(|a| a.rotary_base) {
             if !rotary.iter().any(|(b, _)| *b == base) {
@@ -243,6 +253,7 @@ impl Encoder {
             rotary,
             hidden: config.hidden_size,
             heads,
+            kv_heads: config.num_key_value_heads,
             head_dim,
             vocab: config.vocab_size,
             max_positions: config.max_tokens(),
@@ -406,8 +417,10 @@ impl Encoder {
                     }
                     None => word,
                 };
-                let norm = &embeddings.norm;
-                kernels::add_layer_norm(row, input, None, None, &norm.gamma, norm.beta.as_deref(), self.eps);
+                match &embeddings.norm {
+                    Some(norm) => norm.apply(row, input, None, None, self.eps),
+                    None => row.copy_from_slice(input),
+                }
             });
         });
         // Rotary layers turn each token by its place in its own sequence.
@@ -417,16 +430,18 @@ impl Encoder {
         let result = self.layers.iter().enumerate().try_for_each(|(i, layer)| {
             let stats = stats.as_deref_mut().map(|s| &mut s[i]);
             let rotary = layer.attention.rotary_base.and_then(|base| tables.iter().find(|(b, _)| *b == base)).map(|(_, t)| t);
-            let attention = Attention { window: layer.attention.window, rotary: rotary.map(|table| (table, places.as_slice())) };
+            let attention = Attention {
+                window: layer.attention.window,
+                causal: layer.attention.causal,
+                rotary: rotary.map(|table| (table, places.as_slice())),
+                qk_norm: layer.qk_norm.as_ref(),
+            };
             self.layer(layer, reduced(i), &attention, &mut x, offsets, scratch, stats)
         });
         if result.is_ok()
             && let Some(norm) = &self.final_norm
         {
-            fused_rows(&mut x, h, #[inline(always)] |_, row| {
-                let input = row.to_vec();
-                kernels::add_layer_norm(row, &input, None, None, &norm.gamma, norm.beta.as_deref(), self.eps);
-            });
+            fused_rows(&mut x, h, #[inline(always)] |_, row| norm.apply_in_place(row, self.eps));
         }
         scratch.x = x;
         result
@@ -529,11 +544,14 @@ impl Encoder {
                 }
                 Ok(ff)
             }
-            Activation::GeGlu => {
+            Activation::GeGlu | Activation::SwiGlu => {
                 let inter = width / 2;
                 resize(gated, total * inter);
                 let ff: &[f32] = ff;
-                fused_rows(gated, inter, #[inline(always)] |i, out| kernels::geglu(out, &ff[i * width..(i + 1) * width]));
+                match self.activation {
+                    Activation::GeGlu => fused_rows(gated, inter, #[inline(always)] |i, out| kernels::geglu(out, &ff[i * width..(i + 1) * width])),
+                    _ => fused_rows(gated, inter, #[inline(always)] |i, out| kernels::swiglu(out, &ff[i * width..(i + 1) * width])),
+                }
                 Ok(gated)
             }
         }
@@ -544,7 +562,7 @@ impl Encoder {
         let h = self.hidden;
         fused_rows(out, h, #[inline(always)] |i, out| {
             let row = i * h..(i + 1) * h;
-            kernels::add_layer_norm(out, &product[row.clone()], bias, Some(&residual[row]), &norm.gamma, norm.beta.as_deref(), self.eps)
+            norm.apply(out, &product[row.clone()], bias, Some(&residual[row]), self.eps)
         });
     }
 
@@ -553,7 +571,7 @@ impl Encoder {
         let h = self.hidden;
         resize(out, x.len());
         fused_rows(out, h, #[inline(always)] |i, out| {
-            kernels::add_layer_norm(out, &x[i * h..(i + 1) * h], None, None, &norm.gamma, norm.beta.as_deref(), self.eps)
+            norm.apply(out, &x[i * h..(i + 1) * h], None, None, self.eps)
         });
     }
 
@@ -564,11 +582,14 @@ impl Encoder {
     }
 }
 
-/// How one layer attends: a local window or none, and rotary positions (the table of its base
-/// and each packed token's place in its own sequence) or none.
+/// How one layer attends: a local window or none, causal or not, per-head query and key norms
+/// or none, and rotary positions (the table of its base and each packed token's place in its own
+/// sequence) or none.
 pub(super) struct Attention<'a> {
     window: Option<usize>,
+    causal: bool,
     rotary: Option<(&'a RotaryTable, &'a [usize])>,
+    qk_norm: Option<&'a (Norm, Norm)>,
 }
 
 /// A forward pass's matrices, reused from layer to layer (same sizes every layer) and from pass to

@@ -180,6 +180,52 @@ pub(crate) fn add_layer_norm(
     }
 }
 
+/// `out ← RMSNorm(x (+ bias) (+ residual))` for one row: `v · (1 / √(mean(v²) + eps)) · γ`, in
+/// that order, as transformers' `Qwen3RMSNorm` computes it in f32.
+#[inline(always)]
+pub(crate) fn add_rms_norm(out: &mut [f32], x: &[f32], bias: Option<&[f32]>, residual: Option<&[f32]>, gamma: &[f32], eps: f32) {
+    let n = out.len();
+    assert!(x.len() == n && gamma.len() == n);
+    assert!(bias.is_none_or(|b| b.len() == n) && residual.is_none_or(|r| r.len() == n));
+    out.copy_from_slice(x);
+    for extra in [bias, residual].into_iter().flatten() {
+        for (o, &v) in out.iter_mut().zip(extra) {
+            *o += v;
+        }
+    }
+    rms_norm_in_place(out, gamma, eps);
+}
+
+/// One row's RMSNorm in place ([`add_rms_norm`] without the sum).
+#[inline(always)]
+pub(crate) fn rms_norm_in_place(row: &mut [f32], gamma: &[f32], eps: f32) {
+    assert_eq!(row.len(), gamma.len());
+    let mut acc = [0f32; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a = v.mul_add(v, *a);
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    let mean = (acc.iter().sum::<f32>() + tail) / row.len() as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    for (o, &g) in row.iter_mut().zip(gamma) {
+        *o = g * (*o * inv);
+    }
+}
+
+/// SwiGLU: `out ← silu(gate) · up` where `gate` and `up` are the two halves of `row` (the fused
+/// gate and up projections, `[gate | up]`, each `out.len()` wide); `silu(x) = x / (1 + e^−x)`.
+#[inline(always)]
+pub(crate) fn swiglu(out: &mut [f32], row: &[f32]) {
+    let (gate, up) = row.split_at(out.len());
+    assert_eq!(up.len(), out.len());
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + exp(-g)) * u;
+    }
+}
+
 /// `out ← out + x (+ bias)` for one row: a pre-norm layer's residual.
 #[inline(always)]
 pub(crate) fn add_residual(out: &mut [f32], x: &[f32], bias: Option<&[f32]>) {
@@ -302,6 +348,29 @@ mod tests {
         for i in 0..384 {
             let want = (y[i] - mean) / (var + 1e-12).sqrt() * f64::from(gamma[i]) + f64::from(beta[i]);
             assert!((f64::from(out[i]) - want).abs() < 1e-5, "{i}: {} vs {want}", out[i]);
+        }
+    }
+
+    #[test]
+    fn rms_norm_and_swiglu_match_their_definitions() {
+        let x: Vec<f32> = (0..45).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let residual: Vec<f32> = (0..45).map(|i| (i as f32 * 0.11).cos()).collect();
+        let gamma: Vec<f32> = (0..45).map(|i| 1.0 + i as f32 * 1e-2).collect();
+        let mut out = vec![0f32; 45];
+        add_rms_norm(&mut out, &x, None, Some(&residual), &gamma, 1e-6);
+        let y: Vec<f64> = (0..45).map(|i| f64::from(x[i]) + f64::from(residual[i])).collect();
+        let ms = y.iter().map(|v| v * v).sum::<f64>() / 45.0;
+        for i in 0..45 {
+            let want = y[i] / (ms + 1e-6).sqrt() * f64::from(gamma[i]);
+            assert!((f64::from(out[i]) - want).abs() < 1e-5, "{i}: {} vs {want}", out[i]);
+        }
+        let row: Vec<f32> = (0..40).map(|i| (i as f32 - 20.0) * 0.4).collect();
+        let mut gated = vec![0f32; 20];
+        swiglu(&mut gated, &row);
+        for k in 0..20 {
+            let (g, u) = (f64::from(row[k]), f64::from(row[20 + k]));
+            let want = g / (1.0 + (-g).exp()) * u;
+            assert!((f64::from(gated[k]) - want).abs() < 1e-5 * want.abs().max(1.0), "{k}");
         }
     }
 

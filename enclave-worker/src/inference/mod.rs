@@ -8,13 +8,14 @@
 //!   production the weights are decrypted into memory; there is no mmap and no file access here).
 //!   The architecture comes from `config.json`'s `model_type` ([`Architecture`], `arch.rs`): BERT,
 //!   XLM-RoBERTa (positions offset by `padding_idx + 1`), MPNet (also a bucketed relative
-//!   position bias in attention) or ModernBERT (`modernbert.rs`: pre-norm, GeGLU, rotary, local
-//!   and global layers); any other is refused by name. All run through one layer loop over shared
-//!   blocks (`encoder/blocks.rs`). XLM-RoBERTa, MPNet and ModernBERT run only in the fused
+//!   position bias in attention), ModernBERT (`modernbert.rs`: pre-norm, GeGLU, rotary, local
+//!   and global layers) or Qwen3 (`qwen3.rs`: a causal decoder with RMSNorm, grouped-query
+//!   attention, SwiGLU, rotary; pooled by its last token); any other is refused by name. All run through one layer loop over shared
+//!   blocks (`encoder/blocks.rs`). XLM-RoBERTa, MPNet, ModernBERT and Qwen3 run only in the fused
 //!   encoder, at fp32 and bf16 (int8 is refused for them: its bound is measured on BERT only);
 //!   `tests/arch_reference.rs` and the model matrix check them against sentence-transformers.
 //!   It tokenizes one text ([`Embedder::tokenize`]) and embeds one batch
-//!   ([`Embedder::embed_batch`]): mean (or CLS) pooling over the real tokens, optional L2
+//!   ([`Embedder::embed_batch`]): mean, CLS or last-token pooling over the real tokens, optional L2
 //!   normalisation. Two encoders ([`Backend`]):
 //!   - `Fused` (default, `encoder.rs`): our own arrangement of the same computation — sequences
 //!     packed without padding, attention per sequence, Q/K/V fused, bias/residual/LayerNorm/GELU
@@ -78,6 +79,7 @@ mod engine;
 mod kernels;
 mod metrics;
 mod modernbert;
+mod qwen3;
 mod strided;
 
 pub use arch::Architecture;

@@ -189,8 +189,8 @@ pub(crate) fn parse(config: &Value) -> Result<ArchConfig, InferenceError> {
     let attention = local_layers(config, layers)?
         .into_iter()
         .map(|is_local| match is_local {
-            true => LayerAttention { rotary_base: Some(local), window: Some(local_attention / 2) },
-            false => LayerAttention { rotary_base: Some(global), window: None },
+            true => LayerAttention { rotary_base: Some(local), window: Some(local_attention / 2), causal: false },
+            false => LayerAttention { rotary_base: Some(global), window: None, causal: false },
         })
         .collect();
     Ok(ArchConfig {
@@ -199,6 +199,8 @@ pub(crate) fn parse(config: &Value) -> Result<ArchConfig, InferenceError> {
         hidden_size: hidden,
         num_hidden_layers: layers,
         num_attention_heads: heads,
+        num_key_value_heads: heads,
+        head_dim: hidden / heads,
         intermediate_size: count(config, "intermediate_size", None, MAX_INTERMEDIATE)?,
         max_position_embeddings: positions,
         type_vocab_size: 0,
@@ -223,6 +225,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
             out: t.linear(&format!("{p}.attn.Wo"), hidden, hidden, false)?,
             // The first layer's attention norm is the identity: it has no weights.
             attn_norm: if i == 0 { None } else { Some(t.norm(&format!("{p}.attn_norm"), hidden, false)?) },
+            qk_norm: None,
             ff1: t.linear(&format!("{p}.mlp.Wi"), 2 * inter, hidden, false)?,
             ff2: t.linear(&format!("{p}.mlp.Wo"), hidden, inter, false)?,
             ff_norm: t.norm(&format!("{p}.mlp_norm"), hidden, false)?,
@@ -234,7 +237,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
             word: t.values("embeddings.tok_embeddings.weight", &[config.vocab_size, hidden])?,
             position: None,
             token_type: Vec::new(),
-            norm: t.norm("embeddings.norm", hidden, false)?,
+            norm: Some(t.norm("embeddings.norm", hidden, false)?),
         },
         layers,
         final_norm: Some(t.norm("final_norm", hidden, false)?),
@@ -269,8 +272,8 @@ mod tests {
         let config = parse_with(|_| {}).unwrap();
         assert_eq!(config.arch, Architecture::ModernBert);
         assert_eq!((config.hidden_size, config.num_attention_heads, config.intermediate_size, config.max_tokens()), (36, 3, 38, 8192));
-        let global = LayerAttention { rotary_base: Some(160_000.0), window: None };
-        let local = LayerAttention { rotary_base: Some(10_000.0), window: Some(8) };
+        let global = LayerAttention { rotary_base: Some(160_000.0), window: None, causal: false };
+        let local = LayerAttention { rotary_base: Some(10_000.0), window: Some(8), causal: false };
         assert_eq!(config.attention, [global, local, local, global]);
         // The published form says the same with its own fields.
         let published = parse_with(|c| {

@@ -108,3 +108,11 @@ pub const MODERNBERT_FOLDERS: [&str; 2] = ["v6-mean", "classic-cls"];
 pub fn modernbert_reference() -> Value {
     serde_json::from_slice(&std::fs::read(data().join("modernbert/reference.json")).unwrap()).unwrap()
 }
+
+/// Qwen3's part (`testdata/models/qwen3/`): its own reference file, the same layout, two folders
+/// with last-token pooling and Qwen3-Embedding's prompts.
+pub const QWEN3_FOLDERS: [&str; 2] = ["classic-last", "v6-last"];
+
+pub fn qwen3_reference() -> Value {
+    serde_json::from_slice(&std::fs::read(data().join("qwen3/reference.json")).unwrap()).unwrap()
+}

@@ -116,17 +116,21 @@ fn prompts_are_read_sorted_and_checked() {
 #[test]
 fn every_pooling_the_engine_cannot_compute_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    for mode in ["max", "weightedmean", "lasttoken", "mean_sqrt_len_tokens", "MEAN"] {
+    for mode in ["max", "weightedmean", "mean_sqrt_len_tokens", "MEAN", "last_token"] {
         six(dir.path(), mode);
         assert_eq!(refusal(dir.path()), ("1_Pooling/config.json".into(), "pooling_mode", format!("\"{mode}\"")));
     }
     classic(dir.path());
-    for flag in ["max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens", "lasttoken"] {
+    for flag in ["max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens"] {
         write(dir.path(), "1_Pooling/config.json", &format!(r#"{{"pooling_mode_{flag}": true}}"#));
         assert_eq!(refusal(dir.path()).1, "pooling_mode_*", "{flag}");
     }
     write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode_mean_tokens": true, "pooling_mode_cls_token": true}"#);
     assert_eq!(refusal(dir.path()).1, "pooling_mode_*");
+    write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode_lasttoken": true, "pooling_mode_mean_tokens": true}"#);
+    assert_eq!(refusal(dir.path()).1, "pooling_mode_*");
+    write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode": "lasttoken", "include_prompt": false}"#);
+    assert_eq!(refusal(dir.path()), ("1_Pooling/config.json".into(), "include_prompt", "false".into()));
     write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode_mean_tokens": false}"#);
     assert_eq!(refusal(dir.path()).1, "pooling_mode_*");
     write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode": "mean", "include_prompt": false}"#);
@@ -169,6 +173,11 @@ fn architectures_and_limits_the_engine_does_not_run_are_refused() {
         (r#", "model_type": "modernbert", "mlp_bias": true"#, "mlp_bias"),
         (r#", "model_type": "modernbert", "hidden_activation": "silu""#, "hidden_activation"),
         (r#", "model_type": "modernbert", "rope_scaling": {"type": "linear", "factor": 2.0}"#, "rope_scaling"),
+        (r#", "model_type": "qwen3", "attention_bias": true"#, "attention_bias"),
+        (r#", "model_type": "qwen3", "use_sliding_window": true"#, "use_sliding_window"),
+        (r#", "model_type": "qwen3", "hidden_act": "gelu""#, "hidden_act"),
+        (r#", "model_type": "qwen3", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#, "rope_scaling"),
+        (r#", "model_type": "qwen3", "layer_types": ["full_attention", "sliding_attention"]"#, "layer_types"),
     ] {
         write(dir.path(), "config.json", &config(extra));
         assert_eq!(refusal(dir.path()).0, "config.json");
@@ -191,4 +200,36 @@ fn architectures_and_limits_the_engine_does_not_run_are_refused() {
     assert_eq!(refusal(dir.path()).1, "do_lower_case");
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": -1}"#);
     assert!(matches!(read_settings(dir.path()), Err(ModelError::Config { .. })));
+}
+
+/// Qwen3-Embedding's own files: the classic pooling flags with `pooling_mode_lasttoken`, the
+/// stated length (its position table is larger), the instruction prompt and an empty one.
+#[test]
+fn a_qwen3_embedding_directory_reads_as_last_token_pooling_with_its_prompts() {
+    let dir = tempfile::tempdir().unwrap();
+    classic(dir.path());
+    write(
+        dir.path(),
+        "config.json",
+        r#"{"model_type": "qwen3", "hidden_size": 8, "max_position_embeddings": 32768, "hidden_act": "silu", "attention_bias": false, "use_sliding_window": false, "sliding_window": null, "rope_scaling": null, "rope_theta": 1000000}"#,
+    );
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 8192, "do_lower_case": false}"#);
+    write(
+        dir.path(),
+        "1_Pooling/config.json",
+        r#"{"word_embedding_dimension": 8, "pooling_mode_cls_token": false, "pooling_mode_mean_tokens": false, "pooling_mode_max_tokens": false, "pooling_mode_mean_sqrt_len_tokens": false, "pooling_mode_weightedmean_tokens": false, "pooling_mode_lasttoken": true, "include_prompt": true}"#,
+    );
+    write(
+        dir.path(),
+        "config_sentence_transformers.json",
+        r#"{"prompts": {"query": "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:", "document": ""}, "default_prompt_name": null}"#,
+    );
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!((settings.pooling, settings.max_tokens, settings.normalize), (Pooling::LastToken, 8192, true));
+    assert_eq!(settings.prompts[0], ("document".into(), String::new()));
+    assert!(settings.prompts[1].1.ends_with("answer the query\nQuery:"), "{:?}", settings.prompts[1]);
+    assert_eq!(settings.default_prompt, None);
+    // The 6.x form says the same with one string.
+    write(dir.path(), "1_Pooling/config.json", r#"{"embedding_dimension": 8, "pooling_mode": "lasttoken", "include_prompt": true}"#);
+    assert_eq!(read_settings(dir.path()).unwrap().pooling, Pooling::LastToken);
 }

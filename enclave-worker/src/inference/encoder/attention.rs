@@ -1,6 +1,8 @@
 //! Multi-head self-attention of the fused encoder: per sequence over its own tokens, each head's
-//! two products on views of the QKV rows ([`strided`]), written in place; rotary positions and a
-//! local window where the layer has them ([`Attention`]).
+//! two products on views of the QKV rows ([`strided`]), written in place; per-head query and key
+//! norms, rotary positions, a causal mask and a local window where the layer has them
+//! ([`Attention`]). Grouped-query attention: query head `i` reads key/value head
+//! `i / (heads / kv_heads)`, as transformers' `repeat_kv` pairs them.
 
 use rayon::prelude::*;
 
@@ -9,12 +11,12 @@ use crate::inference::kernels;
 use crate::inference::strided::{self, MatMut, MatRef};
 
 impl Encoder {
-    /// Multi-head attention per sequence over its own tokens, into `context` (`(total, hidden)`).
-    /// `qkv`: `(total, 3·hidden)` without bias; the bias (if any) is added in place first, then
-    /// queries and keys are turned by their rotary angles (if the layer has them). Each head's
-    /// products read Q, K and V where they lie and write its context columns in place
-    /// ([`strided`]). One task per sequence when there are enough of them for the pool, else (one
-    /// long text: latency) one task per head of each sequence.
+    /// Multi-head attention per sequence over its own tokens, into `context` (`(total, heads·d)`).
+    /// `qkv`: `(total, (heads + 2·kv_heads)·d)` without bias; the bias (if any) is added in place
+    /// first, then each query and key head is normalised and turned by its rotary angles (if the
+    /// layer has them). Each head's products read Q, K and V where they lie and write its context
+    /// columns in place ([`strided`]). One task per sequence when there are enough of them for the
+    /// pool, else (one long text: latency) one task per head of each sequence.
     pub(super) fn attention(
         &self,
         qkv: &mut [f32],
@@ -23,34 +25,37 @@ impl Encoder {
         offsets: &[usize],
         context: &mut Vec<f32>,
     ) {
-        let h = self.hidden;
+        let (d, q_width, stride) = (self.head_dim, self.heads * self.head_dim, self.qkv_width());
         let total = offsets[offsets.len() - 1];
-        if qkv_b.is_some() || kind.rotary.is_some() {
-            let d = self.head_dim;
-            fused_rows(qkv, 3 * h, #[inline(always)] |i, row| {
+        if qkv_b.is_some() || kind.rotary.is_some() || kind.qk_norm.is_some() {
+            let (eps, keys_end) = (self.eps, q_width + self.kv_heads * d);
+            fused_rows(qkv, stride, #[inline(always)] |i, row| {
                 if let Some(qkv_b) = qkv_b {
                     for (x, &b) in row.iter_mut().zip(qkv_b) {
                         *x += b;
                     }
                 }
-                if let Some((table, places)) = kind.rotary {
-                    // Queries and keys, not values.
-                    for head in row[..2 * h].chunks_exact_mut(d) {
+                // Queries and keys, not values: the norm of each head, then its rotary angles.
+                for (j, head) in row[..keys_end].chunks_exact_mut(d).enumerate() {
+                    if let Some((q_norm, k_norm)) = kind.qk_norm {
+                        (if j * d < q_width { q_norm } else { k_norm }).apply_in_place(head, eps);
+                    }
+                    if let Some((table, places)) = kind.rotary {
                         table.apply(head, places[i]);
                     }
                 }
             });
         }
-        let window = kind.window;
-        resize(context, total * h);
-        let (d, sequences) = (self.head_dim, offsets.len() - 1);
+        let (window, causal) = (kind.window, kind.causal);
+        resize(context, total * q_width);
+        let sequences = offsets.len() - 1;
         let qkv: &[f32] = qkv;
-        let rows = |s: usize| (&qkv[offsets[s] * 3 * h..offsets[s + 1] * 3 * h], offsets[s + 1] - offsets[s]);
+        let rows = |s: usize| (&qkv[offsets[s] * stride..offsets[s + 1] * stride], offsets[s + 1] - offsets[s]);
         if sequences >= rayon::current_num_threads() {
             let mut parts = Vec::with_capacity(sequences);
             let mut rest = &mut context[..];
             for s in 0..sequences {
-                let (part, tail) = rest.split_at_mut((offsets[s + 1] - offsets[s]) * h);
+                let (part, tail) = rest.split_at_mut((offsets[s + 1] - offsets[s]) * q_width);
                 parts.push((s, part));
                 rest = tail;
             }
@@ -58,7 +63,7 @@ impl Encoder {
                 let (rows, n) = rows(s);
                 let mut scores = Vec::new();
                 for head in 0..self.heads {
-                    self.attention_head(rows, head, window, &mut scores, MatMut::new(&mut part[head * d..], n, d, h));
+                    self.attention_head(rows, head, window, causal, &mut scores, MatMut::new(&mut part[head * d..], n, d, q_width));
                 }
             });
         } else {
@@ -68,11 +73,11 @@ impl Encoder {
                     .into_par_iter()
                     .map(|head| {
                         let mut out = vec![0f32; n * d];
-                        self.attention_head(rows, head, window, &mut Vec::new(), MatMut::new(&mut out, n, d, d));
+                        self.attention_head(rows, head, window, causal, &mut Vec::new(), MatMut::new(&mut out, n, d, d));
                         out
                     })
                     .collect();
-                for (i, row) in context[offsets[s] * h..offsets[s + 1] * h].chunks_exact_mut(h).enumerate() {
+                for (i, row) in context[offsets[s] * q_width..offsets[s + 1] * q_width].chunks_exact_mut(q_width).enumerate() {
                     for (head, out) in heads.iter().enumerate() {
                         row[head * d..(head + 1) * d].copy_from_slice(&out[i * d..(i + 1) * d]);
                     }
@@ -87,12 +92,16 @@ impl Encoder {
     /// runs over keys `|i − j| ≤ window` only, and the keys outside it are not computed at all
     /// (blocks of queries against the keys their windows reach: memory and work linear in `n`);
     /// a long text's global attention also runs in blocks of queries, so that its scores take
-    /// memory linear in `n`. `scores` is the caller's buffer.
-    fn attention_head(&self, qkv: &[f32], head: usize, window: Option<usize>, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
-        let (h, d) = (self.hidden, self.head_dim);
-        let n = qkv.len() / (3 * h);
-        // Rows `start..start + rows` of Q (0), K (h) or V (2h).
-        let part = |offset: usize, start: usize, rows: usize| MatRef::new(&qkv[start * 3 * h + offset + head * d..], rows, d, 3 * h, 1);
+    /// memory linear in `n`. `causal`: query `i` sees keys `j ≤ i` only, and the keys after a
+    /// block's last query are not computed. `scores` is the caller's buffer.
+    fn attention_head(&self, qkv: &[f32], head: usize, window: Option<usize>, causal: bool, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
+        let (d, stride) = (self.head_dim, self.qkv_width());
+        let n = qkv.len() / stride;
+        let (q_width, kv_width) = (self.heads * d, self.kv_heads * d);
+        let group = head / (self.heads / self.kv_heads);
+        // Rows `start..start + rows` of this head's Q, or of its group's K or V.
+        let q = |start: usize, rows: usize| MatRef::new(&qkv[start * stride + head * d..], rows, d, stride, 1);
+        let kv = |offset: usize, start: usize, rows: usize| MatRef::new(&qkv[start * stride + offset + group * d..], rows, d, stride, 1);
         let scale = 1.0 / (d as f32).sqrt();
         // A local window: blocks of queries against the keys their windows reach. Global: every
         // key, in blocks of queries for long texts (scores linear in n), in one block up to
@@ -105,10 +114,11 @@ impl Encoder {
         let mut totals = vec![0f32; block.min(n)];
         for q0 in (0..n).step_by(block) {
             let q1 = (q0 + block).min(n);
-            let (k0, k1) = (q0.saturating_sub(reach), (q1 + reach).min(n));
+            let k0 = q0.saturating_sub(reach);
+            let k1 = if causal { q1 } else { (q1 + reach).min(n) };
             let (m, keys) = (q1 - q0, k1 - k0);
             resize(scores, m * keys);
-            strided::matmul(part(0, q0, m), part(h, k0, keys).t(), MatMut::new(scores, m, keys, keys), scale);
+            strided::matmul(q(q0, m), kv(q_width, k0, keys).t(), MatMut::new(scores, m, keys, keys), scale);
             kernels::vectorized(#[inline(always)] || {
                 for (r, (row, total)) in scores.chunks_exact_mut(keys).zip(&mut totals).enumerate() {
                     let i = q0 + r;
@@ -118,16 +128,22 @@ impl Encoder {
                             *o += b;
                         }
                     }
-                    let (lo, hi) = (i.saturating_sub(reach).max(k0) - k0, (i + reach + 1).min(k1) - k0);
+                    let last = if causal { i + 1 } else { i + reach + 1 };
+                    let (lo, hi) = (i.saturating_sub(reach).max(k0) - k0, last.min(k1) - k0);
                     row[..lo].fill(0.0);
                     row[hi..].fill(0.0);
                     *total = kernels::softmax_unnormalised(&mut row[lo..hi]);
                 }
             });
             let mut rows = out.rows(q0, q1);
-            strided::matmul(MatRef::new(scores, m, keys, keys, 1), part(2 * h, k0, keys), rows.reborrow(), 1.0);
+            strided::matmul(MatRef::new(scores, m, keys, keys, 1), kv(q_width + kv_width, k0, keys), rows.reborrow(), 1.0);
             rows.scale_rows(&totals[..m]);
         }
+    }
+
+    /// One token's Q | K | V width.
+    fn qkv_width(&self) -> usize {
+        (self.heads + 2 * self.kv_heads) * self.head_dim
     }
 }
 

@@ -1,5 +1,5 @@
-//! The building blocks every architecture's layers are made of: norms with or without a bias,
-//! linear layers with or without one (their width is their weight's), rotary position tables,
+//! The building blocks every architecture's layers are made of: LayerNorm with or without a
+//! bias and RMSNorm, linear layers with or without one (their width is their weight's), rotary position tables,
 //! and the reader that takes them from a checkpoint by name. An architecture is a map from its
 //! tensor names onto these ([`super::Layer`], [`Embeddings`]); the encoder's one layer loop
 //! computes them all.
@@ -8,6 +8,7 @@ use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 
 use super::super::InferenceError;
 use super::super::dense::{self, Packed};
+use super::super::kernels;
 
 pub(crate) fn weights_err(e: impl std::fmt::Display) -> InferenceError {
     InferenceError::Weights(e.to_string())
@@ -17,15 +18,45 @@ fn le_f32(bytes: &[u8]) -> f32 {
     f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
 }
 
-/// LayerNorm's weights; without `beta`, a LayerNorm without bias.
+/// A norm's weights: LayerNorm (without `beta`, a LayerNorm without bias) or RMSNorm.
 pub(crate) struct Norm {
     pub(crate) gamma: Vec<f32>,
     pub(crate) beta: Option<Vec<f32>>,
+    pub(crate) kind: NormKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NormKind {
+    /// `(x − mean) / √(var + eps) · γ (+ β)`.
+    Layer,
+    /// `x / √(mean(x²) + eps) · γ` (Qwen3, T5): no centring, no bias.
+    Rms,
 }
 
 impl Norm {
     pub(crate) fn memory_bytes(&self) -> usize {
         std::mem::size_of_val(self.gamma.as_slice()) + self.beta.as_deref().map_or(0, std::mem::size_of_val)
+    }
+
+    /// `out ← Norm(x + bias + residual)` for one row (the sum's terms that are given).
+    #[inline(always)]
+    pub(crate) fn apply(&self, out: &mut [f32], x: &[f32], bias: Option<&[f32]>, residual: Option<&[f32]>, eps: f32) {
+        match self.kind {
+            NormKind::Layer => kernels::add_layer_norm(out, x, bias, residual, &self.gamma, self.beta.as_deref(), eps),
+            NormKind::Rms => kernels::add_rms_norm(out, x, bias, residual, &self.gamma, eps),
+        }
+    }
+
+    /// One row normalised in place (a head's query or key).
+    #[inline(always)]
+    pub(crate) fn apply_in_place(&self, row: &mut [f32], eps: f32) {
+        match self.kind {
+            NormKind::Layer => {
+                let input = row.to_vec();
+                kernels::add_layer_norm(row, &input, None, None, &self.gamma, self.beta.as_deref(), eps);
+            }
+            NormKind::Rms => kernels::rms_norm_in_place(row, &self.gamma, eps),
+        }
     }
 }
 
@@ -82,20 +113,21 @@ impl Linear {
 }
 
 /// What a layer's input embeddings are: word rows, plus for absolute-position architectures a
-/// position row and token type 0, then a norm.
+/// position row and token type 0, then a norm where the architecture has one.
 pub(crate) struct Embeddings {
     pub(crate) word: Vec<f32>,
     /// `None`: positions are rotary, inside attention.
     pub(crate) position: Option<Vec<f32>>,
     /// Token type 0 (every text is a single segment); zeros for MPNet, which has none.
     pub(crate) token_type: Vec<f32>,
-    pub(crate) norm: Norm,
+    /// `None`: the word rows as they are (Qwen3).
+    pub(crate) norm: Option<Norm>,
 }
 
 impl Embeddings {
     pub(crate) fn memory_bytes(&self) -> usize {
         let values = |v: &[f32]| std::mem::size_of_val(v);
-        values(&self.word) + self.position.as_deref().map_or(0, values) + values(&self.token_type) + self.norm.memory_bytes()
+        values(&self.word) + self.position.as_deref().map_or(0, values) + values(&self.token_type) + self.norm.as_ref().map_or(0, Norm::memory_bytes)
     }
 }
 
@@ -152,14 +184,23 @@ impl<'a> Tensors<'a> {
 
     /// Several linear layers over the same input as one, their outputs side by side (Q | K | V).
     pub(crate) fn fused(&self, names: &[&str], out: usize, inp: usize, bias: bool) -> Result<Linear, InferenceError> {
-        let cols = out * names.len();
+        let parts: Vec<(&str, usize)> = names.iter().map(|&name| (name, out)).collect();
+        self.fused_parts(&parts, inp, bias)
+    }
+
+    /// [`Tensors::fused`] with a width per part: grouped-query attention's Q | K | V, where K and
+    /// V have fewer heads than Q.
+    pub(crate) fn fused_parts(&self, parts: &[(&str, usize)], inp: usize, bias: bool) -> Result<Linear, InferenceError> {
+        let cols: usize = parts.iter().map(|&(_, out)| out).sum();
         let mut w = vec![0f32; inp * cols];
         let mut b = Vec::with_capacity(if bias { cols } else { 0 });
-        for (part, name) in names.iter().enumerate() {
-            self.transpose_into(&format!("{name}.weight"), out, inp, &mut w, cols, part * out)?;
+        let mut col = 0;
+        for &(name, out) in parts {
+            self.transpose_into(&format!("{name}.weight"), out, inp, &mut w, cols, col)?;
             if bias {
                 b.extend(self.values(&format!("{name}.bias"), &[out])?);
             }
+            col += out;
         }
         Ok(Linear { w: Weight::new(w, inp, cols)?, b: bias.then_some(b) })
     }
@@ -169,7 +210,13 @@ impl<'a> Tensors<'a> {
         Ok(Norm {
             gamma: self.values(&format!("{name}.weight"), &[len])?,
             beta: if bias { Some(self.values(&format!("{name}.bias"), &[len])?) } else { None },
+            kind: NormKind::Layer,
         })
+    }
+
+    /// An RMSNorm `{name}.weight`.
+    pub(crate) fn rms_norm(&self, name: &str, len: usize) -> Result<Norm, InferenceError> {
+        Ok(Norm { gamma: self.values(&format!("{name}.weight"), &[len])?, beta: None, kind: NormKind::Rms })
     }
 }
 

@@ -1,0 +1,122 @@
+//! Qwen3 (a causal decoder pooled by its last token: Qwen3-Embedding's body) in the fused encoder,
+//! against sentence-transformers' own `encode()` on a tiny random checkpoint
+//! (`tests/testdata/models/qwen3/`, written by `scripts/make_test_models.py --only qwen3`): both
+//! folders (the published Qwen3-Embedding layout, cut at 8,192 tokens, and the 6.x form, cut at
+//! 1,000), every text (many scripts, typed special tokens, texts past each limit) with no prompt
+//! and each prompt (the query instruction and the empty document prompt), at fp32 and bf16.
+
+mod support;
+
+use std::sync::Arc;
+
+use enclave_worker::inference::{
+    Architecture, Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings,
+    InferenceError, ModelFiles,
+};
+use protocol::envelope::Precision;
+use protocol::manifest::Pooling;
+use serde_json::Value;
+use support::{cosine, matrix_cases, Case};
+
+const F32_MIN_COSINE: f64 = 0.99999;
+const BF16_MIN_COSINE: f64 = 0.999;
+const FOLDERS: [&str; 2] = ["classic-last", "v6-last"];
+
+fn reference() -> Value {
+    let path = support::matrix_dir().join("qwen3/reference.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// One folder loaded as the enclave loads a model: its config, the shared weights and tokenizer,
+/// last-token pooling and the folder's length.
+fn engine(entry: &Value, folder: &str, limits: BatchLimits) -> Engine {
+    let dir = support::matrix_dir().join("qwen3");
+    let read = |name: &str| std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("qwen3/{name}: {e}"));
+    let (config, tokenizer, weights) = (read(&format!("{folder}/config.json")), read("tokenizer.json"), read("model.safetensors"));
+    assert_eq!(entry["pooling"], "lasttoken");
+    let settings = EmbedderSettings {
+        pooling: Pooling::LastToken,
+        normalize: entry["normalize"].as_bool().unwrap(),
+        max_tokens: entry["max_seq_length"].as_u64().unwrap() as usize,
+        dimensions: Some(48),
+        backend: Backend::Fused,
+    };
+    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights }, settings)
+        .unwrap_or_else(|e| panic!("qwen3/{folder}: {e}"));
+    assert_eq!(embedder.architecture(), Architecture::Qwen3);
+    Engine::new(Arc::new(embedder), EngineSettings { threads: 2, limits, ..Default::default() }).unwrap()
+}
+
+/// Every text at the reference's token count and at `bound` to its vector; the lowest cosine and
+/// where.
+fn check(engine: &Engine, cases: &[Case], options: &EmbedOptions, bound: f64, label: &str) -> (f64, String) {
+    let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+    let mut lowest = (f64::MAX, String::new());
+    for (case, result) in cases.iter().zip(engine.embed_window(&texts, options)) {
+        let embedding = result.unwrap_or_else(|e| panic!("{label} {}: {e}", case.name));
+        assert_eq!(embedding.tokens, case.tokens, "{label} {}: token count", case.name);
+        let similarity = cosine(&embedding.vector, &case.vector);
+        assert!(similarity >= bound, "{label} {} ({} tokens): cosine {similarity}", case.name, case.tokens);
+        if similarity < lowest.0 {
+            lowest = (similarity, format!("{}, {} tokens", case.name, case.tokens));
+        }
+    }
+    lowest
+}
+
+#[test]
+fn qwen3_embeds_as_sentence_transformers_does() {
+    let reference = reference();
+    let arch = &reference["architectures"]["qwen3"];
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    for folder in FOLDERS {
+        let entry = &arch["folders"][folder];
+        let limit = entry["max_seq_length"].as_u64().unwrap() as u32;
+        let engine = engine(entry, folder, BatchLimits::default());
+        let mut runs = vec![("".to_owned(), None)];
+        for (name, text) in entry["prompts"].as_object().unwrap() {
+            runs.push((name.clone(), Some(Arc::<str>::from(text.as_str().unwrap()))));
+        }
+        for (name, prompt) in runs {
+            let cases = matrix_cases(&reference, "qwen3", folder, &name);
+            assert!(cases.iter().any(|c| c.truncated && c.tokens == limit), "{folder} {name:?}: a text cut at {limit}");
+            assert!(cases.iter().filter(|c| c.tokens > 500).count() >= 3, "{folder} {name:?}: long texts");
+            let label = format!("qwen3/{folder} prompt {name:?}");
+            let options = EmbedOptions { prompt: prompt.clone(), normalize: true, ..Default::default() };
+            let (lowest, at) = check(&engine, &cases, &options, F32_MIN_COSINE, &label);
+            eprintln!("{label} f32: lowest cosine {lowest:.7} ({at})");
+            if bf16 {
+                let options = EmbedOptions { precision: Precision::Bf16, ..options };
+                let (lowest, at) = check(&engine, &cases, &options, BF16_MIN_COSINE, &label);
+                eprintln!("{label} bf16: lowest cosine {lowest:.7} ({at})");
+            }
+        }
+        // int8's bound is measured on BERT only: refused by name.
+        let err = engine.embedder().check_precision(Precision::Int8).unwrap_err();
+        assert!(matches!(&err, InferenceError::UnsupportedPrecisionFor { precision: "int8", architecture: "qwen3" }), "{err}");
+    }
+    if !bf16 {
+        eprintln!("qwen3 bf16: skipped, this CPU has no AVX-512 BF16");
+    }
+}
+
+/// Packing changes nothing: causal masks, rotary places and last tokens are per sequence, so each
+/// text alone and all of them packed together give the same vectors.
+#[test]
+fn qwen3_packing_does_not_change_vectors() {
+    let reference = reference();
+    let entry = &reference["architectures"]["qwen3"]["folders"]["v6-last"];
+    let cases = matrix_cases(&reference, "qwen3", "v6-last", "");
+    let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+    let one = engine(entry, "v6-last", BatchLimits { max_batch_size: 1, ..Default::default() });
+    let many = engine(entry, "v6-last", BatchLimits { max_batch_size: 64, max_padded_tokens: 1 << 16 });
+    let options = EmbedOptions::default();
+    let alone = one.embed_window(&texts, &options);
+    let packed = many.embed_window(&texts, &options);
+    assert!(many.metrics().batches < one.metrics().batches);
+    for (case, (a, b)) in cases.iter().zip(alone.into_iter().zip(packed)) {
+        let (a, b) = (a.unwrap().vector, b.unwrap().vector);
+        let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+        assert!(diff < 1e-5, "{}: {diff}", case.name);
+    }
+}
