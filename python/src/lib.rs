@@ -235,6 +235,9 @@ impl NativeClient {
             output: None,
             format: None,
             f16,
+            // The compact encodings are the command line's for now (docs/python.md).
+            dtype: None,
+            ranges: None,
             no_truncate: !truncate,
             no_normalize: !normalize,
             precision,
