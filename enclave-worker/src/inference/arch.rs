@@ -435,3 +435,31 @@ mod tests {
         assert!(err.to_string().contains("num_attention_heads"), "{err}");
     }
 }
+
+/// A setting of `config.json` the engine does not compute, by field (the family specs').
+pub(crate) fn unsupported(field: impl Into<String>, found: impl std::fmt::Display, reason: &'static str) -> InferenceError {
+    InferenceError::UnsupportedSetting { file: "config.json", field: field.into(), found: found.to_string(), reason }
+}
+
+/// A count: present (or its default), an integer in `1..=max`.
+pub(crate) fn count(config: &Value, name: &str, default: Option<u64>, max: usize) -> Result<usize, InferenceError> {
+    let value = match (field(config, name), default) {
+        (Some(v), _) => v.clone(),
+        (None, Some(d)) => Value::from(d),
+        (None, None) => return Err(unsupported(name, "(absent)", "must be stated")),
+    };
+    value
+        .as_u64()
+        .and_then(|v| usize::try_from(v).ok())
+        .filter(|&v| v >= 1 && v <= max)
+        .ok_or_else(|| unsupported(name, &value, "not a count within the engine's cap"))
+}
+
+/// A rotary base: finite, above 1, at most 1e9.
+pub(crate) fn theta(name: &str, value: &Value) -> Result<f32, InferenceError> {
+    value
+        .as_f64()
+        .filter(|t| t.is_finite() && *t > 1.0 && *t <= 1e9)
+        .map(|t| t as f32)
+        .ok_or_else(|| unsupported(name, value, "not a rotary base (1, 1e9]"))
+}

@@ -13,11 +13,10 @@
 use serde_json::{Map, Value};
 
 use super::InferenceError;
-use super::arch::{self, Activation, ArchConfig, Architecture, LayerAttention, Placement};
+use super::arch::{self, Activation, ArchConfig, Architecture, LayerAttention, Placement, count, theta, unsupported};
 use super::encoder::blocks::{Embeddings, Tensors};
 use super::encoder::{FamilyWeights, Layer};
 
-const FILE: &str = "config.json";
 
 const MAX_VOCAB: usize = 1 << 20;
 const MAX_HIDDEN: usize = 8192;
@@ -55,33 +54,6 @@ const IGNORED: &[&str] = &[
     "layer_norm_eps", "position_embedding_type", "use_cache", "output_attentions", "output_hidden_states",
     "return_dict",
 ];
-
-fn unsupported(field: impl Into<String>, found: impl std::fmt::Display, reason: &'static str) -> InferenceError {
-    InferenceError::UnsupportedSetting { file: FILE, field: field.into(), found: found.to_string(), reason }
-}
-
-/// A count: present (or its default), an integer in `1..=max`.
-fn count(config: &Value, name: &str, default: Option<u64>, max: usize) -> Result<usize, InferenceError> {
-    let value = match (arch::field(config, name), default) {
-        (Some(v), _) => v.clone(),
-        (None, Some(d)) => Value::from(d),
-        (None, None) => return Err(unsupported(name, "(absent)", "must be stated")),
-    };
-    value
-        .as_u64()
-        .and_then(|v| usize::try_from(v).ok())
-        .filter(|&v| v >= 1 && v <= max)
-        .ok_or_else(|| unsupported(name, &value, "not a count within the engine's cap"))
-}
-
-/// A rotary base: finite, above 1, at most 1e9.
-fn theta(name: &str, value: &Value) -> Result<f32, InferenceError> {
-    value
-        .as_f64()
-        .filter(|t| t.is_finite() && *t > 1.0 && *t <= 1e9)
-        .map(|t| t as f32)
-        .ok_or_else(|| unsupported(name, value, "not a rotary base (1, 1e9]"))
-}
 
 /// `rope_parameters.{kind}`: the default rotary kind with its base, nothing else.
 fn rope_kind(parameters: &Map<String, Value>, kind: &str) -> Result<Option<f32>, InferenceError> {
