@@ -15,6 +15,8 @@ use enclave_worker::inference::{
 };
 use protocol::envelope::Precision;
 use protocol::manifest::Pooling;
+use safetensors::tensor::TensorView;
+use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 use support::{cosine, matrix_cases, Case};
 
@@ -30,9 +32,16 @@ fn reference() -> Value {
 /// One folder loaded as the enclave loads a model: its config, the shared weights and tokenizer,
 /// last-token pooling and the folder's length.
 fn engine(entry: &Value, folder: &str, limits: BatchLimits) -> Engine {
-    let dir = support::matrix_dir().join("qwen3");
-    let read = |name: &str| std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("qwen3/{name}: {e}"));
-    let (config, tokenizer, weights) = (read(&format!("{folder}/config.json")), read("tokenizer.json"), read("model.safetensors"));
+    engine_with(entry, folder, limits, &read("model.safetensors"))
+}
+
+fn read(name: &str) -> Vec<u8> {
+    std::fs::read(support::matrix_dir().join("qwen3").join(name)).unwrap_or_else(|e| panic!("qwen3/{name}: {e}"))
+}
+
+/// [`engine`] over other weights (the same tensors stored another way).
+fn engine_with(entry: &Value, folder: &str, limits: BatchLimits, weights: &[u8]) -> Engine {
+    let (config, tokenizer) = (read(&format!("{folder}/config.json")), read("tokenizer.json"));
     assert_eq!(entry["pooling"], "lasttoken");
     let settings = EmbedderSettings {
         pooling: Pooling::LastToken,
@@ -41,7 +50,7 @@ fn engine(entry: &Value, folder: &str, limits: BatchLimits) -> Engine {
         dimensions: Some(48),
         backend: Backend::Fused,
     };
-    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights }, settings)
+    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights }, settings)
         .unwrap_or_else(|e| panic!("qwen3/{folder}: {e}"));
     assert_eq!(embedder.architecture(), Architecture::Qwen3);
     Engine::new(Arc::new(embedder), EngineSettings { threads: 2, limits, ..Default::default() }).unwrap()
@@ -118,5 +127,56 @@ fn qwen3_packing_does_not_change_vectors() {
         let (a, b) = (a.unwrap().vector, b.unwrap().vector);
         let diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
         assert!(diff < 1e-5, "{}: {diff}", case.name);
+    }
+}
+
+/// The checkpoint's tensors rounded to a 16-bit float (as torch's `.to(dtype)` rounds: to nearest,
+/// ties to even), stored in it, and the same values stored as f32.
+fn rounded_copies(weights: &[u8], dtype: Dtype, round: fn(f32) -> [u8; 2], widen: fn([u8; 2]) -> f32) -> (Vec<u8>, Vec<u8>) {
+    let file = SafeTensors::deserialize(weights).unwrap();
+    let (mut narrow, mut wide) = (Vec::new(), Vec::new());
+    for (name, view) in file.tensors() {
+        assert_eq!(view.dtype(), Dtype::F32, "{name}");
+        let halves: Vec<[u8; 2]> = view.data().chunks_exact(4).map(|b| round(f32::from_le_bytes(b.try_into().unwrap()))).collect();
+        let widened: Vec<u8> = halves.iter().flat_map(|&h| widen(h).to_le_bytes()).collect();
+        narrow.push((name.clone(), view.shape().to_vec(), halves.concat()));
+        wide.push((name, view.shape().to_vec(), widened));
+    }
+    let store = |tensors: &[(String, Vec<usize>, Vec<u8>)], dtype: Dtype| {
+        let views = tensors.iter().map(|(name, shape, data)| (name.clone(), TensorView::new(dtype, shape.clone(), data).unwrap()));
+        safetensors::serialize(views, None).unwrap()
+    };
+    (store(&narrow, dtype), store(&wide, Dtype::F32))
+}
+
+/// Qwen3-Embedding ships its weights in bf16: a bf16 (or f16) checkpoint is read by widening each
+/// value to f32, which is exact, so it embeds bit for bit as the f32 checkpoint of the same values,
+/// and within rounding of the f32 reference.
+#[test]
+fn qwen3_reads_bf16_and_f16_checkpoints() {
+    let reference = reference();
+    let entry = &reference["architectures"]["qwen3"]["folders"]["v6-last"];
+    let cases = matrix_cases(&reference, "qwen3", "v6-last", "");
+    let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+    let weights = read("model.safetensors");
+    let copies = [
+        ("bf16", rounded_copies(&weights, Dtype::BF16, |v| half::bf16::from_f32(v).to_le_bytes(), |b| half::bf16::from_le_bytes(b).to_f32())),
+        ("f16", rounded_copies(&weights, Dtype::F16, |v| half::f16::from_f32(v).to_le_bytes(), |b| half::f16::from_le_bytes(b).to_f32())),
+    ];
+    for (label, (narrow, wide)) in copies {
+        assert!(narrow.len() < wide.len() * 6 / 10, "{label}: stored in two bytes a value");
+        let options = EmbedOptions::default();
+        let stored = engine_with(entry, "v6-last", BatchLimits::default(), &narrow).embed_window(&texts, &options);
+        let widened = engine_with(entry, "v6-last", BatchLimits::default(), &wide).embed_window(&texts, &options);
+        let mut lowest = f64::MAX;
+        for (case, (a, b)) in cases.iter().zip(stored.into_iter().zip(widened)) {
+            let (a, b) = (a.unwrap(), b.unwrap());
+            assert_eq!(a.vector, b.vector, "{label} {}: the stored and the widened checkpoint differ", case.name);
+            assert_eq!(a.tokens, case.tokens, "{label} {}", case.name);
+            lowest = lowest.min(cosine(&a.vector, &case.vector));
+        }
+        // Rounding the weights moves the vectors a little from the f32 reference, not far.
+        assert!(lowest > 0.99, "{label}: lowest cosine {lowest} to the f32 checkpoint's reference");
+        eprintln!("qwen3 {label} checkpoint: bit-equal to its values in f32; lowest cosine to the f32 reference {lowest:.5}");
     }
 }

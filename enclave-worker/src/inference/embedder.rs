@@ -175,7 +175,7 @@ impl Embedder {
         let fused = if settings.backend != Backend::Fused {
             Err("the CandleBert backend was asked for".to_owned())
         } else if !Encoder::reads(files.weights) {
-            Err("model.safetensors holds tensors other than F32".to_owned())
+            Err("model.safetensors holds tensors other than F32, BF16 or F16".to_owned())
         } else {
             Encoder::supports(&config)
         };

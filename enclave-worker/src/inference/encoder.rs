@@ -39,7 +39,7 @@ mod attention;
 pub(crate) mod blocks;
 mod int8;
 
-use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Tensors, Weight};
+use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Stored, Tensors, Weight};
 use int8::{Int8Layer, Int8Product, LayerStats};
 
 /// Rows per element-wise task.
@@ -219,7 +219,7 @@ impl Encoder {
 
     /// Builds the encoder straight from the bytes of a `model.safetensors` file: one pass per
     /// tensor from little-endian bytes into its final layout (transposed where needed), with no
-    /// intermediate copy of the whole model. F32 checkpoints only (the caller falls back to the
+    /// intermediate copy of the whole model. F32, BF16 or F16 checkpoints (the caller falls back to the
     /// CandleBert backend for others).
     pub(crate) fn load(weights: &[u8], config: &ArchConfig) -> Result<Self, InferenceError> {
         Self::supports(config).map_err(InferenceError::Config)?;
@@ -286,10 +286,11 @@ impl Encoder {
             + bf16 + int8 + relative + calibration + rotary
     }
 
-    /// Whether every tensor of the file is F32 (what [`Encoder::load`] reads).
+    /// Whether every tensor of the file is stored as [`Encoder::load`] reads it: floats as F32,
+    /// BF16 or F16 (and BERT's I64 `position_ids` buffer).
     pub(crate) fn reads(weights: &[u8]) -> bool {
         SafeTensors::deserialize(weights)
-            .is_ok_and(|f| f.iter().all(|(_, v)| v.dtype() == Dtype::F32 || v.dtype() == Dtype::I64))
+            .is_ok_and(|f| f.iter().all(|(_, v)| Stored::of(v.dtype()).is_some() || v.dtype() == Dtype::I64))
     }
 
     /// Whether this encoder computes at `precision` on this CPU.

@@ -14,8 +14,45 @@ pub(crate) fn weights_err(e: impl std::fmt::Display) -> InferenceError {
     InferenceError::Weights(e.to_string())
 }
 
-fn le_f32(bytes: &[u8]) -> f32 {
-    f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+/// How a checkpoint stores its floats. The encoder computes in f32 (and makes its own bf16/int8
+/// copies), so bf16 and f16 weights — Qwen3-Embedding ships bf16 — are widened at read, which is
+/// exact: every bf16 and f16 value is an f32 value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stored {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl Stored {
+    pub(crate) fn of(dtype: Dtype) -> Option<Self> {
+        match dtype {
+            Dtype::F32 => Some(Self::F32),
+            Dtype::BF16 => Some(Self::Bf16),
+            Dtype::F16 => Some(Self::F16),
+            _ => None,
+        }
+    }
+
+    fn width(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::Bf16 | Self::F16 => 2,
+        }
+    }
+
+    /// One little-endian value of [`Stored::width`] bytes.
+    fn read(self, bytes: &[u8]) -> f32 {
+        match self {
+            Self::F32 => f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            Self::Bf16 => half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f32(),
+            Self::F16 => half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f32(),
+        }
+    }
+
+    fn values(self, data: &[u8]) -> impl Iterator<Item = f32> + '_ {
+        data.chunks_exact(self.width()).map(move |bytes| self.read(bytes))
+    }
 }
 
 /// A norm's weights: LayerNorm (without `beta`, a LayerNorm without bias) or RMSNorm.
@@ -145,33 +182,36 @@ impl<'a> Tensors<'a> {
         Ok(Self { file, prefix })
     }
 
-    fn view(&self, name: &str, shape: &[usize]) -> Result<TensorView<'_>, InferenceError> {
+    /// A tensor's bytes and how they store its values, once its dtype and shape are checked.
+    fn view(&self, name: &str, shape: &[usize]) -> Result<(TensorView<'_>, Stored), InferenceError> {
         let view = self.file.tensor(&format!("{}{name}", self.prefix)).map_err(|e| weights_err(format!("{name}: {e}")))?;
-        if view.dtype() != Dtype::F32 {
-            return Err(weights_err(format!("{name}: dtype {:?}, the fused encoder reads F32", view.dtype())));
-        }
+        let Some(stored) = Stored::of(view.dtype()) else {
+            return Err(weights_err(format!("{name}: dtype {:?}, the fused encoder reads F32, BF16 or F16", view.dtype())));
+        };
         if view.shape() != shape {
             return Err(weights_err(format!("{name}: shape {:?}, expected {shape:?}", view.shape())));
         }
-        Ok(view)
+        Ok((view, stored))
     }
 
     pub(crate) fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, InferenceError> {
-        Ok(self.view(name, shape)?.data().chunks_exact(4).map(le_f32).collect())
+        let (view, stored) = self.view(name, shape)?;
+        Ok(stored.values(view.data()).collect())
     }
 
     /// The first row of a `(rows, cols)` tensor.
     pub(crate) fn first_row(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, InferenceError> {
-        Ok(self.view(name, &[rows, cols])?.data()[..4 * cols].chunks_exact(4).map(le_f32).collect())
+        let (view, stored) = self.view(name, &[rows, cols])?;
+        Ok(stored.values(&view.data()[..stored.width() * cols]).collect())
     }
 
     /// Linear weights are stored `(out, in)`; the products want `(in, out)`, possibly several side
     /// by side: `dst` has `dst_cols` columns and this weight goes to columns `col..col + out`.
     fn transpose_into(&self, name: &str, out: usize, inp: usize, dst: &mut [f32], dst_cols: usize, col: usize) -> Result<(), InferenceError> {
-        let data = self.view(name, &[out, inp])?.data();
-        for (o, row) in data.chunks_exact(4 * inp).enumerate() {
-            for (i, bytes) in row.chunks_exact(4).enumerate() {
-                dst[i * dst_cols + col + o] = le_f32(bytes);
+        let (view, stored) = self.view(name, &[out, inp])?;
+        for (o, row) in view.data().chunks_exact(stored.width() * inp).enumerate() {
+            for (i, value) in stored.values(row).enumerate() {
+                dst[i * dst_cols + col + o] = value;
             }
         }
         Ok(())
