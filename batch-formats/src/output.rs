@@ -17,7 +17,9 @@
 //!
 //! Formats:
 //!
-//! * **jsonl** — `{"id": …, "embedding": [f32, …], "tokens": n}` per embedded record.
+//! * **jsonl** — `{"id": …, "embedding": [f32, …], "tokens": n}` per embedded record; a sparse
+//!   job's as `{"id": …, "sparse": {"<index>": weight, …}, "tokens": n}` (index: the token id of
+//!   a SPLADE model's vocabulary, ascending).
 //! * **openai** — OpenAI Batch output lines, one per request line (the records' ids are
 //!   [`openai_record_id`](crate::corpus::openai_record_id)s, regrouped by custom_id):
 //!   `{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id": "req_…",
@@ -50,7 +52,7 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use protocol::envelope::{JobId, OutputDtype};
-use protocol::records::{ErrorCode, OutputRecord, Vector};
+use protocol::records::{ErrorCode, OutputRecord, SparseVector, Vector};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -98,6 +100,8 @@ pub enum OutputError {
     Dimensions { id: String, expected: usize, found: usize },
     #[error("record {id:?} is {found}, the records before it {expected}")]
     Dtype { id: String, expected: &'static str, found: &'static str },
+    #[error("record {id:?} is a sparse vector: the {format} format writes dense ones (sparse output: jsonl)")]
+    SparseIn { id: String, format: &'static str },
     #[error("record id {id:?} is not <custom_id>#<index>: the openai format needs a corpus of OpenAI request lines")]
     NotOpenAiId { id: String },
     #[error("the strings of request {custom_id:?} arrive out of order: expected index {expected}, got {found}")]
@@ -387,8 +391,17 @@ impl OutputWriter {
             }
         };
         let id = record.id();
+        if let Some((_, Values::Sparse(_))) = &vector
+            && self.options.format != OutputFormat::Jsonl
+        {
+            return Err(OutputError::SparseIn { id: id.to_owned(), format: self.options.format.as_str() });
+        }
         match self.sink.as_mut().expect("sink open until finish") {
             Sink::Jsonl(out) => match vector {
+                Some((tokens, Values::Sparse(sparse))) => {
+                    out.write_json(&SparseLine { id, sparse: SparseWeights(sparse), tokens })?;
+                    self.summary.records += 1;
+                }
                 Some((tokens, values)) => {
                     out.write_json(&JsonlLine { id, embedding: &values, tokens })?;
                     self.summary.records += 1;
@@ -579,6 +592,8 @@ enum Values<'a> {
     Float(Cow<'a, [f32]>),
     Signed(Cow<'a, [i8]>),
     Unsigned(Cow<'a, [u8]>),
+    #[serde(skip)]
+    Sparse(&'a SparseVector),
 }
 
 impl<'a> Values<'a> {
@@ -588,11 +603,14 @@ impl<'a> Values<'a> {
             Vector::F16(_) => Values::Float(Cow::Owned(vector.to_f32())),
             Vector::Int8(values) | Vector::Binary(values) => Values::Signed(Cow::Borrowed(values)),
             Vector::Uint8(values) | Vector::Ubinary(values) => Values::Unsigned(Cow::Borrowed(values)),
+            Vector::Sparse(sparse) => Values::Sparse(sparse),
         }
     }
 
+    /// The dimensions of the vector (a sparse one's too, not its nonzero count).
     fn len(&self) -> usize {
         match self {
+            Values::Sparse(v) => v.dimensions as usize,
             Values::Float(v) => v.len(),
             Values::Signed(v) => v.len(),
             Values::Unsigned(v) => v.len(),
@@ -604,6 +622,7 @@ impl<'a> Values<'a> {
             Values::Float(v) => Values::Float(Cow::Owned(v.into_owned())),
             Values::Signed(v) => Values::Signed(Cow::Owned(v.into_owned())),
             Values::Unsigned(v) => Values::Unsigned(Cow::Owned(v.into_owned())),
+            Values::Sparse(_) => unreachable!("sparse vectors are refused before the openai format"),
         }
     }
 
@@ -613,6 +632,7 @@ impl<'a> Values<'a> {
             Values::Float(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Values::Signed(v) => v.iter().map(|&x| x as u8).collect(),
             Values::Unsigned(v) => v.to_vec(),
+            Values::Sparse(_) => unreachable!("sparse vectors are refused before the npy format"),
         }
     }
 }
@@ -664,6 +684,27 @@ struct JsonlLine<'a> {
     id: &'a str,
     embedding: &'a Values<'a>,
     tokens: u32,
+}
+
+#[derive(Serialize)]
+struct SparseLine<'a> {
+    id: &'a str,
+    sparse: SparseWeights<'a>,
+    tokens: u32,
+}
+
+/// A sparse vector as a JSON object from index to weight (the indices ascending).
+struct SparseWeights<'a>(&'a SparseVector);
+
+impl Serialize for SparseWeights<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0.indices.len()))?;
+        for (index, weight) in self.0.indices.iter().zip(&self.0.values) {
+            map.serialize_entry(index, weight)?;
+        }
+        map.end()
+    }
 }
 
 #[derive(Serialize)]

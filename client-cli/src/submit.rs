@@ -17,7 +17,7 @@ use indicatif::ProgressBar;
 
 use crate::progress::bar;
 use cloud::ObjectWriter;
-use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype, Precision, ResultSecretKey};
+use protocol::envelope::{self, JobHeader, JobId, JobOptions, OutputDtype, OutputKind, Precision, ResultSecretKey};
 use protocol::manifest::Manifest;
 use protocol::records::encode_input;
 use sha2::{Digest, Sha256};
@@ -88,6 +88,15 @@ pub struct SubmitArgs {
     /// vectors).
     #[arg(long, value_name = "NPY")]
     pub ranges: Option<PathBuf>,
+    /// What the records carry: `dense` vectors, or `sparse` ones (the nonzero weights of a SPLADE
+    /// model, by token id; never normalised). Default: what the model gives, which the signed
+    /// manifest says (its pooling); another kind is refused.
+    #[arg(long, value_name = "KIND", value_parser = parse_output_kind)]
+    pub output_kind: Option<OutputKind>,
+    /// Sparse output: keep each record's N largest weights (sentence-transformers'
+    /// `max_active_dims`). Default: every nonzero weight.
+    #[arg(long, value_name = "N")]
+    pub top_k: Option<u32>,
     /// Refuse texts longer than the model's maximum instead of truncating them.
     #[arg(long)]
     pub no_truncate: bool,
@@ -194,11 +203,13 @@ impl Sealing {
         let (prompt, dimensions) = shaping(&model.manifest, args.prompt.as_deref(), args.dimensions)?;
         let dtype = args.dtype.unwrap_or(if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 });
         let ranges = crate::ranges::for_job(dtype, args.ranges.as_deref(), dimensions.unwrap_or(model.manifest.dimensions))?;
+        let (output, top_k) = output_kind(&model.manifest, args.output_kind, args.top_k)?;
         let mut corpus_options = CorpusOptions::new(args.model.clone());
         corpus_options.dimensions = Some(dimensions.unwrap_or(model.manifest.dimensions));
         let options = JobOptions {
             truncate: !args.no_truncate,
-            normalize: !args.no_normalize,
+            // SPLADE weights are unnormalised: sentence-transformers' SparseEncoder has no Normalize.
+            normalize: !args.no_normalize && output == OutputKind::Dense,
             dtype,
             precision: match args.precision {
                 PrecisionArg::Fp32 => Precision::Fp32,
@@ -208,6 +219,8 @@ impl Sealing {
             prompt,
             dimensions,
             ranges,
+            output,
+            top_k,
         };
         Ok(Sealing { trust, enclave, model, result_key, corpus_options, options, now_ms })
     }
@@ -256,6 +269,8 @@ impl Sealing {
             prompt: self.options.prompt.clone(),
             dimensions: self.options.dimensions,
             ranges_sha256: self.options.ranges.as_ref().map(crate::ranges::sha256_hex),
+            output: (self.options.output != OutputKind::Dense).then(|| self.options.output.as_str().to_owned()),
+            top_k: self.options.top_k,
             ids_sha256: Some(sealed.ids_sha256.clone()),
             uploaded_ms: None,
             downloaded: None,
@@ -266,6 +281,26 @@ impl Sealing {
 /// The prompt and vector length a job asks for, checked against the model's signed manifest
 /// before anything is sealed: a prompt it names (by default its default prompt; `none`: no
 /// prompt), a length it offers (its own asks for nothing).
+fn parse_output_kind(text: &str) -> Result<OutputKind, String> {
+    OutputKind::parse(text).ok_or_else(|| format!("{text:?}: dense or sparse"))
+}
+
+/// The output kind a job asks for: the model's (its signed pooling says which it gives); another
+/// is refused by flag, as is `--top-k` without sparse output.
+pub fn output_kind(manifest: &Manifest, asked: Option<OutputKind>, top_k: Option<u32>) -> anyhow::Result<(OutputKind, Option<u32>)> {
+    let gives = manifest.pooling.output();
+    if let Some(asked) = asked.filter(|&asked| asked != gives) {
+        bail!("--output-kind {}: model {} gives {} output ({} pooling)", asked.as_str(), manifest.model_id, gives.as_str(), manifest.pooling.as_str());
+    }
+    if top_k.is_some() && gives != OutputKind::Sparse {
+        bail!("--top-k: for sparse output only; model {} gives {} vectors", manifest.model_id, gives.as_str());
+    }
+    if top_k == Some(0) {
+        bail!("--top-k 0: keep at least one weight");
+    }
+    Ok((gives, top_k))
+}
+
 fn parse_dtype(text: &str) -> Result<OutputDtype, String> {
     OutputDtype::parse(text).ok_or_else(|| format!("{text:?}: one of f32, f16, int8, uint8, binary, ubinary"))
 }

@@ -192,7 +192,9 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
             && options.precision.as_str() == state.precision
             && options.prompt == state.prompt
             && options.dimensions == state.dimensions
-            && options.ranges.as_ref().map(crate::ranges::sha256_hex) == state.ranges_sha256,
+            && options.ranges.as_ref().map(crate::ranges::sha256_hex) == state.ranges_sha256
+            && options.output.as_str() == state.output.as_deref().unwrap_or("dense")
+            && options.top_k == state.top_k,
         format!(
             "{} {} truncate={} normalize={} prompt={} dimensions={}",
             options.precision.as_str(),
@@ -202,6 +204,10 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
             options.prompt.as_deref().unwrap_or("none"),
             options.dimensions.map_or("model's".to_owned(), |d| d.to_string())
         ) + &options.ranges.as_ref().map(|r| format!(" ranges={}", &crate::ranges::sha256_hex(r)[..16])).unwrap_or_default()
+            + &match (options.output, options.top_k) {
+                (protocol::envelope::OutputKind::Dense, _) => String::new(),
+                (kind, top_k) => format!(" output={} top_k={}", kind.as_str(), top_k.map_or("all".to_owned(), |k| k.to_string())),
+            }
             + &receipt.compute.as_ref().map(compute_detail).unwrap_or_default(),
     );
     out.add("result_key", hex(receipt.result_key_id) == state.result_key_id, format!("sealed to key {}", hex(receipt.result_key_id)));

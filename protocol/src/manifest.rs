@@ -83,6 +83,10 @@ pub enum Pooling {
     Cls,
     /// The last token's vector (decoder embedders: Qwen3-Embedding).
     LastToken,
+    /// SPLADE: the masked-language-model logits of every token, `log(1 + ReLU(·))`, the maximum
+    /// over the tokens per vocabulary entry: one weight per vocabulary entry, most of them zero
+    /// (sentence-transformers' `SpladePooling` "max" / "relu"). Its jobs ask for sparse output.
+    Splade,
 }
 
 impl Pooling {
@@ -91,6 +95,15 @@ impl Pooling {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
             Pooling::LastToken => "lasttoken",
+            Pooling::Splade => "splade",
+        }
+    }
+
+    /// What a job over a model pooled this way gets: one vector per text, or its sparse form.
+    pub fn output(self) -> crate::envelope::OutputKind {
+        match self {
+            Pooling::Splade => crate::envelope::OutputKind::Sparse,
+            Pooling::Mean | Pooling::Cls | Pooling::LastToken => crate::envelope::OutputKind::Dense,
         }
     }
 }
@@ -214,6 +227,7 @@ impl Manifest {
             "mean" => Pooling::Mean,
             "cls" => Pooling::Cls,
             "lasttoken" => Pooling::LastToken,
+            "splade" => Pooling::Splade,
             _ => return Err(ManifestError::Invalid("unknown pooling")),
         };
         let prompts = read_prompts(&mut map)?;
@@ -238,8 +252,16 @@ impl Manifest {
         if !valid_model_id(&manifest.model_id) {
             return Err(ManifestError::Invalid("model id"));
         }
-        if manifest.dimensions == 0 || manifest.dimensions as usize > crate::records::MAX_DIMENSIONS {
+        let longest = match manifest.pooling.output() {
+            crate::envelope::OutputKind::Dense => crate::records::MAX_DIMENSIONS,
+            // A sparse model's dimensions are its vocabulary.
+            crate::envelope::OutputKind::Sparse => crate::records::MAX_SPARSE_DIMENSIONS,
+        };
+        if manifest.dimensions == 0 || manifest.dimensions as usize > longest {
             return Err(ManifestError::Invalid("dimensions"));
+        }
+        if manifest.pooling.output() == crate::envelope::OutputKind::Sparse && !manifest.matryoshka.is_empty() {
+            return Err(ManifestError::Invalid("matryoshka dimensions of a sparse model"));
         }
         if manifest.max_tokens == 0 {
             return Err(ManifestError::Invalid("max_tokens"));
@@ -534,7 +556,7 @@ pub(crate) mod tests {
     #[test]
     fn every_pooling_round_trips_by_name() {
         let publisher = SigningKey::from_bytes(&[3; 32]);
-        for (pooling, name) in [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken")] {
+        for (pooling, name) in [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade")] {
             let manifest = Manifest { pooling, ..sample() };
             assert!(String::from_utf8_lossy(&manifest.to_payload()).contains(name), "{name}");
             let signed = SignedManifest::decode(&manifest.sign(&publisher)).unwrap();

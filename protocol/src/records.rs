@@ -11,6 +11,9 @@
 //! to judge, per record. dtype 0x01
 //! is f32, 0x02 is f16 (IEEE 754 binary16); one byte per element: 0x03 int8, 0x04 uint8,
 //! 0x05 binary, 0x06 ubinary (the compact encodings of [`crate::quantize`]; `dim` counts bytes).
+//! dtype 0x07 is a sparse vector, laid out after the dtype byte as
+//! `dimensions u32 ‖ count u32 ‖ count × (index u32 ‖ weight f32 LE)`, indices ascending and below
+//! `dimensions` (at most [`MAX_SPARSE_DIMENSIONS`]).
 
 use crate::envelope::OutputDtype;
 use crate::quantize::{self, Ranges};
@@ -22,7 +25,9 @@ pub const MAX_TEXT_LEN: usize = 256 * 1024;
 /// decodes and the enclave reports it per record; beyond it the stream is malformed.
 pub const MAX_WIRE_TEXT_LEN: usize = 4 * 1024 * 1024;
 pub const MAX_MESSAGE_LEN: usize = 1024;
-pub use crate::envelope::MAX_DIMENSIONS;
+pub use crate::envelope::{MAX_DIMENSIONS, MAX_SPARSE_DIMENSIONS};
+
+const DTYPE_SPARSE: u8 = 0x07;
 
 const TAG_INPUT: u8 = 0x01;
 const TAG_EMBEDDING: u8 = 0x02;
@@ -44,6 +49,8 @@ pub enum RecordError {
     UnknownDtype { offset: u64, dtype: u8 },
     #[error("record at offset {offset}: {dim} dimensions exceed {MAX_DIMENSIONS}")]
     Dimensions { offset: u64, dim: usize },
+    #[error("record at offset {offset}: a sparse vector whose indices do not ascend below its {dimensions} dimensions")]
+    SparseIndices { offset: u64, dimensions: u32 },
     #[error("record at offset {offset}: error message too long or not UTF-8")]
     Message { offset: u64 },
     #[error("record at offset {offset}: unknown error code {code}")]
@@ -141,6 +148,47 @@ pub enum Vector {
     Binary(Vec<i8>),
     /// Packed sign bits.
     Ubinary(Vec<u8>),
+    Sparse(SparseVector),
+}
+
+/// The nonzero weights of a vector `dimensions` wide (a vocabulary), by ascending index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseVector {
+    pub dimensions: u32,
+    pub indices: Vec<u32>,
+    pub values: Vec<f32>,
+}
+
+impl SparseVector {
+    /// A dense row's nonzero values, or its `top_k` largest in magnitude (sentence-transformers'
+    /// `max_active_dims`; of equal ones the lower index), in index order.
+    pub fn from_dense(row: &[f32], top_k: Option<u32>) -> Self {
+        let mut kept: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize] != 0.0).collect();
+        if let Some(k) = top_k.map(|k| k as usize)
+            && kept.len() > k
+        {
+            kept.sort_by(|&a, &b| row[b as usize].abs().total_cmp(&row[a as usize].abs()).then(a.cmp(&b)));
+            kept.truncate(k);
+            kept.sort_unstable();
+        }
+        Self { dimensions: row.len() as u32, values: kept.iter().map(|&i| row[i as usize]).collect(), indices: kept }
+    }
+
+    /// The dense row it stands for.
+    pub fn to_dense(&self) -> Vec<f32> {
+        let mut row = vec![0.0; self.dimensions as usize];
+        for (&i, &v) in self.indices.iter().zip(&self.values) {
+            row[i as usize] = v;
+        }
+        row
+    }
+
+    fn valid(&self) -> bool {
+        self.dimensions as usize <= MAX_SPARSE_DIMENSIONS
+            && self.indices.len() == self.values.len()
+            && self.indices.windows(2).all(|w| w[0] < w[1])
+            && self.indices.last().is_none_or(|&last| last < self.dimensions)
+    }
 }
 
 impl Vector {
@@ -152,12 +200,14 @@ impl Vector {
             Vector::Uint8(_) => OutputDtype::Uint8,
             Vector::Binary(_) => OutputDtype::Binary,
             Vector::Ubinary(_) => OutputDtype::Ubinary,
+            Vector::Sparse(_) => OutputDtype::F32,
         }
     }
 
-    /// Elements (bytes for the bit forms).
+    /// Elements (bytes for the bit forms, the nonzero weights of a sparse vector).
     pub fn len(&self) -> usize {
         match self {
+            Vector::Sparse(v) => v.values.len(),
             Vector::F32(v) => v.len(),
             Vector::F16(v) => v.len(),
             Vector::Int8(v) | Vector::Binary(v) => v.len(),
@@ -169,7 +219,7 @@ impl Vector {
     /// the float forms.
     pub fn compact_bytes(&self) -> Option<Vec<u8>> {
         match self {
-            Vector::F32(_) | Vector::F16(_) => None,
+            Vector::F32(_) | Vector::F16(_) | Vector::Sparse(_) => None,
             Vector::Int8(v) | Vector::Binary(v) => Some(v.iter().map(|&b| b as u8).collect()),
             Vector::Uint8(v) | Vector::Ubinary(v) => Some(v.clone()),
         }
@@ -199,9 +249,11 @@ impl Vector {
         })
     }
 
-    /// The elements as f32 (f16 widened; a compact form's integers as they are).
+    /// The elements as f32 (f16 widened; a compact form's integers as they are; a sparse
+    /// vector's dense row).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
+            Vector::Sparse(v) => v.to_dense(),
             Vector::F32(v) => v.clone(),
             Vector::F16(v) => v.iter().map(|&bits| f16_to_f32(bits)).collect(),
             Vector::Int8(v) | Vector::Binary(v) => v.iter().map(|&b| f32::from(b)).collect(),
@@ -218,6 +270,17 @@ fn compact_tag(dtype: OutputDtype) -> u8 {
         OutputDtype::Uint8 => 0x04,
         OutputDtype::Binary => 0x05,
         OutputDtype::Ubinary => 0x06,
+    }
+}
+
+fn put_sparse(out: &mut Vec<u8>, vector: &SparseVector) {
+    out.push(DTYPE_SPARSE);
+    out.extend_from_slice(&vector.dimensions.to_be_bytes());
+    out.extend_from_slice(&(vector.indices.len() as u32).to_be_bytes());
+    out.reserve(vector.indices.len() * 8);
+    for (i, v) in vector.indices.iter().zip(&vector.values) {
+        out.extend_from_slice(&i.to_be_bytes());
+        out.extend_from_slice(&v.to_le_bytes());
     }
 }
 
@@ -275,6 +338,15 @@ pub fn encode_output(record: &OutputRecord, out: &mut Vec<u8>) -> Result<(), Rec
         return Err(RecordError::IdLength { offset: 0, len: record.id().len() });
     }
     match record {
+        OutputRecord::Embedding { id, tokens, vector: Vector::Sparse(sparse) } => {
+            if !sparse.valid() {
+                return Err(RecordError::SparseIndices { offset: 0, dimensions: sparse.dimensions });
+            }
+            out.push(TAG_EMBEDDING);
+            put_id(out, id);
+            out.extend_from_slice(&tokens.to_be_bytes());
+            put_sparse(out, sparse);
+        }
         OutputRecord::Embedding { id, tokens, vector } => {
             if vector.len() > MAX_DIMENSIONS {
                 return Err(RecordError::Dimensions { offset: 0, dim: vector.len() });
@@ -298,6 +370,7 @@ pub fn encode_output(record: &OutputRecord, out: &mut Vec<u8>) -> Result<(), Rec
                         out.extend_from_slice(&v.to_le_bytes());
                     }
                 }
+                Vector::Sparse(_) => unreachable!("sparse vectors are written above"),
                 compact => {
                     let bytes = compact.compact_bytes().expect("a compact form");
                     out.push(compact_tag(compact.dtype()));
@@ -399,6 +472,10 @@ impl RecordKind for OutputRecord {
         }
         let Some(tokens) = cursor.u32() else { return Ok(None) };
         let Some(dtype) = cursor.u8() else { return Ok(None) };
+        if dtype == DTYPE_SPARSE {
+            let Some(sparse) = parse_sparse(cursor, offset)? else { return Ok(None) };
+            return Ok(Some(OutputRecord::Embedding { id, tokens, vector: Vector::Sparse(sparse) }));
+        }
         let Some(dim) = cursor.u16() else { return Ok(None) };
         let dim = usize::from(dim);
         if dim > MAX_DIMENSIONS {
@@ -427,6 +504,24 @@ impl RecordKind for OutputRecord {
         };
         Ok(Some(OutputRecord::Embedding { id, tokens, vector }))
     }
+}
+
+fn parse_sparse(cursor: &mut Cursor<'_>, offset: u64) -> Result<Option<SparseVector>, RecordError> {
+    let Some(dimensions) = cursor.u32() else { return Ok(None) };
+    let Some(count) = cursor.u32() else { return Ok(None) };
+    if dimensions as usize > MAX_SPARSE_DIMENSIONS || count > dimensions {
+        return Err(RecordError::SparseIndices { offset, dimensions });
+    }
+    let Some(bytes) = cursor.take(count as usize * 8) else { return Ok(None) };
+    let (indices, values) = bytes
+        .chunks_exact(8)
+        .map(|c| (u32::from_be_bytes([c[0], c[1], c[2], c[3]]), f32::from_le_bytes([c[4], c[5], c[6], c[7]])))
+        .unzip();
+    let sparse = SparseVector { dimensions, indices, values };
+    if !sparse.valid() {
+        return Err(RecordError::SparseIndices { offset, dimensions });
+    }
+    Ok(Some(sparse))
 }
 
 /// Decodes records from bytes pushed in pieces of any size (the plaintext of a stream), holding
@@ -565,6 +660,50 @@ pub fn f16_to_f32(bits: u16) -> f32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn sparse_records_have_a_known_answer_and_refuse_unordered_indices() {
+        let sparse = SparseVector::from_dense(&[0.0, 1.5, 0.0, -0.25, 2.0], None);
+        assert_eq!((sparse.indices.as_slice(), sparse.values.as_slice()), ([1, 3, 4].as_slice(), [1.5, -0.25, 2.0].as_slice()));
+        let record = OutputRecord::Embedding { id: "s".into(), tokens: 7, vector: Vector::Sparse(sparse.clone()) };
+        let mut out = Vec::new();
+        encode_output(&record, &mut out).unwrap();
+        // tag, id, tokens, dtype 0x07, dimensions 5, count 3, (index BE, weight LE) × 3.
+        assert_eq!(
+            hex::encode(&out),
+            "020001730000000707000000050000000300000001 0000c03f 00000003 000080be 00000004 00000040".replace(' ', "")
+        );
+        let mut decoder = OutputDecoder::new();
+        decoder.push(&out);
+        assert_eq!(decoder.next_record().unwrap(), Some(record));
+        assert_eq!(sparse.to_dense(), [0.0, 1.5, 0.0, -0.25, 2.0]);
+
+        // A sender's bytes with indices out of order, repeated or past the dimensions: refused.
+        for (at, index) in [(17, 5u32), (25, 1), (33, 3)] {
+            let mut bad = out.clone();
+            bad[at..at + 4].copy_from_slice(&index.to_be_bytes());
+            let mut decoder = OutputDecoder::new();
+            decoder.push(&bad);
+            assert!(matches!(decoder.next_record(), Err(RecordError::SparseIndices { dimensions: 5, .. })), "index {index} at {at}");
+        }
+        // More weights announced than dimensions: refused before anything is read.
+        let mut bad = out.clone();
+        bad[13..17].copy_from_slice(&6u32.to_be_bytes());
+        let mut decoder = OutputDecoder::new();
+        decoder.push(&bad);
+        assert!(matches!(decoder.next_record(), Err(RecordError::SparseIndices { .. })));
+    }
+
+    #[test]
+    fn top_k_keeps_the_largest_weights_in_index_order() {
+        let row = [0.5, 0.0, 3.0, 1.0, 3.0, 0.25];
+        let top = SparseVector::from_dense(&row, Some(3));
+        assert_eq!(top.indices, [2, 3, 4]);
+        assert_eq!(top.values, [3.0, 1.0, 3.0]);
+        // Of equal weights the lower index stays.
+        assert_eq!(SparseVector::from_dense(&row, Some(1)).indices, [2]);
+        assert_eq!(SparseVector::from_dense(&row, Some(10)).indices, [0, 2, 3, 4, 5]);
+    }
 
     #[test]
     fn input_known_answer() {

@@ -238,6 +238,8 @@ impl NativeClient {
             // The compact encodings are the command line's for now (docs/python.md).
             dtype: None,
             ranges: None,
+            output_kind: None,
+            top_k: None,
             no_truncate: !truncate,
             no_normalize: !normalize,
             precision,

@@ -7,7 +7,7 @@ use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::arch::{ArchConfig, Architecture};
-use super::encoder::Encoder;
+use super::encoder::{Encoder, SpladeHead};
 use super::{InferenceError, RecordFailure};
 
 /// Which implementation of the BERT encoder runs the model.
@@ -123,6 +123,8 @@ pub struct Embedder {
     settings: EmbedderSettings,
     arch: Architecture,
     hidden_size: usize,
+    /// SPLADE pooling's head (`Pooling::Splade`): the vectors are the vocabulary's width.
+    splade: Option<SpladeHead>,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -147,12 +149,17 @@ impl Embedder {
                 config.max_tokens()
             )));
         }
+        let splade = match settings.pooling {
+            Pooling::Splade => Some(SpladeHead::load(files.weights, &config)?),
+            Pooling::Mean | Pooling::Cls | Pooling::LastToken => None,
+        };
+        let width = splade.as_ref().map_or(config.hidden_size, SpladeHead::dimensions);
         if let Some(dimensions) = settings.dimensions
-            && dimensions != config.hidden_size
+            && dimensions != width
         {
             return Err(InferenceError::Settings(format!(
-                "the manifest says {dimensions} dimensions, the model's hidden size is {}",
-                config.hidden_size
+                "the manifest says {dimensions} dimensions, the model's {} is {width}",
+                if splade.is_some() { "vocabulary" } else { "hidden size" }
             )));
         }
 
@@ -200,7 +207,10 @@ impl Embedder {
                 )));
             }
         };
-        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size })
+        if splade.is_some() && !matches!(model, Model::Fused(_)) {
+            return Err(InferenceError::UnsupportedArchitecture("splade pooling runs on the fused encoder only".into()));
+        }
+        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, splade })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -295,9 +305,9 @@ impl Embedder {
         self.backend() == Backend::CandleBert
     }
 
-    /// Length of the output vectors.
+    /// Length of the output vectors (a SPLADE model's: its vocabulary).
     pub fn dimensions(&self) -> usize {
-        self.hidden_size
+        self.splade.as_ref().map_or(self.hidden_size, SpladeHead::dimensions)
     }
 
     /// Checks and tokenizes one text. Per-record failures: `TooLarge` (over the protocol's text
@@ -376,10 +386,11 @@ impl Embedder {
                         let mut start = 0;
                         for tokenized in batch {
                             let n = tokenized.ids.len();
-                            out.push(self.pool(&states[start * h..(start + n) * h], normalize));
+                            out.push(self.pool(&states[start * h..(start + n) * h], normalize)?);
                             start += n;
                         }
-                    })?;
+                        Ok::<_, InferenceError>(())
+                    })??;
                 } else {
                     out.resize(batch.len(), Vec::new());
                     let (same, other): (Vec<usize>, Vec<usize>) = (0..batch.len()).partition(|&i| at(&batch[i]) == first);
@@ -389,10 +400,11 @@ impl Embedder {
                             let mut start = 0;
                             for &i in &members {
                                 let n = batch[i].ids.len();
-                                out[i] = self.pool(&states[start * h..(start + n) * h], normalize);
+                                out[i] = self.pool(&states[start * h..(start + n) * h], normalize)?;
                                 start += n;
                             }
-                        })?;
+                            Ok::<_, InferenceError>(())
+                        })??;
                     }
                 }
             }
@@ -403,7 +415,7 @@ impl Embedder {
                 for (row, tokenized) in batch.iter().enumerate() {
                     // Right padding: the first n positions are the real tokens.
                     let start = row * cols * h;
-                    out.push(self.pool(&states[start..start + tokenized.ids.len() * h], normalize));
+                    out.push(self.pool(&states[start..start + tokenized.ids.len() * h], normalize)?);
                 }
             }
         }
@@ -411,10 +423,11 @@ impl Embedder {
     }
 
     /// Pools the states of one sequence's real tokens (`n × hidden`).
-    fn pool(&self, states: &[f32], normalize: bool) -> Vec<f32> {
+    fn pool(&self, states: &[f32], normalize: bool) -> Result<Vec<f32>, InferenceError> {
         let h = self.hidden_size;
         let n = (states.len() / h).max(1);
         let mut vector: Vec<f32> = match self.settings.pooling {
+            Pooling::Splade => self.splade.as_ref().expect("loaded with splade pooling").pool(states)?,
             Pooling::Cls => states[..h].to_vec(),
             // The sequence's last token: with the tokenizer's `<|endoftext|>` appended (and kept
             // by truncation), the token that has seen every other in a causal model.
@@ -432,7 +445,7 @@ impl Embedder {
         if normalize {
             l2_normalize(&mut vector);
         }
-        vector
+        Ok(vector)
     }
 
     /// Bytes the model holds now: the fused encoder's weights as measured (bf16/int8 copies
@@ -442,7 +455,8 @@ impl Embedder {
     pub fn memory_bytes(&self) -> Option<u64> {
         #[cfg_attr(not(feature = "candle"), allow(irrefutable_let_patterns))]
         let Model::Fused(encoder) = &self.model else { return None };
-        Some((encoder.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
+        let head = self.splade.as_ref().map_or(0, SpladeHead::memory_bytes);
+        Some((encoder.memory_bytes() + head + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
     }
 }
 

@@ -38,9 +38,11 @@ use super::strided::{self, MatMut, MatRef};
 mod attention;
 pub(crate) mod blocks;
 mod int8;
+mod splade;
 
 use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Stored, Tensors, Weight};
 use int8::{Int8Layer, Int8Product, LayerStats};
+pub(crate) use splade::SpladeHead;
 
 /// Rows per element-wise task.
 const ROWS_PER_TASK: usize = 16;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use protocol::envelope::{JobOptions, OutputDtype, Precision};
+use protocol::envelope::{JobOptions, OutputDtype, OutputKind, Precision};
 use protocol::manifest::Manifest;
 use protocol::quantize::Ranges;
 use protocol::records::{ErrorCode, InputRecord, OutputRecord};
@@ -51,11 +51,23 @@ pub struct EmbedOptions {
     pub dimensions: Option<usize>,
     /// The job's ranges for `int8`/`uint8` output, one per value of its vectors.
     pub ranges: Option<Arc<Ranges>>,
+    /// Dense vectors, or the sparse form of a SPLADE model's (keeping the `top_k` largest weights).
+    pub output: OutputKind,
+    pub top_k: Option<u32>,
 }
 
 impl Default for EmbedOptions {
     fn default() -> Self {
-        Self { truncate: true, normalize: true, precision: Precision::Fp32, prompt: None, dimensions: None, ranges: None }
+        Self {
+            truncate: true,
+            normalize: true,
+            precision: Precision::Fp32,
+            prompt: None,
+            dimensions: None,
+            ranges: None,
+            output: OutputKind::Dense,
+            top_k: None,
+        }
     }
 }
 
@@ -66,6 +78,14 @@ impl EmbedOptions {
     /// dimension count the manifest does not offer, ranges for another number of dimensions.
     pub fn for_job(options: &JobOptions, embedder: &Embedder, manifest: &Manifest) -> Result<Self, InferenceError> {
         embedder.check_precision(options.precision)?;
+        let gives = manifest.pooling.output();
+        if options.output != gives {
+            return Err(InferenceError::OutputNotOffered { asked: options.output.as_str(), gives: gives.as_str() });
+        }
+        if options.output == OutputKind::Sparse && options.normalize {
+            // sentence-transformers' SparseEncoder has no Normalize: such weights match nothing.
+            return Err(InferenceError::SparseNormalized);
+        }
         let prompt = match &options.prompt {
             None => None,
             Some(name) => Some(Arc::from(
@@ -96,6 +116,8 @@ impl EmbedOptions {
             prompt,
             dimensions,
             ranges,
+            output: options.output,
+            top_k: options.top_k,
         })
     }
 }
@@ -239,7 +261,7 @@ impl Engine {
             .iter()
             .zip(results)
             .map(|(record, result)| match result {
-                Ok(embedding) => embedding.into_output(record.id.clone(), dtype, options.ranges.as_deref()),
+                Ok(embedding) => embedding.into_output(record.id.clone(), dtype, options),
                 Err(failure) => failure.into_output(record.id.clone()),
             })
             .collect()

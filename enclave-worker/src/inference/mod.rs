@@ -93,9 +93,9 @@ pub use candle_bert::{CandleThreads, candle_thread_settings};
 pub use engine::{EmbedOptions, Engine, EngineSettings};
 pub use metrics::{Metrics, MetricsSnapshot};
 
-use protocol::envelope::OutputDtype;
+use protocol::envelope::{OutputDtype, OutputKind};
 use protocol::quantize::Ranges;
-use protocol::records::{EncodeError, ErrorCode, OutputRecord, Vector};
+use protocol::records::{EncodeError, ErrorCode, OutputRecord, SparseVector, Vector};
 
 
 /// One embedded record.
@@ -114,11 +114,15 @@ impl Embedding {
         Vector::encode(self.vector.clone(), dtype, ranges)
     }
 
-    /// The output record for this embedding: an `inference_failed` error if the job's ranges do
-    /// not fit its vectors (the job's options were checked against the model before, so only a
-    /// defect reaches that).
-    pub fn into_output(self, id: String, dtype: OutputDtype, ranges: Option<&Ranges>) -> OutputRecord {
-        match Vector::encode(self.vector, dtype, ranges) {
+    /// The output record for this embedding: its sparse form for a sparse job, else the vector in
+    /// `dtype`; an `inference_failed` error if the job's ranges do not fit its vectors (the job's
+    /// options were checked against the model before, so only a defect reaches that).
+    pub fn into_output(self, id: String, dtype: OutputDtype, options: &EmbedOptions) -> OutputRecord {
+        if options.output == OutputKind::Sparse {
+            let vector = Vector::Sparse(SparseVector::from_dense(&self.vector, options.top_k));
+            return OutputRecord::Embedding { id, tokens: self.tokens, vector };
+        }
+        match Vector::encode(self.vector, dtype, options.ranges.as_deref()) {
             Ok(vector) => OutputRecord::Embedding { id, tokens: self.tokens, vector },
             Err(e) => OutputRecord::Error { id, code: ErrorCode::InferenceFailed, message: e.to_string() },
         }
@@ -181,6 +185,10 @@ pub enum InferenceError {
     DimensionsNotOffered { asked: u32, offered: Vec<u32> },
     #[error("ranges: {ranges} dimensions, the job's vectors have {vectors}")]
     RangesDimensions { ranges: usize, vectors: usize },
+    #[error("output {asked}: the model gives {gives} output (its manifest's pooling)")]
+    OutputNotOffered { asked: &'static str, gives: &'static str },
+    #[error("normalize: sparse output is never normalised (sentence-transformers' SparseEncoder has no Normalize)")]
+    SparseNormalized,
     #[error("config.json: unsupported architecture: {0}")]
     UnsupportedArchitecture(String),
     /// A setting of the model's files the engine does not compute (or does not know), by file

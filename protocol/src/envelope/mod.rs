@@ -43,6 +43,8 @@ pub const MAX_JOB_PREAMBLE_LEN: usize = 8 + MAX_HEADER_LEN + 65 + CONFIRMATION_L
 pub const MAX_MODEL_ID_LEN: usize = 128;
 /// Longest vector a model or a job may have.
 pub const MAX_DIMENSIONS: usize = 8192;
+/// Largest vocabulary a sparse vector may index (every vocabulary the engine loads is below it).
+pub const MAX_SPARSE_DIMENSIONS: usize = 1 << 20;
 
 const LABEL_JOB: &[u8] = b"ephem-batch/v1 job input";
 const LABEL_RESULT: &[u8] = b"ephem-batch/v1 job result";
@@ -320,6 +322,32 @@ pub enum OutputDtype {
     Ubinary,
 }
 
+/// What a job's records carry: one vector per text, or a sparse one (the nonzero weights of a
+/// vocabulary-wide vector, by index), as the model's pooling gives ([`crate::manifest::Pooling::output`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OutputKind {
+    #[default]
+    Dense,
+    Sparse,
+}
+
+impl OutputKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OutputKind::Dense => "dense",
+            OutputKind::Sparse => "sparse",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "dense" => Some(OutputKind::Dense),
+            "sparse" => Some(OutputKind::Sparse),
+            _ => None,
+        }
+    }
+}
+
 impl Precision {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -395,6 +423,11 @@ pub struct JobOptions {
     /// The per-dimension ranges of an `int8`/`uint8` job (present exactly for those dtypes), one
     /// per value of the vectors it asks for; the receipt records them with the rest.
     pub ranges: Option<crate::quantize::Ranges>,
+    /// Dense vectors, or sparse ones (f32 weights, unnormalised, the model's own dimensions).
+    pub output: OutputKind,
+    /// A sparse job keeps each record's `top_k` largest weights (sentence-transformers'
+    /// `max_active_dims`); `None`: every nonzero weight.
+    pub top_k: Option<u32>,
 }
 
 impl Default for JobOptions {
@@ -407,12 +440,14 @@ impl Default for JobOptions {
             prompt: None,
             dimensions: None,
             ranges: None,
+            output: OutputKind::Dense,
+            top_k: None,
         }
     }
 }
 
 impl JobOptions {
-    /// `prompt`, `dimensions` and `ranges` are written only when set, so options without them
+    /// `prompt`, `dimensions`, `ranges`, a sparse `output` and `top_k` are written only when set, so options without them
     /// encode as before they existed (and old receipts verify unchanged).
     pub fn to_cbor(&self) -> ciborium::Value {
         let mut map = MapBuilder::new()
@@ -428,6 +463,12 @@ impl JobOptions {
         }
         if let Some(ranges) = &self.ranges {
             map = map.bytes("ranges", &ranges.to_bytes());
+        }
+        if self.output != OutputKind::Dense {
+            map = map.text("output", self.output.as_str());
+        }
+        if let Some(top_k) = self.top_k {
+            map = map.uint("top_k", u64::from(top_k));
         }
         map.build()
     }
@@ -466,6 +507,31 @@ impl JobOptions {
         {
             return Err(EnvelopeError::HeaderInvalid("ranges: one per dimension asked for"));
         }
+        let output = match map.optional("output") {
+            None => OutputKind::Dense,
+            // Dense is the default and never written: one meaning, one encoding.
+            Some(ciborium::Value::Text(kind)) => match OutputKind::parse(&kind) {
+                Some(OutputKind::Sparse) => OutputKind::Sparse,
+                _ => return Err(EnvelopeError::HeaderInvalid("output")),
+            },
+            Some(_) => return Err(EnvelopeError::HeaderInvalid("output")),
+        };
+        let top_k = match map.optional("top_k") {
+            None => None,
+            Some(value) => Some(
+                value
+                    .as_integer()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| n > 0 && n as usize <= MAX_SPARSE_DIMENSIONS)
+                    .ok_or(EnvelopeError::HeaderInvalid("top_k"))?,
+            ),
+        };
+        if output == OutputKind::Sparse && (dtype != OutputDtype::F32 || dimensions.is_some()) {
+            return Err(EnvelopeError::HeaderInvalid("output: sparse weights are f32 at the model's own dimensions"));
+        }
+        if top_k.is_some() && output != OutputKind::Sparse {
+            return Err(EnvelopeError::HeaderInvalid("top_k: for sparse output only"));
+        }
         let options = Self {
             truncate: map.bool("truncate")?,
             normalize: map.bool("normalize")?,
@@ -474,6 +540,8 @@ impl JobOptions {
             prompt,
             dimensions,
             ranges,
+            output,
+            top_k,
         };
         map.finish()?;
         Ok(options)

@@ -158,3 +158,50 @@ fn prompt_and_dimensions_are_sealed_in_the_header_and_absent_when_unset() {
     header.options.dimensions = Some(too_many);
     assert_eq!(JobHeader::from_bytes(&header.to_bytes()).unwrap_err(), EnvelopeError::HeaderInvalid("dimensions"));
 }
+
+#[test]
+fn sparse_output_is_sealed_in_the_header_and_absent_when_dense() {
+    let fleet = FleetSecretKey::generate();
+    let client = ResultSecretKey::generate();
+    let plain = job_header(&fleet.public_key(), &client.public_key());
+    let bytes = plain.to_bytes();
+    assert!(!String::from_utf8_lossy(&bytes).contains("output"), "dense: encoded as before the field existed");
+    assert!(!String::from_utf8_lossy(&bytes).contains("top_k"));
+
+    let mut sparse = plain.clone();
+    sparse.options.output = OutputKind::Sparse;
+    sparse.options.normalize = false;
+    sparse.options.top_k = Some(64);
+    assert_eq!(JobHeader::from_bytes(&sparse.to_bytes()).unwrap().options, sparse.options);
+
+    let refused = |edit: fn(&mut JobOptions)| {
+        let mut header = sparse.clone();
+        edit(&mut header.options);
+        JobHeader::from_bytes(&header.to_bytes()).unwrap_err()
+    };
+    assert_eq!(refused(|o| o.top_k = Some(0)), EnvelopeError::HeaderInvalid("top_k"));
+    assert_eq!(
+        refused(|o| {
+            o.output = OutputKind::Dense;
+        }),
+        EnvelopeError::HeaderInvalid("top_k: for sparse output only")
+    );
+    let mixed = EnvelopeError::HeaderInvalid("output: sparse weights are f32 at the model's own dimensions");
+    assert_eq!(refused(|o| o.dtype = OutputDtype::F16), mixed);
+    assert_eq!(refused(|o| o.dimensions = Some(16)), mixed);
+    // "dense" is never written: a header that spells it out is not one a client makes.
+    let mut map = match crate::cbor::decode_deterministic(&plain.to_bytes()).unwrap() {
+        ciborium::Value::Map(map) => map,
+        _ => unreachable!(),
+    };
+    for (key, value) in map.iter_mut() {
+        if key.as_text() == Some("options")
+            && let ciborium::Value::Map(options) = value
+        {
+            options.push((ciborium::Value::Text("output".into()), ciborium::Value::Text("dense".into())));
+            options.sort_by(|a, b| crate::cbor::encode(&a.0).cmp(&crate::cbor::encode(&b.0)));
+        }
+    }
+    let spelled = crate::cbor::encode(&ciborium::Value::Map(map));
+    assert_eq!(JobHeader::from_bytes(&spelled).unwrap_err(), EnvelopeError::HeaderInvalid("output"));
+}

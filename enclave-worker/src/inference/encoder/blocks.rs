@@ -182,6 +182,11 @@ impl<'a> Tensors<'a> {
         Ok(Self { file, prefix })
     }
 
+    /// Whether the checkpoint holds a tensor of this name.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.file.tensor(&format!("{}{name}", self.prefix)).is_ok()
+    }
+
     /// A tensor's bytes and how they store its values, once its dtype and shape are checked.
     fn view(&self, name: &str, shape: &[usize]) -> Result<(TensorView<'_>, Stored), InferenceError> {
         let view = self.file.tensor(&format!("{}{name}", self.prefix)).map_err(|e| weights_err(format!("{name}: {e}")))?;
