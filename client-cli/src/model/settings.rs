@@ -95,6 +95,9 @@ fn object<'a>(path: &Path, json: &'a Value) -> Result<&'a Map<String, Value>, Mo
 
 /// Reads dimensions, sequence length, pooling, normalisation and prompts from a model directory.
 pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
+    if sparse::is_sparse_encoder(dir)? {
+        return sparse::read_settings(dir);
+    }
     let config_path = dir.join("config.json");
     let config = read_json(&config_path)?.ok_or_else(|| ModelError::MissingFile { dir: dir.to_owned(), name: "config.json" })?;
     let dimensions = positive_field(&config_path, &config, "hidden_size")?
@@ -312,5 +315,6 @@ fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), 
     Ok((prompts, default_prompt))
 }
 
+mod sparse;
 #[cfg(test)]
 mod tests;
