@@ -204,6 +204,9 @@ impl Sealing {
         let dtype = args.dtype.unwrap_or(if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 });
         let ranges = crate::ranges::for_job(dtype, args.ranges.as_deref(), dimensions.unwrap_or(model.manifest.dimensions))?;
         let (output, top_k) = output_kind(&model.manifest, args.output_kind, args.top_k)?;
+        if output == OutputKind::Sparse && matches!(args.format, Some(crate::results::Format::Npy | crate::results::Format::Openai)) {
+            bail!("--format: sparse output is written as jsonl ({{\"id\", \"sparse\": {{token id: weight}}, \"tokens\"}})");
+        }
         let mut corpus_options = CorpusOptions::new(args.model.clone());
         corpus_options.dimensions = Some(dimensions.unwrap_or(model.manifest.dimensions));
         let options = JobOptions {
