@@ -1,6 +1,6 @@
 //! SPLADE sparse output in the fused encoder against sentence-transformers' own `SparseEncoder`
-//! on a tiny random checkpoint (`tests/testdata/sparse/splade/`, written by
-//! `scripts/make_sparse_models.py`): every text (many scripts, texts cut at 512 tokens), every
+//! on a tiny random checkpoint (`tests/testdata/outputs/splade/`, written by
+//! `scripts/make_output_models.py`): every text (many scripts, texts cut at 512 tokens), every
 //! nonzero weight at the same token id within 1e-5, and `top_k` equal to `max_active_dims`.
 
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use serde_json::Value;
 const WEIGHT_TOLERANCE: f32 = 1e-5;
 
 fn dir() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/sparse"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/outputs"))
 }
 
 fn reference() -> Value {

@@ -87,6 +87,11 @@ pub enum Pooling {
     /// over the tokens per vocabulary entry: one weight per vocabulary entry, most of them zero
     /// (sentence-transformers' `SpladePooling` "max" / "relu"). Its jobs ask for sparse output.
     Splade,
+    /// A cross-encoder: each (query, document) pair is one sequence, and its first token's state
+    /// through the sequence-classification head (one label) is the pair's relevance; `sigmoid`:
+    /// squashed to (0, 1), as sentence-transformers' `CrossEncoder` does by default. Its jobs ask
+    /// for scores ([`crate::envelope::OutputKind::Scores`]).
+    Rerank { sigmoid: bool },
 }
 
 impl Pooling {
@@ -96,6 +101,8 @@ impl Pooling {
             Pooling::Cls => "cls",
             Pooling::LastToken => "lasttoken",
             Pooling::Splade => "splade",
+            Pooling::Rerank { sigmoid: true } => "rerank",
+            Pooling::Rerank { sigmoid: false } => "rerank_logit",
         }
     }
 
@@ -103,6 +110,7 @@ impl Pooling {
     pub fn output(self) -> crate::envelope::OutputKind {
         match self {
             Pooling::Splade => crate::envelope::OutputKind::Sparse,
+            Pooling::Rerank { .. } => crate::envelope::OutputKind::Scores,
             Pooling::Mean | Pooling::Cls | Pooling::LastToken => crate::envelope::OutputKind::Dense,
         }
     }
@@ -228,6 +236,8 @@ impl Manifest {
             "cls" => Pooling::Cls,
             "lasttoken" => Pooling::LastToken,
             "splade" => Pooling::Splade,
+            "rerank" => Pooling::Rerank { sigmoid: true },
+            "rerank_logit" => Pooling::Rerank { sigmoid: false },
             _ => return Err(ManifestError::Invalid("unknown pooling")),
         };
         let prompts = read_prompts(&mut map)?;
@@ -253,15 +263,16 @@ impl Manifest {
             return Err(ManifestError::Invalid("model id"));
         }
         let longest = match manifest.pooling.output() {
-            crate::envelope::OutputKind::Dense => crate::records::MAX_DIMENSIONS,
+            // A cross-encoder's dimensions are its hidden size.
+            crate::envelope::OutputKind::Dense | crate::envelope::OutputKind::Scores => crate::records::MAX_DIMENSIONS,
             // A sparse model's dimensions are its vocabulary.
             crate::envelope::OutputKind::Sparse => crate::records::MAX_SPARSE_DIMENSIONS,
         };
         if manifest.dimensions == 0 || manifest.dimensions as usize > longest {
             return Err(ManifestError::Invalid("dimensions"));
         }
-        if manifest.pooling.output() == crate::envelope::OutputKind::Sparse && !manifest.matryoshka.is_empty() {
-            return Err(ManifestError::Invalid("matryoshka dimensions of a sparse model"));
+        if manifest.pooling.output() != crate::envelope::OutputKind::Dense && !manifest.matryoshka.is_empty() {
+            return Err(ManifestError::Invalid("matryoshka dimensions of a model without dense vectors"));
         }
         if manifest.max_tokens == 0 {
             return Err(ManifestError::Invalid("max_tokens"));
@@ -556,7 +567,7 @@ pub(crate) mod tests {
     #[test]
     fn every_pooling_round_trips_by_name() {
         let publisher = SigningKey::from_bytes(&[3; 32]);
-        for (pooling, name) in [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade")] {
+        for (pooling, name) in [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit")] {
             let manifest = Manifest { pooling, ..sample() };
             assert!(String::from_utf8_lossy(&manifest.to_payload()).contains(name), "{name}");
             let signed = SignedManifest::decode(&manifest.sign(&publisher)).unwrap();

@@ -72,6 +72,34 @@ pub struct InputRecord {
     pub text: Vec<u8>,
 }
 
+/// Most documents one rerank record may carry (each is one sequence through the model).
+pub const MAX_RERANK_DOCUMENTS: usize = 1024;
+
+/// The text of a rerank job's input record (output kind `scores`): a query and the documents to
+/// score against it, as the JSON object `{"query": …, "documents": [ … ]}` (no other field).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RerankInput {
+    pub query: String,
+    pub documents: Vec<String>,
+}
+
+impl RerankInput {
+    pub fn to_text(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("strings serialise")
+    }
+
+    /// The record's text read back: a per-record failure (`invalid_json`, `missing_text`) when it
+    /// is not such an object, has no document or more than [`MAX_RERANK_DOCUMENTS`].
+    pub fn parse(text: &[u8]) -> Result<Self, (ErrorCode, String)> {
+        let input: Self = serde_json::from_slice(text).map_err(|e| (ErrorCode::InvalidJson, format!("not a rerank input: {e}")))?;
+        if input.documents.is_empty() || input.documents.len() > MAX_RERANK_DOCUMENTS {
+            return Err((ErrorCode::MissingText, format!("{} documents: 1 to {MAX_RERANK_DOCUMENTS}", input.documents.len())));
+        }
+        Ok(input)
+    }
+}
+
 /// Per-record failure reasons, shared by the client's local checks and the enclave's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {

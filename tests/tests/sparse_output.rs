@@ -1,5 +1,5 @@
 //! Sparse output through the running local stack (issue "beyond one dense vector", item 1): the
-//! generated SPLADE checkpoint (`testdata/sparse/splade/`, sentence-transformers 6.2's
+//! generated SPLADE checkpoint (`testdata/outputs/splade/`, sentence-transformers 6.2's
 //! `SparseEncoder` layout) onboarded with `model encrypt`/`sign`/`upload`, then batch jobs with
 //! `submit --model`: every record's `{token id: weight}` equals `SparseEncoder.encode()` (same
 //! ids, weights within 1e-5), `--top-k 8` equals `max_active_dims=8`, the receipt states the
@@ -15,7 +15,7 @@ const MODEL: &str = "test/splade";
 const WEIGHT_TOLERANCE: f64 = 1e-5;
 
 fn testdata() -> PathBuf {
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/sparse"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/outputs"))
 }
 
 fn options_check(stack: &Stack, job: &str) -> Value {

@@ -7,7 +7,7 @@ use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::arch::{ArchConfig, Architecture};
-use super::encoder::{Encoder, SpladeHead};
+use super::encoder::{ClassifierHead, Encoder, SpladeHead};
 use super::{InferenceError, RecordFailure};
 
 /// Which implementation of the BERT encoder runs the model.
@@ -125,6 +125,8 @@ pub struct Embedder {
     hidden_size: usize,
     /// SPLADE pooling's head (`Pooling::Splade`): the vectors are the vocabulary's width.
     splade: Option<SpladeHead>,
+    /// A cross-encoder's head (`Pooling::Rerank`): a pair's vector is its one score.
+    classifier: Option<ClassifierHead>,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -151,7 +153,11 @@ impl Embedder {
         }
         let splade = match settings.pooling {
             Pooling::Splade => Some(SpladeHead::load(files.weights, &config)?),
-            Pooling::Mean | Pooling::Cls | Pooling::LastToken => None,
+            _ => None,
+        };
+        let classifier = match settings.pooling {
+            Pooling::Rerank { sigmoid } => Some(ClassifierHead::load(files.weights, &config, labels(files.config)?, sigmoid)?),
+            _ => None,
         };
         let width = splade.as_ref().map_or(config.hidden_size, SpladeHead::dimensions);
         if let Some(dimensions) = settings.dimensions
@@ -207,10 +213,10 @@ impl Embedder {
                 )));
             }
         };
-        if splade.is_some() && !matches!(model, Model::Fused(_)) {
-            return Err(InferenceError::UnsupportedArchitecture("splade pooling runs on the fused encoder only".into()));
+        if (splade.is_some() || classifier.is_some()) && !matches!(model, Model::Fused(_)) {
+            return Err(InferenceError::UnsupportedArchitecture("splade and rerank heads run on the fused encoder only".into()));
         }
-        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, splade })
+        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, splade, classifier })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -357,6 +363,30 @@ impl Embedder {
         Ok(Tokenized { ids: encoding.get_ids().to_vec() })
     }
 
+    /// A cross-encoder's (query, document) pair as one sequence, as its tokenizer joins a pair
+    /// (`<s> query </s></s> document </s>`), cut at `max_tokens` longest-first as
+    /// sentence-transformers' `CrossEncoder` cuts it. Per-pair failures as
+    /// [`Embedder::tokenize`]'s; an empty document is scored as it is.
+    pub fn tokenize_pair(&self, query: &str, document: &str, truncate: bool) -> Result<Tokenized, RecordFailure> {
+        if query.trim().is_empty() {
+            return Err(RecordFailure::new(ErrorCode::EmptyText, "the query is empty or only whitespace"));
+        }
+        if query.len() + document.len() > MAX_TEXT_LEN {
+            return Err(RecordFailure::new(ErrorCode::TooLarge, format!("query and document exceed {MAX_TEXT_LEN} bytes")));
+        }
+        let encoding = self
+            .tokenizer
+            .encode_fast((query, document), true)
+            .map_err(|e| RecordFailure::new(ErrorCode::TokenizerFailed, e.to_string()))?;
+        if !truncate && !encoding.get_overflowing().is_empty() {
+            return Err(RecordFailure::new(
+                ErrorCode::TooManyTokens,
+                format!("more than {} tokens and truncation is off", self.settings.max_tokens),
+            ));
+        }
+        Ok(Tokenized { ids: encoding.get_ids().to_vec() })
+    }
+
     /// Embeds one batch and returns one vector per member, in order: the encoder (packed tokens
     /// with the fused backend; right-padded with an attention mask and zero token types with
     /// CandleBert), then mean, CLS or last-token pooling over each member's real tokens and, if `normalize`,
@@ -428,6 +458,7 @@ impl Embedder {
         let n = (states.len() / h).max(1);
         let mut vector: Vec<f32> = match self.settings.pooling {
             Pooling::Splade => self.splade.as_ref().expect("loaded with splade pooling").pool(states)?,
+            Pooling::Rerank { .. } => vec![self.classifier.as_ref().expect("loaded with rerank pooling").score(states)?],
             Pooling::Cls => states[..h].to_vec(),
             // The sequence's last token: with the tokenizer's `<|endoftext|>` appended (and kept
             // by truncation), the token that has seen every other in a causal model.
@@ -455,9 +486,20 @@ impl Embedder {
     pub fn memory_bytes(&self) -> Option<u64> {
         #[cfg_attr(not(feature = "candle"), allow(irrefutable_let_patterns))]
         let Model::Fused(encoder) = &self.model else { return None };
-        let head = self.splade.as_ref().map_or(0, SpladeHead::memory_bytes);
+        let head = self.splade.as_ref().map_or(0, SpladeHead::memory_bytes) + self.classifier.as_ref().map_or(0, ClassifierHead::memory_bytes);
         Some((encoder.memory_bytes() + head + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
     }
+}
+
+/// A sequence-classification model's labels as transformers counts them: `id2label`'s entries,
+/// else `num_labels`, else its default of 2.
+fn labels(config: &[u8]) -> Result<usize, InferenceError> {
+    let config: serde_json::Value = serde_json::from_slice(config).map_err(|e| InferenceError::Config(e.to_string()))?;
+    Ok(match (config.get("id2label").and_then(serde_json::Value::as_object), config.get("num_labels").and_then(serde_json::Value::as_u64)) {
+        (Some(labels), _) => labels.len(),
+        (None, Some(n)) => n as usize,
+        (None, None) => 2,
+    })
 }
 
 /// A vocabulary entry in both of a tokenizer's maps (token → id, id → token): two strings'

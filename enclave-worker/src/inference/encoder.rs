@@ -37,11 +37,13 @@ use super::strided::{self, MatMut, MatRef};
 
 mod attention;
 pub(crate) mod blocks;
+mod classifier;
 mod int8;
 mod splade;
 
 use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Stored, Tensors, Weight};
 use int8::{Int8Layer, Int8Product, LayerStats};
+pub(crate) use classifier::ClassifierHead;
 pub(crate) use splade::SpladeHead;
 
 /// Rows per element-wise task.

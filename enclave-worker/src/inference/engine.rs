@@ -7,7 +7,7 @@ use std::time::Instant;
 use protocol::envelope::{JobOptions, OutputDtype, OutputKind, Precision};
 use protocol::manifest::Manifest;
 use protocol::quantize::Ranges;
-use protocol::records::{ErrorCode, InputRecord, OutputRecord};
+use protocol::records::{ErrorCode, InputRecord, OutputRecord, RerankInput};
 use rayon::prelude::*;
 
 use super::batching::{BatchLimits, plan_batches};
@@ -82,9 +82,9 @@ impl EmbedOptions {
         if options.output != gives {
             return Err(InferenceError::OutputNotOffered { asked: options.output.as_str(), gives: gives.as_str() });
         }
-        if options.output == OutputKind::Sparse && options.normalize {
-            // sentence-transformers' SparseEncoder has no Normalize: such weights match nothing.
-            return Err(InferenceError::SparseNormalized);
+        if options.output != OutputKind::Dense && options.normalize {
+            // SparseEncoder's weights and CrossEncoder's scores are never normalised.
+            return Err(InferenceError::Normalized(options.output.as_str()));
         }
         let prompt = match &options.prompt {
             None => None,
@@ -199,9 +199,14 @@ impl Engine {
         let tokenized: Vec<Result<Tokenized, RecordFailure>> =
             texts.par_iter().map(|text| self.embedder.tokenize_prompted(text.as_ref(), options.prompt.as_deref(), options.truncate)).collect();
         self.metrics.add_window(started.elapsed());
+        self.run_tokenized(&tokenized, options)
+    }
 
-        let mut results: Vec<Option<Result<Embedding, RecordFailure>>> = Vec::with_capacity(texts.len());
-        let mut ready: Vec<(usize, &Tokenized)> = Vec::with_capacity(texts.len());
+    /// The sequences of a window, tokenized (or failed), run in length-sorted batches; one result
+    /// per sequence in order.
+    fn run_tokenized(&self, tokenized: &[Result<Tokenized, RecordFailure>], options: &EmbedOptions) -> Vec<Result<Embedding, RecordFailure>> {
+        let mut results: Vec<Option<Result<Embedding, RecordFailure>>> = Vec::with_capacity(tokenized.len());
+        let mut ready: Vec<(usize, &Tokenized)> = Vec::with_capacity(tokenized.len());
         let mut failed = 0u64;
         for (index, outcome) in tokenized.iter().enumerate() {
             match outcome {
@@ -247,14 +252,73 @@ impl Engine {
             .collect()
     }
 
-    /// [`Engine::embed_window`] for protocol records: one output record per input record, same
-    /// order, vectors in `dtype`.
+    /// Scores each record's documents against its query (a cross-encoder's job: the record's
+    /// text is a [`RerankInput`]): every (query, document) pair one sequence, all of the window's
+    /// pairs batched together; one result per record, in order, whose vector holds a score per
+    /// document and whose tokens are its pairs'. A record fails as its first failing pair does.
+    pub fn rerank_window(&self, texts: &[&[u8]], options: &EmbedOptions) -> Vec<Result<Embedding, RecordFailure>> {
+        self.pool.install(|| {
+            let started = Instant::now();
+            let inputs: Vec<Result<RerankInput, RecordFailure>> =
+                texts.iter().map(|text| RerankInput::parse(text).map_err(|(code, message)| RecordFailure::new(code, message))).collect();
+            let mut owners = Vec::new();
+            let pairs: Vec<(&str, &str)> = inputs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, input)| input.as_ref().ok().map(|input| (i, input)))
+                .flat_map(|(i, input)| input.documents.iter().map(move |d| (i, (input.query.as_str(), d.as_str()))))
+                .map(|(i, pair)| {
+                    owners.push(i);
+                    pair
+                })
+                .collect();
+            let tokenized: Vec<Result<Tokenized, RecordFailure>> =
+                pairs.par_iter().map(|&(query, document)| self.embedder.tokenize_pair(query, document, options.truncate)).collect();
+            self.metrics.add_window(started.elapsed());
+            let mut scored = self.run_tokenized(&tokenized, options).into_iter().zip(owners).peekable();
+            inputs
+                .into_iter()
+                .enumerate()
+                .map(|(i, input)| {
+                    let input = input?;
+                    let mut embedding = Embedding { vector: Vec::with_capacity(input.documents.len()), tokens: 0 };
+                    let mut failure = None;
+                    for (document, (result, _)) in std::iter::from_fn(|| scored.next_if(|(_, owner)| *owner == i)).enumerate() {
+                        match result {
+                            Ok(pair) => {
+                                embedding.vector.push(pair.vector[0]);
+                                embedding.tokens += pair.tokens;
+                            }
+                            Err(f) => {
+                                failure.get_or_insert(RecordFailure::new(f.code, format!("document {document}: {}", f.message)));
+                            }
+                        }
+                    }
+                    failure.map_or(Ok(embedding), Err)
+                })
+                .collect()
+        })
+    }
+
+    /// [`Engine::embed_window`] (or [`Engine::rerank_window`] for scores) for protocol records:
+    /// one output record per input record, same order, vectors in `dtype`.
     pub fn embed_records(
         &self,
         records: &[InputRecord],
         options: &EmbedOptions,
         dtype: OutputDtype,
     ) -> Vec<OutputRecord> {
+        if options.output == OutputKind::Scores {
+            let texts: Vec<&[u8]> = records.iter().map(|r| r.text.as_slice()).collect();
+            return records
+                .iter()
+                .zip(self.rerank_window(&texts, options))
+                .map(|(record, result)| match result {
+                    Ok(scores) => scores.into_output(record.id.clone(), dtype, options),
+                    Err(failure) => failure.into_output(record.id.clone()),
+                })
+                .collect();
+        }
         let texts: Vec<&[u8]> = records.iter().map(|r| r.text.as_slice()).collect();
         let results = self.embed_window(&texts, options);
         records

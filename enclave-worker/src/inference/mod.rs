@@ -187,8 +187,8 @@ pub enum InferenceError {
     RangesDimensions { ranges: usize, vectors: usize },
     #[error("output {asked}: the model gives {gives} output (its manifest's pooling)")]
     OutputNotOffered { asked: &'static str, gives: &'static str },
-    #[error("normalize: sparse output is never normalised (sentence-transformers' SparseEncoder has no Normalize)")]
-    SparseNormalized,
+    #[error("normalize: {0} output is never normalised (sentence-transformers' SparseEncoder and CrossEncoder have no Normalize)")]
+    Normalized(&'static str),
     #[error("config.json: unsupported architecture: {0}")]
     UnsupportedArchitecture(String),
     /// A setting of the model's files the engine does not compute (or does not know), by file

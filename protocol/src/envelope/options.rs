@@ -40,6 +40,9 @@ pub enum OutputKind {
     #[default]
     Dense,
     Sparse,
+    /// A cross-encoder's relevance scores: each input record is a query and its documents
+    /// ([`crate::records::RerankInput`]), its output one f32 score per document, in their order.
+    Scores,
 }
 
 impl OutputKind {
@@ -47,6 +50,7 @@ impl OutputKind {
         match self {
             OutputKind::Dense => "dense",
             OutputKind::Sparse => "sparse",
+            OutputKind::Scores => "scores",
         }
     }
 
@@ -54,6 +58,7 @@ impl OutputKind {
         match text {
             "dense" => Some(OutputKind::Dense),
             "sparse" => Some(OutputKind::Sparse),
+            "scores" => Some(OutputKind::Scores),
             _ => None,
         }
     }
@@ -134,7 +139,8 @@ pub struct JobOptions {
     /// The per-dimension ranges of an `int8`/`uint8` job (present exactly for those dtypes), one
     /// per value of the vectors it asks for; the receipt records them with the rest.
     pub ranges: Option<crate::quantize::Ranges>,
-    /// Dense vectors, or sparse ones (f32 weights, unnormalised, the model's own dimensions).
+    /// Dense vectors, sparse ones (f32 weights, unnormalised, the model's own dimensions), or a
+    /// cross-encoder's scores (f32, one per document).
     pub output: OutputKind,
     /// A sparse job keeps each record's `top_k` largest weights (sentence-transformers'
     /// `max_active_dims`); `None`: every nonzero weight.
@@ -222,8 +228,8 @@ impl JobOptions {
             None => OutputKind::Dense,
             // Dense is the default and never written: one meaning, one encoding.
             Some(ciborium::Value::Text(kind)) => match OutputKind::parse(&kind) {
-                Some(OutputKind::Sparse) => OutputKind::Sparse,
-                _ => return Err(EnvelopeError::HeaderInvalid("output")),
+                Some(kind @ (OutputKind::Sparse | OutputKind::Scores)) => kind,
+                Some(OutputKind::Dense) | None => return Err(EnvelopeError::HeaderInvalid("output")),
             },
             Some(_) => return Err(EnvelopeError::HeaderInvalid("output")),
         };
@@ -239,6 +245,9 @@ impl JobOptions {
         };
         if output == OutputKind::Sparse && (dtype != OutputDtype::F32 || dimensions.is_some()) {
             return Err(EnvelopeError::HeaderInvalid("output: sparse weights are f32 at the model's own dimensions"));
+        }
+        if output == OutputKind::Scores && (dtype != OutputDtype::F32 || dimensions.is_some() || ranges.is_some()) {
+            return Err(EnvelopeError::HeaderInvalid("output: scores are f32, one per document"));
         }
         if top_k.is_some() && output != OutputKind::Sparse {
             return Err(EnvelopeError::HeaderInvalid("top_k: for sparse output only"));

@@ -3,10 +3,10 @@ use std::path::PathBuf;
 use super::super::read_settings as read_any;
 use super::*;
 
-/// The committed SPLADE checkpoint's directory (tests/testdata/sparse/splade), as
+/// The committed SPLADE checkpoint's directory (tests/testdata/outputs/splade), as
 /// sentence-transformers 6.2 saved it, copied so that a test can change one file.
 fn splade() -> tempfile::TempDir {
-    let from = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/sparse/splade"));
+    let from = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/outputs/splade"));
     let dir = tempfile::tempdir().unwrap();
     for entry in walk(&from) {
         let to = dir.path().join(entry.strip_prefix(&from).unwrap());

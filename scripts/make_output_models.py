@@ -8,14 +8,17 @@
            the MLM decoder tied to the word embeddings. Its prediction bias is shifted down so that
            about one vocabulary entry in ten is active per text, as in a trained SPLADE model.
 
-Written under tests/testdata/sparse/<name>/ (a whole model directory, as `model encrypt` reads it)
-with reference.json: the matrix's texts (make_test_models.TEXTS), their token counts and
+Written under tests/testdata/outputs/<name>/ (a whole model directory, as `model encrypt` reads it)
+with <name>-reference.json. splade: the matrix's texts (make_test_models.TEXTS), their token counts and
 SparseEncoder.encode()'s weights as (token id, weight) pairs, all of them and with
 max_active_dims=8. The generator refuses weights for which sum pooling instead of max, or the
-activation without log1p, would keep the weights within 1e-3 of the reference.
+activation without log1p, would keep the weights within 1e-3 of the reference. rerank: queries,
+each with the matrix's texts as its documents, CrossEncoder.predict()'s scores and rank()'s
+order, and the token count of every pair; it refuses weights for which scoring without the
+classification head's tanh, or the query alone, would keep the scores within 1e-3.
 
 Run by hand in the venv of make_test_models.py (the same pinned versions), never by setup or CI:
-  /tmp/stvenv/bin/python scripts/make_sparse_models.py
+  /tmp/stvenv/bin/python scripts/make_output_models.py [splade] [rerank]
 """
 
 import json
@@ -30,11 +33,11 @@ import make_test_models as matrix  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from sentence_transformers import SparseEncoder  # noqa: E402
+from sentence_transformers import CrossEncoder, SparseEncoder  # noqa: E402
 from sentence_transformers.base.modules import Transformer  # noqa: E402
 from sentence_transformers.sparse_encoder.modules import SpladePooling  # noqa: E402
 
-OUT = os.path.join(matrix.ROOT, "tests", "testdata", "sparse")
+OUT = os.path.join(matrix.ROOT, "tests", "testdata", "outputs")
 TOP_K = 8
 SPLADE_SIZES = dict(hidden_size=24, num_attention_heads=3, num_hidden_layers=3, intermediate_size=52,
                     max_position_embeddings=512, hidden_act="gelu")
@@ -104,10 +107,82 @@ def splade():
     print(f"splade: {full.shape[1]} dimensions, active per text {min(active)}..{max(active)}, wrong choices {wrong}")
 
 
+QUERIES = [
+    "What is the capital of France?",
+    "Какая столица у Франции?",
+    "history of the printing press",
+    "emoji 🚀",
+]
+
+
+def rerank():
+    tokenizer = os.path.join(matrix.ROOT, "tests", "testdata", "models", "xlm-roberta", "tokenizer.json")
+    staging = tempfile.mkdtemp()
+    torch.manual_seed(matrix.SEED)
+    generator = torch.Generator().manual_seed(matrix.SEED + 41)
+    vocab = json.load(open(tokenizer))["model"]["vocab"]
+    config = transformers.XLMRobertaConfig(vocab_size=len(vocab) + 1, type_vocab_size=1, num_labels=1, **matrix.ARCHS["xlm-roberta"])
+    model = transformers.XLMRobertaForSequenceClassification(config)
+    matrix.scale_weights(model, generator)
+    model.eval()
+    model.save_pretrained(staging, safe_serialization=True)
+    fast = transformers.XLMRobertaTokenizerFast(
+        tokenizer_file=tokenizer, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=512,
+    )
+    fast.save_pretrained(staging)
+    target = os.path.join(OUT, "rerank")
+    shutil.rmtree(target, ignore_errors=True)
+    CrossEncoder(staging, max_length=128).save(target)
+    os.remove(os.path.join(target, "README.md"))
+    ce = CrossEncoder(target)
+    assert ce.max_length == 128, ce.max_length
+
+    documents = [t for _, t in matrix.TEXTS]
+    cases = []
+    for query in QUERIES:
+        pairs = [(query, d) for d in documents]
+        scores = ce.predict(pairs, batch_size=4)
+        ranked = ce.rank(query, documents, batch_size=4)
+        tokens = [len(ce.tokenizer(query, d, truncation=True, max_length=128)["input_ids"]) for d in documents]
+        full = [len(ce.tokenizer(query, d)["input_ids"]) for d in documents]
+        cases.append({
+            "query": query,
+            "scores": [float(f"{x:.7g}") for x in scores],
+            "order": [r["corpus_id"] for r in ranked],
+            "tokens": tokens,
+            "truncated": [f > 128 for f in full],
+        })
+    assert any(any(c["truncated"]) for c in cases)
+    spread = max(max(c["scores"]) - min(c["scores"]) for c in cases)
+    assert spread > 0.2, f"scores too close to tell an order: {spread}"
+
+    # What a wrong head or a wrong pair would cost.
+    features = ce.tokenizer([QUERIES[0]] * len(documents), documents, truncation=True, max_length=128, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        body = ce.model.roberta(**features).last_hidden_state[:, 0]
+        head = ce.model.classifier
+        no_tanh = torch.sigmoid(head.out_proj(head.dense(body))).squeeze(-1).numpy()
+        alone = ce.tokenizer([QUERIES[0]] * len(documents), truncation=True, max_length=128, padding=True, return_tensors="pt")
+        query_only = torch.sigmoid(ce.model(**alone).logits).squeeze(-1).numpy()
+    reference = np.array(cases[0]["scores"])
+    wrong = {"no tanh": float(np.abs(no_tanh - reference).max()), "query alone": float(np.abs(query_only - reference).max())}
+    assert all(v > 1e-3 for v in wrong.values()), wrong
+    with open(os.path.join(OUT, "rerank-reference.json"), "w") as f:
+        json.dump({"documents": documents, "max_length": 128, "wrong_choices_max_difference": wrong, "queries": cases},
+                  f, ensure_ascii=False, indent=1)
+    shutil.rmtree(staging)
+    print(f"rerank: {len(QUERIES)} queries x {len(documents)} documents, score spread {spread:.3f}, wrong choices {wrong}")
+
+
 def main():
     matrix.check_versions()
     os.makedirs(OUT, exist_ok=True)
-    splade()
+    only = sys.argv[1:] or ["splade", "rerank"]
+    if "splade" in only:
+        splade()
+    if "rerank" in only:
+        rerank()
 
 
 if __name__ == "__main__":
