@@ -31,7 +31,7 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader};
 use std::path::Path;
 
-use protocol::records::{InputRecord, MAX_ID_LEN, MAX_TEXT_LEN};
+use protocol::records::{InputRecord, MAX_ID_LEN, MAX_RERANK_DOCUMENTS, MAX_TEXT_LEN, RerankInput};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -129,6 +129,9 @@ pub enum CorpusForm {
     Plain,
     /// OpenAI Batch request lines.
     OpenAi,
+    /// `{"id", "query", "documents"}`: a cross-encoder's input (one record per line, whose text
+    /// is the [`RerankInput`]).
+    Rerank,
 }
 
 impl CorpusForm {
@@ -136,6 +139,7 @@ impl CorpusForm {
         match self {
             CorpusForm::Plain => "plain",
             CorpusForm::OpenAi => "openai",
+            CorpusForm::Rerank => "rerank",
         }
     }
 }
@@ -161,11 +165,15 @@ pub struct CorpusOptions {
     pub dimensions: Option<u32>,
     /// Longest line read (bytes, without the newline); longer lines are `too_large`.
     pub max_line_len: usize,
+    /// `Some(true)`: the job scores documents (a cross-encoder), every line is a rerank line;
+    /// `Some(false)`: none is. `None` (a check before the model is known): as the first line's
+    /// shape says.
+    pub rerank: Option<bool>,
 }
 
 impl CorpusOptions {
     pub fn new(model_id: impl Into<String>) -> Self {
-        Self { model_id: model_id.into(), dimensions: None, max_line_len: DEFAULT_MAX_LINE_LEN }
+        Self { model_id: model_id.into(), dimensions: None, max_line_len: DEFAULT_MAX_LINE_LEN, rerank: None }
     }
 
     fn accepts_model(&self, name: &str) -> bool {
@@ -376,6 +384,16 @@ impl<R: BufRead> CorpusReader<R> {
         let Value::Object(object) = value else {
             return Err(self.error(None, LineErrorCode::InvalidJson, "the line is JSON but not an object"));
         };
+        let rerank = self.options.rerank.unwrap_or_else(|| match self.summary.form {
+            Some(form) => form == CorpusForm::Rerank,
+            None => object.contains_key("query") && object.contains_key("documents"),
+        });
+        if rerank {
+            let (id, records) = self.parse_rerank(&object)?;
+            self.take_id(&id)?;
+            self.summary.form = Some(CorpusForm::Rerank);
+            return Ok(records);
+        }
         let shape = shape_of(&object);
         if let (Some(form), Some(shape)) = (self.summary.form, shape)
             && form != shape
@@ -390,6 +408,7 @@ impl<R: BufRead> CorpusReader<R> {
         let (id, records) = match form {
             CorpusForm::Plain => self.parse_plain(&object)?,
             CorpusForm::OpenAi => self.parse_openai(&object)?,
+            CorpusForm::Rerank => unreachable!("rerank lines are read above"),
         };
         self.take_id(&id)?;
         self.summary.form = Some(form);
@@ -414,19 +433,7 @@ impl<R: BufRead> CorpusReader<R> {
     }
 
     fn parse_plain(&self, object: &Map<String, Value>) -> Result<(String, Vec<InputRecord>), LineError> {
-        let id = match object.get("id") {
-            None | Some(Value::Null) => {
-                return Err(self.error(None, LineErrorCode::MissingId, "the line has no \"id\""));
-            }
-            Some(value) => id_text(value)
-                .ok_or_else(|| self.error(None, LineErrorCode::MissingId, "\"id\" must be a string or an integer"))?,
-        };
-        if id.is_empty() {
-            return Err(self.error(None, LineErrorCode::MissingId, "\"id\" is empty"));
-        }
-        if id.len() > MAX_ID_LEN {
-            return Err(self.id_too_long(&id, MAX_ID_LEN));
-        }
+        let id = self.plain_id(object)?;
         let text = match object.get("text") {
             None | Some(Value::Null) => {
                 return Err(self.error(Some(&id), LineErrorCode::MissingText, "the line has no \"text\""));
@@ -445,6 +452,52 @@ impl<R: BufRead> CorpusReader<R> {
         }
         let record = InputRecord { id: id.clone(), text: text.as_bytes().to_vec() };
         Ok((id, vec![record]))
+    }
+
+    /// `{"id", "query", "documents": [ … ]}`: one record whose text is the [`RerankInput`].
+    fn parse_rerank(&self, object: &Map<String, Value>) -> Result<(String, Vec<InputRecord>), LineError> {
+        let id = self.plain_id(object)?;
+        let invalid = |message: String| self.error(Some(&id), LineErrorCode::InvalidText, message);
+        let query = match object.get("query") {
+            None | Some(Value::Null) => return Err(self.error(Some(&id), LineErrorCode::MissingText, "the line has no \"query\"")),
+            Some(Value::String(query)) => query.clone(),
+            Some(other) => return Err(invalid(format!("\"query\" must be a string, not {}", kind(other)))),
+        };
+        let documents: Vec<String> = match object.get("documents") {
+            None | Some(Value::Null) => return Err(self.error(Some(&id), LineErrorCode::MissingText, "the line has no \"documents\"")),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|d| d.as_str().map(str::to_owned))
+                .collect::<Option<_>>()
+                .ok_or_else(|| invalid("\"documents\" must be strings".into()))?,
+            Some(other) => return Err(invalid(format!("\"documents\" must be an array, not {}", kind(other)))),
+        };
+        if documents.is_empty() || documents.len() > MAX_RERANK_DOCUMENTS {
+            return Err(invalid(format!("{} documents: 1 to {MAX_RERANK_DOCUMENTS}", documents.len())));
+        }
+        let text = RerankInput { query, documents }.to_text();
+        if text.len() > MAX_TEXT_LEN {
+            return Err(self.too_large(&id, "the query and documents", text.len()));
+        }
+        Ok((id.clone(), vec![InputRecord { id, text }]))
+    }
+
+    /// A plain or rerank line's `"id"`: a string or an integer, 1..=[`MAX_ID_LEN`] bytes.
+    fn plain_id(&self, object: &Map<String, Value>) -> Result<String, LineError> {
+        let id = match object.get("id") {
+            None | Some(Value::Null) => {
+                return Err(self.error(None, LineErrorCode::MissingId, "the line has no \"id\""));
+            }
+            Some(value) => id_text(value)
+                .ok_or_else(|| self.error(None, LineErrorCode::MissingId, "\"id\" must be a string or an integer"))?,
+        };
+        if id.is_empty() {
+            return Err(self.error(None, LineErrorCode::MissingId, "\"id\" is empty"));
+        }
+        if id.len() > MAX_ID_LEN {
+            return Err(self.id_too_long(&id, MAX_ID_LEN));
+        }
+        Ok(id)
     }
 
     fn parse_openai(&self, object: &Map<String, Value>) -> Result<(String, Vec<InputRecord>), LineError> {

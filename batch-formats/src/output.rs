@@ -19,7 +19,8 @@
 //!
 //! * **jsonl** — `{"id": …, "embedding": [f32, …], "tokens": n}` per embedded record; a sparse
 //!   job's as `{"id": …, "sparse": {"<index>": weight, …}, "tokens": n}` (index: the token id of
-//!   a SPLADE model's vocabulary, ascending).
+//!   a SPLADE model's vocabulary, ascending); a rerank job's as `{"id": …, "scores": [f32, …],
+//!   "tokens": n}`, a score per document in the line's order, tokens those of every pair.
 //! * **openai** — OpenAI Batch output lines, one per request line (the records' ids are
 //!   [`openai_record_id`](crate::corpus::openai_record_id)s, regrouped by custom_id):
 //!   `{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id": "req_…",
@@ -51,7 +52,7 @@ use std::fs::File;
 use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use protocol::envelope::{JobId, OutputDtype};
+use protocol::envelope::{JobId, OutputDtype, OutputKind};
 use protocol::records::{ErrorCode, OutputRecord, SparseVector, Vector};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -100,8 +101,8 @@ pub enum OutputError {
     Dimensions { id: String, expected: usize, found: usize },
     #[error("record {id:?} is {found}, the records before it {expected}")]
     Dtype { id: String, expected: &'static str, found: &'static str },
-    #[error("record {id:?} is a sparse vector: the {format} format writes dense ones (sparse output: jsonl)")]
-    SparseIn { id: String, format: &'static str },
+    #[error("record {id:?} holds {kind} output: the {format} format writes dense vectors ({kind} output: jsonl)")]
+    KindIn { id: String, kind: &'static str, format: &'static str },
     #[error("record id {id:?} is not <custom_id>#<index>: the openai format needs a corpus of OpenAI request lines")]
     NotOpenAiId { id: String },
     #[error("the strings of request {custom_id:?} arrive out of order: expected index {expected}, got {found}")]
@@ -147,8 +148,10 @@ pub struct OutputOptions {
     /// Whose results these are; seeds the OpenAI `batch_req_`/`req_` ids.
     pub results_of: ResultsOf,
     /// The model's dimensions, if known; otherwise the first vector sets them. Every vector
-    /// must have them.
+    /// must have them (but scores: one per document of each record).
     pub dimensions: Option<usize>,
+    /// What the records hold: vectors, sparse weights or a cross-encoder's scores.
+    pub kind: OutputKind,
 }
 
 /// Whose results a writer writes.
@@ -378,6 +381,7 @@ impl OutputWriter {
                 }
                 let values = Values::of(vector);
                 match self.summary.dimensions {
+                    _ if self.options.kind == OutputKind::Scores => {}
                     Some(expected) if expected != values.len() => {
                         return Err(OutputError::Dimensions { id: id.clone(), expected, found: values.len() });
                     }
@@ -391,15 +395,23 @@ impl OutputWriter {
             }
         };
         let id = record.id();
-        if let Some((_, Values::Sparse(_))) = &vector
+        if let Some((_, values)) = &vector
             && self.options.format != OutputFormat::Jsonl
         {
-            return Err(OutputError::SparseIn { id: id.to_owned(), format: self.options.format.as_str() });
+            let kind = if matches!(values, Values::Sparse(_)) { OutputKind::Sparse } else { self.options.kind };
+            if kind != OutputKind::Dense {
+                return Err(OutputError::KindIn { id: id.to_owned(), kind: kind.as_str(), format: self.options.format.as_str() });
+            }
         }
+        let scores = self.options.kind == OutputKind::Scores;
         match self.sink.as_mut().expect("sink open until finish") {
             Sink::Jsonl(out) => match vector {
                 Some((tokens, Values::Sparse(sparse))) => {
                     out.write_json(&SparseLine { id, sparse: SparseWeights(sparse), tokens })?;
+                    self.summary.records += 1;
+                }
+                Some((tokens, values)) if scores => {
+                    out.write_json(&ScoresLine { id, scores: &values, tokens })?;
                     self.summary.records += 1;
                 }
                 Some((tokens, values)) => {
@@ -683,6 +695,13 @@ fn npy_header_of(descr: &str, rows: u64, columns: usize) -> [u8; NPY_HEADER_LEN]
 struct JsonlLine<'a> {
     id: &'a str,
     embedding: &'a Values<'a>,
+    tokens: u32,
+}
+
+#[derive(Serialize)]
+struct ScoresLine<'a> {
+    id: &'a str,
+    scores: &'a Values<'a>,
     tokens: u32,
 }
 

@@ -17,7 +17,7 @@ use clap::{Args, Subcommand};
 use cloud::bulk::{Manifest, ManifestStatus};
 use cloud::messages::JobState;
 use cloud::{layout, ExecutionStatus, ObjectError, Services};
-use protocol::envelope::{JobId, ResultSecretKey};
+use protocol::envelope::{JobId, OutputKind, ResultSecretKey};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -391,7 +391,7 @@ pub fn results(
     }
     // The OpenAI ids derive from the bulk id, as a job's from its job id.
     let options =
-        OutputOptions { format: format.output(), model_id: first.model_id.clone(), results_of: ResultsOf::Bulk(bulk_id.to_owned()), dimensions: Some(results::dimensions(services, trust, &first)?) };
+        OutputOptions { format: format.output(), model_id: first.model_id.clone(), results_of: ResultsOf::Bulk(bulk_id.to_owned()), dimensions: Some(results::dimensions(services, trust, &first)?).filter(|_| results::output_kind(&first) != OutputKind::Scores), kind: results::output_kind(&first) };
     let mut writer = OutputWriter::create(&output, options)?;
     let mut appended = Vec::new();
     for (index, done) in committed.iter().enumerate() {

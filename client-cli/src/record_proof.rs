@@ -49,7 +49,10 @@ pub fn prove_record(
 
     let input_file = input.map_or_else(|| std::path::PathBuf::from(&state.input_file), std::path::Path::to_path_buf);
     let input = std::fs::File::open(&input_file).with_context(|| format!("the job's input file {} (--input names another copy)", input_file.display()))?;
-    let mut corpus = CorpusReader::new(std::io::BufReader::new(input), CorpusOptions::new(state.model_id.clone()));
+    // The records as sealing read them: a cross-encoder's lines are rerank lines.
+    let mut options = CorpusOptions::new(state.model_id.clone());
+    options.rerank = Some(crate::results::output_kind(&state) == protocol::envelope::OutputKind::Scores);
+    let mut corpus = CorpusReader::new(std::io::BufReader::new(input), options);
     let mut pending = std::collections::VecDeque::new();
     let inputs: Inputs<'_> = Box::new(std::iter::from_fn(move || loop {
         if let Some(record) = pending.pop_front() {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use cloud::{layout, ObjectError, Services};
-use protocol::envelope::{JobId, ResultSecretKey};
+use protocol::envelope::{JobId, OutputKind, ResultSecretKey};
 use protocol::manifest::SignedManifest;
 
 use crate::corpus::LineError;
@@ -108,14 +108,21 @@ pub fn run(
     let state = files.load()?;
     let format = format.unwrap_or_else(|| default_format(&state));
     let output = output.map(Path::to_path_buf).unwrap_or_else(|| default_output(&state, format));
-    let dimensions = Some(dimensions(services, trust, &state)?);
-    let mut writer =
-        OutputWriter::create(&output, OutputOptions { format: format.output(), model_id: state.model_id.clone(), results_of: ResultsOf::Job(*job), dimensions })?;
+    let kind = output_kind(&state);
+    // Scores have one value per document of each record, not one length.
+    let dimensions = Some(dimensions(services, trust, &state)?).filter(|_| kind != OutputKind::Scores);
+    let options = OutputOptions { format: format.output(), model_id: state.model_id.clone(), results_of: ResultsOf::Job(*job), dimensions, kind };
+    let mut writer = OutputWriter::create(&output, options)?;
     let appended = append_job(home, services, trust, key, job, &mut writer)?;
     let paths = writer.paths().clone();
     let summary = writer.finish()?;
     let verification = appended.save(home)?;
     Ok(Written { summary, output: paths.output, errors: paths.errors, verification })
+}
+
+/// What a job's records hold, as the client sealed it.
+pub fn output_kind(state: &ClientJob) -> OutputKind {
+    state.output.as_deref().and_then(OutputKind::parse).unwrap_or_default()
 }
 
 /// The vectors' length: the Matryoshka length the job asked for, else the model's dimensions

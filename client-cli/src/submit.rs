@@ -88,8 +88,9 @@ pub struct SubmitArgs {
     /// vectors).
     #[arg(long, value_name = "NPY")]
     pub ranges: Option<PathBuf>,
-    /// What the records carry: `dense` vectors, or `sparse` ones (the nonzero weights of a SPLADE
-    /// model, by token id; never normalised). Default: what the model gives, which the signed
+    /// What the records carry: `dense` vectors, `sparse` ones (the nonzero weights of a SPLADE
+    /// model, by token id; never normalised) or `scores` (a cross-encoder's, one per document of
+    /// each `{"id", "query", "documents"}` line). Default: what the model gives, which the signed
     /// manifest says (its pooling); another kind is refused.
     #[arg(long, value_name = "KIND", value_parser = parse_output_kind)]
     pub output_kind: Option<OutputKind>,
@@ -204,14 +205,16 @@ impl Sealing {
         let dtype = args.dtype.unwrap_or(if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 });
         let ranges = crate::ranges::for_job(dtype, args.ranges.as_deref(), dimensions.unwrap_or(model.manifest.dimensions))?;
         let (output, top_k) = output_kind(&model.manifest, args.output_kind, args.top_k)?;
-        if output == OutputKind::Sparse && matches!(args.format, Some(crate::results::Format::Npy | crate::results::Format::Openai)) {
-            bail!("--format: sparse output is written as jsonl ({{\"id\", \"sparse\": {{token id: weight}}, \"tokens\"}})");
+        if output != OutputKind::Dense && matches!(args.format, Some(crate::results::Format::Npy | crate::results::Format::Openai)) {
+            bail!("--format: {} output is written as jsonl (docs/models.md)", output.as_str());
         }
         let mut corpus_options = CorpusOptions::new(args.model.clone());
         corpus_options.dimensions = Some(dimensions.unwrap_or(model.manifest.dimensions));
+        // A cross-encoder's lines are {"id", "query", "documents"}.
+        corpus_options.rerank = Some(output == OutputKind::Scores);
         let options = JobOptions {
             truncate: !args.no_truncate,
-            // SPLADE weights are unnormalised: sentence-transformers' SparseEncoder has no Normalize.
+            // SPLADE weights and cross-encoder scores are never normalised (no Normalize module).
             normalize: !args.no_normalize && output == OutputKind::Dense,
             dtype,
             precision: match args.precision {
@@ -285,7 +288,7 @@ impl Sealing {
 /// before anything is sealed: a prompt it names (by default its default prompt; `none`: no
 /// prompt), a length it offers (its own asks for nothing).
 fn parse_output_kind(text: &str) -> Result<OutputKind, String> {
-    OutputKind::parse(text).ok_or_else(|| format!("{text:?}: dense or sparse"))
+    OutputKind::parse(text).ok_or_else(|| format!("{text:?}: dense, sparse or scores"))
 }
 
 /// The output kind a job asks for: the model's (its signed pooling says which it gives); another

@@ -206,7 +206,8 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
         ) + &options.ranges.as_ref().map(|r| format!(" ranges={}", &crate::ranges::sha256_hex(r)[..16])).unwrap_or_default()
             + &match (options.output, options.top_k) {
                 (protocol::envelope::OutputKind::Dense, _) => String::new(),
-                (kind, top_k) => format!(" output={} top_k={}", kind.as_str(), top_k.map_or("all".to_owned(), |k| k.to_string())),
+                (protocol::envelope::OutputKind::Sparse, top_k) => format!(" output=sparse top_k={}", top_k.map_or("all".to_owned(), |k| k.to_string())),
+                (kind, _) => format!(" output={}", kind.as_str()),
             }
             + &receipt.compute.as_ref().map(compute_detail).unwrap_or_default(),
     );

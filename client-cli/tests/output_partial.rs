@@ -8,7 +8,7 @@ use ephem_batch_client::output::{OutputFormat, OutputOptions, OutputWriter, Resu
 use protocol::records::{OutputRecord, Vector};
 
 fn write_one(out: &Path) -> Result<(), ephem_batch_client::output::OutputError> {
-    let options = OutputOptions { format: OutputFormat::Jsonl, model_id: "m".into(), results_of: ResultsOf::Job(protocol::envelope::JobId([0xab; 16])), dimensions: None };
+    let options = OutputOptions { format: OutputFormat::Jsonl, model_id: "m".into(), results_of: ResultsOf::Job(protocol::envelope::JobId([0xab; 16])), dimensions: None, kind: Default::default() };
     let mut writer = OutputWriter::create(out, options)?;
     writer.record(&OutputRecord::Embedding { id: "a".into(), tokens: 2, vector: Vector::F32(vec![0.6, 0.8]) })?;
     writer.finish().map(drop)

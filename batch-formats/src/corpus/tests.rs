@@ -265,3 +265,32 @@ fn line_errors_serialise_with_stable_codes() {
         assert_eq!(serde_json::to_value(code).unwrap(), Value::String(code.as_str().into()));
     }
 }
+
+#[test]
+fn rerank_lines_become_one_record_each_and_bad_ones_fail_alone() {
+    let input = br#"{"id": "a", "query": "capital?", "documents": ["Paris", "Berlin"]}
+{"id": "b", "query": "q", "documents": "Paris"}
+{"id": "c", "query": "q", "documents": []}
+{"id": "d", "documents": ["x"]}
+{"id": "e", "query": "q", "documents": ["x", 3]}
+{"id": "a", "query": "q", "documents": ["x"]}
+"#;
+    let strict = CorpusOptions { rerank: Some(true), ..CorpusOptions::new(MODEL) };
+    let (items, summary) = read_with(input, strict);
+    assert_eq!(summary.form, Some(CorpusForm::Rerank));
+    assert_eq!(record_ids(&items), ["a"]);
+    let CorpusItem::Records { records, .. } = &items[0] else { panic!() };
+    assert_eq!(RerankInput::parse(&records[0].text).unwrap(), RerankInput { query: "capital?".into(), documents: vec!["Paris".into(), "Berlin".into()] });
+    assert_eq!(
+        errors(&items),
+        [(2, Some("b"), "invalid_text"), (3, Some("c"), "invalid_text"), (4, Some("d"), "missing_text"), (5, Some("e"), "invalid_text"), (6, Some("a"), "duplicate_id")]
+    );
+    // Before the model is known the first line's shape decides; a dense job reads them as
+    // lines without a text, never as texts.
+    assert_eq!(record_ids(&read_all(input).0), ["a"]);
+    let (items, _) = read_with(input, CorpusOptions { rerank: Some(false), ..CorpusOptions::new(MODEL) });
+    assert!(record_ids(&items).is_empty() && errors(&items).iter().all(|e| e.2 == "missing_text" || e.2 == "duplicate_id"), "{:?}", errors(&items));
+    // A cross-encoder's job reads a plain line as one without a query.
+    let (items, _) = read_with(br#"{"id": "p", "text": "plain"}"#, CorpusOptions { rerank: Some(true), ..CorpusOptions::new(MODEL) });
+    assert_eq!(errors(&items), [(1, Some("p"), "missing_text")]);
+}

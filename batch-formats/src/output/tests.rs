@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 const MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
 
 fn options(format: OutputFormat) -> OutputOptions {
-    OutputOptions { format, model_id: MODEL.into(), results_of: ResultsOf::Job(protocol::envelope::JobId([0xab; 16])), dimensions: None }
+    OutputOptions { format, model_id: MODEL.into(), results_of: ResultsOf::Job(protocol::envelope::JobId([0xab; 16])), dimensions: None, kind: Default::default() }
 }
 
 fn embedding(id: &str, tokens: u32, values: &[f32]) -> OutputRecord {

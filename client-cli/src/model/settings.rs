@@ -98,6 +98,9 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     if sparse::is_sparse_encoder(dir)? {
         return sparse::read_settings(dir);
     }
+    if rerank::is_cross_encoder(dir)? {
+        return rerank::read_settings(dir);
+    }
     let config_path = dir.join("config.json");
     let config = read_json(&config_path)?.ok_or_else(|| ModelError::MissingFile { dir: dir.to_owned(), name: "config.json" })?;
     let dimensions = positive_field(&config_path, &config, "hidden_size")?
@@ -315,6 +318,7 @@ fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), 
     Ok((prompts, default_prompt))
 }
 
+mod rerank;
 mod sparse;
 #[cfg(test)]
 mod tests;

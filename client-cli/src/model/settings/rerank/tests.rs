@@ -1,0 +1,63 @@
+use std::path::PathBuf;
+
+use super::super::read_settings as read_any;
+use super::*;
+
+/// The committed cross-encoder's directory (tests/testdata/outputs/rerank), as
+/// sentence-transformers 6.2 saved it, copied so that a test can change one file.
+fn rerank() -> tempfile::TempDir {
+    let from = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/outputs/rerank"));
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+fn edit(dir: &Path, name: &str, change: impl FnOnce(&mut Value)) {
+    let path = dir.join(name);
+    let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    change(&mut json);
+    std::fs::write(path, serde_json::to_vec(&json).unwrap()).unwrap();
+}
+
+fn refused_field(dir: &Path) -> &'static str {
+    match read_any(dir) {
+        Err(ModelError::Unsupported { field, .. }) => field,
+        other => panic!("expected a refusal by field, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_cross_encoder_reads_as_rerank_in_each_form() {
+    let dir = rerank();
+    let settings = read_any(dir.path()).unwrap();
+    assert_eq!((settings.pooling, settings.dimensions, settings.max_tokens, settings.normalize), (Pooling::Rerank { sigmoid: true }, 36, 128, false));
+    // 4.x–5.x: the activation in config.json; Identity gives the logit.
+    for name in ["config_sentence_transformers.json", "sentence_bert_config.json", "modules.json"] {
+        std::fs::remove_file(dir.path().join(name)).unwrap();
+    }
+    edit(dir.path(), "config.json", |c| c["sentence_transformers"] = serde_json::json!({"activation_fn": IDENTITY}));
+    assert_eq!(read_any(dir.path()).unwrap().pooling, Pooling::Rerank { sigmoid: false });
+    // A plain sequence-classification checkpoint (bge-reranker-v2-m3's layout): Sigmoid.
+    edit(dir.path(), "config.json", |c| {
+        c.as_object_mut().unwrap().remove("sentence_transformers");
+    });
+    assert_eq!(read_any(dir.path()).unwrap().pooling, Pooling::Rerank { sigmoid: true });
+}
+
+#[test]
+fn what_the_engine_does_not_compute_is_refused_by_field() {
+    let cases: [(&str, &str, fn(&mut Value), &str); 4] = [
+        ("config.json", "two labels", |c| c["id2label"] = serde_json::json!({"0": "no", "1": "yes"}), "id2label"),
+        ("config.json", "a BERT cross-encoder", |c| c["model_type"] = "bert".into(), "model_type"),
+        ("config_sentence_transformers.json", "another activation", |c| c["activation_fn"] = "torch.nn.modules.activation.Tanh".into(), "activation_fn"),
+        ("modules.json", "a pooling module", |m| m.as_array_mut().unwrap().push(serde_json::json!({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})), "type"),
+    ];
+    for (file, what, change, field) in cases {
+        let dir = rerank();
+        edit(dir.path(), file, change);
+        assert_eq!(refused_field(dir.path()), field, "{what}");
+    }
+}
