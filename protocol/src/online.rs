@@ -24,6 +24,9 @@ use serde_json::{json, Value};
 use crate::envelope::{valid_model_id, Precision};
 
 pub const EMBEDDINGS_PATH: &str = "/v1/embeddings";
+/// Reranking by a cross-encoder, in the request and response shape the rerank APIs share
+/// (`query`, `documents`, `top_n` → `results` of `index` and `relevance_score`).
+pub const RERANK_PATH: &str = "/v1/rerank";
 pub const SENT_HEADER: &str = "ephem-sent-ms";
 pub const CLIENT_SECRET_HEADER: &str = "ephem-client-secret";
 /// The header that once carried a bare label; refused, so an old client is never silently
@@ -95,6 +98,43 @@ pub struct EmbeddingsCall {
     pub truncate: bool,
 }
 
+/// A rerank request: score each document against the query with a cross-encoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RerankCall {
+    pub model: String,
+    pub query: String,
+    pub documents: Vec<String>,
+    /// Answer the `top_n` best (all when absent).
+    pub top_n: Option<usize>,
+    pub precision: Precision,
+    /// Cut an over-long (query, document) pair longest-first: true by default, as
+    /// sentence-transformers' `CrossEncoder` and the rerank APIs do (false: such a pair is an error).
+    pub truncate: bool,
+}
+
+/// What a request asks the enclave to compute.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Call {
+    Embeddings(EmbeddingsCall),
+    Rerank(RerankCall),
+}
+
+impl Call {
+    pub fn model(&self) -> &str {
+        match self {
+            Call::Embeddings(call) => &call.model,
+            Call::Rerank(call) => &call.model,
+        }
+    }
+
+    pub fn precision(&self) -> Precision {
+        match self {
+            Call::Embeddings(call) => call.precision,
+            Call::Rerank(call) => call.precision,
+        }
+    }
+}
+
 /// An opened request: its routing headers and the call, or the error to answer with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OnlineRequest {
@@ -102,7 +142,7 @@ pub struct OnlineRequest {
     pub client: ClientLabel,
     /// The manifest hash the client expects, if it named one.
     pub manifest: Option<[u8; 32]>,
-    pub call: Result<EmbeddingsCall, ApiError>,
+    pub call: Result<Call, ApiError>,
 }
 
 /// Why an opened request is not a request at all: no answer can be meaningful, so the gateway
@@ -246,9 +286,10 @@ pub fn decode_request(bytes: &[u8]) -> Result<OnlineRequest, RequestFormError> {
     };
     let control = message.control();
     let call = match (control.method(), control.path()) {
-        (Some(b"POST"), Some(path)) if path == EMBEDDINGS_PATH.as_bytes() => parse_call(message.content()),
+        (Some(b"POST"), Some(path)) if path == EMBEDDINGS_PATH.as_bytes() => parse_call(message.content()).map(Call::Embeddings),
+        (Some(b"POST"), Some(path)) if path == RERANK_PATH.as_bytes() => parse_rerank(message.content()).map(Call::Rerank),
         (method, path) => Err(ApiError::not_found(format!(
-            "{} {} is not served; the enclave serves POST {EMBEDDINGS_PATH}",
+            "{} {} is not served; the enclave serves POST {EMBEDDINGS_PATH} and POST {RERANK_PATH}",
             String::from_utf8_lossy(method.unwrap_or_default()),
             String::from_utf8_lossy(path.unwrap_or_default()),
         ))),
@@ -328,6 +369,88 @@ fn parse_call(body: &[u8]) -> Result<EmbeddingsCall, ApiError> {
         precision,
         truncate: raw.truncate.unwrap_or(false),
     })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRerank {
+    model: String,
+    query: String,
+    documents: Vec<Value>,
+    #[serde(default)]
+    top_n: Option<u64>,
+    #[serde(default)]
+    return_documents: Option<bool>,
+    #[serde(default)]
+    precision: Option<String>,
+    #[serde(default)]
+    truncate: Option<bool>,
+}
+
+fn parse_rerank(body: &[u8]) -> Result<RerankCall, ApiError> {
+    if body.len() > MAX_BODY {
+        return Err(ApiError::invalid("documents", "request_too_large", format!("the body is {} bytes; at most {MAX_BODY}", body.len())));
+    }
+    let raw: RawRerank = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid("documents", "invalid_json", format!("the body is not a rerank request: {e}")))?;
+    if !valid_model_id(&raw.model) {
+        return Err(ApiError::invalid("model", "invalid_model", "model is not a model id"));
+    }
+    // Documents as strings, or as `{"text": …}` objects (as some rerank APIs accept them).
+    let documents: Vec<String> = raw
+        .documents
+        .into_iter()
+        .map(|d| match d {
+            Value::String(text) => Some(text),
+            Value::Object(mut object) if object.len() == 1 => match object.remove("text") {
+                Some(Value::String(text)) => Some(text),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect::<Option<_>>()
+        .ok_or_else(|| ApiError::invalid("documents", "invalid_documents", "documents must be strings or {\"text\": string} objects"))?;
+    if documents.is_empty() || documents.len() > crate::records::MAX_RERANK_DOCUMENTS {
+        let message = format!("{} documents; 1 to {} per request", documents.len(), crate::records::MAX_RERANK_DOCUMENTS);
+        return Err(ApiError::invalid("documents", "invalid_documents", message));
+    }
+    if raw.return_documents == Some(true) {
+        return Err(ApiError::invalid("return_documents", "unsupported_return_documents", "the documents are not sent back: the client holds them, and which ones rank first stays inside the answer's scores"));
+    }
+    let top_n = match raw.top_n {
+        None => None,
+        Some(0) => return Err(ApiError::invalid("top_n", "invalid_top_n", "top_n must be at least 1")),
+        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX).min(documents.len())),
+    };
+    let precision = match raw.precision.as_deref() {
+        None => Precision::Fp32,
+        Some(name) => Precision::parse(name)
+            .ok_or_else(|| ApiError::invalid("precision", "invalid_precision", format!("{name:?} is not fp32, bf16 or int8")))?,
+    };
+    Ok(RerankCall { model: raw.model, query: raw.query, documents, top_n, precision, truncate: raw.truncate.unwrap_or(true) })
+}
+
+/// The JSON body of a rerank answer: the `top_n` best documents by descending score (of equal
+/// scores the earlier document first), each with its index and score. Scores and indices are
+/// written at a fixed width, so the body's length depends on the number of results only, not on
+/// which documents they are.
+pub fn rerank_body(model: &str, scores: &[f32], top_n: Option<usize>, tokens: u64) -> Vec<u8> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    order.truncate(top_n.unwrap_or(scores.len()));
+    let width = scores.len().saturating_sub(1).to_string().len();
+    let mut out = String::from(r#"{"object":"list","results":["#);
+    for (rank, &index) in order.iter().enumerate() {
+        if rank > 0 {
+            out.push(',');
+        }
+        out.push_str(&format!(r#"{{"index":{index:>width$},"relevance_score":"#));
+        fixed_width(scores[index], &mut out);
+        out.push('}');
+    }
+    let model = Value::from(model).to_string();
+    out.push_str(&format!(r#"],"model":{model},"usage":{{"prompt_tokens":{tokens},"total_tokens":{tokens}}}}}"#));
+    out.into_bytes()
 }
 
 /// The JSON body of a successful answer. Float vectors are written with every number the same

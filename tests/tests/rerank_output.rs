@@ -5,11 +5,16 @@
 //! within 1e-4 and in `rank()`'s order, its tokens those of its pairs; the receipt states the
 //! output kind and a client whose record of it differs fails `options`; one record proven alone;
 //! a bad line fails alone; what the model does not give is refused at submit naming the flag.
+//! Online, `serve`'s `POST /v1/rerank` answers a plain HTTP client in the shape the rerank APIs
+//! share (`query`, `documents`, `top_n` → `results` of `index` and `relevance_score`), with the
+//! same scores, and its usage reaches `ledger query --online`.
 
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
-use tests::{Stack, json_lines};
+use tests::{Serve, Stack, http_exchange, json_lines, wait_until};
 
 const MODEL: &str = "test/rerank";
 const SCORE_TOLERANCE: f64 = 1e-4;
@@ -103,4 +108,50 @@ fn rerank_jobs_score_as_cross_encoder_and_are_receipted() {
         let stderr = String::from_utf8_lossy(&refused.stderr);
         assert!(!refused.status.success() && stderr.contains(named), "{named}: {stderr}");
     }
+
+    // Online through serve: a plain HTTP client, the shared rerank shape.
+    let proxy = Serve::start(&stack, &[]);
+    let case = &queries[0];
+    let request = json!({"model": MODEL, "query": case["query"], "documents": reference["documents"], "top_n": 5});
+    let post = |request: &Value| {
+        let (status, body) = http_exchange(proxy.port, "POST", "/v1/rerank", "application/json", request.to_string().as_bytes());
+        (status, serde_json::from_slice::<Value>(&body).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&body))))
+    };
+    let mut answer = Value::Null;
+    wait_until("the enclave to load the onboarded cross-encoder", Duration::from_secs(90), || {
+        let (status, body) = post(&request);
+        if status != 200 && status != 404 {
+            panic!("{status}: {body}");
+        }
+        answer = body;
+        status == 200
+    });
+    let results = answer["results"].as_array().unwrap_or_else(|| panic!("{answer}"));
+    let want: Vec<u64> = case["order"].as_array().unwrap().iter().take(5).map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(results.iter().map(|r| r["index"].as_u64().unwrap()).collect::<Vec<_>>(), want, "{answer}");
+    let expected = floats(&case["scores"]);
+    for r in results {
+        let score = r["relevance_score"].as_f64().unwrap();
+        assert!((score - expected[r["index"].as_u64().unwrap() as usize]).abs() <= SCORE_TOLERANCE, "{r}");
+    }
+    let tokens: u64 = case["tokens"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).sum();
+    assert_eq!(answer["usage"]["total_tokens"].as_u64(), Some(tokens), "{answer}");
+    // Refusals in OpenAI's error shape, by field: an embedding request to a cross-encoder, a
+    // rerank request to an embedding model, documents sent back.
+    let (status, body) = http_exchange(proxy.port, "POST", "/v1/embeddings", "application/json", json!({"input": "x", "model": MODEL}).to_string().as_bytes());
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!((status, body["error"]["code"].clone()), (400, json!("unsupported_output")), "{body}");
+    let (status, body) = post(&json!({"model": "sentence-transformers/all-MiniLM-L6-v2", "query": "q", "documents": ["d"]}));
+    assert!(status >= 400 && body["error"]["code"].is_string(), "{status} {body}");
+    let (status, body) = post(&json!({"model": MODEL, "query": "q", "documents": ["d"], "return_documents": true}));
+    assert_eq!((status, body["error"]["param"].clone()), (400, json!("return_documents")), "{body}");
+
+    // The enclave's usage receipt for the rerank requests reaches the ledger: one input per document.
+    let mut usage = Vec::new();
+    wait_until("usage receipts of the rerank requests in the ledger", Duration::from_secs(60), || {
+        usage = tests::json(&stack.ok(&["ledger", "query", "--online", "--json"])).as_array().unwrap().clone();
+        usage.iter().any(|r| r["model_id"] == MODEL && r["tokens"].as_u64() >= Some(tokens))
+    });
+    let row = usage.iter().find(|r| r["model_id"] == MODEL).unwrap();
+    assert_ne!(row["verdict"], "invalid", "{row}");
 }

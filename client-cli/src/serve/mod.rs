@@ -144,13 +144,7 @@ impl OnlineClient {
         if let Some(prompt) = &shape.prompt_name {
             request["prompt_name"] = prompt.as_str().into();
         }
-        let body = request.to_string();
-        let (status, answer) = self.runtime.block_on(proxy::forward(&self.proxy, body.into()));
-        let answer: serde_json::Value = serde_json::from_slice(&answer).context("the answer is not JSON")?;
-        if !status.is_success() {
-            let field = |name: &str| answer["error"][name].as_str().unwrap_or_default().to_owned();
-            return Err(OnlineError { status: status.as_u16(), kind: field("type"), code: field("code"), message: field("message") }.into());
-        }
+        let answer = self.call(protocol::online::EMBEDDINGS_PATH, request)?;
         let data = answer["data"].as_array().ok_or_else(|| anyhow!("the answer has no data"))?;
         data.iter()
             .map(|item| {
@@ -158,5 +152,34 @@ impl OnlineClient {
                 values.iter().map(|x| x.as_f64().map(|x| x as f32).ok_or_else(|| anyhow!("a vector value is not a number"))).collect()
             })
             .collect()
+    }
+
+    /// A cross-encoder's `(document index, relevance score)` for the `top_n` best of `documents`
+    /// (all when `None`), best first.
+    pub fn rerank(&self, model: &str, query: &str, documents: &[String], top_n: Option<usize>) -> anyhow::Result<Vec<(usize, f32)>> {
+        let mut request = serde_json::json!({"model": model, "query": query, "documents": documents});
+        if let Some(top_n) = top_n {
+            request["top_n"] = top_n.into();
+        }
+        let answer = self.call(protocol::online::RERANK_PATH, request)?;
+        let results = answer["results"].as_array().ok_or_else(|| anyhow!("the answer has no results"))?;
+        results
+            .iter()
+            .map(|r| match (r["index"].as_u64(), r["relevance_score"].as_f64()) {
+                (Some(index), Some(score)) => Ok((index as usize, score as f32)),
+                _ => Err(anyhow!("a result lacks its index or score")),
+            })
+            .collect()
+    }
+
+    /// One request through the enclave; its JSON answer, or an [`OnlineError`].
+    fn call(&self, path: &'static str, request: serde_json::Value) -> anyhow::Result<serde_json::Value> {
+        let (status, answer) = self.runtime.block_on(proxy::forward(&self.proxy, path, request.to_string().into()));
+        let answer: serde_json::Value = serde_json::from_slice(&answer).context("the answer is not JSON")?;
+        if !status.is_success() {
+            let field = |name: &str| answer["error"][name].as_str().unwrap_or_default().to_owned();
+            return Err(OnlineError { status: status.as_u16(), kind: field("type"), code: field("code"), message: field("message") }.into());
+        }
+        Ok(answer)
     }
 }

@@ -12,7 +12,7 @@ use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use protocol::ohttp;
-use protocol::online::{self, ApiError, RequestHeaders, EMBEDDINGS_PATH, MAX_BODY};
+use protocol::online::{self, ApiError, RequestHeaders, EMBEDDINGS_PATH, MAX_BODY, RERANK_PATH};
 
 use super::access::Access;
 use super::{Proxy, Relayed, Target};
@@ -44,24 +44,25 @@ async fn handle(proxy: Arc<Proxy>, access: Arc<Access>, request: Request<Incomin
         return Ok(answer);
     }
     Ok(match (request.method(), request.uri().path()) {
-        (&Method::POST, EMBEDDINGS_PATH) => embeddings(proxy, request).await,
+        (&Method::POST, EMBEDDINGS_PATH) => call(proxy, EMBEDDINGS_PATH, request).await,
+        (&Method::POST, RERANK_PATH) => call(proxy, RERANK_PATH, request).await,
         (&Method::GET, "/v1/models") => models(proxy).await,
-        _ => error(&ApiError::not_found("this proxy serves POST /v1/embeddings and GET /v1/models")),
+        _ => error(&ApiError::not_found("this proxy serves POST /v1/embeddings, POST /v1/rerank and GET /v1/models")),
     })
 }
 
-async fn embeddings(proxy: Arc<Proxy>, request: Request<Incoming>) -> Answer {
+async fn call(proxy: Arc<Proxy>, path: &'static str, request: Request<Incoming>) -> Answer {
     let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
         Ok(body) => body.to_bytes(),
         Err(_) => return error(&ApiError { status: 413, ..ApiError::invalid("input", "request_too_large", format!("the body exceeds {MAX_BODY} bytes")) }),
     };
-    let (status, body) = forward(&proxy, body).await;
+    let (status, body) = forward(&proxy, path, body).await;
     json(status, body)
 }
 
-/// One OpenAI embeddings request body through the verified enclave: the answer's status and
-/// JSON body, or an OpenAI-shaped error of the proxy's own.
-pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
+/// One request body for `path` (OpenAI's embeddings, or a rerank request) through the verified
+/// enclave: the answer's status and JSON body, or an OpenAI-shaped error of the proxy's own.
+pub async fn forward(proxy: &Arc<Proxy>, path: &'static str, body: Bytes) -> (StatusCode, Vec<u8>) {
     // The model is read here only to pin its manifest; the enclave reads the request itself.
     let model = serde_json::from_slice::<serde_json::Value>(&body).ok().and_then(|v| v["model"].as_str().map(str::to_owned));
     let Some(model) = model else {
@@ -96,7 +97,7 @@ pub async fn forward(proxy: &Arc<Proxy>, body: Bytes) -> (StatusCode, Vec<u8>) {
     // and a resend to the same key would be a second enclave answer, counted twice.
     for attempt in 0..2 {
         let headers = RequestHeaders { sent_ms: cloud::now_ms(), client: Some(proxy.client.clone()), manifest: Some(manifest) };
-        let plaintext = online::encode_request_with("POST", EMBEDDINGS_PATH, &body, headers);
+        let plaintext = online::encode_request_with("POST", path, &body, headers);
         let (encapsulated, opener) = match ohttp::encapsulate_request(&target.config, &plaintext) {
             Ok(pair) => pair,
             Err(e) => return error_body(&ApiError::server(format!("encapsulation: {e}"))),

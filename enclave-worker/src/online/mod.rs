@@ -11,12 +11,12 @@ use std::sync::Mutex;
 
 use protocol::frame::{self, FrameIoError, Message, MAX_DATA_LEN};
 use protocol::ohttp::{self, ResponseSealer};
-use protocol::online::{self, ApiError, EmbeddingsCall, OnlineRequest};
-use protocol::records::ErrorCode;
+use protocol::online::{self, ApiError, Call, EmbeddingsCall, OnlineRequest, RerankCall};
+use protocol::records::{ErrorCode, RerankInput};
 use protocol::FailedCheck;
-use protocol::envelope::JobOptions;
+use protocol::envelope::{JobOptions, OutputKind};
 
-use crate::inference::{EmbedOptions, InferenceError};
+use crate::inference::{EmbedOptions, InferenceError, RecordFailure};
 use crate::worker::Worker;
 use replay::ReplayCache;
 use usage::{Answered, UsageBook};
@@ -94,7 +94,7 @@ pub fn answer(worker: &Worker, state: &OnlineState, encapsulated: &[u8]) -> Resu
     };
     lock(&state.replay).admit(sealer.encapsulated_key(), request.sent_ms, now)?;
     if let Ok(call) = &request.call
-        && !lock(&state.usage).admits(request.client, &call.model, call.precision, epoch, now)
+        && !lock(&state.usage).admits(request.client, call.model(), call.precision(), epoch, now)
     {
         let error = ApiError {
             status: 503,
@@ -156,24 +156,46 @@ struct Served {
 }
 
 fn respond(worker: &Worker, request: &OnlineRequest) -> Result<(Vec<u8>, Served), ApiError> {
-    let call = request.call.as_ref().map_err(Clone::clone)?;
-    embed(worker, call, request.manifest)
+    match request.call.as_ref().map_err(Clone::clone)? {
+        Call::Embeddings(call) => embed(worker, call, request.manifest),
+        Call::Rerank(call) => rerank(worker, call, request.manifest),
+    }
 }
 
-fn embed(worker: &Worker, call: &EmbeddingsCall, expected_manifest: Option<[u8; 32]>) -> Result<(Vec<u8>, Served), ApiError> {
-    let model = worker.model(&call.model).ok_or_else(|| ApiError {
+/// The model a request names, as the client checked it (`ephem-manifest`).
+fn loaded(worker: &Worker, model: &str, expected_manifest: Option<[u8; 32]>) -> Result<std::sync::Arc<crate::worker::LoadedModel>, ApiError> {
+    let loaded = worker.model(model).ok_or_else(|| ApiError {
         status: 404,
-        ..ApiError::invalid("model", "model_not_found", format!("model {} is not loaded in this enclave", call.model))
+        ..ApiError::invalid("model", "model_not_found", format!("model {model} is not loaded in this enclave"))
     })?;
-    if let Some(expected) = expected_manifest.filter(|m| *m != model.manifest_hash) {
+    if let Some(expected) = expected_manifest.filter(|m| *m != loaded.manifest_hash) {
         let message = format!(
-            "model {}: the client checked manifest {}, this enclave runs {}",
-            call.model,
+            "model {model}: the client checked manifest {}, this enclave runs {}",
             hex::encode(expected),
-            hex::encode(model.manifest_hash)
+            hex::encode(loaded.manifest_hash)
         );
         return Err(ApiError { status: 409, ..ApiError::invalid("model", "model_manifest_mismatch", message) });
     }
+    Ok(loaded)
+}
+
+/// A request's options refused by the model, by the field that asked for them.
+fn refused_options(model: &str, error: InferenceError) -> ApiError {
+    match error {
+        InferenceError::UnknownPrompt(_) => ApiError::invalid("prompt_name", "unknown_prompt_name", error.to_string()),
+        InferenceError::DimensionsNotOffered { .. } => ApiError::invalid("dimensions", "unsupported_dimensions", format!("{model}: {error}")),
+        InferenceError::OutputNotOffered { .. } => ApiError::invalid("model", "unsupported_output", format!("{model}: {error}")),
+        _ => ApiError::invalid("precision", "unsupported_precision", error.to_string()),
+    }
+}
+
+fn input_error(what: &str, index: usize, failure: &RecordFailure, param: &'static str) -> ApiError {
+    let code = if failure.code == ErrorCode::TooManyTokens { "context_length_exceeded" } else { "invalid_input" };
+    ApiError::invalid(param, code, format!("{what} {index}: {}", failure.message))
+}
+
+fn embed(worker: &Worker, call: &EmbeddingsCall, expected_manifest: Option<[u8; 32]>) -> Result<(Vec<u8>, Served), ApiError> {
+    let model = loaded(worker, &call.model, expected_manifest)?;
     let asked = JobOptions {
         truncate: call.truncate,
         precision: call.precision,
@@ -181,20 +203,11 @@ fn embed(worker: &Worker, call: &EmbeddingsCall, expected_manifest: Option<[u8; 
         dimensions: call.dimensions,
         ..JobOptions::default()
     };
-    let options = EmbedOptions::for_job(&asked, model.engine.embedder(), &model.manifest).map_err(|error| match error {
-        InferenceError::UnknownPrompt(_) => ApiError::invalid("prompt_name", "unknown_prompt_name", error.to_string()),
-        InferenceError::DimensionsNotOffered { .. } => {
-            ApiError::invalid("dimensions", "unsupported_dimensions", format!("{}: {error}", call.model))
-        }
-        _ => ApiError::invalid("precision", "unsupported_precision", error.to_string()),
-    })?;
+    let options = EmbedOptions::for_job(&asked, model.engine.embedder(), &model.manifest).map_err(|e| refused_options(&call.model, e))?;
     let mut vectors = Vec::with_capacity(call.inputs.len());
     let mut tokens = 0u64;
     for (index, result) in model.engine.embed_window(&call.inputs, &options).into_iter().enumerate() {
-        let embedding = result.map_err(|failure| {
-            let code = if failure.code == ErrorCode::TooManyTokens { "context_length_exceeded" } else { "invalid_input" };
-            ApiError::invalid("input", code, format!("input {index}: {}", failure.message))
-        })?;
+        let embedding = result.map_err(|failure| input_error("input", index, &failure, "input"))?;
         tokens += u64::from(embedding.tokens);
         vectors.push(embedding.vector);
     }
@@ -204,6 +217,29 @@ fn embed(worker: &Worker, call: &EmbeddingsCall, expected_manifest: Option<[u8; 
         manifest_hash: model.manifest_hash,
         precision: call.precision,
         inputs: vectors.len() as u64,
+        tokens,
+    };
+    Ok((body, served))
+}
+
+/// A cross-encoder's scores for the request's documents, the `top_n` best answered; every
+/// document is one input of the usage account.
+fn rerank(worker: &Worker, call: &RerankCall, expected_manifest: Option<[u8; 32]>) -> Result<(Vec<u8>, Served), ApiError> {
+    let model = loaded(worker, &call.model, expected_manifest)?;
+    let asked = JobOptions { truncate: call.truncate, precision: call.precision, normalize: false, output: OutputKind::Scores, ..JobOptions::default() };
+    let options = EmbedOptions::for_job(&asked, model.engine.embedder(), &model.manifest).map_err(|e| refused_options(&call.model, e))?;
+    let text = RerankInput { query: call.query.clone(), documents: call.documents.clone() }.to_text();
+    let scored = model.engine.rerank_window(&[text.as_slice()], &options).remove(0).map_err(|failure| {
+        // The failure names its document ("document N: …"), or the query.
+        ApiError::invalid("documents", if failure.code == ErrorCode::TooManyTokens { "context_length_exceeded" } else { "invalid_input" }, failure.message)
+    })?;
+    let tokens = u64::from(scored.tokens);
+    let body = online::rerank_body(&call.model, &scored.vector, call.top_n, tokens);
+    let served = Served {
+        model_id: call.model.clone(),
+        manifest_hash: model.manifest_hash,
+        precision: call.precision,
+        inputs: call.documents.len() as u64,
         tokens,
     };
     Ok((body, served))

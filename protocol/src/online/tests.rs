@@ -4,7 +4,10 @@ fn call(body: &str) -> Result<EmbeddingsCall, ApiError> {
     let secret = ClientSecret([5; 32]);
     let request = decode_request(&encode_request("POST", EMBEDDINGS_PATH, body.as_bytes(), 1_700, Some(secret.clone()))).unwrap();
     assert_eq!((request.sent_ms, request.client), (1_700, secret.label()));
-    request.call
+    request.call.map(|call| match call {
+        Call::Embeddings(call) => call,
+        Call::Rerank(call) => panic!("not an embeddings call: {call:?}"),
+    })
 }
 
 #[test]
@@ -116,7 +119,8 @@ fn requests_and_responses_are_padded_to_their_bucket() {
     let long = encode_request("POST", EMBEDDINGS_PATH, body(&"a".repeat(1_000)).as_bytes(), 1_700, Some(ClientSecret([1; 32])));
     assert_eq!(short.len(), 4096, "texts of 10 and 1,000 bytes share a bucket");
     assert_eq!(long.len(), short.len());
-    assert_eq!(decode_request(&long).unwrap().call.unwrap().inputs, ["a".repeat(1_000)]);
+    let Ok(Call::Embeddings(call)) = decode_request(&long).unwrap().call else { panic!("an embeddings call") };
+    assert_eq!(call.inputs, ["a".repeat(1_000)]);
     // Float responses whose values print to different lengths: one size.
     let answer = |v: f32| encode_response(200, &embeddings_body("m", &[vec![v; 384]], 3, Encoding::Float));
     assert_eq!(answer(0.5).len(), answer(-0.123_456_79).len());
@@ -147,4 +151,42 @@ fn float_answers_read_back_the_same_f32_at_one_width() {
     assert!(array.split(',').all(|n| n.len() == FLOAT_WIDTH), "{array}");
     assert_eq!(parsed["model"], "m");
     assert_eq!(parsed["usage"]["total_tokens"], 1);
+}
+
+fn rerank(body: &str) -> Result<RerankCall, ApiError> {
+    match decode_request(&encode_request("POST", RERANK_PATH, body.as_bytes(), 1_700, None)).unwrap().call? {
+        Call::Rerank(call) => Ok(call),
+        Call::Embeddings(call) => panic!("not a rerank call: {call:?}"),
+    }
+}
+
+#[test]
+fn rerank_requests_in_the_shared_shape_and_refusals_by_field() {
+    let call = rerank(r#"{"model":"m/r","query":"q","documents":["a",{"text":"b"}],"top_n":5,"return_documents":false}"#).unwrap();
+    assert_eq!((call.query.as_str(), call.documents.as_slice(), call.top_n), ("q", ["a".to_owned(), "b".to_owned()].as_slice(), Some(2)));
+    for (body, param) in [
+        (r#"{"model":"m/r","query":"q","documents":[]}"#, "documents"),
+        (r#"{"model":"m/r","query":"q","documents":[1]}"#, "documents"),
+        (r#"{"model":"m/r","query":"q","documents":["a"],"top_n":0}"#, "top_n"),
+        (r#"{"model":"m/r","query":"q","documents":["a"],"return_documents":true}"#, "return_documents"),
+        (r#"{"model":"m/r","query":"q","documents":["a"],"rank_fields":["x"]}"#, "documents"),
+        (r#"{"model":"m r","query":"q","documents":["a"]}"#, "model"),
+    ] {
+        assert_eq!(rerank(body).unwrap_err().param, Some(param), "{body}");
+    }
+}
+
+#[test]
+fn rerank_answers_are_ordered_cut_and_their_length_does_not_say_which_documents_won() {
+    let body = |scores: &[f32], top_n| String::from_utf8(rerank_body("m/r", scores, top_n, 9)).unwrap();
+    let answer: Value = serde_json::from_str(&body(&[0.1, 0.9, 0.5, 0.9], None)).unwrap();
+    let ranked: Vec<(u64, f64)> = answer["results"].as_array().unwrap().iter().map(|r| (r["index"].as_u64().unwrap(), r["relevance_score"].as_f64().unwrap())).collect();
+    assert_eq!(ranked.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 3, 2, 0], "by score, ties in document order");
+    assert_eq!(answer["usage"]["total_tokens"], 9);
+    let mut scores = vec![0.0f32; 12];
+    scores[3] = 1.0;
+    let first = body(&scores, Some(1));
+    scores[3] = 0.0;
+    scores[11] = 1.0;
+    assert_eq!(first.len(), body(&scores, Some(1)).len(), "document 3 or 11 on top: the same length");
 }
