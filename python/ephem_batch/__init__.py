@@ -243,6 +243,23 @@ class Client:
         rows = self._native.embed(model, batch, relay, dimensions, prompt_name)
         return np.asarray(rows, dtype=np.float32).reshape(len(batch), -1)
 
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        model: str,
+        *,
+        top_n: Optional[int] = None,
+        relay: Optional[str] = None,
+    ) -> List[Tuple[int, float]]:
+        """Scores ``documents`` against ``query`` with a cross-encoder through the online path
+        (``POST /v1/rerank`` inside Oblivious HTTP, as :meth:`embed`): the query and the passages
+        are read only by the attested enclave. Returns ``(index, relevance_score)`` pairs, best
+        first, the ``top_n`` best (all when ``None``); the scores are sentence-transformers'
+        ``CrossEncoder.predict`` for the same pairs. Raises :class:`OnlineError` naming the
+        check or the refused field."""
+        return [(int(i), float(s)) for i, s in self._native.rerank(model, query, list(documents), top_n, relay)]
+
     def __repr__(self) -> str:
         return f"ephem_batch.Client(home={self.home!r}, backend={self.backend!r})"
 
@@ -386,25 +403,61 @@ class Job:
         self._client._native.wait(self.id, self.records, remaining)
         return self
 
+    @property
+    def kind(self) -> str:
+        """What the job's records hold: ``"dense"`` vectors, ``"sparse"`` weights (a SPLADE
+        model) or ``"scores"`` (a cross-encoder's, one per document)."""
+        return self.record.get("output") or "dense"
+
     def _results(self) -> Dict[str, Any]:
         if self._written is None:
             directory = os.path.join(self._client.home, "client", "jobs", self.id)
-            output = os.path.join(directory, "embeddings.npy")
-            self._written = json.loads(self._client._native.results(self.id, output))
+            # Sparse weights and scores are written as JSON lines, vectors as a matrix.
+            if self.kind == "dense":
+                output, form = os.path.join(directory, "embeddings.npy"), "npy"
+            else:
+                output, form = os.path.join(directory, "results.jsonl"), "jsonl"
+            self._written = json.loads(self._client._native.results(self.id, output, form))
         return self._written
 
-    def results(self, mmap: bool = False) -> Tuple[List[str], Any]:
-        """``(ids, vectors)``: the ids in the corpus's order and a ``numpy.ndarray`` of shape
-        ``(n, dimensions)``, ``float32`` (``float16`` for a job submitted with
-        ``dtype="float16"``). Refused lines and failed records are not in it (see
-        :meth:`errors`).
+    def results(self, mmap: bool = False, kind: Optional[str] = None) -> Tuple[List[str], Any]:
+        """``(ids, values)``: the ids in the corpus's order and what the job computed for them.
+        Refused lines and failed records are not in it (see :meth:`errors`).
 
-        The library streams the sealed output into a private ``.npy`` in the job's directory,
-        checking everything as it goes, and writes it only if every check passes; the array is
-        read from it once (``mmap=True``: memory-mapped, not read)."""
+        - dense (the default): a ``numpy.ndarray`` of shape ``(n, dimensions)``, ``float32``
+          (``float16`` for a job submitted with ``dtype="float16"``);
+        - ``kind="sparse"`` (a SPLADE model's job): a ``scipy.sparse.csr_matrix`` of shape
+          ``(n, vocabulary)``, float32, a row per record with its nonzero weights by token id;
+        - ``kind="scores"`` (a cross-encoder's job): a list of ``numpy.ndarray``, one per record,
+          a score per document in the line's order.
+
+        ``kind`` defaults to the job's own and must equal it. The library streams the sealed
+        output into a private file in the job's directory, checking everything as it goes, and
+        writes it only if every check passes; a dense array is read from it once (``mmap=True``:
+        memory-mapped, not read)."""
         import numpy as np
 
+        kind = kind or self.kind
+        if kind != self.kind:
+            raise ValueError(f"results(kind={kind!r}): job {self.id} computed {self.kind} output")
         written = self._results()
+        if kind != "dense":
+            with open(written["output"], encoding="utf-8") as f:
+                rows = [json.loads(line) for line in f if line.strip()]
+            ids = [row["id"] for row in rows]
+            if kind == "scores":
+                return ids, [np.asarray(row["scores"], dtype=np.float32) for row in rows]
+            from scipy.sparse import csr_matrix
+
+            indptr, indices, data = [0], [], []
+            for row in rows:
+                pairs = sorted((int(k), v) for k, v in row["sparse"].items())
+                indices.extend(k for k, _ in pairs)
+                data.extend(v for _, v in pairs)
+                indptr.append(len(indices))
+            shape = (len(rows), int(written["summary"].get("dimensions") or 0))
+            return ids, csr_matrix((np.asarray(data, dtype=np.float32), np.asarray(indices, dtype=np.int32), np.asarray(indptr, dtype=np.int64)), shape=shape)
+
         vectors = np.load(written["output"], mmap_mode="r" if mmap else None)
         if self.record.get("dtype") == "f16" and not mmap:
             vectors = vectors.astype(np.float16)

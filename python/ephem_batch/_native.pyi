@@ -1,7 +1,7 @@
 """Type stubs of the extension module (python/src/lib.rs). Values cross as JSON text."""
 
 from os import PathLike
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 _Path = Union[str, PathLike[str]]
 
@@ -12,6 +12,7 @@ def verify_record(path: _Path, args: List[str]) -> str: ...
 class NativeClient:
     def __init__(self, args: List[str]) -> None: ...
     def embed(self, model: str, texts: List[str], relay: Optional[str] = ...) -> List[List[float]]: ...
+    def rerank(self, model: str, query: str, documents: List[str], top_n: Optional[int] = ..., relay: Optional[str] = ...) -> List[Tuple[int, float]]: ...
     @property
     def home(self) -> str: ...
     @property

@@ -191,6 +191,21 @@ impl NativeClient {
         py.detach(|| self.online_client(relay).and_then(|client| client.embed(model, &texts, &shape))).map_err(|e| library_error(py, e))
     }
 
+    /// Scores `documents` against `query` with a cross-encoder through the online path (`POST
+    /// /v1/rerank` inside Oblivious HTTP): `(index, relevance score)`, best first.
+    #[pyo3(signature = (model, query, documents, top_n=None, relay=None))]
+    fn rerank(
+        &self,
+        py: Python<'_>,
+        model: &str,
+        query: &str,
+        documents: Vec<String>,
+        top_n: Option<usize>,
+        relay: Option<String>,
+    ) -> PyResult<Vec<(usize, f32)>> {
+        py.detach(|| self.online_client(relay).and_then(|client| client.rerank(model, query, &documents, top_n))).map_err(|e| library_error(py, e))
+    }
+
     #[getter]
     fn home(&self) -> String {
         self.home.root().display().to_string()

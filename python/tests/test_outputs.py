@@ -1,0 +1,79 @@
+"""Output kinds beyond one dense vector through the SDK: a SPLADE model's sparse weights as a
+scipy CSR matrix, a cross-encoder's scores per record, and ``Client.rerank`` online, each equal to
+sentence-transformers' on the generated checkpoints of ``tests/testdata/outputs`` (written by
+``scripts/make_output_models.py``)."""
+
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+import ephem_batch
+
+OUTPUTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "testdata", "outputs")
+
+
+def _reference(name):
+    with open(os.path.join(OUTPUTS, f"{name}-reference.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _onboard(stack, tmp_path, name, model_id):
+    sealed = str(tmp_path / f"{name}.sealed")
+    stack.cli("model", "encrypt", os.path.join(OUTPUTS, name), "--model-id", model_id, "--version", "1", "-o", sealed)
+    stack.cli("model", "sign", sealed, "--development")
+    stack.cli("model", "upload", sealed)
+
+
+def test_sparse_results_are_a_csr_matrix_of_splade_weights(client, stack, tmp_path):
+    reference = _reference("splade")
+    _onboard(stack, tmp_path, "splade", "py/splade")
+    corpus = tmp_path / "texts.jsonl"
+    corpus.write_text("".join(json.dumps({"id": t["name"], "text": t["text"]}) + "\n" for t in reference["texts"]), encoding="utf-8")
+    job = client.submit(str(corpus), model="py/splade").wait()
+    assert job.kind == "sparse"
+    ids, matrix = job.results()
+    assert ids == [t["name"] for t in reference["texts"]]
+    assert matrix.shape == (len(ids), reference["dimensions"]) and matrix.dtype == np.float32
+    for row, text in enumerate(reference["texts"]):
+        expected = np.zeros(reference["dimensions"], dtype=np.float32)
+        for index, weight in text["sparse"]:
+            expected[index] = weight
+        got = matrix.getrow(row).toarray()[0]
+        assert np.array_equal(np.nonzero(got)[0], np.nonzero(expected)[0]), text["name"]
+        assert np.abs(got - expected).max() <= 1e-5, text["name"]
+    with pytest.raises(ValueError, match="sparse"):
+        job.results(kind="dense")
+    assert job.verify().passed
+
+
+def test_rerank_results_and_online_rerank_equal_cross_encoder(client, stack, tmp_path):
+    reference = _reference("rerank")
+    _onboard(stack, tmp_path, "rerank", "py/rerank")
+    corpus = tmp_path / "pairs.jsonl"
+    lines = [json.dumps({"id": f"q{i}", "query": q["query"], "documents": reference["documents"]}) for i, q in enumerate(reference["queries"])]
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    job = client.submit(str(corpus), model="py/rerank").wait()
+    assert job.kind == "scores"
+    ids, scores = job.results()
+    assert ids == [f"q{i}" for i in range(len(reference["queries"]))]
+    for got, case in zip(scores, reference["queries"]):
+        assert np.abs(got - np.asarray(case["scores"], dtype=np.float32)).max() <= 1e-4
+        assert list(np.argsort(-got, kind="stable")) == case["order"]
+
+    case = reference["queries"][1]
+    ranked = None
+    for _ in range(300):  # the enclave loads the model it was just given
+        try:
+            ranked = client.rerank(case["query"], reference["documents"], model="py/rerank", top_n=3)
+            break
+        except ephem_batch.OnlineError as error:
+            if error.check != "model_not_found":
+                raise
+            time.sleep(0.2)
+    assert ranked is not None
+    assert [index for index, _ in ranked] == case["order"][:3]
+    for index, score in ranked:
+        assert abs(score - case["scores"][index]) <= 1e-4
