@@ -8,7 +8,10 @@ llama-index-core).
 Texts (documents, nodes) go through batch jobs — one per ``embed_batch_size`` texts (at most
 2,048, LlamaIndex's bound; the default here is that bound) — opened and checked by the client
 library before any vector is returned. Queries go through ``client.embed`` (the online path:
-Oblivious HTTP to the same attested enclaves)."""
+Oblivious HTTP to the same attested enclaves).
+
+``EphemBatchRerank`` is a node postprocessor that reranks retrieved nodes with a cross-encoder
+in the same enclaves (``client.rerank``): neither the query nor the passages leave them."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ from typing import Any, List, Optional
 
 try:
     from llama_index.core.base.embeddings.base import BaseEmbedding
+    from llama_index.core.postprocessor.types import BaseNodePostprocessor
+    from llama_index.core.schema import NodeWithScore, QueryBundle
     from pydantic import PrivateAttr
 except ImportError as error:  # pragma: no cover
     raise ImportError("ephem_batch.llama_index needs llama-index-core: pip install 'ephem-batch[llama-index]'") from error
@@ -23,7 +28,7 @@ except ImportError as error:  # pragma: no cover
 from . import DEFAULT_MODEL, Client, Job
 from ._documents import embed_texts
 
-__all__ = ["EphemBatchEmbedding"]
+__all__ = ["EphemBatchEmbedding", "EphemBatchRerank"]
 
 
 class EphemBatchEmbedding(BaseEmbedding):
@@ -108,3 +113,30 @@ class EphemBatchEmbedding(BaseEmbedding):
 
     async def _aget_text_embeddings(self, texts: List[str]) -> List[List[float]]:
         return self._get_text_embeddings(texts)
+
+
+class EphemBatchRerank(BaseNodePostprocessor):
+    """A LlamaIndex node postprocessor that reranks with a cross-encoder in attested enclaves
+    (:meth:`ephem_batch.Client.rerank`): the ``top_n`` best nodes, best first, their scores the
+    cross-encoder's. ``client`` as for :class:`EphemBatchEmbedding`."""
+
+    model: str
+    top_n: Optional[int] = 3
+    _client: Client = PrivateAttr()
+
+    def __init__(self, client: Optional[Client] = None, *, model: str, top_n: Optional[int] = 3, **client_options: Any) -> None:
+        super().__init__(model=model, top_n=top_n)
+        self._client = client if client is not None else Client(**client_options)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "EphemBatchRerank"
+
+    def _postprocess_nodes(self, nodes: List[NodeWithScore], query_bundle: Optional[QueryBundle] = None) -> List[NodeWithScore]:
+        if query_bundle is None:
+            raise ValueError("reranking needs the query")
+        if not nodes:
+            return []
+        texts = [n.node.get_content() for n in nodes]
+        ranked = self._client.rerank(query_bundle.query_str, texts, self.model, top_n=self.top_n)
+        return [NodeWithScore(node=nodes[index].node, score=score) for index, score in ranked]

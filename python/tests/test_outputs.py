@@ -77,3 +77,35 @@ def test_rerank_results_and_online_rerank_equal_cross_encoder(client, stack, tmp
     assert [index for index, _ in ranked] == case["order"][:3]
     for index, score in ranked:
         assert abs(score - case["scores"][index]) <= 1e-4
+
+
+def test_langchain_and_llama_index_rerankers_keep_the_cross_encoders_best(client, stack, tmp_path):
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+    from ephem_batch.langchain import EphemBatchRerank as LangChainRerank
+    from ephem_batch.llama_index import EphemBatchRerank as LlamaIndexRerank
+
+    reference = _reference("rerank")
+    _onboard(stack, tmp_path, "rerank", "py/rerank-frameworks")
+    case = reference["queries"][2]
+    documents = reference["documents"]
+    best = case["order"][:3]
+    compressor = LangChainRerank(client, model="py/rerank-frameworks", top_n=3)
+    kept = None
+    for _ in range(300):  # the enclave loads the model it was just given
+        try:
+            kept = compressor.compress_documents([Document(page_content=d, metadata={"n": i}) for i, d in enumerate(documents)], case["query"])
+            break
+        except ephem_batch.OnlineError as error:
+            if error.check != "model_not_found":
+                raise
+            time.sleep(0.2)
+    assert [d.metadata["n"] for d in kept] == best
+    assert all(abs(d.metadata["relevance_score"] - case["scores"][d.metadata["n"]]) <= 1e-4 for d in kept)
+
+    postprocessor = LlamaIndexRerank(client, model="py/rerank-frameworks", top_n=3)
+    nodes = [NodeWithScore(node=TextNode(text=d, id_=str(i)), score=0.0) for i, d in enumerate(documents)]
+    ranked = postprocessor.postprocess_nodes(nodes, QueryBundle(case["query"]))
+    assert [int(n.node.node_id) for n in ranked] == best
+    assert all(abs(n.score - case["scores"][int(n.node.node_id)]) <= 1e-4 for n in ranked)
