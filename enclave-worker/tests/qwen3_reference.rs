@@ -41,7 +41,7 @@ fn engine(entry: &Value, folder: &str, limits: BatchLimits) -> Engine {
         dimensions: Some(48),
         backend: Backend::Fused,
     };
-    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights }, settings)
+    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] }, settings)
         .unwrap_or_else(|e| panic!("qwen3/{folder}: {e}"));
     assert_eq!(embedder.architecture(), Architecture::Qwen3);
     Engine::new(Arc::new(embedder), EngineSettings { threads: 2, limits, ..Default::default() }).unwrap()

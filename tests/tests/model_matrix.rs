@@ -224,7 +224,7 @@ fn modernbert_engine(entry: &Value, folder: &str, limits: BatchLimits) -> Engine
         dimensions: Some(36),
         backend: Backend::Fused,
     };
-    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights }, settings)
+    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] }, settings)
         .unwrap_or_else(|e| panic!("modernbert/{folder}: {e}"));
     assert_eq!(embedder.architecture(), Architecture::ModernBert);
     Engine::new(Arc::new(embedder), EngineSettings { threads: 2, limits, ..Default::default() }).unwrap()

@@ -89,7 +89,7 @@ fn every_folder_embeds_as_sentence_transformers_does() {
             check_manifest(&manifest, entry, dimensions, &label);
             let [config, weights, tokenizer] = [&files[0], &files[1], &files[2]];
             let settings = EmbedderSettings { backend: Backend::Fused, ..EmbedderSettings::from_manifest(&manifest) };
-            let embedder = Embedder::load(ModelFiles { config, tokenizer, weights }, settings).unwrap();
+            let embedder = Embedder::load(ModelFiles { config, tokenizer, weights, dense: &[] }, settings).unwrap();
             let mut precisions = vec![(Precision::Fp32, 0.9999)];
             if bf16 {
                 assert!(embedder.supports_precision(Precision::Bf16), "{label}: bf16 on a CPU that has it");

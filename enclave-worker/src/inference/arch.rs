@@ -1,6 +1,6 @@
 //! The encoder architectures the fused encoder computes, read from the model's `config.json`
-//! (`model_type`): BERT, XLM-RoBERTa, MPNet, ModernBERT and Qwen3 (their specs and tensor names:
-//! [`super::modernbert`], [`super::qwen3`]). `config.json` is one of the files the signed manifest hashes, so a
+//! (`model_type`): BERT, XLM-RoBERTa, MPNet, ModernBERT, Qwen3 and Gemma 3's text body (their
+//! specs and tensor names: [`super::modernbert`], [`super::qwen3`], [`super::gemma3`]). `config.json` is one of the files the signed manifest hashes, so a
 //! host cannot change the architecture a model is run as.
 //!
 //! Each architecture is a [`ArchConfig`]: the sizes, where the norms sit ([`Placement`]), the
@@ -37,6 +37,9 @@ pub enum Architecture {
     MpNet,
     ModernBert,
     Qwen3,
+    /// Gemma 3's text body with bidirectional attention (EmbeddingGemma), `model_type`
+    /// `"gemma3_text"`.
+    Gemma3,
 }
 
 /// Where a layer's norms sit.
@@ -58,6 +61,8 @@ pub(crate) enum Activation {
     GeGlu,
     /// `silu(g) · u` with `[g | u] = x·W1` (Qwen3's gate and up projections fused at load).
     SwiGlu,
+    /// `gelu_tanh(g) · u` with `[g | u] = x·W1` (Gemma's `gelu_pytorch_tanh`).
+    GeGluTanh,
 }
 
 /// One layer's attention: softmax over the sequence, bidirectional or causal, optionally with
@@ -85,6 +90,7 @@ impl Architecture {
             Architecture::MpNet => "mpnet",
             Architecture::ModernBert => "modernbert",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3_text",
         }
     }
 
@@ -95,7 +101,7 @@ impl Architecture {
             Architecture::Bert => "bert.",
             Architecture::XlmRoberta => "roberta.",
             Architecture::MpNet => "mpnet.",
-            Architecture::ModernBert | Architecture::Qwen3 => "model.",
+            Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 => "model.",
         }
     }
 }
@@ -128,6 +134,9 @@ pub(crate) struct ArchConfig {
     pub activation: Activation,
     /// One per layer.
     pub attention: Vec<LayerAttention>,
+    /// What scores are multiplied by before the softmax, where not `1/√head_dim` (Gemma:
+    /// `query_pre_attn_scalar^−0.5`).
+    pub query_scale: Option<f32>,
 }
 
 pub(crate) fn field<'a>(config: &'a Value, name: &str) -> Option<&'a Value> {
@@ -165,6 +174,7 @@ impl ArchConfig {
             "mpnet" => Architecture::MpNet,
             "modernbert" => return super::modernbert::parse(&config),
             "qwen3" => return super::qwen3::parse(&config),
+            "gemma3_text" => return super::gemma3::parse(&config),
             other => return Err(InferenceError::UnsupportedArchitecture(format!("model_type {other:?}"))),
         };
         let hidden_size = size(&config, "hidden_size")?;
@@ -194,7 +204,7 @@ impl ArchConfig {
                 (size(&config, "type_vocab_size")?, Some(pad))
             }
             // Returned above from their own specs; never read as BERT-family configs.
-            Architecture::ModernBert | Architecture::Qwen3 => {
+            Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 => {
                 return Err(InferenceError::Config(format!("{}: not a BERT-family config", arch.as_str())));
             }
             Architecture::MpNet => {
@@ -234,12 +244,13 @@ impl ArchConfig {
             placement: Placement::Post,
             activation: Activation::Gelu,
             attention: vec![LayerAttention::GLOBAL; num_hidden_layers],
+            query_scale: None,
         })
     }
 
     /// Whether the fused encoder computes this model exactly; if not, why (naming the field).
     pub(crate) fn fused_computes(&self) -> Result<(), String> {
-        if matches!(self.arch, Architecture::ModernBert | Architecture::Qwen3) {
+        if matches!(self.arch, Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3) {
             // Their specs refused at parse what the encoder does not compute.
             return Ok(());
         }

@@ -8,6 +8,7 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 
 use super::arch::{ArchConfig, Architecture};
 use super::encoder::Encoder;
+use super::projection::{DenseFiles, Projection};
 use super::{InferenceError, RecordFailure};
 
 /// Which implementation of the BERT encoder runs the model.
@@ -32,8 +33,8 @@ enum Model {
     Candle(super::candle_bert::CandleBert),
 }
 
-/// The three files of a model directory, as bytes in memory (decrypted and hash-checked by the
-/// model loader before they get here).
+/// The files of a model directory, as bytes in memory (decrypted and hash-checked by the model
+/// loader before they get here).
 #[derive(Debug, Clone, Copy)]
 pub struct ModelFiles<'a> {
     /// `config.json` (Hugging Face BERT config).
@@ -42,6 +43,8 @@ pub struct ModelFiles<'a> {
     pub tokenizer: &'a [u8],
     /// `model.safetensors`.
     pub weights: &'a [u8],
+    /// The sentence-transformers `Dense` modules after the pooling, in order (most models: none).
+    pub dense: &'a [DenseFiles<'a>],
 }
 
 /// How a model turns token states into one vector. Comes from the signed manifest.
@@ -54,7 +57,8 @@ pub struct EmbedderSettings {
     /// Maximum tokens per text, `[CLS]` and `[SEP]` included; longer texts are truncated, or refused
     /// when a job asks for no truncation.
     pub max_tokens: usize,
-    /// If set, the model's hidden size must equal it (the manifest's `dimensions`).
+    /// If set, the length of the model's vectors must equal it (the manifest's `dimensions`): the
+    /// hidden size, or the last Dense module's `out_features`.
     pub dimensions: Option<usize>,
     pub backend: Backend,
 }
@@ -123,6 +127,8 @@ pub struct Embedder {
     settings: EmbedderSettings,
     arch: Architecture,
     hidden_size: usize,
+    /// The Dense modules after the pooling (none for most models).
+    projection: Projection,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -147,12 +153,15 @@ impl Embedder {
                 config.max_tokens()
             )));
         }
+        let projection = Projection::load(files.dense, config.hidden_size)?;
+        let width = projection.output_width(config.hidden_size);
         if let Some(dimensions) = settings.dimensions
-            && dimensions != config.hidden_size
+            && dimensions != width
         {
             return Err(InferenceError::Settings(format!(
-                "the manifest says {dimensions} dimensions, the model's hidden size is {}",
-                config.hidden_size
+                "the manifest says {dimensions} dimensions, the model's vectors have {width} (hidden size {}, {} Dense modules)",
+                config.hidden_size,
+                files.dense.len()
             )));
         }
 
@@ -200,7 +209,7 @@ impl Embedder {
                 )));
             }
         };
-        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size })
+        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, projection })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -295,9 +304,9 @@ impl Embedder {
         self.backend() == Backend::CandleBert
     }
 
-    /// Length of the output vectors.
+    /// Length of the output vectors: the hidden size, or the last Dense module's output.
     pub fn dimensions(&self) -> usize {
-        self.hidden_size
+        self.projection.output_width(self.hidden_size)
     }
 
     /// Checks and tokenizes one text. Per-record failures: `TooLarge` (over the protocol's text
@@ -410,11 +419,12 @@ impl Embedder {
         Ok(out)
     }
 
-    /// Pools the states of one sequence's real tokens (`n × hidden`).
+    /// Pools the states of one sequence's real tokens (`n × hidden`), then the Dense modules (if
+    /// any), then normalises if asked.
     fn pool(&self, states: &[f32], normalize: bool) -> Vec<f32> {
         let h = self.hidden_size;
         let n = (states.len() / h).max(1);
-        let mut vector: Vec<f32> = match self.settings.pooling {
+        let vector: Vec<f32> = match self.settings.pooling {
             Pooling::Cls => states[..h].to_vec(),
             // The sequence's last token: with the tokenizer's `<|endoftext|>` appended (and kept
             // by truncation), the token that has seen every other in a causal model.
@@ -429,6 +439,7 @@ impl Embedder {
                 acc.iter().map(|&a| (a / n as f64) as f32).collect()
             }
         };
+        let mut vector = self.projection.apply(vector);
         if normalize {
             l2_normalize(&mut vector);
         }
@@ -442,7 +453,7 @@ impl Embedder {
     pub fn memory_bytes(&self) -> Option<u64> {
         #[cfg_attr(not(feature = "candle"), allow(irrefutable_let_patterns))]
         let Model::Fused(encoder) = &self.model else { return None };
-        Some((encoder.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
+        Some((encoder.memory_bytes() + self.projection.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
     }
 }
 

@@ -142,6 +142,7 @@ pub(crate) fn parse(config: &Value) -> Result<ArchConfig, InferenceError> {
         placement: Placement::Pre,
         activation: Activation::SwiGlu,
         attention: vec![LayerAttention { rotary_base: Some(base), window: None, causal: true }; layers],
+        query_scale: None,
     })
 }
 
@@ -163,6 +164,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
             ff2: t.linear(&format!("{p}.mlp.down_proj"), hidden, inter, false)?,
             ff_norm: t.rms_norm(&format!("{p}.post_attention_layernorm"), hidden)?,
             qk_norm: Some((t.rms_norm(&format!("{p}.self_attn.q_norm"), d)?, t.rms_norm(&format!("{p}.self_attn.k_norm"), d)?)),
+            sandwich: None,
             attention,
         });
     }
