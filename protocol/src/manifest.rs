@@ -558,11 +558,12 @@ pub(crate) mod tests {
     #[test]
     fn dense_module_files_are_counted_and_checked() {
         let publisher = SigningKey::from_bytes(&[3; 32]);
-        let with = |names: &[&str]| {
+        let with = |names: &[&str]| -> Result<usize, ManifestError> {
             let mut manifest = sample();
             manifest.files.extend(names.iter().map(|n| ModelFile { name: (*n).into(), sha256: [9; 32], size: 10 }));
             manifest.files.sort_by(|a, b| a.name.cmp(&b.name));
-            SignedManifest::decode(&manifest.sign(&publisher)).unwrap().verify(&publisher.verifying_key()).map(|m| m.dense_modules().unwrap())
+            let signed = SignedManifest::decode(&manifest.sign(&publisher))?;
+            signed.verify(&publisher.verifying_key())?.dense_modules()
         };
         assert_eq!(with(&[]).unwrap(), 0);
         let two = ["dense.0.config.json", "dense.0.safetensors", "dense.1.config.json", "dense.1.safetensors"];
