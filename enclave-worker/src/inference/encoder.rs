@@ -237,6 +237,7 @@ impl Encoder {
             Architecture::ModernBert => super::modernbert::weights(&tensors, config)?,
             Architecture::Qwen3 => super::qwen3::weights(&tensors, config)?,
             Architecture::Gemma3 => super::gemma3::weights(&tensors, config)?,
+            Architecture::NomicBert => super::nomic_bert::weights(&tensors, config)?,
             Architecture::Bert | Architecture::XlmRoberta | Architecture::MpNet => bert_family(&tensors, config)?,
         };
         let (heads, head_dim) = (config.num_attention_heads, config.head_dim);

@@ -82,6 +82,7 @@ mod engine;
 mod kernels;
 mod metrics;
 mod modernbert;
+mod nomic_bert;
 mod projection;
 mod gemma3;
 mod qwen3;
