@@ -12,8 +12,8 @@
 //! ModernBERT (`testdata/models/modernbert/`: rotary positions, GeGLU, local and global layers,
 //! 8,192 tokens) is checked in the engine the enclave runs, on every text, prompt and pooling of
 //! its two folders: token counts equal, cosine ≥ 0.99999 f32 and ≥ 0.999 bf16. ModernBERT and
-//! Qwen3 (`testdata/models/qwen3/`) and Gemma 3 with its Dense modules (`testdata/models/gemma3/`)
-//! also run as batch jobs through the local stack.
+//! Qwen3 (`testdata/models/qwen3/`), Gemma 3 with its Dense modules (`testdata/models/gemma3/`)
+//! and NomicBERT (`testdata/models/nomic_bert/`) also run as batch jobs through the local stack.
 
 mod matrix;
 
@@ -26,7 +26,7 @@ use enclave_worker::inference::{
     Architecture, Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, InferenceError,
     ModelFiles,
 };
-use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, GEMMA3_FOLDERS, MODERNBERT_FOLDERS, QWEN3_FOLDERS};
+use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, GEMMA3_FOLDERS, MODERNBERT_FOLDERS, NOMIC_FOLDERS, QWEN3_FOLDERS};
 use protocol::envelope::Precision;
 use protocol::manifest::Pooling;
 use serde_json::Value;
@@ -468,3 +468,45 @@ fn host_swaps_the_dense_files(m: &Matrix, tokenizer: &[u8]) {
     assert!(shown.contains("dense.0.safetensors"), "the refusal names the swapped file:\n{shown}");
     eprintln!("gemma3 with its Dense files swapped by the host: refused:\n{shown}");
 }
+
+/// NomicBERT (`testdata/models/nomic_bert/`: rotary positions, SwiGLU, post-norm, nomic-embed-text's
+/// task prefixes) through the local stack: `model encrypt` onboards both folders, and batch jobs
+/// with the folder's default prompt, with `--prompt search_document`, and at bf16 give
+/// sentence-transformers' vectors and token counts, a text cut at each folder's own length (2,048
+/// and 1,000); int8 is refused.
+#[test]
+fn nomic_bert_serves_batch_jobs_through_the_local_stack() {
+    let reference = matrix::nomic_reference();
+    let texts = matrix::texts(&reference);
+    let work = tempfile::tempdir().unwrap();
+    let corpus = work.path().join("corpus.jsonl");
+    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
+    let tokenizer = matrix::tokenizer(&m.reference, "nomic_bert");
+    let hidden = m.reference["architectures"]["nomic_bert"]["hidden_size"].as_u64().unwrap();
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    for folder in NOMIC_FOLDERS {
+        m.onboard("nomic_bert", folder, &tokenizer);
+        let entry = m.reference["architectures"]["nomic_bert"]["folders"][folder].clone();
+        let limit = entry["max_seq_length"].as_u64().unwrap();
+        let default = entry["default_prompt_name"].as_str().unwrap_or("");
+        let label = format!("nomic_bert/{folder} (local stack)");
+        for (flags, prompt) in [(&[][..], default), (&["--prompt", "search_document"][..], "search_document")] {
+            let run = matrix::run(&m.reference, "nomic_bert", folder, prompt);
+            let records = m.job("nomic_bert", folder, flags);
+            let lowest = check(&records, &run, hidden, NOMIC_F32_MIN_COSINE, &label);
+            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
+            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
+        }
+        if bf16 {
+            let records = m.job("nomic_bert", folder, &["--precision", "bf16"]);
+            let lowest = check(&records, &matrix::run(&m.reference, "nomic_bert", folder, default), hidden, BF16_MIN_COSINE, &label);
+            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
+        }
+        let refused = m.refused("nomic_bert", folder, &["--precision", "int8"]);
+        assert!(refused.contains("int8"), "{label}: {refused}");
+    }
+}
+
+const NOMIC_F32_MIN_COSINE: f64 = 0.99999;

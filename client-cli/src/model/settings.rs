@@ -21,7 +21,7 @@ const BERT_DEFAULT_POSITIONS: u32 = 512;
 /// The `model_type`s the enclave's engine runs (enclave-worker's `inference::arch`), with the rows
 /// of the position table before the first real token. A type is added here only once the engine
 /// computes it exactly.
-const ARCHITECTURES: [(&str, PositionOffset); 6] = [
+const ARCHITECTURES: [(&str, PositionOffset); 7] = [
     ("bert", PositionOffset::Zero),
     // Positions start at padding_idx + 1, the padding index being the config's pad_token_id.
     ("xlm-roberta", PositionOffset::AfterPadding),
@@ -33,6 +33,8 @@ const ARCHITECTURES: [(&str, PositionOffset); 6] = [
     ("qwen3", PositionOffset::Zero),
     // Gemma 3's text body with bidirectional attention (EmbeddingGemma), rotary positions from 0.
     ("gemma3_text", PositionOffset::Zero),
+    // NomicBERT (nomic-embed-text), rotary positions from 0.
+    ("nomic_bert", PositionOffset::Zero),
 ];
 
 /// ModernBERT settings the engine computes only one way (`enclave-worker/src/inference/
@@ -189,6 +191,15 @@ fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
         }
         if config.get("use_bidirectional_attention").is_none() {
             return Err(unsupported(path, "use_bidirectional_attention", "(absent: causal)", "the engine computes Gemma 3 with bidirectional attention"));
+        }
+        if let Some(scaling) = config.get("rope_scaling").filter(|v| !v.is_null()) {
+            return Err(unsupported(path, "rope_scaling", scaling, "the engine computes unscaled rotary positions"));
+        }
+        return Ok(offset);
+    }
+    if kind == "nomic_bert" {
+        if let Some(act) = config.get("hidden_act").filter(|v| v.as_str() != Some("silu")) {
+            return Err(unsupported(path, "hidden_act", act, "the engine computes NomicBERT with SwiGLU (silu)"));
         }
         if let Some(scaling) = config.get("rope_scaling").filter(|v| !v.is_null()) {
             return Err(unsupported(path, "rope_scaling", scaling, "the engine computes unscaled rotary positions"));

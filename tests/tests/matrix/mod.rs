@@ -124,3 +124,11 @@ pub const GEMMA3_FOLDERS: [&str; 2] = ["classic-mean", "v6-mean"];
 pub fn gemma3_reference() -> Value {
     serde_json::from_slice(&std::fs::read(data().join("gemma3/reference.json")).unwrap()).unwrap()
 }
+
+/// NomicBERT's part (`testdata/models/nomic_bert/`): its own reference file, the same layout, two
+/// folders with mean pooling and nomic-embed-text's prompts.
+pub const NOMIC_FOLDERS: [&str; 2] = ["classic-mean", "v6-mean"];
+
+pub fn nomic_reference() -> Value {
+    serde_json::from_slice(&std::fs::read(data().join("nomic_bert/reference.json")).unwrap()).unwrap()
+}

@@ -313,3 +313,21 @@ fn edit_config(dir: &Path, field: &str, value: &str) {
     config[field] = serde_json::from_str(value).unwrap();
     write(dir, "config.json", &config.to_string());
 }
+
+/// nomic-embed-text's layout in transformers 5's config form: mean pooling, its task prefixes.
+#[test]
+fn a_nomic_bert_directory_reads_with_its_prompts_and_refuses_what_the_engine_does_not_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    classic(dir.path());
+    write(dir.path(), "config.json", r#"{"model_type": "nomic_bert", "hidden_size": 8, "max_position_embeddings": 2048, "hidden_act": "silu", "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}}"#);
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 2048, "do_lower_case": false}"#);
+    write(dir.path(), "config_sentence_transformers.json", r#"{"prompts": {"search_query": "search_query: ", "search_document": "search_document: "}, "default_prompt_name": "search_query"}"#);
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!((settings.dimensions, settings.max_tokens, settings.pooling), (8, 2048, Pooling::Mean));
+    assert_eq!(settings.default_prompt.as_deref(), Some("search_query"));
+    edit_config(dir.path(), "hidden_act", "\"gelu\"");
+    assert_eq!(refusal(dir.path()), ("config.json".into(), "hidden_act", "\"gelu\"".into()));
+    edit_config(dir.path(), "hidden_act", "\"silu\"");
+    edit_config(dir.path(), "rope_scaling", r#"{"rope_type": "dynamic", "factor": 2.0}"#);
+    assert_eq!(refusal(dir.path()).1, "rope_scaling");
+}
