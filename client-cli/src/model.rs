@@ -3,7 +3,9 @@
 //! each; [`publish`] does all of it in one go (`ephem-batch dev up`).
 //!
 //! A model directory holds `config.json`, `tokenizer.json` and `model.safetensors` (sealed and
-//! loaded by the enclave) and the sentence-transformers configuration that [`read_settings`]
+//! loaded by the enclave), each `Dense` module's `config.json` and `model.safetensors` (sealed as
+//! `dense.N.config.json` and `dense.N.safetensors`, [`protocol::manifest::dense_file_names`]) and
+//! the sentence-transformers configuration that [`read_settings`]
 //! turns into the manifest's dimensions, pooling, normalisation, maximum length and prompts, in
 //! either configuration form; what the engine cannot compute exactly is refused (docs/models.md).
 //!
@@ -163,6 +165,22 @@ pub struct Offering {
     pub images: Vec<[u8; 48]>,
 }
 
+/// Each file the manifest names, with where it is read from in the model directory: the
+/// three model files at the root, then each Dense module's two files from its folder.
+fn sources(dir: &Path, dense: &[String]) -> Vec<(String, PathBuf)> {
+    let mut sources: Vec<(String, PathBuf)> = MODEL_FILES.iter().map(|name| ((*name).to_owned(), dir.join(name))).collect();
+    for (index, folder) in dense.iter().enumerate() {
+        let [config, weights] = protocol::manifest::dense_file_names(index);
+        sources.push((config, dir.join(folder).join("config.json")));
+        sources.push((weights, dir.join(folder).join("model.safetensors")));
+    }
+    sources.sort();
+    sources
+}
+
+/// A model's files as [`prepare`] hashed them: each manifest name with its source path.
+type Sources = Vec<(String, PathBuf)>;
+
 /// Hashes the files, makes and wraps a data key, and builds the manifest.
 fn prepare(
     dir: &Path,
@@ -171,19 +189,20 @@ fn prepare(
     offering: &Offering,
     kms: &dyn Kms,
     kms_key_id: &str,
-) -> Result<(Manifest, Zeroizing<[u8; 32]>), ModelError> {
+) -> Result<(Manifest, Zeroizing<[u8; 32]>, Sources), ModelError> {
     if !valid_model_id(model_id) {
         return Err(ModelError::InvalidModelId(model_id.to_owned()));
     }
     let settings = read_settings(dir)?;
-    let mut files = Vec::with_capacity(MODEL_FILES.len());
-    for name in MODEL_FILES {
-        let path = dir.join(name);
+    let sources = sources(dir, &settings.dense);
+    let mut files = Vec::with_capacity(sources.len());
+    for (name, path) in &sources {
         if !path.is_file() {
-            return Err(ModelError::MissingFile { dir: dir.to_owned(), name });
+            let missing = MODEL_FILES.into_iter().find(|m| m == name).unwrap_or("a Dense module's file");
+            return Err(ModelError::MissingFile { dir: path.parent().unwrap_or(dir).to_owned(), name: missing });
         }
-        let (sha256, size) = hash_file(&path)?;
-        files.push(ModelFile { name: name.to_owned(), sha256, size });
+        let (sha256, size) = hash_file(path)?;
+        files.push(ModelFile { name: name.clone(), sha256, size });
     }
     let mut dek = Zeroizing::new([0u8; 32]);
     getrandom::fill(dek.as_mut()).map_err(|e| ModelError::Random(e.to_string()))?;
@@ -217,7 +236,12 @@ fn prepare(
     };
     // The payload must pass the checks the enclave applies.
     Manifest::from_payload(&manifest.to_payload()).map_err(ModelError::Manifest)?;
-    Ok((manifest, dek))
+    Ok((manifest, dek, sources))
+}
+
+/// Where [`prepare`] read a manifest file from.
+fn source_of<'a>(sources: &'a Sources, name: &str) -> &'a Path {
+    sources.iter().find(|(n, _)| n == name).map(|(_, path)| path.as_path()).expect("every manifest file has a source")
 }
 
 /// Seals one model file into `out` in blocks — the same bytes as [`Manifest::seal_file`], in
@@ -225,12 +249,12 @@ fn prepare(
 fn seal_into(
     manifest: &Manifest,
     dek: &[u8; 32],
-    dir: &Path,
+    source: &Path,
     file: &ModelFile,
     out: &mut dyn Write,
     target: &str,
 ) -> Result<(), ModelError> {
-    let path = dir.join(&file.name);
+    let path = source.to_owned();
     let io_error = |source| ModelError::Io { path: path.clone(), source };
     let write_error = |source| ModelError::Write { target: target.to_owned(), source };
     let mut input = File::open(&path).map_err(io_error)?;
@@ -300,7 +324,7 @@ pub fn encrypt_offering(
     kms_key_id: &str,
     out_dir: &Path,
 ) -> Result<Manifest, ModelError> {
-    let (manifest, dek) = prepare(dir, model_id, version, offering, kms, kms_key_id)?;
+    let (manifest, dek, sources) = prepare(dir, model_id, version, offering, kms, kms_key_id)?;
     std::fs::create_dir_all(out_dir).map_err(|source| ModelError::Io { path: out_dir.to_owned(), source })?;
     let stale = out_dir.join(SIGNED_FILE);
     match std::fs::remove_file(&stale) {
@@ -313,7 +337,7 @@ pub fn encrypt_offering(
         let shown = target.display().to_string();
         write_atomic(&target, |out| {
             let mut out = io::BufWriter::with_capacity(BLOCK, out);
-            seal_into(&manifest, &dek, dir, file, &mut out, &shown)
+            seal_into(&manifest, &dek, source_of(&sources, &file.name), file, &mut out, &shown)
         })?;
     }
     let payload = manifest.to_payload();
@@ -494,12 +518,12 @@ pub fn publish_offering(
     if models.head(&manifest_key)?.is_some() {
         return Err(ModelError::VersionExists { key: manifest_key, model_id: model_id.to_owned(), version });
     }
-    let (manifest, dek) = prepare(dir, model_id, version, offering, kms, kms_key_id)?;
+    let (manifest, dek, sources) = prepare(dir, model_id, version, offering, kms, kms_key_id)?;
     let signed = manifest.sign(signing_key);
     for file in &manifest.files {
         let object_key = Manifest::file_object_key(&manifest_key, &file.name);
         let mut writer = models.writer(&object_key, PutCondition::Overwrite)?;
-        seal_into(&manifest, &dek, dir, file, &mut writer, &object_key)?;
+        seal_into(&manifest, &dek, source_of(&sources, &file.name), file, &mut writer, &object_key)?;
         writer.commit()?;
     }
     commit_manifest(models, &manifest_key, &signed, &manifest)?;

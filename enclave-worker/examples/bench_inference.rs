@@ -237,7 +237,7 @@ fn run_child(args: &Args) -> serde_json::Value {
         (read_model_file("config.json"), read_model_file("tokenizer.json"), read_model_file("model.safetensors"));
     let started = Instant::now();
     let embedder = Embedder::load(
-        ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights },
+        ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] },
         EmbedderSettings { backend: args.backend, max_tokens: args.max_tokens, ..EmbedderSettings::default() },
     )
     .expect("load model");

@@ -59,7 +59,7 @@ fn main() {
         }
         let decrypted = started.elapsed();
         let embedder = Embedder::load(
-            ModelFiles { config: &plain[0], tokenizer: &plain[2], weights: &plain[1] },
+            ModelFiles { config: &plain[0], tokenizer: &plain[2], weights: &plain[1], dense: &[] },
             EmbedderSettings::from_manifest(manifest),
         )
         .unwrap();

@@ -47,7 +47,7 @@ fn main() {
     };
     let (config, tokenizer, weights) = (read("config.json"), read("tokenizer.json"), read("model.safetensors"));
     let embedder = Embedder::load(
-        ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights },
+        ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] },
         EmbedderSettings::default(),
     )
     .expect("load model");

@@ -19,7 +19,7 @@ use protocol::stream::StreamOpener;
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use crate::inference::{Embedder, EmbedderSettings, Engine, ModelFiles};
+use crate::inference::{DenseFiles, Embedder, EmbedderSettings, Engine, ModelFiles};
 use crate::key_release::kms_https::KmsHttps;
 use crate::key_release::{self, FleetEpoch, KmsTransport, KmsTransportError, RsaKeyPool};
 use crate::model_memory::{MemoryError, Room};
@@ -380,8 +380,13 @@ fn load_model<C: Read + Write>(
     // A manifest measured before is refused before its key is released and its files decrypted.
     worker.check_model_room(&manifest.model_id, &signed.hash, room)?;
     let dek = key_release::release_data_key(worker.nsm(), pool, control, &manifest)?;
+    // The three files of every model, then the Dense modules' the signed list names, in order.
+    let dense_modules = manifest.dense_modules()?;
+    let mut names: Vec<String> = ["config.json", "tokenizer.json", "model.safetensors"].map(String::from).to_vec();
+    names.extend((0..dense_modules).flat_map(protocol::manifest::dense_file_names));
     let mut files: BTreeMap<&str, Zeroizing<Vec<u8>>> = BTreeMap::new();
-    for name in ["config.json", "tokenizer.json", "model.safetensors"] {
+    for name in &names {
+        let name = name.as_str();
         let file = manifest
             .file(name)
             .ok_or_else(|| ControlError::ModelFile { file: name.into(), message: "not in the manifest".into() })?;
@@ -391,11 +396,18 @@ fn load_model<C: Read + Write>(
         }
         files.insert(name, bytes);
     }
+    let dense: Vec<DenseFiles<'_>> = (0..dense_modules)
+        .map(|i| {
+            let [config, weights] = protocol::manifest::dense_file_names(i);
+            DenseFiles { config: &files[config.as_str()], weights: &files[weights.as_str()] }
+        })
+        .collect();
     let embedder = Embedder::load(
-        ModelFiles { config: &files["config.json"], tokenizer: &files["tokenizer.json"], weights: &files["model.safetensors"] },
+        ModelFiles { config: &files["config.json"], tokenizer: &files["tokenizer.json"], weights: &files["model.safetensors"], dense: &dense },
         EmbedderSettings::from_manifest(&manifest),
     )
     .map_err(|e| ControlError::Model(e.to_string()))?;
+    drop(dense);
     drop(files);
     let engine = Engine::new(Arc::new(embedder), worker.engine_settings()).map_err(|e| ControlError::Model(e.to_string()))?;
     let model_id = manifest.model_id.clone();

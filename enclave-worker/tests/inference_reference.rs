@@ -51,7 +51,7 @@ fn model_bytes() -> &'static ModelBytes {
 
 fn load(backend: Backend) -> Arc<Embedder> {
     let bytes = model_bytes();
-    let files = ModelFiles { config: &bytes.config, tokenizer: &bytes.tokenizer, weights: &bytes.weights };
+    let files = ModelFiles { config: &bytes.config, tokenizer: &bytes.tokenizer, weights: &bytes.weights, dense: &[] };
     let embedder =
         Embedder::load(files, EmbedderSettings { backend, ..Default::default() }).expect("load all-MiniLM-L6-v2");
     assert_eq!(embedder.backend(), backend);

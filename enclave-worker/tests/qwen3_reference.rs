@@ -50,7 +50,7 @@ fn engine_with(entry: &Value, folder: &str, limits: BatchLimits, weights: &[u8])
         dimensions: Some(48),
         backend: Backend::Fused,
     };
-    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights }, settings)
+    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights, dense: &[] }, settings)
         .unwrap_or_else(|e| panic!("qwen3/{folder}: {e}"));
     assert_eq!(embedder.architecture(), Architecture::Qwen3);
     Engine::new(Arc::new(embedder), EngineSettings { threads: 2, limits, ..Default::default() }).unwrap()

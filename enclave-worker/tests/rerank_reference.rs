@@ -32,7 +32,7 @@ fn engine(reference: &Value, pooling: Pooling) -> Result<Engine, InferenceError>
         dimensions: Some(36),
         backend: Backend::Fused,
     };
-    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights }, settings)?;
+    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] }, settings)?;
     Engine::new(Arc::new(embedder), EngineSettings { threads: 2, ..Default::default() })
 }
 
@@ -129,6 +129,6 @@ fn rerank_logits_bad_records_and_refusals() {
     let weights = std::fs::read(models.join("model.safetensors")).unwrap();
     let tokenizer = std::fs::read(dir().join("rerank/tokenizer.json")).unwrap();
     let settings = EmbedderSettings { pooling: Pooling::Rerank { sigmoid: true }, normalize: false, max_tokens: 128, dimensions: None, backend: Backend::Fused };
-    let err = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights }, settings).unwrap_err();
+    let err = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] }, settings).unwrap_err();
     assert!(err.to_string().contains("token type 1"), "{err}");
 }

@@ -30,6 +30,15 @@ pub const MAX_PROMPT_BYTES: usize = 4096;
 pub const MAX_MATRYOSHKA: usize = 32;
 /// At most this many images a model version names (an update overlaps two).
 pub const MAX_IMAGES: usize = 8;
+/// sentence-transformers `Dense` modules a model may have after its pooling.
+pub const MAX_DENSE: usize = 8;
+
+/// The two files Dense module `index` (in pipeline order, from 0) is sealed as: its
+/// `config.json` and its weights. A directory's `2_Dense/config.json` is not a file name here
+/// (no `/`), and the module's place in the pipeline must not depend on a directory name.
+pub fn dense_file_names(index: usize) -> [String; 2] {
+    [format!("dense.{index}.config.json"), format!("dense.{index}.safetensors")]
+}
 
 
 /// The model's named prompts (sentence-transformers `prompts`, `default_prompt_name`): text the
@@ -280,6 +289,7 @@ impl Manifest {
         if manifest.matryoshka.last().is_some_and(|&longest| longest >= manifest.dimensions) {
             return Err(ManifestError::Invalid("matryoshka dimensions must be below the model's dimensions"));
         }
+        manifest.dense_modules()?;
         Ok(manifest)
     }
 
@@ -302,6 +312,19 @@ impl Manifest {
     /// Every length [`Manifest::offers_dimensions`] accepts, ascending.
     pub fn offered_dimensions(&self) -> Vec<u32> {
         self.matryoshka.iter().copied().chain([self.dimensions]).collect()
+    }
+
+    /// How many Dense modules follow the pooling: files `dense.0.*` to `dense.{k − 1}.*`
+    /// ([`dense_file_names`]), both of each. A gap, a lone file, another `dense.` name or more
+    /// than [`MAX_DENSE`] is refused, so the signed file list alone says the pipeline.
+    pub fn dense_modules(&self) -> Result<usize, ManifestError> {
+        let listed = self.files.iter().filter(|f| f.name.starts_with("dense.")).count();
+        let modules = listed / 2;
+        let complete = (0..modules).all(|i| dense_file_names(i).iter().all(|name| self.file(name).is_some()));
+        if listed % 2 != 0 || modules > MAX_DENSE || !complete {
+            return Err(ManifestError::Invalid("dense module files (dense.N.config.json and dense.N.safetensors from N = 0, both of each)"));
+        }
+        Ok(modules)
     }
 
     pub fn file(&self, name: &str) -> Option<&ModelFile> {
@@ -561,6 +584,27 @@ pub(crate) mod tests {
         assert_eq!(signed.hash, manifest_hash(&bytes));
         let stranger = SigningKey::from_bytes(&[4; 32]);
         assert!(signed.verify(&stranger.verifying_key()).is_err());
+    }
+
+    /// Dense modules are files of the signed list: both files of each index from 0 round-trip and
+    /// count; a lone file, a gap or a stray `dense.` name is refused when the manifest is read.
+    #[test]
+    fn dense_module_files_are_counted_and_checked() {
+        let publisher = SigningKey::from_bytes(&[3; 32]);
+        let with = |names: &[&str]| -> Result<usize, ManifestError> {
+            let mut manifest = sample();
+            manifest.files.extend(names.iter().map(|n| ModelFile { name: (*n).into(), sha256: [9; 32], size: 10 }));
+            manifest.files.sort_by(|a, b| a.name.cmp(&b.name));
+            let signed = SignedManifest::decode(&manifest.sign(&publisher))?;
+            signed.verify(&publisher.verifying_key())?.dense_modules()
+        };
+        assert_eq!(with(&[]).unwrap(), 0);
+        let two = ["dense.0.config.json", "dense.0.safetensors", "dense.1.config.json", "dense.1.safetensors"];
+        assert_eq!(with(&two).unwrap(), 2);
+        assert_eq!(dense_file_names(1), ["dense.1.config.json", "dense.1.safetensors"]);
+        for wrong in [&two[..3], &two[1..], &two[2..], &["dense.0.config.json", "dense.0.safetensors", "dense.0.bin", "dense.x"][..]] {
+            assert!(matches!(with(wrong), Err(ManifestError::Invalid(m)) if m.starts_with("dense module files")), "{wrong:?}");
+        }
     }
 
     /// Each pooling is written by name and read back; a name the protocol does not know is refused.

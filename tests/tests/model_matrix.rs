@@ -12,7 +12,8 @@
 //! ModernBERT (`testdata/models/modernbert/`: rotary positions, GeGLU, local and global layers,
 //! 8,192 tokens) is checked in the engine the enclave runs, on every text, prompt and pooling of
 //! its two folders: token counts equal, cosine ≥ 0.99999 f32 and ≥ 0.999 bf16. ModernBERT and
-//! Qwen3 (`testdata/models/qwen3/`) also run as batch jobs through the local stack.
+//! Qwen3 (`testdata/models/qwen3/`), Gemma 3 with its Dense modules (`testdata/models/gemma3/`)
+//! and NomicBERT (`testdata/models/nomic_bert/`) also run as batch jobs through the local stack.
 
 mod matrix;
 
@@ -25,7 +26,7 @@ use enclave_worker::inference::{
     Architecture, Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, InferenceError,
     ModelFiles,
 };
-use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, MODERNBERT_FOLDERS, QWEN3_FOLDERS};
+use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, GEMMA3_FOLDERS, MODERNBERT_FOLDERS, NOMIC_FOLDERS, QWEN3_FOLDERS};
 use protocol::envelope::Precision;
 use protocol::manifest::Pooling;
 use serde_json::Value;
@@ -224,7 +225,7 @@ fn modernbert_engine(entry: &Value, folder: &str, limits: BatchLimits) -> Engine
         dimensions: Some(36),
         backend: Backend::Fused,
     };
-    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights }, settings)
+    let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] }, settings)
         .unwrap_or_else(|e| panic!("modernbert/{folder}: {e}"));
     assert_eq!(embedder.architecture(), Architecture::ModernBert);
     Engine::new(Arc::new(embedder), EngineSettings { threads: 2, limits, ..Default::default() }).unwrap()
@@ -387,3 +388,125 @@ fn qwen3_serves_batch_jobs_through_the_local_stack() {
         assert!(refused.contains("int8"), "{label}: {refused}");
     }
 }
+
+const GEMMA3_F32_MIN_COSINE: f64 = 0.99999;
+
+/// Gemma 3 with bidirectional attention, mean pooling and two Dense modules
+/// (`testdata/models/gemma3/`, EmbeddingGemma's pipeline) through the local stack: `model encrypt`
+/// onboards both folders (the Dense modules sealed with the model), and batch jobs with the
+/// folder's default prompt, with another of EmbeddingGemma's prompts, and at bf16 give
+/// sentence-transformers' 48 Dense-projected values and token counts, up to each folder's own
+/// length (2,048 and 1,000; a text cut at each); int8 is refused. Then the host swaps the two
+/// sealed Dense files of a freshly onboarded copy: the worker refuses to load it.
+#[test]
+fn gemma3_serves_batch_jobs_through_the_local_stack() {
+    let reference = matrix::gemma3_reference();
+    let texts = matrix::texts(&reference);
+    let work = tempfile::tempdir().unwrap();
+    let corpus = work.path().join("corpus.jsonl");
+    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
+    let tokenizer = matrix::tokenizer(&m.reference, "gemma3");
+    let dimensions = m.reference["architectures"]["gemma3"]["dimensions"].as_u64().unwrap();
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    for folder in GEMMA3_FOLDERS {
+        m.onboard("gemma3", folder, &tokenizer);
+        let entry = m.reference["architectures"]["gemma3"]["folders"][folder].clone();
+        let limit = entry["max_seq_length"].as_u64().unwrap();
+        let default = entry["default_prompt_name"].as_str().unwrap_or("");
+        let label = format!("gemma3/{folder} (local stack)");
+        // No flag (the signed default prompt, if any), then a prompt the default is not.
+        let other = if default.is_empty() { ("query", "query") } else { ("STS", "STS") };
+        for (flags, prompt) in [(&[][..], default), (&["--prompt", other.0][..], other.1)] {
+            let run = matrix::run(&m.reference, "gemma3", folder, prompt);
+            let records = m.job("gemma3", folder, flags);
+            let lowest = check(&records, &run, dimensions, GEMMA3_F32_MIN_COSINE, &label);
+            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
+            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
+        }
+        if bf16 {
+            let records = m.job("gemma3", folder, &["--precision", "bf16"]);
+            let lowest = check(&records, &matrix::run(&m.reference, "gemma3", folder, default), dimensions, BF16_MIN_COSINE, &label);
+            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
+        }
+        let refused = m.refused("gemma3", folder, &["--precision", "int8"]);
+        assert!(refused.contains("int8"), "{label}: {refused}");
+    }
+    host_swaps_the_dense_files(&m, &tokenizer);
+}
+
+/// The host holds the sealed files: it swaps `dense.0.safetensors` and `dense.1.safetensors` of a
+/// model no worker has loaded yet. Each file is sealed under its own name's key and hashed in the
+/// signed manifest, so the worker refuses the model and the job fails; no vector comes back.
+fn host_swaps_the_dense_files(m: &Matrix, tokenizer: &[u8]) {
+    let (dir, sealed) = (m.path("gemma3-swapped"), m.path("gemma3-swapped.sealed"));
+    matrix::assemble("gemma3", "v6-mean", tokenizer, &dir);
+    let id = "test/gemma3-swapped";
+    m.stack.ok(&["model", "encrypt", dir.to_str().unwrap(), "--model-id", id, "--version", "1", "-o", sealed.to_str().unwrap()]);
+    m.stack.ok(&["model", "sign", sealed.to_str().unwrap(), "--development"]);
+    m.stack.ok(&["model", "upload", sealed.to_str().unwrap()]);
+    let stored = |name: &str| {
+        let found: Vec<PathBuf> = tests::files_under(m.stack.home())
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains("gemma3-swapped") && p.file_name().is_some_and(|f| f.to_string_lossy().starts_with(name)))
+            .filter(|p| !p.starts_with(&sealed))
+            .collect();
+        assert_eq!(found.len(), 1, "{name} in the store: {found:?}");
+        found.into_iter().next().unwrap()
+    };
+    let (first, second) = (stored("dense.0.safetensors"), stored("dense.1.safetensors"));
+    let (a, b) = (std::fs::read(&first).unwrap(), std::fs::read(&second).unwrap());
+    std::fs::write(&first, &b).unwrap();
+    std::fs::write(&second, &a).unwrap();
+    let out = m.path("swapped.jsonl");
+    let output = m.stack.cli(&["submit", m.corpus.to_str().unwrap(), "--model", id, "--wait", "-o", out.to_str().unwrap(), "--json"]);
+    let shown = m.stack.describe(&output);
+    let embedded = out.exists() && tests::json_lines(&out).iter().any(|r| r.get("embedding").is_some());
+    assert!(!output.status.success() && !embedded, "a model with swapped Dense files served vectors:\n{shown}");
+    // The worker names the file that did not open (each is sealed under its own name's stream).
+    assert!(shown.contains("dense.0.safetensors"), "the refusal names the swapped file:\n{shown}");
+    eprintln!("gemma3 with its Dense files swapped by the host: refused:\n{shown}");
+}
+
+/// NomicBERT (`testdata/models/nomic_bert/`: rotary positions, SwiGLU, post-norm, nomic-embed-text's
+/// task prefixes) through the local stack: `model encrypt` onboards both folders, and batch jobs
+/// with the folder's default prompt, with `--prompt search_document`, and at bf16 give
+/// sentence-transformers' vectors and token counts, a text cut at each folder's own length (2,048
+/// and 1,000); int8 is refused.
+#[test]
+fn nomic_bert_serves_batch_jobs_through_the_local_stack() {
+    let reference = matrix::nomic_reference();
+    let texts = matrix::texts(&reference);
+    let work = tempfile::tempdir().unwrap();
+    let corpus = work.path().join("corpus.jsonl");
+    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
+    let tokenizer = matrix::tokenizer(&m.reference, "nomic_bert");
+    let hidden = m.reference["architectures"]["nomic_bert"]["hidden_size"].as_u64().unwrap();
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    for folder in NOMIC_FOLDERS {
+        m.onboard("nomic_bert", folder, &tokenizer);
+        let entry = m.reference["architectures"]["nomic_bert"]["folders"][folder].clone();
+        let limit = entry["max_seq_length"].as_u64().unwrap();
+        let default = entry["default_prompt_name"].as_str().unwrap_or("");
+        let label = format!("nomic_bert/{folder} (local stack)");
+        for (flags, prompt) in [(&[][..], default), (&["--prompt", "search_document"][..], "search_document")] {
+            let run = matrix::run(&m.reference, "nomic_bert", folder, prompt);
+            let records = m.job("nomic_bert", folder, flags);
+            let lowest = check(&records, &run, hidden, NOMIC_F32_MIN_COSINE, &label);
+            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
+            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
+        }
+        if bf16 {
+            let records = m.job("nomic_bert", folder, &["--precision", "bf16"]);
+            let lowest = check(&records, &matrix::run(&m.reference, "nomic_bert", folder, default), hidden, BF16_MIN_COSINE, &label);
+            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
+        }
+        let refused = m.refused("nomic_bert", folder, &["--precision", "int8"]);
+        assert!(refused.contains("int8"), "{label}: {refused}");
+    }
+}
+
+const NOMIC_F32_MIN_COSINE: f64 = 0.99999;

@@ -21,7 +21,7 @@ const BERT_DEFAULT_POSITIONS: u32 = 512;
 /// The `model_type`s the enclave's engine runs (enclave-worker's `inference::arch`), with the rows
 /// of the position table before the first real token. A type is added here only once the engine
 /// computes it exactly.
-const ARCHITECTURES: [(&str, PositionOffset); 5] = [
+const ARCHITECTURES: [(&str, PositionOffset); 7] = [
     ("bert", PositionOffset::Zero),
     // Positions start at padding_idx + 1, the padding index being the config's pad_token_id.
     ("xlm-roberta", PositionOffset::AfterPadding),
@@ -31,6 +31,10 @@ const ARCHITECTURES: [(&str, PositionOffset); 5] = [
     ("modernbert", PositionOffset::Zero),
     // A causal decoder with rotary positions from 0 (Qwen3-Embedding).
     ("qwen3", PositionOffset::Zero),
+    // Gemma 3's text body with bidirectional attention (EmbeddingGemma), rotary positions from 0.
+    ("gemma3_text", PositionOffset::Zero),
+    // NomicBERT (nomic-embed-text), rotary positions from 0.
+    ("nomic_bert", PositionOffset::Zero),
 ];
 
 /// ModernBERT settings the engine computes only one way (`enclave-worker/src/inference/
@@ -41,6 +45,21 @@ const MODERNBERT_FIXED: [(&str, &str); 4] =
 /// Qwen3 settings the engine computes only one way (`enclave-worker/src/inference/qwen3.rs`
 /// checks the whole config again when it loads the model).
 const QWEN3_FIXED: [(&str, &str); 3] = [("hidden_act", "\"silu\""), ("attention_bias", "false"), ("use_sliding_window", "false")];
+
+/// Gemma 3 settings the engine computes only one way (`enclave-worker/src/inference/gemma3.rs`
+/// checks the whole config again when it loads the model).
+const GEMMA3_FIXED: [(&str, &str); 5] = [
+    ("hidden_activation", "\"gelu_pytorch_tanh\""),
+    ("attention_bias", "false"),
+    ("use_bidirectional_attention", "true"),
+    ("attn_logit_softcapping", "null"),
+    ("final_logit_softcapping", "null"),
+];
+
+/// sentence-transformers' name of the identity activation, the only one a Dense module may have.
+const DENSE_IDENTITY: &str = "torch.nn.modules.linear.Identity";
+/// The pooled vector's key in sentence-transformers' features.
+const SENTENCE_EMBEDDING: &str = "sentence_embedding";
 
 #[derive(Debug, Clone, Copy)]
 enum PositionOffset {
@@ -66,6 +85,8 @@ pub struct ModelSettings {
     pub prompts: Vec<(String, String)>,
     /// `config_sentence_transformers.json` `default_prompt_name`, one of `prompts`.
     pub default_prompt: Option<String>,
+    /// The folders of the `Dense` modules after the pooling, in pipeline order (modules.json).
+    pub dense: Vec<String>,
 }
 
 fn unsupported(path: &Path, field: &'static str, found: impl ToString, reason: &'static str) -> ModelError {
@@ -114,7 +135,7 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
         unsupported(&config_path, "max_position_embeddings", table, "no room after the architecture's position offset")
     })?;
 
-    let (pooling_dir, normalize) = read_modules(dir)?;
+    let Modules { pooling: pooling_dir, dense, normalize } = read_modules(dir)?;
     let sbert_path = dir.join("sentence_bert_config.json");
     let sbert = read_json(&sbert_path)?;
     if let Some(sbert) = &sbert {
@@ -125,13 +146,18 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     }
     let max_tokens = read_max_tokens(dir, sbert.as_ref(), positions)?;
     let pooling = read_pooling(&dir.join(&pooling_dir).join("config.json"), dimensions)?;
+    // The vectors are as wide as the last Dense module's output.
+    let mut dimensions = dimensions;
+    for folder in &dense {
+        dimensions = read_dense(&dir.join(folder), dimensions)?;
+    }
     let (prompts, default_prompt) = read_prompts(&dir.join("config_sentence_transformers.json"))?;
-    Ok(ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt })
+    Ok(ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt, dense })
 }
 
 /// The engine runs the [`ARCHITECTURES`]: the BERT family with absolute positions and erf GELU,
 /// ModernBERT with its rotary positions, GeGLU and no biases, Qwen3 with SwiGLU, full causal
-/// attention and no biases; anything else is refused. Returns
+/// attention and no biases, Gemma 3 bidirectional with tanh GeGLU; anything else is refused. Returns
 /// the architecture's position offset.
 fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
     let (kind, offset) = match config.get("model_type").and_then(Value::as_str) {
@@ -163,6 +189,29 @@ fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
         }
         return Ok(offset);
     }
+    if kind == "gemma3_text" {
+        for (field, only) in GEMMA3_FIXED {
+            if let Some(found) = config.get(field).filter(|v| v.to_string() != only) {
+                return Err(unsupported(path, field, found, "the engine computes Gemma 3 as EmbeddingGemma: bidirectional, tanh GeGLU, no biases or soft-capping"));
+            }
+        }
+        if config.get("use_bidirectional_attention").is_none() {
+            return Err(unsupported(path, "use_bidirectional_attention", "(absent: causal)", "the engine computes Gemma 3 with bidirectional attention"));
+        }
+        if let Some(scaling) = config.get("rope_scaling").filter(|v| !v.is_null()) {
+            return Err(unsupported(path, "rope_scaling", scaling, "the engine computes unscaled rotary positions"));
+        }
+        return Ok(offset);
+    }
+    if kind == "nomic_bert" {
+        if let Some(act) = config.get("hidden_act").filter(|v| v.as_str() != Some("silu")) {
+            return Err(unsupported(path, "hidden_act", act, "the engine computes NomicBERT with SwiGLU (silu)"));
+        }
+        if let Some(scaling) = config.get("rope_scaling").filter(|v| !v.is_null()) {
+            return Err(unsupported(path, "rope_scaling", scaling, "the engine computes unscaled rotary positions"));
+        }
+        return Ok(offset);
+    }
     if kind == "modernbert" {
         for (field, only) in MODERNBERT_FIXED {
             if let Some(found) = config.get(field).filter(|v| v.to_string() != only) {
@@ -188,12 +237,32 @@ fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
     Ok(offset)
 }
 
-/// modules.json: a Transformer, one Pooling, optionally Normalize, in that order. Returns the
-/// pooling module's folder and whether vectors are normalised. Without modules.json,
-/// sentence-transformers builds Transformer + mean Pooling and does not normalise.
-fn read_modules(dir: &Path) -> Result<(String, bool), ModelError> {
+/// The pipeline after the Transformer, as modules.json lists it.
+struct Modules {
+    /// The Pooling module's folder.
+    pooling: String,
+    /// The Dense modules' folders, in order.
+    dense: Vec<String>,
+    normalize: bool,
+}
+
+/// A module's own folder inside the model directory.
+fn module_folder(path: &Path, kind: &'static str, folder: &str) -> Result<String, ModelError> {
+    if folder.is_empty() || folder.contains("..") || folder.starts_with('/') || folder.contains('\\') {
+        return Err(unsupported(path, "path", folder, match kind {
+            "Dense" => "each Dense module needs its own folder",
+            _ => "the Pooling module needs its own folder",
+        }));
+    }
+    Ok(folder.to_owned())
+}
+
+/// modules.json: a Transformer, one Pooling, any number of Dense modules, optionally Normalize,
+/// in that order. Without modules.json, sentence-transformers builds Transformer + mean Pooling
+/// and does not normalise.
+fn read_modules(dir: &Path) -> Result<Modules, ModelError> {
     let path = dir.join("modules.json");
-    let Some(modules) = read_json(&path)? else { return Ok(("1_Pooling".into(), false)) };
+    let Some(modules) = read_json(&path)? else { return Ok(Modules { pooling: "1_Pooling".into(), dense: Vec::new(), normalize: false }) };
     let list = modules.as_array().ok_or_else(|| config_error(&path, "not a JSON array".into()))?;
     let kinds: Vec<(&str, &str)> = list
         .iter()
@@ -204,18 +273,20 @@ fn read_modules(dir: &Path) -> Result<(String, bool), ModelError> {
         .collect();
     match kinds.as_slice() {
         [("Transformer", ""), ("Pooling", pooling), rest @ ..] => {
-            let normalize = match rest {
+            let dense_count = rest.iter().take_while(|(k, _)| *k == "Dense").count();
+            let normalize = match &rest[dense_count..] {
                 [] => false,
                 [("Normalize", _)] => true,
-                _ => {
-                    let (other, _) = rest.iter().find(|(k, _)| *k != "Normalize").unwrap_or(&rest[0]);
-                    return Err(unsupported(&path, "type", other, "only Normalize may follow Pooling (no Dense, LayerNorm, ...)"));
+                after => {
+                    let (other, _) = after.iter().find(|(k, _)| *k != "Normalize").unwrap_or(&after[0]);
+                    return Err(unsupported(&path, "type", other, "only Dense modules, then Normalize, may follow Pooling (no LayerNorm, ...)"));
                 }
             };
-            if pooling.is_empty() || pooling.contains("..") || pooling.starts_with('/') {
-                return Err(unsupported(&path, "path", pooling, "the Pooling module needs its own folder"));
+            if dense_count > protocol::manifest::MAX_DENSE {
+                return Err(unsupported(&path, "type", format!("{dense_count} Dense modules"), "at most 8 Dense modules"));
             }
-            Ok(((*pooling).to_owned(), normalize))
+            let dense = rest[..dense_count].iter().map(|(_, folder)| module_folder(&path, "Dense", folder)).collect::<Result<_, _>>()?;
+            Ok(Modules { pooling: module_folder(&path, "Pooling", pooling)?, dense, normalize })
         }
         _ => Err(unsupported(
             &path,
@@ -286,6 +357,50 @@ fn read_pooling(path: &Path, dimensions: u32) -> Result<Pooling, ModelError> {
         [] => Err(unsupported(path, "pooling_mode_*", "none set", "one of mean_tokens, cls_token, lasttoken must be true")),
         other => Err(unsupported(path, "pooling_mode_*", other.join(", "), "exactly one of mean_tokens, cls_token, lasttoken")),
     }
+}
+
+/// One Dense module's folder: its `config.json` must take `width` values (the pooled vector or
+/// the previous module's output) through the identity activation, and its weights must be a
+/// `model.safetensors`. Returns its `out_features`. The enclave checks the config and the
+/// weights' shape again when it loads the model.
+fn read_dense(folder: &Path, width: u32) -> Result<u32, ModelError> {
+    let path = folder.join("config.json");
+    let json = read_json(&path)?.ok_or_else(|| config_error(&path, "missing: a Dense module's configuration".into()))?;
+    let config = object(&path, &json)?;
+    for (key, value) in config {
+        let fits = match key.as_str() {
+            "in_features" | "out_features" => true,
+            "bias" => value.is_boolean(),
+            "activation_function" => value == DENSE_IDENTITY,
+            "module_input_name" | "module_output_name" => value == SENTENCE_EMBEDDING,
+            "use_residual" => value == false,
+            _ => false,
+        };
+        if !fits {
+            let field = ["activation_function", "module_input_name", "module_output_name", "use_residual", "bias"]
+                .into_iter()
+                .find(|f| f == key)
+                .unwrap_or("(unknown field)");
+            return Err(unsupported(&path, field, format!("{key}: {value}"), "a Dense module the engine computes maps the sentence embedding linearly, with the identity activation"));
+        }
+    }
+    if !config.contains_key("activation_function") {
+        return Err(unsupported(&path, "activation_function", "(absent: Tanh)", "the engine computes the identity activation only"));
+    }
+    let features = |field: &'static str| {
+        positive_field(&path, &json, field)?
+            .filter(|&f| f as usize <= MAX_DIMENSIONS || field == "in_features")
+            .ok_or_else(|| unsupported(&path, field, json.get(field).map_or("(absent)".into(), Value::to_string), "must be stated, at most the protocol's dimensions"))
+    };
+    let inp = features("in_features")?;
+    if inp != width {
+        return Err(unsupported(&path, "in_features", inp, "differs from the width of the vector the module receives"));
+    }
+    let out = features("out_features")?;
+    if !folder.join("model.safetensors").is_file() {
+        return Err(ModelError::MissingFile { dir: folder.to_owned(), name: "model.safetensors" });
+    }
+    Ok(out)
 }
 
 /// `prompts` (name → text) and `default_prompt_name`, sorted by name.

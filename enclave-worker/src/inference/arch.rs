@@ -1,6 +1,7 @@
 //! The encoder architectures the fused encoder computes, read from the model's `config.json`
-//! (`model_type`): BERT, XLM-RoBERTa, MPNet, ModernBERT and Qwen3 (their specs and tensor names:
-//! [`super::modernbert`], [`super::qwen3`]). `config.json` is one of the files the signed manifest hashes, so a
+//! (`model_type`): BERT, XLM-RoBERTa, MPNet, ModernBERT, Qwen3 and Gemma 3's text body (their
+//! specs and tensor names: [`super::modernbert`], [`super::qwen3`], [`super::gemma3`]) and
+//! NomicBERT ([`super::nomic_bert`]). `config.json` is one of the files the signed manifest hashes, so a
 //! host cannot change the architecture a model is run as.
 //!
 //! Each architecture is a [`ArchConfig`]: the sizes, where the norms sit ([`Placement`]), the
@@ -37,6 +38,11 @@ pub enum Architecture {
     MpNet,
     ModernBert,
     Qwen3,
+    /// Gemma 3's text body with bidirectional attention (EmbeddingGemma), `model_type`
+    /// `"gemma3_text"`.
+    Gemma3,
+    /// NomicBERT (nomic-embed-text), `model_type` `"nomic_bert"`.
+    NomicBert,
 }
 
 /// Where a layer's norms sit.
@@ -58,6 +64,8 @@ pub(crate) enum Activation {
     GeGlu,
     /// `silu(g) · u` with `[g | u] = x·W1` (Qwen3's gate and up projections fused at load).
     SwiGlu,
+    /// `gelu_tanh(g) · u` with `[g | u] = x·W1` (Gemma's `gelu_pytorch_tanh`).
+    GeGluTanh,
 }
 
 /// One layer's attention: softmax over the sequence, bidirectional or causal, optionally with
@@ -85,6 +93,8 @@ impl Architecture {
             Architecture::MpNet => "mpnet",
             Architecture::ModernBert => "modernbert",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3_text",
+            Architecture::NomicBert => "nomic_bert",
         }
     }
 
@@ -95,7 +105,8 @@ impl Architecture {
             Architecture::Bert => "bert.",
             Architecture::XlmRoberta => "roberta.",
             Architecture::MpNet => "mpnet.",
-            Architecture::ModernBert | Architecture::Qwen3 => "model.",
+            Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 => "model.",
+            Architecture::NomicBert => "nomic_bert.",
         }
     }
 }
@@ -128,6 +139,9 @@ pub(crate) struct ArchConfig {
     pub activation: Activation,
     /// One per layer.
     pub attention: Vec<LayerAttention>,
+    /// What scores are multiplied by before the softmax, where not `1/√head_dim` (Gemma:
+    /// `query_pre_attn_scalar^−0.5`).
+    pub query_scale: Option<f32>,
 }
 
 pub(crate) fn field<'a>(config: &'a Value, name: &str) -> Option<&'a Value> {
@@ -165,6 +179,8 @@ impl ArchConfig {
             "mpnet" => Architecture::MpNet,
             "modernbert" => return super::modernbert::parse(&config),
             "qwen3" => return super::qwen3::parse(&config),
+            "gemma3_text" => return super::gemma3::parse(&config),
+            "nomic_bert" => return super::nomic_bert::parse(&config),
             other => return Err(InferenceError::UnsupportedArchitecture(format!("model_type {other:?}"))),
         };
         let hidden_size = size(&config, "hidden_size")?;
@@ -194,7 +210,7 @@ impl ArchConfig {
                 (size(&config, "type_vocab_size")?, Some(pad))
             }
             // Returned above from their own specs; never read as BERT-family configs.
-            Architecture::ModernBert | Architecture::Qwen3 => {
+            Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::NomicBert => {
                 return Err(InferenceError::Config(format!("{}: not a BERT-family config", arch.as_str())));
             }
             Architecture::MpNet => {
@@ -234,12 +250,13 @@ impl ArchConfig {
             placement: Placement::Post,
             activation: Activation::Gelu,
             attention: vec![LayerAttention::GLOBAL; num_hidden_layers],
+            query_scale: None,
         })
     }
 
     /// Whether the fused encoder computes this model exactly; if not, why (naming the field).
     pub(crate) fn fused_computes(&self) -> Result<(), String> {
-        if matches!(self.arch, Architecture::ModernBert | Architecture::Qwen3) {
+        if matches!(self.arch, Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::NomicBert) {
             // Their specs refused at parse what the encoder does not compute.
             return Ok(());
         }
@@ -462,4 +479,30 @@ pub(crate) fn theta(name: &str, value: &Value) -> Result<f32, InferenceError> {
         .filter(|t| t.is_finite() && *t > 1.0 && *t <= 1e9)
         .map(|t| t as f32)
         .ok_or_else(|| unsupported(name, value, "not a rotary base (1, 1e9]"))
+}
+
+/// One rotary base for every layer (Qwen3, NomicBERT): `rope_parameters` (the default kind, nothing else) over `rope_theta`, both
+/// stated must agree; the architecture's default otherwise.
+pub(crate) fn rotary_base(config: &Value, default: f32) -> Result<f32, InferenceError> {
+    if let Some(v) = field(config, "rope_scaling") {
+        return Err(unsupported("rope_scaling", v, "rotary scaling is not computed"));
+    }
+    let stated = field(config, "rope_theta").map(|t| theta("rope_theta", t)).transpose()?;
+    let Some(parameters) = field(config, "rope_parameters") else { return Ok(stated.unwrap_or(default)) };
+    let parameters: &serde_json::Map<String, Value> =
+        parameters.as_object().ok_or_else(|| unsupported("rope_parameters", parameters, "not an object"))?;
+    for (key, value) in parameters {
+        match key.as_str() {
+            "rope_type" if value == "default" => {}
+            "rope_type" => return Err(unsupported("rope_parameters.rope_type", value, "only the default rotary kind is computed")),
+            "rope_theta" => {}
+            _ => return Err(unsupported(format!("rope_parameters.{key}"), value, "a rotary setting the engine does not compute")),
+        }
+    }
+    let from_parameters = parameters.get("rope_theta").map(|t| theta("rope_parameters.rope_theta", t)).transpose()?;
+    match (from_parameters, stated) {
+        (Some(t), Some(other)) if t != other => Err(unsupported("rope_theta", other, "disagrees with rope_parameters")),
+        (Some(t), _) | (None, Some(t)) => Ok(t),
+        (None, None) => Ok(default),
+    }
 }

@@ -8,6 +8,7 @@ use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStr
 
 use super::arch::{ArchConfig, Architecture};
 use super::encoder::{ClassifierHead, Encoder, SpladeHead};
+use super::projection::{DenseFiles, Projection};
 use super::{InferenceError, RecordFailure};
 
 /// Which implementation of the BERT encoder runs the model.
@@ -32,8 +33,8 @@ enum Model {
     Candle(super::candle_bert::CandleBert),
 }
 
-/// The three files of a model directory, as bytes in memory (decrypted and hash-checked by the
-/// model loader before they get here).
+/// The files of a model directory, as bytes in memory (decrypted and hash-checked by the model
+/// loader before they get here).
 #[derive(Debug, Clone, Copy)]
 pub struct ModelFiles<'a> {
     /// `config.json` (Hugging Face BERT config).
@@ -42,6 +43,8 @@ pub struct ModelFiles<'a> {
     pub tokenizer: &'a [u8],
     /// `model.safetensors`.
     pub weights: &'a [u8],
+    /// The sentence-transformers `Dense` modules after the pooling, in order (most models: none).
+    pub dense: &'a [DenseFiles<'a>],
 }
 
 /// How a model turns token states into one vector. Comes from the signed manifest.
@@ -54,7 +57,8 @@ pub struct EmbedderSettings {
     /// Maximum tokens per text, `[CLS]` and `[SEP]` included; longer texts are truncated, or refused
     /// when a job asks for no truncation.
     pub max_tokens: usize,
-    /// If set, the model's hidden size must equal it (the manifest's `dimensions`).
+    /// If set, the length of the model's vectors must equal it (the manifest's `dimensions`): the
+    /// hidden size, or the last Dense module's `out_features`.
     pub dimensions: Option<usize>,
     pub backend: Backend,
 }
@@ -127,6 +131,8 @@ pub struct Embedder {
     splade: Option<SpladeHead>,
     /// A cross-encoder's head (`Pooling::Rerank`): a pair's vector is its one score.
     classifier: Option<ClassifierHead>,
+    /// The Dense modules after the pooling (none for most models).
+    projection: Projection,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -159,13 +165,19 @@ impl Embedder {
             Pooling::Rerank { sigmoid } => Some(ClassifierHead::load(files.weights, &config, labels(files.config)?, sigmoid)?),
             _ => None,
         };
-        let width = splade.as_ref().map_or(config.hidden_size, SpladeHead::dimensions);
+        if (splade.is_some() || classifier.is_some()) && !files.dense.is_empty() {
+            return Err(InferenceError::Settings("Dense modules follow a pooling to one vector, not splade or rerank".into()));
+        }
+        let projection = Projection::load(files.dense, config.hidden_size)?;
+        let width = splade.as_ref().map_or_else(|| projection.output_width(config.hidden_size), SpladeHead::dimensions);
         if let Some(dimensions) = settings.dimensions
             && dimensions != width
         {
             return Err(InferenceError::Settings(format!(
-                "the manifest says {dimensions} dimensions, the model's {} is {width}",
-                if splade.is_some() { "vocabulary" } else { "hidden size" }
+                "the manifest says {dimensions} dimensions, the model's vectors have {width} (hidden size {}, vocabulary {}, {} Dense modules)",
+                config.hidden_size,
+                config.vocab_size,
+                files.dense.len()
             )));
         }
 
@@ -216,7 +228,7 @@ impl Embedder {
         if (splade.is_some() || classifier.is_some()) && !matches!(model, Model::Fused(_)) {
             return Err(InferenceError::UnsupportedArchitecture("splade and rerank heads run on the fused encoder only".into()));
         }
-        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, splade, classifier })
+        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, splade, classifier, projection })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -311,9 +323,10 @@ impl Embedder {
         self.backend() == Backend::CandleBert
     }
 
-    /// Length of the output vectors (a SPLADE model's: its vocabulary).
+    /// Length of the output vectors: the hidden size, the last Dense module's output, or a SPLADE
+    /// model's vocabulary.
     pub fn dimensions(&self) -> usize {
-        self.splade.as_ref().map_or(self.hidden_size, SpladeHead::dimensions)
+        self.splade.as_ref().map_or_else(|| self.projection.output_width(self.hidden_size), SpladeHead::dimensions)
     }
 
     /// Checks and tokenizes one text. Per-record failures: `TooLarge` (over the protocol's text
@@ -452,11 +465,12 @@ impl Embedder {
         Ok(out)
     }
 
-    /// Pools the states of one sequence's real tokens (`n × hidden`).
+    /// Pools the states of one sequence's real tokens (`n × hidden`), then the Dense modules (if
+    /// any), then normalises if asked; SPLADE's and a cross-encoder's heads in place of both.
     fn pool(&self, states: &[f32], normalize: bool) -> Result<Vec<f32>, InferenceError> {
         let h = self.hidden_size;
         let n = (states.len() / h).max(1);
-        let mut vector: Vec<f32> = match self.settings.pooling {
+        let vector: Vec<f32> = match self.settings.pooling {
             Pooling::Splade => self.splade.as_ref().expect("loaded with splade pooling").pool(states)?,
             Pooling::Rerank { .. } => vec![self.classifier.as_ref().expect("loaded with rerank pooling").score(states)?],
             Pooling::Cls => states[..h].to_vec(),
@@ -473,6 +487,7 @@ impl Embedder {
                 acc.iter().map(|&a| (a / n as f64) as f32).collect()
             }
         };
+        let mut vector = self.projection.apply(vector);
         if normalize {
             l2_normalize(&mut vector);
         }
@@ -487,7 +502,7 @@ impl Embedder {
         #[cfg_attr(not(feature = "candle"), allow(irrefutable_let_patterns))]
         let Model::Fused(encoder) = &self.model else { return None };
         let head = self.splade.as_ref().map_or(0, SpladeHead::memory_bytes) + self.classifier.as_ref().map_or(0, ClassifierHead::memory_bytes);
-        Some((encoder.memory_bytes() + head + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
+        Some((encoder.memory_bytes() + head + self.projection.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
     }
 }
 

@@ -66,6 +66,9 @@ pub(crate) struct Layer {
     pub(crate) ff_norm: Norm,
     /// Per-head norms of the queries and keys before rotary (Qwen3's `q_norm`, `k_norm`).
     pub(crate) qk_norm: Option<(Norm, Norm)>,
+    /// Pre-norm layers only: norms of the attention's and the feed-forward's outputs before each
+    /// is added to the residual (Gemma's `post_attention_layernorm`, `post_feedforward_layernorm`).
+    pub(crate) sandwich: Option<(Norm, Norm)>,
     pub(crate) attention: LayerAttention,
 }
 
@@ -75,6 +78,7 @@ impl Layer {
             + self.attn_norm.as_ref().map_or(0, Norm::memory_bytes)
             + self.ff_norm.memory_bytes()
             + self.qk_norm.as_ref().map_or(0, |(q, k)| q.memory_bytes() + k.memory_bytes())
+            + self.sandwich.as_ref().map_or(0, |(a, f)| a.memory_bytes() + f.memory_bytes())
     }
 }
 
@@ -148,6 +152,8 @@ pub(crate) struct Encoder {
     /// Key/value heads; query head `i` reads group `i / (heads / kv_heads)`.
     kv_heads: usize,
     head_dim: usize,
+    /// Scores' factor before the softmax: `1/√head_dim` unless the architecture states another.
+    query_scale: f32,
     vocab: usize,
     max_positions: usize,
     eps: f32,
@@ -186,6 +192,7 @@ fn bert_family(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeights, In
             ff2: t.linear(&format!("{p}.output.dense"), hidden, inter, true)?,
             ff_norm: t.norm(&format!("{p}.output.LayerNorm"), hidden, true)?,
             qk_norm: None,
+            sandwich: None,
             attention,
         });
     }
@@ -233,6 +240,8 @@ impl Encoder {
         let family = match config.arch {
             Architecture::ModernBert => super::modernbert::weights(&tensors, config)?,
             Architecture::Qwen3 => super::qwen3::weights(&tensors, config)?,
+            Architecture::Gemma3 => super::gemma3::weights(&tensors, config)?,
+            Architecture::NomicBert => super::nomic_bert::weights(&tensors, config)?,
             Architecture::Bert | Architecture::XlmRoberta | Architecture::MpNet => bert_family(&tensors, config)?,
         };
         let (heads, head_dim) = (config.num_attention_heads, config.head_dim);
@@ -259,6 +268,7 @@ impl Encoder {
             heads,
             kv_heads: config.num_key_value_heads,
             head_dim,
+            query_scale: config.query_scale.unwrap_or(1.0 / (head_dim as f32).sqrt()),
             vocab: config.vocab_size,
             max_positions: config.max_tokens(),
             eps: config.layer_norm_eps as f32,
@@ -505,14 +515,15 @@ impl Encoder {
                 self.attention(qkv, layer.qkv.b.as_deref(), attention, offsets, context);
                 observe(1, context);
                 dense(context, total, &layer.out.w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
-                self.add_residual(x, proj, layer.out.b.as_deref());
-                // x + FFN(Norm(x)).
+                let sandwich = layer.sandwich.as_ref();
+                self.add_residual_normed(x, proj, layer.out.b.as_deref(), sandwich.map(|(attn, _)| attn));
+                // x + FFN(Norm(x)) (+ Norm of the FFN's output where the layer has one).
                 self.norm_into(h1, x, &layer.ff_norm);
                 observe(2, h1);
                 let activated = self.feed_forward_in(layer, reduced, h1, total, ff, gated)?;
                 observe(3, activated);
                 dense(activated, total, &layer.ff2.w, reduced.pick(|b| &b.ff2, |q| &q.ff2), proj)?;
-                self.add_residual(x, proj, layer.ff2.b.as_deref());
+                self.add_residual_normed(x, proj, layer.ff2.b.as_deref(), sandwich.map(|(_, ff)| ff));
             }
         }
         Ok(())
@@ -549,12 +560,13 @@ impl Encoder {
                 }
                 Ok(ff)
             }
-            Activation::GeGlu | Activation::SwiGlu => {
+            Activation::GeGlu | Activation::SwiGlu | Activation::GeGluTanh => {
                 let inter = width / 2;
                 resize(gated, total * inter);
                 let ff: &[f32] = ff;
                 match self.activation {
                     Activation::GeGlu => fused_rows(gated, inter, #[inline(always)] |i, out| kernels::geglu(out, &ff[i * width..(i + 1) * width])),
+                    Activation::GeGluTanh => fused_rows(gated, inter, #[inline(always)] |i, out| kernels::geglu_tanh(out, &ff[i * width..(i + 1) * width])),
                     _ => fused_rows(gated, inter, #[inline(always)] |i, out| kernels::swiglu(out, &ff[i * width..(i + 1) * width])),
                 }
                 Ok(gated)
@@ -580,10 +592,24 @@ impl Encoder {
         });
     }
 
-    /// `x ← x + product (+ bias)`, row by row.
-    fn add_residual(&self, x: &mut [f32], product: &[f32], bias: Option<&[f32]>) {
+    /// `x ← x + product (+ bias)`, row by row; with a sandwich norm `x ← x + Norm(product (+ bias))`.
+    fn add_residual_normed(&self, x: &mut [f32], product: &mut [f32], bias: Option<&[f32]>, norm: Option<&Norm>) {
         let h = self.hidden;
-        fused_rows(x, h, #[inline(always)] |i, row| kernels::add_residual(row, &product[i * h..(i + 1) * h], bias));
+        let Some(norm) = norm else {
+            let product: &[f32] = product;
+            fused_rows(x, h, #[inline(always)] |i, row| kernels::add_residual(row, &product[i * h..(i + 1) * h], bias));
+            return;
+        };
+        fused_rows(product, h, #[inline(always)] |_, row| {
+            if let Some(bias) = bias {
+                for (o, &b) in row.iter_mut().zip(bias) {
+                    *o += b;
+                }
+            }
+            norm.apply_in_place(row, self.eps);
+        });
+        let product: &[f32] = product;
+        fused_rows(x, h, #[inline(always)] |i, row| kernels::add_residual(row, &product[i * h..(i + 1) * h], None));
     }
 }
 

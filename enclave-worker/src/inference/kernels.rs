@@ -91,6 +91,26 @@ pub(crate) fn geglu(out: &mut [f32], row: &[f32]) {
     }
 }
 
+/// The tanh approximation of GELU (`gelu_pytorch_tanh`, Gemma's `hidden_activation`):
+/// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`, computed as `x / (1 + e^(−2u))` — the same
+/// function (`(1 + tanh u) / 2` is the logistic of `2u`) through the vectorisable [`exp`].
+#[inline(always)]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    let u = SQRT_2_OVER_PI * (0.044_715 * x * x).mul_add(x, x);
+    x / (1.0 + exp(-2.0 * u))
+}
+
+/// GeGLU with the tanh GELU: `out ← gelu_tanh(gate) · up` (Gemma's `[gate | up]`).
+#[inline(always)]
+pub(crate) fn geglu_tanh(out: &mut [f32], row: &[f32]) {
+    let (gate, up) = row.split_at(out.len());
+    assert_eq!(up.len(), out.len());
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = gelu_tanh(g) * u;
+    }
+}
+
 /// Sum with independent lanes (vectorisable).
 #[inline(always)]
 pub(crate) fn sum(values: &[f32]) -> f32 {
@@ -288,6 +308,20 @@ mod tests {
             total += term / (2 * n + 1) as f64;
         }
         total * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    /// The tanh GELU against its definition in f64, over the range activations take.
+    #[test]
+    fn gelu_tanh_is_accurate() {
+        let mut worst = 0f64;
+        let mut x = -12.0f32;
+        while x <= 12.0 {
+            let v = f64::from(x);
+            let want = 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
+            worst = worst.max((f64::from(gelu_tanh(x)) - want).abs() / want.abs().max(1.0));
+            x += 0.0007;
+        }
+        assert!(worst < 1e-6, "{worst}");
     }
 
     #[test]

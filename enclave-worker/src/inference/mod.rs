@@ -10,7 +10,10 @@
 //!   XLM-RoBERTa (positions offset by `padding_idx + 1`), MPNet (also a bucketed relative
 //!   position bias in attention), ModernBERT (`modernbert.rs`: pre-norm, GeGLU, rotary, local
 //!   and global layers) or Qwen3 (`qwen3.rs`: a causal decoder with RMSNorm, grouped-query
-//!   attention, SwiGLU, rotary; pooled by its last token); any other is refused by name. All run through one layer loop over shared
+//!   attention, SwiGLU, rotary; pooled by its last token) or Gemma 3's text body (`gemma3.rs`:
+//!   EmbeddingGemma, bidirectional, sliding and full layers, sandwich norms, tanh GeGLU); any
+//!   other is refused by name. sentence-transformers `Dense` modules after the pooling
+//!   (`projection.rs`) are applied before normalisation. All run through one layer loop over shared
 //!   blocks (`encoder/blocks.rs`). XLM-RoBERTa, MPNet, ModernBERT and Qwen3 run only in the fused
 //!   encoder, at fp32 and bf16 (int8 is refused for them: its bound is measured on BERT only);
 //!   `tests/arch_reference.rs` and the model matrix check them against sentence-transformers.
@@ -79,6 +82,9 @@ mod engine;
 mod kernels;
 mod metrics;
 mod modernbert;
+mod nomic_bert;
+mod projection;
+mod gemma3;
 mod qwen3;
 mod strided;
 
@@ -92,6 +98,7 @@ pub use embedder::{Backend, Embedder, EmbedderSettings, INT8_SHORT_TOKENS, Model
 pub use candle_bert::{CandleThreads, candle_thread_settings};
 pub use engine::{EmbedOptions, Engine, EngineSettings};
 pub use metrics::{Metrics, MetricsSnapshot};
+pub use projection::{DenseFiles, IDENTITY as DENSE_IDENTITY};
 
 use protocol::envelope::{OutputDtype, OutputKind};
 use protocol::quantize::Ranges;
@@ -195,6 +202,10 @@ pub enum InferenceError {
     /// and field.
     #[error("{file}: {field} {found}: {reason}")]
     UnsupportedSetting { file: &'static str, field: String, found: String, reason: &'static str },
+    /// A sentence-transformers Dense module (the `index`th after the pooling, from 0) the engine
+    /// does not compute, or whose weights do not fit, by file and field.
+    #[error("Dense module {index} {file}: {field} {found}: {reason}")]
+    Dense { index: usize, file: &'static str, field: String, found: String, reason: &'static str },
     #[error("thread pool: {0}")]
     ThreadPool(String),
     #[error("model forward pass: {0}")]

@@ -183,6 +183,7 @@ pub(crate) fn parse(config: &Value) -> Result<ArchConfig, InferenceError> {
         placement: Placement::Pre,
         activation: Activation::GeGlu,
         attention,
+        query_scale: None,
     })
 }
 
@@ -198,6 +199,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
             // The first layer's attention norm is the identity: it has no weights.
             attn_norm: if i == 0 { None } else { Some(t.norm(&format!("{p}.attn_norm"), hidden, false)?) },
             qk_norm: None,
+            sandwich: None,
             ff1: t.linear(&format!("{p}.mlp.Wi"), 2 * inter, hidden, false)?,
             ff2: t.linear(&format!("{p}.mlp.Wo"), hidden, inter, false)?,
             ff_norm: t.norm(&format!("{p}.mlp_norm"), hidden, false)?,

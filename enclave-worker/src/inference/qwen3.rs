@@ -10,10 +10,10 @@
 //! count is capped; a field the engine does not know, or a variant it does not compute (biases,
 //! sliding windows, rope scaling, another activation), is refused by name.
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::InferenceError;
-use super::arch::{self, Activation, ArchConfig, Architecture, LayerAttention, Placement, count, theta, unsupported};
+use super::arch::{self, Activation, ArchConfig, Architecture, LayerAttention, Placement, count, unsupported};
 use super::encoder::blocks::{Embeddings, Tensors};
 use super::encoder::{FamilyWeights, Layer};
 
@@ -47,32 +47,6 @@ const IGNORED: &[&str] = &[
     "eos_token_id", "pad_token_id", "dtype", "torch_dtype", "transformers_version", "_name_or_path", "id2label",
     "label2id", "num_labels", "problem_type", "output_attentions", "output_hidden_states", "return_dict",
 ];
-
-/// The rotary base: `rope_parameters` (the default kind, nothing else) over `rope_theta`, both
-/// stated must agree; transformers' default otherwise.
-fn rotary_base(config: &Value) -> Result<f32, InferenceError> {
-    if let Some(v) = arch::field(config, "rope_scaling") {
-        return Err(unsupported("rope_scaling", v, "rotary scaling is not computed"));
-    }
-    let stated = arch::field(config, "rope_theta").map(|t| theta("rope_theta", t)).transpose()?;
-    let Some(parameters) = arch::field(config, "rope_parameters") else { return Ok(stated.unwrap_or(DEFAULT_THETA as f32)) };
-    let parameters: &Map<String, Value> =
-        parameters.as_object().ok_or_else(|| unsupported("rope_parameters", parameters, "not an object"))?;
-    for (key, value) in parameters {
-        match key.as_str() {
-            "rope_type" if value == "default" => {}
-            "rope_type" => return Err(unsupported("rope_parameters.rope_type", value, "only the default rotary kind is computed")),
-            "rope_theta" => {}
-            _ => return Err(unsupported(format!("rope_parameters.{key}"), value, "a rotary setting the engine does not compute")),
-        }
-    }
-    let from_parameters = parameters.get("rope_theta").map(|t| theta("rope_parameters.rope_theta", t)).transpose()?;
-    match (from_parameters, stated) {
-        (Some(t), Some(other)) if t != other => Err(unsupported("rope_theta", other, "disagrees with rope_parameters")),
-        (Some(t), _) | (None, Some(t)) => Ok(t),
-        (None, None) => Ok(DEFAULT_THETA as f32),
-    }
-}
 
 /// Every layer attends to the whole text before it: sliding windows are refused.
 fn check_full_attention(config: &Value, layers: usize) -> Result<(), InferenceError> {
@@ -123,7 +97,7 @@ pub(crate) fn parse(config: &Value) -> Result<ArchConfig, InferenceError> {
         return Err(unsupported("hidden_act", format!("{activation:?}"), "the engine computes SwiGLU with silu"));
     }
     check_full_attention(config, layers)?;
-    let base = rotary_base(config)?;
+    let base = arch::rotary_base(config, DEFAULT_THETA as f32)?;
     Ok(ArchConfig {
         arch: Architecture::Qwen3,
         vocab_size: count(config, "vocab_size", None, MAX_VOCAB)?,
@@ -142,6 +116,7 @@ pub(crate) fn parse(config: &Value) -> Result<ArchConfig, InferenceError> {
         placement: Placement::Pre,
         activation: Activation::SwiGlu,
         attention: vec![LayerAttention { rotary_base: Some(base), window: None, causal: true }; layers],
+        query_scale: None,
     })
 }
 
@@ -163,6 +138,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
             ff2: t.linear(&format!("{p}.mlp.down_proj"), hidden, inter, false)?,
             ff_norm: t.rms_norm(&format!("{p}.post_attention_layernorm"), hidden)?,
             qk_norm: Some((t.rms_norm(&format!("{p}.self_attn.q_norm"), d)?, t.rms_norm(&format!("{p}.self_attn.k_norm"), d)?)),
+            sandwich: None,
             attention,
         });
     }

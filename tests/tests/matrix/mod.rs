@@ -116,3 +116,19 @@ pub const QWEN3_FOLDERS: [&str; 2] = ["classic-last", "v6-last"];
 pub fn qwen3_reference() -> Value {
     serde_json::from_slice(&std::fs::read(data().join("qwen3/reference.json")).unwrap()).unwrap()
 }
+
+/// Gemma 3's part (`testdata/models/gemma3/`): its own reference file, the same layout, two
+/// folders with mean pooling, two Dense modules and EmbeddingGemma's prompts.
+pub const GEMMA3_FOLDERS: [&str; 2] = ["classic-mean", "v6-mean"];
+
+pub fn gemma3_reference() -> Value {
+    serde_json::from_slice(&std::fs::read(data().join("gemma3/reference.json")).unwrap()).unwrap()
+}
+
+/// NomicBERT's part (`testdata/models/nomic_bert/`): its own reference file, the same layout, two
+/// folders with mean pooling and nomic-embed-text's prompts.
+pub const NOMIC_FOLDERS: [&str; 2] = ["classic-mean", "v6-mean"];
+
+pub fn nomic_reference() -> Value {
+    serde_json::from_slice(&std::fs::read(data().join("nomic_bert/reference.json")).unwrap()).unwrap()
+}

@@ -55,7 +55,7 @@ fn classic_form() {
     let settings = read_settings(dir.path()).unwrap();
     assert_eq!(
         settings,
-        ModelSettings { dimensions: 8, max_tokens: 256, pooling: Pooling::Mean, normalize: true, prompts: vec![], default_prompt: None }
+        ModelSettings { dimensions: 8, max_tokens: 256, pooling: Pooling::Mean, normalize: true, prompts: vec![], default_prompt: None, dense: vec![] }
     );
     write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#);
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 128}"#);
@@ -144,9 +144,9 @@ fn modules_after_pooling_and_odd_pipelines_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     classic(dir.path());
     for (kinds, found) in [
-        (&["Transformer", "Pooling", "Dense", "Normalize"][..], "Dense"),
         (&["Transformer", "Pooling", "Normalize", "Dense"][..], "Dense"),
         (&["Transformer", "Pooling", "LayerNorm"][..], "LayerNorm"),
+        (&["Transformer", "Pooling", "Dense", "LayerNorm", "Normalize"][..], "LayerNorm"),
         (&["Transformer", "Dense", "Pooling"][..], "Transformer, Dense, Pooling"),
         (&["Transformer"][..], "Transformer"),
     ] {
@@ -232,4 +232,102 @@ fn a_qwen3_embedding_directory_reads_as_last_token_pooling_with_its_prompts() {
     // The 6.x form says the same with one string.
     write(dir.path(), "1_Pooling/config.json", r#"{"embedding_dimension": 8, "pooling_mode": "lasttoken", "include_prompt": true}"#);
     assert_eq!(read_settings(dir.path()).unwrap().pooling, Pooling::LastToken);
+}
+
+/// EmbeddingGemma's layout: a Gemma 3 text config, mean pooling, two Dense modules (768 → 3072 →
+/// 768 there; 8 → 12 → 6 here), Normalize, task prompts.
+fn embedding_gemma(dir: &Path) {
+    classic(dir);
+    write(
+        dir,
+        "config.json",
+        r#"{"model_type": "gemma3_text", "hidden_size": 8, "max_position_embeddings": 2048, "hidden_activation": "gelu_pytorch_tanh", "attention_bias": false, "use_bidirectional_attention": true, "attn_logit_softcapping": null, "final_logit_softcapping": null, "rope_scaling": null, "sliding_window": 512}"#,
+    );
+    write(dir, "sentence_bert_config.json", r#"{"max_seq_length": 2048, "do_lower_case": false}"#);
+    write(dir, "modules.json", &modules(&["Transformer", "Pooling", "Dense", "Dense", "Normalize"]));
+    let dense = |inp: u32, out: u32| {
+        format!(r#"{{"in_features": {inp}, "out_features": {out}, "bias": false, "activation_function": "torch.nn.modules.linear.Identity", "module_input_name": "sentence_embedding", "module_output_name": "sentence_embedding"}}"#)
+    };
+    write(dir, "2_Dense/config.json", &dense(8, 12));
+    write(dir, "2_Dense/model.safetensors", "weights");
+    write(dir, "3_Dense/config.json", &dense(12, 6));
+    write(dir, "3_Dense/model.safetensors", "weights");
+    write(dir, "config_sentence_transformers.json", r#"{"prompts": {"query": "task: search result | query: ", "document": "title: none | text: "}, "default_prompt_name": null}"#);
+}
+
+#[test]
+fn dense_modules_after_pooling_are_read_in_order_and_set_the_dimensions() {
+    let dir = tempfile::tempdir().unwrap();
+    embedding_gemma(dir.path());
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!(settings.dense, ["2_Dense", "3_Dense"]);
+    assert_eq!((settings.dimensions, settings.max_tokens, settings.pooling, settings.normalize), (6, 2048, Pooling::Mean, true));
+    assert_eq!(settings.prompts[1], ("query".into(), "task: search result | query: ".into()));
+    // sentence-transformers 6.x leaves out the module names at their defaults.
+    write(dir.path(), "3_Dense/config.json", r#"{"in_features": 12, "out_features": 6, "bias": true, "activation_function": "torch.nn.modules.linear.Identity"}"#);
+    assert_eq!(read_settings(dir.path()).unwrap().dimensions, 6);
+    // Without Normalize too.
+    write(dir.path(), "modules.json", &modules(&["Transformer", "Pooling", "Dense", "Dense"]));
+    assert!(!read_settings(dir.path()).unwrap().normalize);
+}
+
+/// Each Dense module the engine would not compute as sentence-transformers does is refused by
+/// file and field; so is a Gemma 3 config the engine computes differently.
+#[test]
+fn dense_modules_and_gemma3_settings_the_engine_does_not_compute_are_refused() {
+    type Edit = Box<dyn Fn(&Path)>;
+    let cases: Vec<(&str, &str, Edit)> = vec![
+        ("2_Dense/config.json", "activation_function", Box::new(|d| write(d, "2_Dense/config.json", r#"{"in_features": 8, "out_features": 12, "bias": false, "activation_function": "torch.nn.modules.activation.Tanh"}"#))),
+        ("2_Dense/config.json", "activation_function", Box::new(|d| write(d, "2_Dense/config.json", r#"{"in_features": 8, "out_features": 12, "bias": false}"#))),
+        ("3_Dense/config.json", "use_residual", Box::new(|d| write(d, "3_Dense/config.json", r#"{"in_features": 12, "out_features": 6, "activation_function": "torch.nn.modules.linear.Identity", "use_residual": true}"#))),
+        ("3_Dense/config.json", "module_output_name", Box::new(|d| write(d, "3_Dense/config.json", r#"{"in_features": 12, "out_features": 6, "activation_function": "torch.nn.modules.linear.Identity", "module_output_name": "token_embeddings"}"#))),
+        ("3_Dense/config.json", "in_features", Box::new(|d| write(d, "3_Dense/config.json", r#"{"in_features": 8, "out_features": 6, "activation_function": "torch.nn.modules.linear.Identity"}"#))),
+        ("3_Dense/config.json", "out_features", Box::new(|d| write(d, "3_Dense/config.json", r#"{"in_features": 12, "activation_function": "torch.nn.modules.linear.Identity"}"#))),
+        ("modules.json", "path", Box::new(|d| write(d, "modules.json", &modules(&["Transformer", "Pooling", "Dense"]).replace("2_Dense", "../elsewhere")))),
+        ("config.json", "use_bidirectional_attention", Box::new(|d| edit_config(d, "use_bidirectional_attention", "false"))),
+        ("config.json", "attn_logit_softcapping", Box::new(|d| edit_config(d, "attn_logit_softcapping", "50.0"))),
+        ("config.json", "hidden_activation", Box::new(|d| edit_config(d, "hidden_activation", "\"gelu\""))),
+        ("config.json", "rope_scaling", Box::new(|d| edit_config(d, "rope_scaling", r#"{"rope_type": "linear", "factor": 8.0}"#))),
+    ];
+    let mut wrong = Vec::new();
+    for (file, field, edit) in &cases {
+        let dir = tempfile::tempdir().unwrap();
+        embedding_gemma(dir.path());
+        edit(dir.path());
+        match read_settings(dir.path()) {
+            Err(ModelError::Unsupported { path, field: refused, .. }) if refused == *field && path == dir.path().join(file) => {}
+            other => wrong.push(format!("{file} {field}: {other:?}")),
+        }
+    }
+    assert!(wrong.is_empty(), "not refused by file and field:\n{}", wrong.join("\n"));
+    // A module whose weights are not a safetensors file.
+    let dir = tempfile::tempdir().unwrap();
+    embedding_gemma(dir.path());
+    std::fs::remove_file(dir.path().join("3_Dense/model.safetensors")).unwrap();
+    write(dir.path(), "3_Dense/pytorch_model.bin", "pickle");
+    assert!(matches!(read_settings(dir.path()), Err(ModelError::MissingFile { name: "model.safetensors", .. })));
+}
+
+fn edit_config(dir: &Path, field: &str, value: &str) {
+    let mut config: Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    config[field] = serde_json::from_str(value).unwrap();
+    write(dir, "config.json", &config.to_string());
+}
+
+/// nomic-embed-text's layout in transformers 5's config form: mean pooling, its task prefixes.
+#[test]
+fn a_nomic_bert_directory_reads_with_its_prompts_and_refuses_what_the_engine_does_not_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    classic(dir.path());
+    write(dir.path(), "config.json", r#"{"model_type": "nomic_bert", "hidden_size": 8, "max_position_embeddings": 2048, "hidden_act": "silu", "rope_parameters": {"rope_type": "default", "rope_theta": 1000.0}}"#);
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 2048, "do_lower_case": false}"#);
+    write(dir.path(), "config_sentence_transformers.json", r#"{"prompts": {"search_query": "search_query: ", "search_document": "search_document: "}, "default_prompt_name": "search_query"}"#);
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!((settings.dimensions, settings.max_tokens, settings.pooling), (8, 2048, Pooling::Mean));
+    assert_eq!(settings.default_prompt.as_deref(), Some("search_query"));
+    edit_config(dir.path(), "hidden_act", "\"gelu\"");
+    assert_eq!(refusal(dir.path()), ("config.json".into(), "hidden_act", "\"gelu\"".into()));
+    edit_config(dir.path(), "hidden_act", "\"silu\"");
+    edit_config(dir.path(), "rope_scaling", r#"{"rope_type": "dynamic", "factor": 2.0}"#);
+    assert_eq!(refusal(dir.path()).1, "rope_scaling");
 }

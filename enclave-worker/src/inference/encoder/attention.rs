@@ -102,7 +102,7 @@ impl Encoder {
         // Rows `start..start + rows` of this head's Q, or of its group's K or V.
         let q = |start: usize, rows: usize| MatRef::new(&qkv[start * stride + head * d..], rows, d, stride, 1);
         let kv = |offset: usize, start: usize, rows: usize| MatRef::new(&qkv[start * stride + offset + group * d..], rows, d, stride, 1);
-        let scale = 1.0 / (d as f32).sqrt();
+        let scale = self.query_scale;
         // A local window: blocks of queries against the keys their windows reach. Global: every
         // key, in blocks of queries for long texts (scores linear in n), in one block up to
         // LONG_TEXT (every BERT-family text: their vectors as they always were).

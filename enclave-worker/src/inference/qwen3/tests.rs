@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::Map;
 
 /// The generator's two configs: the published form (`classic-last`) and transformers 5's (`v6-last`).
 fn generated(folder: &str) -> Value {
