@@ -112,6 +112,29 @@ impl Stack {
         String::from_utf8(out.stdout).expect("UTF-8 output")
     }
 
+    /// `verify JOB`'s check named `name` (`{"name", "passed", "detail"}`).
+    pub fn verify_check(&self, job: &str, name: &str) -> serde_json::Value {
+        let verification = json(&String::from_utf8_lossy(&self.cli(&["verify", job, "--json"]).stdout));
+        let checks = verification["checks"].as_array().unwrap_or_else(|| panic!("verify {job}: no checks: {verification}"));
+        checks.iter().find(|c| c["name"] == name).cloned().unwrap_or_else(|| panic!("verify {job}: no check {name}"))
+    }
+
+    /// One record of a job proven alone (`ledger prove-record` into `bundle`) and checked
+    /// offline (`ledger verify-record` with the stack's ledger key and development root): the
+    /// verification, which must say `valid`.
+    pub fn prove_record(&self, job: &str, record: &str, bundle: &Path) -> serde_json::Value {
+        let bundle = bundle.to_str().unwrap();
+        self.ok(&["ledger", "prove-record", job, record, "-o", bundle]);
+        let proven = json(&self.ok(&[
+            "ledger", "verify-record", bundle,
+            "--ledger-key", self.home().join("ledger/ledger.pub").to_str().unwrap(),
+            "--development-root", self.home().join("enclave/dev-root.pem").to_str().unwrap(),
+            "--json",
+        ]));
+        assert_eq!(proven["valid"], serde_json::json!(true), "{proven}");
+        proven
+    }
+
     /// The command's output and the stack's logs, for a failure message.
     pub fn describe(&self, out: &Output) -> String {
         let mut text = format!(

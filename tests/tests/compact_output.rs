@@ -16,10 +16,6 @@ fn ints(record: &Value) -> Vec<i64> {
     record["embedding"].as_array().unwrap().iter().map(|x| x.as_i64().expect("integers")).collect()
 }
 
-fn options_check(stack: &Stack, job: &str) -> Value {
-    let verification = tests::json(&String::from_utf8_lossy(&stack.cli(&["verify", job, "--json"]).stdout));
-    verification["checks"].as_array().unwrap().iter().find(|c| c["name"] == "options").cloned().unwrap()
-}
 
 #[test]
 fn compact_encodings_equal_quantize_embeddings_of_the_f32_vectors_and_are_receipted() {
@@ -62,7 +58,7 @@ fn compact_encodings_equal_quantize_embeddings_of_the_f32_vectors_and_are_receip
             };
             assert_eq!(ints(record), want, "{name} record {i}");
         }
-        let options = options_check(&stack, report["job_id"].as_str().unwrap());
+        let options = stack.verify_check(report["job_id"].as_str().unwrap(), "options");
         assert_eq!(options["passed"], json!(true), "{options}");
         assert!(options.to_string().contains(&format!(" {name} ")), "{options}");
         assert_eq!(options.to_string().contains("ranges="), dtype.needs_ranges(), "{options}");
@@ -83,22 +79,14 @@ fn compact_encodings_equal_quantize_embeddings_of_the_f32_vectors_and_are_receip
         let changed = state.replacen(from, to, 1);
         assert_ne!(changed, state, "{from} in the job record");
         std::fs::write(&state_file, changed).unwrap();
-        assert_eq!(options_check(&stack, job)["passed"], json!(false), "{to}");
+        assert_eq!(stack.verify_check(job, "options")["passed"], json!(false), "{to}");
         std::fs::write(&state_file, &state).unwrap();
     }
-    assert_eq!(options_check(&stack, job)["passed"], json!(true));
+    assert_eq!(stack.verify_check(job, "options")["passed"], json!(true));
 
     // One compact record proven alone, offline: the bytes proven are the ones written.
     let record = &json_lines(&work.path().join("again.jsonl"))[5];
-    let bundle = path("record.json");
-    stack.ok(&["ledger", "prove-record", job, record["id"].as_str().unwrap(), "-o", &bundle]);
-    let proven = tests::json(&stack.ok(&[
-        "ledger", "verify-record", &bundle,
-        "--ledger-key", stack.home().join("ledger/ledger.pub").to_str().unwrap(),
-        "--development-root", stack.home().join("enclave/dev-root.pem").to_str().unwrap(),
-        "--json",
-    ]));
-    assert_eq!(proven["valid"], json!(true), "{proven}");
+    let proven = stack.prove_record(job, record["id"].as_str().unwrap(), &work.path().join("record.json"));
     let vector: Vec<i64> = proven["proven"]["vector"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as i64).collect();
     assert_eq!(vector, ints(record), "{proven}");
 

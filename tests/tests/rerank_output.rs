@@ -23,10 +23,6 @@ fn testdata() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/outputs"))
 }
 
-fn options_check(stack: &Stack, job: &str) -> Value {
-    let verification = tests::json(&String::from_utf8_lossy(&stack.cli(&["verify", job, "--json"]).stdout));
-    verification["checks"].as_array().unwrap().iter().find(|c| c["name"] == "options").cloned().unwrap()
-}
 
 fn floats(value: &Value) -> Vec<f64> {
     value.as_array().unwrap_or_else(|| panic!("not an array: {value}")).iter().map(|x| x.as_f64().unwrap()).collect()
@@ -75,7 +71,7 @@ fn rerank_jobs_score_as_cross_encoder_and_are_receipted() {
 
     // The receipt states the output kind; a client record that says otherwise fails `options`.
     let job = report["job_id"].as_str().unwrap();
-    let options = options_check(&stack, job);
+    let options = stack.verify_check(job, "options");
     assert_eq!(options["passed"], json!(true), "{options}");
     assert!(options.to_string().contains("output=scores"), "{options}");
     let state_file = stack.home().join("client/jobs").join(job).join("job.json");
@@ -83,19 +79,11 @@ fn rerank_jobs_score_as_cross_encoder_and_are_receipted() {
     let changed = state.replacen("\"output\": \"scores\"", "\"output\": \"sparse\"", 1);
     assert_ne!(changed, state);
     std::fs::write(&state_file, changed).unwrap();
-    assert_eq!(options_check(&stack, job)["passed"], json!(false));
+    assert_eq!(stack.verify_check(job, "options")["passed"], json!(false));
     std::fs::write(&state_file, &state).unwrap();
 
     // One record's scores proven alone, offline.
-    let bundle = path("record.json");
-    stack.ok(&["ledger", "prove-record", job, "q1", "-o", &bundle]);
-    let proven = tests::json(&stack.ok(&[
-        "ledger", "verify-record", &bundle,
-        "--ledger-key", stack.home().join("ledger/ledger.pub").to_str().unwrap(),
-        "--development-root", stack.home().join("enclave/dev-root.pem").to_str().unwrap(),
-        "--json",
-    ]));
-    assert_eq!(proven["valid"], json!(true), "{proven}");
+    let proven = stack.prove_record(job, "q1", &work.path().join("record.json"));
     assert_eq!(floats(&proven["proven"]["vector"]), floats(&records[1]["scores"]), "{proven}");
 
     // What the model does not give, or the format cannot write, is refused before any upload.

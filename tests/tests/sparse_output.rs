@@ -18,10 +18,6 @@ fn testdata() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/testdata/outputs"))
 }
 
-fn options_check(stack: &Stack, job: &str) -> Value {
-    let verification = tests::json(&String::from_utf8_lossy(&stack.cli(&["verify", job, "--json"]).stdout));
-    verification["checks"].as_array().unwrap().iter().find(|c| c["name"] == "options").cloned().unwrap()
-}
 
 /// A record's weights as (token id, weight) pairs, ascending.
 fn weights(record: &Value) -> Vec<(u64, f64)> {
@@ -81,7 +77,7 @@ fn splade_jobs_give_sentence_transformers_sparse_weights_and_are_receipted() {
             assert_eq!(record["tokens"], text["tokens"], "{label}: token count");
             assert_same(&weights(record), &expected(&text[field]), &label);
         }
-        let options = options_check(&stack, report["job_id"].as_str().unwrap());
+        let options = stack.verify_check(report["job_id"].as_str().unwrap(), "options");
         assert_eq!(options["passed"], json!(true), "{options}");
         assert!(options.to_string().contains(&format!("output=sparse top_k={}", if extra.is_empty() { "all" } else { "8" })), "{options}");
         proven_job.get_or_insert((report["job_id"].as_str().unwrap().to_owned(), records));
@@ -95,22 +91,14 @@ fn splade_jobs_give_sentence_transformers_sparse_weights_and_are_receipted() {
         let changed = state.replacen(from, to, 1);
         assert_ne!(changed, state, "{from} in the job record");
         std::fs::write(&state_file, changed).unwrap();
-        assert_eq!(options_check(&stack, &job)["passed"], json!(false), "{to}");
+        assert_eq!(stack.verify_check(&job, "options")["passed"], json!(false), "{to}");
         std::fs::write(&state_file, &state).unwrap();
     }
-    assert_eq!(options_check(&stack, &job)["passed"], json!(true));
+    assert_eq!(stack.verify_check(&job, "options")["passed"], json!(true));
 
     // One sparse record proven alone, offline: the weights proven are the ones written.
     let record = &records[3];
-    let bundle = path("record.json");
-    stack.ok(&["ledger", "prove-record", &job, record["id"].as_str().unwrap(), "-o", &bundle]);
-    let proven = tests::json(&stack.ok(&[
-        "ledger", "verify-record", &bundle,
-        "--ledger-key", stack.home().join("ledger/ledger.pub").to_str().unwrap(),
-        "--development-root", stack.home().join("enclave/dev-root.pem").to_str().unwrap(),
-        "--json",
-    ]));
-    assert_eq!(proven["valid"], json!(true), "{proven}");
+    let proven = stack.prove_record(&job, record["id"].as_str().unwrap(), &work.path().join("record.json"));
     let row: Vec<f64> = proven["proven"]["vector"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
     assert_eq!(row.len() as u64, reference["dimensions"].as_u64().unwrap(), "the vocabulary-wide row");
     let nonzero: Vec<(u64, f64)> = row.iter().enumerate().filter(|(_, w)| **w != 0.0).map(|(i, w)| (i as u64, *w)).collect();

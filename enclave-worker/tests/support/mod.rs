@@ -65,3 +65,35 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let nb: f64 = b.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
     dot / (na * nb)
 }
+
+/// Every case embedded by `engine` with `options`: at the reference's token count and at cosine
+/// `bound` to its vector (panicking with `label` otherwise); the lowest cosine and where.
+pub fn check_cases(
+    engine: &enclave_worker::inference::Engine,
+    cases: &[Case],
+    options: &enclave_worker::inference::EmbedOptions,
+    bound: f64,
+    label: &str,
+) -> (f64, String) {
+    let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
+    let mut lowest = (f64::MAX, String::new());
+    for (case, result) in cases.iter().zip(engine.embed_window(&texts, options)) {
+        let embedding = result.unwrap_or_else(|e| panic!("{label} {}: {e}", case.name));
+        assert_eq!(embedding.tokens, case.tokens, "{label} {}: token count", case.name);
+        let similarity = cosine(&embedding.vector, &case.vector);
+        assert!(similarity >= bound, "{label} {} ({} tokens): cosine {similarity}", case.name, case.tokens);
+        if similarity < lowest.0 {
+            lowest = (similarity, format!("{}, {} tokens", case.name, case.tokens));
+        }
+    }
+    lowest
+}
+
+/// A folder's runs: no prompt (`""`), then each of its prompts by name with its text.
+pub fn prompt_runs(entry: &serde_json::Value) -> Vec<(String, Option<std::sync::Arc<str>>)> {
+    let mut runs = vec![(String::new(), None)];
+    for (name, text) in entry["prompts"].as_object().unwrap() {
+        runs.push((name.clone(), Some(std::sync::Arc::<str>::from(text.as_str().unwrap()))));
+    }
+    runs
+}
