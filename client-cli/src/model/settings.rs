@@ -436,4 +436,6 @@ fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), 
 mod rerank;
 mod sparse;
 #[cfg(test)]
+mod testdata_dirs;
+#[cfg(test)]
 mod tests;

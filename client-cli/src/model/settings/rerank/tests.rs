@@ -1,37 +1,10 @@
-use std::path::PathBuf;
-
 use super::super::read_settings as read_any;
+use super::super::testdata_dirs::{copy_of, edit, refused_field};
 use super::*;
-
-/// The committed cross-encoder's directory (tests/testdata/outputs/rerank), as
-/// sentence-transformers 6.2 saved it, copied so that a test can change one file.
-fn rerank() -> tempfile::TempDir {
-    let from = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/outputs/rerank"));
-    let dir = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(&from).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
-    }
-    dir
-}
-
-fn edit(dir: &Path, name: &str, change: impl FnOnce(&mut Value)) {
-    let path = dir.join(name);
-    let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    change(&mut json);
-    std::fs::write(path, serde_json::to_vec(&json).unwrap()).unwrap();
-}
-
-fn refused_field(dir: &Path) -> &'static str {
-    match read_any(dir) {
-        Err(ModelError::Unsupported { field, .. }) => field,
-        other => panic!("expected a refusal by field, got {other:?}"),
-    }
-}
 
 #[test]
 fn a_cross_encoder_reads_as_rerank_in_each_form() {
-    let dir = rerank();
+    let dir = copy_of("rerank");
     let settings = read_any(dir.path()).unwrap();
     assert_eq!((settings.pooling, settings.dimensions, settings.max_tokens, settings.normalize), (Pooling::Rerank { sigmoid: true }, 36, 128, false));
     // 4.x–5.x: the activation in config.json; Identity gives the logit.
@@ -56,7 +29,7 @@ fn what_the_engine_does_not_compute_is_refused_by_field() {
         ("modules.json", "a pooling module", |m| m.as_array_mut().unwrap().push(serde_json::json!({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})), "type"),
     ];
     for (file, what, change, field) in cases {
-        let dir = rerank();
+        let dir = copy_of("rerank");
         edit(dir.path(), file, change);
         assert_eq!(refused_field(dir.path()), field, "{what}");
     }

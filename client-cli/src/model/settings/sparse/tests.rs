@@ -1,47 +1,10 @@
-use std::path::PathBuf;
-
 use super::super::read_settings as read_any;
+use super::super::testdata_dirs::{copy_of, edit, refused_field};
 use super::*;
-
-/// The committed SPLADE checkpoint's directory (tests/testdata/outputs/splade), as
-/// sentence-transformers 6.2 saved it, copied so that a test can change one file.
-fn splade() -> tempfile::TempDir {
-    let from = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/outputs/splade"));
-    let dir = tempfile::tempdir().unwrap();
-    for entry in walk(&from) {
-        let to = dir.path().join(entry.strip_prefix(&from).unwrap());
-        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(&entry, to).unwrap();
-    }
-    dir
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
-    }
-    files
-}
-
-fn edit(dir: &Path, name: &str, change: impl FnOnce(&mut Value)) {
-    let path = dir.join(name);
-    let mut json: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    change(&mut json);
-    std::fs::write(path, serde_json::to_vec(&json).unwrap()).unwrap();
-}
-
-fn refused_field(dir: &Path) -> &'static str {
-    match read_any(dir) {
-        Err(ModelError::Unsupported { field, .. }) => field,
-        other => panic!("expected a refusal by field, got {other:?}"),
-    }
-}
 
 #[test]
 fn a_sentence_transformers_sparse_encoder_reads_as_splade_over_its_vocabulary() {
-    let dir = splade();
+    let dir = copy_of("splade");
     let settings = read_any(dir.path()).unwrap();
     assert_eq!(settings.pooling, Pooling::Splade);
     assert_eq!(settings.dimensions, 755, "the vocabulary's width, not the hidden size");
@@ -68,7 +31,7 @@ fn what_the_engine_does_not_compute_is_refused_by_field() {
         ),
     ];
     for (file, what, change, field) in cases {
-        let dir = splade();
+        let dir = copy_of("splade");
         edit(dir.path(), file, change);
         assert_eq!(refused_field(dir.path()), field, "{what}");
     }
