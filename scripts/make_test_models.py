@@ -54,7 +54,7 @@ Run by hand (torch from PyPI is several GB), never by setup or CI:
   python3 -m venv /tmp/stvenv
   /tmp/stvenv/bin/pip install -r scripts/make_test_models.requirements.txt
   bash scripts/setup-model.sh
-  /tmp/stvenv/bin/python scripts/make_test_models.py [--model-dir DIR] [--retrain-tokenizers] [--only modernbert|qwen3|gemma3|nomic_bert]
+  /tmp/stvenv/bin/python scripts/make_test_models.py [--model-dir DIR] [--retrain-tokenizers] [--only modernbert|qwen3|gemma3|nomic_bert|gte]
   rm -rf /tmp/stvenv
 """
 
@@ -848,7 +848,7 @@ def main():
     parser.add_argument("--model-dir", default=os.path.join(ROOT, ".ephem", "models", "all-MiniLM-L6-v2"))
     parser.add_argument("--out", default=os.path.join(ROOT, "tests", "testdata", "models"))
     parser.add_argument("--retrain-tokenizers", action="store_true")
-    parser.add_argument("--only", choices=["modernbert", "qwen3", "gemma3", "nomic_bert"], help="write only this architecture's folder")
+    parser.add_argument("--only", choices=["modernbert", "qwen3", "gemma3", "nomic_bert", "gte"], help="write only this architecture's folder")
     args = parser.parse_args()
     check_versions()
     torch.set_num_threads(1)
@@ -866,6 +866,10 @@ def main():
     if args.only == "nomic_bert":
         import make_test_models_nomic
         make_test_models_nomic.nomic(args)
+        return
+    if args.only == "gte":
+        import make_test_models_gte
+        make_test_models_gte.gte(args)
         return
     doc = {
         "generator": "scripts/make_test_models.py",

@@ -200,7 +200,7 @@ fn the_architecture_is_read_from_the_config_and_unknown_ones_are_refused() {
         Embedder::load(files, EmbedderSettings { backend, ..model.settings() })
     };
 
-    for other in ["roberta", "distilbert", "gte", ""] {
+    for other in ["roberta", "distilbert", "jina_bert", ""] {
         let config = edit(&xlmr, &|c| c["model_type"] = other.into());
         let err = load(&xlmr, &config, Backend::Fused).unwrap_err();
         assert!(

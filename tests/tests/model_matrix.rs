@@ -13,7 +13,8 @@
 //! 8,192 tokens) is checked in the engine the enclave runs, on every text, prompt and pooling of
 //! its two folders: token counts equal, cosine ≥ 0.99999 f32 and ≥ 0.999 bf16. ModernBERT and
 //! Qwen3 (`testdata/models/qwen3/`), Gemma 3 with its Dense modules (`testdata/models/gemma3/`)
-//! and NomicBERT (`testdata/models/nomic_bert/`) also run as batch jobs through the local stack.
+//! NomicBERT (`testdata/models/nomic_bert/`) and GTE (`testdata/models/gte/`) also run as batch
+//! jobs through the local stack.
 
 mod matrix;
 
@@ -26,7 +27,7 @@ use enclave_worker::inference::{
     Architecture, Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, InferenceError,
     ModelFiles,
 };
-use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, GEMMA3_FOLDERS, MODERNBERT_FOLDERS, NOMIC_FOLDERS, QWEN3_FOLDERS};
+use matrix::{cosine, floats, norm, Run, ARCHITECTURES, FOLDERS, GEMMA3_FOLDERS, GTE_FOLDERS, MODERNBERT_FOLDERS, NOMIC_FOLDERS, QWEN3_FOLDERS};
 use protocol::envelope::Precision;
 use protocol::manifest::Pooling;
 use serde_json::Value;
@@ -510,3 +511,45 @@ fn nomic_bert_serves_batch_jobs_through_the_local_stack() {
 }
 
 const NOMIC_F32_MIN_COSINE: f64 = 0.99999;
+
+/// GTE (`testdata/models/gte/`: rotary positions, biased attention, GeGLU, post-norm) through the
+/// local stack: `model encrypt` onboards both folders (CLS without Normalize, mean with a default
+/// prompt), and batch jobs with the folder's default prompt, with `--prompt document`, and at bf16
+/// give sentence-transformers' vectors and token counts, a text cut at each folder's own length
+/// (2,048 and 1,000); int8 is refused.
+#[test]
+fn gte_serves_batch_jobs_through_the_local_stack() {
+    let reference = matrix::gte_reference();
+    let texts = matrix::texts(&reference);
+    let work = tempfile::tempdir().unwrap();
+    let corpus = work.path().join("corpus.jsonl");
+    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
+    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
+    let tokenizer = matrix::tokenizer(&m.reference, "gte");
+    let hidden = m.reference["architectures"]["gte"]["hidden_size"].as_u64().unwrap();
+    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+    for folder in GTE_FOLDERS {
+        m.onboard("gte", folder, &tokenizer);
+        let entry = m.reference["architectures"]["gte"]["folders"][folder].clone();
+        let limit = entry["max_seq_length"].as_u64().unwrap();
+        let default = entry["default_prompt_name"].as_str().unwrap_or("");
+        let label = format!("gte/{folder} (local stack)");
+        for (flags, prompt) in [(&[][..], default), (&["--prompt", "document"][..], "document")] {
+            let run = matrix::run(&m.reference, "gte", folder, prompt);
+            let records = m.job("gte", folder, flags);
+            let lowest = check(&records, &run, hidden, NOMIC_F32_MIN_COSINE, &label);
+            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
+            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
+        }
+        if bf16 {
+            let records = m.job("gte", folder, &["--precision", "bf16"]);
+            let lowest = check(&records, &matrix::run(&m.reference, "gte", folder, default), hidden, BF16_MIN_COSINE, &label);
+            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
+        } else {
+            eprintln!("{label}: this CPU lacks AVX-512 BF16, bf16 not checked");
+        }
+        let refused = m.refused("gte", folder, &["--precision", "int8"]);
+        assert!(refused.contains("int8"), "{label}: {refused}");
+    }
+}

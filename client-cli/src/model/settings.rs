@@ -21,7 +21,7 @@ const BERT_DEFAULT_POSITIONS: u32 = 512;
 /// The `model_type`s the enclave's engine runs (enclave-worker's `inference::arch`), with the rows
 /// of the position table before the first real token. A type is added here only once the engine
 /// computes it exactly.
-const ARCHITECTURES: [(&str, PositionOffset); 7] = [
+const ARCHITECTURES: [(&str, PositionOffset); 8] = [
     ("bert", PositionOffset::Zero),
     // Positions start at padding_idx + 1, the padding index being the config's pad_token_id.
     ("xlm-roberta", PositionOffset::AfterPadding),
@@ -35,6 +35,8 @@ const ARCHITECTURES: [(&str, PositionOffset); 7] = [
     ("gemma3_text", PositionOffset::Zero),
     // NomicBERT (nomic-embed-text), rotary positions from 0.
     ("nomic_bert", PositionOffset::Zero),
+    // GTE v1.5 / mGTE (transformers' `gte`), rotary positions from 0.
+    ("gte", PositionOffset::Zero),
 ];
 
 /// ModernBERT settings the engine computes only one way (`enclave-worker/src/inference/
@@ -209,6 +211,18 @@ fn check_architecture(path: &Path, config: &Value) -> Result<u32, ModelError> {
         }
         if let Some(scaling) = config.get("rope_scaling").filter(|v| !v.is_null()) {
             return Err(unsupported(path, "rope_scaling", scaling, "the engine computes unscaled rotary positions"));
+        }
+        return Ok(offset);
+    }
+    if kind == "gte" {
+        if let Some(act) = config.get("hidden_act").filter(|v| v.as_str() != Some("gelu") && v.as_str() != Some("silu")) {
+            return Err(unsupported(path, "hidden_act", act, "the engine computes GTE's gated feed-forward with gelu or silu"));
+        }
+        if let Some(scaling) = config.get("rope_scaling").filter(|v| !v.is_null()) {
+            return Err(unsupported(path, "rope_scaling", scaling, "the engine computes unscaled rotary positions"));
+        }
+        if let Some(kind) = config.pointer("/rope_parameters/rope_type").filter(|v| v.as_str() != Some("default")) {
+            return Err(unsupported(path, "rope_parameters.rope_type", kind, "the engine computes unscaled rotary positions"));
         }
         return Ok(offset);
     }

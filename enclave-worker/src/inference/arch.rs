@@ -1,7 +1,7 @@
 //! The encoder architectures the fused encoder computes, read from the model's `config.json`
 //! (`model_type`): BERT, XLM-RoBERTa, MPNet, ModernBERT, Qwen3 and Gemma 3's text body (their
 //! specs and tensor names: [`super::modernbert`], [`super::qwen3`], [`super::gemma3`]) and
-//! NomicBERT ([`super::nomic_bert`]). `config.json` is one of the files the signed manifest hashes, so a
+//! NomicBERT ([`super::nomic_bert`]) and GTE ([`super::gte`]). `config.json` is one of the files the signed manifest hashes, so a
 //! host cannot change the architecture a model is run as.
 //!
 //! Each architecture is a [`ArchConfig`]: the sizes, where the norms sit ([`Placement`]), the
@@ -43,6 +43,8 @@ pub enum Architecture {
     Gemma3,
     /// NomicBERT (nomic-embed-text), `model_type` `"nomic_bert"`.
     NomicBert,
+    /// GTE v1.5 / mGTE (Alibaba's rotary encoder), `model_type` `"gte"`.
+    Gte,
 }
 
 /// Where a layer's norms sit.
@@ -95,6 +97,7 @@ impl Architecture {
             Architecture::Qwen3 => "qwen3",
             Architecture::Gemma3 => "gemma3_text",
             Architecture::NomicBert => "nomic_bert",
+            Architecture::Gte => "gte",
         }
     }
 
@@ -107,6 +110,7 @@ impl Architecture {
             Architecture::MpNet => "mpnet.",
             Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 => "model.",
             Architecture::NomicBert => "nomic_bert.",
+            Architecture::Gte => "new.",
         }
     }
 }
@@ -181,6 +185,7 @@ impl ArchConfig {
             "qwen3" => return super::qwen3::parse(&config),
             "gemma3_text" => return super::gemma3::parse(&config),
             "nomic_bert" => return super::nomic_bert::parse(&config),
+            "gte" => return super::gte::parse(&config),
             other => return Err(InferenceError::UnsupportedArchitecture(format!("model_type {other:?}"))),
         };
         let hidden_size = size(&config, "hidden_size")?;
@@ -210,7 +215,7 @@ impl ArchConfig {
                 (size(&config, "type_vocab_size")?, Some(pad))
             }
             // Returned above from their own specs; never read as BERT-family configs.
-            Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::NomicBert => {
+            Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::NomicBert | Architecture::Gte => {
                 return Err(InferenceError::Config(format!("{}: not a BERT-family config", arch.as_str())));
             }
             Architecture::MpNet => {
@@ -256,7 +261,7 @@ impl ArchConfig {
 
     /// Whether the fused encoder computes this model exactly; if not, why (naming the field).
     pub(crate) fn fused_computes(&self) -> Result<(), String> {
-        if matches!(self.arch, Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::NomicBert) {
+        if matches!(self.arch, Architecture::ModernBert | Architecture::Qwen3 | Architecture::Gemma3 | Architecture::NomicBert | Architecture::Gte) {
             // Their specs refused at parse what the encoder does not compute.
             return Ok(());
         }

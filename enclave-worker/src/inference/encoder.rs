@@ -242,6 +242,7 @@ impl Encoder {
             Architecture::Qwen3 => super::qwen3::weights(&tensors, config)?,
             Architecture::Gemma3 => super::gemma3::weights(&tensors, config)?,
             Architecture::NomicBert => super::nomic_bert::weights(&tensors, config)?,
+            Architecture::Gte => super::gte::weights(&tensors, config)?,
             Architecture::Bert | Architecture::XlmRoberta | Architecture::MpNet => bert_family(&tensors, config)?,
         };
         let (heads, head_dim) = (config.num_attention_heads, config.head_dim);

@@ -12,7 +12,8 @@
 //!   and global layers) or Qwen3 (`qwen3.rs`: a causal decoder with RMSNorm, grouped-query
 //!   attention, SwiGLU, rotary; pooled by its last token) or Gemma 3's text body (`gemma3.rs`:
 //!   EmbeddingGemma, bidirectional, sliding and full layers, sandwich norms, tanh GeGLU) or
-//!   NomicBERT (`nomic_bert.rs`: post-norm, rotary, SwiGLU); any
+//!   NomicBERT (`nomic_bert.rs`: post-norm, rotary, SwiGLU) or GTE (`gte.rs`: post-norm, rotary,
+//!   biased attention, GeGLU); any
 //!   other is refused by name. sentence-transformers `Dense` modules after the pooling
 //!   (`projection.rs`) are applied before normalisation. All run through one layer loop over shared
 //!   blocks (`encoder/blocks.rs`). XLM-RoBERTa, MPNet, ModernBERT and Qwen3 run only in the fused
@@ -86,6 +87,7 @@ mod modernbert;
 mod nomic_bert;
 mod projection;
 mod gemma3;
+mod gte;
 mod qwen3;
 mod strided;
 

@@ -132,3 +132,11 @@ pub const NOMIC_FOLDERS: [&str; 2] = ["classic-mean", "v6-mean"];
 pub fn nomic_reference() -> Value {
     serde_json::from_slice(&std::fs::read(data().join("nomic_bert/reference.json")).unwrap()).unwrap()
 }
+
+/// GTE's part (`testdata/models/gte/`): its own reference file, the same layout, two folders (CLS
+/// without Normalize as gte-base-en-v1.5, mean with Normalize and a default prompt).
+pub const GTE_FOLDERS: [&str; 2] = ["classic-cls", "v6-mean"];
+
+pub fn gte_reference() -> Value {
+    serde_json::from_slice(&std::fs::read(data().join("gte/reference.json")).unwrap()).unwrap()
+}

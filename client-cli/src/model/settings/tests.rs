@@ -331,3 +331,26 @@ fn a_nomic_bert_directory_reads_with_its_prompts_and_refuses_what_the_engine_doe
     edit_config(dir.path(), "rope_scaling", r#"{"rope_type": "dynamic", "factor": 2.0}"#);
     assert_eq!(refusal(dir.path()).1, "rope_scaling");
 }
+
+/// gte-base-en-v1.5's layout in transformers 5's config form: CLS pooling, no Normalize; the
+/// rotary scaling of the remote code (`ntk`) refused by field.
+#[test]
+fn a_gte_directory_reads_with_cls_pooling_and_refuses_what_the_engine_does_not_compute() {
+    let dir = tempfile::tempdir().unwrap();
+    classic(dir.path());
+    write(dir.path(), "config.json", r#"{"model_type": "gte", "hidden_size": 8, "max_position_embeddings": 8192, "hidden_act": "gelu", "type_vocab_size": 0, "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}"#);
+    write(dir.path(), "modules.json", &modules(&["Transformer", "Pooling"]));
+    write(dir.path(), "1_Pooling/config.json", r#"{"word_embedding_dimension": 8, "pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false, "pooling_mode_max_tokens": false, "pooling_mode_mean_sqrt_len_tokens": false}"#);
+    write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 8192, "do_lower_case": false}"#);
+    let settings = read_settings(dir.path()).unwrap();
+    assert_eq!((settings.dimensions, settings.max_tokens, settings.pooling, settings.normalize), (8, 8192, Pooling::Cls, false));
+    edit_config(dir.path(), "hidden_act", "\"gelu_new\"");
+    assert_eq!(refusal(dir.path()), ("config.json".into(), "hidden_act", "\"gelu_new\"".into()));
+    edit_config(dir.path(), "hidden_act", "\"silu\"");
+    assert!(read_settings(dir.path()).is_ok(), "silu is SwiGLU");
+    edit_config(dir.path(), "rope_scaling", r#"{"type": "ntk", "factor": 2.0}"#);
+    assert_eq!(refusal(dir.path()).1, "rope_scaling");
+    edit_config(dir.path(), "rope_scaling", "null");
+    edit_config(dir.path(), "rope_parameters", r#"{"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 2.0}"#);
+    assert_eq!(refusal(dir.path()).1, "rope_parameters.rope_type");
+}

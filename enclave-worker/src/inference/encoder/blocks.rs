@@ -250,6 +250,20 @@ impl<'a> Tensors<'a> {
         Ok(Linear { w: Weight::new(w, inp, cols)?, b: bias.then_some(b) })
     }
 
+    /// A linear layer without bias stored as two halves `[a | b]` (rows), read as `[b | a]`: GTE's
+    /// `up_gate_proj` holds up then gate, and the gated activations take the activated half first.
+    pub(crate) fn linear_halves_swapped(&self, name: &str, out: usize, inp: usize) -> Result<Linear, InferenceError> {
+        if !out.is_multiple_of(2) {
+            return Err(weights_err(format!("{name}: {out} rows do not split in halves")));
+        }
+        let mut w = vec![0f32; inp * out];
+        self.transpose_into(&format!("{name}.weight"), out, inp, &mut w, out, 0)?;
+        for row in w.chunks_exact_mut(out) {
+            row.rotate_left(out / 2);
+        }
+        Ok(Linear { w: Weight::new(w, inp, out)?, b: None })
+    }
+
     /// A LayerNorm `{name}.weight`, with `{name}.bias` if `bias`.
     pub(crate) fn norm(&self, name: &str, len: usize, bias: bool) -> Result<Norm, InferenceError> {
         Ok(Norm {
