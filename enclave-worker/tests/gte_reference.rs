@@ -16,7 +16,7 @@ use enclave_worker::inference::{
 use protocol::envelope::Precision;
 use protocol::manifest::Pooling;
 use serde_json::Value;
-use support::{Case, cosine, matrix_cases};
+use support::{check_cases, matrix_cases, prompt_runs};
 
 const F32_MIN_COSINE: f64 = 0.99999;
 const BF16_MIN_COSINE: f64 = 0.999;
@@ -50,20 +50,6 @@ fn engine(entry: &Value, folder: &str, limits: BatchLimits) -> Engine {
     Engine::new(Arc::new(embedder), EngineSettings { threads: 2, limits, ..Default::default() }).unwrap()
 }
 
-fn check(engine: &Engine, cases: &[Case], options: &EmbedOptions, bound: f64, label: &str) -> (f64, String) {
-    let texts: Vec<&str> = cases.iter().map(|c| c.text.as_str()).collect();
-    let mut lowest = (f64::MAX, String::new());
-    for (case, result) in cases.iter().zip(engine.embed_window(&texts, options)) {
-        let embedding = result.unwrap_or_else(|e| panic!("{label} {}: {e}", case.name));
-        assert_eq!(embedding.tokens, case.tokens, "{label} {}: token count", case.name);
-        let similarity = cosine(&embedding.vector, &case.vector);
-        assert!(similarity >= bound, "{label} {} ({} tokens): cosine {similarity}", case.name, case.tokens);
-        if similarity < lowest.0 {
-            lowest = (similarity, format!("{}, {} tokens", case.name, case.tokens));
-        }
-    }
-    lowest
-}
 
 #[test]
 fn gte_embeds_as_sentence_transformers_does() {
@@ -77,21 +63,18 @@ fn gte_embeds_as_sentence_transformers_does() {
         let entry = &arch["folders"][folder];
         let limit = entry["max_seq_length"].as_u64().unwrap() as u32;
         let engine = engine(entry, folder, BatchLimits::default());
-        let mut runs = vec![("".to_owned(), None)];
-        for (name, text) in entry["prompts"].as_object().unwrap() {
-            runs.push((name.clone(), Some(Arc::<str>::from(text.as_str().unwrap()))));
-        }
+        let runs = prompt_runs(entry);
         assert_eq!(runs.len(), 3, "{folder}: no prompt, query, document");
         for (name, prompt) in runs {
             let cases = matrix_cases(&reference, "gte", folder, &name);
             assert!(cases.iter().any(|c| c.truncated && c.tokens == limit), "{folder} {name:?}: a text cut at {limit}");
             let label = format!("gte/{folder} prompt {name:?}");
             let options = EmbedOptions { prompt: prompt.clone(), normalize: true, ..Default::default() };
-            let (lowest, at) = check(&engine, &cases, &options, F32_MIN_COSINE, &label);
+            let (lowest, at) = check_cases(&engine, &cases, &options, F32_MIN_COSINE, &label);
             eprintln!("{label} f32: lowest cosine {lowest:.7} ({at})");
             if bf16 {
                 let options = EmbedOptions { precision: Precision::Bf16, ..options };
-                let (lowest, at) = check(&engine, &cases, &options, BF16_MIN_COSINE, &label);
+                let (lowest, at) = check_cases(&engine, &cases, &options, BF16_MIN_COSINE, &label);
                 eprintln!("{label} bf16: lowest cosine {lowest:.7} ({at})");
             }
         }
