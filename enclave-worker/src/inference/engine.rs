@@ -261,29 +261,24 @@ impl Engine {
             let started = Instant::now();
             let inputs: Vec<Result<RerankInput, RecordFailure>> =
                 texts.iter().map(|text| RerankInput::parse(text).map_err(|(code, message)| RecordFailure::new(code, message))).collect();
-            let mut owners = Vec::new();
+            // The window's pairs, record after record: a record's results are the next
+            // `documents.len()` of them.
             let pairs: Vec<(&str, &str)> = inputs
                 .iter()
-                .enumerate()
-                .filter_map(|(i, input)| input.as_ref().ok().map(|input| (i, input)))
-                .flat_map(|(i, input)| input.documents.iter().map(move |d| (i, (input.query.as_str(), d.as_str()))))
-                .map(|(i, pair)| {
-                    owners.push(i);
-                    pair
-                })
+                .flatten()
+                .flat_map(|input| input.documents.iter().map(|d| (input.query.as_str(), d.as_str())))
                 .collect();
             let tokenized: Vec<Result<Tokenized, RecordFailure>> =
                 pairs.par_iter().map(|&(query, document)| self.embedder.tokenize_pair(query, document, options.truncate)).collect();
             self.metrics.add_window(started.elapsed());
-            let mut scored = self.run_tokenized(&tokenized, options).into_iter().zip(owners).peekable();
+            let mut scored = self.run_tokenized(&tokenized, options).into_iter();
             inputs
                 .into_iter()
-                .enumerate()
-                .map(|(i, input)| {
+                .map(|input| {
                     let input = input?;
                     let mut embedding = Embedding { vector: Vec::with_capacity(input.documents.len()), tokens: 0 };
                     let mut failure = None;
-                    for (document, (result, _)) in std::iter::from_fn(|| scored.next_if(|(_, owner)| *owner == i)).enumerate() {
+                    for (document, result) in scored.by_ref().take(input.documents.len()).enumerate() {
                         match result {
                             Ok(pair) => {
                                 embedding.vector.push(pair.vector[0]);
@@ -308,19 +303,11 @@ impl Engine {
         options: &EmbedOptions,
         dtype: OutputDtype,
     ) -> Vec<OutputRecord> {
-        if options.output == OutputKind::Scores {
-            let texts: Vec<&[u8]> = records.iter().map(|r| r.text.as_slice()).collect();
-            return records
-                .iter()
-                .zip(self.rerank_window(&texts, options))
-                .map(|(record, result)| match result {
-                    Ok(scores) => scores.into_output(record.id.clone(), dtype, options),
-                    Err(failure) => failure.into_output(record.id.clone()),
-                })
-                .collect();
-        }
         let texts: Vec<&[u8]> = records.iter().map(|r| r.text.as_slice()).collect();
-        let results = self.embed_window(&texts, options);
+        let results = match options.output {
+            OutputKind::Scores => self.rerank_window(&texts, options),
+            OutputKind::Dense | OutputKind::Sparse => self.embed_window(&texts, options),
+        };
         records
             .iter()
             .zip(results)
