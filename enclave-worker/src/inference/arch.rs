@@ -464,6 +464,17 @@ pub(crate) fn unsupported(field: impl Into<String>, found: impl std::fmt::Displa
 }
 
 /// A count: present (or its default), an integer in `1..=max`.
+/// The counts every family's config spec caps (a config over one is refused by field).
+pub(crate) mod caps {
+    pub(crate) const MAX_VOCAB: usize = 1 << 20;
+    pub(crate) const MAX_HIDDEN: usize = 8192;
+    pub(crate) const MAX_HEADS: usize = 128;
+    pub(crate) const MAX_HEAD_DIM: usize = 512;
+    pub(crate) const MAX_LAYERS: usize = 96;
+    pub(crate) const MAX_INTERMEDIATE: usize = 65_536;
+    pub(crate) const MAX_TOKEN_TYPES: usize = 1024;
+}
+
 pub(crate) fn count(config: &Value, name: &str, default: Option<u64>, max: usize) -> Result<usize, InferenceError> {
     let value = match (field(config, name), default) {
         (Some(v), _) => v.clone(),

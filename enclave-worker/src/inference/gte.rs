@@ -15,18 +15,12 @@ use serde_json::Value;
 
 use super::InferenceError;
 use super::arch::{self, Activation, ArchConfig, Architecture, LayerAttention, Placement, count, unsupported};
+use super::arch::caps::{MAX_VOCAB, MAX_HIDDEN, MAX_HEADS, MAX_HEAD_DIM, MAX_LAYERS, MAX_INTERMEDIATE, MAX_TOKEN_TYPES};
 use super::encoder::blocks::{Embeddings, Tensors};
 use super::encoder::{FamilyWeights, Layer};
 
-const MAX_VOCAB: usize = 1 << 20;
-const MAX_HIDDEN: usize = 8192;
-const MAX_HEADS: usize = 128;
-const MAX_HEAD_DIM: usize = 512;
-const MAX_LAYERS: usize = 96;
-const MAX_INTERMEDIATE: usize = 65_536;
 /// Rotary positions have no table; the manifest's `max_tokens` bounds a text.
 const MAX_POSITIONS: usize = 131_072;
-const MAX_TOKEN_TYPES: usize = 1024;
 
 /// transformers' `GteConfig` defaults.
 const DEFAULT_THETA: f32 = 160_000.0;

@@ -14,15 +14,11 @@ use serde_json::{Map, Value};
 
 use super::InferenceError;
 use super::arch::{self, Activation, ArchConfig, Architecture, LayerAttention, Placement, count, theta, unsupported};
+use super::arch::caps::{MAX_VOCAB, MAX_HIDDEN, MAX_HEADS, MAX_LAYERS, MAX_INTERMEDIATE};
 use super::encoder::blocks::{Embeddings, Tensors};
 use super::encoder::{FamilyWeights, Layer};
 
 
-const MAX_VOCAB: usize = 1 << 20;
-const MAX_HIDDEN: usize = 8192;
-const MAX_HEADS: usize = 128;
-const MAX_LAYERS: usize = 96;
-const MAX_INTERMEDIATE: usize = 65_536;
 /// ModernBERT's trained length; the attention's memory grows with its square.
 const MAX_POSITIONS: usize = 8192;
 
