@@ -189,6 +189,19 @@ fn sparse_output_is_sealed_in_the_header_and_absent_when_dense() {
     let mixed = EnvelopeError::HeaderInvalid("output: sparse weights are f32 at the model's own dimensions");
     assert_eq!(refused(|o| o.dtype = OutputDtype::F16), mixed);
     assert_eq!(refused(|o| o.dimensions = Some(16)), mixed);
+    // Scores are f32, one per document: a tenant's tool cannot ask them shaped as vectors.
+    let scores = EnvelopeError::HeaderInvalid("output: scores are f32, one per document");
+    let as_scores = |edit: fn(&mut JobOptions)| {
+        let mut header = plain.clone();
+        header.options.output = OutputKind::Scores;
+        header.options.normalize = false;
+        edit(&mut header.options);
+        JobHeader::from_bytes(&header.to_bytes())
+    };
+    assert_eq!(as_scores(|_| {}).unwrap().options.output, OutputKind::Scores);
+    assert_eq!(as_scores(|o| o.dtype = OutputDtype::Binary).unwrap_err(), scores);
+    assert_eq!(as_scores(|o| o.dimensions = Some(16)).unwrap_err(), scores);
+    assert_eq!(as_scores(|o| o.top_k = Some(3)).unwrap_err(), EnvelopeError::HeaderInvalid("top_k: for sparse output only"));
     // "dense" is never written: a header that spells it out is not one a client makes.
     let mut map = match crate::cbor::decode_deterministic(&plain.to_bytes()).unwrap() {
         ciborium::Value::Map(map) => map,
