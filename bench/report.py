@@ -183,6 +183,7 @@ def markdown(doc):
                        f"{mib(j['ledger_appender_peak_rss_kb'])} | {mib(j['client_submit_peak_rss_kb'])} | "
                        f"{mib(j['client_results_peak_rss_kb'])} | {'yes' if j['all_accounted_for'] else 'NO'} |")
         out.append("")
+    out += long_documents(doc)
     out.append("Against issue 8's targets:")
     out.append("")
     out += ["| target | measured | met |", "|---|---|---|"]
@@ -311,6 +312,43 @@ def units_and_peaks(doc, top):
         c = q.get("min_cosine_to_fp32") if q else None
         out.append(f"| int8 min cosine to our fp32 (corpus) ≥ 0.999 | {fmt(c, 6)} | {'–' if c is None else ('yes' if c >= 0.999 else 'no')} |")
         out.append("")
+    return out
+
+
+LONG_NAMES = {"modernbert": "ModernBERT-base's shape (encoder, mean pooling)",
+              "qwen3": "Qwen3-Embedding-0.6B's shape (decoder, last-token pooling)"}
+
+
+def long_documents(doc):
+    """Issue 39 item 3: tokens/s from 128 to 8,192 tokens, ours and ONNX Runtime fp32 on the same
+    model and texts, the share of our time that grows with length (attention), peak RSS."""
+    if "long" not in doc:
+        return []
+    lo = doc["long"]
+    out = [f"Long documents ({lo['threads']} threads, fp32, {lo['tokens_per_pass']:,} tokens per pass at every length, "
+           "one text per ONNX Runtime run; random weights of the published shapes, bench/long.py):", ""]
+    for name, m in lo["models"].items():
+        out += [f"{LONG_NAMES.get(name, name)}, {m['parameters'] / 1e6:.0f} M parameters:", "",
+                "| tokens per text | ours docs/s | ours tokens/s | ONNX Runtime tokens/s | ours / ORT | attention's share of ours "
+                "| ours peak RSS | ORT peak RSS | min cosine ours to ORT |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for row in m["rows"]:
+            o, r = row["ours"], row["ort-fp32"]
+            out.append(f"| {row['length']:,} | {fmt(o['documents_per_s'], 2)} | {fmt(o['real_tokens_per_s'], 0)} | "
+                       f"{fmt(r['tokens_per_s'], 0)} | {fmt(ratio(o['real_tokens_per_s'], r['tokens_per_s']), 2)}× | "
+                       f"{100 * row['attention_share']:.0f} % | {fmt(o['peak_rss_mib'], 0)} MiB | {fmt(r['peak_rss_mib'], 0)} MiB | "
+                       f"{row['min_cosine_ours_to_ort']:.6f} |")
+        by_length = {row["length"]: row["ours"]["real_tokens_per_s"] for row in m["rows"]}
+        if 512 in by_length and 8192 in by_length:
+            slow = by_length[512] / by_length[8192]
+            out.append("")
+            out.append(f"Tokens/s at 8,192 tokens {slow:.2f}× slower than at 512 (target: within 2×: "
+                       f"{'met' if slow <= 2.0 else 'not met'}).")
+        out.append("")
+    out.append("Attention's share: the fraction of the time per token above the 128-token rate (the dense "
+               "products cost the same per token at every length). Peak RSS is the process's, model loading "
+               "included (the checkpoint's bytes and the packed weights held together for a moment).")
+    out.append("")
     return out
 
 

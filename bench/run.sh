@@ -3,14 +3,17 @@
 # against sentence-transformers and ONNX Runtime (fp32 and dynamic int8, per channel) on the same
 # corpus, same thread counts, in the same run, with issue 23's ratios in one table; agreement of
 # the vectors; throughput against corpus size; the whole local pipeline; cold start of the
-# worker process. Writes bench/results/<date>.json, .md and .png, and puts the table and plot
-# into docs/benchmarks.md. See docs/benchmarks.md.
+# worker process; long documents (128 to 8,192 tokens) on ModernBERT-base's and
+# Qwen3-Embedding-0.6B's shapes against ONNX Runtime. Writes bench/results/<date>.json, .md and
+# .png, and puts the table and plot into docs/benchmarks.md with the cost table
+# (bench/costs.py). See docs/benchmarks.md.
 #
 #   bench/run.sh [--threads 1,2] [--docs 10000] [--repeats 3] [--sizes 1000,3000,10000]
 #                [--boots 20] [--rss-sizes 1000,10000,100000]
-#                [--skip latency,pipeline,cold-start,sizes,cosine,memory] [--quick]
+#                [--skip latency,pipeline,cold-start,sizes,cosine,memory,long] [--long-models modernbert,qwen3] [--quick]
 #
-# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots, RSS sizes 100,1000, 1 latency pair; results go to bench/results/quick/
+# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots, RSS sizes 100,1000, 1 latency pair,
+# long documents on ModernBERT's shape up to 512 tokens; results go to bench/results/quick/
 # (not committed) and docs/benchmarks.md is left alone. Use it to check the suite, not to quote.
 #
 # Needs: Rust, Python 3.11, the apt Translation-en indexes (apt-get update -o Acquire::Languages=en),
@@ -31,6 +34,7 @@ boots=20
 rss_sizes=1000,10000,100000
 latency_pairs=3
 skip=""
+long_models=modernbert,qwen3
 quick=0
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -41,13 +45,14 @@ while [ $# -gt 0 ]; do
         --boots) boots=$2; shift 2 ;;
         --rss-sizes) rss_sizes=$2; shift 2 ;;
         --skip) skip=$2; shift 2 ;;
+        --long-models) long_models=$2; shift 2 ;;
         --quick) quick=1; shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d'; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
 if [ "$quick" = 1 ]; then
-    docs=300; repeats=1; sizes=100,300; boots=5; rss_sizes=100,1000; latency_pairs=1
+    docs=300; repeats=1; sizes=100,300; boots=5; rss_sizes=100,1000; latency_pairs=1; long_models=modernbert
 fi
 
 home="${EPHEM_HOME:-$root/.ephem}"
@@ -99,6 +104,20 @@ if [ "$(cat "$onnx_dir/.source.sha256" 2>/dev/null)" != "$model_sum" ]; then
     echo "$model_sum" > "$onnx_dir/.source.sha256"
 fi
 
+# 4b. The long-document models: random weights of the published shapes, and their ONNX exports
+# (bench/long.py; kept until bench/long.py or the requirements change).
+long_dir="$work/long"
+long_sum=$(sha256sum bench/long.py bench/requirements.txt | sha256sum | cut -d' ' -f1)
+if [[ ",$skip," != *",long,"* ]]; then
+    if [ "$(cat "$long_dir/.source.sha256" 2>/dev/null)" != "$long_sum" ]; then
+        rm -rf "$long_dir"
+        mkdir -p "$long_dir"
+    fi
+    say "long-document models ($long_models)"
+    OMP_NUM_THREADS=2 "$py" bench/long.py make --out "$long_dir" --models "$long_models"
+    echo "$long_sum" > "$long_dir/.source.sha256"
+fi
+
 # 5. The measurements.
 name=$(date -u +%Y-%m-%d-%H%M)
 if [ "$quick" = 1 ]; then
@@ -114,5 +133,10 @@ say "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), family $(gr
 say "measuring (load average now: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$py" bench/suite.py --corpus "$corpus" --docs "$docs" --threads "$threads" --repeats "$repeats" \
     --sizes "$sizes" --boots "$boots" --rss-sizes "$rss_sizes" --latency-pairs "$latency_pairs" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \
-    --onnx-dir "$onnx_dir" --work-dir "$work" --out-dir "$out_dir" --name "$name" \
+    --onnx-dir "$onnx_dir" --long-dir "$long_dir" --long-models "$long_models" --work-dir "$work" --out-dir "$out_dir" --name "$name" \
     "${quick_flag[@]}" "${docs_md[@]}"
+
+# 6. The cost table from the newest full run of each machine kind (full runs only).
+if [ "$quick" = 0 ]; then
+    "$py" bench/costs.py --docs-md docs/benchmarks.md > /dev/null
+fi

@@ -24,6 +24,12 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PEERS = os.path.join(ROOT, "bench", "peers.py")
+LONG = os.path.join(ROOT, "bench", "long.py")
+# Long documents: the lengths (the first is the per-token baseline), the tokens of one pass, and
+# the timed passes at most per model (the decoder's 8,192-token pass takes about a minute).
+LONG_LENGTHS = [128, 512, 2048, 8192]
+LONG_TOKENS_PER_PASS = 8192
+LONG_REPEATS = {"modernbert": 2, "qwen3": 1}
 ENGINES = ["ours", "ours-bf16", "ours-int8", "ort-fp32", "ort-int8", "st"]
 # Our reduced precisions run only where the CPU has the instructions (elsewhere they are refused).
 NEEDS_FLAG = {"ours-bf16": "avx512_bf16", "ours-int8": "avx512_vnni"}
@@ -175,6 +181,55 @@ class Suite:
             return json.load(f)
 
 
+    def long_documents(self, threads, models, lengths, repeats):
+        """Each long-context model (bench/long.py) at each length: ours fp32 and ONNX Runtime fp32
+        on the same texts cut at exactly that many tokens (8,192 tokens per pass at every length),
+        the vectors' agreement, and the rate per token against the shortest length's rate."""
+        result = {"threads": threads, "tokens_per_pass": LONG_TOKENS_PER_PASS, "models": {}}
+        for name in models:
+            model_dir = os.path.join(self.args.long_dir, name)
+            with open(os.path.join(model_dir, "export.json")) as f:
+                export = json.load(f)
+            passes = min(repeats, LONG_REPEATS.get(name, 1))
+            rows = [self.long_row(name, model_dir, export["pooling"], length, passes, threads) for length in lengths]
+            base = rows[0]["ours"]["real_tokens_per_s"]
+            for row in rows:
+                # Per token, a longer text costs more only in attention (every other product is
+                # per token): the share of its time above the shortest length's rate.
+                row["attention_share"] = 1.0 - row["ours"]["real_tokens_per_s"] / base
+            result["models"][name] = {"parameters": export["parameters"], "pooling": export["pooling"], "passes": passes,
+                                      "rows": rows}
+        return result
+
+    def long_row(self, name, model_dir, pooling, length, passes, threads):
+        docs = max(1, LONG_TOKENS_PER_PASS // length)
+        tag = f"long-{name}-{length}"
+        corpus = os.path.join(self.work, f"{tag}.jsonl")
+        run([self.python, LONG, "corpus", "--model-dir", model_dir, "--texts", self.args.corpus,
+             "--length", str(length), "--docs", str(docs), "--out", corpus])
+        out, vectors = os.path.join(self.work, f"{tag}-ours.json"), os.path.join(self.work, f"{tag}-ours.f32")
+        run([os.path.join(self.bin, "examples", "bench_inference"), "--corpus", corpus, "--threads", str(threads),
+             "--repeats", str(passes), "--max-tokens", str(length), "--budget", str(max(length, 2048)),
+             "--pooling", pooling, "--no-latency", "--vectors", vectors, "--json", out],
+            env=dict(thread_env(threads), EPHEM_MODEL_DIR=model_dir))
+        with open(out) as f:
+            ours = json.load(f)["results"][0]
+        if ours["mean_tokens"] != length or ours["failed"]:
+            sys.exit(f"{tag}: our engine embedded {ours['mean_tokens']} tokens per text, {ours['failed']} failed")
+        ort_out, ort_vectors = os.path.join(self.work, f"{tag}-ort.json"), os.path.join(self.work, f"{tag}-ort.npy")
+        run([self.python, LONG, "measure", "--model-dir", model_dir, "--onnx", os.path.join(model_dir, "model.onnx"),
+             "--corpus", corpus, "--length", str(length), "--repeats", str(passes), "--json", ort_out,
+             "--vectors", ort_vectors], env=thread_env(threads))
+        with open(ort_out) as f:
+            ort = json.load(f)
+        reference = np.load(ort_vectors)
+        agreement = min_cosine(np.fromfile(vectors, dtype="<f4").reshape(len(reference), -1), reference)
+        return {"length": length, "documents": docs,
+                "ours": {k: ours[k] for k in ("documents_per_s", "real_tokens_per_s", "peak_rss_mib", "model_load_ms",
+                                              "gemm_peak_gflop_per_s", "loadavg_before_after")},
+                "ort-fp32": {k: ort[k] for k in ("documents_per_s", "tokens_per_s", "peak_rss_mib")},
+                "min_cosine_ours_to_ort": agreement["min"]}
+
     def memory(self, documents, threads):
         """One job of `documents` short texts through the local stack (scripts/soak.sh): peak RSS
         of every process on the way, and whether every record came back."""
@@ -211,7 +266,9 @@ def main():
     ap.add_argument("--pipeline-docs", type=int, default=None, help="corpus size of the pipeline run (default --docs)")
     ap.add_argument("--rss-sizes", default="1000,10000,100000",
                     help="job sizes (documents) of the memory step: peak RSS against corpus size")
-    ap.add_argument("--skip", default="", help="comma list of: latency, pipeline, cold-start, sizes, cosine, memory")
+    ap.add_argument("--skip", default="", help="comma list of: latency, pipeline, cold-start, sizes, cosine, memory, long")
+    ap.add_argument("--long-dir", default=None, help="bench/long.py make's output")
+    ap.add_argument("--long-models", default="modernbert,qwen3")
     ap.add_argument("--latency-pairs", type=int, default=3, help="alternating latency runs of ours and ONNX Runtime fp32")
     ap.add_argument("--bin-dir", required=True, help="target/release")
     ap.add_argument("--model-dir", required=True)
@@ -294,6 +351,12 @@ def main():
     # 6. Peak RSS of every process against the size of one job (must not grow with it).
     if "memory" not in skip:
         doc["memory"] = {"threads": top, "jobs": [suite.memory(int(n), top) for n in args.rss_sizes.split(",") if n]}
+
+    # 7. Long documents on long-context models, ours and ONNX Runtime fp32.
+    if "long" not in skip:
+        lengths = LONG_LENGTHS[:2] if args.quick else LONG_LENGTHS
+        models = [m for m in args.long_models.split(",") if m]
+        doc["long"] = suite.long_documents(top, models, lengths, args.repeats)
 
     doc["loadavg_end"] = loadavg()
     doc["wall_s"] = round(time.time() - started, 1)

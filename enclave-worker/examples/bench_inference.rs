@@ -7,7 +7,7 @@
 //! python3 scripts/build_corpus.py --count 2000 --out /tmp/corpus-2000.jsonl
 //! cargo run --release -p enclave-worker --example bench_inference -- --corpus /tmp/corpus-2000.jsonl
 //!     [--threads 1,2] [--repeats 3] [--budget 2048] [--max-batch 128] [--window 1024]
-//!     [--backend fused|candle] [--max-tokens 256] [--json out.json]
+//!     [--backend fused|candle] [--max-tokens 256] [--pooling mean|cls|lasttoken] [--no-latency] [--vectors OUT.f32] [--json out.json]
 //! ```
 //!
 //! Each thread count runs in a child process started with `RAYON_NUM_THREADS=n
@@ -26,7 +26,8 @@ use enclave_worker::inference::{
     candle_thread_settings,
 };
 use protocol::envelope::{OutputDtype, Precision};
-use protocol::records::{InputRecord, OutputRecord};
+use protocol::manifest::Pooling;
+use protocol::records::{InputRecord, OutputRecord, Vector};
 
 /// all-MiniLM-L6-v2 cost model (issue 8): 21.2 MFLOP per token for the dense layers, plus
 /// 9.2 kFLOP × sequence length per token for attention.
@@ -46,6 +47,13 @@ struct Args {
     precision: Precision,
     /// Truncation length (the model's own for long-context models).
     max_tokens: usize,
+    /// Pooling of the model (mean for all-MiniLM-L6-v2; the long-document models' own).
+    pooling: Pooling,
+    /// Whether to time the two single texts (long-document runs skip them: they measure the
+    /// corpus only).
+    latency: bool,
+    /// Where to write the last pass's vectors (little-endian f32, corpus order).
+    vectors: Option<PathBuf>,
     child: bool,
 }
 
@@ -61,6 +69,9 @@ fn parse_args() -> Args {
         backend: Backend::Fused,
         precision: Precision::Fp32,
         max_tokens: EmbedderSettings::default().max_tokens,
+        pooling: Pooling::Mean,
+        latency: true,
+        vectors: None,
         child: false,
     };
     let mut it = std::env::args().skip(1);
@@ -93,6 +104,9 @@ fn parse_args() -> Args {
                     _ => usage("--precision fp32|bf16|int8"),
                 }
             }
+            "--pooling" => args.pooling = pooling(&value()),
+            "--no-latency" => args.latency = false,
+            "--vectors" => args.vectors = Some(PathBuf::from(value())),
             "--child" => args.child = true,
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
@@ -108,9 +122,25 @@ fn parse_args() -> Args {
 fn usage(problem: &str) -> ! {
     eprintln!(
         "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 2048] \
-         [--max-batch 128] [--window 1024] [--backend fused|candle] [--precision fp32|bf16|int8] [--max-tokens 256] [--json OUT]"
+         [--max-batch 128] [--window 1024] [--backend fused|candle] [--precision fp32|bf16|int8] [--max-tokens 256] \
+         [--pooling mean|cls|lasttoken] [--no-latency] [--vectors OUT.f32] [--json OUT]"
     );
     std::process::exit(2)
+}
+
+/// The poolings of the models the benchmarks run.
+fn pooling(name: &str) -> Pooling {
+    match name {
+        "mean" => Pooling::Mean,
+        "cls" => Pooling::Cls,
+        "lasttoken" => Pooling::LastToken,
+        _ => usage("--pooling mean|cls|lasttoken"),
+    }
+}
+
+/// A latency as printed: two decimals, or `-` when not measured.
+fn milliseconds(value: &serde_json::Value) -> String {
+    value.as_f64().map_or_else(|| "-".to_owned(), |ms| format!("{ms:.2}"))
 }
 
 fn model_dir() -> PathBuf {
@@ -238,7 +268,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     let started = Instant::now();
     let embedder = Embedder::load(
         ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] },
-        EmbedderSettings { backend: args.backend, max_tokens: args.max_tokens, ..EmbedderSettings::default() },
+        EmbedderSettings { backend: args.backend, max_tokens: args.max_tokens, pooling: args.pooling, ..EmbedderSettings::default() },
     )
     .expect("load model");
     assert_eq!(embedder.backend(), args.backend);
@@ -265,15 +295,23 @@ fn run_child(args: &Args) -> serde_json::Value {
     let mut tokens_per_s = Vec::new();
     let mut gflops = Vec::new();
     let mut last = None;
+    let mut vectors = Vec::new();
     for _ in 0..args.repeats {
         let before = engine.metrics();
         let mut flop = 0.0;
         let mut failed = 0u64;
+        vectors.clear();
         let started = Instant::now();
         engine
             .embed_stream(records.iter().cloned(), &options, OutputDtype::F32, |out| {
                 match out {
-                    OutputRecord::Embedding { tokens, .. } => flop += useful_flop(u64::from(tokens)),
+                    OutputRecord::Embedding { tokens, vector, .. } => {
+                        flop += useful_flop(u64::from(tokens));
+                        if args.vectors.is_some() {
+                            let Vector::F32(values) = vector else { panic!("asked for f32 vectors") };
+                            vectors.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+                        }
+                    }
                     OutputRecord::Error { .. } => failed += 1,
                 }
                 Ok::<(), ()>(())
@@ -287,6 +325,9 @@ fn run_child(args: &Args) -> serde_json::Value {
         last = Some((delta, elapsed, failed));
     }
     let (delta, elapsed, failed) = last.unwrap();
+    if let Some(path) = &args.vectors {
+        std::fs::write(path, &vectors).expect("write the vectors");
+    }
 
     // Latency of one short and one 128-token text (median of 20 after a warm-up).
     let reference: serde_json::Value =
@@ -346,8 +387,10 @@ fn run_child(args: &Args) -> serde_json::Value {
     });
     let min_cosine_to_fp32 = agreement.as_ref().map(|a| a.0);
     let min_cosine_to_fp32_by_tokens = agreement.map(|a| a.1);
-    let short_ms = latency(&case("capital_of_france"));
-    let ms_128 = latency(&case("tokens_128"));
+    let (short_ms, ms_128) = match args.latency {
+        true => (Some(latency(&case("capital_of_france"))), Some(latency(&case("tokens_128")))),
+        false => (None, None),
+    };
 
     let peak_after = gemm_peak(&pool);
     let load_after = load_average();
@@ -420,7 +463,9 @@ fn main() {
             .args(["--budget", &args.budget.to_string(), "--max-batch", &args.max_batch.to_string()])
             .args(["--window", &args.window.to_string(), "--max-tokens", &args.max_tokens.to_string()])
             .args(["--backend", if args.backend == Backend::Fused { "fused" } else { "candle" }])
-            .args(["--precision", args.precision.as_str()])
+            .args(["--precision", args.precision.as_str(), "--pooling", args.pooling.as_str()])
+            .args(if args.latency { &[][..] } else { &["--no-latency"][..] })
+            .args(args.vectors.iter().flat_map(|path| [std::ffi::OsStr::new("--vectors"), path.as_os_str()]))
             .arg("--corpus")
             .arg(&args.corpus)
             .env("RAYON_NUM_THREADS", threads.to_string())
@@ -435,7 +480,7 @@ fn main() {
         let r: serde_json::Value = serde_json::from_str(line.trim()).expect("child output");
         println!(
             "threads {:>2}: {:>7.1} docs/s  {:>8.0} tokens/s  {:>6.1} GFLOP/s ({:.0}% of GEMM peak {:.0})  padded {:>4.1}%  \
-             (mean {:.1} tokens, {} batches)  latency 9-tok {:.2} ms, 128-tok {:.2} ms  load {:.0} ms  peak RSS {:.0} MiB  load avg {} → {}  [{:.0?}]{}",
+             (mean {:.1} tokens, {} batches)  latency 9-tok {} ms, 128-tok {} ms  load {:.0} ms  peak RSS {:.0} MiB  load avg {} → {}  [{:.0?}]{}",
             threads,
             r["documents_per_s"].as_f64().unwrap(),
             r["real_tokens_per_s"].as_f64().unwrap(),
@@ -445,8 +490,8 @@ fn main() {
             r["padded_fraction"].as_f64().unwrap() * 100.0,
             r["mean_tokens"].as_f64().unwrap(),
             r["batches"],
-            r["latency_9_tokens_ms"].as_f64().unwrap(),
-            r["latency_128_tokens_ms"].as_f64().unwrap(),
+            milliseconds(&r["latency_9_tokens_ms"]),
+            milliseconds(&r["latency_128_tokens_ms"]),
             r["model_load_ms"].as_f64().unwrap(),
             r["peak_rss_mib"].as_f64().unwrap(),
             r["loadavg_before_after"][0].as_str().unwrap_or(""),
