@@ -203,15 +203,22 @@ fn leading_number(name: &str) -> u32 {
     name.chars().take_while(char::is_ascii_digit).collect::<String>().parse().unwrap_or(u32::MAX)
 }
 
-fn peak_rss_kib() -> u64 {
+/// A `/proc/self/status` size in KiB (`VmHWM`: peak resident set; `VmRSS`: resident now).
+fn status_kib(field: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.strip_prefix(field).is_some_and(|rest| rest.starts_with(':')))
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
         })
         .unwrap_or(0)
+}
+
+/// Resets the peak resident set to the current one (Linux ≥ 4.0), so that the peak after it
+/// is the embedding's alone, not the model load's (checkpoint and packed weights together).
+fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 fn load_average() -> String {
@@ -282,6 +289,8 @@ fn run_child(args: &Args) -> serde_json::Value {
         ..Default::default()
     };
     let engine = Engine::new(Arc::new(embedder), settings).expect("engine");
+    let (loading_peak_kib, loaded_kib) = (status_kib("VmHWM"), status_kib("VmRSS"));
+    let reset = reset_peak_rss();
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
     let load_before = load_average();
     let peak_before = gemm_peak(&pool);
@@ -433,7 +442,10 @@ fn run_child(args: &Args) -> serde_json::Value {
         "latency_9_tokens_ms": short_ms,
         "latency_128_tokens_ms": ms_128,
         "model_load_ms": load.as_secs_f64() * 1e3,
-        "peak_rss_mib": peak_rss_kib() as f64 / 1024.0,
+        "peak_rss_mib": loading_peak_kib.max(status_kib("VmHWM")) as f64 / 1024.0,
+        "loading_peak_rss_mib": loading_peak_kib as f64 / 1024.0,
+        "loaded_rss_mib": loaded_kib as f64 / 1024.0,
+        "embedding_peak_rss_mib": reset.then(|| status_kib("VmHWM") as f64 / 1024.0),
     })
 }
 
