@@ -55,6 +55,16 @@ struct Matrix {
 }
 
 impl Matrix {
+    /// A running local stack and a corpus of `reference`'s texts, one record each, in order.
+    fn up(reference: Value) -> Self {
+        let texts = matrix::texts(&reference);
+        let work = tempfile::tempdir().unwrap();
+        let corpus = work.path().join("corpus.jsonl");
+        let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
+        std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+        Self { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 }
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.work.path().join(name)
     }
@@ -131,13 +141,7 @@ fn truncated(vector: &[f32], n: usize) -> Vec<f32> {
 #[test]
 fn every_model_in_the_matrix_serves_batch_jobs_as_sentence_transformers_does() {
     let started = Instant::now();
-    let reference = matrix::reference();
-    let texts = matrix::texts(&reference);
-    let work = tempfile::tempdir().unwrap();
-    let corpus = work.path().join("corpus.jsonl");
-    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
-    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
-    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
+    let mut m = Matrix::up(matrix::reference());
     for arch in ARCHITECTURES {
         let tokenizer = matrix::tokenizer(&m.reference, arch);
         for folder in FOLDERS {
@@ -211,7 +215,6 @@ fn every_model_in_the_matrix_serves_batch_jobs_as_sentence_transformers_does() {
 
 
 const MODERNBERT_F32_MIN_COSINE: f64 = 0.99999;
-const QWEN3_F32_MIN_COSINE: f64 = 0.99999;
 
 /// One ModernBERT folder loaded as the enclave loads a model: its config, the shared weights and
 /// tokenizer, the folder's pooling and length.
@@ -294,36 +297,71 @@ fn modernbert_embeds_as_sentence_transformers_does() {
 /// ModernBERT through the local stack as a user runs it: `model encrypt` onboards each folder,
 /// and a batch job over every reference text — up to 8,192 tokens, one cut there — gives
 /// sentence-transformers' vectors and token counts, with the folder's default prompt.
+/// A family beyond the matrix, through the local stack: `model encrypt` onboards each of its
+/// folders, and batch jobs with the folder's default prompt, with another prompt where the family
+/// has one, and at bf16 give sentence-transformers' vectors and token counts, a text cut at each
+/// folder's own length; int8 is refused. Returns the stack and the family's tokenizer.
+struct Family {
+    arch: &'static str,
+    reference: fn() -> Value,
+    folders: &'static [&'static str],
+    /// The reference field with the vectors' width (`dimensions` after Dense modules).
+    width: &'static str,
+    /// The prompt a second job asks for, given the folder's default: (flag value, prompt name).
+    other_prompt: fn(&str) -> Option<(&'static str, &'static str)>,
+}
+
+impl Family {
+    fn serves_batch_jobs(&self) -> (Matrix, Vec<u8>) {
+        let arch = self.arch;
+        let mut m = Matrix::up((self.reference)());
+        let tokenizer = matrix::tokenizer(&m.reference, arch);
+        let width = m.reference["architectures"][arch][self.width].as_u64().unwrap();
+        let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
+        for folder in self.folders {
+            m.onboard(arch, folder, &tokenizer);
+            let entry = m.reference["architectures"][arch]["folders"][folder].clone();
+            let limit = entry["max_seq_length"].as_u64().unwrap();
+            let default = entry["default_prompt_name"].as_str().unwrap_or("");
+            let label = format!("{arch}/{folder} (local stack)");
+            // No flag (the signed default prompt, if any), then another prompt.
+            let mut jobs = vec![(Vec::new(), default)];
+            jobs.extend((self.other_prompt)(default).map(|(flag, prompt)| (vec!["--prompt", flag], prompt)));
+            for (flags, prompt) in jobs {
+                let run = matrix::run(&m.reference, arch, folder, prompt);
+                let records = m.job(arch, folder, &flags);
+                let lowest = check(&records, &run, width, FAMILY_F32_MIN_COSINE, &label);
+                assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
+                eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
+            }
+            if bf16 {
+                let records = m.job(arch, folder, &["--precision", "bf16"]);
+                let lowest = check(&records, &matrix::run(&m.reference, arch, folder, default), width, BF16_MIN_COSINE, &label);
+                eprintln!("{label} bf16: lowest cosine {lowest:.7}");
+            } else {
+                eprintln!("{label}: this CPU lacks AVX-512 BF16, bf16 not checked");
+            }
+            let refused = m.refused(arch, folder, &["--precision", "int8"]);
+            assert!(refused.contains("int8"), "{label}: {refused}");
+        }
+        (m, tokenizer)
+    }
+}
+
+/// The families' f32 bound: the engine computes them as their reference does, in f32.
+const FAMILY_F32_MIN_COSINE: f64 = 0.99999;
+
+/// ModernBERT (rotary positions, GeGLU, local and global layers; a text cut at 8,192 tokens).
 #[test]
 fn modernbert_serves_batch_jobs_through_the_local_stack() {
-    let reference = matrix::modernbert_reference();
-    let texts = matrix::texts(&reference);
-    let work = tempfile::tempdir().unwrap();
-    let corpus = work.path().join("corpus.jsonl");
-    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
-    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
-    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
-    let tokenizer = matrix::tokenizer(&m.reference, "modernbert");
-    let hidden = m.reference["architectures"]["modernbert"]["hidden_size"].as_u64().unwrap();
-    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
-    for folder in MODERNBERT_FOLDERS {
-        m.onboard("modernbert", folder, &tokenizer);
-        let entry = m.reference["architectures"]["modernbert"]["folders"][folder].clone();
-        let default = entry["default_prompt_name"].as_str().unwrap_or("");
-        let run = matrix::run(&m.reference, "modernbert", folder, default);
-        let label = format!("modernbert/{folder} (local stack)");
-        let records = m.job("modernbert", folder, &[]);
-        let lowest = check(&records, &run, hidden, MODERNBERT_F32_MIN_COSINE, &label);
-        assert!(records.iter().any(|r| r["tokens"] == 8192), "{label}: a text cut at 8,192 tokens");
-        eprintln!("{label} default prompt {default:?} f32: lowest cosine {lowest:.7}");
-        if bf16 {
-            let records = m.job("modernbert", folder, &["--precision", "bf16"]);
-            let lowest = check(&records, &run, hidden, BF16_MIN_COSINE, &label);
-            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
-        }
-        let refused = m.refused("modernbert", folder, &["--precision", "int8"]);
-        assert!(refused.contains("int8"), "{label}: {refused}");
-    }
+    let family = Family {
+        arch: "modernbert",
+        reference: matrix::modernbert_reference,
+        folders: &MODERNBERT_FOLDERS,
+        width: "hidden_size",
+        other_prompt: |_| None,
+    };
+    family.serves_batch_jobs();
 }
 
 /// Packing changes nothing: rotary places and local windows are per sequence, so each text alone
@@ -348,93 +386,64 @@ fn modernbert_packing_does_not_change_vectors() {
     }
 }
 
-/// Qwen3 (`testdata/models/qwen3/`: a causal decoder, grouped-query attention, last-token pooling,
-/// Qwen3-Embedding's instruction prompt) through the local stack: `model encrypt` onboards both
-/// folders, and batch jobs with the folder's default prompt, with `--prompt query` or `--prompt
-/// none`, and at bf16 give sentence-transformers' vectors and token counts, up to each folder's
-/// own length (8,192 and 1,000; a text cut at each); int8 is refused.
+/// Qwen3 (a causal decoder, grouped-query attention, last-token pooling, Qwen3-Embedding's
+/// instruction prompt), up to each folder's own length (8,192 and 1,000): with `--prompt query`
+/// or `--prompt none`, whichever the default is not.
 #[test]
 fn qwen3_serves_batch_jobs_through_the_local_stack() {
-    let reference = matrix::qwen3_reference();
-    let texts = matrix::texts(&reference);
-    let work = tempfile::tempdir().unwrap();
-    let corpus = work.path().join("corpus.jsonl");
-    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
-    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
-    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
-    let tokenizer = matrix::tokenizer(&m.reference, "qwen3");
-    let hidden = m.reference["architectures"]["qwen3"]["hidden_size"].as_u64().unwrap();
-    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
-    for folder in QWEN3_FOLDERS {
-        m.onboard("qwen3", folder, &tokenizer);
-        let entry = m.reference["architectures"]["qwen3"]["folders"][folder].clone();
-        let limit = entry["max_seq_length"].as_u64().unwrap();
-        let default = entry["default_prompt_name"].as_str().unwrap_or("");
-        let label = format!("qwen3/{folder} (local stack)");
-        // No flag (the signed default prompt, if any), then the prompt the default is not.
-        let other = if default.is_empty() { ("query", "query") } else { ("none", "") };
-        for (flags, prompt) in [(&[][..], default), (&["--prompt", other.0][..], other.1)] {
-            let run = matrix::run(&m.reference, "qwen3", folder, prompt);
-            let records = m.job("qwen3", folder, flags);
-            let lowest = check(&records, &run, hidden, QWEN3_F32_MIN_COSINE, &label);
-            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
-            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
-        }
-        if bf16 {
-            let records = m.job("qwen3", folder, &["--precision", "bf16"]);
-            let lowest = check(&records, &matrix::run(&m.reference, "qwen3", folder, default), hidden, BF16_MIN_COSINE, &label);
-            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
-        }
-        let refused = m.refused("qwen3", folder, &["--precision", "int8"]);
-        assert!(refused.contains("int8"), "{label}: {refused}");
-    }
+    let family = Family {
+        arch: "qwen3",
+        reference: matrix::qwen3_reference,
+        folders: &QWEN3_FOLDERS,
+        width: "hidden_size",
+        other_prompt: |default| Some(if default.is_empty() { ("query", "query") } else { ("none", "") }),
+    };
+    family.serves_batch_jobs();
 }
 
-const GEMMA3_F32_MIN_COSINE: f64 = 0.99999;
-
-/// Gemma 3 with bidirectional attention, mean pooling and two Dense modules
-/// (`testdata/models/gemma3/`, EmbeddingGemma's pipeline) through the local stack: `model encrypt`
-/// onboards both folders (the Dense modules sealed with the model), and batch jobs with the
-/// folder's default prompt, with another of EmbeddingGemma's prompts, and at bf16 give
-/// sentence-transformers' 48 Dense-projected values and token counts, up to each folder's own
-/// length (2,048 and 1,000; a text cut at each); int8 is refused. Then the host swaps the two
-/// sealed Dense files of a freshly onboarded copy: the worker refuses to load it.
+/// Gemma 3 with bidirectional attention, mean pooling and two Dense modules (EmbeddingGemma's
+/// pipeline; the Dense modules sealed with the model): the 48 Dense-projected values, up to each
+/// folder's own length (2,048 and 1,000), with another of EmbeddingGemma's prompts. Then the host
+/// swaps the two sealed Dense files of a freshly onboarded copy: the worker refuses to load it.
 #[test]
 fn gemma3_serves_batch_jobs_through_the_local_stack() {
-    let reference = matrix::gemma3_reference();
-    let texts = matrix::texts(&reference);
-    let work = tempfile::tempdir().unwrap();
-    let corpus = work.path().join("corpus.jsonl");
-    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
-    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
-    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
-    let tokenizer = matrix::tokenizer(&m.reference, "gemma3");
-    let dimensions = m.reference["architectures"]["gemma3"]["dimensions"].as_u64().unwrap();
-    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
-    for folder in GEMMA3_FOLDERS {
-        m.onboard("gemma3", folder, &tokenizer);
-        let entry = m.reference["architectures"]["gemma3"]["folders"][folder].clone();
-        let limit = entry["max_seq_length"].as_u64().unwrap();
-        let default = entry["default_prompt_name"].as_str().unwrap_or("");
-        let label = format!("gemma3/{folder} (local stack)");
-        // No flag (the signed default prompt, if any), then a prompt the default is not.
-        let other = if default.is_empty() { ("query", "query") } else { ("STS", "STS") };
-        for (flags, prompt) in [(&[][..], default), (&["--prompt", other.0][..], other.1)] {
-            let run = matrix::run(&m.reference, "gemma3", folder, prompt);
-            let records = m.job("gemma3", folder, flags);
-            let lowest = check(&records, &run, dimensions, GEMMA3_F32_MIN_COSINE, &label);
-            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
-            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
-        }
-        if bf16 {
-            let records = m.job("gemma3", folder, &["--precision", "bf16"]);
-            let lowest = check(&records, &matrix::run(&m.reference, "gemma3", folder, default), dimensions, BF16_MIN_COSINE, &label);
-            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
-        }
-        let refused = m.refused("gemma3", folder, &["--precision", "int8"]);
-        assert!(refused.contains("int8"), "{label}: {refused}");
-    }
+    let family = Family {
+        arch: "gemma3",
+        reference: matrix::gemma3_reference,
+        folders: &GEMMA3_FOLDERS,
+        width: "dimensions",
+        other_prompt: |default| Some(if default.is_empty() { ("query", "query") } else { ("STS", "STS") }),
+    };
+    let (m, tokenizer) = family.serves_batch_jobs();
     host_swaps_the_dense_files(&m, &tokenizer);
+}
+
+/// NomicBERT (rotary positions, SwiGLU, post-norm, nomic-embed-text's task prefixes), with
+/// `--prompt search_document`, a text cut at each folder's own length (2,048 and 1,000).
+#[test]
+fn nomic_bert_serves_batch_jobs_through_the_local_stack() {
+    let family = Family {
+        arch: "nomic_bert",
+        reference: matrix::nomic_reference,
+        folders: &NOMIC_FOLDERS,
+        width: "hidden_size",
+        other_prompt: |_| Some(("search_document", "search_document")),
+    };
+    family.serves_batch_jobs();
+}
+
+/// GTE (rotary positions, biased attention, GeGLU, post-norm; CLS without Normalize, and mean
+/// with a default prompt), with `--prompt document`, a text cut at each folder's own length.
+#[test]
+fn gte_serves_batch_jobs_through_the_local_stack() {
+    let family = Family {
+        arch: "gte",
+        reference: matrix::gte_reference,
+        folders: &GTE_FOLDERS,
+        width: "hidden_size",
+        other_prompt: |_| Some(("document", "document")),
+    };
+    family.serves_batch_jobs();
 }
 
 /// The host holds the sealed files: it swaps `dense.0.safetensors` and `dense.1.safetensors` of a
@@ -468,88 +477,4 @@ fn host_swaps_the_dense_files(m: &Matrix, tokenizer: &[u8]) {
     // The worker names the file that did not open (each is sealed under its own name's stream).
     assert!(shown.contains("dense.0.safetensors"), "the refusal names the swapped file:\n{shown}");
     eprintln!("gemma3 with its Dense files swapped by the host: refused:\n{shown}");
-}
-
-/// NomicBERT (`testdata/models/nomic_bert/`: rotary positions, SwiGLU, post-norm, nomic-embed-text's
-/// task prefixes) through the local stack: `model encrypt` onboards both folders, and batch jobs
-/// with the folder's default prompt, with `--prompt search_document`, and at bf16 give
-/// sentence-transformers' vectors and token counts, a text cut at each folder's own length (2,048
-/// and 1,000); int8 is refused.
-#[test]
-fn nomic_bert_serves_batch_jobs_through_the_local_stack() {
-    let reference = matrix::nomic_reference();
-    let texts = matrix::texts(&reference);
-    let work = tempfile::tempdir().unwrap();
-    let corpus = work.path().join("corpus.jsonl");
-    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
-    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
-    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
-    let tokenizer = matrix::tokenizer(&m.reference, "nomic_bert");
-    let hidden = m.reference["architectures"]["nomic_bert"]["hidden_size"].as_u64().unwrap();
-    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
-    for folder in NOMIC_FOLDERS {
-        m.onboard("nomic_bert", folder, &tokenizer);
-        let entry = m.reference["architectures"]["nomic_bert"]["folders"][folder].clone();
-        let limit = entry["max_seq_length"].as_u64().unwrap();
-        let default = entry["default_prompt_name"].as_str().unwrap_or("");
-        let label = format!("nomic_bert/{folder} (local stack)");
-        for (flags, prompt) in [(&[][..], default), (&["--prompt", "search_document"][..], "search_document")] {
-            let run = matrix::run(&m.reference, "nomic_bert", folder, prompt);
-            let records = m.job("nomic_bert", folder, flags);
-            let lowest = check(&records, &run, hidden, NOMIC_F32_MIN_COSINE, &label);
-            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
-            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
-        }
-        if bf16 {
-            let records = m.job("nomic_bert", folder, &["--precision", "bf16"]);
-            let lowest = check(&records, &matrix::run(&m.reference, "nomic_bert", folder, default), hidden, BF16_MIN_COSINE, &label);
-            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
-        }
-        let refused = m.refused("nomic_bert", folder, &["--precision", "int8"]);
-        assert!(refused.contains("int8"), "{label}: {refused}");
-    }
-}
-
-const NOMIC_F32_MIN_COSINE: f64 = 0.99999;
-
-/// GTE (`testdata/models/gte/`: rotary positions, biased attention, GeGLU, post-norm) through the
-/// local stack: `model encrypt` onboards both folders (CLS without Normalize, mean with a default
-/// prompt), and batch jobs with the folder's default prompt, with `--prompt document`, and at bf16
-/// give sentence-transformers' vectors and token counts, a text cut at each folder's own length
-/// (2,048 and 1,000); int8 is refused.
-#[test]
-fn gte_serves_batch_jobs_through_the_local_stack() {
-    let reference = matrix::gte_reference();
-    let texts = matrix::texts(&reference);
-    let work = tempfile::tempdir().unwrap();
-    let corpus = work.path().join("corpus.jsonl");
-    let lines: Vec<String> = texts.iter().map(|(name, text)| serde_json::json!({"id": name, "text": text}).to_string()).collect();
-    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
-    let mut m = Matrix { stack: tests::Stack::up(), work, corpus, reference, texts, jobs: 0 };
-    let tokenizer = matrix::tokenizer(&m.reference, "gte");
-    let hidden = m.reference["architectures"]["gte"]["hidden_size"].as_u64().unwrap();
-    let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
-    for folder in GTE_FOLDERS {
-        m.onboard("gte", folder, &tokenizer);
-        let entry = m.reference["architectures"]["gte"]["folders"][folder].clone();
-        let limit = entry["max_seq_length"].as_u64().unwrap();
-        let default = entry["default_prompt_name"].as_str().unwrap_or("");
-        let label = format!("gte/{folder} (local stack)");
-        for (flags, prompt) in [(&[][..], default), (&["--prompt", "document"][..], "document")] {
-            let run = matrix::run(&m.reference, "gte", folder, prompt);
-            let records = m.job("gte", folder, flags);
-            let lowest = check(&records, &run, hidden, NOMIC_F32_MIN_COSINE, &label);
-            assert!(records.iter().any(|r| r["tokens"] == limit), "{label} {flags:?}: a text cut at {limit} tokens");
-            eprintln!("{label} {flags:?} prompt {prompt:?} f32: lowest cosine {lowest:.7}");
-        }
-        if bf16 {
-            let records = m.job("gte", folder, &["--precision", "bf16"]);
-            let lowest = check(&records, &matrix::run(&m.reference, "gte", folder, default), hidden, BF16_MIN_COSINE, &label);
-            eprintln!("{label} bf16: lowest cosine {lowest:.7}");
-        } else {
-            eprintln!("{label}: this CPU lacks AVX-512 BF16, bf16 not checked");
-        }
-        let refused = m.refused("gte", folder, &["--precision", "int8"]);
-        assert!(refused.contains("int8"), "{label}: {refused}");
-    }
 }
