@@ -15,10 +15,13 @@ max_active_dims=8. The generator refuses weights for which sum pooling instead o
 activation without log1p, would keep the weights within 1e-3 of the reference. rerank: queries,
 each with the matrix's texts as its documents, CrossEncoder.predict()'s scores and rank()'s
 order, and the token count of every pair; it refuses weights for which scoring without the
-classification head's tanh, or the query alone, would keep the scores within 1e-3.
+classification head's tanh, or the query alone, would keep the scores within 1e-3. rerank_bert:
+the same for a BERT cross-encoder (BertForSequenceClassification, the matrix's BERT sizes, the
+committed GTE WordPiece tokenizer: [CLS] $A [SEP] $B:1 [SEP]:1), refusing weights for which
+all-type-0 segments, or the pooler without its tanh, would keep the scores within 1e-3.
 
 Run by hand in the venv of make_test_models.py (the same pinned versions), never by setup or CI:
-  /tmp/stvenv/bin/python scripts/make_output_models.py [splade] [rerank]
+  /tmp/stvenv/bin/python scripts/make_output_models.py [splade] [rerank] [rerank_bert]
 """
 
 import json
@@ -115,6 +118,30 @@ QUERIES = [
 ]
 
 
+def cross_encoder_cases(ce):
+    """Every query against the matrix's texts: predict()'s scores, rank()'s order, each pair's
+    token count (and whether it was cut at 128)."""
+    documents = [t for _, t in matrix.TEXTS]
+    cases = []
+    for query in QUERIES:
+        pairs = [(query, d) for d in documents]
+        scores = ce.predict(pairs, batch_size=4)
+        ranked = ce.rank(query, documents, batch_size=4)
+        tokens = [len(ce.tokenizer(query, d, truncation=True, max_length=128)["input_ids"]) for d in documents]
+        full = [len(ce.tokenizer(query, d)["input_ids"]) for d in documents]
+        cases.append({
+            "query": query,
+            "scores": [float(f"{x:.7g}") for x in scores],
+            "order": [r["corpus_id"] for r in ranked],
+            "tokens": tokens,
+            "truncated": [f > 128 for f in full],
+        })
+    assert any(any(c["truncated"]) for c in cases)
+    spread = max(max(c["scores"]) - min(c["scores"]) for c in cases)
+    assert spread > 0.2, f"scores too close to tell an order: {spread}"
+    return documents, cases, spread
+
+
 def rerank():
     tokenizer = os.path.join(matrix.ROOT, "tests", "testdata", "models", "xlm-roberta", "tokenizer.json")
     staging = tempfile.mkdtemp()
@@ -138,24 +165,7 @@ def rerank():
     ce = CrossEncoder(target)
     assert ce.max_length == 128, ce.max_length
 
-    documents = [t for _, t in matrix.TEXTS]
-    cases = []
-    for query in QUERIES:
-        pairs = [(query, d) for d in documents]
-        scores = ce.predict(pairs, batch_size=4)
-        ranked = ce.rank(query, documents, batch_size=4)
-        tokens = [len(ce.tokenizer(query, d, truncation=True, max_length=128)["input_ids"]) for d in documents]
-        full = [len(ce.tokenizer(query, d)["input_ids"]) for d in documents]
-        cases.append({
-            "query": query,
-            "scores": [float(f"{x:.7g}") for x in scores],
-            "order": [r["corpus_id"] for r in ranked],
-            "tokens": tokens,
-            "truncated": [f > 128 for f in full],
-        })
-    assert any(any(c["truncated"]) for c in cases)
-    spread = max(max(c["scores"]) - min(c["scores"]) for c in cases)
-    assert spread > 0.2, f"scores too close to tell an order: {spread}"
+    documents, cases, spread = cross_encoder_cases(ce)
 
     # What a wrong head or a wrong pair would cost.
     features = ce.tokenizer([QUERIES[0]] * len(documents), documents, truncation=True, max_length=128, padding=True, return_tensors="pt")
@@ -175,14 +185,68 @@ def rerank():
     print(f"rerank: {len(QUERIES)} queries x {len(documents)} documents, score spread {spread:.3f}, wrong choices {wrong}")
 
 
+def rerank_bert():
+    """A BERT cross-encoder (ms-marco-MiniLM's shape): the pair's second segment, its [SEP]
+    included, has token type 1; the score is the pooler's tanh(dense([CLS])), then `classifier`."""
+    tokenizer = os.path.join(matrix.ROOT, "tests", "testdata", "models", "gte", "tokenizer.json")
+    staging = tempfile.mkdtemp()
+    torch.manual_seed(matrix.SEED)
+    generator = torch.Generator().manual_seed(matrix.SEED + 42)
+    vocab = json.load(open(tokenizer))["model"]["vocab"]
+    config = transformers.BertConfig(vocab_size=len(vocab), type_vocab_size=2, num_labels=1, pad_token_id=0, **matrix.ARCHS["bert"])
+    model = transformers.BertForSequenceClassification(config)
+    matrix.scale_weights(model, generator)
+    model.eval()
+    model.save_pretrained(staging, safe_serialization=True)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=tokenizer, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]", unk_token="[UNK]",
+        mask_token="[MASK]", model_max_length=512, model_input_names=["input_ids", "token_type_ids", "attention_mask"],
+    )
+    fast.save_pretrained(staging)
+    target = os.path.join(OUT, "rerank-bert")
+    shutil.rmtree(target, ignore_errors=True)
+    CrossEncoder(staging, max_length=128).save(target)
+    os.remove(os.path.join(target, "README.md"))
+    ce = CrossEncoder(target)
+    assert ce.max_length == 128, ce.max_length
+    assert isinstance(ce.activation_fn, torch.nn.Sigmoid), ce.activation_fn
+
+    documents, cases, spread = cross_encoder_cases(ce)
+    features = ce.tokenizer([QUERIES[0]] * len(documents), documents, truncation=True, max_length=128, padding=True, return_tensors="pt")
+    types = features["token_type_ids"]
+    assert int(types.sum()) > 0, "the pairs' second segments have token type 1"
+    # Each row: 0…0 1…1 over its real tokens, the last [SEP] of type 1.
+    for row, mask in zip(types.tolist(), features["attention_mask"].tolist()):
+        real = row[:sum(mask)]
+        first = real.index(1)
+        assert real[first:] == [1] * (len(real) - first) and real[-1] == 1, real
+
+    # What all-type-0 segments or a pooler without tanh would cost.
+    with torch.no_grad():
+        zeroed = dict(features, token_type_ids=torch.zeros_like(types))
+        type0 = torch.sigmoid(ce.model(**zeroed).logits).squeeze(-1).numpy()
+        first = ce.model.bert(**features).last_hidden_state[:, 0]
+        no_tanh = torch.sigmoid(ce.model.classifier(ce.model.bert.pooler.dense(first))).squeeze(-1).numpy()
+    reference = np.array(cases[0]["scores"])
+    wrong = {"token types 0": float(np.abs(type0 - reference).max()), "no tanh": float(np.abs(no_tanh - reference).max())}
+    assert all(v > 1e-3 for v in wrong.values()), wrong
+    with open(os.path.join(OUT, "rerank-bert-reference.json"), "w") as f:
+        json.dump({"documents": documents, "max_length": 128, "wrong_choices_max_difference": wrong, "queries": cases},
+                  f, ensure_ascii=False, indent=1)
+    shutil.rmtree(staging)
+    print(f"rerank_bert: {len(QUERIES)} queries x {len(documents)} documents, score spread {spread:.3f}, wrong choices {wrong}")
+
+
 def main():
     matrix.check_versions()
     os.makedirs(OUT, exist_ok=True)
-    only = sys.argv[1:] or ["splade", "rerank"]
+    only = sys.argv[1:] or ["splade", "rerank", "rerank_bert"]
     if "splade" in only:
         splade()
     if "rerank" in only:
         rerank()
+    if "rerank_bert" in only:
+        rerank_bert()
 
 
 if __name__ == "__main__":

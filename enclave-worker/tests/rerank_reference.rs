@@ -1,7 +1,8 @@
-//! A cross-encoder in the fused encoder against sentence-transformers' own `CrossEncoder` on a
-//! tiny random checkpoint (`tests/testdata/outputs/rerank/`, written by
-//! `scripts/make_output_models.py rerank`): every query's scores for the matrix's 24 texts within
-//! 1e-4, `rank()`'s order, and every pair's token count (pairs past 128 tokens cut longest-first).
+//! Cross-encoders in the fused encoder against sentence-transformers' own `CrossEncoder` on tiny
+//! random checkpoints (`tests/testdata/outputs/rerank/` XLM-RoBERTa and `rerank-bert/` BERT,
+//! written by `scripts/make_output_models.py rerank rerank_bert`): every query's scores for the
+//! matrix's 24 texts within 1e-4, `rank()`'s order, and every pair's token count (pairs past 128
+//! tokens cut longest-first); BERT's pairs read their second segment as token type 1.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,18 +19,31 @@ fn dir() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/testdata/outputs"))
 }
 
-fn reference() -> Value {
-    serde_json::from_slice(&std::fs::read(dir().join("rerank-reference.json")).unwrap()).unwrap()
+/// A generated cross-encoder: its folder under `tests/testdata/outputs/`, hidden size, and the
+/// bound on its scores at bf16 (measured: XLM-RoBERTa 0.0051, BERT 0.0106; both random models
+/// have weights spread wider than trained ones).
+#[derive(Clone, Copy, Debug)]
+struct Fixture {
+    folder: &'static str,
+    hidden: usize,
+    bf16_bound: f32,
 }
 
-fn engine(reference: &Value, pooling: Pooling) -> Result<Engine, InferenceError> {
-    let read = |name: &str| std::fs::read(dir().join("rerank").join(name)).unwrap();
+const XLM_ROBERTA: Fixture = Fixture { folder: "rerank", hidden: 36, bf16_bound: 0.01 };
+const BERT: Fixture = Fixture { folder: "rerank-bert", hidden: 24, bf16_bound: 0.02 };
+
+fn reference(fixture: Fixture) -> Value {
+    serde_json::from_slice(&std::fs::read(dir().join(format!("{}-reference.json", fixture.folder))).unwrap()).unwrap()
+}
+
+fn engine(fixture: Fixture, reference: &Value, pooling: Pooling) -> Result<Engine, InferenceError> {
+    let read = |name: &str| std::fs::read(dir().join(fixture.folder).join(name)).unwrap();
     let (config, tokenizer, weights) = (read("config.json"), read("tokenizer.json"), read("model.safetensors"));
     let settings = EmbedderSettings {
         pooling,
         normalize: false,
         max_tokens: reference["max_length"].as_u64().unwrap() as usize,
-        dimensions: Some(36),
+        dimensions: Some(fixture.hidden),
         backend: Backend::Fused,
     };
     let embedder = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] }, settings)?;
@@ -55,8 +69,17 @@ fn order(scores: &[f32]) -> Vec<usize> {
 
 #[test]
 fn rerank_scores_equal_cross_encoder() {
-    let reference = reference();
-    let engine = engine(&reference, Pooling::Rerank { sigmoid: true }).unwrap();
+    check_scores(XLM_ROBERTA);
+}
+
+#[test]
+fn bert_rerank_scores_equal_cross_encoder() {
+    check_scores(BERT);
+}
+
+fn check_scores(fixture: Fixture) {
+    let reference = reference(fixture);
+    let engine = engine(fixture, &reference, Pooling::Rerank { sigmoid: true }).unwrap();
     let texts = records(&reference);
     let texts: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
     let options = EmbedOptions { normalize: false, output: OutputKind::Scores, ..Default::default() };
@@ -76,9 +99,24 @@ fn rerank_scores_equal_cross_encoder() {
         for (document, &n) in reference["documents"].as_array().unwrap().iter().zip(&tokens) {
             let pair = engine.embedder().tokenize_pair(query, document.as_str().unwrap(), true).unwrap();
             assert_eq!(pair.tokens() as u64, n, "{query}: a pair's token count");
+            check_segments(fixture, &pair);
         }
     }
-    eprintln!("rerank: {} queries x 24 documents, largest score difference {worst:e}", texts.len());
+    eprintln!("{}: {} queries x 24 documents, largest score difference {worst:e}", fixture.folder, texts.len());
+}
+
+/// BERT's pair: `[CLS] query [SEP]` type 0, `document [SEP]` type 1; XLM-RoBERTa's all type 0.
+fn check_segments(fixture: Fixture, pair: &enclave_worker::inference::Tokenized) {
+    if fixture.hidden == XLM_ROBERTA.hidden {
+        assert_eq!(pair.second_segment, None, "XLM-RoBERTa's pairs are all type 0");
+        return;
+    }
+    // The GTE WordPiece tokenizer's [SEP].
+    const SEP: u32 = 3;
+    let start = pair.second_segment.expect("a BERT pair has a second segment");
+    assert!(start >= 3 && start < pair.ids.len(), "second segment at {start} of {}", pair.ids.len());
+    assert_eq!((pair.ids[start - 1], pair.ids.last().copied()), (SEP, Some(SEP)), "{:?}", pair.ids);
+    assert!(!pair.ids[1..start - 1].contains(&SEP) && !pair.ids[start..pair.ids.len() - 1].contains(&SEP), "{:?}", pair.ids);
 }
 
 /// bf16 (the body at bf16, the head f32) keeps the scores close.
@@ -88,8 +126,14 @@ fn rerank_at_bf16_stays_close() {
         eprintln!("rerank bf16: skipped, this CPU has no AVX-512 BF16");
         return;
     }
-    let reference = reference();
-    let engine = engine(&reference, Pooling::Rerank { sigmoid: true }).unwrap();
+    for fixture in [XLM_ROBERTA, BERT] {
+        bf16_close(fixture);
+    }
+}
+
+fn bf16_close(fixture: Fixture) {
+    let reference = reference(fixture);
+    let engine = engine(fixture, &reference, Pooling::Rerank { sigmoid: true }).unwrap();
     let texts = records(&reference);
     let texts: Vec<&[u8]> = texts.iter().map(Vec::as_slice).collect();
     let options = EmbedOptions { normalize: false, output: OutputKind::Scores, precision: Precision::Bf16, ..Default::default() };
@@ -99,36 +143,50 @@ fn rerank_at_bf16_stays_close() {
             worst = worst.max((a - b.as_f64().unwrap() as f32).abs());
         }
     }
-    assert!(worst < 0.01, "bf16: a score differs by {worst}");
-    eprintln!("rerank bf16: largest score difference {worst:.5}");
+    assert!(worst < fixture.bf16_bound, "{}: bf16: a score differs by {worst}", fixture.folder);
+    eprintln!("{} bf16: largest score difference {worst:.5}", fixture.folder);
 }
 
-/// The logit form gives the sigmoid's inverse; bad records fail alone, by name; a BERT
-/// cross-encoder is refused by name.
+/// The logit form gives the sigmoid's inverse; bad records fail alone, by name; another
+/// architecture's head, and a BERT body without its classification head, are refused by name.
 #[test]
 fn rerank_logits_bad_records_and_refusals() {
-    let reference = reference();
-    let texts = records(&reference);
-    let first: Vec<&[u8]> = vec![texts[0].as_slice()];
     let options = EmbedOptions { normalize: false, output: OutputKind::Scores, ..Default::default() };
-    let logits = engine(&reference, Pooling::Rerank { sigmoid: false }).unwrap().rerank_window(&first, &options).remove(0).unwrap();
-    for (logit, score) in logits.vector.iter().zip(reference["queries"][0]["scores"].as_array().unwrap()) {
-        let sigmoid = 1.0 / (1.0 + (-logit).exp());
-        assert!((sigmoid - score.as_f64().unwrap() as f32).abs() <= SCORE_TOLERANCE);
+    for fixture in [XLM_ROBERTA, BERT] {
+        let reference = reference(fixture);
+        let texts = records(&reference);
+        let first: Vec<&[u8]> = vec![texts[0].as_slice()];
+        let logits = engine(fixture, &reference, Pooling::Rerank { sigmoid: false }).unwrap().rerank_window(&first, &options).remove(0).unwrap();
+        for (logit, score) in logits.vector.iter().zip(reference["queries"][0]["scores"].as_array().unwrap()) {
+            let sigmoid = 1.0 / (1.0 + (-logit).exp());
+            assert!((sigmoid - score.as_f64().unwrap() as f32).abs() <= SCORE_TOLERANCE, "{}", fixture.folder);
+        }
     }
 
-    let engine = engine(&reference, Pooling::Rerank { sigmoid: true }).unwrap();
+    let reference = reference(XLM_ROBERTA);
+    let texts = records(&reference);
+    let engine = engine(XLM_ROBERTA, &reference, Pooling::Rerank { sigmoid: true }).unwrap();
     let bad: Vec<&[u8]> = vec![b"not json", br#"{"query": "q", "documents": []}"#, br#"{"query": " ", "documents": ["d"]}"#, br#"{"query": "q", "documents": ["d"], "top_n": 1}"#, texts[1].as_slice()];
     let results = engine.rerank_window(&bad, &options);
     let codes: Vec<Option<ErrorCode>> = results.iter().map(|r| r.as_ref().err().map(|f| f.code)).collect();
     assert_eq!(codes, [Some(ErrorCode::InvalidJson), Some(ErrorCode::MissingText), Some(ErrorCode::EmptyText), Some(ErrorCode::InvalidJson), None]);
     assert_eq!(results[4].as_ref().unwrap().vector.len(), 24, "the good record beside them is scored");
 
-    let models = dir().parent().unwrap().join("models/bert");
-    let config = std::fs::read(models.join("classic-cls/config.json")).unwrap();
-    let weights = std::fs::read(models.join("model.safetensors")).unwrap();
-    let tokenizer = std::fs::read(dir().join("rerank/tokenizer.json")).unwrap();
     let settings = EmbedderSettings { pooling: Pooling::Rerank { sigmoid: true }, normalize: false, max_tokens: 128, dimensions: None, backend: Backend::Fused };
-    let err = Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] }, settings).unwrap_err();
-    assert!(err.to_string().contains("token type 1"), "{err}");
+    let load = |arch: &str, folder: &str| {
+        let models = dir().parent().unwrap().join("models").join(arch);
+        // One label, so that the head is what is refused.
+        let mut config: Value = serde_json::from_slice(&std::fs::read(models.join(folder).join("config.json")).unwrap()).unwrap();
+        config["id2label"] = serde_json::json!({"0": "LABEL_0"});
+        let config = serde_json::to_vec(&config).unwrap();
+        let weights = std::fs::read(models.join("model.safetensors")).unwrap();
+        let tokenizer = std::fs::read(dir().join("rerank-bert/tokenizer.json")).unwrap();
+        Embedder::load(ModelFiles { config: &config, tokenizer: &tokenizer, weights: &weights, dense: &[] }, settings).unwrap_err()
+    };
+    // The matrix's MPNet: no sequence-classification head the engine reads.
+    let err = load("mpnet", "v6-mean");
+    assert!(matches!(err, InferenceError::UnsupportedArchitecture(_)) && err.to_string().contains("not mpnet's"), "{err}");
+    // The matrix's BERT is a BertModel: no pooler or classifier tensors.
+    let err = load("bert", "classic-cls");
+    assert!(matches!(err, InferenceError::Weights(_)) && err.to_string().contains("bert.pooler.dense.weight"), "{err}");
 }

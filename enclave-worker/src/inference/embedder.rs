@@ -7,7 +7,7 @@ use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::arch::{ArchConfig, Architecture};
-use super::encoder::{ClassifierHead, Encoder, SpladeHead};
+use super::encoder::{ClassifierHead, Encoder, SpladeHead, TokenTypes};
 use super::projection::{DenseFiles, Projection};
 use super::{InferenceError, RecordFailure};
 
@@ -86,6 +86,9 @@ impl EmbedderSettings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tokenized {
     pub ids: Vec<u32>,
+    /// A pair's second segment, where the model embeds it as token type 1 (BERT): the index it
+    /// starts at, its closing `[SEP]` included. `None`: every token is type 0.
+    pub second_segment: Option<usize>,
 }
 
 impl Tokenized {
@@ -131,6 +134,10 @@ pub struct Embedder {
     splade: Option<SpladeHead>,
     /// A cross-encoder's head (`Pooling::Rerank`): a pair's vector is its one score.
     classifier: Option<ClassifierHead>,
+    /// Whether a pair's second segment is token type 1: BERT's tokenizers pass the types, the
+    /// RoBERTa family's do not (transformers' `model_input_names`), so XLM-RoBERTa's pairs are
+    /// all type 0 whatever their template says.
+    pair_types: bool,
     /// The Dense modules after the pooling (none for most models).
     projection: Projection,
 }
@@ -228,7 +235,8 @@ impl Embedder {
         if (splade.is_some() || classifier.is_some()) && !matches!(model, Model::Fused(_)) {
             return Err(InferenceError::UnsupportedArchitecture("splade and rerank heads run on the fused encoder only".into()));
         }
-        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, splade, classifier, projection })
+        let pair_types = config.arch == Architecture::Bert && config.type_vocab_size >= 2;
+        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, splade, classifier, pair_types, projection })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -373,13 +381,15 @@ impl Embedder {
                 format!("more than {} tokens and truncation is off", self.settings.max_tokens),
             ));
         }
-        Ok(Tokenized { ids: encoding.get_ids().to_vec() })
+        Ok(Tokenized { ids: encoding.get_ids().to_vec(), second_segment: None })
     }
 
     /// A cross-encoder's (query, document) pair as one sequence, as its tokenizer joins a pair
-    /// (`<s> query </s></s> document </s>`), cut at `max_tokens` longest-first as
+    /// (`<s> query </s></s> document </s>`; BERT's `[CLS] query [SEP] document [SEP]`, the
+    /// document and its `[SEP]` of token type 1), cut at `max_tokens` longest-first as
     /// sentence-transformers' `CrossEncoder` cuts it. Per-pair failures as
-    /// [`Embedder::tokenize`]'s; an empty document is scored as it is.
+    /// [`Embedder::tokenize`]'s, and `TokenizerFailed` for types other than 0…0 1…1; an empty
+    /// document is scored as it is.
     pub fn tokenize_pair(&self, query: &str, document: &str, truncate: bool) -> Result<Tokenized, RecordFailure> {
         if query.trim().is_empty() {
             return Err(RecordFailure::new(ErrorCode::EmptyText, "the query is empty or only whitespace"));
@@ -397,7 +407,8 @@ impl Embedder {
                 format!("more than {} tokens and truncation is off", self.settings.max_tokens),
             ));
         }
-        Ok(Tokenized { ids: encoding.get_ids().to_vec() })
+        let second_segment = if self.pair_types { second_segment(encoding.get_type_ids())? } else { None };
+        Ok(Tokenized { ids: encoding.get_ids().to_vec(), second_segment })
     }
 
     /// Embeds one batch and returns one vector per member, in order: the encoder (packed tokens
@@ -425,7 +436,8 @@ impl Embedder {
                 let first = at(&batch[0]);
                 if batch.iter().all(|t| at(t) == first) {
                     let sequences: Vec<&[u32]> = batch.iter().map(|t| t.ids.as_slice()).collect();
-                    encoder.forward(&sequences, first, |states| {
+                    let segments: Vec<Option<usize>> = batch.iter().map(|t| t.second_segment).collect();
+                    encoder.forward(&sequences, token_types(&segments), first, |states| {
                         let mut start = 0;
                         for tokenized in batch {
                             let n = tokenized.ids.len();
@@ -439,7 +451,8 @@ impl Embedder {
                     let (same, other): (Vec<usize>, Vec<usize>) = (0..batch.len()).partition(|&i| at(&batch[i]) == first);
                     for members in [same, other] {
                         let sequences: Vec<&[u32]> = members.iter().map(|&i| batch[i].ids.as_slice()).collect();
-                        encoder.forward(&sequences, at(&batch[members[0]]), |states| {
+                        let segments: Vec<Option<usize>> = members.iter().map(|&i| batch[i].second_segment).collect();
+                        encoder.forward(&sequences, token_types(&segments), at(&batch[members[0]]), |states| {
                             let mut start = 0;
                             for &i in &members {
                                 let n = batch[i].ids.len();
@@ -504,6 +517,20 @@ impl Embedder {
         let head = self.splade.as_ref().map_or(0, SpladeHead::memory_bytes) + self.classifier.as_ref().map_or(0, ClassifierHead::memory_bytes);
         Some((encoder.memory_bytes() + head + self.projection.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
     }
+}
+
+/// Single texts, or pairs where any member has a second segment.
+fn token_types(segments: &[Option<usize>]) -> TokenTypes<'_> {
+    if segments.iter().any(Option::is_some) { TokenTypes::Pairs(segments) } else { TokenTypes::Single }
+}
+
+/// Where a pair's token type 1 starts: its types must be 0…0 then 1…1.
+fn second_segment(types: &[u32]) -> Result<Option<usize>, RecordFailure> {
+    let start = types.iter().position(|&t| t != 0);
+    if start.is_some_and(|s| types[s..].iter().any(|&t| t != 1)) {
+        return Err(RecordFailure::new(ErrorCode::TokenizerFailed, "the pair's token types are not 0…0 then 1…1"));
+    }
+    Ok(start)
 }
 
 /// A sequence-classification model's labels as transformers counts them: `id2label`'s entries,

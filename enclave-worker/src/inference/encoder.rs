@@ -42,6 +42,7 @@ mod int8;
 mod splade;
 
 use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Stored, Tensors, Weight};
+pub(crate) use blocks::TokenTypes;
 use int8::{Int8Layer, Int8Product, LayerStats};
 pub(crate) use classifier::ClassifierHead;
 pub(crate) use splade::SpladeHead;
@@ -200,6 +201,10 @@ fn bert_family(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeights, In
         0 => vec![0f32; hidden],
         types => t.first_row("embeddings.token_type_embeddings.weight", types, hidden)?,
     };
+    let second_type = match config.type_vocab_size {
+        0 | 1 => None,
+        types => Some(t.row("embeddings.token_type_embeddings.weight", types, hidden, 1)?),
+    };
     let heads = config.num_attention_heads;
     let relative = match config.arch {
         Architecture::MpNet => {
@@ -213,6 +218,7 @@ fn bert_family(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeights, In
             word: t.values("embeddings.word_embeddings.weight", &[config.vocab_size, hidden])?,
             position: Some(t.values("embeddings.position_embeddings.weight", &[config.max_position_embeddings, hidden])?),
             token_type,
+            second_type,
             norm: Some(t.norm("embeddings.LayerNorm", hidden, true)?),
         },
         layers,
@@ -336,11 +342,12 @@ impl Encoder {
 
     /// `read` of the final hidden states of the given sequences, packed: `(Σ lengths, hidden)`,
     /// sequence after sequence, computed at `precision` (the dense layers' inputs rounded to bf16
-    /// for [`Precision::Bf16`]; attention, element-wise work and accumulation stay f32). Runs on
-    /// the current rayon pool.
+    /// for [`Precision::Bf16`]; attention, element-wise work and accumulation stay f32), their
+    /// tokens of the given types. Runs on the current rayon pool.
     pub(crate) fn forward<R>(
         &self,
         sequences: &[&[u32]],
+        types: TokenTypes<'_>,
         precision: Precision,
         read: impl FnOnce(&[f32]) -> R,
     ) -> Result<R, InferenceError> {
@@ -354,14 +361,14 @@ impl Encoder {
             });
         }
         match precision {
-            Precision::Fp32 => self.run(sequences, |_| Reduced::Fp32, None, read),
+            Precision::Fp32 => self.run(sequences, types, |_| Reduced::Fp32, None, read),
             Precision::Bf16 => {
                 let layers = self.bf16_layers()?;
-                self.run(sequences, |i| Reduced::Bf16(&layers[i]), None, read)
+                self.run(sequences, types, |i| Reduced::Bf16(&layers[i]), None, read)
             }
             Precision::Int8 => {
                 let layers = self.int8_layers()?;
-                self.run(sequences, |i| Reduced::Int8(&layers[i]), None, read)
+                self.run(sequences, types, |i| Reduced::Int8(&layers[i]), None, read)
             }
         }
     }
@@ -371,6 +378,7 @@ impl Encoder {
     fn run<'a, R>(
         &'a self,
         sequences: &[&[u32]],
+        types: TokenTypes<'_>,
         reduced: impl Fn(usize) -> Reduced<'a>,
         stats: Option<&mut [LayerStats]>,
         read: impl FnOnce(&[f32]) -> R,
@@ -391,7 +399,7 @@ impl Encoder {
         }
         let taken = self.scratch.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop();
         let mut scratch = taken.unwrap_or_default();
-        let result = self.layers_over(sequences, &offsets, reduced, stats, &mut scratch).map(|()| read(&scratch.x));
+        let result = self.layers_over(sequences, types, &offsets, reduced, stats, &mut scratch).map(|()| read(&scratch.x));
         self.scratch.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(scratch);
         result
     }
@@ -400,6 +408,7 @@ impl Encoder {
     fn layers_over<'a>(
         &'a self,
         sequences: &[&[u32]],
+        types: TokenTypes<'_>,
         offsets: &[usize],
         reduced: impl Fn(usize) -> Reduced<'a>,
         mut stats: Option<&mut [LayerStats]>,
@@ -409,24 +418,29 @@ impl Encoder {
         let total = offsets[offsets.len() - 1];
         let embeddings = &self.embeddings;
 
-        // Embeddings: word (+ absolute position + token type 0), then the norm.
+        // Embeddings: word (+ absolute position + token type), then the norm.
         let mut positions = Vec::with_capacity(total);
         let mut ids = Vec::with_capacity(total);
         for s in sequences {
             arch::positions(s, self.padding_idx, &mut positions);
             ids.extend(s.iter().map(|&id| id as usize));
         }
-        let tokens: Vec<(usize, usize)> = ids.into_iter().zip(positions).collect();
+        let second = types.second_flags(sequences.iter().map(|s| s.len()), embeddings.second_type.is_some())?;
+        let tokens: Vec<(usize, usize, bool)> = ids.into_iter().zip(positions).zip(second).map(|((id, p), t)| (id, p, t)).collect();
         let mut x = std::mem::take(&mut scratch.x);
         resize(&mut x, total * h);
         x.par_chunks_mut(h * ROWS_PER_TASK).zip(tokens.par_chunks(ROWS_PER_TASK)).for_each(|(rows, pos)| {
             let mut sum = vec![0f32; h];
-            kernels::vectorized(#[inline(always)] || for (row, &(id, p)) in rows.chunks_exact_mut(h).zip(pos) {
+            kernels::vectorized(#[inline(always)] || for (row, &(id, p, second)) in rows.chunks_exact_mut(h).zip(pos) {
                 let word = &embeddings.word[id * h..(id + 1) * h];
                 let input = match &embeddings.position {
                     Some(table) => {
                         let position = &table[p * h..(p + 1) * h];
-                        for (((s, &w), &q), &t) in sum.iter_mut().zip(word).zip(position).zip(&embeddings.token_type) {
+                        let token_type = match (second, &embeddings.second_type) {
+                            (true, Some(row)) => row,
+                            _ => &embeddings.token_type,
+                        };
+                        for (((s, &w), &q), &t) in sum.iter_mut().zip(word).zip(position).zip(token_type) {
                             *s = w + q + t;
                         }
                         &sum[..]

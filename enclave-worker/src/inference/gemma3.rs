@@ -229,7 +229,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
         *w *= scale;
     }
     Ok(FamilyWeights {
-        embeddings: Embeddings { word, position: None, token_type: Vec::new(), norm: None },
+        embeddings: Embeddings { word, position: None, token_type: Vec::new(), second_type: None, norm: None },
         layers,
         final_norm: Some(norm(t, "norm", hidden)?),
         relative: None,

@@ -141,7 +141,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
         }
     }
     Ok(FamilyWeights {
-        embeddings: Embeddings { word, position: None, token_type: Vec::new(), norm: Some(t.norm("embeddings.LayerNorm", hidden, true)?) },
+        embeddings: Embeddings { word, position: None, token_type: Vec::new(), second_type: None, norm: Some(t.norm("embeddings.LayerNorm", hidden, true)?) },
         layers,
         final_norm: None,
         relative: None,

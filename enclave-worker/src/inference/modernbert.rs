@@ -207,6 +207,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
             word: t.values("embeddings.tok_embeddings.weight", &[config.vocab_size, hidden])?,
             position: None,
             token_type: Vec::new(),
+            second_type: None,
             norm: Some(t.norm("embeddings.norm", hidden, false)?),
         },
         layers,

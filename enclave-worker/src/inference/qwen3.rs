@@ -142,6 +142,7 @@ pub(crate) fn weights(t: &Tensors<'_>, config: &ArchConfig) -> Result<FamilyWeig
             word: t.values("embed_tokens.weight", &[config.vocab_size, hidden])?,
             position: None,
             token_type: Vec::new(),
+            second_type: None,
             norm: None,
         },
         layers,

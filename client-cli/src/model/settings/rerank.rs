@@ -3,8 +3,9 @@
 //! `activation_fn` in `config_sentence_transformers.json`; 4.x–5.x: `config.json`'s
 //! `sentence_transformers.activation_fn`; older: `sbert_ce_default_activation_function`) or as a
 //! plain transformers sequence-classification checkpoint (bge-reranker-v2-m3). The engine
-//! computes XLM-RoBERTa's classification head with one label, then Sigmoid (the default for one
-//! label) or nothing; anything else is refused by file and field.
+//! computes XLM-RoBERTa's or BERT's classification head with one label (BERT's pairs with their
+//! second segment as token type 1, as its tokenizer passes them), then Sigmoid (the default for
+//! one label) or nothing; anything else is refused by file and field.
 
 use std::path::Path;
 
@@ -33,17 +34,31 @@ pub(super) fn is_cross_encoder(dir: &Path) -> Result<bool, ModelError> {
     Ok(says || (classifies && !dir.join("modules.json").exists()))
 }
 
+/// A BERT pair's second segment is token type 1: the model must embed that type, and the
+/// tokenizer pass the types (transformers' `model_input_names`, where stated).
+fn check_bert_pairs(dir: &Path, config_path: &Path, config: &Value) -> Result<(), ModelError> {
+    let types = config.get("type_vocab_size").and_then(Value::as_u64).unwrap_or(2);
+    if types < 2 {
+        return Err(unsupported(config_path, "type_vocab_size", types, "a BERT pair's second segment is token type 1"));
+    }
+    let tokenizer_path = dir.join("tokenizer_config.json");
+    let stated = read_json(&tokenizer_path)?.and_then(|t| t.get("model_input_names").cloned());
+    if let Some(names) = stated.filter(|n| !n.as_array().is_some_and(|a| a.iter().any(|x| x.as_str() == Some("token_type_ids")))) {
+        return Err(unsupported(&tokenizer_path, "model_input_names", names, "the engine embeds a BERT pair's token types, which this tokenizer does not pass"));
+    }
+    Ok(())
+}
+
 pub(super) fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     let config_path = dir.join("config.json");
     let config = read_json(&config_path)?.ok_or_else(|| ModelError::MissingFile { dir: dir.to_owned(), name: "config.json" })?;
     let offset = check_architecture(&config_path, &config)?;
-    if let Some(kind) = config.get("model_type").and_then(Value::as_str).filter(|&k| k != "xlm-roberta") {
-        return Err(unsupported(
-            &config_path,
-            "model_type",
-            kind,
-            "the engine scores pairs with XLM-RoBERTa's head (a BERT cross-encoder's second segment has token type 1)",
-        ));
+    match config.get("model_type").and_then(Value::as_str) {
+        Some("xlm-roberta") => {}
+        Some("bert") => check_bert_pairs(dir, &config_path, &config)?,
+        kind => {
+            return Err(unsupported(&config_path, "model_type", kind.unwrap_or("(absent)"), "the engine scores pairs with XLM-RoBERTa's or BERT's head"));
+        }
     }
     let labels = match (config.get("id2label").and_then(Value::as_object), config.get("num_labels").and_then(Value::as_u64)) {
         (Some(labels), _) => labels.len() as u64,

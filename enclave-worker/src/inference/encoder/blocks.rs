@@ -150,13 +150,16 @@ impl Linear {
 }
 
 /// What a layer's input embeddings are: word rows, plus for absolute-position architectures a
-/// position row and token type 0, then a norm where the architecture has one.
+/// position row and the token's type row, then a norm where the architecture has one.
 pub(crate) struct Embeddings {
     pub(crate) word: Vec<f32>,
     /// `None`: positions are rotary, inside attention.
     pub(crate) position: Option<Vec<f32>>,
-    /// Token type 0 (every text is a single segment); zeros for MPNet, which has none.
+    /// Token type 0 (a single text, a pair's first segment); zeros for MPNet, which has none.
     pub(crate) token_type: Vec<f32>,
+    /// Token type 1 (a pair's second segment: BERT cross-encoders); `None` where the model has
+    /// one type or none.
+    pub(crate) second_type: Option<Vec<f32>>,
     /// `None`: the word rows as they are (Qwen3).
     pub(crate) norm: Option<Norm>,
 }
@@ -164,7 +167,41 @@ pub(crate) struct Embeddings {
 impl Embeddings {
     pub(crate) fn memory_bytes(&self) -> usize {
         let values = |v: &[f32]| std::mem::size_of_val(v);
-        values(&self.word) + self.position.as_deref().map_or(0, values) + values(&self.token_type) + self.norm.as_ref().map_or(0, Norm::memory_bytes)
+        values(&self.word) + self.position.as_deref().map_or(0, values) + values(&self.token_type)
+            + self.second_type.as_deref().map_or(0, values) + self.norm.as_ref().map_or(0, Norm::memory_bytes)
+    }
+}
+
+/// The token types of a forward pass's sequences: all 0 (single texts), or per sequence the
+/// index its second segment starts at (type 1 from there to its end: a BERT pair's second text
+/// and its closing `[SEP]`), `None` for a sequence of one segment.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum TokenTypes<'a> {
+    Single,
+    Pairs(&'a [Option<usize>]),
+}
+
+impl TokenTypes<'_> {
+    /// Each packed token's type, whether it is 1, sequence after sequence; checked against the
+    /// sequences' lengths and against the model's having a second type.
+    pub(crate) fn second_flags(self, lengths: impl ExactSizeIterator<Item = usize>, second_type: bool) -> Result<Vec<bool>, InferenceError> {
+        let TokenTypes::Pairs(starts) = self else {
+            return Ok(lengths.flat_map(|n| std::iter::repeat_n(false, n)).collect());
+        };
+        if starts.len() != lengths.len() {
+            return Err(InferenceError::Forward(format!("{} token type boundaries for {} sequences", starts.len(), lengths.len())));
+        }
+        let mut flags = Vec::new();
+        for (n, &start) in lengths.zip(starts) {
+            let start = match start {
+                None => n,
+                Some(_) if !second_type => return Err(InferenceError::Forward("a second segment, and the model embeds one token type".into())),
+                Some(s) if s > n => return Err(InferenceError::Forward(format!("a second segment at {s} of {n} tokens"))),
+                Some(s) => s,
+            };
+            flags.extend((0..n).map(|i| i >= start));
+        }
+        Ok(flags)
     }
 }
 
@@ -206,8 +243,17 @@ impl<'a> Tensors<'a> {
 
     /// The first row of a `(rows, cols)` tensor.
     pub(crate) fn first_row(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, InferenceError> {
+        self.row(name, rows, cols, 0)
+    }
+
+    /// Row `index` of a `(rows, cols)` tensor.
+    pub(crate) fn row(&self, name: &str, rows: usize, cols: usize, index: usize) -> Result<Vec<f32>, InferenceError> {
         let (view, stored) = self.view(name, &[rows, cols])?;
-        Ok(stored.values(&view.data()[..stored.width() * cols]).collect())
+        if index >= rows {
+            return Err(weights_err(format!("{name}: no row {index} of {rows}")));
+        }
+        let width = stored.width() * cols;
+        Ok(stored.values(&view.data()[index * width..(index + 1) * width]).collect())
     }
 
     /// Linear weights are stored `(out, in)`; the products want `(in, out)`, possibly several side

@@ -1,8 +1,8 @@
-//! A cross-encoder's head: XLM-RoBERTa's sequence classification (`classifier.dense`, tanh,
-//! `classifier.out_proj`) on the first token's final state, one label, then sentence-transformers'
-//! `CrossEncoder` activation (Sigmoid by default for one label, or the logit as it is). Computed
-//! in f32 whatever the body's precision. BERT's (`bert.pooler`, `classifier`) reads its pairs'
-//! second segment with token type 1, which the engine does not embed: refused by name.
+//! A cross-encoder's head on the first token's final state, one label: XLM-RoBERTa's sequence
+//! classification (`classifier.dense`, tanh, `classifier.out_proj`) or BERT's (the pooler's
+//! `bert.pooler.dense` and tanh, then `classifier`) — the same computation under other names —,
+//! then sentence-transformers' `CrossEncoder` activation (Sigmoid by default for one label, or
+//! the logit as it is). Computed in f32 whatever the body's precision.
 
 use super::super::InferenceError;
 use super::super::arch::{ArchConfig, Architecture};
@@ -17,20 +17,24 @@ pub(crate) struct ClassifierHead {
 
 impl ClassifierHead {
     pub(crate) fn load(weights: &[u8], config: &ArchConfig, labels: usize, sigmoid: bool) -> Result<Self, InferenceError> {
-        if config.arch != Architecture::XlmRoberta {
-            return Err(InferenceError::UnsupportedArchitecture(format!(
-                "rerank reads XLM-RoBERTa's sequence-classification head, not {}'s (a BERT cross-encoder's second segment has token type 1, which the engine does not embed)",
-                config.arch.as_str()
-            )));
-        }
+        let (dense, out) = match config.arch {
+            Architecture::XlmRoberta => ("classifier.dense", "classifier.out_proj"),
+            Architecture::Bert => ("bert.pooler.dense", "classifier"),
+            other => {
+                return Err(InferenceError::UnsupportedArchitecture(format!(
+                    "rerank reads BERT's or XLM-RoBERTa's sequence-classification head, not {}'s",
+                    other.as_str()
+                )));
+            }
+        };
         if labels != 1 {
             return Err(InferenceError::Settings(format!("a cross-encoder scores with one label, this one has {labels}")));
         }
         let h = config.hidden_size;
         let tensors = Tensors::new(weights, "")?;
         Ok(Self {
-            dense: tensors.linear("classifier.dense", h, h, true)?,
-            out: tensors.linear("classifier.out_proj", 1, h, true)?,
+            dense: tensors.linear(dense, h, h, true)?,
+            out: tensors.linear(out, 1, h, true)?,
             sigmoid,
         })
     }

@@ -112,7 +112,7 @@ impl Encoder {
     fn calibration_stats(&self, sequences: &[&[u32]]) -> Result<(Vec<LayerStats>, Vec<f32>), InferenceError> {
         let (h, inter) = (self.hidden, self.layers.first().map_or(0, |l| l.ff2.w.shape().0));
         let mut stats = vec![LayerStats([vec![0f32; h], vec![0f32; h], vec![0f32; h], vec![0f32; inter]]); self.layers.len()];
-        let states = self.run(sequences, |_| Reduced::Fp32, Some(&mut stats), <[f32]>::to_vec)?;
+        let states = self.run(sequences, TokenTypes::Single, |_| Reduced::Fp32, Some(&mut stats), <[f32]>::to_vec)?;
         Ok((stats, states))
     }
 
@@ -166,7 +166,7 @@ impl Encoder {
         if !sequences.is_empty() {
             for (i, p, candidate) in candidates.into_iter().rev() {
                 let kept = std::mem::replace(layers[i].product_mut(p), candidate);
-                let states = self.run(&sequences, |j| Reduced::Int8(&layers[j]), None, <[f32]>::to_vec)?;
+                let states = self.run(&sequences, TokenTypes::Single, |j| Reduced::Int8(&layers[j]), None, <[f32]>::to_vec)?;
                 if fidelity(&states, &reference, self.hidden, &sequences) < bound {
                     *layers[i].product_mut(p) = kept;
                 }
