@@ -107,7 +107,7 @@ fn check_scores(fixture: Fixture) {
 
 /// BERT's pair: `[CLS] query [SEP]` type 0, `document [SEP]` type 1; XLM-RoBERTa's all type 0.
 fn check_segments(fixture: Fixture, pair: &enclave_worker::inference::Tokenized) {
-    if fixture.hidden == XLM_ROBERTA.hidden {
+    if fixture.folder == XLM_ROBERTA.folder {
         assert_eq!(pair.second_segment, None, "XLM-RoBERTa's pairs are all type 0");
         return;
     }

@@ -555,3 +555,20 @@ pub(crate) fn l2_normalize(vector: &mut [f32]) {
         *v = (f64::from(*v) / norm) as f32;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A pair's types 0…0 1…1 give where type 1 starts; all 0 give none; any other order is
+    /// refused by name rather than embedded as something the reference never computes.
+    #[test]
+    fn a_pairs_second_segment_is_where_its_types_turn_to_one() {
+        assert_eq!(second_segment(&[0, 0, 0, 1, 1]).unwrap(), Some(3));
+        assert_eq!(second_segment(&[0, 0, 0]).unwrap(), None);
+        for types in [&[0, 1, 0][..], &[0, 2, 2], &[0, 1, 2]] {
+            let refused = second_segment(types).unwrap_err();
+            assert_eq!(refused.code, ErrorCode::TokenizerFailed, "{types:?}");
+        }
+    }
+}

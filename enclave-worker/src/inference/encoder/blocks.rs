@@ -387,6 +387,27 @@ impl RotaryTable {
 mod tests {
     use super::*;
 
+    /// A pair's tokens from its second segment on are type 1; single texts and pairs without a
+    /// second segment are all type 0; a boundary list of another length, one past its sequence,
+    /// or any second segment for a model of one type is refused.
+    #[test]
+    fn token_types_mark_each_pairs_second_segment() {
+        let lengths = [4usize, 3, 5];
+        let flags = TokenTypes::Pairs(&[Some(2), None, Some(5)]).second_flags(lengths.iter().copied(), true).unwrap();
+        let want = [false, false, true, true, false, false, false, false, false, false, false, false];
+        assert_eq!(flags, want);
+        assert_eq!(TokenTypes::Single.second_flags(lengths.iter().copied(), true).unwrap(), vec![false; 12]);
+        let refused = [
+            TokenTypes::Pairs(&[Some(2), None]).second_flags(lengths.iter().copied(), true),
+            TokenTypes::Pairs(&[Some(5), None, None]).second_flags(lengths.iter().copied(), true),
+            TokenTypes::Pairs(&[Some(2), None, None]).second_flags(lengths.iter().copied(), false),
+        ];
+        let messages: Vec<String> = refused.into_iter().map(|r| r.unwrap_err().to_string()).collect();
+        for (message, names) in messages.iter().zip(["2 token type boundaries for 3 sequences", "at 5 of 4 tokens", "one token type"]) {
+            assert!(message.contains(names), "{message}");
+        }
+    }
+
     /// Each pair turns by its angle: a rotation keeps the pair's length, and position 0 is the
     /// identity.
     #[test]
