@@ -27,8 +27,9 @@ fn module_kinds(modules: &Value) -> Vec<(&str, &str)> {
         .collect()
 }
 
-/// Whether the directory is a multi-vector encoder's: modules.json names a `MultiVectorMask`, or
-/// config_sentence_transformers.json says `MultiVectorEncoder` (or PyLate's `ColBERT`).
+/// Whether the directory is a multi-vector encoder's: modules.json names a `MultiVectorMask`,
+/// config_sentence_transformers.json says `MultiVectorEncoder` (or PyLate's `ColBERT`), or
+/// config.json is Stanford-NLP's `HF_ColBERT` (which would otherwise read as a mean-pooled model).
 pub(super) fn is_multi_vector_encoder(dir: &Path) -> Result<bool, ModelError> {
     let masked = match read_json(&dir.join("modules.json"))? {
         Some(modules) => module_kinds(&modules).iter().any(|(kind, _)| *kind == "MultiVectorMask"),
@@ -37,7 +38,10 @@ pub(super) fn is_multi_vector_encoder(dir: &Path) -> Result<bool, ModelError> {
     let named = read_json(&dir.join("config_sentence_transformers.json"))?
         .and_then(|c| c.get("model_type").and_then(Value::as_str).map(|t| matches!(t, "MultiVectorEncoder" | "ColBERT")))
         .unwrap_or(false);
-    Ok(masked || named)
+    let stanford = read_json(&dir.join("config.json"))?
+        .and_then(|c| c.get("architectures").and_then(Value::as_array).map(|a| a.iter().any(|x| x == "HF_ColBERT")))
+        .unwrap_or(false);
+    Ok(masked || named || stanford)
 }
 
 pub(super) fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {

@@ -43,4 +43,10 @@ fn what_the_engine_does_not_compute_is_refused_by_field() {
         m.as_array_mut().unwrap().pop();
     });
     assert_eq!(refused_field(dir.path()), "type");
+    // A Stanford-NLP checkpoint (no modules.json) is not read as a mean-pooled model.
+    let dir = copy_of("colbert");
+    std::fs::remove_file(dir.path().join("modules.json")).unwrap();
+    std::fs::remove_file(dir.path().join("config_sentence_transformers.json")).unwrap();
+    edit(dir.path(), "config.json", |c| c["architectures"] = serde_json::json!(["HF_ColBERT"]));
+    assert_eq!(refused_field(dir.path()), "type");
 }
