@@ -41,7 +41,7 @@ impl MultiVector {
         let dim = usize::from(self.dimensions);
         (1..=MAX_DIMENSIONS).contains(&dim)
             && !self.values.is_empty()
-            && self.values.len() % dim == 0
+            && self.values.len().is_multiple_of(dim)
             && u32::try_from(self.count()).is_ok()
             && self.value_bytes() <= MAX_RECORD_BYTES as usize
     }
