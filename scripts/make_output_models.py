@@ -8,6 +8,12 @@
            the MLM decoder tied to the word embeddings. Its prediction bias is shifted down so that
            about one vocabulary entry in ten is active per text, as in a trained SPLADE model.
 
+  colbert  a ColBERT multi-vector encoder as sentence-transformers 6.x saves one (MultiVectorEncoder:
+           Transformer over BertModel, a token-level Dense 24 -> 16 without bias and with the
+           identity activation, MultiVectorMask with no skiplist, a token-level Normalize), the
+           same sizes and tokenizer as splade. Without prompts, query expansion or a skiplist a
+           query's vectors are a document's, so one set is written (checked here).
+
 Written under tests/testdata/outputs/<name>/ (a whole model directory, as `model encrypt` reads it)
 with <name>-reference.json. splade: the matrix's texts (make_test_models.TEXTS), their token counts and
 SparseEncoder.encode()'s weights as (token id, weight) pairs, all of them and with
@@ -18,10 +24,14 @@ order, and the token count of every pair; it refuses weights for which scoring w
 classification head's tanh, or the query alone, would keep the scores within 1e-3. rerank_bert:
 the same for a BERT cross-encoder (BertForSequenceClassification, the matrix's BERT sizes, the
 committed GTE WordPiece tokenizer: [CLS] $A [SEP] $B:1 [SEP]:1), refusing weights for which
-all-type-0 segments, or the pooler without its tanh, would keep the scores within 1e-3.
+all-type-0 segments, or the pooler without its tanh, would keep the scores within 1e-3. colbert:
+every text's per-token vectors from MultiVectorEncoder.encode() and their count; it refuses
+weights for which the unprojected states, the unnormalised projections (a norm within 0.05 of
+1), vectors moved by one token, or dropping the first token (bge-m3's choice) would still pass a
+min-cosine 0.9999 test with the same count.
 
 Run by hand in the venv of make_test_models.py (the same pinned versions), never by setup or CI:
-  /tmp/stvenv/bin/python scripts/make_output_models.py [splade] [rerank] [rerank_bert]
+  /tmp/stvenv/bin/python scripts/make_output_models.py [splade] [rerank] [rerank_bert] [colbert]
 """
 
 import json
@@ -36,8 +46,10 @@ import make_test_models as matrix  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from sentence_transformers import CrossEncoder, SparseEncoder  # noqa: E402
-from sentence_transformers.base.modules import Transformer  # noqa: E402
+from sentence_transformers import CrossEncoder, MultiVectorEncoder, SparseEncoder  # noqa: E402
+from sentence_transformers.base.modules import Normalize, Transformer  # noqa: E402
+from sentence_transformers.base.modules.dense import Dense  # noqa: E402
+from sentence_transformers.multi_vector_encoder.modules import MultiVectorMask  # noqa: E402
 from sentence_transformers.sparse_encoder.modules import SpladePooling  # noqa: E402
 
 OUT = os.path.join(matrix.ROOT, "tests", "testdata", "outputs")
@@ -237,16 +249,95 @@ def rerank_bert():
     print(f"rerank_bert: {len(QUERIES)} queries x {len(documents)} documents, score spread {spread:.3f}, wrong choices {wrong}")
 
 
+COLBERT_DIM = 16
+
+
+def colbert():
+    tokenizer = os.path.join(matrix.ROOT, "tests", "testdata", "models", "mpnet", "tokenizer.json")
+    staging = tempfile.mkdtemp()
+    torch.manual_seed(matrix.SEED)
+    generator = torch.Generator().manual_seed(matrix.SEED + 42)
+    vocab = json.load(open(tokenizer))["model"]["vocab"]
+    config = transformers.BertConfig(vocab_size=len(vocab) + 1, pad_token_id=1, **SPLADE_SIZES)
+    model = transformers.BertModel(config, add_pooling_layer=False)
+    matrix.scale_weights(model, generator)
+    model.eval()
+    model.save_pretrained(staging, safe_serialization=True)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=tokenizer, bos_token="<s>", eos_token="</s>", sep_token="</s>", cls_token="<s>",
+        unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", model_max_length=512,
+    )
+    fast.save_pretrained(staging)
+
+    transformer = Transformer(staging)
+    hidden = transformer.get_embedding_dimension()
+    dense = Dense(hidden, COLBERT_DIM, bias=False, activation_function=torch.nn.Identity(), module_input_name="token_embeddings")
+    with torch.no_grad():
+        # Norms of the projections well away from 1, so a missing Normalize cannot pass.
+        dense.linear.weight.copy_(0.6 * torch.randn(dense.linear.weight.shape, generator=generator))
+    st = MultiVectorEncoder(modules=[transformer, dense, MultiVectorMask(), Normalize(module_input_name="token_embeddings")])
+    target = os.path.join(OUT, "colbert")
+    shutil.rmtree(target, ignore_errors=True)
+    st.save(target)
+    os.remove(os.path.join(target, "README.md"))
+    st = MultiVectorEncoder(target)
+
+    texts = [t for _, t in matrix.TEXTS]
+    tokens, truncated = matrix.token_counts(st, texts, "")
+    vectors = [v.numpy() for v in st.encode(texts, batch_size=4)]
+    queries = [v.numpy() for v in st.encode_query(texts, batch_size=4)]
+    assert [len(v) for v in vectors] == tokens, ([len(v) for v in vectors], tokens)
+    assert all(np.array_equal(q, d) for q, d in zip(queries, vectors)), "queries differ from documents"
+
+    # What a plausible mistake would score on the same tests (min cosine, same count).
+    def min_cos(a, b):
+        a = a / np.linalg.norm(a, axis=1, keepdims=True)
+        b = b / np.linalg.norm(b, axis=1, keepdims=True)
+        return float((a * b).sum(axis=1).min())
+    features = st.tokenize(texts)
+    with torch.no_grad():
+        states = st[0](dict(features))["token_embeddings"]
+        projected = st[1](dict(token_embeddings=states))["token_embeddings"]
+    mask = features["attention_mask"].bool()
+    raw = [p[m].numpy() for p, m in zip(projected, mask)]
+    norms = np.concatenate([np.linalg.norm(r, axis=1) for r in raw])
+    shifted = min(min_cos(v[1:], v[:-1]) for v in vectors)
+    wrong = {
+        "no normalisation: largest |norm - 1|": float(np.abs(norms - 1).max()),
+        "no normalisation: smallest |norm - 1|": float(np.abs(norms - 1).min()),
+        "moved by one token: min cosine": shifted,
+        "first token dropped: token count": "one fewer on every text",
+    }
+    assert np.abs(norms - 1).min() > 0.05, wrong
+    assert shifted < 0.9, wrong
+    assert states.shape[-1] != COLBERT_DIM  # unprojected states have another width
+
+    reference = {
+        "dimensions": COLBERT_DIM,
+        "max_seq_length": st.max_seq_length,
+        "wrong_choices": wrong,
+        "texts": [{"name": name, "text": text, "tokens": n, "truncated": cut,
+                   "vectors": [[float(f"{x:.7g}") for x in row] for row in v]}
+                  for (name, text), n, cut, v in zip(matrix.TEXTS, tokens, truncated, vectors)],
+    }
+    with open(os.path.join(OUT, "colbert-reference.json"), "w") as f:
+        json.dump(reference, f, ensure_ascii=False, separators=(",", ":"))
+    shutil.rmtree(staging)
+    print(f"colbert: {COLBERT_DIM} dimensions, tokens per text {min(tokens)}..{max(tokens)}, wrong choices {wrong}")
+
+
 def main():
     matrix.check_versions()
     os.makedirs(OUT, exist_ok=True)
-    only = sys.argv[1:] or ["splade", "rerank", "rerank_bert"]
+    only = sys.argv[1:] or ["splade", "rerank", "rerank_bert", "colbert"]
     if "splade" in only:
         splade()
     if "rerank" in only:
         rerank()
     if "rerank_bert" in only:
         rerank_bert()
+    if "colbert" in only:
+        colbert()
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@
 //! * **jsonl** — `{"id": …, "embedding": [f32, …], "tokens": n}` per embedded record; a sparse
 //!   job's as `{"id": …, "sparse": {"<index>": weight, …}, "tokens": n}` (index: the token id of
 //!   a SPLADE model's vocabulary, ascending); a rerank job's as `{"id": …, "scores": [f32, …],
-//!   "tokens": n}`, a score per document in the line's order, tokens those of every pair.
+//!   "tokens": n}`, a score per document in the line's order, tokens those of every pair; a
+//!   multi-vector job's as `{"id": …, "vectors": [[f32, …], …], "tokens": n}`, a vector per kept
+//!   token in the text's order.
 //! * **openai** — OpenAI Batch output lines, one per request line (the records' ids are
 //!   [`openai_record_id`](crate::corpus::openai_record_id)s, regrouped by custom_id):
 //!   `{"id": "batch_req_…", "custom_id", "response": {"status_code": 200, "request_id": "req_…",
@@ -53,7 +55,7 @@ use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use protocol::envelope::{JobId, OutputDtype, OutputKind};
-use protocol::records::{ErrorCode, OutputRecord, SparseVector, Vector};
+use protocol::records::{ErrorCode, MultiVector, OutputRecord, SparseVector, Vector};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -398,7 +400,11 @@ impl OutputWriter {
         if let Some((_, values)) = &vector
             && self.options.format != OutputFormat::Jsonl
         {
-            let kind = if matches!(values, Values::Sparse(_)) { OutputKind::Sparse } else { self.options.kind };
+            let kind = match values {
+                Values::Sparse(_) => OutputKind::Sparse,
+                Values::Multi(_) => OutputKind::MultiVector,
+                _ => self.options.kind,
+            };
             if kind != OutputKind::Dense {
                 return Err(OutputError::KindIn { id: id.to_owned(), kind: kind.as_str(), format: self.options.format.as_str() });
             }
@@ -408,6 +414,10 @@ impl OutputWriter {
             Sink::Jsonl(out) => match vector {
                 Some((tokens, Values::Sparse(sparse))) => {
                     out.write_json(&SparseLine { id, sparse: SparseWeights(sparse), tokens })?;
+                    self.summary.records += 1;
+                }
+                Some((tokens, Values::Multi(multi))) => {
+                    out.write_json(&MultiLine { id, vectors: Rows(multi), tokens })?;
                     self.summary.records += 1;
                 }
                 Some((tokens, values)) if scores => {
@@ -606,6 +616,8 @@ enum Values<'a> {
     Unsigned(Cow<'a, [u8]>),
     #[serde(skip)]
     Sparse(&'a SparseVector),
+    #[serde(skip)]
+    Multi(&'a MultiVector),
 }
 
 impl<'a> Values<'a> {
@@ -616,6 +628,7 @@ impl<'a> Values<'a> {
             Vector::Int8(values) | Vector::Binary(values) => Values::Signed(Cow::Borrowed(values)),
             Vector::Uint8(values) | Vector::Ubinary(values) => Values::Unsigned(Cow::Borrowed(values)),
             Vector::Sparse(sparse) => Values::Sparse(sparse),
+            Vector::Multi(multi) => Values::Multi(multi),
         }
     }
 
@@ -623,6 +636,7 @@ impl<'a> Values<'a> {
     fn len(&self) -> usize {
         match self {
             Values::Sparse(v) => v.dimensions as usize,
+            Values::Multi(v) => usize::from(v.dimensions),
             Values::Float(v) => v.len(),
             Values::Signed(v) => v.len(),
             Values::Unsigned(v) => v.len(),
@@ -634,7 +648,7 @@ impl<'a> Values<'a> {
             Values::Float(v) => Values::Float(Cow::Owned(v.into_owned())),
             Values::Signed(v) => Values::Signed(Cow::Owned(v.into_owned())),
             Values::Unsigned(v) => Values::Unsigned(Cow::Owned(v.into_owned())),
-            Values::Sparse(_) => unreachable!("sparse vectors are refused before the openai format"),
+            Values::Sparse(_) | Values::Multi(_) => unreachable!("sparse and multi-vectors are refused before the openai format"),
         }
     }
 
@@ -644,7 +658,7 @@ impl<'a> Values<'a> {
             Values::Float(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
             Values::Signed(v) => v.iter().map(|&x| x as u8).collect(),
             Values::Unsigned(v) => v.to_vec(),
-            Values::Sparse(_) => unreachable!("sparse vectors are refused before the npy format"),
+            Values::Sparse(_) | Values::Multi(_) => unreachable!("sparse and multi-vectors are refused before the npy format"),
         }
     }
 }
@@ -710,6 +724,22 @@ struct SparseLine<'a> {
     id: &'a str,
     sparse: SparseWeights<'a>,
     tokens: u32,
+}
+
+#[derive(Serialize)]
+struct MultiLine<'a> {
+    id: &'a str,
+    vectors: Rows<'a>,
+    tokens: u32,
+}
+
+/// A multi-vector record as a JSON array of its rows.
+struct Rows<'a>(&'a MultiVector);
+
+impl Serialize for Rows<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.rows())
+    }
 }
 
 /// A sparse vector as a JSON object from index to weight (the indices ascending).

@@ -52,12 +52,15 @@ pub struct ClientJob {
     /// carries them); `None` for the other dtypes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ranges_sha256: Option<String>,
-    /// `"sparse"` for a sparse job (`None`: dense vectors, as before the field existed).
+    /// `"sparse"`, `"scores"` or `"multivector"` for such a job (`None`: dense vectors, as before the field existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
     /// A sparse job's `top_k`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
+    /// A multi-vector job's bound on one record's bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_record_bytes: Option<u32>,
     /// Hex [`IdsDigest`] of the record ids sealed, in order (`None`: submitted by a client that
     /// kept none, so `record_ids` cannot pass).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -302,6 +305,7 @@ mod tests {
             ranges_sha256: None,
             output: None,
             top_k: None,
+            max_record_bytes: None,
             ids_sha256: Some(ids.into()),
             uploaded_ms: Some(2),
             downloaded: None,

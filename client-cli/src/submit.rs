@@ -90,7 +90,8 @@ pub struct SubmitArgs {
     pub ranges: Option<PathBuf>,
     /// What the records carry: `dense` vectors, `sparse` ones (the nonzero weights of a SPLADE
     /// model, by token id; never normalised) or `scores` (a cross-encoder's, one per document of
-    /// each `{"id", "query", "documents"}` line). Default: what the model gives, which the signed
+    /// each `{"id", "query", "documents"}` line) or `multivector` (a ColBERT model's vector per
+    /// token, each unit-length). Default: what the model gives, which the signed
     /// manifest says (its pooling); another kind is refused.
     #[arg(long, value_name = "KIND", value_parser = parse_output_kind)]
     pub output_kind: Option<OutputKind>,
@@ -98,6 +99,10 @@ pub struct SubmitArgs {
     /// `max_active_dims`). Default: every nonzero weight.
     #[arg(long, value_name = "N")]
     pub top_k: Option<u32>,
+    /// Multi-vector output: the most bytes one record's vectors may take (tokens × dimensions ×
+    /// 4); a record over it fails alone (`output_too_large`). Default: 1 MiB.
+    #[arg(long, value_name = "BYTES")]
+    pub max_record_bytes: Option<u32>,
     /// Refuse texts longer than the model's maximum instead of truncating them.
     #[arg(long)]
     pub no_truncate: bool,
@@ -205,6 +210,7 @@ impl Sealing {
         let dtype = args.dtype.unwrap_or(if args.f16 { OutputDtype::F16 } else { OutputDtype::F32 });
         let ranges = crate::ranges::for_job(dtype, args.ranges.as_deref(), dimensions.unwrap_or(model.manifest.dimensions))?;
         let (output, top_k) = output_kind(&model.manifest, args.output_kind, args.top_k)?;
+        let max_record_bytes = max_record_bytes(output, args.max_record_bytes)?;
         if output != OutputKind::Dense && matches!(args.format, Some(crate::results::Format::Npy | crate::results::Format::Openai)) {
             bail!("--format: {} output is written as jsonl (docs/models.md)", output.as_str());
         }
@@ -214,7 +220,8 @@ impl Sealing {
         corpus_options.rerank = Some(output == OutputKind::Scores);
         let options = JobOptions {
             truncate: !args.no_truncate,
-            // SPLADE weights and cross-encoder scores are never normalised (no Normalize module).
+            // SPLADE weights and cross-encoder scores are never normalised (no Normalize module);
+            // a ColBERT model normalises each token vector itself.
             normalize: !args.no_normalize && output == OutputKind::Dense,
             dtype,
             precision: match args.precision {
@@ -227,6 +234,7 @@ impl Sealing {
             ranges,
             output,
             top_k,
+            max_record_bytes,
         };
         Ok(Sealing { trust, enclave, model, result_key, corpus_options, options, now_ms })
     }
@@ -277,6 +285,7 @@ impl Sealing {
             ranges_sha256: self.options.ranges.as_ref().map(crate::ranges::sha256_hex),
             output: (self.options.output != OutputKind::Dense).then(|| self.options.output.as_str().to_owned()),
             top_k: self.options.top_k,
+            max_record_bytes: self.options.max_record_bytes,
             ids_sha256: Some(sealed.ids_sha256.clone()),
             uploaded_ms: None,
             downloaded: None,
@@ -288,7 +297,22 @@ impl Sealing {
 /// before anything is sealed: a prompt it names (by default its default prompt; `none`: no
 /// prompt), a length it offers (its own asks for nothing).
 fn parse_output_kind(text: &str) -> Result<OutputKind, String> {
-    OutputKind::parse(text).ok_or_else(|| format!("{text:?}: dense, sparse or scores"))
+    OutputKind::parse(text).ok_or_else(|| format!("{text:?}: dense, sparse, scores or multivector"))
+}
+
+/// A multi-vector job's default bound on one record: 2,048 tokens of 128 f32 (ColBERT's width).
+pub const DEFAULT_MAX_RECORD_BYTES: u32 = 1 << 20;
+
+/// The `max_record_bytes` a job states: a multi-vector job's (by default
+/// [`DEFAULT_MAX_RECORD_BYTES`]), none for the other kinds (the flag is refused there).
+pub fn max_record_bytes(output: OutputKind, asked: Option<u32>) -> anyhow::Result<Option<u32>> {
+    match (output, asked) {
+        (OutputKind::MultiVector, None) => Ok(Some(DEFAULT_MAX_RECORD_BYTES)),
+        (OutputKind::MultiVector, Some(bytes)) if bytes > 0 && bytes <= protocol::envelope::MAX_RECORD_BYTES => Ok(Some(bytes)),
+        (OutputKind::MultiVector, Some(bytes)) => bail!("--max-record-bytes {bytes}: 1..={}", protocol::envelope::MAX_RECORD_BYTES),
+        (_, None) => Ok(None),
+        (kind, Some(_)) => bail!("--max-record-bytes: for multivector output only; this job's is {}", kind.as_str()),
+    }
 }
 
 /// The output kind a job asks for: the model's (its signed pooling says which it gives); another

@@ -194,7 +194,8 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
             && options.dimensions == state.dimensions
             && options.ranges.as_ref().map(crate::ranges::sha256_hex) == state.ranges_sha256
             && options.output.as_str() == state.output.as_deref().unwrap_or("dense")
-            && options.top_k == state.top_k,
+            && options.top_k == state.top_k
+            && options.max_record_bytes == state.max_record_bytes,
         format!(
             "{} {} truncate={} normalize={} prompt={} dimensions={}",
             options.precision.as_str(),
@@ -207,6 +208,9 @@ pub fn check_sealed(state: &ClientJob, job: &JobId, receipt: &Receipt, out: &mut
             + &match (options.output, options.top_k) {
                 (protocol::envelope::OutputKind::Dense, _) => String::new(),
                 (protocol::envelope::OutputKind::Sparse, top_k) => format!(" output=sparse top_k={}", top_k.map_or("all".to_owned(), |k| k.to_string())),
+                (protocol::envelope::OutputKind::MultiVector, _) => {
+                    format!(" output=multivector max_record_bytes={}", options.max_record_bytes.map_or("none".to_owned(), |b| b.to_string()))
+                }
                 (kind, _) => format!(" output={}", kind.as_str()),
             }
             + &receipt.compute.as_ref().map(compute_detail).unwrap_or_default(),

@@ -207,7 +207,7 @@ fn envelope_seeds(w: &mut Writer<'_>) -> io::Result<()> {
     }
     // Options other than the defaults, and a body of two STREAM chunks.
     let mut other = header(1);
-    other.options = JobOptions { truncate: false, normalize: false, dtype: OutputDtype::F16, precision: Precision::Bf16, prompt: Some("query".into()), dimensions: Some(128), ranges: None, output: Default::default(), top_k: None };
+    other.options = JobOptions { truncate: false, normalize: false, dtype: OutputDtype::F16, precision: Precision::Bf16, prompt: Some("query".into()), dimensions: Some(128), ranges: None, output: Default::default(), top_k: None, max_record_bytes: None };
     let long = [InputRecord { id: "long".into(), text: vec![b'a'; 70_000] }];
     let sealed = envelope::seal_job_with_ephemeral_ikm(&other, &fleet, &fixed::seed("job-long")).map_err(io::Error::other)?;
     w.put("envelope", "job-two-chunks", &seal(sealed, &input_records(&long)))?;

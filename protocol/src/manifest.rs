@@ -101,6 +101,11 @@ pub enum Pooling {
     /// squashed to (0, 1), as sentence-transformers' `CrossEncoder` does by default. Its jobs ask
     /// for scores ([`crate::envelope::OutputKind::Scores`]).
     Rerank { sigmoid: bool },
+    /// ColBERT: every real token's final state through the token-level Dense module (sealed as
+    /// `dense.0.*`), each L2-normalised, one vector per token (sentence-transformers'
+    /// `MultiVectorEncoder` without a skiplist or query expansion). `dimensions` is the
+    /// projection's width. Its jobs ask for multi-vector output.
+    MultiVector,
 }
 
 impl Pooling {
@@ -112,6 +117,7 @@ impl Pooling {
             Pooling::Splade => "splade",
             Pooling::Rerank { sigmoid: true } => "rerank",
             Pooling::Rerank { sigmoid: false } => "rerank_logit",
+            Pooling::MultiVector => "multivector",
         }
     }
 
@@ -120,6 +126,7 @@ impl Pooling {
         match self {
             Pooling::Splade => crate::envelope::OutputKind::Sparse,
             Pooling::Rerank { .. } => crate::envelope::OutputKind::Scores,
+            Pooling::MultiVector => crate::envelope::OutputKind::MultiVector,
             Pooling::Mean | Pooling::Cls | Pooling::LastToken => crate::envelope::OutputKind::Dense,
         }
     }
@@ -247,6 +254,7 @@ impl Manifest {
             "splade" => Pooling::Splade,
             "rerank" => Pooling::Rerank { sigmoid: true },
             "rerank_logit" => Pooling::Rerank { sigmoid: false },
+            "multivector" => Pooling::MultiVector,
             _ => return Err(ManifestError::Invalid("unknown pooling")),
         };
         let prompts = read_prompts(&mut map)?;
@@ -273,7 +281,10 @@ impl Manifest {
         }
         let longest = match manifest.pooling.output() {
             // A cross-encoder's dimensions are its hidden size.
-            crate::envelope::OutputKind::Dense | crate::envelope::OutputKind::Scores => crate::records::MAX_DIMENSIONS,
+            // A multi-vector model's are its projection's width.
+            crate::envelope::OutputKind::Dense | crate::envelope::OutputKind::Scores | crate::envelope::OutputKind::MultiVector => {
+                crate::records::MAX_DIMENSIONS
+            }
             // A sparse model's dimensions are its vocabulary.
             crate::envelope::OutputKind::Sparse => crate::records::MAX_SPARSE_DIMENSIONS,
         };
@@ -289,7 +300,11 @@ impl Manifest {
         if manifest.matryoshka.last().is_some_and(|&longest| longest >= manifest.dimensions) {
             return Err(ManifestError::Invalid("matryoshka dimensions must be below the model's dimensions"));
         }
-        manifest.dense_modules()?;
+        let dense = manifest.dense_modules()?;
+        if manifest.pooling == Pooling::MultiVector && dense != 1 {
+            // The token-level projection is the one Dense module; nothing follows it.
+            return Err(ManifestError::Invalid("multivector pooling: exactly one dense module, the per-token projection"));
+        }
         Ok(manifest)
     }
 
@@ -611,8 +626,14 @@ pub(crate) mod tests {
     #[test]
     fn every_pooling_round_trips_by_name() {
         let publisher = SigningKey::from_bytes(&[3; 32]);
-        for (pooling, name) in [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit")] {
-            let manifest = Manifest { pooling, ..sample() };
+        for (pooling, name) in [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit"), (Pooling::MultiVector, "multivector")] {
+            let mut manifest = Manifest { pooling, ..sample() };
+            if pooling == Pooling::MultiVector {
+                let unprojected = SignedManifest::decode(&manifest.sign(&publisher));
+                assert!(matches!(unprojected, Err(ManifestError::Invalid(m)) if m.starts_with("multivector")));
+                manifest.files.extend(dense_file_names(0).map(|name| ModelFile { name, sha256: [9; 32], size: 10 }));
+                manifest.files.sort_by(|a, b| a.name.cmp(&b.name));
+            }
             assert!(String::from_utf8_lossy(&manifest.to_payload()).contains(name), "{name}");
             let signed = SignedManifest::decode(&manifest.sign(&publisher)).unwrap();
             assert_eq!(signed.verify(&publisher.verifying_key()).unwrap().pooling, pooling);

@@ -13,7 +13,8 @@
 //! 0x05 binary, 0x06 ubinary (the compact encodings of [`crate::quantize`]; `dim` counts bytes).
 //! dtype 0x07 is a sparse vector, laid out after the dtype byte as
 //! `dimensions u32 ‖ count u32 ‖ count × (index u32 ‖ weight f32 LE)`, indices ascending and below
-//! `dimensions` (at most [`MAX_SPARSE_DIMENSIONS`]).
+//! `dimensions` (at most [`MAX_SPARSE_DIMENSIONS`]). dtype 0x08 is a multi-vector record
+//! ([`multivector`]).
 
 use crate::envelope::OutputDtype;
 use crate::quantize::{self, Ranges};
@@ -28,6 +29,9 @@ pub const MAX_MESSAGE_LEN: usize = 1024;
 pub use crate::envelope::{MAX_DIMENSIONS, MAX_SPARSE_DIMENSIONS};
 
 const DTYPE_SPARSE: u8 = 0x07;
+
+mod multivector;
+pub use multivector::MultiVector;
 
 const TAG_INPUT: u8 = 0x01;
 const TAG_EMBEDDING: u8 = 0x02;
@@ -51,6 +55,8 @@ pub enum RecordError {
     Dimensions { offset: u64, dim: usize },
     #[error("record at offset {offset}: a sparse vector whose indices do not ascend below its {dimensions} dimensions")]
     SparseIndices { offset: u64, dimensions: u32 },
+    #[error("record at offset {offset}: {count} vectors of {dimensions} dimensions: none, more than the record's tokens, or over the record bytes' bound")]
+    MultiVector { offset: u64, count: u32, dimensions: u16 },
     #[error("record at offset {offset}: error message too long or not UTF-8")]
     Message { offset: u64 },
     #[error("record at offset {offset}: unknown error code {code}")]
@@ -125,10 +131,12 @@ pub enum ErrorCode {
     UnsupportedRequest = 10,
     /// Inference failed for this record (enclave).
     InferenceFailed = 11,
+    /// The record's output is over the job's `max_record_bytes` (enclave, multi-vector jobs).
+    OutputTooLarge = 12,
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 11] = [
+    pub const ALL: [ErrorCode; 12] = [
         ErrorCode::InvalidJson,
         ErrorCode::MissingId,
         ErrorCode::MissingText,
@@ -140,6 +148,7 @@ impl ErrorCode {
         ErrorCode::TokenizerFailed,
         ErrorCode::UnsupportedRequest,
         ErrorCode::InferenceFailed,
+        ErrorCode::OutputTooLarge,
     ];
 
     pub fn from_u16(code: u16) -> Option<Self> {
@@ -160,6 +169,7 @@ impl ErrorCode {
             ErrorCode::TokenizerFailed => "tokenizer_failed",
             ErrorCode::UnsupportedRequest => "unsupported_request",
             ErrorCode::InferenceFailed => "inference_failed",
+            ErrorCode::OutputTooLarge => "output_too_large",
         }
     }
 }
@@ -177,6 +187,8 @@ pub enum Vector {
     /// Packed sign bits.
     Ubinary(Vec<u8>),
     Sparse(SparseVector),
+    /// One f32 vector per kept token (ColBERT).
+    Multi(MultiVector),
 }
 
 /// The nonzero weights of a vector `dimensions` wide (a vocabulary), by ascending index.
@@ -228,7 +240,7 @@ impl Vector {
             Vector::Uint8(_) => OutputDtype::Uint8,
             Vector::Binary(_) => OutputDtype::Binary,
             Vector::Ubinary(_) => OutputDtype::Ubinary,
-            Vector::Sparse(_) => OutputDtype::F32,
+            Vector::Sparse(_) | Vector::Multi(_) => OutputDtype::F32,
         }
     }
 
@@ -236,6 +248,7 @@ impl Vector {
     pub fn len(&self) -> usize {
         match self {
             Vector::Sparse(v) => v.values.len(),
+            Vector::Multi(v) => v.values.len(),
             Vector::F32(v) => v.len(),
             Vector::F16(v) => v.len(),
             Vector::Int8(v) | Vector::Binary(v) => v.len(),
@@ -247,7 +260,7 @@ impl Vector {
     /// the float forms.
     pub fn compact_bytes(&self) -> Option<Vec<u8>> {
         match self {
-            Vector::F32(_) | Vector::F16(_) | Vector::Sparse(_) => None,
+            Vector::F32(_) | Vector::F16(_) | Vector::Sparse(_) | Vector::Multi(_) => None,
             Vector::Int8(v) | Vector::Binary(v) => Some(v.iter().map(|&b| b as u8).collect()),
             Vector::Uint8(v) | Vector::Ubinary(v) => Some(v.clone()),
         }
@@ -278,10 +291,11 @@ impl Vector {
     }
 
     /// The elements as f32 (f16 widened; a compact form's integers as they are; a sparse
-    /// vector's dense row).
+    /// vector's dense row, a multi-vector's rows one after another).
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
             Vector::Sparse(v) => v.to_dense(),
+            Vector::Multi(v) => v.values.clone(),
             Vector::F32(v) => v.clone(),
             Vector::F16(v) => v.iter().map(|&bits| f16_to_f32(bits)).collect(),
             Vector::Int8(v) | Vector::Binary(v) => v.iter().map(|&b| f32::from(b)).collect(),
@@ -375,6 +389,16 @@ pub fn encode_output(record: &OutputRecord, out: &mut Vec<u8>) -> Result<(), Rec
             out.extend_from_slice(&tokens.to_be_bytes());
             put_sparse(out, sparse);
         }
+        OutputRecord::Embedding { id, tokens, vector: Vector::Multi(multi) } => {
+            if !multi.valid_for(*tokens) {
+                let count = u32::try_from(multi.count()).unwrap_or(u32::MAX);
+                return Err(RecordError::MultiVector { offset: 0, count, dimensions: multi.dimensions });
+            }
+            out.push(TAG_EMBEDDING);
+            put_id(out, id);
+            out.extend_from_slice(&tokens.to_be_bytes());
+            multivector::put(out, multi);
+        }
         OutputRecord::Embedding { id, tokens, vector } => {
             if vector.len() > MAX_DIMENSIONS {
                 return Err(RecordError::Dimensions { offset: 0, dim: vector.len() });
@@ -398,7 +422,7 @@ pub fn encode_output(record: &OutputRecord, out: &mut Vec<u8>) -> Result<(), Rec
                         out.extend_from_slice(&v.to_le_bytes());
                     }
                 }
-                Vector::Sparse(_) => unreachable!("sparse vectors are written above"),
+                Vector::Sparse(_) | Vector::Multi(_) => unreachable!("sparse and multi-vectors are written above"),
                 compact => {
                     let bytes = compact.compact_bytes().expect("a compact form");
                     out.push(compact_tag(compact.dtype()));
@@ -503,6 +527,10 @@ impl RecordKind for OutputRecord {
         if dtype == DTYPE_SPARSE {
             let Some(sparse) = parse_sparse(cursor, offset)? else { return Ok(None) };
             return Ok(Some(OutputRecord::Embedding { id, tokens, vector: Vector::Sparse(sparse) }));
+        }
+        if dtype == multivector::DTYPE_MULTIVECTOR {
+            let Some(multi) = multivector::parse(cursor, offset, tokens)? else { return Ok(None) };
+            return Ok(Some(OutputRecord::Embedding { id, tokens, vector: Vector::Multi(multi) }));
         }
         let Some(dim) = cursor.u16() else { return Ok(None) };
         let dim = usize::from(dim);

@@ -96,6 +96,11 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
     sealer.finish(&mut result).unwrap();
     v.insert("records.output", output.clone());
     v.insert("result.sealed", result);
+    // A multi-vector record (§3.3): 3 tokens, 3 vectors of 2 dimensions.
+    let multi = protocol::records::MultiVector::new(2, vec![1.0, 0.0, 0.6, -0.8, 0.0, 1.0]).unwrap();
+    let mut bytes = Vec::new();
+    encode_output(&OutputRecord::Embedding { id: "m".into(), tokens: 3, vector: Vector::Multi(multi) }, &mut bytes).unwrap();
+    v.insert("records.multivector", bytes);
 
     // A cancel of the job by its submitter: XEdDSA with the nonce input Z = 08 × 64.
     v.insert("cancel.message", protocol::cancel::message(&job_id));

@@ -406,7 +406,8 @@ class Job:
     @property
     def kind(self) -> str:
         """What the job's records hold: ``"dense"`` vectors, ``"sparse"`` weights (a SPLADE
-        model) or ``"scores"`` (a cross-encoder's, one per document)."""
+        model), ``"scores"`` (a cross-encoder's, one per document) or ``"multivector"`` (a
+        ColBERT model's, a vector per token)."""
         return self.record.get("output") or "dense"
 
     def _results(self) -> Dict[str, Any]:
@@ -429,7 +430,9 @@ class Job:
         - ``kind="sparse"`` (a SPLADE model's job): a ``scipy.sparse.csr_matrix`` of shape
           ``(n, vocabulary)``, float32, a row per record with its nonzero weights by token id;
         - ``kind="scores"`` (a cross-encoder's job): a list of ``numpy.ndarray``, one per record,
-          a score per document in the line's order.
+          a score per document in the line's order;
+        - ``kind="multivector"`` (a ColBERT model's job): a list of ``numpy.ndarray``, one per
+          record, of shape ``(tokens kept, dimensions)``, float32, each row unit-length.
 
         ``kind`` defaults to the job's own and must equal it. The library streams the sealed
         output into a private file in the job's directory, checking everything as it goes, and
@@ -447,6 +450,9 @@ class Job:
             ids = [row["id"] for row in rows]
             if kind == "scores":
                 return ids, [np.asarray(row["scores"], dtype=np.float32) for row in rows]
+            if kind == "multivector":
+                dimensions = int(written["summary"].get("dimensions") or 0)
+                return ids, [np.asarray(row["vectors"], dtype=np.float32).reshape(-1, dimensions) for row in rows]
             from scipy.sparse import csr_matrix
 
             indptr, indices, data = [0], [], []

@@ -255,6 +255,7 @@ impl NativeClient {
             ranges: None,
             output_kind: None,
             top_k: None,
+            max_record_bytes: None,
             no_truncate: !truncate,
             no_normalize: !normalize,
             precision,

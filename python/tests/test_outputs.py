@@ -1,5 +1,6 @@
 """Output kinds beyond one dense vector through the SDK: a SPLADE model's sparse weights as a
-scipy CSR matrix, a cross-encoder's scores per record, and ``Client.rerank`` online, each equal to
+scipy CSR matrix, a ColBERT model's vectors as an array per record, a cross-encoder's scores per
+record, and ``Client.rerank`` online, each equal to
 sentence-transformers' on the generated checkpoints of ``tests/testdata/outputs`` (written by
 ``scripts/make_output_models.py``)."""
 
@@ -46,6 +47,26 @@ def test_sparse_results_are_a_csr_matrix_of_splade_weights(client, stack, tmp_pa
         assert np.abs(got - expected).max() <= 1e-5, text["name"]
     with pytest.raises(ValueError, match="sparse"):
         job.results(kind="dense")
+    assert job.verify().passed
+
+
+def test_multivector_results_are_an_array_per_record_of_colbert_vectors(client, stack, tmp_path):
+    reference = _reference("colbert")
+    _onboard(stack, tmp_path, "colbert", "py/colbert")
+    corpus = tmp_path / "texts.jsonl"
+    corpus.write_text("".join(json.dumps({"id": t["name"], "text": t["text"]}) + "\n" for t in reference["texts"]), encoding="utf-8")
+    job = client.submit(str(corpus), model="py/colbert").wait()
+    assert job.kind == "multivector"
+    ids, arrays = job.results()
+    assert ids == [t["name"] for t in reference["texts"]]
+    for got, text in zip(arrays, reference["texts"]):
+        expected = np.asarray(text["vectors"], dtype=np.float64)
+        assert got.dtype == np.float32 and got.shape == (text["tokens"], reference["dimensions"]), text["name"]
+        cosines = (got * expected).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(expected, axis=1))
+        assert cosines.min() >= 0.9999, text["name"]
+        assert np.abs(np.linalg.norm(got, axis=1) - 1).max() < 1e-5, text["name"]
+    with pytest.raises(ValueError, match="multivector"):
+        job.results(kind="sparse")
     assert job.verify().passed
 
 

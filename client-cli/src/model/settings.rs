@@ -124,6 +124,9 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     if rerank::is_cross_encoder(dir)? {
         return rerank::read_settings(dir);
     }
+    if multivector::is_multi_vector_encoder(dir)? {
+        return multivector::read_settings(dir);
+    }
     let config_path = dir.join("config.json");
     let config = read_json(&config_path)?.ok_or_else(|| ModelError::MissingFile { dir: dir.to_owned(), name: "config.json" })?;
     let dimensions = positive_field(&config_path, &config, "hidden_size")?
@@ -378,24 +381,35 @@ fn read_pooling(path: &Path, dimensions: u32) -> Result<Pooling, ModelError> {
 /// `model.safetensors`. Returns its `out_features`. The enclave checks the config and the
 /// weights' shape again when it loads the model.
 fn read_dense(folder: &Path, width: u32) -> Result<u32, ModelError> {
+    read_dense_of(folder, width, SENTENCE_EMBEDDING)
+}
+
+/// [`read_dense`] for a module mapping the features under `key` (a multi-vector model's
+/// projection maps `token_embeddings`).
+fn read_dense_of(folder: &Path, width: u32, key: &str) -> Result<u32, ModelError> {
     let path = folder.join("config.json");
     let json = read_json(&path)?.ok_or_else(|| config_error(&path, "missing: a Dense module's configuration".into()))?;
     let config = object(&path, &json)?;
-    for (key, value) in config {
-        let fits = match key.as_str() {
+    for (name, value) in config {
+        let fits = match name.as_str() {
             "in_features" | "out_features" => true,
             "bias" => value.is_boolean(),
             "activation_function" => value == DENSE_IDENTITY,
-            "module_input_name" | "module_output_name" => value == SENTENCE_EMBEDDING,
+            "module_input_name" | "module_output_name" => value == key,
             "use_residual" => value == false,
             _ => false,
         };
         if !fits {
             let field = ["activation_function", "module_input_name", "module_output_name", "use_residual", "bias"]
                 .into_iter()
-                .find(|f| f == key)
+                .find(|f| f == name)
                 .unwrap_or("(unknown field)");
-            return Err(unsupported(&path, field, format!("{key}: {value}"), "a Dense module the engine computes maps the sentence embedding linearly, with the identity activation"));
+            let reason = if key == SENTENCE_EMBEDDING {
+                "a Dense module the engine computes maps the sentence embedding linearly, with the identity activation"
+            } else {
+                "a multi-vector projection the engine computes maps the token embeddings linearly, with the identity activation"
+            };
+            return Err(unsupported(&path, field, format!("{name}: {value}"), reason));
         }
     }
     if !config.contains_key("activation_function") {
@@ -447,6 +461,7 @@ fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), 
     Ok((prompts, default_prompt))
 }
 
+mod multivector;
 mod rerank;
 mod sparse;
 #[cfg(test)]

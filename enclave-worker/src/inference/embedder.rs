@@ -7,7 +7,7 @@ use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::arch::{ArchConfig, Architecture};
-use super::encoder::{ClassifierHead, Encoder, SpladeHead, TokenTypes};
+use super::encoder::{ClassifierHead, Encoder, MultiVectorHead, SpladeHead, TokenTypes};
 use super::projection::{DenseFiles, Projection};
 use super::{InferenceError, RecordFailure};
 
@@ -138,6 +138,9 @@ pub struct Embedder {
     /// RoBERTa family's do not (transformers' `model_input_names`), so XLM-RoBERTa's pairs are
     /// all type 0 whatever their template says.
     pair_types: bool,
+    /// A ColBERT model's per-token head (`Pooling::MultiVector`): a text's vector is its tokens'
+    /// vectors, row after row.
+    multivector: Option<MultiVectorHead>,
     /// The Dense modules after the pooling (none for most models).
     projection: Projection,
 }
@@ -175,8 +178,17 @@ impl Embedder {
         if (splade.is_some() || classifier.is_some()) && !files.dense.is_empty() {
             return Err(InferenceError::Settings("Dense modules follow a pooling to one vector, not splade or rerank".into()));
         }
-        let projection = Projection::load(files.dense, config.hidden_size)?;
-        let width = splade.as_ref().map_or_else(|| projection.output_width(config.hidden_size), SpladeHead::dimensions);
+        // A multi-vector model's one Dense module is its per-token projection, not a pooled one's.
+        let (multivector, pooled_dense) = match settings.pooling {
+            Pooling::MultiVector => (Some(MultiVectorHead::load(files.dense, config.hidden_size)?), &[][..]),
+            _ => (None, files.dense),
+        };
+        let projection = Projection::load(pooled_dense, config.hidden_size)?;
+        let width = match (&splade, &multivector) {
+            (Some(head), _) => head.dimensions(),
+            (_, Some(head)) => head.dimensions(),
+            _ => projection.output_width(config.hidden_size),
+        };
         if let Some(dimensions) = settings.dimensions
             && dimensions != width
         {
@@ -232,11 +244,22 @@ impl Embedder {
                 )));
             }
         };
-        if (splade.is_some() || classifier.is_some()) && !matches!(model, Model::Fused(_)) {
-            return Err(InferenceError::UnsupportedArchitecture("splade and rerank heads run on the fused encoder only".into()));
+        if (splade.is_some() || classifier.is_some() || multivector.is_some()) && !matches!(model, Model::Fused(_)) {
+            return Err(InferenceError::UnsupportedArchitecture("splade, rerank and multivector heads run on the fused encoder only".into()));
         }
         let pair_types = config.arch == Architecture::Bert && config.type_vocab_size >= 2;
-        Ok(Self { model, tokenizer, settings, arch: config.arch, hidden_size: config.hidden_size, splade, classifier, pair_types, projection })
+        Ok(Self {
+            model,
+            tokenizer,
+            settings,
+            arch: config.arch,
+            hidden_size: config.hidden_size,
+            splade,
+            classifier,
+            pair_types,
+            multivector,
+            projection,
+        })
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -331,10 +354,14 @@ impl Embedder {
         self.backend() == Backend::CandleBert
     }
 
-    /// Length of the output vectors: the hidden size, the last Dense module's output, or a SPLADE
-    /// model's vocabulary.
+    /// Length of the output vectors: the hidden size, the last Dense module's output, a SPLADE
+    /// model's vocabulary, or the width of each of a multi-vector model's token vectors.
     pub fn dimensions(&self) -> usize {
-        self.splade.as_ref().map_or_else(|| self.projection.output_width(self.hidden_size), SpladeHead::dimensions)
+        match (&self.splade, &self.multivector) {
+            (Some(head), _) => head.dimensions(),
+            (_, Some(head)) => head.dimensions(),
+            _ => self.projection.output_width(self.hidden_size),
+        }
     }
 
     /// Checks and tokenizes one text. Per-record failures: `TooLarge` (over the protocol's text
@@ -486,6 +513,8 @@ impl Embedder {
         let vector: Vec<f32> = match self.settings.pooling {
             Pooling::Splade => self.splade.as_ref().expect("loaded with splade pooling").pool(states)?,
             Pooling::Rerank { .. } => vec![self.classifier.as_ref().expect("loaded with rerank pooling").score(states)?],
+            // Each row normalised by the head: no pooled projection, no normalisation of the whole.
+            Pooling::MultiVector => return self.multivector.as_ref().expect("loaded with multivector pooling").vectors(states),
             Pooling::Cls => states[..h].to_vec(),
             // The sequence's last token: with the tokenizer's `<|endoftext|>` appended (and kept
             // by truncation), the token that has seen every other in a causal model.
@@ -514,7 +543,9 @@ impl Embedder {
     pub fn memory_bytes(&self) -> Option<u64> {
         #[cfg_attr(not(feature = "candle"), allow(irrefutable_let_patterns))]
         let Model::Fused(encoder) = &self.model else { return None };
-        let head = self.splade.as_ref().map_or(0, SpladeHead::memory_bytes) + self.classifier.as_ref().map_or(0, ClassifierHead::memory_bytes);
+        let head = self.splade.as_ref().map_or(0, SpladeHead::memory_bytes)
+            + self.classifier.as_ref().map_or(0, ClassifierHead::memory_bytes)
+            + self.multivector.as_ref().map_or(0, MultiVectorHead::memory_bytes);
         Some((encoder.memory_bytes() + head + self.projection.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
     }
 }

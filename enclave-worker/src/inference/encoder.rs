@@ -39,12 +39,14 @@ mod attention;
 pub(crate) mod blocks;
 mod classifier;
 mod int8;
+mod multivector;
 mod splade;
 
 use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Stored, Tensors, Weight};
 pub(crate) use blocks::TokenTypes;
 use int8::{Int8Layer, Int8Product, LayerStats};
 pub(crate) use classifier::ClassifierHead;
+pub(crate) use multivector::MultiVectorHead;
 pub(crate) use splade::SpladeHead;
 
 /// Rows per element-wise task.

@@ -54,6 +54,17 @@ pub struct EmbedOptions {
     /// Dense vectors, or the sparse form of a SPLADE model's (keeping the `top_k` largest weights).
     pub output: OutputKind,
     pub top_k: Option<u32>,
+    /// A multi-vector job's vector width and bound on one record's bytes.
+    pub multivector: Option<MultiVectorOutput>,
+}
+
+/// What a multi-vector record is checked against before it is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MultiVectorOutput {
+    /// The model's token-vector width.
+    pub dimensions: usize,
+    /// The job's `max_record_bytes`: a record over it fails alone (`output_too_large`).
+    pub max_record_bytes: u32,
 }
 
 impl Default for EmbedOptions {
@@ -67,6 +78,7 @@ impl Default for EmbedOptions {
             ranges: None,
             output: OutputKind::Dense,
             top_k: None,
+            multivector: None,
         }
     }
 }
@@ -86,6 +98,11 @@ impl EmbedOptions {
             // SparseEncoder's weights and CrossEncoder's scores are never normalised.
             return Err(InferenceError::Normalized(options.output.as_str()));
         }
+        let multivector = match (options.output, options.max_record_bytes) {
+            (OutputKind::MultiVector, Some(max_record_bytes)) => Some(MultiVectorOutput { dimensions: embedder.dimensions(), max_record_bytes }),
+            (OutputKind::MultiVector, None) => return Err(InferenceError::Settings("a multivector job states max_record_bytes".into())),
+            _ => None,
+        };
         let prompt = match &options.prompt {
             None => None,
             Some(name) => Some(Arc::from(
@@ -118,6 +135,7 @@ impl EmbedOptions {
             ranges,
             output: options.output,
             top_k: options.top_k,
+            multivector,
         })
     }
 }
@@ -306,7 +324,7 @@ impl Engine {
         let texts: Vec<&[u8]> = records.iter().map(|r| r.text.as_slice()).collect();
         let results = match options.output {
             OutputKind::Scores => self.rerank_window(&texts, options),
-            OutputKind::Dense | OutputKind::Sparse => self.embed_window(&texts, options),
+            OutputKind::Dense | OutputKind::Sparse | OutputKind::MultiVector => self.embed_window(&texts, options),
         };
         records
             .iter()

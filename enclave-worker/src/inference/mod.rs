@@ -99,13 +99,13 @@ pub use dense::bench as dense_bench;
 pub use embedder::{Backend, Embedder, EmbedderSettings, INT8_SHORT_TOKENS, ModelFiles, Tokenized};
 #[cfg(feature = "candle")]
 pub use candle_bert::{CandleThreads, candle_thread_settings};
-pub use engine::{EmbedOptions, Engine, EngineSettings};
+pub use engine::{EmbedOptions, Engine, EngineSettings, MultiVectorOutput};
 pub use metrics::{Metrics, MetricsSnapshot};
 pub use projection::{DenseFiles, IDENTITY as DENSE_IDENTITY};
 
 use protocol::envelope::{OutputDtype, OutputKind};
 use protocol::quantize::Ranges;
-use protocol::records::{EncodeError, ErrorCode, OutputRecord, SparseVector, Vector};
+use protocol::records::{EncodeError, ErrorCode, MultiVector, OutputRecord, SparseVector, Vector};
 
 
 /// One embedded record.
@@ -131,6 +131,17 @@ impl Embedding {
         if options.output == OutputKind::Sparse {
             let vector = Vector::Sparse(SparseVector::from_dense(&self.vector, options.top_k));
             return OutputRecord::Embedding { id, tokens: self.tokens, vector };
+        }
+        if let Some(multi) = options.multivector {
+            let bytes = self.vector.len() * 4;
+            if bytes > multi.max_record_bytes as usize {
+                let message = format!("{bytes} bytes of vectors ({} tokens), over the job's max_record_bytes {}", self.tokens, multi.max_record_bytes);
+                return OutputRecord::Error { id, code: ErrorCode::OutputTooLarge, message };
+            }
+            return match MultiVector::new(multi.dimensions, self.vector) {
+                Some(vector) => OutputRecord::Embedding { id, tokens: self.tokens, vector: Vector::Multi(vector) },
+                None => OutputRecord::Error { id, code: ErrorCode::InferenceFailed, message: "the head's vectors do not fill whole rows".into() },
+            };
         }
         match Vector::encode(self.vector, dtype, options.ranges.as_deref()) {
             Ok(vector) => OutputRecord::Embedding { id, tokens: self.tokens, vector },
@@ -197,7 +208,7 @@ pub enum InferenceError {
     RangesDimensions { ranges: usize, vectors: usize },
     #[error("output {asked}: the model gives {gives} output (its manifest's pooling)")]
     OutputNotOffered { asked: &'static str, gives: &'static str },
-    #[error("normalize: {0} output is never normalised (sentence-transformers' SparseEncoder and CrossEncoder have no Normalize)")]
+    #[error("normalize: {0} output is never normalised by the job (SparseEncoder and CrossEncoder have no Normalize; a MultiVectorEncoder normalises each token vector itself)")]
     Normalized(&'static str),
     #[error("config.json: unsupported architecture: {0}")]
     UnsupportedArchitecture(String),

@@ -12,8 +12,11 @@ use super::encoder::blocks::Tensors;
 
 /// sentence-transformers' name of the identity activation (`fullname(nn.Identity())`).
 pub const IDENTITY: &str = "torch.nn.modules.linear.Identity";
-/// The pooled vector's key in sentence-transformers' features: a Dense module must read and write it.
+/// The pooled vector's key in sentence-transformers' features: a Dense module after the pooling
+/// must read and write it.
 const SENTENCE_EMBEDDING: &str = "sentence_embedding";
+/// The per-token states' key: a multi-vector model's projection reads and writes it.
+pub(crate) const TOKEN_EMBEDDINGS: &str = "token_embeddings";
 /// Widest input or output a Dense module may have.
 const MAX_FEATURES: usize = 65_536;
 
@@ -43,8 +46,9 @@ fn refused(index: usize, file: &'static str, field: impl Into<String>, found: im
     InferenceError::Dense { index, file, field: field.into(), found: found.to_string(), reason }
 }
 
-/// Reads and checks one module's config: `(in, out, bias)`.
-fn config(index: usize, bytes: &[u8]) -> Result<(usize, usize, bool), InferenceError> {
+/// Reads and checks one module's config: `(in, out, bias)`; it must map the features under `key`
+/// ([`SENTENCE_EMBEDDING`] or [`TOKEN_EMBEDDINGS`]).
+pub(crate) fn config(index: usize, bytes: &[u8], key: &'static str) -> Result<(usize, usize, bool), InferenceError> {
     let config: Value = serde_json::from_slice(bytes).map_err(|e| refused(index, "config.json", "(file)", e, "not JSON"))?;
     let object = config.as_object().ok_or_else(|| refused(index, "config.json", "(file)", &config, "not a JSON object"))?;
     let features = |name: &str| {
@@ -56,19 +60,24 @@ fn config(index: usize, bytes: &[u8]) -> Result<(usize, usize, bool), InferenceE
             .ok_or_else(|| refused(index, "config.json", name, value, "not a count within the engine's cap"))
     };
     let mut bias = true; // sentence-transformers' default
-    for (key, value) in object {
-        match key.as_str() {
+    for (name, value) in object {
+        match name.as_str() {
             "in_features" | "out_features" => {}
             "bias" => bias = value.as_bool().ok_or_else(|| refused(index, "config.json", "bias", value, "not a boolean"))?,
             // Absent: sentence-transformers' default, Tanh.
             "activation_function" if value == IDENTITY => {}
-            "activation_function" => return Err(refused(index, "config.json", key.as_str(), value, "only the identity activation is computed")),
-            "module_input_name" | "module_output_name" if value == SENTENCE_EMBEDDING => {}
+            "activation_function" => return Err(refused(index, "config.json", name.as_str(), value, "only the identity activation is computed")),
+            "module_input_name" | "module_output_name" if value == key => {}
             "module_input_name" | "module_output_name" => {
-                return Err(refused(index, "config.json", key.as_str(), value, "a Dense module must map the sentence embedding"));
+                let reason = if key == TOKEN_EMBEDDINGS {
+                    "a multi-vector projection must map the token embeddings"
+                } else {
+                    "a Dense module must map the sentence embedding"
+                };
+                return Err(refused(index, "config.json", name.as_str(), value, reason));
             }
             "use_residual" if value == false => {}
-            _ => return Err(refused(index, "config.json", key.as_str(), value, "a Dense setting the engine does not compute")),
+            _ => return Err(refused(index, "config.json", name.as_str(), value, "a Dense setting the engine does not compute")),
         }
     }
     if !object.contains_key("activation_function") {
@@ -83,7 +92,7 @@ impl Projection {
         let mut layers = Vec::with_capacity(files.len());
         let mut width = pooled;
         for (index, files) in files.iter().enumerate() {
-            let (inp, out, bias) = config(index, files.config)?;
+            let (inp, out, bias) = config(index, files.config, SENTENCE_EMBEDDING)?;
             if inp != width {
                 return Err(refused(index, "config.json", "in_features", inp, "differs from the width of the vector it receives"));
             }

@@ -295,7 +295,7 @@ impl ResultSecretKey {
 // Headers
 
 mod options;
-pub use options::{JobOptions, OutputDtype, OutputKind, Precision, valid_prompt_name};
+pub use options::{JobOptions, MAX_RECORD_BYTES, OutputDtype, OutputKind, Precision, valid_prompt_name};
 
 /// Checks a model id: 1..=128 printable ASCII characters, no spaces.
 pub fn valid_model_id(model_id: &str) -> bool {

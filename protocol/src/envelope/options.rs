@@ -43,6 +43,9 @@ pub enum OutputKind {
     /// A cross-encoder's relevance scores: each input record is a query and its documents
     /// ([`crate::records::RerankInput`]), its output one f32 score per document, in their order.
     Scores,
+    /// One f32 vector per kept token, each L2-normalised, at the model's own dimensions
+    /// ([`crate::records::MultiVector`]); the job's `max_record_bytes` bounds one record.
+    MultiVector,
 }
 
 impl OutputKind {
@@ -51,6 +54,7 @@ impl OutputKind {
             OutputKind::Dense => "dense",
             OutputKind::Sparse => "sparse",
             OutputKind::Scores => "scores",
+            OutputKind::MultiVector => "multivector",
         }
     }
 
@@ -59,6 +63,7 @@ impl OutputKind {
             "dense" => Some(OutputKind::Dense),
             "sparse" => Some(OutputKind::Sparse),
             "scores" => Some(OutputKind::Scores),
+            "multivector" => Some(OutputKind::MultiVector),
             _ => None,
         }
     }
@@ -145,7 +150,13 @@ pub struct JobOptions {
     /// A sparse job keeps each record's `top_k` largest weights (sentence-transformers'
     /// `max_active_dims`); `None`: every nonzero weight.
     pub top_k: Option<u32>,
+    /// A multi-vector job's bound on one record's vector bytes (count × dimensions × 4); a
+    /// record over it fails alone. Present exactly for multi-vector output.
+    pub max_record_bytes: Option<u32>,
 }
+
+/// The largest `max_record_bytes` a job may ask for: 8,192 tokens of 1,024 f32 values.
+pub const MAX_RECORD_BYTES: u32 = 32 << 20;
 
 impl Default for JobOptions {
     fn default() -> Self {
@@ -159,12 +170,13 @@ impl Default for JobOptions {
             ranges: None,
             output: OutputKind::Dense,
             top_k: None,
+            max_record_bytes: None,
         }
     }
 }
 
 impl JobOptions {
-    /// `prompt`, `dimensions`, `ranges`, a sparse `output` and `top_k` are written only when set, so options without them
+    /// `prompt`, `dimensions`, `ranges`, a non-dense `output`, `top_k` and `max_record_bytes` are written only when set, so options without them
     /// encode as before they existed (and old receipts verify unchanged).
     pub fn to_cbor(&self) -> ciborium::Value {
         let mut map = MapBuilder::new()
@@ -186,6 +198,9 @@ impl JobOptions {
         }
         if let Some(top_k) = self.top_k {
             map = map.uint("top_k", u64::from(top_k));
+        }
+        if let Some(bytes) = self.max_record_bytes {
+            map = map.uint("max_record_bytes", u64::from(bytes));
         }
         map.build()
     }
@@ -228,7 +243,7 @@ impl JobOptions {
             None => OutputKind::Dense,
             // Dense is the default and never written: one meaning, one encoding.
             Some(ciborium::Value::Text(kind)) => match OutputKind::parse(&kind) {
-                Some(kind @ (OutputKind::Sparse | OutputKind::Scores)) => kind,
+                Some(kind @ (OutputKind::Sparse | OutputKind::Scores | OutputKind::MultiVector)) => kind,
                 Some(OutputKind::Dense) | None => return Err(EnvelopeError::HeaderInvalid("output")),
             },
             Some(_) => return Err(EnvelopeError::HeaderInvalid("output")),
@@ -252,6 +267,22 @@ impl JobOptions {
         if top_k.is_some() && output != OutputKind::Sparse {
             return Err(EnvelopeError::HeaderInvalid("top_k: for sparse output only"));
         }
+        let max_record_bytes = match map.optional("max_record_bytes") {
+            None => None,
+            Some(value) => Some(
+                value
+                    .as_integer()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .filter(|&n| n > 0 && n <= MAX_RECORD_BYTES)
+                    .ok_or(EnvelopeError::HeaderInvalid("max_record_bytes"))?,
+            ),
+        };
+        if max_record_bytes.is_some() != (output == OutputKind::MultiVector) {
+            return Err(EnvelopeError::HeaderInvalid("max_record_bytes: present exactly for multivector output"));
+        }
+        if output == OutputKind::MultiVector && (dtype != OutputDtype::F32 || dimensions.is_some() || ranges.is_some()) {
+            return Err(EnvelopeError::HeaderInvalid("output: multi-vectors are f32 at the model's own dimensions"));
+        }
         let options = Self {
             truncate: map.bool("truncate")?,
             normalize: map.bool("normalize")?,
@@ -262,6 +293,7 @@ impl JobOptions {
             ranges,
             output,
             top_k,
+            max_record_bytes,
         };
         map.finish()?;
         Ok(options)

@@ -218,3 +218,32 @@ fn sparse_output_is_sealed_in_the_header_and_absent_when_dense() {
     let spelled = crate::cbor::encode(&ciborium::Value::Map(map));
     assert_eq!(JobHeader::from_bytes(&spelled).unwrap_err(), EnvelopeError::HeaderInvalid("output"));
 }
+
+#[test]
+fn multivector_output_carries_its_record_cap_and_nothing_else() {
+    let fleet = FleetSecretKey::generate();
+    let client = ResultSecretKey::generate();
+    let plain = job_header(&fleet.public_key(), &client.public_key());
+    assert!(!String::from_utf8_lossy(&plain.to_bytes()).contains("max_record_bytes"), "dense: encoded as before the field existed");
+    let mut multi = plain.clone();
+    multi.options.output = OutputKind::MultiVector;
+    multi.options.normalize = false;
+    multi.options.max_record_bytes = Some(1 << 20);
+    assert_eq!(JobHeader::from_bytes(&multi.to_bytes()).unwrap().options, multi.options);
+
+    let refused = |edit: fn(&mut JobOptions)| {
+        let mut header = multi.clone();
+        edit(&mut header.options);
+        JobHeader::from_bytes(&header.to_bytes()).unwrap_err()
+    };
+    let cap = EnvelopeError::HeaderInvalid("max_record_bytes: present exactly for multivector output");
+    assert_eq!(refused(|o| o.max_record_bytes = None), cap);
+    assert_eq!(refused(|o| o.output = OutputKind::Dense), cap);
+    assert_eq!(refused(|o| o.output = OutputKind::Sparse), cap);
+    assert_eq!(refused(|o| o.max_record_bytes = Some(0)), EnvelopeError::HeaderInvalid("max_record_bytes"));
+    assert_eq!(refused(|o| o.max_record_bytes = Some(crate::envelope::MAX_RECORD_BYTES + 1)), EnvelopeError::HeaderInvalid("max_record_bytes"));
+    assert_eq!(refused(|o| o.top_k = Some(8)), EnvelopeError::HeaderInvalid("top_k: for sparse output only"));
+    let mixed = EnvelopeError::HeaderInvalid("output: multi-vectors are f32 at the model's own dimensions");
+    assert_eq!(refused(|o| o.dtype = OutputDtype::F16), mixed);
+    assert_eq!(refused(|o| o.dimensions = Some(8)), mixed);
+}
