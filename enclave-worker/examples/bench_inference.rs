@@ -104,7 +104,7 @@ fn parse_args() -> Args {
                     _ => usage("--precision fp32|bf16|int8"),
                 }
             }
-            "--pooling" => args.pooling = pooling(&value()),
+            "--pooling" => args.pooling = Pooling::from_name(&value()).unwrap_or_else(|| usage("--pooling mean|cls|lasttoken")),
             "--no-latency" => args.latency = false,
             "--vectors" => args.vectors = Some(PathBuf::from(value())),
             "--child" => args.child = true,
@@ -128,15 +128,6 @@ fn usage(problem: &str) -> ! {
     std::process::exit(2)
 }
 
-/// The poolings of the models the benchmarks run.
-fn pooling(name: &str) -> Pooling {
-    match name {
-        "mean" => Pooling::Mean,
-        "cls" => Pooling::Cls,
-        "lasttoken" => Pooling::LastToken,
-        _ => usage("--pooling mean|cls|lasttoken"),
-    }
-}
 
 /// A latency as printed: two decimals, or `-` when not measured.
 fn milliseconds(value: &serde_json::Value) -> String {

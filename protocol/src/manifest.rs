@@ -109,6 +109,22 @@ pub enum Pooling {
 }
 
 impl Pooling {
+    /// Every pooling, in the order the manifest format gained them.
+    pub const ALL: [Pooling; 7] = [
+        Pooling::Mean,
+        Pooling::Cls,
+        Pooling::LastToken,
+        Pooling::Splade,
+        Pooling::Rerank { sigmoid: true },
+        Pooling::Rerank { sigmoid: false },
+        Pooling::MultiVector,
+    ];
+
+    /// The pooling a manifest names `name` ([`Pooling::as_str`]'s inverse).
+    pub fn from_name(name: &str) -> Option<Pooling> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Pooling::Mean => "mean",
@@ -247,16 +263,7 @@ impl Manifest {
             }
             files.push(parsed);
         }
-        let pooling = match map.text("pooling")?.as_str() {
-            "mean" => Pooling::Mean,
-            "cls" => Pooling::Cls,
-            "lasttoken" => Pooling::LastToken,
-            "splade" => Pooling::Splade,
-            "rerank" => Pooling::Rerank { sigmoid: true },
-            "rerank_logit" => Pooling::Rerank { sigmoid: false },
-            "multivector" => Pooling::MultiVector,
-            _ => return Err(ManifestError::Invalid("unknown pooling")),
-        };
+        let pooling = Pooling::from_name(&map.text("pooling")?).ok_or(ManifestError::Invalid("unknown pooling"))?;
         let prompts = read_prompts(&mut map)?;
         let matryoshka = read_matryoshka(&mut map)?;
         let images = read_images(&mut map)?;
@@ -626,7 +633,10 @@ pub(crate) mod tests {
     #[test]
     fn every_pooling_round_trips_by_name() {
         let publisher = SigningKey::from_bytes(&[3; 32]);
-        for (pooling, name) in [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit"), (Pooling::MultiVector, "multivector")] {
+        let names = [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit"), (Pooling::MultiVector, "multivector")];
+        assert_eq!(names.map(|(p, _)| p), Pooling::ALL, "every pooling has its name here");
+        for (pooling, name) in names {
+            assert_eq!(Pooling::from_name(name), Some(pooling));
             let mut manifest = Manifest { pooling, ..sample() };
             if pooling == Pooling::MultiVector {
                 let unprojected = SignedManifest::decode(&manifest.sign(&publisher));
