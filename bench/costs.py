@@ -49,7 +49,8 @@ def newest_full_runs(results_dir):
             doc = json.load(f)
         m = doc.get("machine", {})
         kind = (m.get("cpu_vendor"), m.get("cpu_family"), m.get("cpu_model"))
-        if not doc.get("quick") and kind in FAMILIES:
+        # A full run measured the throughput (a section run alone, e.g. long documents, did not).
+        if not doc.get("quick") and "throughput" in doc and kind in FAMILIES:
             newest[kind] = (os.path.basename(path), doc)
     return newest
 
