@@ -112,6 +112,17 @@ impl Stack {
         String::from_utf8(out.stdout).expect("UTF-8 output")
     }
 
+    /// Onboards the model directory `dir` as the tenant does: `model encrypt` (with `extra`
+    /// flags) into `sealed`, `model sign --development`, `model upload`.
+    pub fn onboard(&self, dir: &Path, model_id: &str, sealed: &Path, extra: &[&str]) {
+        let (dir, sealed) = (dir.to_str().unwrap(), sealed.to_str().unwrap());
+        let mut encrypt = vec!["model", "encrypt", dir, "--model-id", model_id, "--version", "1", "-o", sealed];
+        encrypt.extend_from_slice(extra);
+        self.ok(&encrypt);
+        self.ok(&["model", "sign", sealed, "--development"]);
+        self.ok(&["model", "upload", sealed]);
+    }
+
     /// `verify JOB`'s check named `name` (`{"name", "passed", "detail"}`).
     pub fn verify_check(&self, job: &str, name: &str) -> serde_json::Value {
         let verification = json(&String::from_utf8_lossy(&self.cli(&["verify", job, "--json"]).stdout));

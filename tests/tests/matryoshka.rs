@@ -32,13 +32,7 @@ fn matryoshka_lengths_are_served_as_the_manifest_offers_them_in_batch_and_online
     let stack = Stack::up();
     let work = tempfile::tempdir().unwrap();
     let sealed = work.path().join("sealed");
-    let model_dir = tests::model_dir();
-    stack.ok(&[
-        "model", "encrypt", model_dir.to_str().unwrap(), "--model-id", MODEL, "--version", "1",
-        "--matryoshka", "256,128", "-o", sealed.to_str().unwrap(),
-    ]);
-    stack.ok(&["model", "sign", sealed.to_str().unwrap(), "--development"]);
-    stack.ok(&["model", "upload", sealed.to_str().unwrap()]);
+    stack.onboard(&tests::model_dir(), MODEL, &sealed, &["--matryoshka", "256,128"]);
 
     let corpus = work.path().join("corpus.jsonl");
     short_corpus(&corpus, "matryoshka", 6);

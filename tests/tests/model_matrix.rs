@@ -72,17 +72,10 @@ impl Matrix {
     fn onboard(&self, arch: &str, folder: &str, tokenizer: &[u8]) {
         let (dir, sealed) = (self.path(&format!("{arch}-{folder}")), self.path(&format!("{arch}-{folder}.sealed")));
         matrix::assemble(arch, folder, tokenizer, &dir);
-        let id = model_id(arch, folder);
-        let mut encrypt = vec!["model", "encrypt", dir.to_str().unwrap(), "--model-id", &id, "--version", "1"];
-        encrypt.extend(["-o", sealed.to_str().unwrap()]);
         let hidden = self.reference["architectures"][arch]["hidden_size"].as_u64().unwrap();
         let lengths = matryoshka(hidden);
-        if folder == MATRYOSHKA_FOLDER {
-            encrypt.extend(["--matryoshka", &lengths]);
-        }
-        self.stack.ok(&encrypt);
-        self.stack.ok(&["model", "sign", sealed.to_str().unwrap(), "--development"]);
-        self.stack.ok(&["model", "upload", sealed.to_str().unwrap()]);
+        let extra = if folder == MATRYOSHKA_FOLDER { vec!["--matryoshka", lengths.as_str()] } else { Vec::new() };
+        self.stack.onboard(&dir, &model_id(arch, folder), &sealed, &extra);
     }
 
     /// One batch job over every reference text; its records, in order.
@@ -453,9 +446,7 @@ fn host_swaps_the_dense_files(m: &Matrix, tokenizer: &[u8]) {
     let (dir, sealed) = (m.path("gemma3-swapped"), m.path("gemma3-swapped.sealed"));
     matrix::assemble("gemma3", "v6-mean", tokenizer, &dir);
     let id = "test/gemma3-swapped";
-    m.stack.ok(&["model", "encrypt", dir.to_str().unwrap(), "--model-id", id, "--version", "1", "-o", sealed.to_str().unwrap()]);
-    m.stack.ok(&["model", "sign", sealed.to_str().unwrap(), "--development"]);
-    m.stack.ok(&["model", "upload", sealed.to_str().unwrap()]);
+    m.stack.onboard(&dir, id, &sealed, &[]);
     let stored = |name: &str| {
         let found: Vec<PathBuf> = tests::files_under(m.stack.home())
             .into_iter()

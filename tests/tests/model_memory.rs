@@ -22,9 +22,7 @@ const BUDGET_MIB: u64 = 10;
 fn publish(stack: &tests::Stack, reference: &Value, name: &str, model_id: &str, work: &Path) {
     let (dir, sealed) = (work.join(name), work.join(format!("{name}.sealed")));
     matrix::assemble("bert", name, &matrix::tokenizer(reference, "bert"), &dir);
-    stack.ok(&["model", "encrypt", dir.to_str().unwrap(), "--model-id", model_id, "--version", "1", "-o", sealed.to_str().unwrap()]);
-    stack.ok(&["model", "sign", sealed.to_str().unwrap(), "--development"]);
-    stack.ok(&["model", "upload", sealed.to_str().unwrap()]);
+    stack.onboard(&dir, model_id, &sealed, &[]);
 }
 
 fn worker_models(stack: &tests::Stack) -> Value {

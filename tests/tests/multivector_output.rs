@@ -48,11 +48,7 @@ fn colbert_jobs_give_sentence_transformers_vectors_and_are_receipted() {
     let lines: Vec<String> = texts.iter().map(|t| json!({"id": t["name"], "text": t["text"]}).to_string()).collect();
     std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
 
-    let sealed = path("colbert.sealed");
-    let dir = testdata().join("colbert");
-    stack.ok(&["model", "encrypt", dir.to_str().unwrap(), "--model-id", MODEL, "--version", "1", "-o", &sealed]);
-    stack.ok(&["model", "sign", &sealed, "--development"]);
-    stack.ok(&["model", "upload", &sealed]);
+    stack.onboard(&testdata().join("colbert"), MODEL, &work.path().join("colbert.sealed"), &[]);
 
     let submit = |extra: &[&str], out: &str| -> Value {
         let mut args = vec!["submit", corpus.to_str().unwrap(), "--model", MODEL, "--wait", "-o", out, "--json"];

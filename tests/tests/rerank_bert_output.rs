@@ -43,10 +43,7 @@ fn bert_rerank_jobs_score_as_cross_encoder() {
         queries.iter().enumerate().map(|(i, q)| json!({"id": format!("q{i}"), "query": q["query"], "documents": reference["documents"]}).to_string()).collect();
     std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
 
-    let sealed = path("rerank-bert.sealed");
-    stack.ok(&["model", "encrypt", testdata().join("rerank-bert").to_str().unwrap(), "--model-id", MODEL, "--version", "1", "-o", &sealed]);
-    stack.ok(&["model", "sign", &sealed, "--development"]);
-    stack.ok(&["model", "upload", &sealed]);
+    stack.onboard(&testdata().join("rerank-bert"), MODEL, &work.path().join("rerank-bert.sealed"), &[]);
 
     let out = path("scores.jsonl");
     let report = tests::json(&stack.ok(&["submit", corpus.to_str().unwrap(), "--model", MODEL, "--wait", "-o", &out, "--json"]));

@@ -41,11 +41,7 @@ fn rerank_jobs_score_as_cross_encoder_and_are_receipted() {
     lines.insert(2, json!({"id": "bad", "query": "q", "documents": "not a list"}).to_string());
     std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
 
-    let sealed = path("rerank.sealed");
-    let dir = testdata().join("rerank");
-    stack.ok(&["model", "encrypt", dir.to_str().unwrap(), "--model-id", MODEL, "--version", "1", "-o", &sealed]);
-    stack.ok(&["model", "sign", &sealed, "--development"]);
-    stack.ok(&["model", "upload", &sealed]);
+    stack.onboard(&testdata().join("rerank"), MODEL, &work.path().join("rerank.sealed"), &[]);
 
     let out = path("scores.jsonl");
     let report = tests::json(&stack.ok(&["submit", corpus.to_str().unwrap(), "--model", MODEL, "--wait", "-o", &out, "--json"]));
