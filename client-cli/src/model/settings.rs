@@ -274,20 +274,28 @@ fn module_folder(path: &Path, kind: &'static str, folder: &str) -> Result<String
     Ok(folder.to_owned())
 }
 
+/// Each module of modules.json as (its type's last path segment, its folder); none when the file
+/// is not an array.
+pub(super) fn module_kinds(modules: &Value) -> Vec<(&str, &str)> {
+    let list = modules.as_array().map(Vec::as_slice).unwrap_or_default();
+    list.iter()
+        .map(|m| {
+            let kind = m.get("type").and_then(Value::as_str).unwrap_or("");
+            (kind.rsplit('.').next().unwrap_or(kind), m.get("path").and_then(Value::as_str).unwrap_or(""))
+        })
+        .collect()
+}
+
 /// modules.json: a Transformer, one Pooling, any number of Dense modules, optionally Normalize,
 /// in that order. Without modules.json, sentence-transformers builds Transformer + mean Pooling
 /// and does not normalise.
 fn read_modules(dir: &Path) -> Result<Modules, ModelError> {
     let path = dir.join("modules.json");
     let Some(modules) = read_json(&path)? else { return Ok(Modules { pooling: "1_Pooling".into(), dense: Vec::new(), normalize: false }) };
-    let list = modules.as_array().ok_or_else(|| config_error(&path, "not a JSON array".into()))?;
-    let kinds: Vec<(&str, &str)> = list
-        .iter()
-        .map(|m| {
-            let kind = m.get("type").and_then(Value::as_str).unwrap_or("");
-            (kind.rsplit('.').next().unwrap_or(kind), m.get("path").and_then(Value::as_str).unwrap_or(""))
-        })
-        .collect();
+    if !modules.is_array() {
+        return Err(config_error(&path, "not a JSON array".into()));
+    }
+    let kinds = module_kinds(&modules);
     match kinds.as_slice() {
         [("Transformer", ""), ("Pooling", pooling), rest @ ..] => {
             let dense_count = rest.iter().take_while(|(k, _)| *k == "Dense").count();

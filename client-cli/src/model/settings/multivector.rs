@@ -13,19 +13,9 @@ use protocol::records::MAX_DIMENSIONS;
 use serde_json::Value;
 
 use super::super::{ModelError, read_json};
-use super::{ModelSettings, check_architecture, config_error, module_folder, object, positive_field, read_dense_of, read_max_tokens, read_prompts, unsupported};
+use super::{ModelSettings, check_architecture, config_error, module_folder, module_kinds, object, positive_field, read_dense_of, read_max_tokens, read_prompts, unsupported};
 
 const TOKEN_EMBEDDINGS: &str = "token_embeddings";
-
-fn module_kinds(modules: &Value) -> Vec<(&str, &str)> {
-    let list = modules.as_array().map(Vec::as_slice).unwrap_or_default();
-    list.iter()
-        .map(|m| {
-            let kind = m.get("type").and_then(Value::as_str).unwrap_or("");
-            (kind.rsplit('.').next().unwrap_or(kind), m.get("path").and_then(Value::as_str).unwrap_or(""))
-        })
-        .collect()
-}
 
 /// Whether the directory is a multi-vector encoder's: modules.json names a `MultiVectorMask`,
 /// config_sentence_transformers.json says `MultiVectorEncoder` (or PyLate's `ColBERT`), or

@@ -11,22 +11,12 @@ use protocol::records::MAX_SPARSE_DIMENSIONS;
 use serde_json::Value;
 
 use super::super::{ModelError, read_json};
-use super::{ModelSettings, check_architecture, config_error, positive_field, read_max_tokens, read_prompts, unsupported};
+use super::{ModelSettings, check_architecture, config_error, module_kinds, positive_field, read_max_tokens, read_prompts, unsupported};
 
 /// Whether modules.json names a `SpladePooling`: the directory is a sparse encoder's.
 pub(super) fn is_sparse_encoder(dir: &Path) -> Result<bool, ModelError> {
     let Some(modules) = read_json(&dir.join("modules.json"))? else { return Ok(false) };
     Ok(module_kinds(&modules).iter().any(|(kind, _)| *kind == "SpladePooling"))
-}
-
-fn module_kinds(modules: &Value) -> Vec<(&str, &str)> {
-    let list = modules.as_array().map(Vec::as_slice).unwrap_or_default();
-    list.iter()
-        .map(|m| {
-            let kind = m.get("type").and_then(Value::as_str).unwrap_or("");
-            (kind.rsplit('.').next().unwrap_or(kind), m.get("path").and_then(Value::as_str).unwrap_or(""))
-        })
-        .collect()
 }
 
 pub(super) fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
