@@ -61,12 +61,16 @@ use sha2::{Digest, Sha256};
 
 use crate::corpus::{LineError, parse_openai_record_id};
 
+mod npz;
+use npz::NpzSink;
+
 /// How the embeddings are written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputFormat {
     Jsonl,
     OpenAi,
     Npy,
+    Npz,
 }
 
 impl OutputFormat {
@@ -75,6 +79,17 @@ impl OutputFormat {
             OutputFormat::Jsonl => "jsonl",
             OutputFormat::OpenAi => "openai",
             OutputFormat::Npy => "npy",
+            OutputFormat::Npz => "npz",
+        }
+    }
+
+    /// Whether the format writes records of `kind`: jsonl every kind; openai and npy dense
+    /// vectors; npz sparse and multi-vector records.
+    pub fn writes(self, kind: OutputKind) -> bool {
+        match self {
+            OutputFormat::Jsonl => true,
+            OutputFormat::OpenAi | OutputFormat::Npy => kind == OutputKind::Dense,
+            OutputFormat::Npz => matches!(kind, OutputKind::Sparse | OutputKind::MultiVector),
         }
     }
 
@@ -83,6 +98,7 @@ impl OutputFormat {
             "jsonl" => Some(OutputFormat::Jsonl),
             "openai" => Some(OutputFormat::OpenAi),
             "npy" => Some(OutputFormat::Npy),
+            "npz" => Some(OutputFormat::Npz),
             _ => None,
         }
     }
@@ -103,7 +119,7 @@ pub enum OutputError {
     Dimensions { id: String, expected: usize, found: usize },
     #[error("record {id:?} is {found}, the records before it {expected}")]
     Dtype { id: String, expected: &'static str, found: &'static str },
-    #[error("record {id:?} holds {kind} output: the {format} format writes dense vectors ({kind} output: jsonl)")]
+    #[error("record {id:?} holds {kind} output, which the {format} format does not write (dense vectors: jsonl, openai, npy; sparse and multivector: jsonl, npz; scores: jsonl)")]
     KindIn { id: String, kind: &'static str, format: &'static str },
     #[error("record id {id:?} is not <custom_id>#<index>: the openai format needs a corpus of OpenAI request lines")]
     NotOpenAiId { id: String },
@@ -116,7 +132,7 @@ pub enum OutputError {
 pub struct OutputPaths {
     pub output: PathBuf,
     pub errors: PathBuf,
-    /// The npy format's ids file.
+    /// The npy and npz formats' ids file.
     pub ids: Option<PathBuf>,
 }
 
@@ -132,7 +148,7 @@ impl OutputPaths {
         Ok(Self {
             output: output.to_owned(),
             errors: beside(".errors.jsonl"),
-            ids: (format == OutputFormat::Npy).then(|| beside(".ids.jsonl")),
+            ids: matches!(format, OutputFormat::Npy | OutputFormat::Npz).then(|| beside(".ids.jsonl")),
         })
     }
 
@@ -259,6 +275,7 @@ enum Sink {
     Jsonl(PartFile),
     OpenAi { out: PartFile, group: Option<Group> },
     Npy { data: PartFile, ids: PartFile },
+    Npz { archive: NpzSink, ids: PartFile },
 }
 
 /// The strings of one OpenAI request line seen so far.
@@ -314,6 +331,17 @@ impl OutputWriter {
                     }
                 };
                 Sink::Npy { data, ids }
+            }
+            OutputFormat::Npz => {
+                let archive = NpzSink::create(output?)?;
+                let ids = match PartFile::create(writer.paths.ids.as_ref().expect("npz has an ids path")) {
+                    Ok(ids) => ids,
+                    Err(e) => {
+                        archive.partials().iter().for_each(|p| drop(std::fs::remove_file(p)));
+                        return Err(e);
+                    }
+                };
+                Sink::Npz { archive, ids }
             }
         });
         Ok(writer)
@@ -372,6 +400,15 @@ impl OutputWriter {
         self.summary.received += 1;
         let vector = match record {
             OutputRecord::Embedding { id, tokens, vector } => {
+                let values = Values::of(vector);
+                let kind = match values {
+                    Values::Sparse(_) => OutputKind::Sparse,
+                    Values::Multi(_) => OutputKind::MultiVector,
+                    _ => self.options.kind,
+                };
+                if !self.options.format.writes(kind) {
+                    return Err(OutputError::KindIn { id: id.to_owned(), kind: kind.as_str(), format: self.options.format.as_str() });
+                }
                 self.summary.tokens += u64::from(*tokens);
                 // f16 is written widened, as f32 is: only the element type written must agree.
                 match self.summary.dtype {
@@ -381,7 +418,6 @@ impl OutputWriter {
                     Some(_) => {}
                     None => self.summary.dtype = Some(vector.dtype()),
                 }
-                let values = Values::of(vector);
                 match self.summary.dimensions {
                     _ if self.options.kind == OutputKind::Scores => {}
                     Some(expected) if expected != values.len() => {
@@ -397,18 +433,6 @@ impl OutputWriter {
             }
         };
         let id = record.id();
-        if let Some((_, values)) = &vector
-            && self.options.format != OutputFormat::Jsonl
-        {
-            let kind = match values {
-                Values::Sparse(_) => OutputKind::Sparse,
-                Values::Multi(_) => OutputKind::MultiVector,
-                _ => self.options.kind,
-            };
-            if kind != OutputKind::Dense {
-                return Err(OutputError::KindIn { id: id.to_owned(), kind: kind.as_str(), format: self.options.format.as_str() });
-            }
-        }
         let scores = self.options.kind == OutputKind::Scores;
         match self.sink.as_mut().expect("sink open until finish") {
             Sink::Jsonl(out) => match vector {
@@ -436,6 +460,20 @@ impl OutputWriter {
                     ids.write_json(&id)?;
                     self.summary.records += 1;
                 }
+                None => self.record_error(record)?,
+            },
+            Sink::Npz { archive, ids } => match vector {
+                Some((_, Values::Sparse(sparse))) => {
+                    archive.sparse(sparse)?;
+                    ids.write_json(&id)?;
+                    self.summary.records += 1;
+                }
+                Some((_, Values::Multi(multi))) => {
+                    archive.multi(multi)?;
+                    ids.write_json(&id)?;
+                    self.summary.records += 1;
+                }
+                Some(_) => unreachable!("dense vectors and scores are refused before the npz format"),
                 None => self.record_error(record)?,
             },
             Sink::OpenAi { group, .. } => {
@@ -558,11 +596,12 @@ impl OutputWriter {
         let mut partials = vec![errors.partial.clone()];
         // The output is renamed last: once it is in place, so are the others.
         let (output, ids) = match sink {
-            Sink::Jsonl(out) | Sink::OpenAi { out, .. } => (out, None),
-            Sink::Npy { data, ids } => (data, Some(ids)),
+            Sink::Jsonl(out) | Sink::OpenAi { out, .. } => (Output::File(out), None),
+            Sink::Npy { data, ids } => (Output::File(data), Some(ids)),
+            Sink::Npz { archive, ids } => (Output::Archive(archive), Some(ids)),
         };
         partials.extend(ids.iter().map(|f| f.partial.clone()));
-        partials.push(output.partial.clone());
+        partials.extend(output.partials());
         let descr = self.summary.dtype.map_or(F32_DESCR, npy_descr);
         let header = (self.options.format == OutputFormat::Npy)
             .then(|| npy_header_of(descr, self.summary.records, self.summary.dimensions.unwrap_or(0)));
@@ -571,7 +610,10 @@ impl OutputWriter {
             if let Some(ids) = ids {
                 closed.push(ids.close(None)?);
             }
-            closed.push(output.close(header.as_ref().map(|h| h.as_slice()))?);
+            closed.push(match output {
+                Output::File(file) => file.close(header.as_ref().map(|h| h.as_slice()))?,
+                Output::Archive(archive) => archive.finish(self.summary.dimensions.unwrap_or(0))?,
+            });
             for (partial, path) in &closed {
                 std::fs::rename(partial, path).map_err(|source| OutputError::Io { path: path.clone(), source })?;
             }
@@ -596,12 +638,28 @@ impl Drop for OutputWriter {
             .chain(self.sink.iter().flat_map(|sink| match sink {
                 Sink::Jsonl(out) | Sink::OpenAi { out, .. } => vec![out.partial.clone()],
                 Sink::Npy { data, ids } => vec![data.partial.clone(), ids.partial.clone()],
+                Sink::Npz { archive, ids } => archive.partials().into_iter().chain([ids.partial.clone()]).collect(),
             }))
             .collect();
         self.errors = None;
         self.sink = None;
         for partial in partials {
             let _ = std::fs::remove_file(partial);
+        }
+    }
+}
+
+/// The file the results go to: written as they come, or an archive assembled at the end.
+enum Output {
+    File(PartFile),
+    Archive(NpzSink),
+}
+
+impl Output {
+    fn partials(&self) -> Vec<PathBuf> {
+        match self {
+            Output::File(file) => vec![file.partial.clone()],
+            Output::Archive(archive) => archive.partials(),
         }
     }
 }

@@ -389,9 +389,16 @@ pub fn results(
     if !missing.is_empty() && !partial {
         bail!("{} of {} shards did not commit: {}; nothing written (--partial writes the others)", missing.len(), record.shards.len(), missing.join(", "));
     }
+    let kind = results::output_kind(&first);
+    format.check_writes(kind)?;
     // The OpenAI ids derive from the bulk id, as a job's from its job id.
-    let options =
-        OutputOptions { format: format.output(), model_id: first.model_id.clone(), results_of: ResultsOf::Bulk(bulk_id.to_owned()), dimensions: Some(results::dimensions(services, trust, &first)?).filter(|_| results::output_kind(&first) != OutputKind::Scores), kind: results::output_kind(&first) };
+    let options = OutputOptions {
+        format: format.output(),
+        model_id: first.model_id.clone(),
+        results_of: ResultsOf::Bulk(bulk_id.to_owned()),
+        dimensions: Some(results::dimensions(services, trust, &first)?).filter(|_| kind != OutputKind::Scores),
+        kind,
+    };
     let mut writer = OutputWriter::create(&output, options)?;
     let mut appended = Vec::new();
     for (index, done) in committed.iter().enumerate() {

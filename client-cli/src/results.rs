@@ -63,6 +63,9 @@ pub enum Format {
     Openai,
     /// A float32 `.npy` matrix plus `<stem>.ids.jsonl`.
     Npy,
+    /// Sparse weights as a CSR matrix (`scipy.sparse.load_npz`), or multi-vector records as
+    /// `vectors` and `indptr` arrays, plus `<stem>.ids.jsonl`.
+    Npz,
 }
 
 impl Format {
@@ -71,7 +74,18 @@ impl Format {
             Format::Jsonl => OutputFormat::Jsonl,
             Format::Openai => OutputFormat::OpenAi,
             Format::Npy => OutputFormat::Npy,
+            Format::Npz => OutputFormat::Npz,
         }
+    }
+
+    /// Refuses a format that does not write the job's kind of output, naming both.
+    pub fn check_writes(self, kind: OutputKind) -> anyhow::Result<()> {
+        if self.output().writes(kind) {
+            return Ok(());
+        }
+        let formats = [Format::Jsonl, Format::Openai, Format::Npy, Format::Npz];
+        let fitting: Vec<_> = formats.iter().filter(|f| f.output().writes(kind)).map(|f| f.output().as_str()).collect();
+        anyhow::bail!("--format {}: {} output is written as {} (docs/models.md)", self.output().as_str(), kind.as_str(), fitting.join(" or "))
     }
 }
 
@@ -84,7 +98,11 @@ pub fn default_format(job: &ClientJob) -> Format {
 pub fn default_output(job: &ClientJob, format: Format) -> PathBuf {
     let input = Path::new(&job.input_file);
     let stem = input.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| job.job_id.to_hex());
-    let ext = if format == Format::Npy { "npy" } else { "jsonl" };
+    let ext = match format {
+        Format::Npy => "npy",
+        Format::Npz => "npz",
+        Format::Jsonl | Format::Openai => "jsonl",
+    };
     input.with_file_name(format!("{stem}.embeddings.{ext}"))
 }
 
@@ -109,6 +127,7 @@ pub fn run(
     let format = format.unwrap_or_else(|| default_format(&state));
     let output = output.map(Path::to_path_buf).unwrap_or_else(|| default_output(&state, format));
     let kind = output_kind(&state);
+    format.check_writes(kind)?;
     // Scores have one value per document of each record, not one length.
     let dimensions = Some(dimensions(services, trust, &state)?).filter(|_| kind != OutputKind::Scores);
     let options = OutputOptions { format: format.output(), model_id: state.model_id.clone(), results_of: ResultsOf::Job(*job), dimensions, kind };

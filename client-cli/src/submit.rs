@@ -211,8 +211,8 @@ impl Sealing {
         let ranges = crate::ranges::for_job(dtype, args.ranges.as_deref(), dimensions.unwrap_or(model.manifest.dimensions))?;
         let (output, top_k) = output_kind(&model.manifest, args.output_kind, args.top_k)?;
         let max_record_bytes = max_record_bytes(output, args.max_record_bytes)?;
-        if output != OutputKind::Dense && matches!(args.format, Some(crate::results::Format::Npy | crate::results::Format::Openai)) {
-            bail!("--format: {} output is written as jsonl (docs/models.md)", output.as_str());
+        if let Some(format) = args.format {
+            format.check_writes(output)?;
         }
         let mut corpus_options = CorpusOptions::new(args.model.clone());
         corpus_options.dimensions = Some(dimensions.unwrap_or(model.manifest.dimensions));

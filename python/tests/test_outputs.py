@@ -49,6 +49,18 @@ def test_sparse_results_are_a_csr_matrix_of_splade_weights(client, stack, tmp_pa
         job.results(kind="dense")
     assert job.verify().passed
 
+    # The CLI's npz is the CSR matrix scipy reads, row for row the same as the SDK's.
+    from scipy.sparse import load_npz
+
+    npz = tmp_path / "weights.npz"
+    stack.cli("results", job.id, "-o", str(npz), "--format", "npz")
+    loaded = load_npz(str(npz))
+    assert loaded.format == "csr" and loaded.dtype == np.float32 and loaded.shape == matrix.shape
+    assert (loaded != matrix).nnz == 0
+    assert [json.loads(line) for line in (tmp_path / "weights.ids.jsonl").read_text().splitlines()] == ids
+    refused = stack.cli("results", job.id, "-o", str(tmp_path / "w.npy"), "--format", "npy", check=False)
+    assert refused.returncode != 0 and "--format npy: sparse output is written as jsonl or npz" in refused.stderr
+
 
 def test_multivector_results_are_an_array_per_record_of_colbert_vectors(client, stack, tmp_path):
     reference = _reference("colbert")
@@ -68,6 +80,15 @@ def test_multivector_results_are_an_array_per_record_of_colbert_vectors(client, 
     with pytest.raises(ValueError, match="multivector"):
         job.results(kind="sparse")
     assert job.verify().passed
+
+    # The CLI's npz: every record's vectors, one after the other, and the rows' offsets.
+    npz = tmp_path / "tokens.npz"
+    stack.cli("results", job.id, "-o", str(npz), "--format", "npz")
+    with np.load(npz) as loaded:
+        vectors, indptr = loaded["vectors"], loaded["indptr"]
+    assert vectors.dtype == np.float32 and indptr.dtype == np.int64 and len(indptr) == len(ids) + 1
+    for row, got in enumerate(arrays):
+        assert np.array_equal(vectors[indptr[row] : indptr[row + 1]], got), ids[row]
 
 
 def test_rerank_results_and_online_rerank_equal_cross_encoder(client, stack, tmp_path):

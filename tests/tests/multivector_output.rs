@@ -101,11 +101,11 @@ fn colbert_jobs_give_sentence_transformers_vectors_and_are_receipted() {
     }
     assert_eq!(stack.verify_check(&job, "options")["passed"], json!(true));
 
-    // One record proven alone, offline: its rows, one after another, are the ones written.
+    // One record proven alone, offline: its rows are the ones written.
     let record = &records[3];
     let proven = stack.prove_record(&job, record["id"].as_str().unwrap(), &work.path().join("record.json"));
-    let flat: Vec<f64> = proven["proven"]["vector"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
-    assert_eq!(flat, rows(&record["vectors"]).concat(), "{proven}");
+    assert_eq!(rows(&proven["proven"]["vectors"]), rows(&record["vectors"]), "{proven}");
+    assert_eq!(proven["proven"]["dimensions"], reference["dimensions"], "{proven}");
 
     // What the model does not give, or the format cannot write, is refused before any upload.
     let refusals: [(&[&str], &str); 4] = [

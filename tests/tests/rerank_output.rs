@@ -80,7 +80,7 @@ fn rerank_jobs_score_as_cross_encoder_and_are_receipted() {
 
     // One record's scores proven alone, offline.
     let proven = stack.prove_record(job, "q1", &work.path().join("record.json"));
-    assert_eq!(floats(&proven["proven"]["vector"]), floats(&records[1]["scores"]), "{proven}");
+    assert_eq!(floats(&proven["proven"]["scores"]), floats(&records[1]["scores"]), "{proven}");
 
     // What the model does not give, or the format cannot write, is refused before any upload.
     let refusals: [(&[&str], &str); 2] =

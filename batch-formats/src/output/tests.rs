@@ -260,3 +260,106 @@ fn openai_format_refuses_foreign_ids_and_gaps() {
         Err(OutputError::OpenAiOrder { expected: 0, found: 1, .. })
     ));
 }
+
+fn sparse_record(id: &str, indices: &[u32], values: &[f32]) -> OutputRecord {
+    let vector = Vector::Sparse(SparseVector { dimensions: 30, indices: indices.to_vec(), values: values.to_vec() });
+    OutputRecord::Embedding { id: id.into(), tokens: 7, vector }
+}
+
+fn multi_record(id: &str, rows: &[[f32; 2]]) -> OutputRecord {
+    let vector = Vector::Multi(MultiVector::new(2, rows.concat()).unwrap());
+    OutputRecord::Embedding { id: id.into(), tokens: rows.len() as u32, vector }
+}
+
+/// The archive's entries by name: (npy dict, data bytes), read back with the zip crate.
+fn npz_entries(path: &Path) -> std::collections::BTreeMap<String, (String, Vec<u8>)> {
+    let mut archive = zip::ZipArchive::new(std::fs::File::open(path).unwrap()).unwrap();
+    (0..archive.len())
+        .map(|i| {
+            let mut entry = archive.by_index(i).unwrap();
+            assert_eq!(entry.compression(), zip::CompressionMethod::Stored);
+            let mut bytes = Vec::new();
+            io::Read::read_to_end(&mut entry, &mut bytes).unwrap();
+            assert_eq!(&bytes[..8], b"\x93NUMPY\x01\x00", "{:?}", entry.name());
+            let header = 10 + usize::from(u16::from_le_bytes([bytes[8], bytes[9]]));
+            assert_eq!(header % 64, 0);
+            let dict = String::from_utf8(bytes[10..header].to_vec()).unwrap().trim_end().to_owned();
+            (entry.name().unwrap().into_owned(), (dict, bytes[header..].to_vec()))
+        })
+        .collect()
+}
+
+fn le<T: Copy, const N: usize>(bytes: &[u8], from: fn([u8; N]) -> T) -> Vec<T> {
+    bytes.chunks_exact(N).map(|c| from(c.try_into().unwrap())).collect()
+}
+
+#[test]
+fn npz_holds_a_sparse_job_as_scipy_csr_arrays() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("weights.npz");
+    let mut writer = OutputWriter::create(&out, OutputOptions { kind: OutputKind::Sparse, ..options(OutputFormat::Npz) }).unwrap();
+    writer.record(&sparse_record("a", &[1, 5, 29], &[0.5, 1.25, 3.0])).unwrap();
+    writer.record(&failure("b", ErrorCode::TooManyTokens)).unwrap();
+    writer.record(&sparse_record("c", &[], &[])).unwrap();
+    writer.record(&sparse_record("d", &[0], &[2.0])).unwrap();
+    let summary = writer.finish().unwrap();
+    assert_eq!((summary.records, summary.failed_records, summary.dimensions), (3, 1, Some(30)));
+
+    let entries = npz_entries(&out);
+    assert_eq!(entries.keys().collect::<Vec<_>>(), ["data.npy", "format.npy", "indices.npy", "indptr.npy", "shape.npy"]);
+    let array = |name: &str, descr: &str, shape: &str| {
+        let (dict, data) = &entries[name];
+        assert_eq!(dict, &format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}"), "{name}");
+        data.clone()
+    };
+    assert_eq!(le(&array("data.npy", "<f4", "(4,)"), f32::from_le_bytes), [0.5, 1.25, 3.0, 2.0]);
+    assert_eq!(le(&array("indices.npy", "<i4", "(4,)"), i32::from_le_bytes), [1, 5, 29, 0]);
+    assert_eq!(le(&array("indptr.npy", "<i8", "(4,)"), i64::from_le_bytes), [0, 3, 3, 4]);
+    assert_eq!(le(&array("shape.npy", "<i8", "(2,)"), i64::from_le_bytes), [3, 30]);
+    assert_eq!(array("format.npy", "|S3", "()"), b"csr");
+    let ids = std::fs::read_to_string(dir.path().join("weights.ids.jsonl")).unwrap();
+    assert_eq!(ids, "\"a\"\n\"c\"\n\"d\"\n");
+    assert_eq!(json_lines(&dir.path().join("weights.errors.jsonl"))[0]["id"], "b");
+    let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["weights.errors.jsonl", "weights.ids.jsonl", "weights.npz"], "no scratch file is left");
+}
+
+#[test]
+fn npz_holds_a_multivector_job_as_vectors_and_row_offsets() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tokens.npz");
+    let mut writer = OutputWriter::create(&out, OutputOptions { kind: OutputKind::MultiVector, ..options(OutputFormat::Npz) }).unwrap();
+    writer.record(&multi_record("a", &[[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]])).unwrap();
+    writer.record(&multi_record("b", &[[0.8, -0.6]])).unwrap();
+    writer.finish().unwrap();
+    let entries = npz_entries(&out);
+    assert_eq!(entries.keys().collect::<Vec<_>>(), ["indptr.npy", "vectors.npy"]);
+    let (dict, data) = &entries["vectors.npy"];
+    assert_eq!(dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 2), }");
+    assert_eq!(le(data, f32::from_le_bytes), [1.0, 0.0, 0.0, 1.0, 0.6, 0.8, 0.8, -0.6]);
+    let (dict, data) = &entries["indptr.npy"];
+    assert_eq!(dict, "{'descr': '<i8', 'fortran_order': False, 'shape': (3,), }");
+    assert_eq!(le(data, i64::from_le_bytes), [0, 3, 4]);
+}
+
+#[test]
+fn npz_refuses_dense_vectors_and_an_unfinished_writer_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("v.npz");
+    let mut writer = OutputWriter::create(&out, options(OutputFormat::Npz)).unwrap();
+    let error = writer.record(&embedding("a", 3, &[1.0, 2.0])).unwrap_err();
+    assert!(error.to_string().contains("dense output, which the npz format does not write"), "{error}");
+    writer.record(&sparse_record("b", &[2], &[1.0])).unwrap();
+    drop(writer);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "partial and scratch files removed");
+    for (format, kind, writes) in [
+        (OutputFormat::Npz, OutputKind::Sparse, true),
+        (OutputFormat::Npz, OutputKind::MultiVector, true),
+        (OutputFormat::Npz, OutputKind::Scores, false),
+        (OutputFormat::Npy, OutputKind::Sparse, false),
+        (OutputFormat::Jsonl, OutputKind::Scores, true),
+    ] {
+        assert_eq!(format.writes(kind), writes, "{format:?} {kind:?}");
+    }
+}

@@ -10,7 +10,8 @@ use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine as _;
 use protocol::receipt::SignedReceipt;
 use protocol::record_tree::{self, RecordLeaf};
-use protocol::records::{OutputDecoder, OutputRecord};
+use protocol::envelope::OutputKind;
+use protocol::records::{OutputDecoder, OutputRecord, Vector};
 use receipts_ledger::merkle::{inclusion_proof, verify_inclusion, MemoryTree};
 use receipts_ledger::ProofBundle;
 use serde::{Deserialize, Serialize};
@@ -49,10 +50,55 @@ pub struct ProvenRecord {
     pub index: u64,
     pub text: String,
     pub tokens: u32,
-    pub vector: Vec<f32>,
+    /// The vector's length (a sparse vector's vocabulary, a multi-vector record's width, a
+    /// rerank record's document count).
+    pub dimensions: usize,
+    #[serde(flatten)]
+    pub values: ProvenValues,
     #[serde(flatten)]
     pub receipt: ProvenReceipt,
     pub witnesses: Vec<String>,
+}
+
+/// A proven record's values under the name a results line gives them (`"vector"`, `"scores"`,
+/// `"sparse"`, `"vectors"`), so that a sparse record is not widened to its vocabulary.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum ProvenValues {
+    /// A dense vector (a compact encoding's integers as numbers).
+    Vector(Vec<f32>),
+    /// A cross-encoder's score per document, in the record's order.
+    Scores(Vec<f32>),
+    /// Weights by vocabulary index, ascending.
+    Sparse(std::collections::BTreeMap<u32, f32>),
+    /// One vector per kept token, in the text's order.
+    Vectors(Vec<Vec<f32>>),
+}
+
+impl ProvenValues {
+    /// The values of `vector` as a job of output `kind` gives them; `None` when the record's form
+    /// is not that kind's.
+    fn of(vector: &Vector, kind: OutputKind) -> Option<Self> {
+        Some(match (vector, kind) {
+            (Vector::Sparse(sparse), OutputKind::Sparse) => {
+                ProvenValues::Sparse(sparse.indices.iter().copied().zip(sparse.values.iter().copied()).collect())
+            }
+            (Vector::Multi(multi), OutputKind::MultiVector) => ProvenValues::Vectors(multi.rows().map(<[f32]>::to_vec).collect()),
+            (Vector::Sparse(_) | Vector::Multi(_), _) | (_, OutputKind::Sparse | OutputKind::MultiVector) => return None,
+            (_, OutputKind::Scores) => ProvenValues::Scores(vector.to_f32()),
+            (_, OutputKind::Dense) => ProvenValues::Vector(vector.to_f32()),
+        })
+    }
+
+    /// How `verify-record` says what was proven.
+    fn describe(&self, dimensions: usize) -> String {
+        match self {
+            ProvenValues::Vector(_) => format!("{dimensions} dimensions"),
+            ProvenValues::Scores(scores) => format!("{} scores", scores.len()),
+            ProvenValues::Sparse(weights) => format!("{} weights over {dimensions} dimensions", weights.len()),
+            ProvenValues::Vectors(rows) => format!("{} vectors of {dimensions} dimensions", rows.len()),
+        }
+    }
 }
 
 /// The record tree of a job, rebuilt by its client from its input file and its opened output.
@@ -205,6 +251,20 @@ pub fn check_record_bundle(
     if *id != bundle.id {
         return Err(refusal("record", format!("the output record is of id {id:?}, the bundle names {:?}", bundle.id)));
     }
+    let kind = signed.receipt.options.output;
+    let values = ProvenValues::of(vector, kind).ok_or_else(|| {
+        let held = match vector {
+            Vector::Sparse(_) => "sparse weights",
+            Vector::Multi(_) => "token vectors",
+            _ => "one vector",
+        };
+        refusal("record", format!("the receipt's output is {}, the record holds {held}", kind.as_str()))
+    })?;
+    let dimensions = match vector {
+        Vector::Sparse(sparse) => sparse.dimensions as usize,
+        Vector::Multi(multi) => usize::from(multi.dimensions),
+        _ => vector.to_f32().len(),
+    };
     if bundle.records != signed.receipt.records_ok {
         return Err(refusal("record_tree_size", format!("{} records, the receipt embedded {}", bundle.records, signed.receipt.records_ok)));
     }
@@ -222,7 +282,8 @@ pub fn check_record_bundle(
         index: bundle.index,
         text: String::from_utf8_lossy(&text).into_owned(),
         tokens: *tokens,
-        vector: vector.to_f32(),
+        dimensions,
+        values,
         receipt,
         witnesses: witnessed,
     })
@@ -254,7 +315,7 @@ pub(super) fn verify_record_command(
     } else {
         match &outcome {
             Ok(p) => {
-                println!("record {:?} (#{} of job {}) is proven: {} dimensions, {} tokens", p.id, p.index, p.receipt.fields.job_id, p.vector.len(), p.tokens);
+                println!("record {:?} (#{} of job {}) is proven: {}, {} tokens", p.id, p.index, p.receipt.fields.job_id, p.values.describe(p.dimensions), p.tokens);
                 println!("  model {}, PCR0 {}…", p.receipt.fields.model_id, &p.receipt.fields.pcr0[..16.min(p.receipt.fields.pcr0.len())]);
                 println!("  receipt at entry {} of checkpoint {} signed by {}", p.receipt.leaf_index, p.receipt.tree_size, p.receipt.ledger_key);
                 for w in &p.witnesses {
