@@ -33,6 +33,15 @@ pub const MAX_IMAGES: usize = 8;
 /// sentence-transformers `Dense` modules a model may have after its pooling.
 pub const MAX_DENSE: usize = 8;
 
+/// bge-m3's lexical head (`sparse_linear.pt`, a `Linear(hidden, 1)` with bias), sealed as
+/// safetensors with the tensors `weight` `[1, hidden]` and `bias` `[1]`: listed exactly when the
+/// manifest's `outputs` offer `sparse` besides its dense vectors.
+pub const LEXICAL_HEAD_FILE: &str = "sparse_linear.safetensors";
+/// bge-m3's ColBERT head (`colbert_linear.pt`, a `Linear(hidden, d)` with bias), sealed as
+/// safetensors with `weight` `[d, hidden]` and `bias` `[d]`: listed exactly when `outputs` offer
+/// `multivector`.
+pub const COLBERT_HEAD_FILE: &str = "colbert_linear.safetensors";
+
 /// The two files Dense module `index` (in pipeline order, from 0) is sealed as: its
 /// `config.json` and its weights. A directory's `2_Dense/config.json` is not a file name here
 /// (no `/`), and the module's place in the pipeline must not depend on a directory name.
@@ -181,6 +190,11 @@ pub struct Manifest {
     /// keep naming a version the old image can open (docs/protocol.md §5.1). Empty: not said
     /// (the version is for every image). Absent from the payload when empty.
     pub images: Vec<[u8; 48]>,
+    /// The output kinds the model gives besides its pooling's own, each with its vectors'
+    /// dimensions, sorted by kind name: bge-m3's `sparse` (the vocabulary, through
+    /// [`LEXICAL_HEAD_FILE`]) and `multivector` (the ColBERT head's width, through
+    /// [`COLBERT_HEAD_FILE`]) beside its dense vectors. Absent from the payload when empty.
+    pub outputs: Vec<(crate::envelope::OutputKind, u32)>,
     /// KMS key that wraps the DEK.
     pub kms_key_id: String,
     /// The DEK as KMS `GenerateDataKey` returned it wrapped (CiphertextBlob), encryption context
@@ -218,6 +232,10 @@ impl Manifest {
         }
         if !self.matryoshka.is_empty() {
             map = map.value("matryoshka", Value::Array(self.matryoshka.iter().map(|&d| Value::from(d)).collect()));
+        }
+        if !self.outputs.is_empty() {
+            let outputs = self.outputs.iter().fold(MapBuilder::new(), |m, &(kind, d)| m.uint(kind.as_str(), u64::from(d)));
+            map = map.value("outputs", outputs.build());
         }
         if !self.images.is_empty() {
             map = map.value("images", Value::Array(self.images.iter().map(|pcr0| Value::Bytes(pcr0.to_vec())).collect()));
@@ -267,6 +285,7 @@ impl Manifest {
         let prompts = read_prompts(&mut map)?;
         let matryoshka = read_matryoshka(&mut map)?;
         let images = read_images(&mut map)?;
+        let outputs = read_outputs(&mut map)?;
         let manifest = Self {
             model_id: map.text("model")?,
             version: map.uint("version")?,
@@ -278,6 +297,7 @@ impl Manifest {
             prompts,
             matryoshka,
             images,
+            outputs,
             kms_key_id: map.text("kms_key")?,
             wrapped_dek: map.bytes("wrapped_dek")?,
             created_ms: map.uint("created_ms")?,
@@ -312,7 +332,44 @@ impl Manifest {
             // The token-level projection is the one Dense module; nothing follows it.
             return Err(ManifestError::Invalid("multivector pooling: exactly one dense module, the per-token projection"));
         }
+        manifest.check_outputs()?;
         Ok(manifest)
+    }
+
+    /// Each extra output has its head file and each head file its output; only a model with
+    /// dense vectors has extra outputs.
+    fn check_outputs(&self) -> Result<(), ManifestError> {
+        use crate::envelope::OutputKind;
+        if !self.outputs.is_empty() && self.pooling.output() != OutputKind::Dense {
+            return Err(ManifestError::Invalid("outputs: only a model with dense vectors offers other outputs"));
+        }
+        for (kind, file, limit) in [
+            (OutputKind::Sparse, LEXICAL_HEAD_FILE, crate::records::MAX_SPARSE_DIMENSIONS),
+            (OutputKind::MultiVector, COLBERT_HEAD_FILE, crate::records::MAX_DIMENSIONS),
+        ] {
+            let offered = self.outputs.iter().find(|(k, _)| *k == kind);
+            if offered.is_some() != self.file(file).is_some() {
+                return Err(ManifestError::Invalid(match kind {
+                    OutputKind::Sparse => "outputs: sparse is offered exactly when sparse_linear.safetensors is listed",
+                    _ => "outputs: multivector is offered exactly when colbert_linear.safetensors is listed",
+                }));
+            }
+            if offered.is_some_and(|&(_, d)| d == 0 || d as usize > limit) {
+                return Err(ManifestError::Invalid("outputs: dimensions"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The output kinds a job over this model may ask for, each with its vectors' dimensions:
+    /// the pooling's own (at `dimensions`), then `outputs`.
+    pub fn offered_outputs(&self) -> Vec<(crate::envelope::OutputKind, u32)> {
+        std::iter::once((self.pooling.output(), self.dimensions)).chain(self.outputs.iter().copied()).collect()
+    }
+
+    /// The dimensions of `kind`'s vectors, if the model offers that output.
+    pub fn output_dimensions(&self, kind: crate::envelope::OutputKind) -> Option<u32> {
+        self.offered_outputs().into_iter().find(|(k, _)| *k == kind).map(|(_, d)| d)
     }
 
     /// Signs with the publisher key; the SHA-256 of the result is the manifest hash.
@@ -471,6 +528,26 @@ fn read_images(map: &mut MapReader) -> Result<Vec<[u8; 48]>, ManifestError> {
     Ok(images)
 }
 
+/// The optional `outputs`: a map from `sparse` / `multivector` to dimensions, not empty (one
+/// payload per set; any other key is refused).
+fn read_outputs(map: &mut MapReader) -> Result<Vec<(crate::envelope::OutputKind, u32)>, ManifestError> {
+    use crate::envelope::OutputKind;
+    let Some(value) = map.optional("outputs") else { return Ok(Vec::new()) };
+    let mut entries = MapReader::new(value)?;
+    let mut outputs = Vec::new();
+    for kind in [OutputKind::MultiVector, OutputKind::Sparse] {
+        if let Some(d) = entries.optional(kind.as_str()) {
+            let d = cbor::as_uint(d, "outputs")?;
+            outputs.push((kind, u32::try_from(d).map_err(|_| ManifestError::Invalid("outputs: dimensions"))?));
+        }
+    }
+    entries.finish()?;
+    if outputs.is_empty() {
+        return Err(ManifestError::Invalid("outputs: empty (written by omission)"));
+    }
+    Ok(outputs)
+}
+
 /// The development model publisher: a key anyone can derive (seed SHA-256("ephem-batch
 /// development model publisher")), for the embedded default only. A worker accepts it only when it
 /// runs on the development NSM; production images compile their publisher's key in.
@@ -591,6 +668,7 @@ pub(crate) mod tests {
             prompts: Prompts::default(),
             matryoshka: Vec::new(),
             images: Vec::new(),
+            outputs: Vec::new(),
             kms_key_id: "local:model".into(),
             wrapped_dek: vec![0xde; 48],
             created_ms: 1_760_000_000_000,
@@ -757,6 +835,52 @@ pub(crate) mod tests {
         let at = payload.windows(long.len()).position(|w| w == long.as_slice()).expect("the PCR0's encoding");
         let payload = [&payload[..at], &[0x58, 32][..], &[0xa0; 32], &payload[at + long.len()..]].concat();
         assert_eq!(Manifest::from_payload(&payload).unwrap_err(), ManifestError::Invalid("an image's PCR0 is not 48 bytes"));
+    }
+
+    /// bge-m3: a dense model offering sparse and multi-vector output through its head files. The
+    /// key is absent for old manifests; each output needs its file and each file its output.
+    #[test]
+    fn extra_outputs_are_optional_signed_and_tied_to_their_head_files() {
+        use crate::envelope::OutputKind;
+        assert!(!String::from_utf8_lossy(&sample().to_payload()).contains("outputs"), "old payloads unchanged");
+        assert_eq!(sample().offered_outputs(), [(OutputKind::Dense, 384)]);
+        let heads = |names: &[&str]| {
+            let mut m = Manifest { pooling: Pooling::Cls, ..sample() };
+            m.files.extend(names.iter().map(|n| ModelFile { name: (*n).into(), sha256: [7; 32], size: 10 }));
+            m.files.sort_by(|a, b| a.name.cmp(&b.name));
+            m
+        };
+        let mut manifest = heads(&[LEXICAL_HEAD_FILE, COLBERT_HEAD_FILE]);
+        manifest.outputs = vec![(OutputKind::MultiVector, 384), (OutputKind::Sparse, 250_002)];
+        let publisher = SigningKey::from_bytes(&[3; 32]);
+        let signed = SignedManifest::decode(&manifest.sign(&publisher)).unwrap();
+        assert_eq!(signed.verify(&publisher.verifying_key()).unwrap(), &manifest);
+        assert_eq!(manifest.output_dimensions(OutputKind::Sparse), Some(250_002));
+        assert_eq!(manifest.output_dimensions(OutputKind::Dense), Some(384));
+        assert_eq!(manifest.output_dimensions(OutputKind::Scores), None);
+        let refused = |m: &Manifest| Manifest::from_payload(&m.to_payload()).unwrap_err();
+        // An output without its head, a head without its output, a head swapped for the other.
+        let mut lone = heads(&[COLBERT_HEAD_FILE]);
+        lone.outputs = vec![(OutputKind::MultiVector, 384), (OutputKind::Sparse, 250_002)];
+        assert_eq!(refused(&lone), ManifestError::Invalid("outputs: sparse is offered exactly when sparse_linear.safetensors is listed"));
+        let unoffered = heads(&[COLBERT_HEAD_FILE]);
+        assert_eq!(refused(&unoffered), ManifestError::Invalid("outputs: multivector is offered exactly when colbert_linear.safetensors is listed"));
+        let mut swapped = heads(&[LEXICAL_HEAD_FILE]);
+        swapped.outputs = vec![(OutputKind::MultiVector, 384)];
+        assert!(matches!(refused(&swapped), ManifestError::Invalid(m) if m.starts_with("outputs:")));
+        let mut zero = heads(&[LEXICAL_HEAD_FILE]);
+        zero.outputs = vec![(OutputKind::Sparse, 0)];
+        assert_eq!(refused(&zero), ManifestError::Invalid("outputs: dimensions"));
+        let mut splade = heads(&[LEXICAL_HEAD_FILE]);
+        splade.pooling = Pooling::Splade;
+        splade.outputs = vec![(OutputKind::Sparse, 384)];
+        assert_eq!(refused(&splade), ManifestError::Invalid("outputs: only a model with dense vectors offers other outputs"));
+        // Another key in the map (`sparsf`, written over `sparse`'s bytes) is refused by name.
+        let payload = manifest.to_payload();
+        let at = payload.windows(7).position(|w| w == b"\x66sparse").unwrap() + 1;
+        let mut other = payload.clone();
+        other[at..at + 6].copy_from_slice(b"sparsf");
+        assert!(matches!(Manifest::from_payload(&other), Err(ManifestError::Payload(CborError::Unknown(k))) if k == "sparsf"));
     }
 
     #[test]
