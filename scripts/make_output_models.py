@@ -32,6 +32,10 @@ min-cosine 0.9999 test with the same count.
 
 Run by hand in the venv of make_test_models.py (the same pinned versions), never by setup or CI:
   /tmp/stvenv/bin/python scripts/make_output_models.py [splade] [rerank] [rerank_bert] [colbert]
+
+bgem3 (bge-m3's dense, lexical and ColBERT outputs, against FlagEmbedding) is
+make_output_models_bgem3.py, in its own venv (FlagEmbedding 1.4.2 needs transformers 4.x):
+  /tmp/flagvenv/bin/python scripts/make_output_models_bgem3.py
 """
 
 import json

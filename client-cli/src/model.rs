@@ -136,10 +136,11 @@ fn read_json(path: &Path) -> Result<Option<Value>, ModelError> {
     }
 }
 
-/// SHA-256 and size of a file, read in blocks.
-fn hash_file(path: &Path) -> Result<([u8; 32], u64), ModelError> {
+/// SHA-256 and size of a file (or converted bytes), read in blocks.
+fn hash_source(source: &Source) -> Result<([u8; 32], u64), ModelError> {
+    let path = &source.path;
     let io_error = |source| ModelError::Io { path: path.to_owned(), source };
-    let mut file = File::open(path).map_err(io_error)?;
+    let mut file = source.open()?;
     let mut hasher = Sha256::new();
     let mut block = vec![0u8; BLOCK];
     let mut size = 0u64;
@@ -165,21 +166,50 @@ pub struct Offering {
     pub images: Vec<[u8; 48]>,
 }
 
+/// Where a manifest file's bytes come from: a file of the model directory, or bytes converted
+/// from one (bge-m3's heads, `path` their `.pt`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Source {
+    path: PathBuf,
+    converted: Option<Vec<u8>>,
+}
+
+impl Source {
+    fn file(path: PathBuf) -> Self {
+        Self { path, converted: None }
+    }
+
+    fn open(&self) -> Result<Box<dyn Read + '_>, ModelError> {
+        match &self.converted {
+            Some(bytes) => Ok(Box::new(bytes.as_slice())),
+            None => {
+                let file = File::open(&self.path).map_err(|source| ModelError::Io { path: self.path.clone(), source })?;
+                Ok(Box::new(file))
+            }
+        }
+    }
+}
+
 /// Each file the manifest names, with where it is read from in the model directory: the
-/// three model files at the root, then each Dense module's two files from its folder.
-fn sources(dir: &Path, dense: &[String]) -> Vec<(String, PathBuf)> {
-    let mut sources: Vec<(String, PathBuf)> = MODEL_FILES.iter().map(|name| ((*name).to_owned(), dir.join(name))).collect();
-    for (index, folder) in dense.iter().enumerate() {
+/// three model files at the root, then each Dense module's two files from its folder, then
+/// bge-m3's heads as converted.
+fn sources(dir: &Path, settings: &ModelSettings) -> Vec<(String, Source)> {
+    let mut sources: Vec<(String, Source)> = MODEL_FILES.iter().map(|name| ((*name).to_owned(), Source::file(dir.join(name)))).collect();
+    for (index, folder) in settings.dense.iter().enumerate() {
         let [config, weights] = protocol::manifest::dense_file_names(index);
-        sources.push((config, dir.join(folder).join("config.json")));
-        sources.push((weights, dir.join(folder).join("model.safetensors")));
+        sources.push((config, Source::file(dir.join(folder).join("config.json"))));
+        sources.push((weights, Source::file(dir.join(folder).join("model.safetensors"))));
+    }
+    for head in &settings.heads {
+        let pt = dir.join(head.file.replace(".safetensors", ".pt"));
+        sources.push((head.file.to_owned(), Source { path: pt, converted: Some(head.safetensors.clone()) }));
     }
     sources.sort();
     sources
 }
 
-/// A model's files as [`prepare`] hashed them: each manifest name with its source path.
-type Sources = Vec<(String, PathBuf)>;
+/// A model's files as [`prepare`] hashed them: each manifest name with its source.
+type Sources = Vec<(String, Source)>;
 
 /// Hashes the files, makes and wraps a data key, and builds the manifest.
 fn prepare(
@@ -194,14 +224,14 @@ fn prepare(
         return Err(ModelError::InvalidModelId(model_id.to_owned()));
     }
     let settings = read_settings(dir)?;
-    let sources = sources(dir, &settings.dense);
+    let sources = sources(dir, &settings);
     let mut files = Vec::with_capacity(sources.len());
-    for (name, path) in &sources {
-        if !path.is_file() {
+    for (name, source) in &sources {
+        if source.converted.is_none() && !source.path.is_file() {
             let missing = MODEL_FILES.into_iter().find(|m| m == name).unwrap_or("a Dense module's file");
-            return Err(ModelError::MissingFile { dir: path.parent().unwrap_or(dir).to_owned(), name: missing });
+            return Err(ModelError::MissingFile { dir: source.path.parent().unwrap_or(dir).to_owned(), name: missing });
         }
-        let (sha256, size) = hash_file(path)?;
+        let (sha256, size) = hash_source(source)?;
         files.push(ModelFile { name: name.clone(), sha256, size });
     }
     let mut dek = Zeroizing::new([0u8; 32]);
@@ -209,6 +239,7 @@ fn prepare(
     let wrapped_dek = kms
         .encrypt(kms_key_id, dek.as_ref(), &data_key_context(model_id, version))
         .map_err(|source| ModelError::Kms { key_id: kms_key_id.to_owned(), source })?;
+    let outputs = settings.outputs();
     let manifest = Manifest {
         model_id: model_id.to_owned(),
         version,
@@ -230,6 +261,7 @@ fn prepare(
             images.dedup();
             images
         },
+        outputs,
         kms_key_id: kms_key_id.to_owned(),
         wrapped_dek,
         created_ms: cloud::now_ms(),
@@ -240,8 +272,8 @@ fn prepare(
 }
 
 /// Where [`prepare`] read a manifest file from.
-fn source_of<'a>(sources: &'a Sources, name: &str) -> &'a Path {
-    sources.iter().find(|(n, _)| n == name).map(|(_, path)| path.as_path()).expect("every manifest file has a source")
+fn source_of<'a>(sources: &'a Sources, name: &str) -> &'a Source {
+    sources.iter().find(|(n, _)| n == name).map(|(_, source)| source).expect("every manifest file has a source")
 }
 
 /// Seals one model file into `out` in blocks — the same bytes as [`Manifest::seal_file`], in
@@ -249,15 +281,15 @@ fn source_of<'a>(sources: &'a Sources, name: &str) -> &'a Path {
 fn seal_into(
     manifest: &Manifest,
     dek: &[u8; 32],
-    source: &Path,
+    source: &Source,
     file: &ModelFile,
     out: &mut dyn Write,
     target: &str,
 ) -> Result<(), ModelError> {
-    let path = source.to_owned();
+    let path = source.path.clone();
     let io_error = |source| ModelError::Io { path: path.clone(), source };
     let write_error = |source| ModelError::Write { target: target.to_owned(), source };
-    let mut input = File::open(&path).map_err(io_error)?;
+    let mut input = source.open()?;
     let mut sealer = StreamSealer::new(&manifest.file_key(dek, &file.name), manifest.file_stream_id(&file.name));
     let mut hasher = Sha256::new();
     let mut size = 0u64;

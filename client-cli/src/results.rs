@@ -158,7 +158,9 @@ pub fn dimensions(services: &Services, trust: &ClientTrust, state: &ClientJob) -
     if manifest.model_id != state.model_id {
         return Err(refuse(format!("{} names model {}, the job {}", state.manifest_key, manifest.model_id, state.model_id)));
     }
-    let dimensions = state.dimensions.unwrap_or(manifest.dimensions) as usize;
+    // bge-m3's sparse and multi-vector outputs have their own widths (the manifest's `outputs`).
+    let own = manifest.output_dimensions(output_kind(state)).unwrap_or(manifest.dimensions);
+    let dimensions = state.dimensions.unwrap_or(own) as usize;
     // The elements of each vector written: a byte per eight dimensions for the bit forms.
     let dtype = protocol::envelope::OutputDtype::parse(&state.dtype).unwrap_or_default();
     Ok(dtype.elements(dimensions))

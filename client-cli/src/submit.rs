@@ -215,7 +215,7 @@ impl Sealing {
             format.check_writes(output)?;
         }
         let mut corpus_options = CorpusOptions::new(args.model.clone());
-        corpus_options.dimensions = Some(dimensions.unwrap_or(model.manifest.dimensions));
+        corpus_options.dimensions = Some(dimensions.unwrap_or(model.manifest.output_dimensions(output).unwrap_or(model.manifest.dimensions)));
         // A cross-encoder's lines are {"id", "query", "documents"}.
         corpus_options.rerank = Some(output == OutputKind::Scores);
         let options = JobOptions {
@@ -318,9 +318,11 @@ pub fn max_record_bytes(output: OutputKind, asked: Option<u32>) -> anyhow::Resul
 /// The output kind a job asks for: the model's (its signed pooling says which it gives); another
 /// is refused by flag, as is `--top-k` without sparse output.
 pub fn output_kind(manifest: &Manifest, asked: Option<OutputKind>, top_k: Option<u32>) -> anyhow::Result<(OutputKind, Option<u32>)> {
-    let gives = manifest.pooling.output();
-    if let Some(asked) = asked.filter(|&asked| asked != gives) {
-        bail!("--output-kind {}: model {} gives {} output ({} pooling)", asked.as_str(), manifest.model_id, gives.as_str(), manifest.pooling.as_str());
+    // The pooling's own kind unless the job asks for another the manifest's `outputs` offer (bge-m3).
+    let gives = asked.unwrap_or(manifest.pooling.output());
+    if manifest.output_dimensions(gives).is_none() {
+        let offered = manifest.offered_outputs().iter().map(|(kind, _)| kind.as_str()).collect::<Vec<_>>().join(", ");
+        bail!("--output-kind {}: model {} gives {offered} output ({} pooling)", gives.as_str(), manifest.model_id, manifest.pooling.as_str());
     }
     if top_k.is_some() && gives != OutputKind::Sparse {
         bail!("--top-k: for sparse output only; model {} gives {} vectors", manifest.model_id, gives.as_str());

@@ -19,7 +19,7 @@ use protocol::stream::StreamOpener;
 use sha2::{Digest, Sha256};
 use zeroize::Zeroizing;
 
-use crate::inference::{DenseFiles, Embedder, EmbedderSettings, Engine, ModelFiles};
+use crate::inference::{DenseFiles, Embedder, EmbedderSettings, Engine, HeadFiles, ModelFiles};
 use crate::key_release::kms_https::KmsHttps;
 use crate::key_release::{self, FleetEpoch, KmsTransport, KmsTransportError, RsaKeyPool};
 use crate::model_memory::{MemoryError, Room};
@@ -384,6 +384,9 @@ fn load_model<C: Read + Write>(
     let dense_modules = manifest.dense_modules()?;
     let mut names: Vec<String> = ["config.json", "tokenizer.json", "model.safetensors"].map(String::from).to_vec();
     names.extend((0..dense_modules).flat_map(protocol::manifest::dense_file_names));
+    // bge-m3's heads, listed exactly when the manifest's outputs offer them (checked as it was read).
+    let heads = [protocol::manifest::LEXICAL_HEAD_FILE, protocol::manifest::COLBERT_HEAD_FILE];
+    names.extend(heads.iter().filter(|name| manifest.file(name).is_some()).map(|name| (*name).to_owned()));
     let mut files: BTreeMap<&str, Zeroizing<Vec<u8>>> = BTreeMap::new();
     for name in &names {
         let name = name.as_str();
@@ -406,6 +409,9 @@ fn load_model<C: Read + Write>(
         ModelFiles { config: &files["config.json"], tokenizer: &files["tokenizer.json"], weights: &files["model.safetensors"], dense: &dense },
         EmbedderSettings::from_manifest(&manifest),
     )
+    .and_then(|embedder| {
+        embedder.with_heads(HeadFiles { lexical: files.get(heads[0]).map(|f| f.as_slice()), colbert: files.get(heads[1]).map(|f| f.as_slice()) })
+    })
     .map_err(|e| ControlError::Model(e.to_string()))?;
     drop(dense);
     drop(files);

@@ -33,6 +33,15 @@ pub const MAX_IMAGES: usize = 8;
 /// sentence-transformers `Dense` modules a model may have after its pooling.
 pub const MAX_DENSE: usize = 8;
 
+/// bge-m3's lexical head (`sparse_linear.pt`, a `Linear(hidden, 1)` with bias), sealed as
+/// safetensors with the tensors `weight` `[1, hidden]` and `bias` `[1]`: listed exactly when the
+/// manifest's `outputs` offer `sparse` besides its dense vectors.
+pub const LEXICAL_HEAD_FILE: &str = "sparse_linear.safetensors";
+/// bge-m3's ColBERT head (`colbert_linear.pt`, a `Linear(hidden, d)` with bias), sealed as
+/// safetensors with `weight` `[d, hidden]` and `bias` `[d]`: listed exactly when `outputs` offer
+/// `multivector`.
+pub const COLBERT_HEAD_FILE: &str = "colbert_linear.safetensors";
+
 /// The two files Dense module `index` (in pipeline order, from 0) is sealed as: its
 /// `config.json` and its weights. A directory's `2_Dense/config.json` is not a file name here
 /// (no `/`), and the module's place in the pipeline must not depend on a directory name.
@@ -181,6 +190,11 @@ pub struct Manifest {
     /// keep naming a version the old image can open (docs/protocol.md §5.1). Empty: not said
     /// (the version is for every image). Absent from the payload when empty.
     pub images: Vec<[u8; 48]>,
+    /// The output kinds the model gives besides its pooling's own, each with its vectors'
+    /// dimensions, sorted by kind name: bge-m3's `sparse` (the vocabulary, through
+    /// [`LEXICAL_HEAD_FILE`]) and `multivector` (the ColBERT head's width, through
+    /// [`COLBERT_HEAD_FILE`]) beside its dense vectors. Absent from the payload when empty.
+    pub outputs: Vec<(crate::envelope::OutputKind, u32)>,
     /// KMS key that wraps the DEK.
     pub kms_key_id: String,
     /// The DEK as KMS `GenerateDataKey` returned it wrapped (CiphertextBlob), encryption context
@@ -218,6 +232,10 @@ impl Manifest {
         }
         if !self.matryoshka.is_empty() {
             map = map.value("matryoshka", Value::Array(self.matryoshka.iter().map(|&d| Value::from(d)).collect()));
+        }
+        if !self.outputs.is_empty() {
+            let outputs = self.outputs.iter().fold(MapBuilder::new(), |m, &(kind, d)| m.uint(kind.as_str(), u64::from(d)));
+            map = map.value("outputs", outputs.build());
         }
         if !self.images.is_empty() {
             map = map.value("images", Value::Array(self.images.iter().map(|pcr0| Value::Bytes(pcr0.to_vec())).collect()));
@@ -267,6 +285,7 @@ impl Manifest {
         let prompts = read_prompts(&mut map)?;
         let matryoshka = read_matryoshka(&mut map)?;
         let images = read_images(&mut map)?;
+        let outputs = read_outputs(&mut map)?;
         let manifest = Self {
             model_id: map.text("model")?,
             version: map.uint("version")?,
@@ -278,6 +297,7 @@ impl Manifest {
             prompts,
             matryoshka,
             images,
+            outputs,
             kms_key_id: map.text("kms_key")?,
             wrapped_dek: map.bytes("wrapped_dek")?,
             created_ms: map.uint("created_ms")?,
@@ -312,7 +332,44 @@ impl Manifest {
             // The token-level projection is the one Dense module; nothing follows it.
             return Err(ManifestError::Invalid("multivector pooling: exactly one dense module, the per-token projection"));
         }
+        manifest.check_outputs()?;
         Ok(manifest)
+    }
+
+    /// Each extra output has its head file and each head file its output; only a model with
+    /// dense vectors has extra outputs.
+    fn check_outputs(&self) -> Result<(), ManifestError> {
+        use crate::envelope::OutputKind;
+        if !self.outputs.is_empty() && self.pooling.output() != OutputKind::Dense {
+            return Err(ManifestError::Invalid("outputs: only a model with dense vectors offers other outputs"));
+        }
+        for (kind, file, limit) in [
+            (OutputKind::Sparse, LEXICAL_HEAD_FILE, crate::records::MAX_SPARSE_DIMENSIONS),
+            (OutputKind::MultiVector, COLBERT_HEAD_FILE, crate::records::MAX_DIMENSIONS),
+        ] {
+            let offered = self.outputs.iter().find(|(k, _)| *k == kind);
+            if offered.is_some() != self.file(file).is_some() {
+                return Err(ManifestError::Invalid(match kind {
+                    OutputKind::Sparse => "outputs: sparse is offered exactly when sparse_linear.safetensors is listed",
+                    _ => "outputs: multivector is offered exactly when colbert_linear.safetensors is listed",
+                }));
+            }
+            if offered.is_some_and(|&(_, d)| d == 0 || d as usize > limit) {
+                return Err(ManifestError::Invalid("outputs: dimensions"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The output kinds a job over this model may ask for, each with its vectors' dimensions:
+    /// the pooling's own (at `dimensions`), then `outputs`.
+    pub fn offered_outputs(&self) -> Vec<(crate::envelope::OutputKind, u32)> {
+        std::iter::once((self.pooling.output(), self.dimensions)).chain(self.outputs.iter().copied()).collect()
+    }
+
+    /// The dimensions of `kind`'s vectors, if the model offers that output.
+    pub fn output_dimensions(&self, kind: crate::envelope::OutputKind) -> Option<u32> {
+        self.offered_outputs().into_iter().find(|(k, _)| *k == kind).map(|(_, d)| d)
     }
 
     /// Signs with the publisher key; the SHA-256 of the result is the manifest hash.
@@ -471,6 +528,26 @@ fn read_images(map: &mut MapReader) -> Result<Vec<[u8; 48]>, ManifestError> {
     Ok(images)
 }
 
+/// The optional `outputs`: a map from `sparse` / `multivector` to dimensions, not empty (one
+/// payload per set; any other key is refused).
+fn read_outputs(map: &mut MapReader) -> Result<Vec<(crate::envelope::OutputKind, u32)>, ManifestError> {
+    use crate::envelope::OutputKind;
+    let Some(value) = map.optional("outputs") else { return Ok(Vec::new()) };
+    let mut entries = MapReader::new(value)?;
+    let mut outputs = Vec::new();
+    for kind in [OutputKind::MultiVector, OutputKind::Sparse] {
+        if let Some(d) = entries.optional(kind.as_str()) {
+            let d = cbor::as_uint(d, "outputs")?;
+            outputs.push((kind, u32::try_from(d).map_err(|_| ManifestError::Invalid("outputs: dimensions"))?));
+        }
+    }
+    entries.finish()?;
+    if outputs.is_empty() {
+        return Err(ManifestError::Invalid("outputs: empty (written by omission)"));
+    }
+    Ok(outputs)
+}
+
 /// The development model publisher: a key anyone can derive (seed SHA-256("ephem-batch
 /// development model publisher")), for the embedded default only. A worker accepts it only when it
 /// runs on the development NSM; production images compile their publisher's key in.
@@ -572,242 +649,4 @@ impl SignedModelMinimum {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
-    use super::*;
-
-    pub(crate) fn sample() -> Manifest {
-        Manifest {
-            model_id: "sentence-transformers/all-MiniLM-L6-v2".into(),
-            version: 1,
-            files: vec![
-                ModelFile { name: "config.json".into(), sha256: [1; 32], size: 612 },
-                ModelFile { name: "model.safetensors".into(), sha256: [2; 32], size: 90_868_376 },
-                ModelFile { name: "tokenizer.json".into(), sha256: [3; 32], size: 466_247 },
-            ],
-            dimensions: 384,
-            pooling: Pooling::Mean,
-            normalize: true,
-            max_tokens: 256,
-            prompts: Prompts::default(),
-            matryoshka: Vec::new(),
-            images: Vec::new(),
-            kms_key_id: "local:model".into(),
-            wrapped_dek: vec![0xde; 48],
-            created_ms: 1_760_000_000_000,
-        }
-    }
-
-    #[test]
-    fn round_trip_and_signature() {
-        let publisher = SigningKey::from_bytes(&[3; 32]);
-        let bytes = sample().sign(&publisher);
-        let signed = SignedManifest::decode(&bytes).unwrap();
-        assert_eq!(signed.verify(&publisher.verifying_key()).unwrap(), &sample());
-        assert_eq!(signed.hash, manifest_hash(&bytes));
-        let stranger = SigningKey::from_bytes(&[4; 32]);
-        assert!(signed.verify(&stranger.verifying_key()).is_err());
-    }
-
-    /// Dense modules are files of the signed list: both files of each index from 0 round-trip and
-    /// count; a lone file, a gap or a stray `dense.` name is refused when the manifest is read.
-    #[test]
-    fn dense_module_files_are_counted_and_checked() {
-        let publisher = SigningKey::from_bytes(&[3; 32]);
-        let with = |names: &[&str]| -> Result<usize, ManifestError> {
-            let mut manifest = sample();
-            manifest.files.extend(names.iter().map(|n| ModelFile { name: (*n).into(), sha256: [9; 32], size: 10 }));
-            manifest.files.sort_by(|a, b| a.name.cmp(&b.name));
-            let signed = SignedManifest::decode(&manifest.sign(&publisher))?;
-            signed.verify(&publisher.verifying_key())?.dense_modules()
-        };
-        assert_eq!(with(&[]).unwrap(), 0);
-        let two = ["dense.0.config.json", "dense.0.safetensors", "dense.1.config.json", "dense.1.safetensors"];
-        assert_eq!(with(&two).unwrap(), 2);
-        assert_eq!(dense_file_names(1), ["dense.1.config.json", "dense.1.safetensors"]);
-        for wrong in [&two[..3], &two[1..], &two[2..], &["dense.0.config.json", "dense.0.safetensors", "dense.0.bin", "dense.x"][..]] {
-            assert!(matches!(with(wrong), Err(ManifestError::Invalid(m)) if m.starts_with("dense module files")), "{wrong:?}");
-        }
-    }
-
-    /// Each pooling is written by name and read back; a name the protocol does not know is refused.
-    #[test]
-    fn every_pooling_round_trips_by_name() {
-        let publisher = SigningKey::from_bytes(&[3; 32]);
-        let names = [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit"), (Pooling::MultiVector, "multivector")];
-        assert_eq!(names.map(|(p, _)| p), Pooling::ALL, "every pooling has its name here");
-        for (pooling, name) in names {
-            assert_eq!(Pooling::from_name(name), Some(pooling));
-            let mut manifest = Manifest { pooling, ..sample() };
-            if pooling == Pooling::MultiVector {
-                let unprojected = SignedManifest::decode(&manifest.sign(&publisher));
-                assert!(matches!(unprojected, Err(ManifestError::Invalid(m)) if m.starts_with("multivector")));
-                manifest.files.extend(dense_file_names(0).map(|name| ModelFile { name, sha256: [9; 32], size: 10 }));
-                manifest.files.sort_by(|a, b| a.name.cmp(&b.name));
-            }
-            assert!(String::from_utf8_lossy(&manifest.to_payload()).contains(name), "{name}");
-            let signed = SignedManifest::decode(&manifest.sign(&publisher)).unwrap();
-            assert_eq!(signed.verify(&publisher.verifying_key()).unwrap().pooling, pooling);
-        }
-        let payload = sample().to_payload();
-        let at = payload.windows(4).position(|w| w == b"mean").unwrap();
-        let mut other = payload.clone();
-        other[at..at + 4].copy_from_slice(b"last");
-        assert!(matches!(Manifest::from_payload(&other), Err(ManifestError::Invalid("unknown pooling"))));
-    }
-
-    #[test]
-    fn prompts_are_optional_signed_and_checked() {
-        let plain = sample().to_payload();
-        assert!(!String::from_utf8_lossy(&plain).contains("prompt"), "no prompts, no field: old payloads unchanged");
-        let mut manifest = sample();
-        manifest.prompts = Prompts {
-            entries: vec![("passage".into(), "passage: ".into()), ("query".into(), "query: ".into())],
-            default: Some("query".into()),
-        };
-        let payload = manifest.to_payload();
-        assert_eq!(Manifest::from_payload(&payload).unwrap(), manifest);
-        assert_eq!(crate::cbor::decode_deterministic(&payload).map(|_| ()), Ok(()));
-        // A signature over the manifest covers its prompts: a host cannot swap one.
-        let publisher = SigningKey::from_bytes(&[3; 32]);
-        let signed = manifest.sign(&publisher);
-        let tampered = {
-            let mut bytes = signed.clone();
-            let at = bytes.windows(7).position(|w| w == b"query: ").unwrap();
-            bytes[at] = b'Q';
-            bytes
-        };
-        assert!(SignedManifest::decode(&tampered).unwrap().verify(&publisher.verifying_key()).is_err());
-        let refused = |prompts: Prompts| {
-            let mut m = sample();
-            m.prompts = prompts;
-            Manifest::from_payload(&m.to_payload())
-        };
-        let unsorted = vec![("query".into(), "q".into()), ("passage".into(), "p".into())];
-        assert!(matches!(refused(Prompts { entries: unsorted, default: None }), Err(ManifestError::Invalid(_))));
-        let dangling = Prompts { entries: vec![("query".into(), "q".into())], default: Some("passage".into()) };
-        assert!(matches!(refused(dangling), Err(ManifestError::Invalid("default_prompt names no prompt"))));
-        let long = Prompts { entries: vec![("query".into(), "x".repeat(MAX_PROMPT_BYTES + 1))], default: None };
-        assert!(matches!(refused(long), Err(ManifestError::Invalid("prompt"))));
-        // An empty list is written by omission only.
-        let empty = crate::cbor::encode(&match crate::cbor::decode_deterministic(&plain).unwrap() {
-            Value::Map(mut entries) => {
-                entries.push((Value::Text("prompts".into()), Value::Array(vec![])));
-                entries.sort_by(|a, b| {
-                    let (Value::Text(a), Value::Text(b)) = (&a.0, &b.0) else { unreachable!() };
-                    a.len().cmp(&b.len()).then(a.cmp(b))
-                });
-                Value::Map(entries)
-            }
-            _ => unreachable!(),
-        });
-        assert!(matches!(Manifest::from_payload(&empty), Err(ManifestError::Invalid("number of prompts"))));
-    }
-
-    #[test]
-    fn the_chosen_prompt_is_the_named_one_none_or_the_default() {
-        let prompts = Prompts { entries: vec![("query".into(), "query: ".into())], default: Some("query".into()) };
-        assert_eq!(prompts.chosen(None), Some("query"));
-        assert_eq!(prompts.chosen(Some(NO_PROMPT)), None);
-        assert_eq!(prompts.chosen(Some("passage")), Some("passage"), "named, checked by the caller");
-        assert_eq!(Prompts::default().chosen(None), None);
-    }
-
-    #[test]
-    fn matryoshka_lengths_are_optional_signed_and_checked() {
-        assert!(!String::from_utf8_lossy(&sample().to_payload()).contains("matryoshka"), "old payloads unchanged");
-        let mut manifest = sample();
-        manifest.matryoshka = vec![64, 128, 256];
-        assert_eq!(Manifest::from_payload(&manifest.to_payload()).unwrap(), manifest);
-        assert!(manifest.offers_dimensions(128) && manifest.offers_dimensions(384));
-        assert!(!manifest.offers_dimensions(100) && !manifest.offers_dimensions(0));
-        assert_eq!(manifest.offered_dimensions(), [64, 128, 256, 384]);
-        let refused = |lengths: Vec<u32>| {
-            let mut m = sample();
-            m.matryoshka = lengths;
-            Manifest::from_payload(&m.to_payload()).unwrap_err()
-        };
-        assert_eq!(refused(vec![128, 64]), ManifestError::Invalid("matryoshka dimensions must ascend, without duplicates"));
-        assert_eq!(refused(vec![64, 64]), ManifestError::Invalid("matryoshka dimensions must ascend, without duplicates"));
-        assert_eq!(refused(vec![0, 64]), ManifestError::Invalid("matryoshka dimension"));
-        assert_eq!(refused(vec![64, 384]), ManifestError::Invalid("matryoshka dimensions must be below the model's dimensions"));
-        assert_eq!(refused(vec![1; MAX_MATRYOSHKA + 1]), ManifestError::Invalid("number of matryoshka dimensions"));
-    }
-
-    #[test]
-    fn images_are_optional_signed_and_checked() {
-        assert!(!String::from_utf8_lossy(&sample().to_payload()).contains("images"), "old payloads unchanged");
-        assert!(sample().is_for_image(&[0xa0; 48]), "a version naming no image is for every image");
-        let mut manifest = sample();
-        manifest.images = vec![[0xa0; 48], [0xb0; 48]];
-        assert_eq!(Manifest::from_payload(&manifest.to_payload()).unwrap(), manifest);
-        assert!(manifest.is_for_image(&[0xb0; 48]) && !manifest.is_for_image(&[0xc0; 48]) && !manifest.is_for_image(&[0xb0; 47]));
-        let refused = |images: Vec<[u8; 48]>| {
-            let mut m = sample();
-            m.images = images;
-            Manifest::from_payload(&m.to_payload()).unwrap_err()
-        };
-        assert_eq!(refused(vec![[0xb0; 48], [0xa0; 48]]), ManifestError::Invalid("images must ascend, without duplicates"));
-        assert_eq!(refused(vec![[0xa0; 48]; 2]), ManifestError::Invalid("images must ascend, without duplicates"));
-        let many: Vec<[u8; 48]> = (0..=MAX_IMAGES as u8).map(|i| [i; 48]).collect();
-        assert_eq!(refused(many), ManifestError::Invalid("number of images"));
-        // A PCR0 of another length (a SHA-256 where SHA-384 belongs) is refused, not truncated.
-        let mut one = sample();
-        one.images = vec![[0xa0; 48]];
-        let (payload, long) = (one.to_payload(), [&[0x58, 48][..], &[0xa0; 48]].concat());
-        let at = payload.windows(long.len()).position(|w| w == long.as_slice()).expect("the PCR0's encoding");
-        let payload = [&payload[..at], &[0x58, 32][..], &[0xa0; 32], &payload[at + long.len()..]].concat();
-        assert_eq!(Manifest::from_payload(&payload).unwrap_err(), ManifestError::Invalid("an image's PCR0 is not 48 bytes"));
-    }
-
-    #[test]
-    fn refuses_unsorted_files_and_bad_names() {
-        let mut manifest = sample();
-        manifest.files.swap(0, 1);
-        assert!(Manifest::from_payload(&manifest.to_payload()).is_err());
-        let mut manifest = sample();
-        manifest.files[0].name = "../etc/passwd".into();
-        assert!(matches!(Manifest::from_payload(&manifest.to_payload()), Err(ManifestError::Invalid("file name"))));
-    }
-
-    #[test]
-    fn sealed_files_open_with_their_key_only() {
-        let manifest = sample();
-        let sealed = manifest.seal_file(&[1; 32], "config.json", b"{}");
-        let mut opener = crate::stream::StreamOpener::new(&manifest.file_key(&[1; 32], "config.json"), manifest.file_stream_id("config.json"));
-        let mut out = Vec::new();
-        opener.push(&sealed, &mut out).unwrap();
-        opener.finish(&mut out).unwrap();
-        assert_eq!(out, b"{}");
-        let mut wrong = crate::stream::StreamOpener::new(&manifest.file_key(&[2; 32], "config.json"), manifest.file_stream_id("config.json"));
-        wrong.push(&sealed, &mut out).unwrap();
-        assert!(wrong.finish(&mut out).is_err());
-        assert_eq!(Manifest::file_object_key("models/m/v1/manifest.cose", "config.json"), "models/m/v1/config.json.sealed");
-    }
-
-    #[test]
-    fn file_keys_differ_per_file_and_dek() {
-        let manifest = sample();
-        let a = manifest.file_key(&[1; 32], "model.safetensors");
-        assert_ne!(*a, *manifest.file_key(&[1; 32], "tokenizer.json"));
-        assert_ne!(*a, *manifest.file_key(&[2; 32], "model.safetensors"));
-        assert_ne!(manifest.file_stream_id("a"), manifest.file_stream_id("b"));
-    }
-
-    #[test]
-    fn model_minimum_round_trip_and_domain_separation() {
-        let publisher = SigningKey::from_bytes(&[3; 32]);
-        let minimum = ModelMinimum { model_id: "example/tiny".into(), minimum_version: 4, issued_ms: 1_760_000_000_000 };
-        let bytes = minimum.sign(&publisher);
-        let signed = SignedModelMinimum::decode(&bytes).unwrap();
-        assert_eq!(signed.verify(&publisher.verifying_key()).unwrap(), &minimum);
-        assert!(signed.verify(&SigningKey::from_bytes(&[4; 32]).verifying_key()).is_err());
-        // The same key's manifest signature is not a minimum, nor the reverse.
-        assert!(matches!(SignedModelMinimum::decode(&sample().sign(&publisher)), Err(ManifestError::Cose(CoseError::Header { .. }))));
-        assert!(matches!(SignedManifest::decode(&bytes), Err(ManifestError::Cose(CoseError::Header { .. }))));
-        // One flipped signature bit: refused.
-        let mut tampered = bytes.clone();
-        *tampered.last_mut().unwrap() ^= 1;
-        let decoded = SignedModelMinimum::decode(&tampered).unwrap();
-        assert!(matches!(decoded.verify(&publisher.verifying_key()), Err(ManifestError::Cose(CoseError::BadSignature))));
-    }
-}
+pub(crate) mod tests;

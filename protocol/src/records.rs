@@ -203,15 +203,19 @@ impl SparseVector {
     /// A dense row's nonzero values, or its `top_k` largest in magnitude (sentence-transformers'
     /// `max_active_dims`; of equal ones the lower index), in index order.
     pub fn from_dense(row: &[f32], top_k: Option<u32>) -> Self {
-        let mut kept: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize] != 0.0).collect();
-        if let Some(k) = top_k.map(|k| k as usize)
-            && kept.len() > k
-        {
-            kept.sort_by(|&a, &b| row[b as usize].abs().total_cmp(&row[a as usize].abs()).then(a.cmp(&b)));
-            kept.truncate(k);
-            kept.sort_unstable();
-        }
-        Self { dimensions: row.len() as u32, values: kept.iter().map(|&i| row[i as usize]).collect(), indices: kept }
+        let kept: Vec<u32> = (0..row.len() as u32).filter(|&i| row[i as usize] != 0.0).collect();
+        Self { dimensions: row.len() as u32, values: kept.iter().map(|&i| row[i as usize]).collect(), indices: kept }.keep_largest(top_k)
+    }
+
+    /// Its `top_k` largest values in magnitude (of equal ones the lower index), in index order;
+    /// all of them without `top_k`.
+    pub fn keep_largest(self, top_k: Option<u32>) -> Self {
+        let Some(k) = top_k.map(|k| k as usize).filter(|&k| self.indices.len() > k) else { return self };
+        let mut order: Vec<usize> = (0..self.indices.len()).collect();
+        order.sort_by(|&a, &b| self.values[b].abs().total_cmp(&self.values[a].abs()).then(self.indices[a].cmp(&self.indices[b])));
+        order.truncate(k);
+        order.sort_unstable();
+        Self { dimensions: self.dimensions, indices: order.iter().map(|&i| self.indices[i]).collect(), values: order.iter().map(|&i| self.values[i]).collect() }
     }
 
     /// The dense row it stands for.

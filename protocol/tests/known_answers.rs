@@ -172,6 +172,7 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
         prompts: Default::default(),
         matryoshka: Vec::new(),
         images: Vec::new(),
+        outputs: Vec::new(),
         kms_key_id: "local:model".into(),
         wrapped_dek: vec![0xde; 8],
         created_ms: 1_767_225_600_000,
@@ -181,6 +182,18 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
     v.insert("manifest.cose", manifest.sign(&publisher));
     v.insert("manifest.file_key", manifest.file_key(&[0x07; 32], "model.safetensors").to_vec());
     v.insert("manifest.file_stream_id", manifest.file_stream_id("model.safetensors").to_vec());
+    // bge-m3's form: CLS pooling, the two heads listed, `outputs` offering their kinds.
+    let mut m3 = Manifest {
+        pooling: Pooling::Cls,
+        dimensions: 1024,
+        outputs: vec![(protocol::envelope::OutputKind::MultiVector, 1024), (protocol::envelope::OutputKind::Sparse, 250_002)],
+        ..manifest.clone()
+    };
+    m3.files.push(ModelFile { name: protocol::manifest::COLBERT_HEAD_FILE.into(), sha256: sha256(b"colbert"), size: 7 });
+    m3.files.push(ModelFile { name: protocol::manifest::LEXICAL_HEAD_FILE.into(), sha256: sha256(b"sparse"), size: 6 });
+    m3.files.sort_by(|a, b| a.name.cmp(&b.name));
+    assert_eq!(Manifest::from_payload(&m3.to_payload()).unwrap(), m3);
+    v.insert("manifest.outputs_payload", m3.to_payload());
 
     v.insert("frame.input", frame::encode(&Message::Input { data: vec![1, 2, 3] }).unwrap());
     v.insert("frame.job_start", frame::encode(&Message::JobStart { job_id, attempt: 1 }).unwrap());

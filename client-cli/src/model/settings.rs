@@ -89,6 +89,17 @@ pub struct ModelSettings {
     pub default_prompt: Option<String>,
     /// The folders of the `Dense` modules after the pooling, in pipeline order (modules.json).
     pub dense: Vec<String>,
+    /// bge-m3's lexical and ColBERT heads, converted to the safetensors files sealed for them.
+    pub heads: Vec<bgem3::Head>,
+}
+
+impl ModelSettings {
+    /// The manifest's `outputs`: each head's kind and dimensions, sorted by kind name.
+    pub fn outputs(&self) -> Vec<(protocol::envelope::OutputKind, u32)> {
+        let mut outputs: Vec<_> = self.heads.iter().map(|h| (h.output, h.dimensions)).collect();
+        outputs.sort_by_key(|(kind, _)| kind.as_str());
+        outputs
+    }
 }
 
 fn unsupported(path: &Path, field: &'static str, found: impl ToString, reason: &'static str) -> ModelError {
@@ -118,6 +129,11 @@ fn object<'a>(path: &Path, json: &'a Value) -> Result<&'a Map<String, Value>, Mo
 
 /// Reads dimensions, sequence length, pooling, normalisation and prompts from a model directory.
 pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
+    if !dir.join("model.safetensors").is_file() && dir.join("pytorch_model.bin").is_file() {
+        // Weights as a torch pickle only (as the published bge-m3 once shipped them).
+        let found = "a torch pickle of the weights, no model.safetensors";
+        return Err(unsupported(&dir.join("pytorch_model.bin"), "(file)", found, "the enclave loads model.safetensors; save the model with safe_serialization"));
+    }
     if sparse::is_sparse_encoder(dir)? {
         return sparse::read_settings(dir);
     }
@@ -157,7 +173,8 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
         dimensions = read_dense(&dir.join(folder), dimensions)?;
     }
     let (prompts, default_prompt) = read_prompts(&dir.join("config_sentence_transformers.json"))?;
-    Ok(ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt, dense })
+    let settings = ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt, dense, heads: Vec::new() };
+    if bgem3::has_heads(dir) { bgem3::add_heads(dir, settings) } else { Ok(settings) }
 }
 
 /// The engine runs the [`ARCHITECTURES`]: the BERT family with absolute positions and erf GELU,
@@ -469,6 +486,7 @@ fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), 
     Ok((prompts, default_prompt))
 }
 
+mod bgem3;
 mod multivector;
 mod rerank;
 mod sparse;

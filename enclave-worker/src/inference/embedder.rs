@@ -1,13 +1,13 @@
 //! A sentence-embedding model: tokenizer, encoder and pooling, loaded from bytes in memory.
 
-use protocol::envelope::Precision;
+use protocol::envelope::{OutputKind, Precision};
 use protocol::manifest::{Manifest, Pooling};
 use protocol::receipt::{Compute, ComputeUnit, ShortRecords};
 use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::arch::{ArchConfig, Architecture};
-use super::encoder::{ClassifierHead, Encoder, MultiVectorHead, SpladeHead, TokenTypes};
+use super::encoder::{ClassifierHead, Encoder, LexicalHead, MultiVectorHead, SpladeHead, TokenTypes};
 use super::projection::{DenseFiles, Projection};
 use super::{InferenceError, RecordFailure};
 
@@ -45,6 +45,25 @@ pub struct ModelFiles<'a> {
     pub weights: &'a [u8],
     /// The sentence-transformers `Dense` modules after the pooling, in order (most models: none).
     pub dense: &'a [DenseFiles<'a>],
+}
+
+/// bge-m3's heads beside its dense vectors, as the manifest lists them
+/// ([`protocol::manifest::LEXICAL_HEAD_FILE`], [`protocol::manifest::COLBERT_HEAD_FILE`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeadFiles<'a> {
+    pub lexical: Option<&'a [u8]>,
+    pub colbert: Option<&'a [u8]>,
+}
+
+/// The tokens whose lexical weights bge-m3 never writes: its tokenizer's `cls_token`,
+/// `eos_token`, `pad_token` and `unk_token` (XLM-RoBERTa's).
+pub const LEXICAL_DROPPED_TOKENS: [&str; 4] = ["<s>", "</s>", "<pad>", "<unk>"];
+
+/// What one sequence's states became: a vector (or a multi-vector's rows), or a sparse vector.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pooled {
+    Vector(Vec<f32>),
+    Sparse(protocol::records::SparseVector),
 }
 
 /// How a model turns token states into one vector. Comes from the signed manifest.
@@ -143,6 +162,11 @@ pub struct Embedder {
     multivector: Option<MultiVectorHead>,
     /// The Dense modules after the pooling (none for most models).
     projection: Projection,
+    /// bge-m3's lexical head: a job's sparse output beside the dense vectors.
+    lexical: Option<LexicalHead>,
+    /// bge-m3's ColBERT head: a job's multi-vector output (every token after the first).
+    colbert: Option<MultiVectorHead>,
+    vocab_size: usize,
 }
 
 impl std::fmt::Debug for Embedder {
@@ -259,7 +283,48 @@ impl Embedder {
             pair_types,
             multivector,
             projection,
+            lexical: None,
+            colbert: None,
+            vocab_size: config.vocab_size,
         })
+    }
+
+    /// Adds bge-m3's lexical and ColBERT heads to a model with dense vectors (CLS, mean or
+    /// last-token pooling) on the fused encoder; the lexical head needs the tokenizer's four
+    /// dropped tokens ([`LEXICAL_DROPPED_TOKENS`]).
+    pub fn with_heads(mut self, heads: HeadFiles<'_>) -> Result<Self, InferenceError> {
+        if heads.lexical.is_none() && heads.colbert.is_none() {
+            return Ok(self);
+        }
+        if self.settings.pooling.output() != OutputKind::Dense || !matches!(self.model, Model::Fused(_)) {
+            return Err(InferenceError::Settings("lexical and ColBERT heads go beside a fused model's dense vectors only".into()));
+        }
+        if let Some(weights) = heads.lexical {
+            let dropped = LEXICAL_DROPPED_TOKENS
+                .iter()
+                .map(|token| {
+                    self.tokenizer.token_to_id(token).ok_or_else(|| {
+                        InferenceError::Tokenizer(format!("no {token} token, whose lexical weight bge-m3 drops"))
+                    })
+                })
+                .collect::<Result<Vec<u32>, _>>()?;
+            self.lexical = Some(LexicalHead::load(weights, self.hidden_size, self.vocab_size, dropped)?);
+        }
+        if let Some(weights) = heads.colbert {
+            self.colbert = Some(MultiVectorHead::colbert_linear(weights, self.hidden_size)?);
+        }
+        Ok(self)
+    }
+
+    /// The length of the vectors of a job's `output`, if this model computes it: the pooling's
+    /// own ([`Embedder::dimensions`]), or a bge-m3 head's.
+    pub fn output_dimensions(&self, output: OutputKind) -> Option<usize> {
+        match output {
+            _ if output == self.settings.pooling.output() => Some(self.dimensions()),
+            OutputKind::Sparse => self.lexical.as_ref().map(LexicalHead::dimensions),
+            OutputKind::MultiVector => self.colbert.as_ref().map(MultiVectorHead::dimensions),
+            OutputKind::Dense | OutputKind::Scores => None,
+        }
     }
 
     pub fn settings(&self) -> &EmbedderSettings {
@@ -448,6 +513,22 @@ impl Embedder {
         normalize: bool,
         precision: Precision,
     ) -> Result<Vec<Vec<f32>>, InferenceError> {
+        let pooled = self.embed_batch_as(batch, self.settings.pooling.output(), normalize, precision)?;
+        Ok(pooled.into_iter().map(|p| match p {
+            Pooled::Vector(vector) => vector,
+            Pooled::Sparse(sparse) => sparse.to_dense(),
+        }).collect())
+    }
+
+    /// [`Embedder::embed_batch`] for a job's `output`: the pooling's own, or a bge-m3 head's
+    /// (sparse weights, or the ColBERT vectors row after row).
+    pub fn embed_batch_as(
+        &self,
+        batch: &[&Tokenized],
+        output: OutputKind,
+        normalize: bool,
+        precision: Precision,
+    ) -> Result<Vec<Pooled>, InferenceError> {
         self.check_precision(precision)?;
         if batch.is_empty() {
             return Ok(Vec::new());
@@ -468,13 +549,13 @@ impl Embedder {
                         let mut start = 0;
                         for tokenized in batch {
                             let n = tokenized.ids.len();
-                            out.push(self.pool(&states[start * h..(start + n) * h], normalize)?);
+                            out.push(self.pool(&tokenized.ids, &states[start * h..(start + n) * h], output, normalize)?);
                             start += n;
                         }
                         Ok::<_, InferenceError>(())
                     })??;
                 } else {
-                    out.resize(batch.len(), Vec::new());
+                    out.resize(batch.len(), Pooled::Vector(Vec::new()));
                     let (same, other): (Vec<usize>, Vec<usize>) = (0..batch.len()).partition(|&i| at(&batch[i]) == first);
                     for members in [same, other] {
                         let sequences: Vec<&[u32]> = members.iter().map(|&i| batch[i].ids.as_slice()).collect();
@@ -483,7 +564,7 @@ impl Embedder {
                             let mut start = 0;
                             for &i in &members {
                                 let n = batch[i].ids.len();
-                                out[i] = self.pool(&states[start * h..(start + n) * h], normalize)?;
+                                out[i] = self.pool(&batch[i].ids, &states[start * h..(start + n) * h], output, normalize)?;
                                 start += n;
                             }
                             Ok::<_, InferenceError>(())
@@ -498,7 +579,7 @@ impl Embedder {
                 for (row, tokenized) in batch.iter().enumerate() {
                     // Right padding: the first n positions are the real tokens.
                     let start = row * cols * h;
-                    out.push(self.pool(&states[start..start + tokenized.ids.len() * h], normalize)?);
+                    out.push(self.pool(&tokenized.ids, &states[start..start + tokenized.ids.len() * h], output, normalize)?);
                 }
             }
         }
@@ -507,7 +588,23 @@ impl Embedder {
 
     /// Pools the states of one sequence's real tokens (`n × hidden`), then the Dense modules (if
     /// any), then normalises if asked; SPLADE's and a cross-encoder's heads in place of both.
-    fn pool(&self, states: &[f32], normalize: bool) -> Result<Vec<f32>, InferenceError> {
+    /// bge-m3's heads for their outputs.
+    fn pool(&self, ids: &[u32], states: &[f32], output: OutputKind, normalize: bool) -> Result<Pooled, InferenceError> {
+        let h = self.hidden_size;
+        let missing = || InferenceError::Settings(format!("the model computes no {} output", output.as_str()));
+        if output != self.settings.pooling.output() {
+            return match output {
+                OutputKind::Sparse => Ok(Pooled::Sparse(self.lexical.as_ref().ok_or_else(missing)?.weights(ids, states)?)),
+                // FlagEmbedding's `colbert_linear(h[:, 1:])`: every token after the first.
+                OutputKind::MultiVector => Ok(Pooled::Vector(self.colbert.as_ref().ok_or_else(missing)?.vectors(&states[h.min(states.len())..])?)),
+                OutputKind::Dense | OutputKind::Scores => Err(missing()),
+            };
+        }
+        self.pool_own(states, normalize).map(Pooled::Vector)
+    }
+
+    /// The pooling's own output for one sequence.
+    fn pool_own(&self, states: &[f32], normalize: bool) -> Result<Vec<f32>, InferenceError> {
         let h = self.hidden_size;
         let n = (states.len() / h).max(1);
         let vector: Vec<f32> = match self.settings.pooling {
@@ -545,7 +642,9 @@ impl Embedder {
         let Model::Fused(encoder) = &self.model else { return None };
         let head = self.splade.as_ref().map_or(0, SpladeHead::memory_bytes)
             + self.classifier.as_ref().map_or(0, ClassifierHead::memory_bytes)
-            + self.multivector.as_ref().map_or(0, MultiVectorHead::memory_bytes);
+            + self.multivector.as_ref().map_or(0, MultiVectorHead::memory_bytes)
+            + self.lexical.as_ref().map_or(0, LexicalHead::memory_bytes)
+            + self.colbert.as_ref().map_or(0, MultiVectorHead::memory_bytes);
         Some((encoder.memory_bytes() + head + self.projection.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
     }
 }

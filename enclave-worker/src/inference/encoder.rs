@@ -39,6 +39,7 @@ mod attention;
 pub(crate) mod blocks;
 mod classifier;
 mod int8;
+mod lexical;
 mod multivector;
 mod splade;
 
@@ -46,6 +47,7 @@ use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Stored, Tensors, Wei
 pub(crate) use blocks::TokenTypes;
 use int8::{Int8Layer, Int8Product, LayerStats};
 pub(crate) use classifier::ClassifierHead;
+pub(crate) use lexical::LexicalHead;
 pub(crate) use multivector::MultiVectorHead;
 pub(crate) use splade::SpladeHead;
 

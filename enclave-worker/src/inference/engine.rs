@@ -11,7 +11,7 @@ use protocol::records::{ErrorCode, InputRecord, OutputRecord, RerankInput};
 use rayon::prelude::*;
 
 use super::batching::{BatchLimits, plan_batches};
-use super::embedder::{Embedder, Tokenized};
+use super::embedder::{Embedder, Pooled, Tokenized};
 use super::metrics::{Metrics, MetricsSnapshot};
 use super::{Embedding, InferenceError, RecordFailure};
 
@@ -90,16 +90,21 @@ impl EmbedOptions {
     /// dimension count the manifest does not offer, ranges for another number of dimensions.
     pub fn for_job(options: &JobOptions, embedder: &Embedder, manifest: &Manifest) -> Result<Self, InferenceError> {
         embedder.check_precision(options.precision)?;
-        let gives = manifest.pooling.output();
-        if options.output != gives {
-            return Err(InferenceError::OutputNotOffered { asked: options.output.as_str(), gives: gives.as_str() });
+        // The manifest's pooling gives one kind; bge-m3's heads, listed in its `outputs`, others.
+        // A head's width is checked against the manifest here; the pooling's own at load.
+        let computed = embedder.output_dimensions(options.output);
+        let offered = manifest.output_dimensions(options.output).map(|d| d as usize);
+        let own = options.output == manifest.pooling.output();
+        if computed.is_none() || offered.is_none() || (!own && offered != computed) {
+            let gives = manifest.offered_outputs().iter().map(|(kind, _)| kind.as_str()).collect::<Vec<_>>().join(", ");
+            return Err(InferenceError::OutputNotOffered { asked: options.output.as_str(), gives });
         }
         if options.output != OutputKind::Dense && options.normalize {
             // SparseEncoder's weights and CrossEncoder's scores are never normalised.
             return Err(InferenceError::Normalized(options.output.as_str()));
         }
         let multivector = match (options.output, options.max_record_bytes) {
-            (OutputKind::MultiVector, Some(max_record_bytes)) => Some(MultiVectorOutput { dimensions: embedder.dimensions(), max_record_bytes }),
+            (OutputKind::MultiVector, Some(max_record_bytes)) => Some(MultiVectorOutput { dimensions: computed.unwrap_or(0), max_record_bytes }),
             (OutputKind::MultiVector, None) => return Err(InferenceError::Settings("a multivector job states max_record_bytes".into())),
             _ => None,
         };
@@ -243,15 +248,22 @@ impl Engine {
         for batch in plan_batches(&lengths, self.settings.limits) {
             let members: Vec<&Tokenized> = batch.members.iter().map(|&m| ready[m].1).collect();
             let started = Instant::now();
-            match self.embedder.embed_batch(&members, options.normalize, options.precision) {
+            match self.embedder.embed_batch_as(&members, options.output, options.normalize, options.precision) {
                 Ok(vectors) => {
                     let real: usize = members.iter().map(|t| t.tokens()).sum();
                     let processed = if self.embedder.pads_batches() { batch.padded_tokens() } else { real };
                     self.metrics.add_batch(members.len() as u64, real as u64, processed as u64, started.elapsed());
-                    for (&m, mut vector) in batch.members.iter().zip(vectors) {
-                        shorten(&mut vector, options);
+                    for (&m, pooled) in batch.members.iter().zip(vectors) {
                         let (index, tokens) = ready[m];
-                        results[index] = Some(Ok(Embedding { vector, tokens: tokens.tokens() as u32 }));
+                        let tokens = tokens.tokens() as u32;
+                        let embedding = match pooled {
+                            Pooled::Vector(mut vector) => {
+                                shorten(&mut vector, options);
+                                Embedding { vector, tokens, sparse: None }
+                            }
+                            Pooled::Sparse(sparse) => Embedding { vector: Vec::new(), tokens, sparse: Some(sparse) },
+                        };
+                        results[index] = Some(Ok(embedding));
                     }
                 }
                 Err(error) => {
@@ -294,7 +306,7 @@ impl Engine {
                 .into_iter()
                 .map(|input| {
                     let input = input?;
-                    let mut embedding = Embedding { vector: Vec::with_capacity(input.documents.len()), tokens: 0 };
+                    let mut embedding = Embedding { vector: Vec::with_capacity(input.documents.len()), tokens: 0, sparse: None };
                     let mut failure = None;
                     for (document, result) in scored.by_ref().take(input.documents.len()).enumerate() {
                         match result {

@@ -96,7 +96,7 @@ pub use batching::{Batch, BatchLimits, plan_batches};
 pub use dense::{Blocking as DenseBlocking, L2Size, Unit as DenseUnit, Units as DenseUnits, blocking as dense_blocking, units as dense_units};
 #[doc(hidden)] // for examples/bench_dense
 pub use dense::bench as dense_bench;
-pub use embedder::{Backend, Embedder, EmbedderSettings, INT8_SHORT_TOKENS, ModelFiles, Tokenized};
+pub use embedder::{Backend, Embedder, EmbedderSettings, HeadFiles, INT8_SHORT_TOKENS, LEXICAL_DROPPED_TOKENS, ModelFiles, Pooled, Tokenized};
 #[cfg(feature = "candle")]
 pub use candle_bert::{CandleThreads, candle_thread_settings};
 pub use engine::{EmbedOptions, Engine, EngineSettings, MultiVectorOutput};
@@ -115,6 +115,8 @@ pub struct Embedding {
     pub vector: Vec<f32>,
     /// Real tokens fed to the model, `[CLS]` and `[SEP]` included, after truncation.
     pub tokens: u32,
+    /// A lexical head's weights (bge-m3's sparse output), in place of `vector`.
+    pub sparse: Option<SparseVector>,
 }
 
 impl Embedding {
@@ -129,7 +131,11 @@ impl Embedding {
     /// options were checked against the model before, so only a defect reaches that).
     pub fn into_output(self, id: String, dtype: OutputDtype, options: &EmbedOptions) -> OutputRecord {
         if options.output == OutputKind::Sparse {
-            let vector = Vector::Sparse(SparseVector::from_dense(&self.vector, options.top_k));
+            let sparse = match self.sparse {
+                Some(sparse) => sparse.keep_largest(options.top_k),
+                None => SparseVector::from_dense(&self.vector, options.top_k),
+            };
+            let vector = Vector::Sparse(sparse);
             return OutputRecord::Embedding { id, tokens: self.tokens, vector };
         }
         if let Some(multi) = options.multivector {
@@ -206,8 +212,8 @@ pub enum InferenceError {
     DimensionsNotOffered { asked: u32, offered: Vec<u32> },
     #[error("ranges: {ranges} dimensions, the job's vectors have {vectors}")]
     RangesDimensions { ranges: usize, vectors: usize },
-    #[error("output {asked}: the model gives {gives} output (its manifest's pooling)")]
-    OutputNotOffered { asked: &'static str, gives: &'static str },
+    #[error("output {asked}: the model gives {gives} output (its manifest's pooling and outputs)")]
+    OutputNotOffered { asked: &'static str, gives: String },
     #[error("normalize: {0} output is never normalised by the job (SparseEncoder and CrossEncoder have no Normalize; a MultiVectorEncoder normalises each token vector itself)")]
     Normalized(&'static str),
     #[error("config.json: unsupported architecture: {0}")]

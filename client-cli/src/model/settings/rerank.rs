@@ -102,7 +102,7 @@ pub(super) fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     };
     let max_tokens = read_max_tokens(dir, sbert.as_ref(), positions)?;
     let (prompts, default_prompt) = read_prompts(&st_path)?;
-    Ok(ModelSettings { dimensions, max_tokens, pooling: Pooling::Rerank { sigmoid }, normalize: false, prompts, default_prompt, dense: Vec::new() })
+    Ok(ModelSettings { dimensions, max_tokens, pooling: Pooling::Rerank { sigmoid }, normalize: false, prompts, default_prompt, dense: Vec::new(), heads: Vec::new() })
 }
 
 #[cfg(test)]

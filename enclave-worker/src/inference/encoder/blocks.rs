@@ -224,6 +224,11 @@ impl<'a> Tensors<'a> {
         self.file.tensor(&format!("{}{name}", self.prefix)).is_ok()
     }
 
+    /// A tensor's shape, if the checkpoint holds it.
+    pub(crate) fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.file.tensor(&format!("{}{name}", self.prefix)).ok().map(|view| view.shape().to_vec())
+    }
+
     /// A tensor's bytes and how they store its values, once its dtype and shape are checked.
     fn view(&self, name: &str, shape: &[usize]) -> Result<(TensorView<'_>, Stored), InferenceError> {
         let view = self.file.tensor(&format!("{}{name}", self.prefix)).map_err(|e| weights_err(format!("{name}: {e}")))?;
@@ -287,9 +292,11 @@ impl<'a> Tensors<'a> {
         let mut b = Vec::with_capacity(if bias { cols } else { 0 });
         let mut col = 0;
         for &(name, out) in parts {
-            self.transpose_into(&format!("{name}.weight"), out, inp, &mut w, cols, col)?;
+            // A file holding one Linear's state dict alone names its tensors `weight` and `bias`.
+            let part = |part: &str| if name.is_empty() { part.to_owned() } else { format!("{name}.{part}") };
+            self.transpose_into(&part("weight"), out, inp, &mut w, cols, col)?;
             if bias {
-                b.extend(self.values(&format!("{name}.bias"), &[out])?);
+                b.extend(self.values(&part("bias"), &[out])?);
             }
             col += out;
         }

@@ -44,6 +44,20 @@ impl MultiVectorHead {
         Ok(Self { projection })
     }
 
+    /// bge-m3's ColBERT head from `colbert_linear.safetensors` (FlagEmbedding's `colbert_linear`:
+    /// `weight` `[d, hidden]`, `bias` `[d]`); its vectors are the tokens' after the first
+    /// ([`MultiVectorHead::vectors`] of `states[hidden..]`).
+    pub(crate) fn colbert_linear(weights: &[u8], hidden: usize) -> Result<Self, InferenceError> {
+        let file = protocol::manifest::COLBERT_HEAD_FILE;
+        let tensors = Tensors::new(weights, "").map_err(|e| InferenceError::Weights(format!("{file}: {e}")))?;
+        let width = match tensors.shape("bias").as_deref() {
+            Some(&[width]) if width > 0 => width,
+            shape => return Err(InferenceError::Weights(format!("{file}: bias: shape {shape:?}, expected one row of values"))),
+        };
+        let projection = tensors.linear("", width, hidden, true).map_err(|e| InferenceError::Weights(format!("{file}: {e}")))?;
+        Ok(Self { projection })
+    }
+
     /// The width of each token's vector.
     pub(crate) fn dimensions(&self) -> usize {
         self.projection.width()
