@@ -269,6 +269,7 @@ fn manifest(version: u64) -> Manifest {
         prompts: Default::default(),
         matryoshka: Vec::new(),
         images: Vec::new(),
+        rerank_template: None,
         kms_key_id: "alias/test-model".into(),
         wrapped_dek: vec![9; 48],
         created_ms: T0 - 1_000,

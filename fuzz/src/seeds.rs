@@ -336,6 +336,7 @@ fn manifest_seeds(w: &mut Writer<'_>) -> io::Result<()> {
         prompts: Default::default(),
         matryoshka: Vec::new(),
         images: Vec::new(),
+        rerank_template: None,
         kms_key_id: "arn:aws:kms:eu-west-1:111122223333:key/model".into(),
         wrapped_dek: vec![0x01; 184],
         created_ms: fixed::DEV_DOC_TIME_MS,

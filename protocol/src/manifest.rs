@@ -101,6 +101,12 @@ pub enum Pooling {
     /// squashed to (0, 1), as sentence-transformers' `CrossEncoder` does by default. Its jobs ask
     /// for scores ([`crate::envelope::OutputKind::Scores`]).
     Rerank { sigmoid: bool },
+    /// A decoder reranker (Qwen3-Reranker): each (query, document) pair rendered through the
+    /// manifest's [`RerankTemplate`], and the last token's final state scored by the language
+    /// model's "yes" row less its "no" row (sentence-transformers' `LogitScore`); `sigmoid`: squashed
+    /// to (0, 1) as `CrossEncoder` does by default, P("yes") of a softmax over the two. Its jobs ask
+    /// for scores.
+    RerankYesNo { sigmoid: bool },
     /// ColBERT: every real token's final state through the token-level Dense module (sealed as
     /// `dense.0.*`), each L2-normalised, one vector per token (sentence-transformers'
     /// `MultiVectorEncoder` without a skiplist or query expansion). `dimensions` is the
@@ -110,7 +116,7 @@ pub enum Pooling {
 
 impl Pooling {
     /// Every pooling, in the order the manifest format gained them.
-    pub const ALL: [Pooling; 7] = [
+    pub const ALL: [Pooling; 9] = [
         Pooling::Mean,
         Pooling::Cls,
         Pooling::LastToken,
@@ -118,6 +124,8 @@ impl Pooling {
         Pooling::Rerank { sigmoid: true },
         Pooling::Rerank { sigmoid: false },
         Pooling::MultiVector,
+        Pooling::RerankYesNo { sigmoid: true },
+        Pooling::RerankYesNo { sigmoid: false },
     ];
 
     /// The pooling a manifest names `name` ([`Pooling::as_str`]'s inverse).
@@ -134,6 +142,8 @@ impl Pooling {
             Pooling::Rerank { sigmoid: true } => "rerank",
             Pooling::Rerank { sigmoid: false } => "rerank_logit",
             Pooling::MultiVector => "multivector",
+            Pooling::RerankYesNo { sigmoid: true } => "rerank_yesno",
+            Pooling::RerankYesNo { sigmoid: false } => "rerank_yesno_logit",
         }
     }
 
@@ -141,10 +151,70 @@ impl Pooling {
     pub fn output(self) -> crate::envelope::OutputKind {
         match self {
             Pooling::Splade => crate::envelope::OutputKind::Sparse,
-            Pooling::Rerank { .. } => crate::envelope::OutputKind::Scores,
+            Pooling::Rerank { .. } | Pooling::RerankYesNo { .. } => crate::envelope::OutputKind::Scores,
             Pooling::MultiVector => crate::envelope::OutputKind::MultiVector,
             Pooling::Mean | Pooling::Cls | Pooling::LastToken => crate::envelope::OutputKind::Dense,
         }
+    }
+}
+
+/// How a decoder reranker ([`Pooling::RerankYesNo`]) sees a pair: its chat template reduced at
+/// onboarding to fixed text around the instruction, the query and the document —
+/// `prefix ‖ instruction ‖ after_instruction ‖ query ‖ after_query ‖ document ‖ suffix`, tokenized
+/// whole without added special tokens — and the two vocabulary rows the score reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RerankTemplate {
+    pub prefix: String,
+    pub after_instruction: String,
+    pub after_query: String,
+    pub suffix: String,
+    /// The template's default instruction (what it renders without a system message).
+    pub instruction: String,
+    /// The token whose logit says relevant ("yes") and the one that says not ("no").
+    pub yes: u32,
+    pub no: u32,
+}
+
+impl RerankTemplate {
+    /// The pair as the template renders it.
+    pub fn render(&self, query: &str, document: &str) -> String {
+        let Self { prefix, instruction, after_instruction, after_query, suffix, .. } = self;
+        format!("{prefix}{instruction}{after_instruction}{query}{after_query}{document}{suffix}")
+    }
+
+    fn to_value(&self) -> Value {
+        MapBuilder::new()
+            .text("prefix", &self.prefix)
+            .text("after_instruction", &self.after_instruction)
+            .text("after_query", &self.after_query)
+            .text("suffix", &self.suffix)
+            .text("instruction", &self.instruction)
+            .uint("yes", u64::from(self.yes))
+            .uint("no", u64::from(self.no))
+            .build()
+    }
+
+    fn from_value(value: Value) -> Result<Self, ManifestError> {
+        let mut map = MapReader::new(value)?;
+        let token = |n: u64| u32::try_from(n).map_err(|_| ManifestError::Invalid("rerank_template token id"));
+        let template = Self {
+            prefix: map.text("prefix")?,
+            after_instruction: map.text("after_instruction")?,
+            after_query: map.text("after_query")?,
+            suffix: map.text("suffix")?,
+            instruction: map.text("instruction")?,
+            yes: token(map.uint("yes")?)?,
+            no: token(map.uint("no")?)?,
+        };
+        map.finish()?;
+        let texts = [&template.prefix, &template.after_instruction, &template.after_query, &template.suffix, &template.instruction];
+        if texts.iter().any(|t| t.len() > MAX_PROMPT_BYTES) {
+            return Err(ManifestError::Invalid("rerank_template text longer than 4096 bytes"));
+        }
+        if template.yes == template.no {
+            return Err(ManifestError::Invalid("rerank_template: yes and no are the same token"));
+        }
+        Ok(template)
     }
 }
 
@@ -181,6 +251,9 @@ pub struct Manifest {
     /// keep naming a version the old image can open (docs/protocol.md §5.1). Empty: not said
     /// (the version is for every image). Absent from the payload when empty.
     pub images: Vec<[u8; 48]>,
+    /// A decoder reranker's pair template and score tokens: present exactly with
+    /// [`Pooling::RerankYesNo`], absent from the payload otherwise.
+    pub rerank_template: Option<RerankTemplate>,
     /// KMS key that wraps the DEK.
     pub kms_key_id: String,
     /// The DEK as KMS `GenerateDataKey` returned it wrapped (CiphertextBlob), encryption context
@@ -218,6 +291,9 @@ impl Manifest {
         }
         if !self.matryoshka.is_empty() {
             map = map.value("matryoshka", Value::Array(self.matryoshka.iter().map(|&d| Value::from(d)).collect()));
+        }
+        if let Some(template) = &self.rerank_template {
+            map = map.value("rerank_template", template.to_value());
         }
         if !self.images.is_empty() {
             map = map.value("images", Value::Array(self.images.iter().map(|pcr0| Value::Bytes(pcr0.to_vec())).collect()));
@@ -267,6 +343,7 @@ impl Manifest {
         let prompts = read_prompts(&mut map)?;
         let matryoshka = read_matryoshka(&mut map)?;
         let images = read_images(&mut map)?;
+        let rerank_template = map.optional("rerank_template").map(RerankTemplate::from_value).transpose()?;
         let manifest = Self {
             model_id: map.text("model")?,
             version: map.uint("version")?,
@@ -278,6 +355,7 @@ impl Manifest {
             prompts,
             matryoshka,
             images,
+            rerank_template,
             kms_key_id: map.text("kms_key")?,
             wrapped_dek: map.bytes("wrapped_dek")?,
             created_ms: map.uint("created_ms")?,
@@ -306,6 +384,9 @@ impl Manifest {
         }
         if manifest.matryoshka.last().is_some_and(|&longest| longest >= manifest.dimensions) {
             return Err(ManifestError::Invalid("matryoshka dimensions must be below the model's dimensions"));
+        }
+        if manifest.rerank_template.is_some() != matches!(manifest.pooling, Pooling::RerankYesNo { .. }) {
+            return Err(ManifestError::Invalid("rerank_template goes with rerank_yesno pooling, and only with it"));
         }
         let dense = manifest.dense_modules()?;
         if manifest.pooling == Pooling::MultiVector && dense != 1 {
@@ -591,6 +672,7 @@ pub(crate) mod tests {
             prompts: Prompts::default(),
             matryoshka: Vec::new(),
             images: Vec::new(),
+            rerank_template: None,
             kms_key_id: "local:model".into(),
             wrapped_dek: vec![0xde; 48],
             created_ms: 1_760_000_000_000,
@@ -633,7 +715,7 @@ pub(crate) mod tests {
     #[test]
     fn every_pooling_round_trips_by_name() {
         let publisher = SigningKey::from_bytes(&[3; 32]);
-        let names = [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit"), (Pooling::MultiVector, "multivector")];
+        let names = [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit"), (Pooling::MultiVector, "multivector"), (Pooling::RerankYesNo { sigmoid: true }, "rerank_yesno"), (Pooling::RerankYesNo { sigmoid: false }, "rerank_yesno_logit")];
         assert_eq!(names.map(|(p, _)| p), Pooling::ALL, "every pooling has its name here");
         for (pooling, name) in names {
             assert_eq!(Pooling::from_name(name), Some(pooling));
@@ -644,6 +726,9 @@ pub(crate) mod tests {
                 manifest.files.extend(dense_file_names(0).map(|name| ModelFile { name, sha256: [9; 32], size: 10 }));
                 manifest.files.sort_by(|a, b| a.name.cmp(&b.name));
             }
+            if matches!(pooling, Pooling::RerankYesNo { .. }) {
+                manifest.rerank_template = Some(sample_template());
+            }
             assert!(String::from_utf8_lossy(&manifest.to_payload()).contains(name), "{name}");
             let signed = SignedManifest::decode(&manifest.sign(&publisher)).unwrap();
             assert_eq!(signed.verify(&publisher.verifying_key()).unwrap().pooling, pooling);
@@ -653,6 +738,46 @@ pub(crate) mod tests {
         let mut other = payload.clone();
         other[at..at + 4].copy_from_slice(b"last");
         assert!(matches!(Manifest::from_payload(&other), Err(ManifestError::Invalid("unknown pooling"))));
+    }
+
+    pub(crate) fn sample_template() -> RerankTemplate {
+        RerankTemplate {
+            prefix: "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n<Instruct>: ".into(),
+            after_instruction: "\n<Query>: ".into(),
+            after_query: "\n<Document>: ".into(),
+            suffix: "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n".into(),
+            instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
+            yes: 9693,
+            no: 2152,
+        }
+    }
+
+    /// A decoder reranker's template is signed with its pooling and only with it; a manifest
+    /// without it keeps its bytes; the two tokens must differ, the texts stay within a prompt's size.
+    #[test]
+    fn a_rerank_template_goes_with_rerank_yesno_only() {
+        assert!(!String::from_utf8_lossy(&sample().to_payload()).contains("rerank_template"), "absent: old payloads unchanged");
+        let manifest = Manifest { pooling: Pooling::RerankYesNo { sigmoid: true }, rerank_template: Some(sample_template()), ..sample() };
+        assert_eq!(Manifest::from_payload(&manifest.to_payload()).unwrap(), manifest);
+        assert_eq!(
+            manifest.rerank_template.as_ref().unwrap().render("q", "d"),
+            "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: q\n<Document>: d<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        );
+        let refused = |m: Manifest| Manifest::from_payload(&m.to_payload());
+        let without = Manifest { rerank_template: None, ..manifest.clone() };
+        assert!(matches!(refused(without), Err(ManifestError::Invalid(m)) if m.starts_with("rerank_template goes with")));
+        let stray = Manifest { pooling: Pooling::Rerank { sigmoid: true }, ..manifest.clone() };
+        assert!(matches!(refused(stray), Err(ManifestError::Invalid(m)) if m.starts_with("rerank_template goes with")));
+        let same = Manifest { rerank_template: Some(RerankTemplate { no: 9693, ..sample_template() }), ..manifest.clone() };
+        assert!(matches!(refused(same), Err(ManifestError::Invalid(m)) if m.contains("same token")));
+        let long = Manifest { rerank_template: Some(RerankTemplate { suffix: "x".repeat(MAX_PROMPT_BYTES + 1), ..sample_template() }), ..manifest.clone() };
+        assert!(matches!(refused(long), Err(ManifestError::Invalid(m)) if m.contains("4096")));
+        // The signature covers the template: a host cannot change the instruction.
+        let publisher = SigningKey::from_bytes(&[3; 32]);
+        let mut bytes = manifest.sign(&publisher);
+        let at = bytes.windows(5).position(|w| w == b"Given").unwrap();
+        bytes[at] = b'g';
+        assert!(SignedManifest::decode(&bytes).unwrap().verify(&publisher.verifying_key()).is_err());
     }
 
     #[test]

@@ -172,6 +172,7 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
         prompts: Default::default(),
         matryoshka: Vec::new(),
         images: Vec::new(),
+        rerank_template: None,
         kms_key_id: "local:model".into(),
         wrapped_dek: vec![0xde; 8],
         created_ms: 1_767_225_600_000,

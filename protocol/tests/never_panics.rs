@@ -45,6 +45,7 @@ fn manifest_bytes() -> Vec<u8> {
         prompts: Default::default(),
         matryoshka: Vec::new(),
         images: Vec::new(),
+        rerank_template: None,
         kms_key_id: "k".into(),
         wrapped_dek: vec![1; 8],
         created_ms: 0,
