@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use protocol::manifest::Pooling;
+use protocol::manifest::{Pooling, RerankTemplate};
 use protocol::records::MAX_DIMENSIONS;
 use serde_json::{Map, Value};
 
@@ -89,6 +89,8 @@ pub struct ModelSettings {
     pub default_prompt: Option<String>,
     /// The folders of the `Dense` modules after the pooling, in pipeline order (modules.json).
     pub dense: Vec<String>,
+    /// A decoder reranker's pair template and score tokens (`Pooling::RerankYesNo`).
+    pub rerank_template: Option<RerankTemplate>,
 }
 
 fn unsupported(path: &Path, field: &'static str, found: impl ToString, reason: &'static str) -> ModelError {
@@ -120,6 +122,9 @@ fn object<'a>(path: &Path, json: &'a Value) -> Result<&'a Map<String, Value>, Mo
 pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     if sparse::is_sparse_encoder(dir)? {
         return sparse::read_settings(dir);
+    }
+    if rerank_qwen3::is_causal_reranker(dir)? {
+        return rerank_qwen3::read_settings(dir);
     }
     if rerank::is_cross_encoder(dir)? {
         return rerank::read_settings(dir);
@@ -157,7 +162,7 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
         dimensions = read_dense(&dir.join(folder), dimensions)?;
     }
     let (prompts, default_prompt) = read_prompts(&dir.join("config_sentence_transformers.json"))?;
-    Ok(ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt, dense })
+    Ok(ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt, dense, rerank_template: None })
 }
 
 /// The engine runs the [`ARCHITECTURES`]: the BERT family with absolute positions and erf GELU,
@@ -471,6 +476,7 @@ fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), 
 
 mod multivector;
 mod rerank;
+mod rerank_qwen3;
 mod sparse;
 #[cfg(test)]
 mod testdata_dirs;
