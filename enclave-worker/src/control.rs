@@ -402,9 +402,10 @@ fn load_model<C: Read + Write>(
             DenseFiles { config: &files[config.as_str()], weights: &files[weights.as_str()] }
         })
         .collect();
-    let embedder = Embedder::load(
+    let embedder = Embedder::load_with_template(
         ModelFiles { config: &files["config.json"], tokenizer: &files["tokenizer.json"], weights: &files["model.safetensors"], dense: &dense },
         EmbedderSettings::from_manifest(&manifest),
+        manifest.rerank_template.as_ref(),
     )
     .map_err(|e| ControlError::Model(e.to_string()))?;
     drop(dense);

@@ -41,6 +41,7 @@ mod classifier;
 mod int8;
 mod multivector;
 mod splade;
+mod yesno;
 
 use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Stored, Tensors, Weight};
 pub(crate) use blocks::TokenTypes;
@@ -48,6 +49,7 @@ use int8::{Int8Layer, Int8Product, LayerStats};
 pub(crate) use classifier::ClassifierHead;
 pub(crate) use multivector::MultiVectorHead;
 pub(crate) use splade::SpladeHead;
+pub(crate) use yesno::YesNoHead;
 
 /// Rows per element-wise task.
 const ROWS_PER_TASK: usize = 16;
