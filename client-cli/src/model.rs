@@ -249,6 +249,7 @@ fn prepare(
         normalize: settings.normalize,
         max_tokens: settings.max_tokens,
         prompts: Prompts { entries: settings.prompts, default: settings.default_prompt },
+        rerank_template: settings.rerank_template,
         matryoshka: {
             let mut lengths = offering.matryoshka.clone();
             lengths.sort_unstable();

@@ -270,6 +270,7 @@ fn manifest(version: u64) -> Manifest {
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs: Vec::new(),
+        rerank_template: None,
         kms_key_id: "alias/test-model".into(),
         wrapped_dek: vec![9; 48],
         created_ms: T0 - 1_000,

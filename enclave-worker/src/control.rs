@@ -405,9 +405,10 @@ fn load_model<C: Read + Write>(
             DenseFiles { config: &files[config.as_str()], weights: &files[weights.as_str()] }
         })
         .collect();
-    let embedder = Embedder::load(
+    let embedder = Embedder::load_with_template(
         ModelFiles { config: &files["config.json"], tokenizer: &files["tokenizer.json"], weights: &files["model.safetensors"], dense: &dense },
         EmbedderSettings::from_manifest(&manifest),
+        manifest.rerank_template.as_ref(),
     )
     .and_then(|embedder| {
         embedder.with_heads(HeadFiles { lexical: files.get(heads[0]).map(|f| f.as_slice()), colbert: files.get(heads[1]).map(|f| f.as_slice()) })

@@ -49,6 +49,7 @@ pub fn manifest(version: u64, files: &[(&str, Vec<u8>)], kms_key_id: &str, wrapp
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs: Vec::new(),
+        rerank_template: None,
         kms_key_id: kms_key_id.into(),
         wrapped_dek,
         created_ms,

@@ -245,6 +245,7 @@ fn a_job_asking_an_output_the_manifest_does_not_offer_is_refused_by_name() {
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs,
+        rerank_template: None,
         kms_key_id: "local:model".into(),
         wrapped_dek: Vec::new(),
         created_ms: 0,

@@ -488,6 +488,7 @@ fn data_keys_are_released_and_must_be_32_bytes() {
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs: Vec::new(),
+        rerank_template: None,
         kms_key_id: KEY_ARN.into(),
         wrapped_dek: b"dek-v3".to_vec(),
         created_ms: 0,

@@ -337,6 +337,7 @@ fn manifest_seeds(w: &mut Writer<'_>) -> io::Result<()> {
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs: Vec::new(),
+        rerank_template: None,
         kms_key_id: "arn:aws:kms:eu-west-1:111122223333:key/model".into(),
         wrapped_dek: vec![0x01; 184],
         created_ms: fixed::DEV_DOC_TIME_MS,

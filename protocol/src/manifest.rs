@@ -110,6 +110,12 @@ pub enum Pooling {
     /// squashed to (0, 1), as sentence-transformers' `CrossEncoder` does by default. Its jobs ask
     /// for scores ([`crate::envelope::OutputKind::Scores`]).
     Rerank { sigmoid: bool },
+    /// A decoder reranker (Qwen3-Reranker): each (query, document) pair rendered through the
+    /// manifest's [`RerankTemplate`], and the last token's final state scored by the language
+    /// model's "yes" row less its "no" row (sentence-transformers' `LogitScore`); `sigmoid`: squashed
+    /// to (0, 1) as `CrossEncoder` does by default, P("yes") of a softmax over the two. Its jobs ask
+    /// for scores.
+    RerankYesNo { sigmoid: bool },
     /// ColBERT: every real token's final state through the token-level Dense module (sealed as
     /// `dense.0.*`), each L2-normalised, one vector per token (sentence-transformers'
     /// `MultiVectorEncoder` without a skiplist or query expansion). `dimensions` is the
@@ -119,7 +125,7 @@ pub enum Pooling {
 
 impl Pooling {
     /// Every pooling, in the order the manifest format gained them.
-    pub const ALL: [Pooling; 7] = [
+    pub const ALL: [Pooling; 9] = [
         Pooling::Mean,
         Pooling::Cls,
         Pooling::LastToken,
@@ -127,6 +133,8 @@ impl Pooling {
         Pooling::Rerank { sigmoid: true },
         Pooling::Rerank { sigmoid: false },
         Pooling::MultiVector,
+        Pooling::RerankYesNo { sigmoid: true },
+        Pooling::RerankYesNo { sigmoid: false },
     ];
 
     /// The pooling a manifest names `name` ([`Pooling::as_str`]'s inverse).
@@ -143,6 +151,8 @@ impl Pooling {
             Pooling::Rerank { sigmoid: true } => "rerank",
             Pooling::Rerank { sigmoid: false } => "rerank_logit",
             Pooling::MultiVector => "multivector",
+            Pooling::RerankYesNo { sigmoid: true } => "rerank_yesno",
+            Pooling::RerankYesNo { sigmoid: false } => "rerank_yesno_logit",
         }
     }
 
@@ -150,10 +160,70 @@ impl Pooling {
     pub fn output(self) -> crate::envelope::OutputKind {
         match self {
             Pooling::Splade => crate::envelope::OutputKind::Sparse,
-            Pooling::Rerank { .. } => crate::envelope::OutputKind::Scores,
+            Pooling::Rerank { .. } | Pooling::RerankYesNo { .. } => crate::envelope::OutputKind::Scores,
             Pooling::MultiVector => crate::envelope::OutputKind::MultiVector,
             Pooling::Mean | Pooling::Cls | Pooling::LastToken => crate::envelope::OutputKind::Dense,
         }
+    }
+}
+
+/// How a decoder reranker ([`Pooling::RerankYesNo`]) sees a pair: its chat template reduced at
+/// onboarding to fixed text around the instruction, the query and the document —
+/// `prefix ‖ instruction ‖ after_instruction ‖ query ‖ after_query ‖ document ‖ suffix`, tokenized
+/// whole without added special tokens — and the two vocabulary rows the score reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RerankTemplate {
+    pub prefix: String,
+    pub after_instruction: String,
+    pub after_query: String,
+    pub suffix: String,
+    /// The template's default instruction (what it renders without a system message).
+    pub instruction: String,
+    /// The token whose logit says relevant ("yes") and the one that says not ("no").
+    pub yes: u32,
+    pub no: u32,
+}
+
+impl RerankTemplate {
+    /// The pair as the template renders it.
+    pub fn render(&self, query: &str, document: &str) -> String {
+        let Self { prefix, instruction, after_instruction, after_query, suffix, .. } = self;
+        format!("{prefix}{instruction}{after_instruction}{query}{after_query}{document}{suffix}")
+    }
+
+    fn to_value(&self) -> Value {
+        MapBuilder::new()
+            .text("prefix", &self.prefix)
+            .text("after_instruction", &self.after_instruction)
+            .text("after_query", &self.after_query)
+            .text("suffix", &self.suffix)
+            .text("instruction", &self.instruction)
+            .uint("yes", u64::from(self.yes))
+            .uint("no", u64::from(self.no))
+            .build()
+    }
+
+    fn from_value(value: Value) -> Result<Self, ManifestError> {
+        let mut map = MapReader::new(value)?;
+        let token = |n: u64| u32::try_from(n).map_err(|_| ManifestError::Invalid("rerank_template token id"));
+        let template = Self {
+            prefix: map.text("prefix")?,
+            after_instruction: map.text("after_instruction")?,
+            after_query: map.text("after_query")?,
+            suffix: map.text("suffix")?,
+            instruction: map.text("instruction")?,
+            yes: token(map.uint("yes")?)?,
+            no: token(map.uint("no")?)?,
+        };
+        map.finish()?;
+        let texts = [&template.prefix, &template.after_instruction, &template.after_query, &template.suffix, &template.instruction];
+        if texts.iter().any(|t| t.len() > MAX_PROMPT_BYTES) {
+            return Err(ManifestError::Invalid("rerank_template text longer than 4096 bytes"));
+        }
+        if template.yes == template.no {
+            return Err(ManifestError::Invalid("rerank_template: yes and no are the same token"));
+        }
+        Ok(template)
     }
 }
 
@@ -195,6 +265,9 @@ pub struct Manifest {
     /// [`LEXICAL_HEAD_FILE`]) and `multivector` (the ColBERT head's width, through
     /// [`COLBERT_HEAD_FILE`]) beside its dense vectors. Absent from the payload when empty.
     pub outputs: Vec<(crate::envelope::OutputKind, u32)>,
+    /// A decoder reranker's pair template and score tokens: present exactly with
+    /// [`Pooling::RerankYesNo`], absent from the payload otherwise.
+    pub rerank_template: Option<RerankTemplate>,
     /// KMS key that wraps the DEK.
     pub kms_key_id: String,
     /// The DEK as KMS `GenerateDataKey` returned it wrapped (CiphertextBlob), encryption context
@@ -236,6 +309,9 @@ impl Manifest {
         if !self.outputs.is_empty() {
             let outputs = self.outputs.iter().fold(MapBuilder::new(), |m, &(kind, d)| m.uint(kind.as_str(), u64::from(d)));
             map = map.value("outputs", outputs.build());
+        }
+        if let Some(template) = &self.rerank_template {
+            map = map.value("rerank_template", template.to_value());
         }
         if !self.images.is_empty() {
             map = map.value("images", Value::Array(self.images.iter().map(|pcr0| Value::Bytes(pcr0.to_vec())).collect()));
@@ -286,6 +362,7 @@ impl Manifest {
         let matryoshka = read_matryoshka(&mut map)?;
         let images = read_images(&mut map)?;
         let outputs = read_outputs(&mut map)?;
+        let rerank_template = map.optional("rerank_template").map(RerankTemplate::from_value).transpose()?;
         let manifest = Self {
             model_id: map.text("model")?,
             version: map.uint("version")?,
@@ -298,6 +375,7 @@ impl Manifest {
             matryoshka,
             images,
             outputs,
+            rerank_template,
             kms_key_id: map.text("kms_key")?,
             wrapped_dek: map.bytes("wrapped_dek")?,
             created_ms: map.uint("created_ms")?,
@@ -326,6 +404,9 @@ impl Manifest {
         }
         if manifest.matryoshka.last().is_some_and(|&longest| longest >= manifest.dimensions) {
             return Err(ManifestError::Invalid("matryoshka dimensions must be below the model's dimensions"));
+        }
+        if manifest.rerank_template.is_some() != matches!(manifest.pooling, Pooling::RerankYesNo { .. }) {
+            return Err(ManifestError::Invalid("rerank_template goes with rerank_yesno pooling, and only with it"));
         }
         let dense = manifest.dense_modules()?;
         if manifest.pooling == Pooling::MultiVector && dense != 1 {

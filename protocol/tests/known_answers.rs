@@ -13,7 +13,7 @@ use protocol::envelope::{
     OutputDtype, Precision, ResultHeader, ResultSecretKey,
 };
 use protocol::frame::{self, Message};
-use protocol::manifest::{Manifest, ModelFile, Pooling};
+use protocol::manifest::{Manifest, ModelFile, Pooling, RerankTemplate};
 use protocol::receipt::{Compute, ComputeUnit, PlaintextCommitment, Receipt, ShortRecords};
 use protocol::records::{encode_input, encode_output, ErrorCode, InputRecord, OutputRecord, Vector};
 
@@ -173,6 +173,7 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs: Vec::new(),
+        rerank_template: None,
         kms_key_id: "local:model".into(),
         wrapped_dek: vec![0xde; 8],
         created_ms: 1_767_225_600_000,
@@ -194,6 +195,23 @@ fn vectors() -> BTreeMap<&'static str, Vec<u8>> {
     m3.files.sort_by(|a, b| a.name.cmp(&b.name));
     assert_eq!(Manifest::from_payload(&m3.to_payload()).unwrap(), m3);
     v.insert("manifest.outputs_payload", m3.to_payload());
+    // A decoder reranker's manifest payload: pooling rerank_yesno with its template.
+    let reranker = Manifest {
+        pooling: Pooling::RerankYesNo { sigmoid: true },
+        normalize: false,
+        dimensions: 1024,
+        rerank_template: Some(RerankTemplate {
+            prefix: "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n<Instruct>: ".into(),
+            after_instruction: "\n<Query>: ".into(),
+            after_query: "\n<Document>: ".into(),
+            suffix: "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n".into(),
+            instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
+            yes: 9693,
+            no: 2152,
+        }),
+        ..manifest.clone()
+    };
+    v.insert("manifest.rerank_yesno_payload", reranker.to_payload());
 
     v.insert("frame.input", frame::encode(&Message::Input { data: vec![1, 2, 3] }).unwrap());
     v.insert("frame.job_start", frame::encode(&Message::JobStart { job_id, attempt: 1 }).unwrap());

@@ -46,6 +46,7 @@ fn manifest_bytes() -> Vec<u8> {
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs: Vec::new(),
+        rerank_template: None,
         kms_key_id: "k".into(),
         wrapped_dek: vec![1; 8],
         created_ms: 0,

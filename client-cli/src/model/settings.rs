@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use protocol::manifest::Pooling;
+use protocol::manifest::{Pooling, RerankTemplate};
 use protocol::records::MAX_DIMENSIONS;
 use serde_json::{Map, Value};
 
@@ -91,6 +91,8 @@ pub struct ModelSettings {
     pub dense: Vec<String>,
     /// bge-m3's lexical and ColBERT heads, converted to the safetensors files sealed for them.
     pub heads: Vec<bgem3::Head>,
+    /// A decoder reranker's pair template and score tokens (`Pooling::RerankYesNo`).
+    pub rerank_template: Option<RerankTemplate>,
 }
 
 impl ModelSettings {
@@ -137,6 +139,9 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     if sparse::is_sparse_encoder(dir)? {
         return sparse::read_settings(dir);
     }
+    if rerank_qwen3::is_causal_reranker(dir)? {
+        return rerank_qwen3::read_settings(dir);
+    }
     if rerank::is_cross_encoder(dir)? {
         return rerank::read_settings(dir);
     }
@@ -173,7 +178,7 @@ pub fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
         dimensions = read_dense(&dir.join(folder), dimensions)?;
     }
     let (prompts, default_prompt) = read_prompts(&dir.join("config_sentence_transformers.json"))?;
-    let settings = ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt, dense, heads: Vec::new() };
+    let settings = ModelSettings { dimensions, max_tokens, pooling, normalize, prompts, default_prompt, dense, heads: Vec::new(), rerank_template: None };
     if bgem3::has_heads(dir) { bgem3::add_heads(dir, settings) } else { Ok(settings) }
 }
 
@@ -489,6 +494,7 @@ fn read_prompts(path: &Path) -> Result<(Vec<(String, String)>, Option<String>), 
 mod bgem3;
 mod multivector;
 mod rerank;
+mod rerank_qwen3;
 mod sparse;
 #[cfg(test)]
 mod testdata_dirs;

@@ -244,6 +244,7 @@ fn manifest() -> Manifest {
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs: Vec::new(),
+        rerank_template: None,
         kms_key_id: "alias/test-model".into(),
         wrapped_dek: vec![9; 48],
         created_ms: T0 - 1_000,

@@ -1,13 +1,13 @@
 //! A sentence-embedding model: tokenizer, encoder and pooling, loaded from bytes in memory.
 
 use protocol::envelope::{OutputKind, Precision};
-use protocol::manifest::{Manifest, Pooling};
+use protocol::manifest::{Manifest, Pooling, RerankTemplate};
 use protocol::receipt::{Compute, ComputeUnit, ShortRecords};
 use protocol::records::{ErrorCode, MAX_TEXT_LEN};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
 use super::arch::{ArchConfig, Architecture};
-use super::encoder::{ClassifierHead, Encoder, LexicalHead, MultiVectorHead, SpladeHead, TokenTypes};
+use super::encoder::{ClassifierHead, Encoder, LexicalHead, MultiVectorHead, SpladeHead, TokenTypes, YesNoHead};
 use super::projection::{DenseFiles, Projection};
 use super::{InferenceError, RecordFailure};
 
@@ -160,6 +160,8 @@ pub struct Embedder {
     /// A ColBERT model's per-token head (`Pooling::MultiVector`): a text's vector is its tokens'
     /// vectors, row after row.
     multivector: Option<MultiVectorHead>,
+    /// A decoder reranker's (`Pooling::RerankYesNo`) pair template and score.
+    yesno: Option<YesNoPairs>,
     /// The Dense modules after the pooling (none for most models).
     projection: Projection,
     /// bge-m3's lexical head: a job's sparse output beside the dense vectors.
@@ -183,6 +185,12 @@ impl Embedder {
     /// Builds the model from bytes in memory. The weights are copied into the encoder's own
     /// layout (no mmap); the caller may drop or zeroize `files` afterwards.
     pub fn load(files: ModelFiles<'_>, settings: EmbedderSettings) -> Result<Self, InferenceError> {
+        Self::load_with_template(files, settings, None)
+    }
+
+    /// [`Embedder::load`] with the manifest's pair template, which a decoder reranker
+    /// (`Pooling::RerankYesNo`) needs and no other model has.
+    pub fn load_with_template(files: ModelFiles<'_>, settings: EmbedderSettings, template: Option<&RerankTemplate>) -> Result<Self, InferenceError> {
         let config = ArchConfig::parse(files.config)?;
         if settings.max_tokens < 3 || settings.max_tokens > config.max_tokens() {
             return Err(InferenceError::Settings(format!(
@@ -199,7 +207,13 @@ impl Embedder {
             Pooling::Rerank { sigmoid } => Some(ClassifierHead::load(files.weights, &config, labels(files.config)?, sigmoid)?),
             _ => None,
         };
-        if (splade.is_some() || classifier.is_some()) && !files.dense.is_empty() {
+        let yesno_head = match (settings.pooling, template) {
+            (Pooling::RerankYesNo { sigmoid }, Some(t)) => Some(YesNoHead::load(files.weights, files.config, &config, (t.yes, t.no), sigmoid)?),
+            (Pooling::RerankYesNo { .. }, None) => return Err(InferenceError::Settings("rerank_yesno pooling without the manifest's rerank_template".into())),
+            (_, Some(_)) => return Err(InferenceError::Settings("a rerank_template goes with rerank_yesno pooling only".into())),
+            (_, None) => None,
+        };
+        if (splade.is_some() || classifier.is_some() || yesno_head.is_some()) && !files.dense.is_empty() {
             return Err(InferenceError::Settings("Dense modules follow a pooling to one vector, not splade or rerank".into()));
         }
         // A multi-vector model's one Dense module is its per-token projection, not a pooled one's.
@@ -231,6 +245,11 @@ impl Embedder {
         #[cfg(feature = "candle")]
         let shipped_pad = tokenizer.get_padding().map(|p| p.pad_id).or_else(|| tokenizer.token_to_id("[PAD]"));
         tokenizer.with_padding(None);
+        // The template's tail as sentence-transformers derives it, from untruncated renders.
+        let yesno = match (yesno_head, template) {
+            (Some(head), Some(template)) => Some(YesNoPairs::new(head, template, &tokenizer)?),
+            _ => None,
+        };
         tokenizer
             .with_truncation(Some(TruncationParams {
                 direction: TruncationDirection::Right,
@@ -268,7 +287,7 @@ impl Embedder {
                 )));
             }
         };
-        if (splade.is_some() || classifier.is_some() || multivector.is_some()) && !matches!(model, Model::Fused(_)) {
+        if (splade.is_some() || classifier.is_some() || multivector.is_some() || yesno.is_some()) && !matches!(model, Model::Fused(_)) {
             return Err(InferenceError::UnsupportedArchitecture("splade, rerank and multivector heads run on the fused encoder only".into()));
         }
         let pair_types = config.arch == Architecture::Bert && config.type_vocab_size >= 2;
@@ -282,6 +301,7 @@ impl Embedder {
             classifier,
             pair_types,
             multivector,
+            yesno,
             projection,
             lexical: None,
             colbert: None,
@@ -481,13 +501,17 @@ impl Embedder {
     /// document and its `[SEP]` of token type 1), cut at `max_tokens` longest-first as
     /// sentence-transformers' `CrossEncoder` cuts it. Per-pair failures as
     /// [`Embedder::tokenize`]'s, and `TokenizerFailed` for types other than 0…0 1…1; an empty
-    /// document is scored as it is.
+    /// document is scored as it is. A decoder reranker's pair is its manifest's template around
+    /// query and document instead ([`YesNoPairs`]).
     pub fn tokenize_pair(&self, query: &str, document: &str, truncate: bool) -> Result<Tokenized, RecordFailure> {
         if query.trim().is_empty() {
             return Err(RecordFailure::new(ErrorCode::EmptyText, "the query is empty or only whitespace"));
         }
         if query.len() + document.len() > MAX_TEXT_LEN {
             return Err(RecordFailure::new(ErrorCode::TooLarge, format!("query and document exceed {MAX_TEXT_LEN} bytes")));
+        }
+        if let Some(yesno) = &self.yesno {
+            return yesno.tokenize(&self.tokenizer, query, document, truncate, self.settings.max_tokens);
         }
         let encoding = self
             .tokenizer
@@ -610,6 +634,7 @@ impl Embedder {
         let vector: Vec<f32> = match self.settings.pooling {
             Pooling::Splade => self.splade.as_ref().expect("loaded with splade pooling").pool(states)?,
             Pooling::Rerank { .. } => vec![self.classifier.as_ref().expect("loaded with rerank pooling").score(states)?],
+            Pooling::RerankYesNo { .. } => vec![self.yesno.as_ref().expect("loaded with rerank_yesno pooling").head.score(states)],
             // Each row normalised by the head: no pooled projection, no normalisation of the whole.
             Pooling::MultiVector => return self.multivector.as_ref().expect("loaded with multivector pooling").vectors(states),
             Pooling::Cls => states[..h].to_vec(),
@@ -644,8 +669,52 @@ impl Embedder {
             + self.classifier.as_ref().map_or(0, ClassifierHead::memory_bytes)
             + self.multivector.as_ref().map_or(0, MultiVectorHead::memory_bytes)
             + self.lexical.as_ref().map_or(0, LexicalHead::memory_bytes)
-            + self.colbert.as_ref().map_or(0, MultiVectorHead::memory_bytes);
+            + self.colbert.as_ref().map_or(0, MultiVectorHead::memory_bytes)
+            + self.yesno.as_ref().map_or(0, |y| y.head.memory_bytes());
         Some((encoder.memory_bytes() + head + self.projection.memory_bytes() + self.tokenizer.get_vocab_size(true) * TOKENIZER_BYTES_PER_TOKEN) as u64)
+    }
+}
+
+/// A decoder reranker's pairs: the manifest's template around query and document, tokenized whole
+/// without added special tokens (as transformers tokenizes a chat render), cut on the right at
+/// `max_tokens`; a pair that reaches `max_tokens` gets the template's tail written back over its
+/// last tokens, as sentence-transformers 6.2 restores it (`Transformer._restore_chat_template_suffix`:
+/// the longest common token suffix of two renders with "0" and "1 2 3 4" for query and document).
+struct YesNoPairs {
+    head: YesNoHead,
+    template: RerankTemplate,
+    tail: Vec<u32>,
+}
+
+impl YesNoPairs {
+    fn new(head: YesNoHead, template: &RerankTemplate, tokenizer: &Tokenizer) -> Result<Self, InferenceError> {
+        let mut whole = tokenizer.clone();
+        whole.with_truncation(None).map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+        let render = |filler: &str| -> Result<Vec<u32>, InferenceError> {
+            let encoding = whole.encode_fast(template.render(filler, filler), false).map_err(|e| InferenceError::Tokenizer(e.to_string()))?;
+            Ok(encoding.get_ids().to_vec())
+        };
+        let (a, b) = (render("0")?, render("1 2 3 4")?);
+        let common = a.iter().rev().zip(b.iter().rev()).take_while(|(x, y)| x == y).count();
+        // As sentence-transformers: renders that never diverge have no tail it trusts.
+        let tail = if common > 0 && common < a.len().min(b.len()) { a[a.len() - common..].to_vec() } else { Vec::new() };
+        Ok(Self { head, template: template.clone(), tail })
+    }
+
+    fn tokenize(&self, tokenizer: &Tokenizer, query: &str, document: &str, truncate: bool, max_tokens: usize) -> Result<Tokenized, RecordFailure> {
+        let encoding = tokenizer
+            .encode_fast(self.template.render(query, document), false)
+            .map_err(|e| RecordFailure::new(ErrorCode::TokenizerFailed, e.to_string()))?;
+        if !truncate && !encoding.get_overflowing().is_empty() {
+            return Err(RecordFailure::new(ErrorCode::TooManyTokens, format!("more than {max_tokens} tokens and truncation is off")));
+        }
+        let mut ids = encoding.get_ids().to_vec();
+        if ids.len() >= max_tokens {
+            let keep = self.tail.len().min(ids.len());
+            let at = ids.len() - keep;
+            ids[at..].copy_from_slice(&self.tail[self.tail.len() - keep..]);
+        }
+        Ok(Tokenized { ids, second_segment: None })
     }
 }
 

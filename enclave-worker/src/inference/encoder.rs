@@ -42,6 +42,7 @@ mod int8;
 mod lexical;
 mod multivector;
 mod splade;
+mod yesno;
 
 use blocks::{Embeddings, Linear, Norm, Rotary, RotaryTable, Stored, Tensors, Weight};
 pub(crate) use blocks::TokenTypes;
@@ -50,6 +51,7 @@ pub(crate) use classifier::ClassifierHead;
 pub(crate) use lexical::LexicalHead;
 pub(crate) use multivector::MultiVectorHead;
 pub(crate) use splade::SpladeHead;
+pub(crate) use yesno::YesNoHead;
 
 /// Rows per element-wise task.
 const ROWS_PER_TASK: usize = 16;

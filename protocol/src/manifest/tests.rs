@@ -17,6 +17,7 @@ pub(crate) fn sample() -> Manifest {
         matryoshka: Vec::new(),
         images: Vec::new(),
         outputs: Vec::new(),
+        rerank_template: None,
         kms_key_id: "local:model".into(),
         wrapped_dek: vec![0xde; 48],
         created_ms: 1_760_000_000_000,
@@ -59,7 +60,7 @@ fn dense_module_files_are_counted_and_checked() {
 #[test]
 fn every_pooling_round_trips_by_name() {
     let publisher = SigningKey::from_bytes(&[3; 32]);
-    let names = [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit"), (Pooling::MultiVector, "multivector")];
+    let names = [(Pooling::Mean, "mean"), (Pooling::Cls, "cls"), (Pooling::LastToken, "lasttoken"), (Pooling::Splade, "splade"), (Pooling::Rerank { sigmoid: true }, "rerank"), (Pooling::Rerank { sigmoid: false }, "rerank_logit"), (Pooling::MultiVector, "multivector"), (Pooling::RerankYesNo { sigmoid: true }, "rerank_yesno"), (Pooling::RerankYesNo { sigmoid: false }, "rerank_yesno_logit")];
     assert_eq!(names.map(|(p, _)| p), Pooling::ALL, "every pooling has its name here");
     for (pooling, name) in names {
         assert_eq!(Pooling::from_name(name), Some(pooling));
@@ -69,6 +70,9 @@ fn every_pooling_round_trips_by_name() {
             assert!(matches!(unprojected, Err(ManifestError::Invalid(m)) if m.starts_with("multivector")));
             manifest.files.extend(dense_file_names(0).map(|name| ModelFile { name, sha256: [9; 32], size: 10 }));
             manifest.files.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        if matches!(pooling, Pooling::RerankYesNo { .. }) {
+            manifest.rerank_template = Some(sample_template());
         }
         assert!(String::from_utf8_lossy(&manifest.to_payload()).contains(name), "{name}");
         let signed = SignedManifest::decode(&manifest.sign(&publisher)).unwrap();
@@ -282,3 +286,44 @@ fn model_minimum_round_trip_and_domain_separation() {
     let decoded = SignedModelMinimum::decode(&tampered).unwrap();
     assert!(matches!(decoded.verify(&publisher.verifying_key()), Err(ManifestError::Cose(CoseError::BadSignature))));
 }
+
+pub(crate) fn sample_template() -> RerankTemplate {
+    RerankTemplate {
+        prefix: "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n<Instruct>: ".into(),
+        after_instruction: "\n<Query>: ".into(),
+        after_query: "\n<Document>: ".into(),
+        suffix: "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n".into(),
+        instruction: "Given a web search query, retrieve relevant passages that answer the query".into(),
+        yes: 9693,
+        no: 2152,
+    }
+}
+
+/// A decoder reranker's template is signed with its pooling and only with it; a manifest
+/// without it keeps its bytes; the two tokens must differ, the texts stay within a prompt's size.
+#[test]
+fn a_rerank_template_goes_with_rerank_yesno_only() {
+    assert!(!String::from_utf8_lossy(&sample().to_payload()).contains("rerank_template"), "absent: old payloads unchanged");
+    let manifest = Manifest { pooling: Pooling::RerankYesNo { sigmoid: true }, rerank_template: Some(sample_template()), ..sample() };
+    assert_eq!(Manifest::from_payload(&manifest.to_payload()).unwrap(), manifest);
+    assert_eq!(
+        manifest.rerank_template.as_ref().unwrap().render("q", "d"),
+        "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: q\n<Document>: d<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    );
+    let refused = |m: Manifest| Manifest::from_payload(&m.to_payload());
+    let without = Manifest { rerank_template: None, ..manifest.clone() };
+    assert!(matches!(refused(without), Err(ManifestError::Invalid(m)) if m.starts_with("rerank_template goes with")));
+    let stray = Manifest { pooling: Pooling::Rerank { sigmoid: true }, ..manifest.clone() };
+    assert!(matches!(refused(stray), Err(ManifestError::Invalid(m)) if m.starts_with("rerank_template goes with")));
+    let same = Manifest { rerank_template: Some(RerankTemplate { no: 9693, ..sample_template() }), ..manifest.clone() };
+    assert!(matches!(refused(same), Err(ManifestError::Invalid(m)) if m.contains("same token")));
+    let long = Manifest { rerank_template: Some(RerankTemplate { suffix: "x".repeat(MAX_PROMPT_BYTES + 1), ..sample_template() }), ..manifest.clone() };
+    assert!(matches!(refused(long), Err(ManifestError::Invalid(m)) if m.contains("4096")));
+    // The signature covers the template: a host cannot change the instruction.
+    let publisher = SigningKey::from_bytes(&[3; 32]);
+    let mut bytes = manifest.sign(&publisher);
+    let at = bytes.windows(5).position(|w| w == b"Given").unwrap();
+    bytes[at] = b'g';
+    assert!(SignedManifest::decode(&bytes).unwrap().verify(&publisher.verifying_key()).is_err());
+}
+

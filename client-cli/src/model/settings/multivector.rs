@@ -111,7 +111,7 @@ pub(super) fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
         return Err(unsupported(&st_path, "prompts", name, "a query or document prompt with text is not computed"));
     }
     // Empty prompts change nothing: none are signed, a job names none.
-    Ok(ModelSettings { dimensions, max_tokens, pooling: Pooling::MultiVector, normalize: false, prompts: Vec::new(), default_prompt: None, dense: vec![dense], heads: Vec::new() })
+    Ok(ModelSettings { dimensions, max_tokens, pooling: Pooling::MultiVector, normalize: false, prompts: Vec::new(), default_prompt: None, dense: vec![dense], heads: Vec::new(), rerank_template: None })
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use serde_json::Value;
 use super::super::{ModelError, read_json};
 use super::{ModelSettings, check_architecture, config_error, positive_field, read_max_tokens, read_prompts, unsupported};
 
-const SIGMOID: &str = "torch.nn.modules.activation.Sigmoid";
-const IDENTITY: &str = "torch.nn.modules.linear.Identity";
+pub(super) const SIGMOID: &str = "torch.nn.modules.activation.Sigmoid";
+pub(super) const IDENTITY: &str = "torch.nn.modules.linear.Identity";
 
 /// Whether the directory is a cross-encoder's: says so, or is a plain sequence-classification
 /// checkpoint without a sentence-transformers pipeline.
@@ -102,7 +102,7 @@ pub(super) fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     };
     let max_tokens = read_max_tokens(dir, sbert.as_ref(), positions)?;
     let (prompts, default_prompt) = read_prompts(&st_path)?;
-    Ok(ModelSettings { dimensions, max_tokens, pooling: Pooling::Rerank { sigmoid }, normalize: false, prompts, default_prompt, dense: Vec::new(), heads: Vec::new() })
+    Ok(ModelSettings { dimensions, max_tokens, pooling: Pooling::Rerank { sigmoid }, normalize: false, prompts, default_prompt, dense: Vec::new(), heads: Vec::new(), rerank_template: None })
 }
 
 #[cfg(test)]

@@ -71,7 +71,7 @@ pub(super) fn read_settings(dir: &Path) -> Result<ModelSettings, ModelError> {
     }
     let max_tokens = read_max_tokens(dir, sbert.as_ref(), positions)?;
     let (prompts, default_prompt) = read_prompts(&dir.join("config_sentence_transformers.json"))?;
-    Ok(ModelSettings { dimensions: vocabulary, max_tokens, pooling: Pooling::Splade, normalize: false, prompts, default_prompt, dense: Vec::new(), heads: Vec::new() })
+    Ok(ModelSettings { dimensions: vocabulary, max_tokens, pooling: Pooling::Splade, normalize: false, prompts, default_prompt, dense: Vec::new(), heads: Vec::new(), rerank_template: None })
 }
 
 #[cfg(test)]

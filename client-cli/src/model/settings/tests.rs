@@ -55,7 +55,7 @@ fn classic_form() {
     let settings = read_settings(dir.path()).unwrap();
     assert_eq!(
         settings,
-        ModelSettings { dimensions: 8, max_tokens: 256, pooling: Pooling::Mean, normalize: true, prompts: vec![], default_prompt: None, dense: vec![], heads: Vec::new() }
+        ModelSettings { dimensions: 8, max_tokens: 256, pooling: Pooling::Mean, normalize: true, prompts: vec![], default_prompt: None, dense: vec![], heads: Vec::new(), rerank_template: None }
     );
     write(dir.path(), "1_Pooling/config.json", r#"{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}"#);
     write(dir.path(), "sentence_bert_config.json", r#"{"max_seq_length": 128}"#);
