@@ -71,7 +71,7 @@ fn qwen3_rerank_jobs_score_as_cross_encoder() {
     let options = stack.verify_check(job, "options");
     assert!(options["passed"] == json!(true) && options.to_string().contains("output=scores"), "{options}");
     let proven = stack.prove_record(job, "q2", &work.path().join("record.json"));
-    assert_eq!(floats(&proven["proven"]["vector"]), floats(&records[2]["scores"]), "{proven}");
+    assert_eq!(floats(&proven["proven"]["scores"]), floats(&records[2]["scores"]), "{proven}");
 
     // Online: a plain HTTP client gets the top 5 of the second query (Russian).
     let proxy = Serve::start(&stack, &[]);
