@@ -83,8 +83,9 @@ impl Format {
         if self.output().writes(kind) {
             return Ok(());
         }
-        let formats = [Format::Jsonl, Format::Openai, Format::Npy, Format::Npz];
-        let fitting: Vec<_> = formats.iter().filter(|f| f.output().writes(kind)).map(|f| f.output().as_str()).collect();
+        use clap::ValueEnum as _;
+        let fitting: Vec<_> =
+            Format::value_variants().iter().filter(|f| f.output().writes(kind)).map(|f| f.output().as_str()).collect();
         anyhow::bail!("--format {}: {} output is written as {} (docs/models.md)", self.output().as_str(), kind.as_str(), fitting.join(" or "))
     }
 }

@@ -263,7 +263,7 @@ pub fn check_record_bundle(
     let dimensions = match vector {
         Vector::Sparse(sparse) => sparse.dimensions as usize,
         Vector::Multi(multi) => usize::from(multi.dimensions),
-        _ => vector.to_f32().len(),
+        _ => vector.len(),
     };
     if bundle.records != signed.receipt.records_ok {
         return Err(refusal("record_tree_size", format!("{} records, the receipt embedded {}", bundle.records, signed.receipt.records_ok)));
