@@ -1,8 +1,8 @@
 //! bge-m3's lexical and ColBERT heads beside its dense vectors, as the published BAAI/bge-m3
 //! directory holds them: `sparse_linear.pt` and `colbert_linear.pt`, each `torch.save` of a
 //! `Linear`'s state dict, which FlagEmbedding's `BGEM3FlagModel` loads. They are torch pickles,
-//! read here only (outside the enclave, with candle-core's reader of torch's zip archives) and
-//! sealed as safetensors ([`LEXICAL_HEAD_FILE`], [`COLBERT_HEAD_FILE`], f32 `weight` and `bias`),
+//! read here only (outside the enclave, with candle-core's reader of torch's zip archives: the
+//! `torch-heads` feature) and sealed as safetensors ([`LEXICAL_HEAD_FILE`], [`COLBERT_HEAD_FILE`], f32 `weight` and `bias`),
 //! listed and hashed in the manifest, whose `outputs` then offer `sparse` (the vocabulary's
 //! width) and `multivector` (the ColBERT head's). Refused by file and field: another key, dtype
 //! or shape; a head beside anything but XLM-RoBERTa with CLS pooling and no Dense module; a
@@ -12,7 +12,7 @@ use std::path::Path;
 
 use protocol::envelope::OutputKind;
 use protocol::manifest::{COLBERT_HEAD_FILE, LEXICAL_HEAD_FILE, Pooling};
-use protocol::records::{MAX_DIMENSIONS, MAX_SPARSE_DIMENSIONS};
+use protocol::records::MAX_SPARSE_DIMENSIONS;
 use serde_json::Value;
 
 use super::super::{ModelError, read_json};
@@ -76,10 +76,20 @@ pub(super) fn add_heads(dir: &Path, mut settings: ModelSettings) -> Result<Model
     Ok(settings)
 }
 
+/// Built without the `torch-heads` feature (`make demo`'s build): the pickle is refused by name
+/// rather than read by anything but candle-core's reader.
+#[cfg(not(feature = "torch-heads"))]
+fn convert(path: &Path, _hidden: usize, _lexical: bool) -> Result<(usize, Vec<u8>), ModelError> {
+    let reason = "this build reads no torch pickles: build ephem-batch with --features torch-heads (make test's workspace build has it)";
+    Err(unsupported(path, "(file)", "a torch pickle", reason))
+}
+
 /// A `Linear`'s state dict from a torch pickle: exactly `weight` `[out, hidden]` and `bias`
 /// `[out]`, F32, F16 or BF16 (widened exactly to f32); `out` 1 for the lexical head, at most
 /// MAX_DIMENSIONS for the ColBERT head. Returns `out` and the safetensors bytes.
+#[cfg(feature = "torch-heads")]
 fn convert(path: &Path, hidden: usize, lexical: bool) -> Result<(usize, Vec<u8>), ModelError> {
+    use protocol::records::MAX_DIMENSIONS;
     let refused = |field: &'static str, found: String, reason: &'static str| unsupported(path, field, found, reason);
     let tensors = candle_core::pickle::read_all(path).map_err(|e| refused("(file)", e.to_string(), "not a torch.save of a Linear's state dict"))?;
     let mut names: Vec<&str> = tensors.iter().map(|(name, _)| name.as_str()).collect();
