@@ -258,6 +258,21 @@ fn rows_f32(x: &[f32], rows: usize, k: usize) -> Rows<'_, f32> {
     Rows { whole: std::borrow::Cow::Borrowed(&x[..whole_rows * k]), tail, rows }
 }
 
+/// Columns of a panel and rows of a tile of [`f32_tile`].
+pub(crate) const PANEL: usize = NR;
+pub(crate) const TILE_ROWS: usize = MR;
+
+/// One `rows × PANEL` tile of `a · b` through the f32 kernel, for attention's blocks
+/// (`encoder::attention`): `out[r·ldc + j] (+)= Σ_{p < depth} a[r·lda + p] · b[p·PANEL + j]`,
+/// from zero unless `accumulate`. `a` holds [`TILE_ROWS`] rows, `lda` apart (those past `rows`
+/// are read, never stored); `b` is one panel, `depth` rows of [`PANEL`] values.
+///
+/// Panics if the lengths do not match or the CPU lacks AVX-512 ([`f32_supported`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn f32_tile(a: &[f32], lda: usize, b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, accumulate: bool) {
+    kernel::f32_tile(a, b, depth, out, ldc, rows, Slice { lda, first: !accumulate, last: true });
+}
+
 /// Rows of bf16 pairs for a kernel of `tile_rows` rows.
 fn rows_bf16(x: &[f32], rows: usize, k: usize, depth: usize, tile_rows: usize) -> Rows<'static, u32> {
     Rows { whole: std::borrow::Cow::Owned(u32::rows_of(x, rows, k, depth, rows.div_ceil(tile_rows) * tile_rows)), tail: None, rows }

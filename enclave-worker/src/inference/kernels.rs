@@ -268,7 +268,13 @@ pub(crate) fn add_residual(out: &mut [f32], x: &[f32], bias: Option<&[f32]>) {
 /// division, which callers apply to what they compute from the row (fewer values).
 #[inline(always)]
 pub(crate) fn softmax_unnormalised(row: &mut [f32]) -> f32 {
-    let m = max(row);
+    exp_shifted(row, max(row))
+}
+
+/// `row ← exp(row − m)`, returning the sum of the new values (`m` at least the row's maximum:
+/// a softmax carried across blocks of the row shifts by the maximum so far).
+#[inline(always)]
+pub(crate) fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
     let mut acc = [0f32; LANES];
     let mut chunks = row.chunks_exact_mut(LANES);
     for chunk in &mut chunks {

@@ -66,6 +66,12 @@ impl MatMut<'_> {
         MatMut { values: &mut self.values[offset..], rows: end - start, cols: self.cols, row_stride: self.row_stride }
     }
 
+    /// Row `r` of the view.
+    pub(crate) fn row(&mut self, r: usize) -> &mut [f32] {
+        assert!(r < self.rows, "row outside the view");
+        &mut self.values[r * self.row_stride..r * self.row_stride + self.cols]
+    }
+
     /// Divides row `r` by `divisors[r]`.
     pub(crate) fn scale_rows(&mut self, divisors: &[f32]) {
         assert_eq!(divisors.len(), self.rows, "one divisor per row");

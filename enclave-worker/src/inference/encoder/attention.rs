@@ -6,8 +6,10 @@
 
 use rayon::prelude::*;
 
+mod tiled;
+
 use super::{Attention, Encoder, fused_rows, resize};
-use crate::inference::kernels;
+use crate::inference::{dense, kernels};
 use crate::inference::strided::{self, MatMut, MatRef};
 
 impl Encoder {
@@ -93,7 +95,10 @@ impl Encoder {
     /// (blocks of queries against the keys their windows reach: memory and work linear in `n`);
     /// a long text's global attention also runs in blocks of queries, so that its scores take
     /// memory linear in `n`. `causal`: query `i` sees keys `j ≤ i` only, and the keys after a
-    /// block's last query are not computed. `scores` is the caller's buffer.
+    /// block's last query are not computed. `scores` is the caller's buffer. Long texts and local
+    /// windows go through the f32 tile kernel on a CPU with AVX-512 ([`tiled`]), keys in blocks
+    /// as well; gemm's products below are the path of short texts (their vectors as they
+    /// always were), of MPNet's relative bias and of CPUs without AVX-512.
     fn attention_head(&self, qkv: &[f32], head: usize, window: Option<usize>, causal: bool, scores: &mut Vec<f32>, mut out: MatMut<'_>) {
         let (d, stride) = (self.head_dim, self.qkv_width());
         let n = qkv.len() / stride;
@@ -103,6 +108,11 @@ impl Encoder {
         let q = |start: usize, rows: usize| MatRef::new(&qkv[start * stride + head * d..], rows, d, stride, 1);
         let kv = |offset: usize, start: usize, rows: usize| MatRef::new(&qkv[start * stride + offset + group * d..], rows, d, stride, 1);
         let scale = self.query_scale;
+        let long_or_local = n > LONG_TEXT || matches!(window, Some(w) if w + 1 < n);
+        if long_or_local && self.relative.is_none() && dense::f32_supported() {
+            let rows = tiled::HeadRows { qkv, stride, d, columns: [head * d, q_width + group * d, q_width + kv_width + group * d] };
+            return tiled::head(&rows, scale, tiled::Reach { reach: window.unwrap_or(n), causal }, out);
+        }
         // A local window: blocks of queries against the keys their windows reach. Global: every
         // key, in blocks of queries for long texts (scores linear in n), in one block up to
         // LONG_TEXT (every BERT-family text: their vectors as they always were).
