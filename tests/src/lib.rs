@@ -209,19 +209,30 @@ impl Serve {
     }
 
     /// [`Serve::start`] for any stack: `command` makes the CLI invocation of the given arguments.
+    /// `serve` binds port 0 and the port is read from the line it prints once bound: a port
+    /// chosen here and bound by `serve` later could be taken in between by another test's
+    /// `serve`, whose requests this test would then send and count.
     pub fn start_with(command: impl FnOnce(&[&str]) -> std::process::Command, extra: &[&str]) -> Serve {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let listen = format!("127.0.0.1:{port}");
-        let mut args = vec!["serve", "--listen", listen.as_str()];
+        use std::io::BufRead;
+        let mut args = vec!["serve", "--listen", "127.0.0.1:0"];
         args.extend_from_slice(extra);
-        let child = command(&args)
+        let mut child = command(&args)
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start serve");
-        wait_until("serve to listen", std::time::Duration::from_secs(60), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        let stderr = child.stderr.take().expect("piped");
+        let (bound, port) = std::sync::mpsc::channel();
+        // Reads serve's stderr to its end, so that the pipe never fills.
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                let port = line.strip_prefix("serve: OpenAI embeddings API on http://127.0.0.1:").and_then(|rest| rest.split('/').next()?.parse::<u16>().ok());
+                if let Some(port) = port {
+                    let _ = bound.send(port);
+                }
+            }
         });
+        let port = port.recv_timeout(std::time::Duration::from_secs(60)).expect("serve names the port it listens on");
         Serve { child, port }
     }
 
