@@ -384,3 +384,13 @@ pub fn http_exchange(port: u16, method: &str, path: &str, content_type: &str, bo
     let status = std::str::from_utf8(&response[9..12]).ok().and_then(|s| s.parse().ok()).expect("a status code");
     (status, response[split + 4..].to_vec())
 }
+
+/// Reads a committed reference file (JSON whose `texts` have a `name` and a `text`) and writes
+/// those texts to `corpus`, one `{"id": name, "text"}` line each; returns the reference.
+pub fn reference_corpus(reference: &Path, corpus: &Path) -> serde_json::Value {
+    let reference: serde_json::Value = serde_json::from_slice(&std::fs::read(reference).unwrap()).unwrap();
+    let texts = reference["texts"].as_array().expect("the reference has texts");
+    let lines: Vec<String> = texts.iter().map(|t| serde_json::json!({"id": t["name"], "text": t["text"]}).to_string()).collect();
+    std::fs::write(corpus, lines.join("\n") + "\n").unwrap();
+    reference
+}

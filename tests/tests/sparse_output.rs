@@ -44,11 +44,9 @@ fn splade_jobs_give_sentence_transformers_sparse_weights_and_are_receipted() {
     let stack = Stack::up();
     let work = tempfile::tempdir().unwrap();
     let path = |name: &str| work.path().join(name).to_str().unwrap().to_owned();
-    let reference: Value = serde_json::from_slice(&std::fs::read(testdata().join("splade-reference.json")).unwrap()).unwrap();
-    let texts = reference["texts"].as_array().unwrap();
     let corpus = work.path().join("corpus.jsonl");
-    let lines: Vec<String> = texts.iter().map(|t| json!({"id": t["name"], "text": t["text"]}).to_string()).collect();
-    std::fs::write(&corpus, lines.join("\n") + "\n").unwrap();
+    let reference = tests::reference_corpus(&testdata().join("splade-reference.json"), &corpus);
+    let texts = reference["texts"].as_array().unwrap();
 
     stack.onboard(&testdata().join("splade"), MODEL, &work.path().join("splade.sealed"), &[]);
 
