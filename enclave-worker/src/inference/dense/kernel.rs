@@ -264,6 +264,20 @@ unsafe fn start<V: Accumulator>(out: *const f32, ldc: usize, rows: usize, first:
     acc
 }
 
+/// Asks for the cache lines of the first `rows` rows of a tile's output, which its stores would
+/// otherwise wait for after the products: the tile's last instructions.
+///
+/// Safety: the CPU has SSE; `out` holds `rows` rows of `NR` f32, `ldc` apart.
+#[inline(always)]
+unsafe fn prefetch_tile(out: *const f32, ldc: usize, rows: usize) {
+    for r in 0..rows {
+        for v in 0..NR / 16 {
+            // SAFETY: r < rows, v < NR/16: within `out` (the caller's contract).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(out.add(r * ldc + v * 16).cast()) };
+        }
+    }
+}
+
 /// Stores the first `rows` rows of the accumulators.
 ///
 /// Safety: the CPU has AVX-512 F; `out` holds `rows` rows of `NR` f32, `ldc` apart.
@@ -285,6 +299,8 @@ unsafe fn store<V: Accumulator>(acc: &[[V; NR / 16]; MR], out: *mut f32, ldc: us
 unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, ldc: usize, rows: usize, slice: Slice) {
     // SAFETY: see `start`.
     let mut acc: [[__m512; NR / 16]; MR] = unsafe { start(out, ldc, rows, slice.first) };
+    // SAFETY: see `store` (a prefetch reads nothing the program sees).
+    unsafe { prefetch_tile(out, ldc, rows) };
     for p in 0..depth {
         // SAFETY: see above.
         let bp = unsafe { b.add(p * NR) };
@@ -306,6 +322,8 @@ unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, 
 unsafe fn bf16_avx512(a: *const u32, b: *const u32, depth: usize, out: *mut f32, ldc: usize, rows: usize, slice: Slice) {
     // SAFETY: see `start`.
     let mut acc: [[__m512; NR / 16]; MR] = unsafe { start(out, ldc, rows, slice.first) };
+    // SAFETY: see `store` (a prefetch reads nothing the program sees).
+    unsafe { prefetch_tile(out, ldc, rows) };
     for p in 0..depth {
         // SAFETY: see above.
         let bp = unsafe { b.add(p * NR) };
@@ -351,6 +369,8 @@ unsafe fn int8_avx512(
 ) {
     // SAFETY: see `start` (an f32 slot holds any 32 bits).
     let mut acc: [[__m512i; NR / 16]; MR] = unsafe { start(out, ldc, rows, slice.first) };
+    // SAFETY: see `store` (a prefetch reads nothing the program sees).
+    unsafe { prefetch_tile(out, ldc, rows) };
     for p in 0..depth {
         // SAFETY: see above.
         let bp = unsafe { b.add(p * NR) };
@@ -374,23 +394,26 @@ unsafe fn int8_avx512(
         return unsafe { store(&acc, out, ldc, rows) };
     }
     // Every row of the tile is dequantised in registers (rows past `rows` from a zero point and
-    // scale of 0: computed, never stored), then the exact channels are added channel by channel,
-    // each channel's four weight vectors loaded once for all rows; each value still sees the same
+    // scale of 0, read from padded copies: computed, never stored, and no branch in the way of
+    // the scheduler), one column vector at a time and in place, so that the 24 sums, one
+    // column's scale and sum and a broadcast fit the 32 registers (all 24 corrections at once
+    // spilled half of them); then the exact channels are added channel by channel, each
+    // channel's four weight vectors loaded once for all rows. Each value still sees the same
     // operations in the same order (the channels ascending), so the bits are the scalar
-    // reference's. (Channel-inner, the weights were loaded once per row and the 24 values went
-    // through the stack: a quarter of the kernel's time on Zen 4.)
+    // reference's.
     // SAFETY: `NR` column scales and sums, `rows` row scales and zero points, `MR × exact`
     // exact values and `exact × NR` exact weights (checked by `int8_tile`); stores as in `store`.
     unsafe {
-        let scale = [0, 16, 32, 48].map(|v| _mm512_loadu_ps(col_scale.add(v)));
-        let sum = [0, 16, 32, 48].map(|v| _mm512_loadu_si512(col_sum.add(v).cast()));
+        let (mut zero, mut row) = ([0i32; MR], [0f32; MR]);
+        for r in 0..rows {
+            (zero[r], row[r]) = (*row_zero.add(r), *row_scale.add(r));
+        }
         let mut value = [[_mm512_setzero_ps(); NR / 16]; MR];
-        for (r, (acc_row, value_row)) in acc.iter().zip(&mut value).enumerate() {
-            let (zero, row) = if r < rows { (*row_zero.add(r), *row_scale.add(r)) } else { (0, 0.0) };
-            let (zero, row) = (_mm512_set1_epi32(zero), _mm512_set1_ps(row));
-            for (v, (acc, value)) in acc_row.iter().zip(value_row).enumerate() {
-                let corrected = _mm512_sub_epi32(*acc, _mm512_mullo_epi32(zero, sum[v]));
-                *value = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(row, scale[v]));
+        for v in 0..NR / 16 {
+            let (scale, sum) = (_mm512_loadu_ps(col_scale.add(v * 16)), _mm512_loadu_si512(col_sum.add(v * 16).cast()));
+            for r in 0..MR {
+                let corrected = _mm512_sub_epi32(acc[r][v], _mm512_mullo_epi32(_mm512_set1_epi32(zero[r]), sum));
+                value[r][v] = _mm512_mul_ps(_mm512_cvtepi32_ps(corrected), _mm512_mul_ps(_mm512_set1_ps(row[r]), scale));
             }
         }
         for c in 0..exact {
