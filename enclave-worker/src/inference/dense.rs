@@ -91,7 +91,7 @@ fn bf16_value(bits: u32) -> f32 {
 
 /// `lo` and `hi` rounded to bf16 and packed as one `vdpbf16ps` lane.
 #[inline(always)]
-fn pair(lo: f32, hi: f32) -> u32 {
+pub(crate) fn bf16_pair(lo: f32, hi: f32) -> u32 {
     bf16_bits(lo) | (bf16_bits(hi) << 16)
 }
 
@@ -156,7 +156,7 @@ impl Packed<f32> {
 impl Packed<u32> {
     /// The same weights rounded to bf16, for the bf16 kernel.
     pub(crate) fn bf16(w: &Packed<f32>) -> Self {
-        Self::pack(w.k, w.n, w.k.div_ceil(2), |p, col| pair(w.value(2 * p, col), w.value(2 * p + 1, col)))
+        Self::pack(w.k, w.n, w.k.div_ceil(2), |p, col| bf16_pair(w.value(2 * p, col), w.value(2 * p + 1, col)))
     }
 }
 
@@ -232,10 +232,10 @@ impl Lane for u32 {
             || {
                 for (lanes, row) in a.chunks_exact_mut(depth).zip(x[..rows * k].chunks_exact(k)) {
                     for (lane, two) in lanes.iter_mut().zip(row.chunks_exact(2)) {
-                        *lane = pair(two[0], two[1]);
+                        *lane = bf16_pair(two[0], two[1]);
                     }
                     if k % 2 == 1 {
-                        lanes[depth - 1] = pair(row[k - 1], 0.0);
+                        lanes[depth - 1] = bf16_pair(row[k - 1], 0.0);
                     }
                 }
             },
@@ -271,6 +271,15 @@ pub(crate) const TILE_ROWS: usize = MR;
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn f32_tile(a: &[f32], lda: usize, b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, accumulate: bool) {
     kernel::f32_tile(a, b, depth, out, ldc, rows, Slice { lda, first: !accumulate, last: true });
+}
+
+/// [`f32_tile`] with bf16 inputs and f32 sums: `a` and `b` hold lanes of two bf16
+/// ([`bf16_pair`]), `depth` lanes deep, and each lane adds both of its products.
+///
+/// Panics if the lengths do not match or the CPU lacks AVX-512 BF16 ([`bf16_supported`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn bf16_tile(a: &[u32], lda: usize, b: &[u32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, accumulate: bool) {
+    kernel::bf16_tile(a, b, depth, out, ldc, rows, Slice { lda, first: !accumulate, last: true });
 }
 
 /// Rows of bf16 pairs for a kernel of `tile_rows` rows.

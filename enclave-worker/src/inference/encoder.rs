@@ -125,6 +125,14 @@ enum Product<'a> {
 }
 
 impl<'a> Reduced<'a> {
+    /// The tiled attention's arithmetic: bf16 in reduced-precision jobs where the CPU has it.
+    fn attention(self) -> attention::Products {
+        match self {
+            Reduced::Bf16(_) | Reduced::Int8(_) if dense::bf16_supported() => attention::Products::Bf16,
+            _ => attention::Products::F32,
+        }
+    }
+
     fn pick(
         self,
         bf16: impl Fn(&'a Bf16Layer) -> &'a Packed<u32>,
@@ -509,7 +517,7 @@ impl Encoder {
                 // Self-attention, then Norm(projection + bias + x) into h1.
                 observe(0, x);
                 dense(x, total, &layer.qkv.w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
-                self.attention(qkv, layer.qkv.b.as_deref(), attention, offsets, context);
+                self.attention(qkv, layer.qkv.b.as_deref(), attention, reduced.attention(), offsets, context);
                 observe(1, context);
                 dense(context, total, &layer.out.w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
                 resize(h1, total * h);
@@ -533,7 +541,7 @@ impl Encoder {
                 };
                 observe(0, input);
                 dense(input, total, &layer.qkv.w, reduced.pick(|b| &b.qkv, |q| &q.qkv), qkv)?;
-                self.attention(qkv, layer.qkv.b.as_deref(), attention, offsets, context);
+                self.attention(qkv, layer.qkv.b.as_deref(), attention, reduced.attention(), offsets, context);
                 observe(1, context);
                 dense(context, total, &layer.out.w, reduced.pick(|b| &b.out, |q| &q.out), proj)?;
                 let sandwich = layer.sandwich.as_ref();
