@@ -120,10 +120,11 @@ impl Arithmetic for Bf16 {
 /// `out ← softmax(scale · Q·Kᵀ, over each query's keys) · V` for one head (`out`: `n × d`), the
 /// products in arithmetic `A`.
 ///
-/// Panics if the CPU lacks AVX-512 ([`dense::f32_supported`]), or for [`Bf16`] AVX-512 BF16.
+/// Panics if the CPU lacks AVX-512 ([`dense::f32_supported`]), or, for [`Bf16`], AVX-512 BF16
+/// ([`dense::bf16_supported`]).
 pub(super) fn head<A: Arithmetic>(rows: &HeadRows<'_>, scale: f32, reach: Reach, mut out: MatMut<'_>) {
     let (n, d) = (rows.n(), rows.d);
-    // Lanes per query or key, and per key block of the probabilities.
+    // Lanes per row of Q or K, and values per lane.
     let (depth, per) = (d.div_ceil(A::PER_LANE), A::PER_LANE);
     let keys = pack_keys::<A>(rows);
     let (values, padded_n) = pack_values::<A>(rows);
