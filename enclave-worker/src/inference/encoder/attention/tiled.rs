@@ -140,7 +140,7 @@ pub(super) fn head<A: Arithmetic>(rows: &HeadRows<'_>, scale: f32, reach: Reach,
     for q0 in (0..n).step_by(block) {
         let m = block.min(n - q0);
         // The block's queries, scaled. Past `m`, the last block's tile reads rows of the block
-        // before: computed, never stored.
+        // before (or, in a text shorter than a block, zeros): computed, never stored.
         for (r, q) in queries.chunks_exact_mut(depth).take(m).enumerate() {
             for (s, &x) in scaled.iter_mut().zip(rows.row(0, q0 + r)) {
                 *s = x * scale;
