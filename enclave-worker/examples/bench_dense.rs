@@ -80,7 +80,11 @@ fn main() {
     }
     let bf16 = std::env::args().any(|a| a == "--bf16");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
-    let chosen = *dense_blocking();
+    // `--slice N`: measure slices of N lanes instead of the chosen ones.
+    let chosen = match flag("--slice", 0) {
+        0 => *dense_blocking(),
+        depth_slice => DenseBlocking { depth_slice, ..*dense_blocking() },
+    };
     let unsliced = DenseBlocking { l2: L2Size(0), measured: false, depth_slice: usize::MAX };
     println!(
         "L2 {} KiB per thread ({}), depth slices of at most {} lanes; {threads} threads, {m} rows, {}, median of {runs}",

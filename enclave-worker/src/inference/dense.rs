@@ -566,9 +566,41 @@ fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: &[f32], exact: &[
     for (((row, lanes), scale), zero) in
         x[..rows * k].chunks_exact(k).zip(q.lanes.chunks_exact_mut(depth)).zip(&mut q.scale).zip(&mut q.zero)
     {
-        (*scale, *zero) = kernel::quantize_row(row, inv_smooth, lanes);
+        (*scale, *zero) = if int8_supported() {
+            kernel::quantize_row(row, inv_smooth, lanes)
+        } else {
+            // Only the scalar reference tile multiplies on such a CPU (tests): the plain
+            // definition, which the kernel equals byte for byte.
+            let mut bytes = vec![0u8; lanes.len() * 4];
+            let mapping = quantize_row_plain(row, inv_smooth, &mut bytes[..k]);
+            for (lane, quad) in lanes.iter_mut().zip(bytes.chunks_exact(4)) {
+                *lane = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
+            }
+            mapping
+        };
     }
     q
+}
+
+/// The activations' quantisation written out plainly: each value times its smoothing factor,
+/// the range `[min(x, 0), max(x, 0)]` onto `[0, 255]`, rounded to nearest, ties to even (a NaN
+/// value skipped by the range and quantised to 0); `(scale, zero)`.
+fn quantize_row_plain(row: &[f32], inv_smooth: &[f32], bytes: &mut [u8]) -> (f32, i32) {
+    let smoothed: Vec<f32> = row.iter().zip(inv_smooth).map(|(&v, &f)| v * f).collect();
+    let lo = smoothed.iter().copied().fold(0f32, f32::min);
+    let hi = smoothed.iter().copied().fold(0f32, f32::max);
+    let range = hi - lo;
+    if range == 0.0 || !range.is_finite() {
+        bytes.fill(0);
+        return (if range == 0.0 { 1.0 } else { f32::NAN }, 0);
+    }
+    let scale = range / 255.0;
+    let inv = 1.0 / scale;
+    let zero = (-lo * inv).round_ties_even().clamp(0.0, 255.0);
+    for (b, &v) in bytes.iter_mut().zip(&smoothed) {
+        *b = if v.is_nan() { 0 } else { (v * inv + zero).clamp(0.0, 255.0).round_ties_even() as u8 };
+    }
+    (scale, zero as i32)
 }
 
 /// How a row whose values lie in `[lo, hi]` (0 included) maps onto u8: `Ok((scale, 1/scale,

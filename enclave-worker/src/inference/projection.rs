@@ -56,7 +56,7 @@ pub(crate) fn config(index: usize, bytes: &[u8], key: &'static str) -> Result<(u
         value
             .as_u64()
             .and_then(|v| usize::try_from(v).ok())
-            .filter(|&v| v >= 1 && v <= MAX_FEATURES)
+            .filter(|v| (1..=MAX_FEATURES).contains(v))
             .ok_or_else(|| refused(index, "config.json", name, value, "not a count within the engine's cap"))
     };
     let mut bias = true; // sentence-transformers' default

@@ -123,7 +123,7 @@ unsafe fn dequantize_avx512(
 /// `inv_smooth` factor first, into `lanes` (its bytes four to a u32, little-endian; the row's
 /// `k` bytes are written, the lanes' padding bytes left as they are); returns `(scale, zero)`.
 /// The row's range includes 0; a NaN value is skipped by the range and quantises to 0. Equal,
-/// byte for byte, to the scalar definition in the tests (`quantize_row_reference`).
+/// byte for byte, to the scalar definition (`quantize_row_plain`, tests).
 pub(super) fn quantize_row(row: &[f32], inv_smooth: &[f32], lanes: &mut [u32]) -> (f32, i32) {
     assert!(inv_smooth.len() == row.len() && lanes.len() * 4 >= row.len());
     assert!(super::int8_supported());

@@ -100,7 +100,7 @@ fn bf16_stays_close_to_full_precision() {
 }
 
 /// The int8 product written out plainly from its definition: weights quantised per column,
-/// rows per row (by `quantize_row_reference`), integer sums, the same dequantisation formula.
+/// rows per row (by `quantize_row_plain`), integer sums, the same dequantisation formula.
 fn int8_plain(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut scale = vec![1f32; n];
     for (j, scale) in scale.iter_mut().enumerate() {
@@ -113,7 +113,7 @@ fn int8_plain(x: &[f32], w: &[f32], m: usize, k: usize, n: usize) -> Vec<f32> {
     let mut out = vec![0f32; m * n];
     let mut bytes = vec![0u8; k];
     for i in 0..m {
-        let (row_scale, zero) = quantize_row_reference(&x[i * k..(i + 1) * k], &vec![1.0; k], &mut bytes);
+        let (row_scale, zero) = quantize_row_plain(&x[i * k..(i + 1) * k], &vec![1.0; k], &mut bytes);
         for j in 0..n {
             let (mut acc, mut sum) = (0i32, 0i32);
             for (p, &b) in bytes.iter().enumerate() {
@@ -216,27 +216,6 @@ fn int8_stays_close_to_full_precision_and_smoothing_is_exact_in_f32() {
     }
 }
 
-/// The activations' quantisation written out plainly: each value times its smoothing factor,
-/// the range `[min(x, 0), max(x, 0)]` onto `[0, 255]`, rounded to nearest, ties to even (a NaN
-/// value skipped by the range and quantised to 0); `(scale, zero)`.
-fn quantize_row_reference(row: &[f32], inv_smooth: &[f32], bytes: &mut [u8]) -> (f32, i32) {
-    let smoothed: Vec<f32> = row.iter().zip(inv_smooth).map(|(&v, &f)| v * f).collect();
-    let lo = smoothed.iter().copied().fold(0f32, f32::min);
-    let hi = smoothed.iter().copied().fold(0f32, f32::max);
-    let range = hi - lo;
-    if range == 0.0 || !range.is_finite() {
-        bytes.fill(0);
-        return (if range == 0.0 { 1.0 } else { f32::NAN }, 0);
-    }
-    let scale = range / 255.0;
-    let inv = 1.0 / scale;
-    let zero = (-lo * inv).round_ties_even().clamp(0.0, 255.0);
-    for (b, &v) in bytes.iter_mut().zip(&smoothed) {
-        *b = if v.is_nan() { 0 } else { (v * inv + zero).clamp(0.0, 255.0).round_ties_even() as u8 };
-    }
-    (scale, zero as i32)
-}
-
 /// The quantisation kernel equals the plain definition byte for byte, on lengths around the
 /// vector width, with and without smoothing, on rows of one sign, zeros, an infinity and a NaN;
 /// it writes the row's bytes and nothing past them.
@@ -259,7 +238,7 @@ fn int8_quantisation_kernel_matches_its_definition() {
         let factors: Vec<f32> = values(k as u64 + 99, k).iter().map(|v| (v * 4.0).exp2()).collect();
         for inv_smooth in [vec![1.0; k], factors] {
             let mut want = vec![0u8; k];
-            let want_mapping = quantize_row_reference(row, &inv_smooth, &mut want);
+            let want_mapping = quantize_row_plain(row, &inv_smooth, &mut want);
             // Lanes prefilled with a marker: the padding bytes past `k` must keep it.
             let mut lanes = vec![0xA5A5_A5A5u32; k.div_ceil(4)];
             let got_mapping = kernel::quantize_row(row, &inv_smooth, &mut lanes);
@@ -276,15 +255,15 @@ fn int8_quantisation_kernel_matches_its_definition() {
 fn int8_rows_quantise_within_half_a_step() {
     let row = [-1.0f32, 0.0, 0.5, 3.0, 2.999, -0.25];
     let mut bytes = [0u8; 6];
-    let (scale, zero) = quantize_row_reference(&row, &[1.0; 6], &mut bytes);
+    let (scale, zero) = quantize_row_plain(&row, &[1.0; 6], &mut bytes);
     assert_eq!(scale, 4.0 / 255.0);
     for (&v, &b) in row.iter().zip(&bytes) {
         assert!((scale * (i32::from(b) - zero) as f32 - v).abs() <= scale / 2.0 + 1e-6, "{v} → {b}");
     }
     assert_eq!(i32::from(bytes[1]), zero, "zero is exact");
-    assert_eq!(quantize_row_reference(&[0.0; 5], &[1.0; 5], &mut [7u8; 5]), (1.0, 0));
+    assert_eq!(quantize_row_plain(&[0.0; 5], &[1.0; 5], &mut [7u8; 5]), (1.0, 0));
     let mut positive = [0u8; 3];
-    assert_eq!(quantize_row_reference(&[1.0, 2.0, 0.5], &[1.0; 3], &mut positive).1, 0);
+    assert_eq!(quantize_row_plain(&[1.0, 2.0, 0.5], &[1.0; 3], &mut positive).1, 0);
     assert_eq!(positive[1], 255);
 }
 
