@@ -360,7 +360,16 @@ impl Embedder {
 
     /// [`Embedder::supports_precision`], with the reason. int8 is BERT's only: its accuracy
     /// bound was measured on BERT (docs/benchmarks.md), not on XLM-RoBERTa or MPNet.
+    ///
+    /// The model's own refusal comes first: it holds on every CPU, so a job gets the same
+    /// answer whichever host's enclave runs it.
     pub fn check_precision(&self, precision: Precision) -> Result<(), InferenceError> {
+        if precision == Precision::Int8 && self.arch != Architecture::Bert {
+            return Err(InferenceError::UnsupportedPrecisionFor {
+                precision: precision.as_str(),
+                architecture: self.arch.as_str(),
+            });
+        }
         let computes = match self.model {
             Model::Fused(_) => Encoder::supports_precision(precision),
             #[cfg(feature = "candle")]
@@ -368,12 +377,6 @@ impl Embedder {
         };
         if !computes {
             return Err(InferenceError::UnsupportedPrecision(precision.as_str()));
-        }
-        if precision == Precision::Int8 && self.arch != Architecture::Bert {
-            return Err(InferenceError::UnsupportedPrecisionFor {
-                precision: precision.as_str(),
-                architecture: self.arch.as_str(),
-            });
         }
         Ok(())
     }
