@@ -4,12 +4,13 @@
 //! BERT-large (1,024): FFN input and output, `m` token rows.
 //!
 //! ```text
-//! cargo run --release -p enclave-worker --example bench_dense -- [--threads 2] [--rows 2048] [--runs 9] [--bf16]
+//! cargo run --release -p enclave-worker --example bench_dense -- [--threads 2] [--rows 2048] [--runs 9] [--bf16] [--slice N]
 //! cargo run --release -p enclave-worker --example bench_dense -- --units [--threads 2] [--rows 2048] [--runs 9]
 //! ```
 //!
 //! `--units`: the bf16 and int8 products on AVX-512 and on AMX tiles alternately instead, with
 //! the chosen blocking (AMX only where this CPU has it and Linux grants the tile state).
+//! `--slice N`: the "chosen" column measures depth slices of N lanes instead of this CPU's.
 
 use std::time::Instant;
 
