@@ -584,7 +584,8 @@ fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: &[f32], exact: &[
 
 /// The activations' quantisation written out plainly: each value times its smoothing factor,
 /// the range `[min(x, 0), max(x, 0)]` onto `[0, 255]`, rounded to nearest, ties to even (a NaN
-/// value skipped by the range and quantised to 0); `(scale, zero)`.
+/// value skipped by the range and quantised to 0); `(scale, zero)`. It does not call
+/// [`row_mapping`], so that the kernel's tests check that helper rather than share it.
 fn quantize_row_plain(row: &[f32], inv_smooth: &[f32], bytes: &mut [u8]) -> (f32, i32) {
     let smoothed: Vec<f32> = row.iter().zip(inv_smooth).map(|(&v, &f)| v * f).collect();
     let lo = smoothed.iter().copied().fold(0f32, f32::min);
