@@ -563,23 +563,29 @@ fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: &[f32], exact: &[
         exact: gathered,
         rows,
     };
+    // Without AVX-512 VNNI only the scalar reference tile multiplies (tests): rows are then
+    // quantised by the plain definition, which the kernel equals byte for byte.
+    let quantize_row: QuantizeRow = if int8_supported() { kernel::quantize_row } else { quantize_row_plain_into_lanes };
     for (((row, lanes), scale), zero) in
         x[..rows * k].chunks_exact(k).zip(q.lanes.chunks_exact_mut(depth)).zip(&mut q.scale).zip(&mut q.zero)
     {
-        (*scale, *zero) = if int8_supported() {
-            kernel::quantize_row(row, inv_smooth, lanes)
-        } else {
-            // Only the scalar reference tile multiplies on such a CPU (tests): the plain
-            // definition, which the kernel equals byte for byte.
-            let mut bytes = vec![0u8; lanes.len() * 4];
-            let mapping = quantize_row_plain(row, inv_smooth, &mut bytes[..k]);
-            for (lane, quad) in lanes.iter_mut().zip(bytes.chunks_exact(4)) {
-                *lane = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
-            }
-            mapping
-        };
+        (*scale, *zero) = quantize_row(row, inv_smooth, lanes);
     }
     q
+}
+
+/// `(row, inv_smooth, lanes) → (scale, zero)`: one row of activations quantised into lanes.
+type QuantizeRow = fn(&[f32], &[f32], &mut [u32]) -> (f32, i32);
+
+/// [`quantize_row_plain`] into lanes as the kernel writes them (four bytes to a u32,
+/// little-endian).
+fn quantize_row_plain_into_lanes(row: &[f32], inv_smooth: &[f32], lanes: &mut [u32]) -> (f32, i32) {
+    let mut bytes = vec![0u8; lanes.len() * 4];
+    let mapping = quantize_row_plain(row, inv_smooth, &mut bytes[..row.len()]);
+    for (lane, quad) in lanes.iter_mut().zip(bytes.chunks_exact(4)) {
+        *lane = u32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
+    }
+    mapping
 }
 
 /// The activations' quantisation written out plainly: each value times its smoothing factor,
