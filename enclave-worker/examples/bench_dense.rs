@@ -8,8 +8,9 @@
 //! cargo run --release -p enclave-worker --example bench_dense -- --units [--threads 2] [--rows 2048] [--runs 9]
 //! ```
 //!
-//! `--units`: the bf16 and int8 products on AVX-512 and on AMX tiles alternately instead, with
-//! the chosen blocking (AMX only where this CPU has it and Linux grants the tile state).
+//! `--units`: the bf16 and int8 products on every unit alternately instead (AVX-512, AMX tiles,
+//! int8 on AVX2), with the chosen blocking (AMX only where this CPU has it and Linux grants the
+//! tile state).
 //! `--slice N`: the "chosen" column measures depth slices of N lanes instead of this CPU's.
 
 use std::time::Instant;
@@ -41,35 +42,36 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// bf16 and int8 on AVX-512 against AMX, per shape: GOP/s (two operations per multiply-add).
+/// The reduced products on every unit and gemm's f32 product (the encoder's on a CPU without
+/// AVX-512), alternately, per shape: GOP/s (two operations per multiply-add), "–" where this
+/// CPU cannot run it.
 fn units(pool: &rayon::ThreadPool, m: usize, runs: usize) {
+    use bench::Arithmetic::{Bf16, Int8};
+    let columns = [("bf16 AVX-512", Bf16, DenseUnit::Avx512), ("bf16 AMX", Bf16, DenseUnit::Amx), ("int8 VNNI", Int8, DenseUnit::Avx512), ("int8 AMX", Int8, DenseUnit::Amx), ("int8 AVX2", Int8, DenseUnit::Avx2)];
     let chosen = *dense_blocking();
     println!("dense units {:?}; {} threads, {m} rows, median of {runs}", dense_units(), pool.current_num_threads());
-    println!("| shape | k × n | bf16 AVX-512 | bf16 AMX | AMX / AVX-512 | int8 VNNI | int8 AMX | AMX / VNNI |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| shape | k × n | f32 gemm | {} |", columns.map(|c| c.0).join(" | "));
+    println!("|---|---|---|{}", "---|".repeat(columns.len()));
     for (seed, &(name, k, n)) in SHAPES.iter().enumerate() {
         let x = values(seed, m * k);
         let w = bench::pack(&values(seed + 7, k * n), k, n);
         let mut out = vec![0f32; m * n];
-        let mut cells = Vec::new();
-        for arithmetic in [bench::Arithmetic::Bf16, bench::Arithmetic::Int8] {
-            let mut time = |unit: DenseUnit| {
+        let mut times = columns.map(|_| Vec::new());
+        let mut gemm = Vec::new();
+        for _ in 0..=runs {
+            let start = Instant::now();
+            pool.install(|| bench::gemm_f32(&x, m, &w, &mut out));
+            gemm.push(2.0 * (m * k * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
+            for ((_, arithmetic, unit), times) in columns.iter().zip(&mut times) {
                 let start = Instant::now();
-                pool.install(|| bench::product_on(&x, m, &w, &mut out, arithmetic, unit, &chosen))?;
-                Some(2.0 * (m * k * n) as f64 / start.elapsed().as_secs_f64() / 1e9)
-            };
-            let (mut avx512, mut amx) = (Vec::new(), Vec::new());
-            for _ in 0..=runs {
-                avx512.extend(time(DenseUnit::Avx512));
-                amx.extend(time(DenseUnit::Amx));
+                if pool.install(|| bench::product_on(&x, m, &w, &mut out, *arithmetic, *unit, &chosen)).is_some() {
+                    times.push(2.0 * (m * k * n) as f64 / start.elapsed().as_secs_f64() / 1e9);
+                }
             }
-            let median_of = |v: Vec<f64>| (!v.is_empty()).then(|| median(v[1..].to_vec()));
-            let (avx512, amx) = (median_of(avx512), median_of(amx));
-            let shown = |v: Option<f64>| v.map_or("–".to_owned(), |v| format!("{v:.1}"));
-            let ratio = avx512.zip(amx).map_or("–".to_owned(), |(a, b)| format!("{:.2}", b / a));
-            cells.push(format!("{} | {} | {ratio}", shown(avx512), shown(amx)));
         }
-        println!("| {name} | {k} × {n} | {} |", cells.join(" | "));
+        // The first run of each warms its caches: left out.
+        let cells = times.map(|v| if v.len() > 1 { format!("{:.1}", median(v[1..].to_vec())) } else { "–".to_owned() });
+        println!("| {name} | {k} × {n} | {:.1} | {} |", median(gemm[1..].to_vec()), cells.join(" | "));
     }
 }
 

@@ -70,6 +70,9 @@ pub enum ComputeUnit {
     Avx512,
     /// AMX tiles (`tdpbf16ps`, `tdpbusd`).
     Amx,
+    /// AVX2 vectors, int8 only (`vpmaddwd` on operands widened to i16), on a CPU without
+    /// AVX-512 VNNI.
+    Avx2,
 }
 
 impl ComputeUnit {
@@ -77,6 +80,7 @@ impl ComputeUnit {
         match self {
             Self::Avx512 => "avx512",
             Self::Amx => "amx",
+            Self::Avx2 => "avx2",
         }
     }
 
@@ -84,6 +88,7 @@ impl ComputeUnit {
         match text {
             "avx512" => Some(Self::Avx512),
             "amx" => Some(Self::Amx),
+            "avx2" => Some(Self::Avx2),
             _ => None,
         }
     }
@@ -137,7 +142,8 @@ impl Compute {
         map.build()
     }
 
-    /// Strict: no unknown key or unit, at least one unit, a short precision of bf16 or fp32.
+    /// Strict: no unknown key or unit (nor `avx2` for bf16, which has none), at least one unit, a
+    /// short precision of bf16 or fp32.
     pub fn read(mut map: MapReader) -> Result<Self, ReceiptError> {
         let mut units = map.map("units")?;
         let unit = |units: &mut MapReader, key: &'static str| -> Result<Option<ComputeUnit>, ReceiptError> {
@@ -151,6 +157,9 @@ impl Compute {
         };
         let (bf16, int8) = (unit(&mut units, "bf16")?, unit(&mut units, "int8")?);
         units.finish()?;
+        if bf16 == Some(ComputeUnit::Avx2) {
+            return Err(ReceiptError::Invalid("compute: bf16 has no avx2 unit"));
+        }
         if bf16.is_none() && int8.is_none() {
             return Err(ReceiptError::Invalid("compute: no unit"));
         }
@@ -435,6 +444,9 @@ pub(crate) mod tests {
             short: Some(ShortRecords { max_tokens: 8, precision: Precision::Fp32, records: 0 }),
         });
         assert_eq!(Receipt::from_payload(&no_bf16.to_payload()).unwrap(), no_bf16);
+        // An int8 job on a CPU without AVX-512 VNNI.
+        let avx2 = Receipt { compute: Some(Compute { int8: Some(ComputeUnit::Avx2), ..no_bf16.compute.clone().unwrap() }), ..no_bf16 };
+        assert_eq!(Receipt::from_payload(&avx2.to_payload()).unwrap(), avx2);
     }
 
     #[test]
@@ -459,6 +471,7 @@ pub(crate) mod tests {
         refused(&edited(&receipt, |v| add_key(v, &["compute", "units"], "fp16")), "an unknown arithmetic");
         refused(&edited(&receipt, |v| add_key(v, &["compute", "short"], "zz")), "an unknown key in short");
         refused(&edited(&receipt, |v| *at(v, &["compute", "units", "int8"]) = text("gpu")), "an unknown unit");
+        refused(&edited(&receipt, |v| *at(v, &["compute", "units", "bf16"]) = text("avx2")), "bf16 on a unit without a bf16 kernel");
         refused(&edited(&receipt, |v| *at(v, &["compute", "short", "precision"]) = text("int8")), "short records at int8");
         refused(&edited(&receipt, |v| *at(v, &["compute"]) = text("avx512")), "compute not a map");
         // The editing itself keeps a receipt that decodes when it changes nothing.

@@ -8,7 +8,7 @@
 
 use base64::Engine as _;
 use protocol::envelope::Precision;
-use protocol::receipt::SignedReceipt;
+use protocol::receipt::{ComputeUnit, SignedReceipt};
 use serde_json::Value;
 use tests::{json, json_lines, Stack};
 
@@ -53,8 +53,9 @@ fn vector(record: &Value) -> Vec<f64> {
 
 #[test]
 fn int8_keeps_its_bound_on_short_texts_through_the_stack() {
-    if !std::arch::is_x86_feature_detected!("avx512vnni") {
-        eprintln!("skipped: this CPU has no AVX-512 VNNI, so int8 jobs are refused");
+    let vnni = std::arch::is_x86_feature_detected!("avx512vnni");
+    if !vnni && !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+        eprintln!("skipped: this CPU has neither AVX-512 VNNI nor AVX2, so int8 jobs are refused");
         return;
     }
     let cases = cases();
@@ -110,7 +111,8 @@ fn int8_keeps_its_bound_on_short_texts_through_the_stack() {
     let receipt = SignedReceipt::decode(&hex::decode(bundle["receipt"].as_str().unwrap()).unwrap()).unwrap().receipt;
     assert_eq!(receipt.options.precision, Precision::Int8);
     let compute = receipt.compute.expect("an int8 receipt states how it computed");
-    assert!(compute.int8.is_some(), "{compute:?}");
+    // VNNI's unit (or AMX's) where the CPU has it, AVX2's where not.
+    assert_eq!(compute.int8 == Some(ComputeUnit::Avx2), !vnni, "{compute:?}");
     let short = compute.short.expect("an int8 receipt states its short records");
     let bf16 = std::arch::is_x86_feature_detected!("avx512bf16");
     assert_eq!(short.precision, if bf16 { Precision::Bf16 } else { Precision::Fp32 });

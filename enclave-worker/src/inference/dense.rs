@@ -84,9 +84,13 @@ fn bf16_bits(x: f32) -> u32 {
 }
 
 /// bf16 → f32 (exact).
-#[cfg(test)]
 fn bf16_value(bits: u32) -> f32 {
     f32::from_bits(bits << 16)
+}
+
+/// `x` rounded to bf16, as an f32: bf16's inputs on a CPU without a bf16 kernel.
+pub(crate) fn bf16_rounded(x: f32) -> f32 {
+    bf16_value(bf16_bits(x))
 }
 
 /// `lo` and `hi` rounded to bf16 and packed as one `vdpbf16ps` lane.
@@ -142,6 +146,11 @@ impl Packed<f32> {
         Self::pack(k, n, k, |p, col| if col < n { w[p * n + col] } else { 0.0 })
     }
 
+    /// The same weights rounded to bf16 (padding stays zero).
+    pub(crate) fn bf16_rounded(&self) -> Self {
+        Self { panels: self.panels.iter().map(|&v| bf16_rounded(v)).collect(), ..*self }
+    }
+
     /// Per row (input channel), the largest |weight|.
     pub(crate) fn row_abs_max(&self) -> Vec<f32> {
         (0..self.k).map(|row| (0..self.n).map(|col| self.value(row, col).abs()).fold(0f32, f32::max)).collect()
@@ -192,12 +201,14 @@ const BF16_AVX512: TileKernel<Tile<u32>> = TileKernel { rows: MR, step: 1, run: 
 const BF16_AMX: TileKernel<Tile<u32>> = TileKernel { rows: kernel::amx::ROWS, step: kernel::amx::STEP, run: kernel::amx::bf16_tile };
 const INT8_VNNI: TileKernel<Int8Tile> = TileKernel { rows: MR, step: 1, run: kernel::int8_tile };
 const INT8_AMX: TileKernel<Int8Tile> = TileKernel { rows: kernel::amx::ROWS, step: kernel::amx::STEP, run: kernel::amx::int8_tile };
+const INT8_AVX2: TileKernel<Int8Tile> = TileKernel { rows: MR, step: 1, run: kernel::avx2::int8_tile };
 
 /// The bf16 kernel of `unit`.
 fn bf16_kernel(unit: Unit) -> TileKernel<Tile<u32>> {
     match unit {
         Unit::Avx512 => BF16_AVX512,
         Unit::Amx => BF16_AMX,
+        Unit::Avx2 => unreachable!("bf16 has no AVX2 kernel: units() never chooses it"),
     }
 }
 
@@ -206,6 +217,7 @@ fn int8_kernel(unit: Unit) -> TileKernel<Int8Tile> {
     match unit {
         Unit::Avx512 => INT8_VNNI,
         Unit::Amx => INT8_AMX,
+        Unit::Avx2 => INT8_AVX2,
     }
 }
 
@@ -429,13 +441,31 @@ fn tiles_of_panel(
 // ---------------------------------------------------------------------------------------------
 // int8: u8 activations × i8 weights, int32 sums (`vpdpbusd`), dequantised to f32.
 
-/// Whether this CPU executes the int8 kernel (AVX-512 F + BW + VNNI).
+/// Whether this CPU executes an int8 tile kernel: AVX-512 VNNI's or AVX2's (the same bits).
 pub(crate) fn int8_supported() -> bool {
+    vnni_supported() || avx2_supported()
+}
+
+/// Whether this CPU executes the VNNI int8 kernel and the AVX-512 quantisation (AVX-512 F + BW
+/// + VNNI).
+pub(crate) fn vnni_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         f32_supported()
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU executes the AVX2 int8 kernel (AVX2 + FMA).
+pub(crate) fn avx2_supported() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -563,9 +593,14 @@ fn quantize_rows(x: &[f32], rows: usize, k: usize, inv_smooth: &[f32], exact: &[
         exact: gathered,
         rows,
     };
-    // Without AVX-512 VNNI only the scalar reference tile multiplies (tests): rows are then
-    // quantised by the plain definition, which the kernel equals byte for byte.
-    let quantize_row: QuantizeRow = if int8_supported() { kernel::quantize_row } else { quantize_row_plain_into_lanes };
+    // A kernel where the CPU has one, else the plain definition they equal byte for byte.
+    let quantize_row: QuantizeRow = if vnni_supported() {
+        kernel::quantize_row
+    } else if avx2_supported() {
+        kernel::avx2::quantize_row
+    } else {
+        quantize_row_plain_into_lanes
+    };
     for (((row, lanes), scale), zero) in
         x[..rows * k].chunks_exact(k).zip(q.lanes.chunks_exact_mut(depth)).zip(&mut q.scale).zip(&mut q.zero)
     {
@@ -628,11 +663,11 @@ fn row_mapping(lo: f32, hi: f32) -> Result<(f32, f32, f32), f32> {
 /// `out ← x · w` in int8: each row of `x` (`(m, k)` row-major f32) quantised to u8 on the fly,
 /// multiplied by `w`'s i8 values with int32 sums, dequantised to f32 into `out` (`(m, n)`).
 ///
-/// Runs on the unit [`units`] chose (AMX tiles or AVX-512 VNNI); both give the same bits.
+/// Runs on the unit [`units`] chose (AMX tiles, AVX-512 VNNI or AVX2); all give the same bits.
 ///
-/// Panics if the lengths do not match or the CPU lacks AVX-512 VNNI ([`int8_supported`]).
+/// Panics if the lengths do not match or the CPU has no int8 kernel ([`int8_supported`]).
 pub(crate) fn matmul_int8(x: &[f32], m: usize, w: &Int8Weights, out: &mut [f32]) {
-    let unit = units().int8.expect("the CPU has no AVX-512 VNNI");
+    let unit = units().int8.expect("the CPU has neither AVX-512 VNNI nor AVX2");
     int8_product(x, m, w, out, blocking(), int8_kernel(unit));
 }
 
@@ -730,14 +765,21 @@ pub mod bench {
 
     /// A `(k, n)` weight matrix packed as the encoder packs it, its bf16 rounding where the CPU
     /// has AVX-512 BF16, and its int8 quantisation (plain: no smoothing, no exact channels)
-    /// where it has AVX-512 VNNI.
-    pub struct Weights(Packed<f32>, Option<Packed<u32>>, Option<Int8Weights>);
+    /// where it has an int8 kernel.
+    pub struct Weights(Packed<f32>, Option<Packed<u32>>, Option<Int8Weights>, Vec<f32>);
 
     pub fn pack(w: &[f32], k: usize, n: usize) -> Weights {
         let f32 = Packed::f32(w, k, n);
         let bf16 = bf16_supported().then(|| Packed::bf16(&f32));
         let int8 = int8_supported().then(|| Int8Weights::new(&f32, None, &[]));
-        Weights(f32, bf16, int8)
+        Weights(f32, bf16, int8, w.to_vec())
+    }
+
+    /// `out ← x · w` in f32 through gemm, as the encoder computes it on a CPU without AVX-512.
+    pub fn gemm_f32(x: &[f32], m: usize, w: &Weights, out: &mut [f32]) {
+        use crate::inference::strided::{MatMut, MatRef, matmul_parallel};
+        let (k, n) = (w.0.k, w.0.n);
+        matmul_parallel(MatRef::new(x, m, k, k, 1), MatRef::new(&w.3, k, n, n, 1), MatMut::new(out, m, n, n), 1.0);
     }
 
     /// The arithmetic of a product.
@@ -755,18 +797,33 @@ pub mod bench {
         product_on(x, m, w, out, arithmetic, units().bf16.unwrap_or(Unit::Avx512), blocking)
     }
 
-    /// `out ← x · w` in `arithmetic` on `unit` (f32: always AVX-512); `None` where the CPU
-    /// cannot run it.
+    /// `out ← x · w` in `arithmetic` on `unit` (f32: AVX-512 only); `None` where the CPU cannot
+    /// run it there.
     pub fn product_on(x: &[f32], m: usize, w: &Weights, out: &mut [f32], arithmetic: Arithmetic, unit: Unit, blocking: &Blocking) -> Option<()> {
-        assert!(f32_supported(), "the CPU has no AVX-512");
-        let runs = |chosen: Option<Unit>| chosen.is_some() && (unit == Unit::Avx512 || chosen == Some(Unit::Amx));
+        if !runs(arithmetic, unit) {
+            return None;
+        }
         match (arithmetic, &w.1, &w.2) {
             (Arithmetic::F32, _, _) => packed_product(x, m, &w.0, out, blocking, F32_AVX512, |x, rows| rows_f32(x, rows, w.0.k)),
-            (Arithmetic::Bf16, Some(p), _) if runs(units().bf16) => bf16_product(x, m, p, out, blocking, bf16_kernel(unit)),
-            (Arithmetic::Int8, _, Some(q)) if runs(units().int8) => int8_product(x, m, q, out, blocking, int8_kernel(unit)),
+            (Arithmetic::Bf16, Some(p), _) => bf16_product(x, m, p, out, blocking, bf16_kernel(unit)),
+            (Arithmetic::Int8, _, Some(q)) => int8_product(x, m, q, out, blocking, int8_kernel(unit)),
             _ => return None,
         }
         Some(())
+    }
+
+    /// Whether this CPU runs `arithmetic` on `unit` (AMX only where [`units`] chose it: Linux
+    /// may refuse its state).
+    fn runs(arithmetic: Arithmetic, unit: Unit) -> bool {
+        match (unit, arithmetic) {
+            (Unit::Avx512, Arithmetic::F32) => f32_supported(),
+            (Unit::Avx512, Arithmetic::Bf16) => bf16_supported(),
+            (Unit::Avx512, Arithmetic::Int8) => vnni_supported(),
+            (Unit::Amx, Arithmetic::Bf16) => units().bf16 == Some(Unit::Amx),
+            (Unit::Amx, Arithmetic::Int8) => units().int8 == Some(Unit::Amx),
+            (Unit::Avx2, Arithmetic::Int8) => avx2_supported(),
+            (Unit::Amx | Unit::Avx2, _) => false,
+        }
     }
 }
 
@@ -792,6 +849,17 @@ mod kernel {
 
     pub(super) fn quantize_row(_: &[f32], _: &[f32], _: &mut [u32]) -> (f32, i32) {
         unreachable!("int8_supported() is false off x86-64")
+    }
+
+    pub(super) mod avx2 {
+        pub(in super::super) fn quantize_row(_: &[f32], _: &[f32], _: &mut [u32]) -> (f32, i32) {
+            unreachable!("no AVX2 off x86-64")
+        }
+
+        #[allow(clippy::too_many_arguments)]
+        pub(in super::super) fn int8_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: super::super::Slice, _: &super::super::Dequant<'_>) {
+            unreachable!("no AVX2 off x86-64")
+        }
     }
 
     pub(super) mod amx {

@@ -407,6 +407,7 @@ impl Embedder {
             unit.map(|unit| match unit {
                 super::dense::Unit::Avx512 => ComputeUnit::Avx512,
                 super::dense::Unit::Amx => ComputeUnit::Amx,
+                super::dense::Unit::Avx2 => ComputeUnit::Avx2,
             })
         };
         match precision {

@@ -122,6 +122,9 @@ enum Product<'a> {
     Fp32,
     Bf16(&'a Packed<u32>),
     Int8(&'a Int8Weights),
+    /// bf16's rounding on a CPU without a bf16 kernel: the inputs rounded to bf16 on the way in,
+    /// times these weights (rounded to bf16 already), in f32 (int8's calibration only).
+    Bf16Rounded(&'a Weight),
 }
 
 impl<'a> Reduced<'a> {
@@ -145,6 +148,7 @@ impl<'a> Reduced<'a> {
                 Int8Product::Int8(w) => Product::Int8(w),
                 Int8Product::Bf16(w) => Product::Bf16(w),
                 Int8Product::Fp32 => Product::Fp32,
+                Int8Product::Bf16Rounded(w) => Product::Bf16Rounded(w),
             },
         }
     }
@@ -673,12 +677,17 @@ fn resize(buffer: &mut Vec<f32>, len: usize) {
 
 /// `out ← x · w` (`x`: `m` rows): through our f32 kernel (gemm's on a CPU without AVX-512), or through the bf16 or int8 kernel with `w`'s bf16 or int8 copy.
 fn dense(x: &[f32], m: usize, w: &Weight, reduced: Product<'_>, out: &mut Vec<f32>) -> Result<(), InferenceError> {
+    if let Product::Bf16Rounded(rounded) = reduced {
+        let x: Vec<f32> = x.iter().map(|&v| dense::bf16_rounded(v)).collect();
+        return dense(&x, m, rounded, Product::Fp32, out);
+    }
     let k = x.len() / m.max(1);
     let (rows, cols) = match (w, reduced) {
         (_, Product::Bf16(packed)) => (packed.rows(), packed.cols()),
         (_, Product::Int8(quantised)) => (quantised.rows(), quantised.cols()),
         (Weight::Packed(packed), Product::Fp32) => (packed.rows(), packed.cols()),
         (Weight::Plain { rows, cols, .. }, Product::Fp32) => (*rows, *cols),
+        (_, Product::Bf16Rounded(_)) => unreachable!("computed above"),
     };
     if k != rows || x.len() != m * k {
         return Err(InferenceError::Forward(format!("({m}, {k}) · ({rows}, {cols})")));
@@ -694,6 +703,7 @@ fn dense(x: &[f32], m: usize, w: &Weight, reduced: Product<'_>, out: &mut Vec<f3
             MatMut::new(out, m, *cols, *cols),
             1.0,
         ),
+        (_, Product::Bf16Rounded(_)) => unreachable!("computed above"),
     }
     Ok(())
 }
@@ -756,6 +766,41 @@ mod tests {
         encoder.bf16_layers().unwrap();
         let grown = encoder.memory_bytes() - before;
         assert!(grown.abs_diff(dense_f32 / 2) <= dense_f32 / 100, "bf16 copy {grown} bytes for {dense_f32} of f32");
+    }
+
+    /// bf16's rounding emulated in f32 (int8's calibration without AVX-512 BF16) is the product
+    /// of the inputs rounded to bf16, within f32 summation error, on every CPU; and where the
+    /// CPU has the bf16 kernel, within that error of the kernel's.
+    #[test]
+    fn the_emulated_bf16_product_rounds_as_bf16_does() {
+        let (m, k, n) = (13, 200, 70);
+        let x: Vec<f32> = (0..m * k).map(|i| ((i * 7919) % 1009) as f32 / 504.0 - 1.0).collect();
+        let w: Vec<f32> = (0..k * n).map(|i| ((i * 104_729) % 997) as f32 / 498.0 - 1.0).collect();
+        let weight = Weight::new(w.clone(), k, n).unwrap();
+        let rounded = weight.bf16_rounded();
+        let mut emulated = Vec::new();
+        dense(&x, m, &weight, Product::Bf16Rounded(&rounded), &mut emulated).unwrap();
+        let round = |v: f32| f64::from(dense::bf16_rounded(v));
+        let bound = k as f64 * 1.2e-7 + 1e-6;
+        let mut moved = 0f64;
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k).map(|p| round(x[i * k + p]) * round(w[p * n + j])).sum();
+                let unrounded: f64 = (0..k).map(|p| f64::from(x[i * k + p]) * f64::from(w[p * n + j])).sum();
+                let got = f64::from(emulated[i * n + j]);
+                assert!((got - want).abs() <= bound, "[{i}, {j}]: {got} vs {want}");
+                moved = moved.max((want - unrounded).abs());
+            }
+        }
+        assert!(moved > 100.0 * bound, "bf16's rounding should show: {moved}");
+        if dense::bf16_supported() {
+            let Weight::Packed(packed) = &weight else { unreachable!("AVX-512 packs") };
+            let mut kernel = Vec::new();
+            dense(&x, m, &weight, Product::Bf16(&Packed::bf16(packed)), &mut kernel).unwrap();
+            for (a, b) in kernel.iter().zip(&emulated) {
+                assert!(f64::from((a - b).abs()) <= 2.0 * bound, "{a} vs {b}");
+            }
+        }
     }
 
     /// The two forms a dense weight takes (our kernel's panels where the CPU has AVX-512, gemm's

@@ -474,11 +474,15 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
     assert_eq!(receipt.options.precision, Precision::Fp32);
 
     // bf16 and int8 are the client's explicit choice: computed as asked where the CPU has AVX-512
-    // BF16 / VNNI (close to, but not bit-equal with, fp32) and recorded in the receipt; refused by
-    // name elsewhere.
+    // BF16 / VNNI or AVX2 (close to, but not bit-equal with, fp32) and recorded in the receipt;
+    // refused by name elsewhere.
     for (precision, feature, min_cosine) in [
         (Precision::Bf16, std::arch::is_x86_feature_detected!("avx512bf16"), 0.999),
-        (Precision::Int8, std::arch::is_x86_feature_detected!("avx512vnni"), 0.99),
+        (
+            Precision::Int8,
+            std::arch::is_x86_feature_detected!("avx512vnni") || (std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")),
+            0.99,
+        ),
     ] {
         let options = JobOptions { precision, ..JobOptions::default() };
         // (Its own job: the tampering below needs a job that every CPU runs.)

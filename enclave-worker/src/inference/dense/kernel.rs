@@ -7,11 +7,19 @@ use std::arch::x86_64::*;
 use super::{MR, NR, Slice};
 
 pub(super) mod amx;
+pub(super) mod avx2;
 
 /// The checks every tile kernel relies on.
 fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize, slice: Slice) {
     assert!((1..=MR).contains(&rows) && ldc >= NR && slice.lda >= depth);
     assert!(a.len() >= (MR - 1) * slice.lda + depth && b.len() >= depth * NR && out.len() >= (rows - 1) * ldc + NR);
+}
+
+/// The checks every int8 tile kernel's dequantisation relies on.
+fn check_dequant(rows: usize, d: &super::Dequant<'_>) {
+    assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
+    assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
+    assert!(d.exact_x.len() >= MR * d.exact && d.exact_w.len() >= d.exact * NR);
 }
 
 pub(super) fn f32_tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
@@ -42,10 +50,8 @@ pub(super) fn int8_tile(
     d: &super::Dequant<'_>,
 ) {
     check(a, b, depth, out, ldc, rows, slice);
-    assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
-    assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
-    assert!(d.exact_x.len() >= MR * d.exact && d.exact_w.len() >= d.exact * NR);
-    assert!(super::int8_supported());
+    check_dequant(rows, d);
+    assert!(super::vnni_supported());
     // SAFETY: as for `f32_tile`, with AVX-512 BW and VNNI as well; the kernel reads `rows`
     // row scales and zero points and `NR` column scales and sums (checked above).
     unsafe {
@@ -72,7 +78,7 @@ pub(super) fn dequantize_rows(out: &mut [f32], ldc: usize, rows: usize, d: &supe
     assert!(d.row_scale.len() >= rows && d.row_zero.len() >= rows);
     assert!(d.col_scale.len() >= NR && d.col_sum.len() >= NR);
     assert!(d.exact_x.len() >= rows * d.exact && d.exact_w.len() >= d.exact * NR);
-    assert!(super::int8_supported());
+    assert!(super::vnni_supported());
     // SAFETY: the CPU has AVX-512 F; the kernel reads and writes `NR` f32 at `r·ldc` for
     // `r < rows` within `out`, reads `rows` row scales, zero points and rows of exact values,
     // `NR` column scales and sums and `exact × NR` exact weights (all checked above).
@@ -126,7 +132,7 @@ unsafe fn dequantize_avx512(
 /// byte for byte, to the scalar definition (`quantize_row_plain`, tests).
 pub(super) fn quantize_row(row: &[f32], inv_smooth: &[f32], lanes: &mut [u32]) -> (f32, i32) {
     assert!(inv_smooth.len() == row.len() && lanes.len() * 4 >= row.len());
-    assert!(super::int8_supported());
+    assert!(super::vnni_supported());
     // SAFETY: the CPU has AVX-512 F and BW; the kernel reads `row.len()` values of `row` and
     // `inv_smooth` and writes `row.len()` bytes into `lanes` (checked above).
     unsafe { quantize_row_avx512(row.as_ptr(), inv_smooth.as_ptr(), row.len(), lanes.as_mut_ptr().cast::<i8>()) }

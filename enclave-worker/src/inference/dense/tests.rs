@@ -153,25 +153,62 @@ fn activations(seed: u64, m: usize, k: usize) -> Vec<f32> {
     values(seed, m * k).iter().enumerate().map(|(i, &v)| if i % 97 == 5 { 8.0 * v } else { v + 0.3 }).collect()
 }
 
-#[test]
-fn int8_kernel_equals_the_scalar_reference_bit_for_bit() {
-    if !int8_supported() {
-        eprintln!("skipped: this CPU has no AVX-512 VNNI");
-        return;
+/// The int8 tile kernels this CPU runs besides the scalar reference (AMX's have their own tests).
+fn int8_kernels_here() -> Vec<(&'static str, TileKernel<Int8Tile>)> {
+    let mut kernels = Vec::new();
+    if vnni_supported() {
+        kernels.push(("VNNI", INT8_VNNI));
     }
-    for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate() {
-        let x = activations(seed as u64, m, k);
-        let w = values(100 + seed as u64, k * n);
-        let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
-        let (mut vnni, mut reference) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-        int8_product(&x, m, &weights, &mut vnni, blocking(), INT8_VNNI);
-        int8_product(&x, m, &weights, &mut reference, &THIN, INT8_REFERENCE);
-        let plain = int8_plain(&x, &w, m, k, n);
-        for (i, ((a, b), c)) in vnni.iter().zip(&reference).zip(&plain).enumerate() {
-            assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
-            assert_eq!(a.to_bits(), c.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs plain reference {c}");
+    if avx2_supported() {
+        kernels.push(("AVX2", INT8_AVX2));
+    }
+    if kernels.is_empty() {
+        eprintln!("skipped: this CPU has neither AVX-512 VNNI nor AVX2");
+    }
+    kernels
+}
+
+#[test]
+fn int8_kernels_equal_the_scalar_reference_bit_for_bit() {
+    for (name, kernel) in int8_kernels_here() {
+        for (seed, &(m, k, n)) in INT8_SHAPES.iter().enumerate() {
+            let x = activations(seed as u64, m, k);
+            let w = values(100 + seed as u64, k * n);
+            let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
+            let (mut got, mut reference) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            int8_product(&x, m, &weights, &mut got, blocking(), kernel);
+            int8_product(&x, m, &weights, &mut reference, &THIN, INT8_REFERENCE);
+            let plain = int8_plain(&x, &w, m, k, n);
+            for (i, ((a, b), c)) in got.iter().zip(&reference).zip(&plain).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{name} ({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
+                assert_eq!(a.to_bits(), c.to_bits(), "{name} ({m},{k},{n}) [{i}]: kernel {a} vs plain reference {c}");
+            }
         }
     }
+}
+
+/// Sums that only an int32 accumulator holds: activations quantised to 255 and weights to ±127
+/// along a depth of 16,384, 255 · 127 · 16,383 = 530,563,455 in the even columns, its negation
+/// in the odd (a kernel that saturated an i16 pair sum, as `vpmaddubsw` does, would fail).
+#[test]
+fn int8_kernels_keep_the_extreme_sums() {
+    let (m, k, n) = (7, 16_384, 70);
+    let x: Vec<f32> = (0..m * k).map(|i| if i % k == 0 { -1.0 } else { 254.0 }).collect();
+    let w: Vec<f32> = (0..k * n).map(|i| if i % n % 2 == 0 { 1.0 } else { -1.0 }).collect();
+    let weights = Int8Weights::new(&Packed::f32(&w, k, n), None, &[]);
+    let mut reference = vec![f32::NAN; m * n];
+    int8_product(&x, m, &weights, &mut reference, blocking(), INT8_REFERENCE);
+    for (name, kernel) in int8_kernels_here() {
+        let mut got = vec![f32::NAN; m * n];
+        int8_product(&x, m, &weights, &mut got, blocking(), kernel);
+        for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+            assert_eq!(a.to_bits(), b.to_bits(), "{name} [{i}]: kernel {a} vs tile reference {b}");
+        }
+    }
+    // And the reference is the product: 254 · (k − 1) − 1 in the even columns, within int8's step.
+    let want = 254.0 * (k - 1) as f32 - 1.0;
+    assert!((reference[0] - want).abs() <= want * 1e-3, "{} vs {want}", reference[0]);
+    assert!((reference[1] + want).abs() <= want * 1e-3, "{} vs {}", reference[1], -want);
 }
 
 #[test]
@@ -194,7 +231,7 @@ fn int8_tile_reference_matches_the_plain_product_anywhere() {
 #[test]
 fn int8_stays_close_to_full_precision_and_smoothing_is_exact_in_f32() {
     if !int8_supported() {
-        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        eprintln!("skipped: this CPU has neither AVX-512 VNNI nor AVX2");
         return;
     }
     let (m, k, n) = (33, 384, 256);
@@ -221,9 +258,15 @@ fn int8_stays_close_to_full_precision_and_smoothing_is_exact_in_f32() {
 /// it writes the row's bytes and nothing past them.
 #[test]
 fn int8_quantisation_kernel_matches_its_definition() {
-    if !int8_supported() {
-        eprintln!("skipped: this CPU has no AVX-512 VNNI");
-        return;
+    let mut kernels: Vec<(&str, QuantizeRow)> = Vec::new();
+    if vnni_supported() {
+        kernels.push(("AVX-512", kernel::quantize_row));
+    }
+    if avx2_supported() {
+        kernels.push(("AVX2", kernel::avx2::quantize_row));
+    }
+    if kernels.is_empty() {
+        eprintln!("skipped: this CPU has neither AVX-512 VNNI nor AVX2");
     }
     let mut rows: Vec<Vec<f32>> = [1, 3, 15, 16, 17, 31, 33, 384, 1537].iter().map(|&k| values(k as u64, k)).collect();
     rows.push(values(7, 40).iter().map(|v| v.abs() + 0.1).collect());
@@ -233,7 +276,7 @@ fn int8_quantisation_kernel_matches_its_definition() {
     rows.push([values(10, 20), vec![f32::NAN], values(11, 5)].concat());
     // Rounding ties: with range 255 and zero 0, these land exactly on .5 before rounding.
     rows.push(vec![0.5, 1.5, 2.5, 254.5, 255.0, 0.0]);
-    for row in &rows {
+    for ((name, quantize_row), row) in kernels.iter().flat_map(|kernel| rows.iter().map(move |row| (kernel, row))) {
         let k = row.len();
         let factors: Vec<f32> = values(k as u64 + 99, k).iter().map(|v| (v * 4.0).exp2()).collect();
         for inv_smooth in [vec![1.0; k], factors] {
@@ -241,12 +284,12 @@ fn int8_quantisation_kernel_matches_its_definition() {
             let want_mapping = quantize_row_plain(row, &inv_smooth, &mut want);
             // Lanes prefilled with a marker: the padding bytes past `k` must keep it.
             let mut lanes = vec![0xA5A5_A5A5u32; k.div_ceil(4)];
-            let got_mapping = kernel::quantize_row(row, &inv_smooth, &mut lanes);
+            let got_mapping = quantize_row(row, &inv_smooth, &mut lanes);
             let got: Vec<u8> = lanes.iter().flat_map(|l| l.to_le_bytes()).collect();
-            assert_eq!(&got[..k], &want[..], "k = {k}");
-            assert!(got[k..].iter().all(|&b| b == 0xA5), "k = {k}: wrote past the row");
-            assert_eq!(got_mapping.1, want_mapping.1, "k = {k}: zero point");
-            assert!(got_mapping.0 == want_mapping.0 || (got_mapping.0.is_nan() && want_mapping.0.is_nan()), "k = {k}: scale");
+            assert_eq!(&got[..k], &want[..], "{name}, k = {k}");
+            assert!(got[k..].iter().all(|&b| b == 0xA5), "{name}, k = {k}: wrote past the row");
+            assert_eq!(got_mapping.1, want_mapping.1, "{name}, k = {k}: zero point");
+            assert!(got_mapping.0 == want_mapping.0 || (got_mapping.0.is_nan() && want_mapping.0.is_nan()), "{name}, k = {k}: scale");
         }
     }
 }
@@ -296,11 +339,11 @@ fn int8_with_exact_channels_equals_its_references_on_odd_shapes() {
         for (i, (a, b)) in reference.iter().zip(&plain).enumerate() {
             assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "({m},{k},{n}) [{i}]: {a} vs {b}");
         }
-        if int8_supported() {
-            let mut vnni = vec![f32::NAN; m * n];
-            int8_product(&x, m, &weights, &mut vnni, blocking(), INT8_VNNI);
-            for (i, (a, b)) in vnni.iter().zip(&reference).enumerate() {
-                assert_eq!(a.to_bits(), b.to_bits(), "({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
+        for (name, kernel) in int8_kernels_here() {
+            let mut got = vec![f32::NAN; m * n];
+            int8_product(&x, m, &weights, &mut got, blocking(), kernel);
+            for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
+                assert_eq!(a.to_bits(), b.to_bits(), "{name} ({m},{k},{n}) [{i}]: kernel {a} vs tile reference {b}");
             }
         }
     }
@@ -309,7 +352,7 @@ fn int8_with_exact_channels_equals_its_references_on_odd_shapes() {
 #[test]
 fn an_outlier_in_an_exact_channel_does_not_coarsen_its_row() {
     if !int8_supported() {
-        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        eprintln!("skipped: this CPU has neither AVX-512 VNNI nor AVX2");
         return;
     }
     // One channel 300× the others (what a model's outlier dimension looks like): quantised with
@@ -349,7 +392,7 @@ fn every_blocking_gives_the_same_bits() {
         let bf16 = Packed::bf16(&w);
         let int8 = Int8Weights::new(&w, None, &some_channels(k));
         let outputs = |blocking: &Blocking| {
-            let mut out = [(); 4].map(|_| vec![f32::NAN; m * n]);
+            let mut out = [(); 5].map(|_| vec![f32::NAN; m * n]);
             int8_product(&x, m, &int8, &mut out[0], blocking, INT8_REFERENCE);
             if f32_supported() {
                 packed_product(&x, m, &w, &mut out[1], blocking, F32_AVX512, |x, rows| rows_f32(x, rows, k));
@@ -357,14 +400,17 @@ fn every_blocking_gives_the_same_bits() {
             if bf16_supported() {
                 bf16_product(&x, m, &bf16, &mut out[2], blocking, BF16_AVX512);
             }
-            if int8_supported() {
+            if vnni_supported() {
                 int8_product(&x, m, &int8, &mut out[3], blocking, INT8_VNNI);
+            }
+            if avx2_supported() {
+                int8_product(&x, m, &int8, &mut out[4], blocking, INT8_AVX2);
             }
             out.map(|values| values.iter().map(|v| v.to_bits()).collect::<Vec<_>>())
         };
         let whole = outputs(&blockings[3]);
         for blocking in &blockings[..3] {
-            for (product, (got, want)) in ["int8 reference", "f32", "bf16", "int8"].iter().zip(outputs(blocking).iter().zip(&whole)) {
+            for (product, (got, want)) in ["int8 reference", "f32", "bf16", "int8 VNNI", "int8 AVX2"].iter().zip(outputs(blocking).iter().zip(&whole)) {
                 assert!(got == want, "({m},{k},{n}) {product}, slices of {}: not the unsliced bits", blocking.depth_slice);
             }
         }

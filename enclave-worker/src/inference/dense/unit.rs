@@ -1,6 +1,7 @@
 //! Which unit runs the bf16 and int8 products: AVX-512 (`vdpbf16ps`, `vpdpbusd`) or, where the
-//! CPU has them and Linux grants their state, the AMX tiles (`tdpbf16ps`, `tdpbusd`). Chosen
-//! once per process, at the first product (the engine asks at start-up), like the blocking.
+//! CPU has them and Linux grants their state, the AMX tiles (`tdpbf16ps`, `tdpbusd`); int8 on a
+//! CPU without AVX-512 VNNI runs on AVX2 (`vpmaddwd`). Chosen once per process, at the first
+//! product (the engine asks at start-up), like the blocking.
 //!
 //! AMX needs both: CPUID's `amx_tile` with `amx_bf16` (resp. `amx_int8`), and the kernel's
 //! permission for the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
@@ -17,6 +18,9 @@ pub enum Unit {
     Avx512,
     /// AMX tiles, 32 rows × 64 columns a tile.
     Amx,
+    /// AVX2 vectors (int8 only: `vpmaddwd` on operands widened to i16), 6 rows × 64 columns a
+    /// tile, where the CPU has no AVX-512 VNNI.
+    Avx2,
 }
 
 impl Unit {
@@ -25,12 +29,13 @@ impl Unit {
         match self {
             Self::Avx512 => "avx512",
             Self::Amx => "amx",
+            Self::Avx2 => "avx2",
         }
     }
 }
 
 /// The units of this process's reduced-precision products (`None`: the precision cannot run
-/// here at all). f32 always runs on AVX-512 (AMX has no f32 product).
+/// here at all). f32 runs on AVX-512, or gemm's AVX2 kernel without it (AMX has no f32 product).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Units {
     pub bf16: Option<Unit>,
@@ -67,11 +72,13 @@ impl Amx {
         }
     }
 
-    /// The units, given what the AVX-512 kernels can run.
-    fn units(self, bf16_avx512: bool, int8_avx512: bool) -> Units {
+    /// The units, given what the AVX-512 kernels can run and whether the CPU has AVX2 (int8's
+    /// last resort).
+    fn units(self, bf16_avx512: bool, int8_avx512: bool, avx2: bool) -> Units {
         let usable = self.tile && self.granted;
         let pick = |avx512: bool, amx: bool| avx512.then_some(if usable && amx { Unit::Amx } else { Unit::Avx512 });
-        Units { bf16: pick(bf16_avx512, self.bf16), int8: pick(int8_avx512, self.int8) }
+        let int8 = pick(int8_avx512, self.int8).or(avx2.then_some(Unit::Avx2));
+        Units { bf16: pick(bf16_avx512, self.bf16), int8 }
     }
 }
 
@@ -84,7 +91,7 @@ pub(crate) fn amx() -> &'static Amx {
 /// This process's units.
 pub fn units() -> &'static Units {
     static UNITS: OnceLock<Units> = OnceLock::new();
-    UNITS.get_or_init(|| amx().units(super::bf16_supported(), super::int8_supported()))
+    UNITS.get_or_init(|| amx().units(super::bf16_supported(), super::vnni_supported(), super::avx2_supported()))
 }
 
 #[cfg(test)]
@@ -96,19 +103,28 @@ mod tests {
     #[test]
     fn amx_only_with_the_tile_state_granted() {
         let amx = Some(Unit::Amx);
-        assert_eq!(ALL.units(true, true), Units { bf16: amx, int8: amx });
+        assert_eq!(ALL.units(true, true, true), Units { bf16: amx, int8: amx });
         // Linux refused (or predates) the tile state: the first tile instruction would fault.
         let refused = Amx { granted: false, ..ALL };
-        assert_eq!(refused.units(true, true), Units { bf16: Some(Unit::Avx512), int8: Some(Unit::Avx512) });
+        assert_eq!(refused.units(true, true, true), Units { bf16: Some(Unit::Avx512), int8: Some(Unit::Avx512) });
         // One of the two products on tiles.
         let int8_only = Amx { bf16: false, ..ALL };
-        assert_eq!(int8_only.units(true, true), Units { bf16: Some(Unit::Avx512), int8: amx });
+        assert_eq!(int8_only.units(true, true, true), Units { bf16: Some(Unit::Avx512), int8: amx });
     }
 
     #[test]
     fn no_amx_without_the_avx512_kernels_it_leans_on() {
-        assert_eq!(ALL.units(false, false), Units { bf16: None, int8: None });
-        assert_eq!(ALL.units(true, false), Units { bf16: Some(Unit::Amx), int8: None });
+        assert_eq!(ALL.units(false, false, false), Units { bf16: None, int8: None });
+        assert_eq!(ALL.units(true, false, false), Units { bf16: Some(Unit::Amx), int8: None });
+    }
+
+    #[test]
+    fn int8_falls_back_to_avx2_and_bf16_does_not() {
+        let none = Amx { tile: false, bf16: false, int8: false, granted: false };
+        assert_eq!(none.units(false, false, true), Units { bf16: None, int8: Some(Unit::Avx2) });
+        // AMX's int8 leans on the VNNI code; AVX2 alone does not bring it in.
+        assert_eq!(ALL.units(false, false, true), Units { bf16: None, int8: Some(Unit::Avx2) });
+        assert_eq!(none.units(true, true, true), Units { bf16: Some(Unit::Avx512), int8: Some(Unit::Avx512) });
     }
 
     #[test]

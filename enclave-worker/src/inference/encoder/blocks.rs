@@ -116,6 +116,16 @@ impl Weight {
         }
     }
 
+    /// The same weights rounded to bf16, still f32: bf16's arithmetic on a CPU without it.
+    pub(crate) fn bf16_rounded(&self) -> Self {
+        match self {
+            Weight::Packed(p) => Weight::Packed(p.bf16_rounded()),
+            Weight::Plain { values, rows, cols } => {
+                Weight::Plain { values: values.iter().map(|&v| dense::bf16_rounded(v)).collect(), rows: *rows, cols: *cols }
+            }
+        }
+    }
+
     /// `(in, out)`.
     pub(crate) fn shape(&self) -> (usize, usize) {
         match self {

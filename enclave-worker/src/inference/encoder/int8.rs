@@ -31,6 +31,7 @@ impl Int8Layer {
                 Int8Product::Int8(w) => w.memory_bytes(),
                 Int8Product::Bf16(w) => w.memory_bytes(),
                 Int8Product::Fp32 => 0,
+                Int8Product::Bf16Rounded(w) => w.memory_bytes(),
             })
             .sum()
     }
@@ -42,6 +43,9 @@ pub(super) enum Int8Product {
     /// bf16 inputs, f32 sums (on a CPU with AVX-512 BF16).
     Bf16(Packed<u32>),
     Fp32,
+    /// While the calibration measures, on a CPU without AVX-512 BF16: what `Bf16` computes,
+    /// emulated (inputs and these weights rounded to bf16, f32 sums); `Fp32` once it is done.
+    Bf16Rounded(Weight),
 }
 
 /// How int8 jobs compute each product of a layer.
@@ -143,24 +147,26 @@ impl Encoder {
         let mut layers = Vec::with_capacity(self.layers.len());
         let mut candidates = Vec::new();
         for (i, (l, LayerStats(seen))) in self.layers.iter().zip(&stats).enumerate() {
-            let mut product = |p: usize, w: &Weight| {
-                let Weight::Packed(w) = w else {
-                    return Err(InferenceError::UnsupportedPrecision(Precision::Int8.as_str()));
+            let mut product = |p: usize, original: &Weight| {
+                // Without AVX-512 the f32 weights are gemm's plain rows: packed here only to be
+                // quantised.
+                let repacked;
+                let w = match original {
+                    Weight::Packed(w) => w,
+                    Weight::Plain { values, rows, cols } => {
+                        repacked = Packed::f32(values, *rows, *cols);
+                        &repacked
+                    }
                 };
-                Ok(match INT8_PLAN[p] {
+                match INT8_PLAN[p] {
                     Int8Plan::Int8 { exact } => quantise(w, &seen[p], exact),
                     Int8Plan::Measured { exact } => {
                         candidates.push((i, p, quantise(w, &seen[p], exact)));
-                        wider(w)
+                        wider(w, original)
                     }
-                })
+                }
             };
-            layers.push(Int8Layer {
-                qkv: product(0, &l.qkv.w)?,
-                out: product(1, &l.out.w)?,
-                ff1: product(2, &l.ff1.w)?,
-                ff2: product(3, &l.ff2.w)?,
-            });
+            layers.push(Int8Layer { qkv: product(0, &l.qkv.w), out: product(1, &l.out.w), ff1: product(2, &l.ff1.w), ff2: product(3, &l.ff2.w) });
         }
         // Without a calibration set nothing can be measured: every candidate stays wider.
         if !sequences.is_empty() {
@@ -170,6 +176,11 @@ impl Encoder {
                 if fidelity(&states, &reference, self.hidden, &sequences) < bound {
                     *layers[i].product_mut(p) = kept;
                 }
+            }
+        }
+        for product in layers.iter_mut().flat_map(|l| [&mut l.qkv, &mut l.out, &mut l.ff1, &mut l.ff2]) {
+            if matches!(product, Int8Product::Bf16Rounded(_)) {
+                *product = Int8Product::Fp32;
             }
         }
         Ok(layers)
@@ -210,12 +221,15 @@ fn quantise(w: &Packed<f32>, seen: &[f32], exact: usize) -> Int8Product {
     Int8Product::Int8(Int8Weights::new(w, smooth.as_deref(), &exact))
 }
 
-/// `w` in bf16 where the CPU has it, else as it is (f32).
-fn wider(w: &Packed<f32>) -> Int8Product {
+/// `w` (packed; `original` as the encoder holds it) in bf16 where the CPU has it, else rounded
+/// to bf16 for the calibration to measure with: the products kept wider are chosen as if they
+/// ran at bf16 on every CPU, so that every CPU keeps the same ones (and one computing them at
+/// fp32 only comes closer to fp32).
+fn wider(w: &Packed<f32>, original: &Weight) -> Int8Product {
     if dense::bf16_supported() {
         Int8Product::Bf16(Packed::bf16(w))
     } else {
-        Int8Product::Fp32
+        Int8Product::Bf16Rounded(original.bf16_rounded())
     }
 }
 
@@ -275,7 +289,7 @@ mod tests {
     #[test]
     fn measured_products_follow_the_calibration_bound() {
         if !dense::int8_supported() {
-            eprintln!("skipped: this CPU has no AVX-512 VNNI, so int8 jobs are refused");
+            eprintln!("skipped: this CPU has neither AVX-512 VNNI nor AVX2, so int8 jobs are refused");
             return;
         }
         let calibrated = encoder(vec![vec![2, 17, 45, 91, 3], (5..40).collect(), vec![2, 8, 8, 8, 3]]);
