@@ -2,14 +2,14 @@
 //! (`vfmadd231ps`), bf16 inputs with f32 accumulation (`vdpbf16ps`) for jobs that ask for
 //! `precision: bf16`, and u8 × i8 with int32 accumulation (`vpdpbusd`) for `precision: int8`.
 //!
-//! Its `kernel` submodule (with `kernel::amx`) and [`super::strided`] are the crate's only
+//! Its `kernel` submodule (with `kernel::amx` and `kernel::avx2`) and [`super::strided`] are the crate's only
 //! `unsafe` code: the SIMD intrinsics and AMX's `asm!`, behind a safe API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`],
 //! [`matmul_int8`]) that checks every length before a kernel runs and refuses to run on a CPU
 //! without the instructions ([`f32_supported`], [`bf16_supported`], [`int8_supported`]).
 //!
 //! int8: weights are quantised once per output column (symmetric, `[-127, 127]`), activations per
 //! row as they come (asymmetric u8 over `[min(x, 0), max(x, 0)]`, scale and zero point per row, by
-//! an AVX-512 kernel that equals a scalar definition byte for byte, tests).
+//! an AVX-512 or AVX2 kernel that equals a scalar definition byte for byte, tests).
 //! `vpdpbusd` sums four u8 × i8 products per int32 lane, so both operands hold *quads along k*,
 //! as bf16 holds pairs. With `x ≈ s_x (u − z)` and `w ≈ s_w q`,
 //! `x · w ≈ s_x s_w (Σ u q − z Σ q)`: the column sums `Σ q` are computed at quantisation, and the
@@ -31,6 +31,10 @@
 //! slice comes from L2 and is reused by all the task's row tiles, and results are stored straight
 //! into the output rows. How deep a slice is comes from this CPU's L2 size ([`blocking`]); the
 //! panels of all-MiniLM-L6-v2 are shallow enough to be one slice on every CPU we run on.
+//!
+//! AVX2: on a CPU without AVX-512 VNNI (Zen 3), int8 runs on `vpmaddwd` instead (`kernel::avx2`): the same operands widened to i16 in registers, the same int32 sums, the
+//! same bits. Its f32 products are gemm's there (the encoder keeps plain weights), and bf16 does
+//! not run.
 //!
 //! AMX: where the CPU has AMX tiles and Linux grants their state ([`units`], chosen once at
 //! start-up), bf16 runs on `tdpbf16ps` and int8 on `tdpbusd` (the same u8 × i8 operands) instead,
