@@ -2,8 +2,8 @@
 //! (`vfmadd231ps`), bf16 inputs with f32 accumulation (`vdpbf16ps`) for jobs that ask for
 //! `precision: bf16`, and u8 × i8 with int32 accumulation (`vpdpbusd`) for `precision: int8`.
 //!
-//! Its `kernel` submodule (with `kernel::amx` and `kernel::avx2`) and [`super::strided`] are the crate's only
-//! `unsafe` code: the SIMD intrinsics and AMX's `asm!`, behind a safe API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`],
+//! Its `kernel` submodule (with `kernel::amx` and `kernel::avx2`) and [`super::strided`] are the
+//! crate's only `unsafe` code: the SIMD intrinsics and AMX's `asm!`, behind a safe API ([`Packed`], [`Int8Weights`], [`matmul_f32`], [`matmul_bf16`],
 //! [`matmul_int8`]) that checks every length before a kernel runs and refuses to run on a CPU
 //! without the instructions ([`f32_supported`], [`bf16_supported`], [`int8_supported`]).
 //!
@@ -32,9 +32,9 @@
 //! into the output rows. How deep a slice is comes from this CPU's L2 size ([`blocking`]); the
 //! panels of all-MiniLM-L6-v2 are shallow enough to be one slice on every CPU we run on.
 //!
-//! AVX2: on a CPU without AVX-512 VNNI (Zen 3), int8 runs on `vpmaddwd` instead (`kernel::avx2`): the same operands widened to i16 in registers, the same int32 sums, the
-//! same bits. Its f32 products are gemm's there (the encoder keeps plain weights), and bf16 does
-//! not run.
+//! AVX2: on a CPU without AVX-512 VNNI (Zen 3), int8 runs on `vpmaddwd` instead (`kernel::avx2`):
+//! the same operands widened to i16 in registers, the same int32 sums, the same bits. Its f32
+//! products are gemm's there (the encoder keeps plain weights), and bf16 does not run.
 //!
 //! AMX: where the CPU has AMX tiles and Linux grants their state ([`units`], chosen once at
 //! start-up), bf16 runs on `tdpbf16ps` and int8 on `tdpbusd` (the same u8 × i8 operands) instead,
