@@ -46,8 +46,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// AVX-512), alternately, per shape: GOP/s (two operations per multiply-add), "–" where this
 /// CPU cannot run it.
 fn units(pool: &rayon::ThreadPool, m: usize, runs: usize) {
-    use bench::Arithmetic::{Bf16, Int8};
-    let columns = [("bf16 AVX-512", Bf16, DenseUnit::Avx512), ("bf16 AMX", Bf16, DenseUnit::Amx), ("int8 VNNI", Int8, DenseUnit::Avx512), ("int8 AMX", Int8, DenseUnit::Amx), ("int8 AVX2", Int8, DenseUnit::Avx2)];
+    use bench::Arithmetic::{Bf16, F32, Int8};
+    let columns = [("f32 AVX-512", F32, DenseUnit::Avx512), ("f32 AVX2", F32, DenseUnit::Avx2), ("bf16 AVX-512", Bf16, DenseUnit::Avx512), ("bf16 AMX", Bf16, DenseUnit::Amx), ("int8 VNNI", Int8, DenseUnit::Avx512), ("int8 AMX", Int8, DenseUnit::Amx), ("int8 AVX2", Int8, DenseUnit::Avx2)];
     let chosen = *dense_blocking();
     println!("dense units {:?}; {} threads, {m} rows, median of {runs}", dense_units(), pool.current_num_threads());
     println!("| shape | k × n | f32 gemm | {} |", columns.map(|c| c.0).join(" | "));

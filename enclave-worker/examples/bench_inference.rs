@@ -285,6 +285,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("pool");
     let load_before = load_average();
     let peak_before = gemm_peak(&pool);
+    let fma_before = enclave_worker::inference::dense_bench::fma_peak(&pool, 0.5);
     let options = EmbedOptions { precision: args.precision, ..EmbedOptions::default() };
 
     // Warm-up (thread pools, allocator, caches).
@@ -393,6 +394,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     };
 
     let peak_after = gemm_peak(&pool);
+    let fma_after = enclave_worker::inference::dense_bench::fma_peak(&pool, 0.5);
     let load_after = load_average();
     let gemm_peak_gflops = peak_before.max(peak_after);
 
@@ -401,7 +403,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     let units = enclave_worker::inference::dense_units();
     let unit = |unit: Option<enclave_worker::inference::DenseUnit>| unit.map(|unit| unit.as_str());
     serde_json::json!({
-        "dense_units": {"bf16": unit(units.bf16), "int8": unit(units.int8)},
+        "dense_units": {"f32": unit(units.f32), "bf16": unit(units.bf16), "int8": unit(units.int8)},
         "dense_l2_bytes": blocking.l2.0,
         "dense_l2_from_cpuid": blocking.measured,
         "dense_depth_slice": blocking.depth_slice,
@@ -422,6 +424,8 @@ fn run_child(args: &Args) -> serde_json::Value {
         "useful_gflop_per_s": median(&mut gflops),
         "gemm_peak_gflop_per_s": gemm_peak_gflops,
         "gemm_peak_before_after": [peak_before, peak_after],
+        "fma_peak_gflop_per_s": fma_before.max(fma_after),
+        "fma_peak_before_after": [fma_before, fma_after],
         "loadavg_before_after": [load_before, load_after],
         "mean_tokens": delta.real_tokens as f64 / delta.documents.max(1) as f64,
         "padded_fraction": delta.padded_fraction(),
@@ -482,7 +486,7 @@ fn main() {
         let line = String::from_utf8_lossy(&output.stdout);
         let r: serde_json::Value = serde_json::from_str(line.trim()).expect("child output");
         println!(
-            "threads {:>2}: {:>7.1} docs/s  {:>8.0} tokens/s  {:>6.1} GFLOP/s ({:.0}% of GEMM peak {:.0})  padded {:>4.1}%  \
+            "threads {:>2}: {:>7.1} docs/s  {:>8.0} tokens/s  {:>6.1} GFLOP/s ({:.0}% of GEMM peak {:.0}, {:.0}% of FMA peak {:.0})  padded {:>4.1}%  \
              (mean {:.1} tokens, {} batches)  latency 9-tok {} ms, 128-tok {} ms  load {:.0} ms  peak RSS {:.0} MiB  load avg {} → {}  [{:.0?}]{}",
             threads,
             r["documents_per_s"].as_f64().unwrap(),
@@ -490,6 +494,8 @@ fn main() {
             r["useful_gflop_per_s"].as_f64().unwrap(),
             100.0 * r["useful_gflop_per_s"].as_f64().unwrap() / r["gemm_peak_gflop_per_s"].as_f64().unwrap(),
             r["gemm_peak_gflop_per_s"].as_f64().unwrap(),
+            100.0 * r["useful_gflop_per_s"].as_f64().unwrap() / r["fma_peak_gflop_per_s"].as_f64().unwrap(),
+            r["fma_peak_gflop_per_s"].as_f64().unwrap(),
             r["padded_fraction"].as_f64().unwrap() * 100.0,
             r["mean_tokens"].as_f64().unwrap(),
             r["batches"],

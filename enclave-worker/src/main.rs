@@ -130,7 +130,7 @@ fn main() -> ExitCode {
     tracing::info!(l2_bytes = blocking.l2.0, from_cpuid = blocking.measured, depth_slice = blocking.depth_slice, "dense blocking");
     let units = enclave_worker::inference::dense_units();
     let unit = |unit: Option<enclave_worker::inference::DenseUnit>| unit.map_or("none", |unit| unit.as_str());
-    tracing::info!(bf16 = unit(units.bf16), int8 = unit(units.int8), "dense units");
+    tracing::info!(f32 = unit(units.f32), bf16 = unit(units.bf16), int8 = unit(units.int8), "dense units");
     let worker = Arc::new(Worker::new(nsm, publisher, settings, kms).with_model_budget(budget));
     let online = Arc::new(enclave_worker::online::OnlineState::default());
     let listener = match Listener::bind(&args.listen) {

@@ -33,8 +33,10 @@
 //! panels of all-MiniLM-L6-v2 are shallow enough to be one slice on every CPU we run on.
 //!
 //! AVX2: on a CPU without AVX-512 VNNI (Zen 3), int8 runs on `vpmaddwd` instead (`kernel::avx2`):
-//! the same operands widened to i16 in registers, the same int32 sums, the same bits. Its f32
-//! products are gemm's there (the encoder keeps plain weights), and bf16 does not run.
+//! the same operands widened to i16 in registers, the same int32 sums, the same bits. On a CPU
+//! without AVX-512, f32 runs on AVX2's FMA (`kernel::avx2_f32`), the same tile 16 columns a pass
+//! and each sum the same chain of FMAs, so the same bits; its panels lie in strips of 16 columns
+//! ([`Layout::Strips`]) so that a pass streams its strip. bf16 does not run there.
 //!
 //! AMX: where the CPU has AMX tiles and Linux grants their state ([`units`], chosen once at
 //! start-up), bf16 runs on `tdpbf16ps` and int8 on `tdpbusd` (the same u8 × i8 operands) instead,
@@ -56,8 +58,15 @@ const MR: usize = 6;
 /// Rows per task (a multiple of `MR`).
 const MC: usize = 16 * MR;
 
-/// Whether this CPU executes the f32 kernel (AVX-512 F).
+/// Whether this CPU executes an f32 kernel of ours: AVX-512's, or AVX2's with FMA (the same
+/// bits).
 pub(crate) fn f32_supported() -> bool {
+    avx512_supported() || avx2_supported()
+}
+
+/// Whether this CPU executes the AVX-512 kernels' common ground (AVX-512 F): the f32 tile kernel
+/// that attention's blocks use too.
+pub(crate) fn avx512_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx512f")
@@ -72,7 +81,7 @@ pub(crate) fn f32_supported() -> bool {
 pub(crate) fn bf16_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        f32_supported() && std::arch::is_x86_feature_detected!("avx512bf16")
+        avx512_supported() && std::arch::is_x86_feature_detected!("avx512bf16")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -110,23 +119,62 @@ pub(crate) struct Packed<T> {
     n: usize,
     /// Panel rows: k for f32, `ceil(k/2)` k-pairs for bf16.
     depth: usize,
+    /// How each panel's lanes lie.
+    layout: Layout,
     /// Panel after panel (`ceil(n/NR)` of them), each `depth × NR` lanes; missing rows and
     /// columns are zero.
     panels: Vec<T>,
 }
 
+/// How a panel's `depth × NR` lanes lie.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// Row after row of `NR` lanes: what the AVX-512 and AMX kernels read, one row a step.
+    Rows,
+    /// [`STRIPS`] strips of [`STRIP`] columns, each `depth` rows deep, one after the other: the
+    /// AVX2 f32 kernel takes a strip a pass and reads it as one contiguous stream (rows of a
+    /// 256-byte stride fill a quarter of L1's sets and come from L2 every pass).
+    Strips,
+}
+
+/// Columns of a [`Layout::Strips`] strip: two AVX2 vectors.
+const STRIP: usize = 16;
+/// Strips in a panel.
+const STRIPS: usize = NR / STRIP;
+
+impl Layout {
+    /// The layout the f32 kernel of `unit` reads.
+    fn of(unit: Unit) -> Self {
+        match unit {
+            Unit::Avx512 => Self::Rows,
+            Unit::Avx2 => Self::Strips,
+            Unit::Amx => unreachable!("AMX has no f32 product: units() never chooses it"),
+        }
+    }
+
+    /// Where lane `(p, j)` of a panel `depth` rows deep lies in it.
+    #[inline(always)]
+    fn index(self, depth: usize, p: usize, j: usize) -> usize {
+        match self {
+            Self::Rows => p * NR + j,
+            Self::Strips => (j / STRIP * depth + p) * STRIP + j % STRIP,
+        }
+    }
+}
+
 impl<T: Copy + Default> Packed<T> {
-    /// Panels of `depth` rows whose lane for panel row `p`, matrix column `col` is `lane(p, col)`.
-    fn pack(k: usize, n: usize, depth: usize, lane: impl Fn(usize, usize) -> T) -> Self {
+    /// Panels of `depth` rows in `layout` whose lane for panel row `p`, matrix column `col` is
+    /// `lane(p, col)`.
+    fn pack(k: usize, n: usize, depth: usize, layout: Layout, lane: impl Fn(usize, usize) -> T) -> Self {
         let mut panels = vec![T::default(); n.div_ceil(NR) * depth * NR];
         for (panel, lanes) in panels.chunks_exact_mut(depth * NR).enumerate() {
-            for (p, lane_row) in lanes.chunks_exact_mut(NR).enumerate() {
-                for (j, value) in lane_row.iter_mut().enumerate() {
-                    *value = lane(p, panel * NR + j);
+            for p in 0..depth {
+                for j in 0..NR {
+                    lanes[layout.index(depth, p, j)] = lane(p, panel * NR + j);
                 }
             }
         }
-        Self { k, n, depth, panels }
+        Self { k, n, depth, layout, panels }
     }
 
     pub(crate) fn rows(&self) -> usize {
@@ -144,10 +192,21 @@ impl<T: Copy + Default> Packed<T> {
 }
 
 impl Packed<f32> {
-    /// Packs `w`, `(k, n)` row-major, for the f32 kernel.
+    /// Packs `w`, `(k, n)` row-major, for this process's f32 kernel ([`units`]; row by row
+    /// where there is none, to be converted or quantised).
     pub(crate) fn f32(w: &[f32], k: usize, n: usize) -> Self {
+        Self::f32_in(w, k, n, units().f32.map_or(Layout::Rows, Layout::of))
+    }
+
+    /// Packs `w`, `(k, n)` row-major, for the f32 kernel of `unit` (AVX-512 or AVX2).
+    pub(crate) fn f32_for(w: &[f32], k: usize, n: usize, unit: Unit) -> Self {
+        Self::f32_in(w, k, n, Layout::of(unit))
+    }
+
+    /// Packs `w`, `(k, n)` row-major, in `layout`.
+    fn f32_in(w: &[f32], k: usize, n: usize, layout: Layout) -> Self {
         assert_eq!(w.len(), k * n, "weights are not (k, n)");
-        Self::pack(k, n, k, |p, col| if col < n { w[p * n + col] } else { 0.0 })
+        Self::pack(k, n, k, layout, |p, col| if col < n { w[p * n + col] } else { 0.0 })
     }
 
     /// The same weights rounded to bf16 (padding stays zero).
@@ -162,14 +221,18 @@ impl Packed<f32> {
 
     /// `w[row][col]`; zero outside the matrix.
     fn value(&self, row: usize, col: usize) -> f32 {
-        if row < self.k && col < self.n { self.panels[(col / NR * self.depth + row) * NR + col % NR] } else { 0.0 }
+        if row < self.k && col < self.n {
+            self.panels[col / NR * self.depth * NR + self.layout.index(self.depth, row, col % NR)]
+        } else {
+            0.0
+        }
     }
 }
 
 impl Packed<u32> {
     /// The same weights rounded to bf16, for the bf16 kernel.
     pub(crate) fn bf16(w: &Packed<f32>) -> Self {
-        Self::pack(w.k, w.n, w.k.div_ceil(2), |p, col| bf16_pair(w.value(2 * p, col), w.value(2 * p + 1, col)))
+        Self::pack(w.k, w.n, w.k.div_ceil(2), Layout::Rows, |p, col| bf16_pair(w.value(2 * p, col), w.value(2 * p + 1, col)))
     }
 }
 
@@ -268,6 +331,17 @@ struct Rows<'a, T: Lane> {
     rows: usize,
 }
 
+impl<T: Lane> Rows<'_, T> {
+    /// Row tile `index` of `mr` rows, `depth` lanes each.
+    fn tile(&self, index: usize, mr: usize, depth: usize) -> &[T] {
+        let whole_tiles = self.whole.len() / (mr * depth).max(1);
+        match index.checked_sub(whole_tiles) {
+            None => &self.whole[index * mr * depth..(index + 1) * mr * depth],
+            Some(_) => self.tail.as_deref().expect("a tile per kernel rows"),
+        }
+    }
+}
+
 fn rows_f32(x: &[f32], rows: usize, k: usize) -> Rows<'_, f32> {
     let whole_rows = rows / MR * MR;
     let tail = (whole_rows < rows).then(|| f32::rows_of(&x[whole_rows * k..], rows - whole_rows, k, k, MR));
@@ -303,12 +377,33 @@ fn rows_bf16(x: &[f32], rows: usize, k: usize, depth: usize, tile_rows: usize) -
     Rows { whole: std::borrow::Cow::Owned(u32::rows_of(x, rows, k, depth, rows.div_ceil(tile_rows) * tile_rows)), tail: None, rows }
 }
 
-/// `out ← x · w` in f32: `x` is `(m, k)` row-major, `out` `(m, n)`.
+/// `out ← x · w` in f32: `x` is `(m, k)` row-major, `out` `(m, n)`, on the kernel `w` was
+/// packed for (AVX-512 or AVX2: the same bits).
 ///
-/// Panics if the lengths do not match or the CPU lacks AVX-512 ([`f32_supported`]).
+/// Panics if the lengths do not match or the CPU lacks that kernel's instructions.
 pub(crate) fn matmul_f32(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32]) {
-    assert!(f32_supported(), "the CPU has no AVX-512");
-    packed_product(x, m, w, out, blocking(), F32_AVX512, |x, rows| rows_f32(x, rows, w.k));
+    f32_product(x, m, w, out, blocking());
+}
+
+/// [`matmul_f32`] with the given blocking.
+fn f32_product(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32], blocking: &Blocking) {
+    let rows = |x, rows| rows_f32(x, rows, w.k);
+    match w.layout {
+        Layout::Rows => {
+            assert!(avx512_supported(), "the CPU has no AVX-512");
+            packed_product(x, m, w, out, blocking, F32_AVX512, rows);
+        }
+        Layout::Strips => {
+            assert!(avx2_supported(), "the CPU has no AVX2 with FMA");
+            product(x, m, w.k, w.n, out, rows, |a, panel, out, ldc| {
+                let lanes = &w.panels[panel * w.depth * NR..(panel + 1) * w.depth * NR];
+                tiles_of_panel(a.rows, NR.min(w.n - panel * NR), w.depth, blocking, (MR, 1), out, ldc, |index, valid, range, slice, out, ldc| {
+                    let tile = a.tile(index, MR, w.depth);
+                    kernel::avx2_f32::f32_tile(&tile[range.start..], lanes, w.depth, range, out, ldc, valid, slice);
+                });
+            });
+        }
+    }
 }
 
 /// `out ← x · w` with bf16 inputs and f32 sums: `x` is `(m, k)` row-major f32, `out` `(m, n)`.
@@ -397,13 +492,10 @@ fn run_panel<T: Lane>(
 ) {
     let (depth, mr) = (w.depth, kernel.rows);
     let lanes = &w.panels[panel * depth * NR..(panel + 1) * depth * NR];
-    let whole_tiles = a.whole.len() / (mr * depth).max(1);
+    assert_eq!(w.layout, Layout::Rows, "the tile kernels read panels row by row");
     let width = NR.min(w.n - panel * NR);
     tiles_of_panel(a.rows, width, depth, blocking, (mr, kernel.step), out, ldc, |index, valid, range, slice, out, ldc| {
-        let tile = match index.checked_sub(whole_tiles) {
-            None => &a.whole[index * mr * depth..(index + 1) * mr * depth],
-            Some(_) => a.tail.as_deref().expect("a tile per kernel rows"),
-        };
+        let tile = a.tile(index, mr, depth);
         (kernel.run)(&tile[range.start..], &lanes[range.start * NR..], range.len(), out, ldc, valid, slice)
     });
 }
@@ -455,7 +547,7 @@ pub(crate) fn int8_supported() -> bool {
 pub(crate) fn vnni_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        f32_supported()
+        avx512_supported()
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vnni")
     }
@@ -536,13 +628,14 @@ impl Int8Weights {
             }
         }
         let at = |row: usize, col: usize| if row < k { q[row * cols + col] as u8 } else { 0 };
-        let panels = Packed::pack(k, n, k.div_ceil(4), |p, col| {
+        let panels = Packed::pack(k, n, k.div_ceil(4), Layout::Rows, |p, col| {
             quad([at(4 * p, col), at(4 * p + 1, col), at(4 * p + 2, col), at(4 * p + 3, col)])
         });
         let inv_smooth = (0..k).map(|row| if is_exact[row] { 0.0 } else { 1.0 / factor(row) }).collect();
         let exact = (!exact.is_empty()).then(|| {
             let rows: Vec<f32> = exact.iter().flat_map(|&c| (0..n).map(move |col| w.value(c, col))).collect();
-            (exact.to_vec(), Packed::f32(&rows, exact.len(), n))
+            // Read a row a step by every int8 kernel.
+            (exact.to_vec(), Packed::f32_in(&rows, exact.len(), n, Layout::Rows))
         });
         Self { panels, scale, sum, inv_smooth, exact }
     }
@@ -767,23 +860,47 @@ mod unit;
 pub mod bench {
     use super::*;
 
-    /// A `(k, n)` weight matrix packed as the encoder packs it, its bf16 rounding where the CPU
-    /// has AVX-512 BF16, and its int8 quantisation (plain: no smoothing, no exact channels)
-    /// where it has an int8 kernel.
-    pub struct Weights(Packed<f32>, Option<Packed<u32>>, Option<Int8Weights>, Vec<f32>);
-
-    pub fn pack(w: &[f32], k: usize, n: usize) -> Weights {
-        let f32 = Packed::f32(w, k, n);
-        let bf16 = bf16_supported().then(|| Packed::bf16(&f32));
-        let int8 = int8_supported().then(|| Int8Weights::new(&f32, None, &[]));
-        Weights(f32, bf16, int8, w.to_vec())
+    /// A `(k, n)` weight matrix packed for each f32 kernel this CPU has (AVX-512's rows, AVX2's
+    /// strips), rounded to bf16 where it has AVX-512 BF16, quantised (plain: no smoothing, no
+    /// exact channels) where it has an int8 kernel, and row-major for gemm.
+    pub struct Weights {
+        rows: Option<Packed<f32>>,
+        strips: Option<Packed<f32>>,
+        bf16: Option<Packed<u32>>,
+        int8: Option<Int8Weights>,
+        plain: Vec<f32>,
+        k: usize,
+        n: usize,
     }
 
-    /// `out ← x · w` in f32 through gemm, as the encoder computes it on a CPU without AVX-512.
+    pub fn pack(w: &[f32], k: usize, n: usize) -> Weights {
+        let rows = avx512_supported().then(|| Packed::f32_for(w, k, n, Unit::Avx512));
+        let strips = avx2_supported().then(|| Packed::f32_for(w, k, n, Unit::Avx2));
+        let any = || rows.as_ref().or(strips.as_ref()).expect("an f32 kernel");
+        let bf16 = bf16_supported().then(|| Packed::bf16(any()));
+        let int8 = int8_supported().then(|| Int8Weights::new(any(), None, &[]));
+        Weights { rows, strips, bf16, int8, plain: w.to_vec(), k, n }
+    }
+
+    /// `out ← x · w` in f32 through gemm, as the encoder computes it on a CPU without AVX2.
     pub fn gemm_f32(x: &[f32], m: usize, w: &Weights, out: &mut [f32]) {
         use crate::inference::strided::{MatMut, MatRef, matmul_parallel};
-        let (k, n) = (w.0.k, w.0.n);
-        matmul_parallel(MatRef::new(x, m, k, k, 1), MatRef::new(&w.3, k, n, n, 1), MatMut::new(out, m, n, n), 1.0);
+        let (k, n) = (w.k, w.n);
+        matmul_parallel(MatRef::new(x, m, k, k, 1), MatRef::new(&w.plain, k, n, n, 1), MatMut::new(out, m, n, n), 1.0);
+    }
+
+    /// The f32 FMA rate the CPU issues on `pool`'s threads at once (GFLOP/s): every thread runs
+    /// register-only FMA chains on its widest vectors for about `seconds`; the product kernels'
+    /// limit, which a GEMM's own rate need not be near.
+    pub fn fma_peak(pool: &rayon::ThreadPool, seconds: f64) -> f64 {
+        // Rounds for about `seconds`, from a timed warm-up of a million.
+        const WARM_UP: usize = 1 << 20;
+        let start = std::time::Instant::now();
+        std::hint::black_box(kernel::fma_rounds(WARM_UP));
+        let rounds = (WARM_UP as f64 * seconds / start.elapsed().as_secs_f64().max(1e-6)).ceil() as usize;
+        let start = std::time::Instant::now();
+        let flop: f64 = pool.broadcast(|_| std::hint::black_box(kernel::fma_rounds(rounds)).0).iter().sum();
+        flop / start.elapsed().as_secs_f64() / 1e9
     }
 
     /// The arithmetic of a product.
@@ -795,23 +912,22 @@ pub mod bench {
     }
 
     /// `out ← x · w` in f32, or with bf16 inputs, on this process's unit (`None` where the CPU
-    /// lacks AVX-512 BF16).
+    /// has no kernel for it).
     pub fn product(x: &[f32], m: usize, w: &Weights, out: &mut [f32], bf16: bool, blocking: &Blocking) -> Option<()> {
-        let arithmetic = if bf16 { Arithmetic::Bf16 } else { Arithmetic::F32 };
-        product_on(x, m, w, out, arithmetic, units().bf16.unwrap_or(Unit::Avx512), blocking)
+        let (arithmetic, unit) = if bf16 { (Arithmetic::Bf16, units().bf16) } else { (Arithmetic::F32, units().f32) };
+        product_on(x, m, w, out, arithmetic, unit?, blocking)
     }
 
-    /// `out ← x · w` in `arithmetic` on `unit` (f32: AVX-512 only); `None` where the CPU cannot
-    /// run it there.
+    /// `out ← x · w` in `arithmetic` on `unit`; `None` where the CPU cannot run it there.
     pub fn product_on(x: &[f32], m: usize, w: &Weights, out: &mut [f32], arithmetic: Arithmetic, unit: Unit, blocking: &Blocking) -> Option<()> {
         if !runs(arithmetic, unit) {
             return None;
         }
-        match (arithmetic, &w.1, &w.2) {
-            (Arithmetic::F32, _, _) => packed_product(x, m, &w.0, out, blocking, F32_AVX512, |x, rows| rows_f32(x, rows, w.0.k)),
-            (Arithmetic::Bf16, Some(p), _) => bf16_product(x, m, p, out, blocking, bf16_kernel(unit)),
-            (Arithmetic::Int8, _, Some(q)) => int8_product(x, m, q, out, blocking, int8_kernel(unit)),
-            _ => return None,
+        match (arithmetic, unit) {
+            (Arithmetic::F32, Unit::Avx512) => f32_product(x, m, w.rows.as_ref()?, out, blocking),
+            (Arithmetic::F32, _) => f32_product(x, m, w.strips.as_ref()?, out, blocking),
+            (Arithmetic::Bf16, _) => bf16_product(x, m, w.bf16.as_ref()?, out, blocking, bf16_kernel(unit)),
+            (Arithmetic::Int8, _) => int8_product(x, m, w.int8.as_ref()?, out, blocking, int8_kernel(unit)),
         }
         Some(())
     }
@@ -820,13 +936,13 @@ pub mod bench {
     /// may refuse its state).
     fn runs(arithmetic: Arithmetic, unit: Unit) -> bool {
         match (unit, arithmetic) {
-            (Unit::Avx512, Arithmetic::F32) => f32_supported(),
+            (Unit::Avx512, Arithmetic::F32) => avx512_supported(),
             (Unit::Avx512, Arithmetic::Bf16) => bf16_supported(),
             (Unit::Avx512, Arithmetic::Int8) => vnni_supported(),
             (Unit::Amx, Arithmetic::Bf16) => units().bf16 == Some(Unit::Amx),
             (Unit::Amx, Arithmetic::Int8) => units().int8 == Some(Unit::Amx),
-            (Unit::Avx2, Arithmetic::Int8) => avx2_supported(),
-            (Unit::Amx | Unit::Avx2, _) => false,
+            (Unit::Avx2, Arithmetic::F32 | Arithmetic::Int8) => avx2_supported(),
+            (Unit::Amx, Arithmetic::F32) | (Unit::Avx2, Arithmetic::Bf16) => false,
         }
     }
 }
@@ -844,7 +960,18 @@ mod kernel {
     }
 
     pub(super) fn f32_tile(_: &[f32], _: &[f32], _: usize, _: &mut [f32], _: usize, _: usize, _: Slice) {
-        unreachable!("f32_supported() is false off x86-64")
+        unreachable!("avx512_supported() is false off x86-64")
+    }
+
+    pub(super) fn fma_rounds(_: usize) -> (f64, f32) {
+        unreachable!("no FMA vectors of ours off x86-64")
+    }
+
+    pub(super) mod avx2_f32 {
+        #[allow(clippy::too_many_arguments)]
+        pub(in super::super) fn f32_tile(_: &[f32], _: &[f32], _: usize, _: std::ops::Range<usize>, _: &mut [f32], _: usize, _: usize, _: super::super::Slice) {
+            unreachable!("no AVX2 off x86-64")
+        }
     }
 
     pub(super) fn bf16_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: Slice) {

@@ -675,7 +675,7 @@ fn resize(buffer: &mut Vec<f32>, len: usize) {
     buffer.resize(len, 0.0);
 }
 
-/// `out ← x · w` (`x`: `m` rows): through our f32 kernel (gemm's on a CPU without AVX-512), or through the bf16 or int8 kernel with `w`'s bf16 or int8 copy.
+/// `out ← x · w` (`x`: `m` rows): through our f32 kernel (AVX-512 or AVX2; gemm's on a CPU with neither), or through the bf16 or int8 kernel with `w`'s bf16 or int8 copy.
 fn dense(x: &[f32], m: usize, w: &Weight, reduced: Product<'_>, out: &mut Vec<f32>) -> Result<(), InferenceError> {
     if let Product::Bf16Rounded(rounded) = reduced {
         let x: Vec<f32> = x.iter().map(|&v| dense::bf16_rounded(v)).collect();
@@ -794,7 +794,7 @@ mod tests {
         }
         assert!(moved > 100.0 * bound, "bf16's rounding should show: {moved}");
         if dense::bf16_supported() {
-            let Weight::Packed(packed) = &weight else { unreachable!("AVX-512 packs") };
+            let Weight::Packed(packed) = &weight else { unreachable!("AVX-512 BF16 implies AVX-512, which packs") };
             let mut kernel = Vec::new();
             dense(&x, m, &weight, Product::Bf16(&Packed::bf16(packed)), &mut kernel).unwrap();
             for (a, b) in kernel.iter().zip(&emulated) {
@@ -803,12 +803,12 @@ mod tests {
         }
     }
 
-    /// The two forms a dense weight takes (our kernel's panels where the CPU has AVX-512, gemm's
-    /// row-major values elsewhere) compute the same product.
+    /// The two forms a dense weight takes (our kernel's panels where the CPU has AVX-512 or AVX2,
+    /// gemm's row-major values elsewhere) compute the same product.
     #[test]
     fn both_weight_forms_give_the_same_product() {
         if !dense::f32_supported() {
-            eprintln!("skipped: this CPU has no AVX-512, so only the plain form exists here");
+            eprintln!("skipped: this CPU has neither AVX-512 nor AVX2, so only the plain form exists here");
             return;
         }
         let (m, k, n) = (11, 37, 70);

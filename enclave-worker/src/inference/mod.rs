@@ -25,7 +25,7 @@
 //!   - `Fused` (default, `encoder.rs`): our own arrangement of the same computation — sequences
 //!     packed without padding, attention per sequence, Q/K/V fused, bias/residual/LayerNorm/GELU
 //!     fused in safe vectorisable Rust (`kernels.rs`), every product on our kernels (`dense.rs`)
-//!     or gemm's (attention, and dense layers on a CPU without AVX-512);
+//!     or gemm's (short texts' attention, and dense layers on a CPU without AVX2);
 //!   - `CandleBert` (feature `candle`, for tests and the benchmark only: `candle_bert.rs`):
 //!     `candle_transformers`' `BertModel` over right-padded batches with the attention mask and
 //!     zero `token_type_ids` — the straightforward reference path.

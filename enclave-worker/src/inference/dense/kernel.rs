@@ -1,5 +1,6 @@
-//! The AVX-512 tile kernels (f32, bf16, int8) and the int8 activations' quantisation: the only
-//! `unsafe` of the dense layers, each behind the checks of its safe wrapper.
+//! The AVX-512 tile kernels (f32, bf16, int8), the int8 activations' quantisation and the FMA
+//! rate probe of the benchmark, with AMX's and AVX2's kernels in submodules: the only `unsafe` of
+//! the dense layers, each behind the checks of its safe wrapper.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -8,6 +9,7 @@ use super::{MR, NR, Slice};
 
 pub(super) mod amx;
 pub(super) mod avx2;
+pub(super) mod avx2_f32;
 
 /// The checks every tile kernel relies on.
 fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize, slice: Slice) {
@@ -24,7 +26,7 @@ fn check_dequant(rows: usize, d: &super::Dequant<'_>) {
 
 pub(super) fn f32_tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
     check(a, b, depth, out, ldc, rows, slice);
-    assert!(super::f32_supported());
+    assert!(super::avx512_supported());
     // SAFETY: the CPU has AVX-512 F; `a` holds `MR` rows of `depth` values `lda` apart and `b`
     // `depth × NR` values, all the kernel reads; it reads and writes `NR` f32 at `r·ldc` for
     // `r < rows`, within `out` (all checked above).
@@ -437,4 +439,52 @@ unsafe fn int8_avx512(
             }
         }
     }
+}
+
+/// Independent FMA chains a round: enough to cover the FMA latency on both FMA pipes (4 cycles ×
+/// 2 on Zen; Intel's 512-bit FMAs the same), so the rounds run at the issue rate.
+const CHAINS: usize = 12;
+
+/// `rounds` rounds of [`CHAINS`] vector FMAs on registers only, on the widest f32 vectors this CPU
+/// has (AVX-512, else AVX2): the rate the FMA units can issue, the limit of every f32 product.
+/// Returns the FLOP done and a value every FMA feeds (so that none is left out).
+pub(super) fn fma_rounds(rounds: usize) -> (f64, f32) {
+    let (x, y) = (std::hint::black_box(0.999_999_9f32), std::hint::black_box(1e-7f32));
+    if super::avx512_supported() {
+        // SAFETY: the CPU has AVX-512 F; no memory is touched.
+        (rounds as f64 * (CHAINS * 16 * 2) as f64, unsafe { fma_avx512(rounds, x, y) })
+    } else {
+        assert!(super::avx2_supported(), "the CPU has no FMA vectors of ours");
+        // SAFETY: the CPU has AVX2 and FMA; no memory is touched.
+        (rounds as f64 * (CHAINS * 8 * 2) as f64, unsafe { fma_avx2(rounds, x, y) })
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_avx512(rounds: usize, x: f32, y: f32) -> f32 {
+    let (x, y) = (_mm512_set1_ps(x), _mm512_set1_ps(y));
+    let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+    for _ in 0..rounds {
+        for acc in &mut acc {
+            *acc = _mm512_fmadd_ps(*acc, x, y);
+        }
+    }
+    acc.iter().map(|&v| _mm512_reduce_add_ps(v)).sum()
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma_avx2(rounds: usize, x: f32, y: f32) -> f32 {
+    let (x, y) = (_mm256_set1_ps(x), _mm256_set1_ps(y));
+    let mut acc = [_mm256_set1_ps(1.0); CHAINS];
+    for _ in 0..rounds {
+        for acc in &mut acc {
+            *acc = _mm256_fmadd_ps(*acc, x, y);
+        }
+    }
+    let mut lanes = [0f32; 8];
+    acc.iter().fold(0.0, |sum, &v| {
+        // SAFETY: `lanes` holds 8 f32.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), v) };
+        sum + lanes.iter().sum::<f32>()
+    })
 }

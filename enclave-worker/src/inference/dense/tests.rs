@@ -59,13 +59,62 @@ fn rounding_is_to_nearest_even() {
     assert!(((bf16_value(bf16_bits(x)) - x) / x).abs() <= 1.0 / 256.0);
 }
 
+/// The f32 kernels this CPU runs, each with the unit it packs for.
+fn f32_kernels_here() -> Vec<(&'static str, Unit)> {
+    let mut kernels = Vec::new();
+    if avx512_supported() {
+        kernels.push(("AVX-512", Unit::Avx512));
+    }
+    if avx2_supported() {
+        kernels.push(("AVX2", Unit::Avx2));
+    }
+    if kernels.len() < 2 {
+        eprintln!("f32 kernels here: {:?} (the others need instructions this CPU lacks)", kernels.iter().map(|k| k.0).collect::<Vec<_>>());
+    }
+    kernels
+}
+
 #[test]
 fn f32_matches_the_exact_product() {
-    if !f32_supported() {
-        eprintln!("skipped: this CPU has no AVX-512");
-        return;
+    for (_, unit) in f32_kernels_here() {
+        check_shapes(|x, m, w, k, n, out| matmul_f32(x, m, &Packed::f32_for(w, k, n, unit), out), f64::from);
     }
-    check_shapes(|x, m, w, k, n, out| matmul_f32(x, m, &Packed::f32(w, k, n), out), f64::from);
+}
+
+/// Every f32 kernel gives the bits of one definition, whichever CPU it runs on: per output, the
+/// chain `acc ← fma(x[i][p], w[p][j], acc)` from zero, `p` ascending.
+#[test]
+fn f32_kernels_equal_the_fma_chain_bit_for_bit() {
+    for (name, unit) in f32_kernels_here() {
+        for (seed, &(m, k, n)) in SHAPES.iter().enumerate() {
+            let x = values(seed as u64, m * k);
+            let w = values(100 + seed as u64, k * n);
+            let mut out = vec![f32::NAN; m * n];
+            matmul_f32(&x, m, &Packed::f32_for(&w, k, n, unit), &mut out);
+            for (i, row) in out.chunks_exact(n).enumerate() {
+                for (j, &got) in row.iter().enumerate() {
+                    let want = (0..k).fold(0f32, |acc, p| x[i * k + p].mul_add(w[p * n + j], acc));
+                    assert!(got.to_bits() == want.to_bits(), "{name} ({m},{k},{n}) [{i}, {j}]: {got} vs {want}");
+                }
+            }
+        }
+    }
+}
+
+/// The strips the AVX2 kernel reads hold the same matrix as the rows the AVX-512 kernel reads.
+#[test]
+fn both_layouts_hold_the_same_matrix() {
+    let (k, n) = (37, 150);
+    let w = values(7, k * n);
+    let rows = Packed::f32_in(&w, k, n, Layout::Rows);
+    let strips = Packed::f32_in(&w, k, n, Layout::Strips);
+    assert_ne!(rows.panels, strips.panels, "different orders");
+    for row in 0..k + 1 {
+        for col in 0..n + 70 {
+            let want = if row < k && col < n { w[row * n + col] } else { 0.0 };
+            assert_eq!((rows.value(row, col), strips.value(row, col)), (want, want), "[{row}, {col}]");
+        }
+    }
 }
 
 #[test]
@@ -388,14 +437,18 @@ fn every_blocking_gives_the_same_bits() {
     let blockings = [1, 5, 64, 100_000].map(|depth_slice| Blocking { l2: L2Size(0), measured: false, depth_slice });
     for (seed, &(m, k, n)) in SHAPES.iter().chain(&INT8_SHAPES).enumerate() {
         let x = activations(seed as u64, m, k);
-        let w = Packed::f32(&values(100 + seed as u64, k * n), k, n);
-        let bf16 = Packed::bf16(&w);
-        let int8 = Int8Weights::new(&w, None, &some_channels(k));
+        let w = values(100 + seed as u64, k * n);
+        let (rows, strips) = (Packed::f32_in(&w, k, n, Layout::Rows), Packed::f32_in(&w, k, n, Layout::Strips));
+        let bf16 = Packed::bf16(&rows);
+        let int8 = Int8Weights::new(&strips, None, &some_channels(k));
         let outputs = |blocking: &Blocking| {
-            let mut out = [(); 5].map(|_| vec![f32::NAN; m * n]);
+            let mut out = [(); 6].map(|_| vec![f32::NAN; m * n]);
             int8_product(&x, m, &int8, &mut out[0], blocking, INT8_REFERENCE);
-            if f32_supported() {
-                packed_product(&x, m, &w, &mut out[1], blocking, F32_AVX512, |x, rows| rows_f32(x, rows, k));
+            if avx512_supported() {
+                f32_product(&x, m, &rows, &mut out[1], blocking);
+            }
+            if avx2_supported() {
+                f32_product(&x, m, &strips, &mut out[5], blocking);
             }
             if bf16_supported() {
                 bf16_product(&x, m, &bf16, &mut out[2], blocking, BF16_AVX512);
@@ -410,7 +463,7 @@ fn every_blocking_gives_the_same_bits() {
         };
         let whole = outputs(&blockings[3]);
         for blocking in &blockings[..3] {
-            for (product, (got, want)) in ["int8 reference", "f32", "bf16", "int8 VNNI", "int8 AVX2"].iter().zip(outputs(blocking).iter().zip(&whole)) {
+            for (product, (got, want)) in ["int8 reference", "f32 AVX-512", "bf16", "int8 VNNI", "int8 AVX2", "f32 AVX2"].iter().zip(outputs(blocking).iter().zip(&whole)) {
                 assert!(got == want, "({m},{k},{n}) {product}, slices of {}: not the unsliced bits", blocking.depth_slice);
             }
         }

@@ -1,7 +1,8 @@
-//! Which unit runs the bf16 and int8 products: AVX-512 (`vdpbf16ps`, `vpdpbusd`) or, where the
-//! CPU has them and Linux grants their state, the AMX tiles (`tdpbf16ps`, `tdpbusd`); int8 on a
-//! CPU without AVX-512 VNNI runs on AVX2 (`vpmaddwd`). Chosen once per process, at the first
-//! product (the engine asks at start-up), like the blocking.
+//! Which unit runs each product: AVX-512 (`vfmadd231ps`, `vdpbf16ps`, `vpdpbusd`) or, where the
+//! CPU has them and Linux grants their state, the AMX tiles for bf16 and int8 (`tdpbf16ps`,
+//! `tdpbusd`); f32 and int8 on a CPU without AVX-512 run on AVX2 (`vfmadd231ps` on 8 lanes,
+//! `vpmaddwd`), with the same bits. Chosen once per process, at the first product (the engine
+//! asks at start-up), like the blocking.
 //!
 //! AMX needs both: CPUID's `amx_tile` with `amx_bf16` (resp. `amx_int8`), and the kernel's
 //! permission for the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
@@ -18,8 +19,8 @@ pub enum Unit {
     Avx512,
     /// AMX tiles, 32 rows × 64 columns a tile.
     Amx,
-    /// AVX2 vectors (int8 only: `vpmaddwd` on operands widened to i16), 6 rows × 64 columns a
-    /// tile, where the CPU has no AVX-512 VNNI.
+    /// AVX2 vectors (f32, and int8 as `vpmaddwd` on operands widened to i16), 6 rows × 64
+    /// columns a tile, where the CPU has no AVX-512 (for int8: no AVX-512 VNNI).
     Avx2,
 }
 
@@ -34,10 +35,11 @@ impl Unit {
     }
 }
 
-/// The units of this process's reduced-precision products (`None`: the precision cannot run
-/// here at all). f32 runs on AVX-512, or gemm's AVX2 kernel without it (AMX has no f32 product).
+/// The units of this process's products (`None`: no kernel of ours runs the precision here; f32
+/// then runs on gemm's kernels). AMX has no f32 product.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Units {
+    pub f32: Option<Unit>,
     pub bf16: Option<Unit>,
     pub int8: Option<Unit>,
 }
@@ -72,13 +74,13 @@ impl Amx {
         }
     }
 
-    /// The units, given what the AVX-512 kernels can run and whether the CPU has AVX2 (int8's
-    /// last resort).
-    fn units(self, bf16_avx512: bool, int8_avx512: bool, avx2: bool) -> Units {
+    /// The units, given what the AVX-512 kernels can run (f32, bf16, int8) and whether the CPU
+    /// has AVX2 with FMA (the last resort of f32 and int8).
+    fn units(self, [f32_avx512, bf16_avx512, int8_avx512]: [bool; 3], avx2: bool) -> Units {
         let usable = self.tile && self.granted;
         let pick = |avx512: bool, amx: bool| avx512.then_some(if usable && amx { Unit::Amx } else { Unit::Avx512 });
-        let int8 = pick(int8_avx512, self.int8).or(avx2.then_some(Unit::Avx2));
-        Units { bf16: pick(bf16_avx512, self.bf16), int8 }
+        let avx2 = avx2.then_some(Unit::Avx2);
+        Units { f32: pick(f32_avx512, false).or(avx2), bf16: pick(bf16_avx512, self.bf16), int8: pick(int8_avx512, self.int8).or(avx2) }
     }
 }
 
@@ -91,7 +93,7 @@ pub(crate) fn amx() -> &'static Amx {
 /// This process's units.
 pub fn units() -> &'static Units {
     static UNITS: OnceLock<Units> = OnceLock::new();
-    UNITS.get_or_init(|| amx().units(super::bf16_supported(), super::vnni_supported(), super::avx2_supported()))
+    UNITS.get_or_init(|| amx().units([super::avx512_supported(), super::bf16_supported(), super::vnni_supported()], super::avx2_supported()))
 }
 
 #[cfg(test)]
@@ -102,29 +104,32 @@ mod tests {
 
     #[test]
     fn amx_only_with_the_tile_state_granted() {
-        let amx = Some(Unit::Amx);
-        assert_eq!(ALL.units(true, true, true), Units { bf16: amx, int8: amx });
+        let (amx, avx512) = (Some(Unit::Amx), Some(Unit::Avx512));
+        assert_eq!(ALL.units([true; 3], true), Units { f32: avx512, bf16: amx, int8: amx });
         // Linux refused (or predates) the tile state: the first tile instruction would fault.
         let refused = Amx { granted: false, ..ALL };
-        assert_eq!(refused.units(true, true, true), Units { bf16: Some(Unit::Avx512), int8: Some(Unit::Avx512) });
+        assert_eq!(refused.units([true; 3], true), Units { f32: avx512, bf16: avx512, int8: avx512 });
         // One of the two products on tiles.
         let int8_only = Amx { bf16: false, ..ALL };
-        assert_eq!(int8_only.units(true, true, true), Units { bf16: Some(Unit::Avx512), int8: amx });
+        assert_eq!(int8_only.units([true; 3], true), Units { f32: avx512, bf16: avx512, int8: amx });
     }
 
     #[test]
     fn no_amx_without_the_avx512_kernels_it_leans_on() {
-        assert_eq!(ALL.units(false, false, false), Units { bf16: None, int8: None });
-        assert_eq!(ALL.units(true, false, false), Units { bf16: Some(Unit::Amx), int8: None });
+        assert_eq!(ALL.units([false; 3], false), Units { f32: None, bf16: None, int8: None });
+        assert_eq!(ALL.units([true, true, false], false), Units { f32: Some(Unit::Avx512), bf16: Some(Unit::Amx), int8: None });
     }
 
     #[test]
-    fn int8_falls_back_to_avx2_and_bf16_does_not() {
+    fn f32_and_int8_fall_back_to_avx2_and_bf16_does_not() {
         let none = Amx { tile: false, bf16: false, int8: false, granted: false };
-        assert_eq!(none.units(false, false, true), Units { bf16: None, int8: Some(Unit::Avx2) });
+        let (avx2, avx512) = (Some(Unit::Avx2), Some(Unit::Avx512));
+        assert_eq!(none.units([false; 3], true), Units { f32: avx2, bf16: None, int8: avx2 });
         // AMX's int8 leans on the VNNI code; AVX2 alone does not bring it in.
-        assert_eq!(ALL.units(false, false, true), Units { bf16: None, int8: Some(Unit::Avx2) });
-        assert_eq!(none.units(true, true, true), Units { bf16: Some(Unit::Avx512), int8: Some(Unit::Avx512) });
+        assert_eq!(ALL.units([false; 3], true), Units { f32: avx2, bf16: None, int8: avx2 });
+        assert_eq!(none.units([true; 3], true), Units { f32: avx512, bf16: avx512, int8: avx512 });
+        // AVX-512 F without VNNI (Skylake): f32 on AVX-512, int8 on AVX2.
+        assert_eq!(none.units([true, false, false], true), Units { f32: avx512, bf16: None, int8: avx2 });
     }
 
     #[test]
@@ -135,5 +140,6 @@ mod tests {
             assert_ne!(units.bf16, Some(Unit::Amx));
             assert_ne!(units.int8, Some(Unit::Amx));
         }
+        assert_ne!(units.f32, Some(Unit::Amx), "AMX has no f32 product");
     }
 }

@@ -97,8 +97,8 @@ impl Norm {
     }
 }
 
-/// A dense layer's `(in, out)` weights: packed for our AVX-512 kernel, or row-major for gemm's
-/// on a CPU without AVX-512.
+/// A dense layer's `(in, out)` weights: packed for our f32 kernel (AVX-512 or AVX2), or
+/// row-major for gemm's on a CPU with neither.
 pub(crate) enum Weight {
     Packed(Packed<f32>),
     Plain { values: Vec<f32>, rows: usize, cols: usize },

@@ -1,0 +1,63 @@
+//! The f32 tile kernel on AVX2 with FMA, for CPUs without AVX-512 (Zen 3: the c6a, m6a and r6a
+//! parents). It computes the AVX-512 kernel's `MR × NR` tile from a panel in strips
+//! ([`Layout::Strips`]), a strip of 16 columns a pass: 6 rows × 2 vectors are 12 accumulators,
+//! with two panel vectors and a broadcast 15 of the 16 registers. Each sum is the same chain of
+//! FMAs in the same order as the AVX-512 kernel's, from zero, so the bits are the same (tests).
+//!
+//! A strip is `depth` rows of 64 bytes, one after the other: each pass streams it whole, where
+//! a pass over a row-major panel would read one line of every 256 bytes, a quarter of L1's sets,
+//! and find nothing of it there on the next row tile.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::super::{Layout, MR, NR, STRIP, STRIPS, Slice};
+
+/// One depth slice (`range` of the panel's rows) of a `rows × NR` tile:
+/// `out[r·ldc + j] (+)= Σ_{p ∈ range} a[r·lda + p − range.start] · w[p][j]`, `panel` one panel
+/// `depth` rows deep in [`Layout::Strips`], `a` the tile's [`MR`] rows from the slice's start.
+#[allow(clippy::too_many_arguments)]
+pub(in super::super) fn f32_tile(a: &[f32], panel: &[f32], depth: usize, range: Range<usize>, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
+    let steps = range.len();
+    assert!((1..=MR).contains(&rows) && ldc >= NR && slice.lda >= steps && range.end <= depth);
+    assert!(a.len() >= (MR - 1) * slice.lda + steps && panel.len() >= depth * NR && out.len() >= (rows - 1) * ldc + NR);
+    assert!(super::super::avx2_supported());
+    debug_assert_eq!(Layout::Strips.index(depth, range.start, STRIP), (depth + range.start) * STRIP);
+    // SAFETY: the CPU has AVX2 and FMA; `a` holds `MR` rows of `steps` values `lda` apart and
+    // `panel` `STRIPS` strips of `depth × STRIP` values, of which the kernel reads rows `range`;
+    // it reads and writes `NR` f32 at `r·ldc` for `r < rows`, within `out` (all checked above).
+    unsafe { f32_avx2(a.as_ptr(), panel.as_ptr(), depth, range, out.as_mut_ptr(), ldc, rows, slice) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn f32_avx2(a: *const f32, panel: *const f32, depth: usize, range: Range<usize>, out: *mut f32, ldc: usize, rows: usize, slice: Slice) {
+    for strip in 0..STRIPS {
+        // SAFETY (every access below): rows r < MR of `a` and p < range.len(); strip rows
+        // p ∈ range of `STRIP` lanes; rows r < rows of `out`, columns below NR: within the
+        // lengths `f32_tile` checked.
+        let b = unsafe { panel.add((strip * depth + range.start) * STRIP) };
+        let column = strip * STRIP;
+        let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+        if !slice.first {
+            for (r, acc_row) in acc.iter_mut().enumerate().take(rows) {
+                let at = unsafe { out.add(r * ldc + column) };
+                *acc_row = unsafe { [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))] };
+            }
+        }
+        for p in 0..range.len() {
+            let bp = unsafe { b.add(p * STRIP) };
+            let bv = unsafe { [_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))] };
+            for (r, acc_row) in acc.iter_mut().enumerate() {
+                let av = _mm256_set1_ps(unsafe { *a.add(r * slice.lda + p) });
+                for (acc, bv) in acc_row.iter_mut().zip(bv) {
+                    *acc = _mm256_fmadd_ps(av, bv, *acc);
+                }
+            }
+        }
+        for (r, acc_row) in acc.iter().enumerate().take(rows) {
+            let at = unsafe { out.add(r * ldc + column) };
+            unsafe { [_mm256_storeu_ps(at, acc_row[0]), _mm256_storeu_ps(at.add(8), acc_row[1])] };
+        }
+    }
+}
