@@ -64,8 +64,7 @@ pub(crate) fn f32_supported() -> bool {
     avx512_supported() || avx2_supported()
 }
 
-/// Whether this CPU executes the AVX-512 kernels' common ground (AVX-512 F): the f32 tile kernel
-/// that attention's blocks use too.
+/// Whether this CPU executes the AVX-512 kernels' common ground (AVX-512 F).
 pub(crate) fn avx512_supported() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -355,12 +354,18 @@ pub(crate) const TILE_ROWS: usize = MR;
 /// One `rows × PANEL` tile of `a · b` through the f32 kernel, for attention's blocks
 /// (`encoder::attention`): `out[r·ldc + j] (+)= Σ_{p < depth} a[r·lda + p] · b[p·PANEL + j]`,
 /// from zero unless `accumulate`. `a` holds [`TILE_ROWS`] rows, `lda` apart (those past `rows`
-/// are read, never stored); `b` is one panel, `depth` rows of [`PANEL`] values.
+/// are read, never stored); `b` is one panel, `depth` rows of [`PANEL`] values. On AVX-512, or
+/// AVX2 without it: the same bits.
 ///
-/// Panics if the lengths do not match or the CPU lacks AVX-512 ([`f32_supported`]).
+/// Panics if the lengths do not match or the CPU has neither ([`f32_supported`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn f32_tile(a: &[f32], lda: usize, b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, accumulate: bool) {
-    kernel::f32_tile(a, b, depth, out, ldc, rows, Slice { lda, first: !accumulate, last: true });
+    let slice = Slice { lda, first: !accumulate, last: true };
+    if avx512_supported() {
+        kernel::f32_tile(a, b, depth, out, ldc, rows, slice);
+    } else {
+        kernel::avx2_f32::f32_rows_tile(a, b, depth, out, ldc, rows, slice);
+    }
 }
 
 /// [`f32_tile`] with bf16 inputs and f32 sums: `a` and `b` hold lanes of two bf16
@@ -972,6 +977,10 @@ mod kernel {
         pub(in super::super) fn f32_tile(_: &[f32], _: &[f32], _: usize, _: std::ops::Range<usize>, _: &mut [f32], _: usize, _: usize, _: super::super::Slice) {
             unreachable!("no AVX2 off x86-64")
         }
+
+        pub(in super::super) fn f32_rows_tile(_: &[f32], _: &[f32], _: usize, _: &mut [f32], _: usize, _: usize, _: super::super::Slice) {
+            unreachable!("no AVX2 off x86-64")
+        }
     }
 
     pub(super) fn bf16_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: Slice) {
@@ -989,6 +998,10 @@ mod kernel {
 
         #[allow(clippy::too_many_arguments)]
         pub(in super::super) fn int8_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: super::super::Slice, _: &super::super::Dequant<'_>) {
+            unreachable!("no AVX2 off x86-64")
+        }
+
+        pub(in super::super) fn f32_rows_tile(_: &[f32], _: &[f32], _: usize, _: &mut [f32], _: usize, _: usize, _: super::super::Slice) {
             unreachable!("no AVX2 off x86-64")
         }
     }

@@ -101,6 +101,39 @@ fn f32_kernels_equal_the_fma_chain_bit_for_bit() {
     }
 }
 
+/// Attention's tile on a row-major panel ([`f32_tile`]), on every kernel here: the FMA chain's
+/// bits, from zero and from the sums already in `out`, and no row past `rows` written.
+#[test]
+fn f32_tiles_of_row_major_panels_equal_the_fma_chain() {
+    let mut kernels: Vec<(&str, Tile<f32>)> = Vec::new();
+    if avx512_supported() {
+        kernels.push(("AVX-512", kernel::f32_tile));
+    }
+    if avx2_supported() {
+        kernels.push(("AVX2", kernel::avx2_f32::f32_rows_tile));
+    }
+    for (name, run) in kernels {
+        for (seed, &(rows, depth, lda)) in [(1, 1, 1), (6, 64, 64), (3, 7, 9), (5, 300, 301)].iter().enumerate() {
+            let a = values(seed as u64, (MR - 1) * lda + depth);
+            let b = values(50 + seed as u64, depth * NR);
+            let ldc = NR + 3;
+            let before = values(90 + seed as u64, MR * ldc);
+            for accumulate in [false, true] {
+                let mut out = before.clone();
+                run(&a, &b, depth, &mut out, ldc, rows, Slice { lda, first: !accumulate, last: true });
+                for (r, (got, before)) in out.chunks(ldc).zip(before.chunks(ldc)).enumerate() {
+                    for j in 0..NR {
+                        let from = if accumulate { before[j] } else { 0.0 };
+                        let chain = (0..depth).fold(from, |acc, p| a[r * lda + p].mul_add(b[p * NR + j], acc));
+                        let want = if r < rows { chain } else { before[j] };
+                        assert!(got[j].to_bits() == want.to_bits(), "{name} rows {rows} depth {depth} [{r}, {j}]: {} vs {want}", got[j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The strips the AVX2 kernel reads hold the same matrix as the rows the AVX-512 kernel reads.
 #[test]
 fn both_layouts_hold_the_same_matrix() {

@@ -133,7 +133,7 @@ impl Encoder {
         let kv = |offset: usize, start: usize, rows: usize| MatRef::new(&qkv[start * stride + offset + group * d..], rows, d, stride, 1);
         let scale = self.query_scale;
         let long_or_local = n > LONG_TEXT || matches!(window, Some(w) if w + 1 < n);
-        if long_or_local && self.relative.is_none() && dense::avx512_supported() {
+        if long_or_local && self.relative.is_none() && dense::f32_supported() {
             let rows = tiled::HeadRows { qkv, stride, d, columns: [head * d, q_width + group * d, q_width + kv_width + group * d] };
             let reach = tiled::Reach { reach: window.unwrap_or(n), causal };
             return match products {

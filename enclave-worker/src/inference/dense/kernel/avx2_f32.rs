@@ -1,12 +1,14 @@
 //! The f32 tile kernel on AVX2 with FMA, for CPUs without AVX-512 (Zen 3: the c6a, m6a and r6a
-//! parents). It computes the AVX-512 kernel's `MR × NR` tile from a panel in strips
-//! ([`Layout::Strips`]), a strip of 16 columns a pass: 6 rows × 2 vectors are 12 accumulators,
-//! with two panel vectors and a broadcast 15 of the 16 registers. Each sum is the same chain of
-//! FMAs in the same order as the AVX-512 kernel's, from zero, so the bits are the same (tests).
+//! parents). It computes the AVX-512 kernel's `MR × NR` tile 16 columns (a strip) a pass: 6 rows
+//! × 2 vectors are 12 accumulators, with two panel vectors and a broadcast 15 of the 16
+//! registers. Each sum is the same chain of FMAs in the same order as the AVX-512 kernel's, from
+//! zero, so the bits are the same (tests).
 //!
-//! A strip is `depth` rows of 64 bytes, one after the other: each pass streams it whole, where
-//! a pass over a row-major panel would read one line of every 256 bytes, a quarter of L1's sets,
-//! and find nothing of it there on the next row tile.
+//! The dense layers' panels lie in strips ([`Layout::Strips`]): a strip is `depth` rows of 64
+//! bytes, one after the other, and each pass streams it whole, where a pass over a row-major panel
+//! would read one line of every 256 bytes, a quarter of L1's sets, and find nothing of it there
+//! on the next row tile. Attention's blocks are row-major panels small enough for L1
+//! ([`f32_rows_tile`]).
 
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -23,20 +25,38 @@ pub(in super::super) fn f32_tile(a: &[f32], panel: &[f32], depth: usize, range: 
     assert!(a.len() >= (MR - 1) * slice.lda + steps && panel.len() >= depth * NR && out.len() >= (rows - 1) * ldc + NR);
     assert!(super::super::avx2_supported());
     debug_assert_eq!(Layout::Strips.index(depth, range.start, STRIP), (depth + range.start) * STRIP);
+    let strides = Strides { strip: depth * STRIP, row: STRIP };
     // SAFETY: the CPU has AVX2 and FMA; `a` holds `MR` rows of `steps` values `lda` apart and
     // `panel` `STRIPS` strips of `depth × STRIP` values, of which the kernel reads rows `range`;
     // it reads and writes `NR` f32 at `r·ldc` for `r < rows`, within `out` (all checked above).
-    unsafe { f32_avx2(a.as_ptr(), panel.as_ptr(), depth, range, out.as_mut_ptr(), ldc, rows, slice) }
+    unsafe { f32_avx2(a.as_ptr(), panel.as_ptr().add(range.start * STRIP), strides, steps, out.as_mut_ptr(), ldc, rows, slice) }
 }
 
+/// [`super::f32_tile`]'s contract (a row-major panel, [`Layout::Rows`]) on AVX2: attention's
+/// blocks on a CPU without AVX-512.
+pub(in super::super) fn f32_rows_tile(a: &[f32], b: &[f32], depth: usize, out: &mut [f32], ldc: usize, rows: usize, slice: Slice) {
+    super::check(a, b, depth, out, ldc, rows, slice);
+    assert!(super::super::avx2_supported());
+    // SAFETY: the CPU has AVX2 and FMA; `b` holds `depth` rows of `NR`, the rest as `check` says.
+    unsafe { f32_avx2(a.as_ptr(), b.as_ptr(), Strides { strip: STRIP, row: NR }, depth, out.as_mut_ptr(), ldc, rows, slice) }
+}
+
+/// Where a panel's lanes lie from its first row on: strip `s`, row `p` at `s·strip + p·row`.
+#[derive(Clone, Copy)]
+struct Strides {
+    strip: usize,
+    row: usize,
+}
+
+/// Safety: the CPU has AVX2 and FMA; `a` holds `MR` rows of `steps` values, `slice.lda` apart;
+/// `b` the `STRIPS` strips of `steps` rows `strides` says; `out` `rows` rows of `NR`, `ldc` apart.
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn f32_avx2(a: *const f32, panel: *const f32, depth: usize, range: Range<usize>, out: *mut f32, ldc: usize, rows: usize, slice: Slice) {
+unsafe fn f32_avx2(a: *const f32, b: *const f32, strides: Strides, steps: usize, out: *mut f32, ldc: usize, rows: usize, slice: Slice) {
     for strip in 0..STRIPS {
-        // SAFETY (every access below): rows r < MR of `a` and p < range.len(); strip rows
-        // p ∈ range of `STRIP` lanes; rows r < rows of `out`, columns below NR: within the
-        // lengths `f32_tile` checked.
-        let b = unsafe { panel.add((strip * depth + range.start) * STRIP) };
+        // SAFETY (every access below): rows r < MR of `a` and p < steps; strip rows p < steps;
+        // rows r < rows of `out`, columns below NR: the function's contract.
+        let b = unsafe { b.add(strip * strides.strip) };
         let column = strip * STRIP;
         let mut acc = [[_mm256_setzero_ps(); 2]; MR];
         if !slice.first {
@@ -45,8 +65,8 @@ unsafe fn f32_avx2(a: *const f32, panel: *const f32, depth: usize, range: Range<
                 *acc_row = unsafe { [_mm256_loadu_ps(at), _mm256_loadu_ps(at.add(8))] };
             }
         }
-        for p in 0..range.len() {
-            let bp = unsafe { b.add(p * STRIP) };
+        for p in 0..steps {
+            let bp = unsafe { b.add(p * strides.row) };
             let bv = unsafe { [_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))] };
             for (r, acc_row) in acc.iter_mut().enumerate() {
                 let av = _mm256_set1_ps(unsafe { *a.add(r * slice.lda + p) });

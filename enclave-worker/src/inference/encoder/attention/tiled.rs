@@ -120,7 +120,7 @@ impl Arithmetic for Bf16 {
 /// `out ← softmax(scale · Q·Kᵀ, over each query's keys) · V` for one head (`out`: `n × d`), the
 /// products in arithmetic `A`.
 ///
-/// Panics if the CPU lacks AVX-512 ([`dense::avx512_supported`]), or, for [`Bf16`], AVX-512 BF16
+/// Panics if the CPU has no f32 kernel ([`dense::f32_supported`]), or, for [`Bf16`], AVX-512 BF16
 /// ([`dense::bf16_supported`]).
 pub(super) fn head<A: Arithmetic>(rows: &HeadRows<'_>, scale: f32, reach: Reach, mut out: MatMut<'_>) {
     let (n, d) = (rows.n(), rows.d);
@@ -307,8 +307,8 @@ mod tests {
     /// f32: within f32 summation error.
     #[test]
     fn f32_blocks_of_queries_and_keys_equal_the_definition() {
-        if !dense::avx512_supported() {
-            eprintln!("skipped: the CPU has no AVX-512 (the tiled path is not taken there)");
+        if !dense::f32_supported() {
+            eprintln!("skipped: the CPU has neither AVX-512 nor AVX2 (the tiled path is not taken there)");
             return;
         }
         equals_the_definition::<F32>(|x| x, 2e-5);
