@@ -8,9 +8,9 @@
 //! cargo run --release -p enclave-worker --example bench_dense -- --units [--threads 2] [--rows 2048] [--runs 9]
 //! ```
 //!
-//! `--units`: the bf16 and int8 products on every unit alternately instead (AVX-512, AMX tiles,
-//! int8 on AVX2), with the chosen blocking (AMX only where this CPU has it and Linux grants the
-//! tile state).
+//! `--units`: the f32, bf16 and int8 products on every unit alternately instead (AVX-512, AMX
+//! tiles, f32 and int8 on AVX2) beside gemm's f32 product, with the chosen blocking (AMX only
+//! where this CPU has it and Linux grants the tile state).
 //! `--slice N`: the "chosen" column measures depth slices of N lanes instead of this CPU's.
 
 use std::time::Instant;
@@ -42,9 +42,9 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// The reduced products on every unit and gemm's f32 product (the encoder's on a CPU without
-/// AVX-512), alternately, per shape: GOP/s (two operations per multiply-add), "–" where this
-/// CPU cannot run it.
+/// Every product on every unit and gemm's f32 product (the encoder's on a CPU without AVX2),
+/// alternately, per shape: GOP/s (two operations per multiply-add), "–" where this CPU cannot
+/// run it.
 fn units(pool: &rayon::ThreadPool, m: usize, runs: usize) {
     use bench::Arithmetic::{Bf16, F32, Int8};
     let columns = [("f32 AVX-512", F32, DenseUnit::Avx512), ("f32 AVX2", F32, DenseUnit::Avx2), ("bf16 AVX-512", Bf16, DenseUnit::Avx512), ("bf16 AMX", Bf16, DenseUnit::Amx), ("int8 VNNI", Int8, DenseUnit::Avx512), ("int8 AMX", Int8, DenseUnit::Amx), ("int8 AVX2", Int8, DenseUnit::Avx2)];
