@@ -792,10 +792,6 @@ mod kernel {
         pub(in super::super) fn int8_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: super::super::Slice, _: &super::super::Dequant<'_>) {
             unreachable!("no AVX2 off x86-64")
         }
-
-        pub(in super::super) fn f32_rows_tile(_: &[f32], _: &[f32], _: usize, _: &mut [f32], _: usize, _: usize, _: super::super::Slice) {
-            unreachable!("no AVX2 off x86-64")
-        }
     }
 
     pub(super) mod amx {
