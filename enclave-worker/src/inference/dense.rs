@@ -36,7 +36,9 @@
 //! the same operands widened to i16 in registers, the same int32 sums, the same bits. On a CPU
 //! without AVX-512, f32 runs on AVX2's FMA (`kernel::avx2_f32`), the same tile 16 columns a pass
 //! and each sum the same chain of FMAs, so the same bits; its panels lie in strips of 16 columns
-//! ([`Layout::Strips`]) so that a pass streams its strip. bf16 does not run there.
+//! ([`Layout::Strips`]) so that a pass streams its strip, and each task's activations are
+//! interleaved step by step ([`Interleaved`]) so that its broadcasts read one stream. bf16 does
+//! not run there.
 //!
 //! AMX: where the CPU has AMX tiles and Linux grants their state ([`units`], chosen once at
 //! start-up), bf16 runs on `tdpbf16ps` and int8 on `tdpbusd` (the same u8 × i8 operands) instead,
@@ -268,19 +270,18 @@ pub(crate) fn matmul_f32(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32]) 
 
 /// [`matmul_f32`] with the given blocking.
 fn f32_product(x: &[f32], m: usize, w: &Packed<f32>, out: &mut [f32], blocking: &Blocking) {
-    let rows = |x, rows| rows_f32(x, rows, w.k);
     match w.layout {
         Layout::Rows => {
             assert!(avx512_supported(), "the CPU has no AVX-512");
-            packed_product(x, m, w, out, blocking, F32_AVX512, rows);
+            packed_product(x, m, w, out, blocking, F32_AVX512, |x, rows| rows_f32(x, rows, w.k));
         }
         Layout::Strips => {
             assert!(avx2_supported(), "the CPU has no AVX2 with FMA");
-            product(x, m, w.k, w.n, out, rows, |a, panel, out, ldc| {
+            let interleave = |x, rows| Interleaved::of(x, rows, w.k);
+            product(x, m, w.k, w.n, out, interleave, |a, panel, out, ldc| {
                 let lanes = &w.panels[panel * w.depth * NR..(panel + 1) * w.depth * NR];
                 tiles_of_panel(a.rows, NR.min(w.n - panel * NR), w.depth, blocking, (MR, 1), out, ldc, |index, valid, range, slice, out, ldc| {
-                    let tile = a.tile(index, MR, w.depth);
-                    kernel::avx2_f32::f32_tile(&tile[range.start..], lanes, w.depth, range, out, ldc, valid, slice);
+                    kernel::avx2_f32::f32_tile(a.tile(index, range.start), lanes, w.depth, range, out, ldc, valid, slice);
                 });
             });
         }
@@ -738,7 +739,7 @@ mod packed;
 mod unit;
 
 pub(crate) use packed::{Layout, Packed};
-use packed::{STRIP, STRIPS};
+use packed::{Interleaved, STEP_LANES, STRIP, STRIPS};
 
 /// The f32, bf16 and int8 products with a chosen blocking and unit, for `examples/bench_dense`.
 #[doc(hidden)]
@@ -771,6 +772,10 @@ mod kernel {
         }
 
         pub(in super::super) fn f32_rows_tile(_: &[f32], _: &[f32], _: usize, _: &mut [f32], _: usize, _: usize, _: super::super::Slice) {
+            unreachable!("no AVX2 off x86-64")
+        }
+
+        pub(in super::super) fn interleave(_: &[&[f32]], _: usize, _: &mut [f32]) {
             unreachable!("no AVX2 off x86-64")
         }
     }

@@ -1,6 +1,6 @@
 //! Weight matrices packed in panels for the tile kernels, and how a panel's lanes lie.
 
-use super::{NR, Unit, bf16_pair, bf16_rounded, units};
+use super::{MR, NR, Unit, bf16_pair, bf16_rounded, kernel, units};
 
 /// A `(k, n)` weight matrix (row-major, as the encoder multiplies `x · w`) in panels of `T`:
 /// f32 values, or u32 lanes of two bf16 (k-pairs).
@@ -126,3 +126,42 @@ impl Packed<u32> {
     }
 }
 
+
+/// Values per step of an [`Interleaved`] tile: its [`MR`] rows and two of zeros, so that a step
+/// is one 32-byte vector and the interleaving a transpose of 8 × 8 blocks.
+pub(super) const STEP_LANES: usize = 8;
+
+/// A task's activations as the AVX2 f32 kernel reads them: tile after tile of [`MR`] rows (the
+/// last padded with zero rows), each tile step after step, row `r`'s value of step `p` at
+/// `p·STEP_LANES + r`. A pass's broadcasts then read one stream where row-major rows were six
+/// (and, 1,024 values deep, 4 KiB apart: the same L1 sets).
+pub(super) struct Interleaved {
+    lanes: Vec<f32>,
+    /// The task's rows (without the padding).
+    pub(super) rows: usize,
+    k: usize,
+}
+
+impl Interleaved {
+    /// `rows` rows of `x` (`k` values each, row-major), on a CPU with AVX2.
+    pub(super) fn of(x: &[f32], rows: usize, k: usize) -> Self {
+        assert!(x.len() >= rows * k, "activations are not (rows, k)");
+        let mut lanes = vec![0f32; rows.div_ceil(MR) * k * STEP_LANES];
+        let whole = k / STEP_LANES * STEP_LANES;
+        for (index, tile) in lanes.chunks_exact_mut(k * STEP_LANES).enumerate() {
+            let tile_rows: Vec<&[f32]> = x[..rows * k].chunks_exact(k).skip(index * MR).take(MR).collect();
+            kernel::avx2_f32::interleave(&tile_rows, whole, tile);
+            for p in whole..k {
+                for (r, row) in tile_rows.iter().enumerate() {
+                    tile[p * STEP_LANES + r] = row[p];
+                }
+            }
+        }
+        Self { lanes, rows, k }
+    }
+
+    /// Row tile `index` from step `step` on.
+    pub(super) fn tile(&self, index: usize, step: usize) -> &[f32] {
+        &self.lanes[(index * self.k + step) * STEP_LANES..(index + 1) * self.k * STEP_LANES]
+    }
+}

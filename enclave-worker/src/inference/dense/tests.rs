@@ -134,6 +134,33 @@ fn f32_tiles_of_row_major_panels_equal_the_fma_chain() {
     }
 }
 
+/// The AVX2 kernel's interleaved activations hold each row's value of step `p` at
+/// `p·STEP_LANES + r` of its tile and zeros elsewhere, on ragged rows and depths (the vector
+/// transpose and the scalar steps after it).
+#[test]
+fn interleaved_tiles_hold_the_rows_step_by_step() {
+    if !avx2_supported() {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    }
+    for (seed, &(rows, k)) in [(1, 1), (6, 8), (7, 9), (13, 16), (5, 23), (12, 40)].iter().enumerate() {
+        let x = values(seed as u64, rows * k);
+        let interleaved = Interleaved::of(&x, rows, k);
+        for index in 0..rows.div_ceil(MR) {
+            let tile = interleaved.tile(index, 0);
+            assert_eq!(tile.len(), k * STEP_LANES);
+            for p in 0..k {
+                for r in 0..STEP_LANES {
+                    let row = index * MR + r;
+                    let want = if r < MR && row < rows { x[row * k + p] } else { 0.0 };
+                    assert_eq!(tile[p * STEP_LANES + r].to_bits(), want.to_bits(), "{rows} × {k}: tile {index}, step {p}, row {r}");
+                }
+            }
+            assert_eq!(interleaved.tile(index, k / 2), &tile[k / 2 * STEP_LANES..]);
+        }
+    }
+}
+
 /// The strips the AVX2 kernel reads hold the same matrix as the rows the AVX-512 kernel reads.
 #[test]
 fn both_layouts_hold_the_same_matrix() {
