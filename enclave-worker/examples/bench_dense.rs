@@ -113,7 +113,7 @@ fn main() {
         // and the ratio of a pair's two runs is what a change is judged by.
         for run in 0..runs {
             let pair = if run % 2 == 0 { [&chosen, &unsliced] } else { [&unsliced, &chosen] };
-            let [first, second] = pair.map(|blocking| time(blocking));
+            let [first, second] = pair.map(&mut time);
             let (a, b) = if run % 2 == 0 { (first, second) } else { (second, first) };
             with.push(a);
             without.push(b);
