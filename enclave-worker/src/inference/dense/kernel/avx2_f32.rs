@@ -10,7 +10,7 @@
 //! on the next row tile. Their activations are interleaved once per task ([`Interleaved`]): a
 //! tile's values of one step lie together, so a pass's broadcasts read one stream where the
 //! rows were six (1,024 values deep, 4 KiB apart: the same L1 sets). On Zen 3 that made the
-//! products 3–15 % faster by shape, the interleaving included, and fp32 6 % faster end to end.
+//! products 4–15 % faster by shape, the interleaving included, and fp32 6 % faster end to end.
 //! Attention's blocks are row-major panels and rows small enough for L1 ([`f32_rows_tile`]).
 //!
 //! [`Interleaved`]: super::super::Interleaved
