@@ -1,5 +1,7 @@
 //! Weight matrices packed in panels for the tile kernels, and how a panel's lanes lie.
 
+use rayon::prelude::*;
+
 use super::{MR, NR, Unit, bf16_pair, bf16_rounded, kernel, units};
 
 /// A `(k, n)` weight matrix (row-major, as the encoder multiplies `x · w`) in panels of `T`:
@@ -148,7 +150,9 @@ impl Interleaved {
         assert!(x.len() >= rows * k, "activations are not (rows, k)");
         let mut lanes = vec![0f32; rows.div_ceil(MR) * k * STEP_LANES];
         let whole = k / STEP_LANES * STEP_LANES;
-        for (index, tile) in lanes.chunks_exact_mut(k * STEP_LANES).enumerate() {
+        // In parallel (four tiles a task at least): one text's rows are interleaved once for
+        // every thread's panels (one 128-token text: about 5 % less latency, 11 pairs of runs).
+        lanes.par_chunks_exact_mut(k * STEP_LANES).with_min_len(4).enumerate().for_each(|(index, tile)| {
             let tile_rows: Vec<&[f32]> = x[..rows * k].chunks_exact(k).skip(index * MR).take(MR).collect();
             kernel::avx2_f32::interleave(&tile_rows, whole, tile);
             for p in whole..k {
@@ -156,7 +160,7 @@ impl Interleaved {
                     tile[p * STEP_LANES + r] = row[p];
                 }
             }
-        }
+        });
         Self { lanes, rows, k }
     }
 
