@@ -128,7 +128,6 @@ impl Packed<u32> {
     }
 }
 
-
 /// Values per step of an [`Interleaved`] tile: its [`MR`] rows and two of zeros, so that a step
 /// is one 32-byte vector and the interleaving a transpose of 8 × 8 blocks.
 pub(super) const STEP_LANES: usize = 8;

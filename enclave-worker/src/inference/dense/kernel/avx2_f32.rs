@@ -20,8 +20,8 @@ use std::ops::Range;
 
 use super::super::{Layout, MR, NR, STEP_LANES, STRIP, STRIPS, Slice};
 
-/// Steps `0..whole` (a multiple of 8) of `rows` (at most [`MR`]) into an [`Interleaved`] tile, 8 × 8
-/// blocks transposed in registers (the rows past `rows.len()` zero).
+/// Steps `0..whole` (a multiple of 8) of `rows` (at most [`MR`]) into an [`Interleaved`]
+/// tile, 8 × 8 blocks transposed in registers (the rows past `rows.len()` zero).
 pub(in super::super) fn interleave(rows: &[&[f32]], whole: usize, tile: &mut [f32]) {
     assert!(rows.len() <= MR && whole.is_multiple_of(STEP_LANES) && tile.len() >= whole * STEP_LANES && rows.iter().all(|row| row.len() >= whole));
     assert!(super::super::avx2_supported());
