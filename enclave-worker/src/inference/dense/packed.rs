@@ -1,4 +1,5 @@
-//! Weight matrices packed in panels for the tile kernels, and how a panel's lanes lie.
+//! Weight matrices packed in panels for the tile kernels, how a panel's lanes lie, and the
+//! activations interleaved for the AVX2 f32 kernel.
 
 use rayon::prelude::*;
 

@@ -110,9 +110,9 @@ impl Encoder {
     /// a long text's global attention also runs in blocks of queries, so that its scores take
     /// memory linear in `n`. `causal`: query `i` sees keys `j ≤ i` only, and the keys after a
     /// block's last query are not computed. `scores` is the caller's buffer. Long texts and local
-    /// windows go through the tile kernels on a CPU with AVX-512 ([`tiled`]), in `products`'
+    /// windows go through the tile kernels on a CPU with AVX-512 or AVX2 ([`tiled`]), in `products`'
     /// arithmetic, keys in blocks as well; gemm's f32 products below are the path of short texts
-    /// (their vectors as they always were), of MPNet's relative bias and of CPUs without AVX-512.
+    /// (their vectors as they always were), of MPNet's relative bias and of CPUs without AVX2.
     #[allow(clippy::too_many_arguments)]
     fn attention_head(
         &self,
