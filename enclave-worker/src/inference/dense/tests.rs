@@ -25,8 +25,9 @@ fn reference(x: &[f32], w: &[f32], m: usize, k: usize, n: usize, round: impl Fn(
     out
 }
 
-/// Every shape class: tile and panel edges, odd depth, a single row, the encoder's shapes, both
-/// ways of splitting the work (by rows from MC·threads rows on, by panels below).
+/// Every shape class: tile and panel edges, odd depth, a single row, the encoder's shapes, the
+/// three ways of splitting the work on two threads (by MC rows from MC·threads rows on, by a
+/// share of the rows per thread below that, by panels when a share is under MIN_TASK_ROWS).
 const SHAPES: [(usize, usize, usize); 8] =
     [(1, 2, 1), (5, 7, 13), (6, 64, 64), (7, 383, 65), (97, 384, 1152), (200, 1536, 384), (13, 1, 130), (203, 7, 70)];
 
