@@ -27,11 +27,11 @@
 //! Blocking: weights are packed once (at load, or on the first bf16 job) into panels of [`NR`]
 //! columns, depth × 64 lanes. Each task takes [`MC`] rows of activations, or a thread's share of
 //! a short batch's ([`product`]) (f32: read in place; bf16: converted to row-major pairs in one
-//! vectorised pass) and runs every `MR × NR` tile of
-//! its rows against every panel: 24 accumulators stay in registers for a depth slice, the panel's
-//! slice comes from L2 and is reused by all the task's row tiles, and results are stored straight
-//! into the output rows. How deep a slice is comes from this CPU's L2 size ([`blocking`]); the
-//! panels of all-MiniLM-L6-v2 are shallow enough to be one slice on every CPU we run on.
+//! vectorised pass), and runs every `MR × NR` tile of its rows against every panel: 24
+//! accumulators stay in registers for a depth slice, the panel's slice comes from L2 and is
+//! reused by all the task's row tiles, and results are stored straight into the output rows.
+//! How deep a slice is comes from this CPU's L2 size ([`blocking`]); the panels of
+//! all-MiniLM-L6-v2 are shallow enough to be one slice on every CPU we run on.
 //!
 //! AVX2: on a CPU without AVX-512 VNNI (Zen 3), int8 runs on `vpmaddwd` instead (`kernel::avx2`):
 //! the same operands widened to i16 in registers, the same int32 sums, the same bits. On a CPU
@@ -325,9 +325,9 @@ fn packed_product<'x, T: Lane>(
 /// every thread; with fewer, one share of the rows (whole tiles of `tile_rows`) per thread
 /// when every thread has one of [`MIN_TASK_ROWS`] at least (one text of 128 tokens); otherwise
 /// (a short text) one task per weight panel, each into a block of its own, then copied into
-/// `out`. `prepare` turns
-/// rows of `x` into what the kernel reads; `run(a, panel, out, ldc)` computes one panel's
-/// columns for all of `a`'s rows into `out` (row stride `ldc`, see [`run_panel`]).
+/// `out`. `prepare` turns rows of `x` into what the kernel reads; `run(a, panel, out, ldc)`
+/// computes one panel's columns for all of `a`'s rows into `out` (row stride `ldc`, see
+/// [`run_panel`]).
 fn product<'x, A: Sync>(
     x: &'x [f32],
     (m, k, n): (usize, usize, usize),
