@@ -19,6 +19,17 @@ pub(crate) fn vectorized<R>(f: impl FnOnce() -> R) -> R {
 /// gives the integer as an f32. Branch-free and vectorisable, unlike a float-to-int cast.
 const ROUND_TO_INTEGER: f32 = 12_582_912.0;
 
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// `2^k` from `t = k + ROUND_TO_INTEGER` (k an integer in [-126, 127]): `t`'s low mantissa bits
+/// hold k (two's complement, |k| < 2^22), and 2^k's exponent field is k + 127, taken with integer
+/// operations only (a float-to-int cast would not vectorise).
+#[inline(always)]
+fn two_to_the_rounded(t: f32) -> f32 {
+    let biased = t.to_bits().wrapping_sub(ROUND_TO_INTEGER.to_bits()).wrapping_add(127);
+    f32::from_bits(biased << 23)
+}
+
 /// Independent accumulator lanes for reductions (a serial float sum does not vectorise).
 const LANES: usize = 16;
 
@@ -27,7 +38,6 @@ const LANES: usize = 16;
 /// clamped to that range (softmax only feeds values ≤ 0).
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4; // 0.693359375 = 355/512, exact in f32
     const LN2_LO: f32 = -2.121_944_4e-4;
     let x = x.clamp(-87.0, 88.0);
@@ -38,10 +48,7 @@ pub(crate) fn exp(x: f32) -> f32 {
     let p = 1.987_569_1e-4f32.mul_add(r, 1.398_199_9e-3).mul_add(r, 8.333_452e-3).mul_add(r, 4.166_579_6e-2);
     let p = p.mul_add(r, 1.666_666_5e-1).mul_add(r, 0.5); // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
     let e_r = p.mul_add(r2, r) + 1.0;
-    // `t`'s low mantissa bits hold k (two's complement, |k| < 2^22): 2^k's exponent field is
-    // k + 127, taken with integer operations only (a float-to-int cast would not vectorise).
-    let biased = t.to_bits().wrapping_sub(ROUND_TO_INTEGER.to_bits()).wrapping_add(127);
-    e_r * f32::from_bits(biased << 23)
+    e_r * two_to_the_rounded(t)
 }
 
 /// `2^x` for f32, branch-free: `x = k + f`, `|f| ≤ 1/2`, a degree-5 polynomial for `2^f`
@@ -55,9 +62,7 @@ pub(crate) fn exp2(x: f32) -> f32 {
     let f = x - (t - ROUND_TO_INTEGER);
     let p = 1.327_646_9e-3f32.mul_add(f, 9.675_541e-3).mul_add(f, 5.550_713_5e-2).mul_add(f, 0.240_221_2);
     let p = p.mul_add(f, 0.693_146_94).mul_add(f, 1.0);
-    // As in `exp`: `t`'s low mantissa bits hold k.
-    let biased = t.to_bits().wrapping_sub(ROUND_TO_INTEGER.to_bits()).wrapping_add(127);
-    p * f32::from_bits(biased << 23)
+    p * two_to_the_rounded(t)
 }
 
 /// `erf(x)` for f32: the odd/even rational approximation on [-4, 4] used by Eigen and XLA
@@ -294,7 +299,6 @@ pub(crate) fn softmax_unnormalised(row: &mut [f32]) -> f32 {
 /// softmax's division cancels it).
 #[inline(always)]
 pub(crate) fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
     let shift = m * LOG2E;
     let mut acc = [0f32; LANES];
     let mut chunks = row.chunks_exact_mut(LANES);
@@ -308,16 +312,15 @@ pub(crate) fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
     // any real entry adds): a scalar exp per tail value cost as much as the vectorised rest of a
     // typical 90-token row.
     let tail = chunks.into_remainder();
-    if tail.is_empty() {
-        return acc.iter().sum::<f32>();
+    if !tail.is_empty() {
+        let mut padded = [f32::NEG_INFINITY; LANES];
+        padded[..tail.len()].copy_from_slice(tail);
+        for (a, o) in acc.iter_mut().zip(&mut padded) {
+            *o = exp2(o.mul_add(LOG2E, -shift));
+            *a += *o;
+        }
+        tail.copy_from_slice(&padded[..tail.len()]);
     }
-    let mut padded = [f32::NEG_INFINITY; LANES];
-    padded[..tail.len()].copy_from_slice(tail);
-    for (a, o) in acc.iter_mut().zip(&mut padded) {
-        *o = exp2(o.mul_add(LOG2E, -shift));
-        *a += *o;
-    }
-    tail.copy_from_slice(&padded[..tail.len()]);
     acc.iter().sum::<f32>()
 }
 
