@@ -30,6 +30,9 @@ LONG = os.path.join(ROOT, "bench", "long.py")
 LONG_LENGTHS = [128, 512, 2048, 8192]
 LONG_TOKENS_PER_PASS = 8192
 LONG_REPEATS = {"modernbert": 2, "qwen3": 1}
+# The target's ratio (tokens/s at 512 over tokens/s at 8,192) from fresh processes of ours at the
+# two lengths in alternation: the machines drift by tens of % between a run's steps.
+LONG_PAIRS = 3
 ENGINES = ["ours", "ours-bf16", "ours-int8", "ort-fp32", "ort-int8", "st"]
 # Our reduced precisions run only where the CPU has the instructions (elsewhere they are refused):
 # bf16 needs AVX-512 BF16; int8 runs on AVX-512 VNNI, or on AVX2 without it.
@@ -108,6 +111,8 @@ class Suite:
         self.work = args.work_dir
         self.bin = args.bin_dir
         self.python = sys.executable
+        # The long-document texts made this run (bench/long.py corpus), by path.
+        self.long_corpora = set()
         os.makedirs(self.work, exist_ok=True)
 
     def ours(self, corpus, threads, repeats, tag, precision="fp32"):
@@ -200,23 +205,51 @@ class Suite:
                 row["attention_share"] = 1.0 - row["ours"]["real_tokens_per_s"] / base
             result["models"][name] = {"parameters": export["parameters"], "pooling": export["pooling"], "passes": passes,
                                       "rows": rows}
+            if {512, 8192} <= set(lengths):
+                result["models"][name]["pairs_512_8192"] = self.long_pairs(name, model_dir, export["pooling"], threads)
         return result
 
-    def long_row(self, name, model_dir, pooling, length, passes, threads):
-        docs = max(1, LONG_TOKENS_PER_PASS // length)
-        tag = f"long-{name}-{length}"
-        corpus = os.path.join(self.work, f"{tag}.jsonl")
-        run([self.python, LONG, "corpus", "--model-dir", model_dir, "--texts", self.args.corpus,
-             "--length", str(length), "--docs", str(docs), "--out", corpus])
-        out, vectors = os.path.join(self.work, f"{tag}-ours.json"), os.path.join(self.work, f"{tag}-ours.f32")
-        run([os.path.join(self.bin, "examples", "bench_inference"), "--corpus", corpus, "--threads", str(threads),
-             "--repeats", str(passes), "--max-tokens", str(length), "--budget", str(max(length, 2048)),
-             "--pooling", pooling, "--no-latency", "--vectors", vectors, "--json", out],
+    def long_corpus(self, name, model_dir, length):
+        """The texts of one long-document step (cut at exactly `length` tokens), made once a run."""
+        corpus = os.path.join(self.work, f"long-{name}-{length}.jsonl")
+        if corpus not in self.long_corpora:
+            self.long_corpora.add(corpus)
+            run([self.python, LONG, "corpus", "--model-dir", model_dir, "--texts", self.args.corpus,
+                 "--length", str(length), "--docs", str(max(1, LONG_TOKENS_PER_PASS // length)), "--out", corpus])
+        return corpus
+
+    def ours_long(self, name, model_dir, pooling, length, passes, threads, tag, vectors=None):
+        """Our engine on one long-document step's texts, in a process of its own."""
+        out = os.path.join(self.work, f"{tag}-ours.json")
+        extra = ["--vectors", vectors] if vectors else []
+        run([os.path.join(self.bin, "examples", "bench_inference"), "--corpus", self.long_corpus(name, model_dir, length),
+             "--threads", str(threads), "--repeats", str(passes), "--max-tokens", str(length),
+             "--budget", str(max(length, 2048)), "--pooling", pooling, "--no-latency", "--json", out, *extra],
             env=dict(thread_env(threads), EPHEM_MODEL_DIR=model_dir))
         with open(out) as f:
             ours = json.load(f)["results"][0]
         if ours["mean_tokens"] != length or ours["failed"]:
             sys.exit(f"{tag}: our engine embedded {ours['mean_tokens']} tokens per text, {ours['failed']} failed")
+        return ours
+
+    def long_pairs(self, name, model_dir, pooling, threads):
+        """Ours at 512 and at 8,192 tokens in alternating fresh processes (one timed pass each, the
+        first of every other pair at 8,192): tokens/s per pair and the median of the pairs' ratios."""
+        pairs = []
+        for i in range(LONG_PAIRS):
+            order = (512, 8192) if i % 2 == 0 else (8192, 512)
+            rate = {length: self.ours_long(name, model_dir, pooling, length, 1, threads, f"long-{name}-{length}-pair{i}")
+                    ["real_tokens_per_s"] for length in order}
+            pairs.append({"tokens_per_s_512": rate[512], "tokens_per_s_8192": rate[8192]})
+        ratios = sorted(p["tokens_per_s_512"] / p["tokens_per_s_8192"] for p in pairs)
+        return {"pairs": pairs, "ratio_median": ratios[len(ratios) // 2]}
+
+    def long_row(self, name, model_dir, pooling, length, passes, threads):
+        docs = max(1, LONG_TOKENS_PER_PASS // length)
+        tag = f"long-{name}-{length}"
+        corpus = self.long_corpus(name, model_dir, length)
+        vectors = os.path.join(self.work, f"{tag}-ours.f32")
+        ours = self.ours_long(name, model_dir, pooling, length, passes, threads, tag, vectors)
         ort_out, ort_vectors = os.path.join(self.work, f"{tag}-ort.json"), os.path.join(self.work, f"{tag}-ort.npy")
         run([self.python, LONG, "measure", "--model-dir", model_dir, "--onnx", os.path.join(model_dir, "model.onnx"),
              "--corpus", corpus, "--length", str(length), "--repeats", str(passes), "--json", ort_out,

@@ -166,6 +166,13 @@ fn read_corpus(path: &PathBuf) -> Vec<InputRecord> {
         .collect()
 }
 
+/// The AVX2 int8 kernel's issue rate (GOP/s) when this run's int8 products run on it: its unit's
+/// peak, measured, where the others' are multiples of the FMA peak (bench/report.py).
+fn int8_avx2_peak(pool: &rayon::ThreadPool, precision: Precision) -> Option<f64> {
+    let on_avx2 = enclave_worker::inference::dense_units().int8 == Some(enclave_worker::inference::DenseUnit::Avx2);
+    (precision == Precision::Int8 && on_avx2).then(|| enclave_worker::inference::dense_bench::int8_avx2_peak(pool, 0.5)).flatten()
+}
+
 /// Length buckets (tokens with `[CLS]`/`[SEP]`) of a reduced precision's agreement with fp32.
 const TOKEN_BUCKETS: [(&str, std::ops::RangeInclusive<u32>); 4] =
     [("1-8", 1..=8), ("9-32", 9..=32), ("33-128", 33..=128), ("129+", 129..=u32::MAX)];
@@ -286,6 +293,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     let load_before = load_average();
     let peak_before = gemm_peak(&pool);
     let fma_before = enclave_worker::inference::dense_bench::fma_peak(&pool, 0.5);
+    let int8_avx2_before = int8_avx2_peak(&pool, args.precision);
     let options = EmbedOptions { precision: args.precision, ..EmbedOptions::default() };
 
     // Warm-up (thread pools, allocator, caches).
@@ -395,6 +403,7 @@ fn run_child(args: &Args) -> serde_json::Value {
 
     let peak_after = gemm_peak(&pool);
     let fma_after = enclave_worker::inference::dense_bench::fma_peak(&pool, 0.5);
+    let int8_avx2_after = int8_avx2_peak(&pool, args.precision);
     let load_after = load_average();
     let gemm_peak_gflops = peak_before.max(peak_after);
 
@@ -426,6 +435,7 @@ fn run_child(args: &Args) -> serde_json::Value {
         "gemm_peak_before_after": [peak_before, peak_after],
         "fma_peak_gflop_per_s": fma_before.max(fma_after),
         "fma_peak_before_after": [fma_before, fma_after],
+        "int8_avx2_peak_gop_per_s": int8_avx2_before.zip(int8_avx2_after).map(|(before, after)| before.max(after)),
         "loadavg_before_after": [load_before, load_after],
         "mean_tokens": delta.real_tokens as f64 / delta.documents.max(1) as f64,
         "padded_fraction": delta.padded_fraction(),

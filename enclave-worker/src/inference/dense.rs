@@ -806,6 +806,10 @@ mod kernel {
         pub(in super::super) fn int8_tile(_: &[u32], _: &[u32], _: usize, _: &mut [f32], _: usize, _: usize, _: super::super::Slice, _: &super::super::Dequant<'_>) {
             unreachable!("no AVX2 off x86-64")
         }
+
+        pub(in super::super) fn madd_rounds(_: usize) -> (f64, i32) {
+            unreachable!("no AVX2 off x86-64")
+        }
     }
 
     pub(super) mod amx {

@@ -33,14 +33,27 @@ pub fn gemm_f32(x: &[f32], m: usize, w: &Weights, out: &mut [f32]) {
 /// register-only FMA chains on its widest vectors for about `seconds`; the product kernels'
 /// limit, which a GEMM's own rate need not be near.
 pub fn fma_peak(pool: &rayon::ThreadPool, seconds: f64) -> f64 {
+    issue_rate(pool, seconds, |rounds| kernel::fma_rounds(rounds).0)
+}
+
+/// The rate (GOP/s, two per multiply-add) at which the AVX2 int8 kernel's arithmetic issues on
+/// `pool`'s threads at once, register-only like [`fma_peak`]: its unit's limit. `None` on a CPU
+/// without AVX2.
+pub fn int8_avx2_peak(pool: &rayon::ThreadPool, seconds: f64) -> Option<f64> {
+    avx2_supported().then(|| issue_rate(pool, seconds, |rounds| kernel::avx2::madd_rounds(rounds).0))
+}
+
+/// Operations per second (G) of `probe(rounds)` (returning the operations it did) on every
+/// thread of `pool` at once, for about `seconds`.
+fn issue_rate(pool: &rayon::ThreadPool, seconds: f64, probe: impl Fn(usize) -> f64 + Sync) -> f64 {
     // Rounds for about `seconds`, from a timed warm-up of a million.
     const WARM_UP: usize = 1 << 20;
     let start = std::time::Instant::now();
-    std::hint::black_box(kernel::fma_rounds(WARM_UP));
+    std::hint::black_box(probe(WARM_UP));
     let rounds = (WARM_UP as f64 * seconds / start.elapsed().as_secs_f64().max(1e-6)).ceil() as usize;
     let start = std::time::Instant::now();
-    let flop: f64 = pool.broadcast(|_| std::hint::black_box(kernel::fma_rounds(rounds)).0).iter().sum();
-    flop / start.elapsed().as_secs_f64() / 1e9
+    let ops: f64 = pool.broadcast(|_| std::hint::black_box(probe(rounds))).iter().sum();
+    ops / start.elapsed().as_secs_f64() / 1e9
 }
 
 /// The arithmetic of a product.

@@ -321,6 +321,26 @@ fn int8_kernels_keep_the_extreme_sums() {
     assert!((reference[1] + want).abs() <= want * 1e-3, "{} vs {}", reference[1], -want);
 }
 
+/// The AVX2 int8 kernel's issue-rate probe does the arithmetic it counts: its chains' sum equals
+/// the same `vpmaddwd` + `vpaddd` chains computed on integers (every lane and chain alike).
+#[test]
+fn the_int8_avx2_probe_runs_its_multiply_adds() {
+    if !avx2_supported() {
+        eprintln!("skipped: this CPU has no AVX2");
+        return;
+    }
+    let rounds = 1_000;
+    let mut lane = 1i32;
+    for _ in 0..rounds {
+        // `vpmaddwd` of the lane's two i16 halves with (3, 3), then `vpaddd`.
+        let [lo, hi] = [lane as i16, (lane >> 16) as i16].map(i32::from);
+        lane = lane.wrapping_add(3 * lo + 3 * hi);
+    }
+    let (ops, sum) = kernel::avx2::madd_rounds(rounds);
+    assert_eq!(ops, (rounds * 12 * 16 * 2) as f64);
+    assert_eq!(sum, lane.wrapping_mul(12 * 8));
+}
+
 #[test]
 fn int8_tile_reference_matches_the_plain_product_anywhere() {
     // The scalar tile runs on every CPU, so packing and dequantisation are checked even

@@ -227,3 +227,34 @@ unsafe fn quantised(v: __m256, inv: __m256, zero: __m256) -> [u8; 8] {
         (_mm_cvtsi128_si64(_mm_packus_epi16(words, words)) as u64).to_le_bytes()
     }
 }
+
+/// Independent chains a round of [`madd_rounds`]: as many as the FMA probe's.
+const CHAINS: usize = 12;
+
+/// `rounds` rounds of [`CHAINS`] `vpmaddwd` + `vpaddd` pairs on registers only: the rate this
+/// kernel's arithmetic can issue, its limit as the FMA rate is the f32 kernels' (on Zen 3 the
+/// pair shares the vector pipes, so it is less than two `vpmaddwd` a cycle). Each product reads
+/// its chain's sum, so that none can be hoisted. Returns the operations done (two per
+/// multiply-add, 16 multiply-adds a pair) and a value every pair feeds.
+pub(in super::super) fn madd_rounds(rounds: usize) -> (f64, i32) {
+    assert!(super::super::avx2_supported());
+    // SAFETY: the CPU has AVX2; no memory is touched.
+    (rounds as f64 * (CHAINS * 16 * 2) as f64, unsafe { madd_avx2(rounds, std::hint::black_box(3)) })
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn madd_avx2(rounds: usize, y: i16) -> i32 {
+    let y = _mm256_set1_epi16(y);
+    let mut acc = [_mm256_set1_epi32(1); CHAINS];
+    for _ in 0..rounds {
+        for acc in &mut acc {
+            *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(*acc, y));
+        }
+    }
+    let mut lanes = [0i32; 8];
+    acc.iter().fold(0i32, |sum, &v| {
+        // SAFETY: `lanes` holds 8 i32.
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), v) };
+        lanes.iter().fold(sum, |sum, &x| sum.wrapping_add(x))
+    })
+}
