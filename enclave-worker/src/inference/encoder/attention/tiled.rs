@@ -156,10 +156,13 @@ pub(super) fn head<A: Arithmetic>(rows: &HeadRows<'_>, scale: f32, reach: Reach,
         for k0 in (first_key..last_key).step_by(key_block) {
             let panels = (last_key - k0).min(key_block).div_ceil(PANEL);
             let accumulate = k0 != first_key;
-            for tile in 0..m.div_ceil(TILE_ROWS) {
-                let tile_rows = TILE_ROWS.min(m - tile * TILE_ROWS);
-                for panel in 0..panels {
-                    let b = &keys[(k0 / PANEL + panel) * depth * PANEL..][..depth * PANEL];
+            // Panel by panel, every tile of the block against it, so that the panel stays in L1
+            // while the tiles read it. Tile by tile, each tile streamed the block's four panels
+            // (64 KiB) again: a head of 8,192 tokens took 11–17 % longer, of 4,096 2–5 %.
+            for panel in 0..panels {
+                let b = &keys[(k0 / PANEL + panel) * depth * PANEL..][..depth * PANEL];
+                for tile in 0..m.div_ceil(TILE_ROWS) {
+                    let tile_rows = TILE_ROWS.min(m - tile * TILE_ROWS);
                     let out = &mut scores[tile * TILE_ROWS * key_block + panel * PANEL..];
                     A::tile(&queries[tile * TILE_ROWS * depth..], depth, b, depth, out, key_block, tile_rows, false);
                 }
