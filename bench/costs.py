@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # c7a: AMD EPYC 4th gen; on both a vCPU is a core; c7i: Intel Xeon 4th gen with AMX, two vCPUs are
 # one core's two threads): its Linux on-demand price in us-east-1 and the date of the price list it
 # was read from. c6a's is from price tables that carry no date; the same tables give c7a.2xlarge
-# $0.4106 and c7i.2xlarge $0.357, the dated prices below. A 2xlarge: 8
-# vCPUs, 6 allocated to the enclave (whole cores), 2 left to the parent (host-poller relays bytes).
+# $0.4106 and c7i.2xlarge $0.357, the dated prices below. A 2xlarge: 8 vCPUs, 6 allocated to the
+# enclave (whole cores), 2 left to the parent (host-poller relays bytes).
 FAMILIES = {
     ("AuthenticAMD", 25, 1): dict(family="c6a.2xlarge", usd_per_hour=0.306, price_date="undated tables, read 2026-11-30"),
     ("AuthenticAMD", 25, 17): dict(family="c7a.2xlarge", usd_per_hour=0.41056, price_date="2026-10-08"),

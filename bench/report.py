@@ -281,7 +281,7 @@ def issue23(doc, top):
 # AVX-512 the FMA peak is AVX2 FMA's (16 a cycle), and int8 on AVX2 2 (`vpmaddwd`: 16 i16
 # multiply-adds per instruction, each with a `vpaddd` beside it): 2 where the run did not measure
 # it; runs since 2026-11-30 measure the pair's issue rate instead (`int8_avx2_peak_gop_per_s`:
-# 1.4–1.5× the FMA peak on Zen 3, whose vector pipes the pair shares).
+# 1.5–1.6× the FMA peak on Zen 3, whose vector pipes the pair shares).
 PEAK_MULTIPLE = {("int8", "avx512"): 4, ("bf16", "avx512"): 2, ("int8", "amx"): 32, ("bf16", "amx"): 16, ("int8", "avx2"): 2}
 
 

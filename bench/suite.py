@@ -215,7 +215,7 @@ class Suite:
         if corpus not in self.long_corpora:
             self.long_corpora.add(corpus)
             run([self.python, LONG, "corpus", "--model-dir", model_dir, "--texts", self.args.corpus,
-                 "--length", str(length), "--docs", str(max(1, LONG_TOKENS_PER_PASS // length)), "--out", corpus])
+                 "--length", str(length), "--docs", str(long_docs(length)), "--out", corpus])
         return corpus
 
     def ours_long(self, name, model_dir, pooling, length, passes, threads, tag, vectors=None):
@@ -245,7 +245,7 @@ class Suite:
         return {"pairs": pairs, "ratio_median": ratios[len(ratios) // 2]}
 
     def long_row(self, name, model_dir, pooling, length, passes, threads):
-        docs = max(1, LONG_TOKENS_PER_PASS // length)
+        docs = long_docs(length)
         tag = f"long-{name}-{length}"
         corpus = self.long_corpus(name, model_dir, length)
         vectors = os.path.join(self.work, f"{tag}-ours.f32")
@@ -275,6 +275,11 @@ class Suite:
         with open(out) as f:
             result = json.load(f)
         return {k: v for k, v in result.items() if k != "job_id"}
+
+
+def long_docs(length):
+    """Texts of `length` tokens in one long-document pass."""
+    return max(1, LONG_TOKENS_PER_PASS // length)
 
 
 def min_cosine(a, b):
