@@ -102,7 +102,7 @@ fn main() -> ExitCode {
         }
     };
     // RSA keys for KMS calls are generated in the background while the rest boots.
-    let pool = Arc::new(RsaKeyPool::start(4));
+    let pool = Arc::new(RsaKeyPool::start(4, 2));
     let (nsm, publisher) = match enclave_worker::boot_nsm(&args.state_dir) {
         Ok(pair) => pair,
         Err(message) => {

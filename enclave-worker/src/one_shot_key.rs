@@ -70,10 +70,10 @@ impl OneShotKey {
     }
 }
 
-/// Pre-generates [`OneShotKey`]s on a background thread so that boot overlaps RSA key generation
+/// Pre-generates [`OneShotKey`]s on background threads so that boot overlaps RSA key generation
 /// with other work (model manifests, object reads). Keeps up to `ready` keys waiting; each key is
-/// handed out once. Dropping the pool stops the thread (after the key it is generating) and
-/// zeroizes the keys still waiting. If the thread cannot be started or has stopped, keys are
+/// handed out once. Dropping the pool stops the threads (after the keys they are generating) and
+/// zeroizes the keys still waiting. If no thread can be started or all have stopped, keys are
 /// generated on the caller's thread instead.
 pub struct RsaKeyPool {
     receiver: Option<Mutex<Receiver<Result<OneShotKey, String>>>>,
@@ -87,17 +87,28 @@ impl core::fmt::Debug for RsaKeyPool {
 }
 
 impl RsaKeyPool {
-    /// Starts the generator thread, which keeps `ready` keys (at least 1) waiting.
-    pub fn start(ready: usize) -> RsaKeyPool {
+    /// Starts `generators` threads (at least 1, at most `ready`), which keep `ready` keys (at
+    /// least 1) waiting. A boot asks for two keys within a few hundred ms (the fleet key's
+    /// release, then the model's); a prime search's time varies several-fold, so two generators
+    /// have both ready after the slower of two searches instead of after their sum. Only the
+    /// first thread's first key is made at the process's priority, every other at
+    /// [`REFILL_NICE`].
+    pub fn start(ready: usize, generators: usize) -> RsaKeyPool {
         let ready_target = ready.max(1);
-        // A rendezvous channel holds one key in the blocked sender; capacity adds the rest.
-        let (sender, receiver) = sync_channel(ready_target - 1);
+        let generators = generators.clamp(1, ready_target);
+        // Each generator blocked in `send` holds one key; the channel's capacity holds the rest.
+        let (sender, receiver) = sync_channel(ready_target - generators);
         let count = Arc::new(AtomicUsize::new(0));
-        let thread_count = Arc::clone(&count);
-        let spawned = std::thread::Builder::new()
-            .name("one-shot-rsa".into())
-            .spawn(move || generate_forever(&sender, &thread_count));
-        RsaKeyPool { receiver: spawned.ok().map(|_| Mutex::new(receiver)), ready: count }
+        let mut started = 0;
+        for _ in 0..generators {
+            let (sender, count) = (sender.clone(), Arc::clone(&count));
+            let first_at_full_priority = started == 0;
+            let spawned = std::thread::Builder::new()
+                .name("one-shot-rsa".into())
+                .spawn(move || generate_forever(&sender, &count, first_at_full_priority));
+            started += usize::from(spawned.is_ok());
+        }
+        RsaKeyPool { receiver: (started > 0).then(|| Mutex::new(receiver)), ready: count }
     }
 
     /// A pool without a background thread: every [`take`](Self::take) generates a key.
@@ -105,7 +116,7 @@ impl RsaKeyPool {
         RsaKeyPool { receiver: None, ready: Arc::new(AtomicUsize::new(0)) }
     }
 
-    /// Takes a key, waiting for the generator if none is ready.
+    /// Takes a key, waiting for the generators if none is ready.
     pub fn take(&self) -> Result<OneShotKey, KeyGenerationError> {
         let Some(receiver) = &self.receiver else { return OneShotKey::generate() };
         let received = {
@@ -114,12 +125,12 @@ impl RsaKeyPool {
         };
         match received {
             Ok(generated) => self.delivered(generated),
-            // The generator stopped (it panicked): generate here.
+            // Every generator stopped (they panicked): generate here.
             Err(_) => OneShotKey::generate(),
         }
     }
 
-    /// Like [`take`](Self::take), giving up after `timeout` when the generator has no key.
+    /// Like [`take`](Self::take), giving up after `timeout` when the generators have no key.
     pub fn take_timeout(&self, timeout: Duration) -> Result<OneShotKey, KeyGenerationError> {
         let Some(receiver) = &self.receiver else { return OneShotKey::generate() };
         let deadline = Instant::now() + timeout;
@@ -151,8 +162,20 @@ fn poisoned() -> KeyGenerationError {
     KeyGenerationError("key pool lock poisoned".into())
 }
 
-fn generate_forever(sender: &SyncSender<Result<OneShotKey, String>>, ready: &AtomicUsize) {
-    loop {
+/// The nice value of a generator after its first key.
+const REFILL_NICE: i32 = 10;
+
+/// Generates keys into `sender` until the pool is dropped: the first at the process's priority
+/// when `first_at_full_priority` (a boot waits for it), every other at [`REFILL_NICE`], so that on
+/// an enclave's few vCPUs they take the time the model's decryption and the embedding leave idle
+/// rather than a share of theirs.
+fn generate_forever(sender: &SyncSender<Result<OneShotKey, String>>, ready: &AtomicUsize, first_at_full_priority: bool) {
+    for made in 0.. {
+        if made == usize::from(first_at_full_priority) {
+            // Linux keeps a nice value per thread: this lowers this thread only. A refusal
+            // leaves the refills at the process's priority, as fast and only less polite.
+            let _ = rustix::process::setpriority_process(None, REFILL_NICE);
+        }
         let key = OneShotKey::generate().map_err(|e| e.to_string());
         let failed = key.is_err();
         // Count before sending, so `take` never sees the counter below zero.

@@ -132,7 +132,7 @@ fn setup(evidence_of: impl FnOnce(&str) -> KeyEvidence, answer: Answer) -> Setup
     let nsm = DevNsm::open(dir.path().join("nsm")).unwrap();
     let image = hex::encode(&nsm.pcrs()[&0]);
     let kms = GenesisKms { evidence: evidence_of(&image), answer, root: nsm.trust_anchor(), generated: 0 };
-    Setup { _dir: dir, nsm, pool: RsaKeyPool::start(1), kms }
+    Setup { _dir: dir, nsm, pool: RsaKeyPool::start(1, 1), kms }
 }
 
 fn create(s: &mut Setup, not_after_ms: u64) -> Result<CreatedEpoch, KeyReleaseError> {

@@ -244,7 +244,7 @@ struct Setup {
 fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let nsm = RecordingNsm::new(&dir.path().join("nsm"));
-    Setup { _dir: dir, nsm, pool: RsaKeyPool::start(2) }
+    Setup { _dir: dir, nsm, pool: RsaKeyPool::start(2, 1) }
 }
 
 /// An epoch record as a host stores it, with KMS holding its key.
@@ -601,7 +601,7 @@ fn no_host_bytes_reach_public_key_or_user_data() {
 #[test]
 fn a_oneshot_key_opens_at_most_one_envelope() {
     // The type system does the work (`open(self)`); this shows the pool never hands out a key twice.
-    let pool = RsaKeyPool::start(3);
+    let pool = RsaKeyPool::start(3, 2);
     let keys: Vec<OneShotKey> = (0..5).map(|_| pool.take().unwrap()).collect();
     let distinct: BTreeSet<Vec<u8>> = keys.iter().map(|k| k.public_key_der().to_vec()).collect();
     assert_eq!(distinct.len(), 5);

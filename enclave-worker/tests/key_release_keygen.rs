@@ -27,7 +27,7 @@ fn rsa_2048_keygen_time_and_pool_latency() {
         all.join(", ")
     );
 
-    let pool = RsaKeyPool::start(2);
+    let pool = RsaKeyPool::start(2, 1);
     let deadline = Instant::now() + Duration::from_secs(120);
     while pool.ready() < 2 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -38,4 +38,42 @@ fn rsa_2048_keygen_time_and_pool_latency() {
     let take = started.elapsed();
     println!("warm pool take: {:.3} ms", ms(&take));
     assert!(take < Duration::from_millis(50), "a ready key is handed out at once ({take:?})");
+
+    // Two generators: one makes its first key at the process's priority, every other key is
+    // made at nice 10 (Linux keeps a nice value per thread; the test's own thread stays at 0).
+    drop(pool);
+    wait_for(|| generator_nice_values().is_empty(), "the dropped pool's generator stops");
+    let pool = RsaKeyPool::start(2, 2);
+    wait_for(|| pool.ready() == 2, "two keys ready");
+    assert_eq!(generator_nice_values(), [0, 10], "the first key at full priority, the second generator's at 10");
+    let _key = pool.take().unwrap();
+    wait_for(|| pool.ready() == 2, "the pool refilled");
+    assert_eq!(generator_nice_values(), [10, 10], "refills at nice 10");
+    assert_eq!(nice_of("self"), 0);
+}
+
+fn wait_for(condition: impl Fn() -> bool, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The nice values of this process's key generator threads, sorted.
+fn generator_nice_values() -> Vec<i64> {
+    let mut values: Vec<i64> = std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|tid| std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).is_ok_and(|comm| comm.trim() == "one-shot-rsa"))
+        .map(|tid| nice_of(&format!("self/task/{tid}")))
+        .collect();
+    values.sort();
+    values
+}
+
+/// Field 19 of `/proc/<path>/stat`, counted after the parenthesised command name.
+fn nice_of(path: &str) -> i64 {
+    let stat = std::fs::read_to_string(format!("/proc/{path}/stat")).unwrap();
+    stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(16).unwrap().parse().unwrap()
 }

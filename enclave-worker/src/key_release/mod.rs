@@ -548,6 +548,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
 
     fn fixtures() -> std::path::PathBuf {
         std::env::var_os("EPHEM_FIXTURES")
@@ -627,17 +628,26 @@ mod tests {
 
     #[test]
     fn pool_hands_out_distinct_keys_and_refills() {
-        let pool = RsaKeyPool::start(2);
-        let a = pool.take().unwrap();
-        let b = pool.take_timeout(std::time::Duration::from_secs(60)).unwrap();
-        assert_ne!(a.public_key_der(), b.public_key_der());
-        assert_eq!(a.public_key_der().len(), 294, "RSA-2048 SPKI DER");
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while pool.ready() < 2 && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        for generators in [1, 2] {
+            let pool = RsaKeyPool::start(2, generators);
+            let a = pool.take().unwrap();
+            let b = pool.take_timeout(Duration::from_secs(60)).unwrap();
+            assert_ne!(a.public_key_der(), b.public_key_der());
+            assert_eq!(a.public_key_der().len(), 294, "RSA-2048 SPKI DER");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while pool.ready() < 2 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert_eq!(pool.ready(), 2);
+            // Full: every generator waits with its key instead of making one more (a key
+            // generates in well under a second).
+            let watch = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < watch {
+                assert_eq!(pool.ready(), 2, "{generators} generators keep 2 keys, not more");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            assert!(format!("{a:?}").starts_with("OneShotKey { spki_sha256: "));
         }
-        assert_eq!(pool.ready(), 2);
-        assert!(format!("{a:?}").starts_with("OneShotKey { spki_sha256: "));
     }
 
     #[test]
