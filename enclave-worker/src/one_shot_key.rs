@@ -102,10 +102,11 @@ impl RsaKeyPool {
         let mut started = 0;
         for _ in 0..generators {
             let (sender, count) = (sender.clone(), Arc::clone(&count));
-            let first_at_full_priority = started == 0;
+            // The first thread's first key is the one a boot waits for.
+            let full_priority_keys = usize::from(started == 0);
             let spawned = std::thread::Builder::new()
                 .name("one-shot-rsa".into())
-                .spawn(move || generate_forever(&sender, &count, first_at_full_priority));
+                .spawn(move || generate_forever(&sender, &count, full_priority_keys));
             started += usize::from(spawned.is_ok());
         }
         RsaKeyPool { receiver: (started > 0).then(|| Mutex::new(receiver)), ready: count }
@@ -165,13 +166,12 @@ fn poisoned() -> KeyGenerationError {
 /// The nice value of a generator after its first key.
 const REFILL_NICE: i32 = 10;
 
-/// Generates keys into `sender` until the pool is dropped: the first at the process's priority
-/// when `first_at_full_priority` (a boot waits for it), every other at [`REFILL_NICE`], so that on
-/// an enclave's few vCPUs they take the time the model's decryption and the embedding leave idle
-/// rather than a share of theirs.
-fn generate_forever(sender: &SyncSender<Result<OneShotKey, String>>, ready: &AtomicUsize, first_at_full_priority: bool) {
+/// Generates keys into `sender` until the pool is dropped: the first `full_priority_keys` at the
+/// process's priority, every other at [`REFILL_NICE`], so that on an enclave's few vCPUs they
+/// take the time the model's decryption and the embedding leave idle rather than a share of theirs.
+fn generate_forever(sender: &SyncSender<Result<OneShotKey, String>>, ready: &AtomicUsize, full_priority_keys: usize) {
     for made in 0.. {
-        if made == usize::from(first_at_full_priority) {
+        if made == full_priority_keys {
             // Linux keeps a nice value per thread: this lowers this thread only. A refusal
             // leaves the refills at the process's priority, as fast and only less polite.
             let _ = rustix::process::setpriority_process(None, REFILL_NICE);

@@ -232,9 +232,8 @@ unsafe fn quantised(v: __m256, inv: __m256, zero: __m256) -> [u8; 8] {
 /// `rounds` rounds of [`CHAINS`] (the FMA probe's) `vpmaddwd` + `vpaddd` pairs on registers
 /// only: the rate this kernel's arithmetic can issue, its limit as the FMA rate is the f32
 /// kernels' (on Zen 3 the pair shares the vector pipes, so it is less than two `vpmaddwd` a
-/// cycle). Each product reads
-/// its chain's sum, so that none can be hoisted. Returns the operations done (two per
-/// multiply-add, 16 multiply-adds a pair) and a value every pair feeds.
+/// cycle). Each product reads its chain's sum, so that none can be hoisted. Returns the
+/// operations done (two per multiply-add, 16 multiply-adds a pair) and a value every pair feeds.
 pub(in super::super) fn madd_rounds(rounds: usize) -> (f64, i32) {
     assert!(super::super::avx2_supported());
     // SAFETY: the CPU has AVX2; no memory is touched.
