@@ -109,9 +109,10 @@ pub struct SubmitArgs {
     /// Do not L2-normalise the vectors.
     #[arg(long)]
     pub no_normalize: bool,
-    /// Compute precision of the model's dense layers. `bf16` is faster on CPUs with AVX-512 BF16
-    /// and stays at cosine ≥ 0.999 to fp32; `int8` (CPUs with AVX-512 VNNI) is faster still, at
-    /// the same bound (texts of at most 8 tokens run at bf16 in it; docs/benchmarks.md). The
+    /// Compute precision of the model's dense layers. `bf16` is faster on AMX tiles and on AMD's
+    /// cores with AVX-512 BF16 and stays at cosine ≥ 0.999 to fp32; `int8` (CPUs with AVX-512
+    /// VNNI or AVX2) is faster still, at the same bound (texts of at most 8 tokens run wider in
+    /// it; docs/benchmarks.md). The
     /// receipt records it and how it computed, and a worker that cannot compute at it refuses
     /// the job rather than serving another precision.
     #[arg(long, value_enum, default_value_t = PrecisionArg::Fp32)]

@@ -99,7 +99,7 @@ impl ComputeUnit {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compute {
     /// The unit of the bf16 products, if the job's mode has any (a bf16 job; an int8 job's
-    /// products kept wider, on a CPU with AVX-512 BF16).
+    /// products kept wider, where bf16 is faster than f32 on the enclave's CPU).
     pub bf16: Option<ComputeUnit>,
     /// The unit of the int8 products (int8 jobs).
     pub int8: Option<ComputeUnit>,
@@ -108,7 +108,7 @@ pub struct Compute {
 }
 
 /// An int8 job's records of at most `max_tokens` tokens (`[CLS]` and `[SEP]` included) ran every
-/// dense product at `precision` (bf16, or fp32 on a CPU without AVX-512 BF16) instead of int8,
+/// dense product at `precision` (bf16, or fp32 where bf16 is not faster) instead of int8,
 /// since int8's accuracy bound does not hold on such short texts; `records` of the job's
 /// `records_ok` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -432,7 +432,7 @@ pub(crate) mod tests {
         assert!(payload.windows(7).any(|w| w == b"compute"));
         // A receipt without it (fp32, or from an enclave before it) encodes as before: no key.
         assert!(!sample().to_payload().windows(7).any(|w| w == b"compute"));
-        // A bf16 job names only bf16's unit; an int8 job without AVX-512 BF16 its short records at fp32.
+        // A bf16 job names only bf16's unit; an int8 job without fast bf16 its short records at fp32.
         let mut bf16 = sample();
         bf16.options.precision = Precision::Bf16;
         bf16.compute = Some(Compute { bf16: Some(ComputeUnit::Avx512), int8: None, short: None });

@@ -52,7 +52,7 @@
 use rayon::prelude::*;
 
 pub use blocking::{Blocking, L2Size, blocking};
-pub use unit::{Unit, Units, units};
+pub use unit::{Unit, Units, bf16_pays, units};
 
 /// Columns per weight panel (4 vectors of 16 lanes).
 const NR: usize = 64;

@@ -133,7 +133,7 @@ const INT8_CALIBRATION: [&str; 8] = [
 ];
 
 /// In an int8 job, texts of at most this many tokens (`[CLS]` and `[SEP]` included) run every
-/// dense product at bf16 (fp32 without AVX-512 BF16) instead: on them int8's bound does not
+/// dense product at bf16 (fp32 where bf16 is not faster) instead: on them int8's bound does not
 /// hold. Measured on all-MiniLM-L6-v2 (docs/benchmarks.md, "int8 on short texts"): over ~30,000
 /// prefixes of Debian descriptions, int8's worst cosine to fp32 was 0.99563 at 3 tokens, 75,
 /// 34, 9 and 1 texts below 0.999 at 3, 4, 5 and 6 tokens, 0.99907 at 8, and 0.99922 or more at
@@ -392,10 +392,10 @@ impl Embedder {
         }
     }
 
-    /// What an int8 job's short texts run at: bf16 on a CPU with AVX-512 BF16 (its own bound,
+    /// What an int8 job's short texts run at: bf16 where it is faster than fp32 (its own bound,
     /// cosine ≥ 0.9999 to fp32 on every text measured), fp32 elsewhere.
     pub fn int8_short_precision(&self) -> Precision {
-        if Encoder::supports_precision(Precision::Bf16) { Precision::Bf16 } else { Precision::Fp32 }
+        if super::dense::bf16_pays() { Precision::Bf16 } else { Precision::Fp32 }
     }
 
     /// The receipt's statement of how a job at `precision` computed (`compute`, docs/protocol.md

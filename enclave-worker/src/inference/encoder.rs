@@ -15,7 +15,7 @@
 //!   that are computed exactly in f32, and the rest of the weights are quantised per output
 //!   channel; each layer's FFN output product, whose error is the largest, runs in int8 only
 //!   where the calibration set's pooled states stay within a bound of fp32 with it, else in bf16
-//!   (f32 without AVX-512 BF16) ([`int8`]).
+//!   (f32 where bf16 is not faster than f32, [`dense::bf16_pays`]) ([`int8`]).
 //! * **Fused element-wise work** in vectorisable safe Rust ([`super::kernels`]): bias + GELU(erf),
 //!   bias + residual + LayerNorm, softmax — one pass each instead of one tensor op per step.
 //! * Parallel over the engine's rayon pool: the dense kernels split their rows or panels there,
@@ -122,16 +122,17 @@ enum Product<'a> {
     Fp32,
     Bf16(&'a Packed<u32>),
     Int8(&'a Int8Weights),
-    /// bf16's rounding on a CPU without a bf16 kernel: the inputs rounded to bf16 on the way in,
+    /// bf16's rounding where bf16 is not faster than f32: the inputs rounded to bf16 on the way in,
     /// times these weights (rounded to bf16 already), in f32 (int8's calibration only).
     Bf16Rounded(&'a Weight),
 }
 
 impl<'a> Reduced<'a> {
-    /// The tiled attention's arithmetic: bf16 in reduced-precision jobs where the CPU has it.
+    /// The tiled attention's arithmetic: bf16 in reduced-precision jobs where it is faster than
+    /// f32 ([`dense::bf16_pays`]).
     fn attention(self) -> attention::Products {
         match self {
-            Reduced::Bf16(_) | Reduced::Int8(_) if dense::bf16_supported() => attention::Products::Bf16,
+            Reduced::Bf16(_) | Reduced::Int8(_) if dense::bf16_pays() => attention::Products::Bf16,
             _ => attention::Products::F32,
         }
     }

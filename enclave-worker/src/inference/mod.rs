@@ -93,7 +93,7 @@ mod strided;
 
 pub use arch::Architecture;
 pub use batching::{Batch, BatchLimits, plan_batches};
-pub use dense::{Blocking as DenseBlocking, L2Size, Unit as DenseUnit, Units as DenseUnits, blocking as dense_blocking, units as dense_units};
+pub use dense::{Blocking as DenseBlocking, L2Size, Unit as DenseUnit, Units as DenseUnits, bf16_pays as dense_bf16_pays, blocking as dense_blocking, units as dense_units};
 #[doc(hidden)] // for examples/bench_dense
 pub use dense::bench as dense_bench;
 pub use embedder::{Backend, Embedder, EmbedderSettings, HeadFiles, INT8_SHORT_TOKENS, LEXICAL_DROPPED_TOKENS, ModelFiles, Pooled, Tokenized};

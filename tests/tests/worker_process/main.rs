@@ -494,7 +494,7 @@ fn worker_process_releases_keys_embeds_a_sealed_job_and_signs_its_receipt() {
                 assert_eq!(stated.options.precision, precision);
                 let (_, reduced) = open_output(&client, reduced_job.job_id, &output, records.len());
                 // How it computed: the precision's unit; an int8 job's records of at most 8
-                // tokens at bf16 (fp32 without AVX-512 BF16), counted (none here: tests/
+                // tokens at bf16 (fp32 where bf16 is not faster), counted (none here: tests/
                 // int8_short_texts.rs runs short ones).
                 let compute = stated.compute.clone().expect("a reduced-precision receipt states how it computed");
                 let short = reduced.iter().filter(|r| matches!(r, OutputRecord::Embedding { tokens, .. } if *tokens <= 8)).count();

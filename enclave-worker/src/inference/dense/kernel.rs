@@ -286,6 +286,24 @@ unsafe fn prefetch_tile(out: *const f32, ldc: usize, rows: usize) {
     }
 }
 
+/// How many steps ahead the tile kernels ask for their panel's rows.
+const PREFETCH: usize = 8;
+
+/// Asks for the panel row [`PREFETCH`] steps after the one at `row` (`NR` lanes of 4 bytes, four
+/// lines): a panel deeper than L1 streams from L2 four lines a step, and asking ahead made the
+/// f32 products 6–18 % and the int8 ones 3–10 % faster by shape, bf16's neither (Emerald
+/// Rapids, 2 threads, 128 and 768 rows, alternating runs). `wrapping_add`: past the panel's end
+/// it is only a hint, never a read.
+///
+/// Safety: the CPU has SSE.
+#[inline(always)]
+unsafe fn prefetch_panel_row<T>(row: *const T) {
+    for v in 0..NR / 16 {
+        // SAFETY: a prefetch reads nothing the program sees; SSE is the caller's contract.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(PREFETCH * NR + v * 16).cast()) };
+    }
+}
+
 /// Stores the first `rows` rows of the accumulators.
 ///
 /// Safety: the CPU has AVX-512 F; `out` holds `rows` rows of `NR` f32, `ldc` apart.
@@ -315,6 +333,8 @@ unsafe fn f32_avx512(a: *const f32, b: *const f32, depth: usize, out: *mut f32, 
         let bv = unsafe {
             [_mm512_loadu_ps(bp), _mm512_loadu_ps(bp.add(16)), _mm512_loadu_ps(bp.add(32)), _mm512_loadu_ps(bp.add(48))]
         };
+        // SAFETY: inlined into a kernel with AVX-512 F.
+        unsafe { prefetch_panel_row(bp) };
         for (r, acc_row) in acc.iter_mut().enumerate() {
             let av = _mm512_set1_ps(unsafe { *a.add(r * slice.lda + p) });
             for (v, acc) in acc_row.iter_mut().enumerate() {
@@ -343,6 +363,8 @@ unsafe fn bf16_avx512(a: *const u32, b: *const u32, depth: usize, out: *mut f32,
                 as_bf16(_mm512_loadu_si512(bp.add(48).cast())),
             ]
         };
+        // SAFETY: inlined into a kernel with AVX-512 F.
+        unsafe { prefetch_panel_row(bp) };
         for (r, acc_row) in acc.iter_mut().enumerate() {
             let av = as_bf16(_mm512_set1_epi32(unsafe { *a.add(r * slice.lda + p) } as i32));
             for (v, acc) in acc_row.iter_mut().enumerate() {
@@ -390,6 +412,8 @@ unsafe fn int8_avx512(
                 _mm512_loadu_si512(bp.add(48).cast()),
             ]
         };
+        // SAFETY: inlined into a kernel with AVX-512 F.
+        unsafe { prefetch_panel_row(bp) };
         for (r, acc_row) in acc.iter_mut().enumerate() {
             let av = _mm512_set1_epi32(unsafe { *a.add(r * slice.lda + p) } as i32);
             for (v, acc) in acc_row.iter_mut().enumerate() {

@@ -40,10 +40,10 @@ impl Int8Layer {
 /// One product of an int8 job.
 pub(super) enum Int8Product {
     Int8(Int8Weights),
-    /// bf16 inputs, f32 sums (on a CPU with AVX-512 BF16).
+    /// bf16 inputs, f32 sums (where bf16 is faster than f32: [`dense::bf16_pays`]).
     Bf16(Packed<u32>),
     Fp32,
-    /// While the calibration measures, on a CPU without AVX-512 BF16: what `Bf16` computes,
+    /// While the calibration measures, where bf16 is not faster: what `Bf16` computes,
     /// emulated (inputs and these weights rounded to bf16, f32 sums); `Fp32` once it is done.
     Bf16Rounded(Weight),
 }
@@ -55,7 +55,7 @@ enum Int8Plan {
     /// activations) exact in f32.
     Int8 { exact: usize },
     /// `Int8 { exact }` in the layers where the calibration set shows its error small enough
-    /// ([`Encoder::int8_layers`]); bf16 (f32 without AVX-512 BF16) in the others.
+    /// ([`Encoder::int8_layers`]); bf16 (f32 where bf16 is not faster) in the others.
     Measured { exact: usize },
 }
 
@@ -224,12 +224,12 @@ fn quantise(w: &Packed<f32>, seen: &[f32], exact: usize) -> Int8Product {
     Int8Product::Int8(Int8Weights::new(w, smooth.as_deref(), &exact))
 }
 
-/// `w` (packed; `original` as the encoder holds it) in bf16 where the CPU has it, else rounded
-/// to bf16 for the calibration to measure with: the products kept wider are chosen as if they
-/// ran at bf16 on every CPU, so that every CPU keeps the same ones (and one computing them at
-/// fp32 only comes closer to fp32).
+/// `w` (packed; `original` as the encoder holds it) in bf16 where bf16 is faster than f32
+/// ([`dense::bf16_pays`]), else rounded to bf16 for the calibration to measure with (then f32):
+/// the products kept wider are chosen as if they ran at bf16 on every CPU, so that every CPU
+/// keeps the same ones (and one computing them at fp32 only comes closer to fp32).
 fn wider(w: &Packed<f32>, original: &Weight) -> Int8Product {
-    if dense::bf16_supported() {
+    if dense::bf16_pays() {
         Int8Product::Bf16(Packed::bf16(w))
     } else {
         Int8Product::Bf16Rounded(original.bf16_rounded())
