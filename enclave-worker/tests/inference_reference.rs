@@ -318,7 +318,7 @@ fn int8_stays_within_its_bound_on_every_reference_text() {
     for ((case, int8), fp32) in reference.cases.iter().zip(&int8).zip(&fp32) {
         let (int8, fp32) = (int8.as_ref().unwrap(), fp32.as_ref().unwrap());
         assert_eq!(int8.tokens, case.tokens, "{}", case.name);
-        // A short text runs wider: at fp32 on a CPU without AVX-512 BF16, so exactly fp32's vector.
+        // A short text runs wider: at fp32 where bf16 is not faster, so exactly fp32's vector.
         if engine().embedder().precision_for(Precision::Int8, int8.tokens as usize) == Precision::Fp32 {
             assert_eq!(int8.vector, fp32.vector, "{}: a short text at fp32", case.name);
         } else {

@@ -17,10 +17,11 @@ use crate::inference::strided::{self, MatMut, MatRef};
 pub(super) enum Products {
     F32,
     /// bf16 inputs, f32 sums: reduced-precision jobs where bf16 is faster than f32
-    /// ([`dense::bf16_pays`]), whose dense products already round to bf16 or int8. At 8,192 tokens in bf16 jobs: ModernBERT-base 727
-    /// tokens/s against 520 with f32 attention, Qwen3-Embedding-0.6B 196 against 138. Short
-    /// texts keep gemm's f32 products: bf16 tiles measured slower there (all-MiniLM-L6-v2's
-    /// 32-wide heads half-fill a panel, and packing a head costs as much as its products).
+    /// ([`dense::bf16_pays`]), whose dense products already round to bf16 or int8. At 8,192
+    /// tokens in bf16 jobs: ModernBERT-base 727 tokens/s against 520 with f32 attention,
+    /// Qwen3-Embedding-0.6B 196 against 138. Short texts keep gemm's f32 products: bf16 tiles
+    /// measured slower there (all-MiniLM-L6-v2's 32-wide heads half-fill a panel, and packing a
+    /// head costs as much as its products).
     Bf16,
 }
 
