@@ -32,7 +32,8 @@ repeats=3
 sizes=1000,3000,10000
 boots=20
 rss_sizes=1000,10000,100000
-latency_pairs=3
+# The noisiest figure of a run (one text, fresh processes): more pairs than the rest.
+latency_pairs=7
 skip=""
 long_models=modernbert,qwen3
 quick=0

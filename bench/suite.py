@@ -145,12 +145,18 @@ class Suite:
         return self.peer(engine, corpus, threads, repeats, tag, vectors)
 
     def latency_pairs(self, corpus, threads, pairs):
-        """`pairs` times: ours fp32 then ONNX Runtime fp32, each a fresh process warmed on `corpus`,
-        each measuring the 9- and 128-token texts (median of 20); the ratios' medians."""
+        """`pairs` times: ours fp32 and ONNX Runtime fp32, each a fresh process warmed on `corpus`,
+        each measuring the 9- and 128-token texts (median of 20); the ratios' medians. Which one
+        runs first alternates from pair to pair, so that a machine speeding up or slowing down
+        within a pair favours neither."""
         runs = []
         for i in range(pairs):
-            ours = self.ours(corpus, threads, 1, f"latency{i}")
-            ort = self.peer("ort-fp32", corpus, threads, 1, f"latency{i}")
+            if i % 2 == 0:
+                ours = self.ours(corpus, threads, 1, f"latency{i}")
+                ort = self.peer("ort-fp32", corpus, threads, 1, f"latency{i}")
+            else:
+                ort = self.peer("ort-fp32", corpus, threads, 1, f"latency{i}")
+                ours = self.ours(corpus, threads, 1, f"latency{i}")
             runs.append({engine: {"9": r["latency_9_tokens_ms"], "128": r["latency_128_tokens_ms"]}
                          for engine, r in (("ours", ours), ("ort-fp32", ort))})
         ratio_128 = sorted(r["ours"]["128"] / r["ort-fp32"]["128"] for r in runs)
@@ -309,7 +315,7 @@ def main():
     ap.add_argument("--skip", default="", help="comma list of: latency, pipeline, cold-start, sizes, cosine, memory, long")
     ap.add_argument("--long-dir", default=None, help="bench/long.py make's output")
     ap.add_argument("--long-models", default="modernbert,qwen3")
-    ap.add_argument("--latency-pairs", type=int, default=3, help="alternating latency runs of ours and ONNX Runtime fp32")
+    ap.add_argument("--latency-pairs", type=int, default=7, help="alternating latency runs of ours and ONNX Runtime fp32")
     ap.add_argument("--bin-dir", required=True, help="target/release")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--onnx-dir", required=True)
