@@ -281,7 +281,10 @@ def issue23(doc, top):
 # AVX-512 the FMA peak is AVX2 FMA's (16 a cycle), and int8 on AVX2 2 (`vpmaddwd`: 16 i16
 # multiply-adds per instruction, each with a `vpaddd` beside it): 2 where the run did not measure
 # it; runs since 2026-11-30 measure the pair's issue rate instead (`int8_avx2_peak_gop_per_s`:
-# 1.5–1.6× the FMA peak on Zen 3, whose vector pipes the pair shares).
+# 1.5–1.6× the FMA peak on Zen 3, whose vector pipes the pair shares), and runs since 2026-12-01
+# the AVX-512 units' too (`int8_avx512_peak_gop_per_s`, `bf16_avx512_peak_gop_per_s`: register-only
+# `vpdpbusd` and `vdpbf16ps` chains; on Emerald Rapids under KVM 4.2× and 0.48× the FMA peak, where
+# the multiples below assume 4× and 2×). The multiples stay for AMX tiles and older runs.
 PEAK_MULTIPLE = {("int8", "avx512"): 4, ("bf16", "avx512"): 2, ("int8", "amx"): 32, ("bf16", "amx"): 16, ("int8", "avx2"): 2}
 
 

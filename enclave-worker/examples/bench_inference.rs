@@ -166,11 +166,17 @@ fn read_corpus(path: &PathBuf) -> Vec<InputRecord> {
         .collect()
 }
 
-/// The AVX2 int8 kernel's issue rate (GOP/s) when this run's int8 products run on it: its unit's
-/// peak, measured, where the others' are multiples of the FMA peak (bench/report.py).
-fn int8_avx2_peak(pool: &rayon::ThreadPool, precision: Precision) -> Option<f64> {
-    let on_avx2 = enclave_worker::inference::dense_units().int8 == Some(enclave_worker::inference::DenseUnit::Avx2);
-    (precision == Precision::Int8 && on_avx2).then(|| enclave_worker::inference::dense_bench::int8_avx2_peak(pool, 0.5)).flatten()
+/// The issue rate (GOP/s) of the unit this run's bf16 or int8 products run on (AVX-512 VNNI or
+/// BF16, AVX2's int8 pair): its peak, measured; AMX tiles' is a multiple of the FMA peak
+/// (bench/report.py).
+fn unit_peak(pool: &rayon::ThreadPool, precision: Precision) -> Option<f64> {
+    use enclave_worker::inference::dense_bench::{Arithmetic, unit_peak};
+    let arithmetic = match precision {
+        Precision::Bf16 => Arithmetic::Bf16,
+        Precision::Int8 => Arithmetic::Int8,
+        _ => return None,
+    };
+    unit_peak(pool, arithmetic, 0.5)
 }
 
 /// Length buckets (tokens with `[CLS]`/`[SEP]`) of a reduced precision's agreement with fp32.
@@ -293,7 +299,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     let load_before = load_average();
     let peak_before = gemm_peak(&pool);
     let fma_before = enclave_worker::inference::dense_bench::fma_peak(&pool, 0.5);
-    let int8_avx2_before = int8_avx2_peak(&pool, args.precision);
+    let unit_peak_before = unit_peak(&pool, args.precision);
     let options = EmbedOptions { precision: args.precision, ..EmbedOptions::default() };
 
     // Warm-up (thread pools, allocator, caches).
@@ -403,7 +409,7 @@ fn run_child(args: &Args) -> serde_json::Value {
 
     let peak_after = gemm_peak(&pool);
     let fma_after = enclave_worker::inference::dense_bench::fma_peak(&pool, 0.5);
-    let int8_avx2_after = int8_avx2_peak(&pool, args.precision);
+    let unit_peak_after = unit_peak(&pool, args.precision);
     let load_after = load_average();
     let gemm_peak_gflops = peak_before.max(peak_after);
 
@@ -411,7 +417,14 @@ fn run_child(args: &Args) -> serde_json::Value {
     let blocking = enclave_worker::inference::dense_blocking();
     let units = enclave_worker::inference::dense_units();
     let unit = |unit: Option<enclave_worker::inference::DenseUnit>| unit.map(|unit| unit.as_str());
-    serde_json::json!({
+    // `<precision>_<unit>_peak_gop_per_s`, as bench/report.py reads it.
+    let reduced_unit = match args.precision {
+        Precision::Bf16 => unit(units.bf16),
+        Precision::Int8 => unit(units.int8),
+        _ => None,
+    };
+    let unit_peak_key = format!("{}_{}_peak_gop_per_s", args.precision.as_str(), reduced_unit.unwrap_or("none"));
+    let mut result = serde_json::json!({
         "dense_units": {"f32": unit(units.f32), "bf16": unit(units.bf16), "int8": unit(units.int8)},
         "dense_l2_bytes": blocking.l2.0,
         "dense_l2_from_cpuid": blocking.measured,
@@ -435,7 +448,7 @@ fn run_child(args: &Args) -> serde_json::Value {
         "gemm_peak_before_after": [peak_before, peak_after],
         "fma_peak_gflop_per_s": fma_before.max(fma_after),
         "fma_peak_before_after": [fma_before, fma_after],
-        "int8_avx2_peak_gop_per_s": int8_avx2_before.zip(int8_avx2_after).map(|(before, after)| before.max(after)),
+        "unit_peak_before_after": [unit_peak_before, unit_peak_after],
         "loadavg_before_after": [load_before, load_after],
         "mean_tokens": delta.real_tokens as f64 / delta.documents.max(1) as f64,
         "padded_fraction": delta.padded_fraction(),
@@ -451,7 +464,11 @@ fn run_child(args: &Args) -> serde_json::Value {
         "loading_peak_rss_mib": loading_peak_kib as f64 / 1024.0,
         "loaded_rss_mib": loaded_kib as f64 / 1024.0,
         "embedding_peak_rss_mib": reset.then(|| status_kib("VmHWM") as f64 / 1024.0),
-    })
+    });
+    if let Some(peak) = unit_peak_before.zip(unit_peak_after).map(|(before, after)| before.max(after)) {
+        result[unit_peak_key] = peak.into();
+    }
+    result
 }
 
 fn main() {

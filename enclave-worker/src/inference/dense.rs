@@ -774,6 +774,14 @@ mod kernel {
         unreachable!("no FMA vectors of ours off x86-64")
     }
 
+    pub(super) fn vnni_rounds(_: usize, _: i8) -> (f64, i32) {
+        unreachable!("vnni_supported() is false off x86-64")
+    }
+
+    pub(super) fn dpbf16_rounds(_: usize, _: f32, _: f32) -> (f64, f32) {
+        unreachable!("bf16_supported() is false off x86-64")
+    }
+
     pub(super) mod avx2_f32 {
         #[allow(clippy::too_many_arguments)]
         pub(in super::super) fn f32_tile(_: &[f32], _: &[f32], _: usize, _: std::ops::Range<usize>, _: &mut [f32], _: usize, _: usize, _: super::super::Slice) {

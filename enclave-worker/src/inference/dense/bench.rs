@@ -43,6 +43,24 @@ pub fn int8_avx2_peak(pool: &rayon::ThreadPool, seconds: f64) -> Option<f64> {
     avx2_supported().then(|| issue_rate(pool, seconds, |rounds| kernel::avx2::madd_rounds(rounds).0))
 }
 
+/// The rate (GOP/s, two per multiply-add) at which this process's unit for `arithmetic`
+/// issues its products' instructions on `pool`'s threads at once, register-only like
+/// [`fma_peak`]: that unit's limit, measured. `None` for f32 (the FMA peak), AMX tiles (their
+/// rate is the FMA peak's fixed multiple, bench/report.py) and a CPU without such a unit.
+pub fn unit_peak(pool: &rayon::ThreadPool, arithmetic: Arithmetic, seconds: f64) -> Option<f64> {
+    let unit = match arithmetic {
+        Arithmetic::F32 => None,
+        Arithmetic::Bf16 => units().bf16,
+        Arithmetic::Int8 => units().int8,
+    };
+    match (arithmetic, unit?) {
+        (Arithmetic::Int8, Unit::Avx512) => Some(issue_rate(pool, seconds, |rounds| kernel::vnni_rounds(rounds, 3).0)),
+        (Arithmetic::Int8, Unit::Avx2) => int8_avx2_peak(pool, seconds),
+        (Arithmetic::Bf16, Unit::Avx512) => Some(issue_rate(pool, seconds, |rounds| kernel::dpbf16_rounds(rounds, 1.0, 1e-3).0)),
+        _ => None,
+    }
+}
+
 /// Operations per second (G) of `probe(rounds)` (returning the operations it did) on every
 /// thread of `pool` at once, for about `seconds`.
 fn issue_rate(pool: &rayon::ThreadPool, seconds: f64, probe: impl Fn(usize) -> f64 + Sync) -> f64 {

@@ -496,6 +496,52 @@ unsafe fn fma_avx512(rounds: usize, x: f32, y: f32) -> f32 {
     acc.iter().map(|&v| _mm512_reduce_add_ps(v)).sum()
 }
 
+/// `rounds` rounds of [`CHAINS`] `vpdpbusd` on registers only: the rate the AVX-512 int8
+/// kernel's arithmetic issues, its unit's limit (not a fixed multiple of the FMA peak: cores
+/// differ in how many they issue a cycle). Each adds to its chain's lanes the four products of
+/// the lane's own bytes (u8) with `y`'s (i8), so that none can be hoisted. Returns the
+/// operations done (two per multiply-add, 64 multiply-adds an instruction) and a value every
+/// instruction feeds.
+pub(super) fn vnni_rounds(rounds: usize, y: i8) -> (f64, i32) {
+    assert!(super::vnni_supported(), "the CPU has no AVX-512 VNNI");
+    // SAFETY: the CPU has AVX-512 F, BW and VNNI; no memory is touched.
+    (rounds as f64 * (CHAINS * 64 * 2) as f64, unsafe { vnni_avx512(rounds, y) })
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn vnni_avx512(rounds: usize, y: i8) -> i32 {
+    let y = _mm512_set1_epi8(y);
+    let mut acc = [_mm512_set1_epi32(1); CHAINS];
+    for _ in 0..rounds {
+        for acc in &mut acc {
+            *acc = _mm512_dpbusd_epi32(*acc, *acc, y);
+        }
+    }
+    acc.iter().fold(0i32, |sum, &v| sum.wrapping_add(_mm512_reduce_add_epi32(v)))
+}
+
+/// `rounds` rounds of [`CHAINS`] `vdpbf16ps` on registers only: the rate the AVX-512 bf16
+/// kernel's arithmetic issues. Each adds to its chain's lanes the two products of `x`'s bf16
+/// pair with `y`'s. Returns the FLOP done (two per multiply-add, 32 multiply-adds an
+/// instruction) and a value every instruction feeds.
+pub(super) fn dpbf16_rounds(rounds: usize, x: f32, y: f32) -> (f64, f32) {
+    assert!(super::bf16_supported(), "the CPU has no AVX-512 BF16");
+    // SAFETY: the CPU has AVX-512 F and BF16; no memory is touched.
+    (rounds as f64 * (CHAINS * 32 * 2) as f64, unsafe { dpbf16_avx512(rounds, x, y) })
+}
+
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn dpbf16_avx512(rounds: usize, x: f32, y: f32) -> f32 {
+    let (x, y) = (_mm512_cvtne2ps_pbh(_mm512_set1_ps(x), _mm512_set1_ps(x)), _mm512_cvtne2ps_pbh(_mm512_set1_ps(y), _mm512_set1_ps(y)));
+    let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+    for _ in 0..rounds {
+        for acc in &mut acc {
+            *acc = _mm512_dpbf16_ps(*acc, x, y);
+        }
+    }
+    acc.iter().map(|&v| _mm512_reduce_add_ps(v)).sum()
+}
+
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fma_avx2(rounds: usize, x: f32, y: f32) -> f32 {
     let (x, y) = (_mm256_set1_ps(x), _mm256_set1_ps(y));

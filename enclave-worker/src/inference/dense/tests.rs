@@ -341,6 +341,42 @@ fn the_int8_avx2_probe_runs_its_multiply_adds() {
     assert_eq!(sum, lane.wrapping_mul(12 * 8));
 }
 
+/// The VNNI issue-rate probe does the arithmetic it counts: its chains' sum equals the same
+/// `vpdpbusd` chains computed on integers (each lane's four bytes as u8 times `y`, added to the
+/// lane), every lane and chain alike; a `y` of 0 adds nothing.
+#[test]
+fn the_vnni_probe_runs_its_multiply_adds() {
+    if !vnni_supported() {
+        eprintln!("skipped: this CPU has no AVX-512 VNNI");
+        return;
+    }
+    let rounds = 1_000;
+    for y in [3i8, -5, 0] {
+        let mut lane = 1i32;
+        for _ in 0..rounds {
+            let bytes = lane.to_le_bytes().map(|b| i32::from(b) * i32::from(y));
+            lane = lane.wrapping_add(bytes.iter().sum::<i32>());
+        }
+        let (ops, sum) = kernel::vnni_rounds(rounds, y);
+        assert_eq!(ops, (rounds * 12 * 64 * 2) as f64);
+        assert_eq!(sum, lane.wrapping_mul(12 * 16), "y = {y}");
+    }
+}
+
+/// The bf16 issue-rate probe does the arithmetic it counts: each instruction adds `2·x·y` to every
+/// lane (exact here: powers of two), so the sum is `12 · 16 · (1 + rounds · 2xy)`.
+#[test]
+fn the_bf16_probe_runs_its_multiply_adds() {
+    if !bf16_supported() {
+        eprintln!("skipped: this CPU has no AVX-512 BF16");
+        return;
+    }
+    let rounds = 1_000;
+    let (ops, sum) = kernel::dpbf16_rounds(rounds, 0.5, 1.0 / 1024.0);
+    assert_eq!(ops, (rounds * 12 * 32 * 2) as f64);
+    assert_eq!(sum, 12.0 * 16.0 * (1.0 + rounds as f32 / 1024.0));
+}
+
 #[test]
 fn int8_tile_reference_matches_the_plain_product_anywhere() {
     // The scalar tile runs on every CPU, so packing and dequantisation are checked even
