@@ -417,13 +417,11 @@ fn run_child(args: &Args) -> serde_json::Value {
     let blocking = enclave_worker::inference::dense_blocking();
     let units = enclave_worker::inference::dense_units();
     let unit = |unit: Option<enclave_worker::inference::DenseUnit>| unit.map(|unit| unit.as_str());
-    // `<precision>_<unit>_peak_gop_per_s`, as bench/report.py reads it.
     let reduced_unit = match args.precision {
         Precision::Bf16 => unit(units.bf16),
         Precision::Int8 => unit(units.int8),
         _ => None,
     };
-    let unit_peak_key = format!("{}_{}_peak_gop_per_s", args.precision.as_str(), reduced_unit.unwrap_or("none"));
     let mut result = serde_json::json!({
         "dense_units": {"f32": unit(units.f32), "bf16": unit(units.bf16), "int8": unit(units.int8)},
         "dense_l2_bytes": blocking.l2.0,
@@ -465,8 +463,9 @@ fn run_child(args: &Args) -> serde_json::Value {
         "loaded_rss_mib": loaded_kib as f64 / 1024.0,
         "embedding_peak_rss_mib": reset.then(|| status_kib("VmHWM") as f64 / 1024.0),
     });
-    if let Some(peak) = unit_peak_before.zip(unit_peak_after).map(|(before, after)| before.max(after)) {
-        result[unit_peak_key] = peak.into();
+    // `<precision>_<unit>_peak_gop_per_s`, as bench/report.py reads it.
+    if let (Some(unit), Some((before, after))) = (reduced_unit, unit_peak_before.zip(unit_peak_after)) {
+        result[format!("{}_{unit}_peak_gop_per_s", args.precision.as_str())] = before.max(after).into();
     }
     result
 }
