@@ -284,7 +284,8 @@ def issue23(doc, top):
 # 1.5–1.6× the FMA peak on Zen 3, whose vector pipes the pair shares), and runs since 2026-12-01
 # the AVX-512 units' too (`int8_avx512_peak_gop_per_s`, `bf16_avx512_peak_gop_per_s`: register-only
 # `vpdpbusd` and `vdpbf16ps` chains; on Emerald Rapids under KVM 4.2× and 0.48× the FMA peak, where
-# the multiples below assume 4× and 2×: BF16 issues at a quarter of what its width suggests). The multiples stay for AMX tiles and older runs.
+# the multiples below assume 4× and 2×: BF16 issues at a quarter of what its width suggests). The
+# multiples stay for AMX tiles and older runs.
 PEAK_MULTIPLE = {("int8", "avx512"): 4, ("bf16", "avx512"): 2, ("int8", "amx"): 32, ("bf16", "amx"): 16, ("int8", "avx2"): 2}
 
 

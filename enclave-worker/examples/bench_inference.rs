@@ -21,6 +21,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use enclave_worker::inference::dense_bench::Arithmetic;
 use enclave_worker::inference::{
     Backend, BatchLimits, EmbedOptions, Embedder, EmbedderSettings, Engine, EngineSettings, ModelFiles,
     candle_thread_settings,
@@ -166,17 +167,20 @@ fn read_corpus(path: &PathBuf) -> Vec<InputRecord> {
         .collect()
 }
 
+/// The arithmetic of a reduced precision's products, `None` for fp32.
+fn reduced_arithmetic(precision: Precision) -> Option<Arithmetic> {
+    match precision {
+        Precision::Bf16 => Some(Arithmetic::Bf16),
+        Precision::Int8 => Some(Arithmetic::Int8),
+        _ => None,
+    }
+}
+
 /// The issue rate (GOP/s) of the unit this run's bf16 or int8 products run on (AVX-512 VNNI or
 /// BF16, AVX2's int8 pair): its peak, measured; AMX tiles' is a multiple of the FMA peak
 /// (bench/report.py).
 fn unit_peak(pool: &rayon::ThreadPool, precision: Precision) -> Option<f64> {
-    use enclave_worker::inference::dense_bench::{Arithmetic, unit_peak};
-    let arithmetic = match precision {
-        Precision::Bf16 => Arithmetic::Bf16,
-        Precision::Int8 => Arithmetic::Int8,
-        _ => return None,
-    };
-    unit_peak(pool, arithmetic, 0.5)
+    enclave_worker::inference::dense_bench::unit_peak(pool, reduced_arithmetic(precision)?, 0.5)
 }
 
 /// Length buckets (tokens with `[CLS]`/`[SEP]`) of a reduced precision's agreement with fp32.
@@ -417,11 +421,6 @@ fn run_child(args: &Args) -> serde_json::Value {
     let blocking = enclave_worker::inference::dense_blocking();
     let units = enclave_worker::inference::dense_units();
     let unit = |unit: Option<enclave_worker::inference::DenseUnit>| unit.map(|unit| unit.as_str());
-    let reduced_unit = match args.precision {
-        Precision::Bf16 => unit(units.bf16),
-        Precision::Int8 => unit(units.int8),
-        _ => None,
-    };
     let mut result = serde_json::json!({
         "dense_units": {"f32": unit(units.f32), "bf16": unit(units.bf16), "int8": unit(units.int8)},
         "dense_l2_bytes": blocking.l2.0,
@@ -464,6 +463,7 @@ fn run_child(args: &Args) -> serde_json::Value {
         "embedding_peak_rss_mib": reset.then(|| status_kib("VmHWM") as f64 / 1024.0),
     });
     // `<precision>_<unit>_peak_gop_per_s`, as bench/report.py reads it.
+    let reduced_unit = reduced_arithmetic(args.precision).and_then(Arithmetic::unit).map(|unit| unit.as_str());
     if let (Some(unit), Some((before, after))) = (reduced_unit, unit_peak_before.zip(unit_peak_after)) {
         result[format!("{}_{unit}_peak_gop_per_s", args.precision.as_str())] = before.max(after).into();
     }

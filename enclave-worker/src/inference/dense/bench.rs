@@ -36,26 +36,16 @@ pub fn fma_peak(pool: &rayon::ThreadPool, seconds: f64) -> f64 {
     issue_rate(pool, seconds, |rounds| kernel::fma_rounds(rounds).0)
 }
 
-/// The rate (GOP/s, two per multiply-add) at which the AVX2 int8 kernel's arithmetic issues on
-/// `pool`'s threads at once, register-only like [`fma_peak`]: its unit's limit. `None` on a CPU
-/// without AVX2.
-pub fn int8_avx2_peak(pool: &rayon::ThreadPool, seconds: f64) -> Option<f64> {
-    avx2_supported().then(|| issue_rate(pool, seconds, |rounds| kernel::avx2::madd_rounds(rounds).0))
-}
-
 /// The rate (GOP/s, two per multiply-add) at which this process's unit for `arithmetic`
 /// issues its products' instructions on `pool`'s threads at once, register-only like
 /// [`fma_peak`]: that unit's limit, measured. `None` for f32 (the FMA peak), AMX tiles (their
 /// rate is the FMA peak's fixed multiple, bench/report.py) and a CPU without such a unit.
 pub fn unit_peak(pool: &rayon::ThreadPool, arithmetic: Arithmetic, seconds: f64) -> Option<f64> {
-    let unit = match arithmetic {
-        Arithmetic::F32 => None,
-        Arithmetic::Bf16 => units().bf16,
-        Arithmetic::Int8 => units().int8,
-    };
-    match (arithmetic, unit?) {
+    match (arithmetic, arithmetic.unit()?) {
+        (Arithmetic::F32, _) => None,
         (Arithmetic::Int8, Unit::Avx512) => Some(issue_rate(pool, seconds, |rounds| kernel::vnni_rounds(rounds, 3).0)),
-        (Arithmetic::Int8, Unit::Avx2) => int8_avx2_peak(pool, seconds),
+        // The `vpmaddwd` + `vpaddd` pair of AVX2's int8 kernel.
+        (Arithmetic::Int8, Unit::Avx2) => Some(issue_rate(pool, seconds, |rounds| kernel::avx2::madd_rounds(rounds).0)),
         (Arithmetic::Bf16, Unit::Avx512) => Some(issue_rate(pool, seconds, |rounds| kernel::dpbf16_rounds(rounds, 1.0, 1e-3).0)),
         _ => None,
     }
@@ -82,11 +72,22 @@ pub enum Arithmetic {
     Int8,
 }
 
+impl Arithmetic {
+    /// The unit this process computes it on ([`units`]), `None` where the CPU has none.
+    pub fn unit(self) -> Option<Unit> {
+        match self {
+            Self::F32 => units().f32,
+            Self::Bf16 => units().bf16,
+            Self::Int8 => units().int8,
+        }
+    }
+}
+
 /// `out ← x · w` in f32, or with bf16 inputs, on this process's unit (`None` where the CPU
 /// has no kernel for it).
 pub fn product(x: &[f32], m: usize, w: &Weights, out: &mut [f32], bf16: bool, blocking: &Blocking) -> Option<()> {
-    let (arithmetic, unit) = if bf16 { (Arithmetic::Bf16, units().bf16) } else { (Arithmetic::F32, units().f32) };
-    product_on(x, m, w, out, arithmetic, unit?, blocking)
+    let arithmetic = if bf16 { Arithmetic::Bf16 } else { Arithmetic::F32 };
+    product_on(x, m, w, out, arithmetic, arithmetic.unit()?, blocking)
 }
 
 /// `out ← x · w` in `arithmetic` on `unit`; `None` where the CPU cannot run it there.
@@ -110,8 +111,7 @@ fn runs(arithmetic: Arithmetic, unit: Unit) -> bool {
         (Unit::Avx512, Arithmetic::F32) => avx512_supported(),
         (Unit::Avx512, Arithmetic::Bf16) => bf16_supported(),
         (Unit::Avx512, Arithmetic::Int8) => vnni_supported(),
-        (Unit::Amx, Arithmetic::Bf16) => units().bf16 == Some(Unit::Amx),
-        (Unit::Amx, Arithmetic::Int8) => units().int8 == Some(Unit::Amx),
+        (Unit::Amx, Arithmetic::Bf16 | Arithmetic::Int8) => arithmetic.unit() == Some(Unit::Amx),
         (Unit::Avx2, Arithmetic::F32 | Arithmetic::Int8) => avx2_supported(),
         (Unit::Amx, Arithmetic::F32) | (Unit::Avx2, Arithmetic::Bf16) => false,
     }
