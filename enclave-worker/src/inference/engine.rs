@@ -10,6 +10,7 @@ use protocol::quantize::Ranges;
 use protocol::records::{ErrorCode, InputRecord, OutputRecord, RerankInput};
 use rayon::prelude::*;
 
+use super::awake;
 use super::batching::{BatchLimits, plan_batches};
 use super::embedder::{Embedder, Pooled, Tokenized};
 use super::metrics::{Metrics, MetricsSnapshot};
@@ -211,7 +212,12 @@ impl Engine {
     where
         T: AsRef<[u8]> + Sync,
     {
-        self.pool.install(|| self.embed_window_here(texts, options))
+        self.run_awake(|| self.embed_window_here(texts, options))
+    }
+
+    /// `work` on this engine's pool, its threads kept awake until it returns ([`awake`]).
+    fn run_awake<R: Send>(&self, work: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(|| awake::run(work))
     }
 
     fn embed_window_here<T>(&self, texts: &[T], options: &EmbedOptions) -> Vec<Result<Embedding, RecordFailure>>
@@ -287,7 +293,7 @@ impl Engine {
     /// pairs batched together; one result per record, in order, whose vector holds a score per
     /// document and whose tokens are its pairs'. A record fails as its first failing pair does.
     pub fn rerank_window(&self, texts: &[&[u8]], options: &EmbedOptions) -> Vec<Result<Embedding, RecordFailure>> {
-        self.pool.install(|| {
+        self.run_awake(|| {
             let started = Instant::now();
             let inputs: Vec<Result<RerankInput, RecordFailure>> =
                 texts.iter().map(|text| RerankInput::parse(text).map_err(|(code, message)| RecordFailure::new(code, message))).collect();

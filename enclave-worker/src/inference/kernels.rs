@@ -6,6 +6,8 @@
 //! levels (LLVM does not fuse a separate multiply and add by itself), a libm call at the
 //! baseline. The matrix products are in [`super::dense`].
 
+use super::dense;
+
 /// Runs `f` compiled for the widest SIMD level of this CPU (AVX-512, AVX2 + FMA, or the
 /// baseline), chosen at run time. `f` must be `#[inline(always)]` (a closure can be), like the
 /// kernels below, so that it is compiled into the dispatcher's code for each level.
@@ -142,12 +144,19 @@ pub(crate) fn sum(values: &[f32]) -> f32 {
             *a += v;
         }
     }
-    acc.iter().sum::<f32>() + chunks.remainder().iter().sum::<f32>()
+    halving(acc, |a, b| a + b) + chunks.remainder().iter().sum::<f32>()
+}
+
+/// Maximum of a softmax row: AVX-512's masked chunks where the CPU has them ([`dense::softmax_max`]),
+/// else [`max_lanes`]. `-inf` for an empty slice.
+#[inline(always)]
+pub(crate) fn max(values: &[f32]) -> f32 {
+    dense::softmax_max(values).unwrap_or_else(|| max_lanes(values))
 }
 
 /// Maximum with independent lanes (vectorisable). `-inf` for an empty slice.
 #[inline(always)]
-pub(crate) fn max(values: &[f32]) -> f32 {
+fn max_lanes(values: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let mut chunks = values.chunks_exact(LANES);
     for chunk in &mut chunks {
@@ -155,11 +164,28 @@ pub(crate) fn max(values: &[f32]) -> f32 {
             *a = if v > *a { v } else { *a };
         }
     }
-    let mut m = f32::NEG_INFINITY;
-    for &v in acc.iter().chain(chunks.remainder()) {
-        m = if v > m { v } else { m };
+    // The tail: the last full chunk again where there is one (values seen twice change no
+    // maximum), else the values themselves.
+    let tail = if values.len() >= LANES && !chunks.remainder().is_empty() { &values[values.len() - LANES..] } else { chunks.remainder() };
+    for (a, &v) in acc.iter_mut().zip(tail) {
+        *a = if v > *a { v } else { *a };
     }
-    m
+    halving(acc, |a, b| if b > a { b } else { a })
+}
+
+/// The lanes folded into one by halving: `op` of lane `i` and lane `i + width` for width 8, 4,
+/// 2, 1. Four dependent steps where a fold from the first lane to the last is sixteen, and the
+/// order AVX-512's softmax passes fold in (they give these bits).
+#[inline(always)]
+fn halving(mut acc: [f32; LANES], op: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] = op(acc[i], acc[i + width]);
+        }
+        width /= 2;
+    }
+    acc[0]
 }
 
 /// `out ← LayerNorm(x + bias + residual)` for one row (`gamma`, `beta`, `bias` of the row's length;
@@ -205,7 +231,7 @@ pub(crate) fn add_layer_norm(
         *o -= mean;
         tail = o.mul_add(*o, tail);
     }
-    let var = (acc.iter().sum::<f32>() + tail) / n as f32;
+    let var = (halving(acc, |a, b| a + b) + tail) / n as f32;
     let inv = 1.0 / (var + eps).sqrt();
     match beta {
         Some(beta) => {
@@ -249,7 +275,7 @@ pub(crate) fn rms_norm_in_place(row: &mut [f32], gamma: &[f32], eps: f32) {
         }
     }
     let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
-    let mean = (acc.iter().sum::<f32>() + tail) / row.len() as f32;
+    let mean = (halving(acc, |a, b| a + b) + tail) / row.len() as f32;
     let inv = 1.0 / (mean + eps).sqrt();
     for (o, &g) in row.iter_mut().zip(gamma) {
         *o = g * (*o * inv);
@@ -299,8 +325,22 @@ pub(crate) fn softmax_unnormalised(row: &mut [f32]) -> f32 {
 /// softmax's division cancels it).
 #[inline(always)]
 pub(crate) fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
+    match dense::softmax_exp_shifted(row, m) {
+        Some(total) => total,
+        None => exp_shifted_lanes(row, m),
+    }
+}
+
+/// [`exp_shifted`] with independent lanes (vectorisable): AVX-512's arithmetic lane for lane.
+#[inline(always)]
+fn exp_shifted_lanes(row: &mut [f32], m: f32) -> f32 {
     let shift = m * LOG2E;
     let mut acc = [0f32; LANES];
+    let tail = row.len() % LANES;
+    // A tail is done as the row's last full chunk, its first `LANES − tail` lanes (done already)
+    // neither written nor summed again: AVX-512's masked chunk, lane for lane. The chunk is read
+    // before the whole chunks' results overwrite part of it.
+    let last: Option<[f32; LANES]> = (tail > 0 && row.len() >= LANES).then(|| row[row.len() - LANES..].try_into().expect("a chunk"));
     let mut chunks = row.chunks_exact_mut(LANES);
     for chunk in &mut chunks {
         for (a, o) in acc.iter_mut().zip(chunk) {
@@ -308,25 +348,51 @@ pub(crate) fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
             *a += *o;
         }
     }
-    // The tail as one more full chunk, padded with −inf (2^-126 ≈ 1e-38 there, below what
-    // any real entry adds): a scalar exp per tail value cost as much as the vectorised rest of a
-    // typical 90-token row.
-    let tail = chunks.into_remainder();
-    if !tail.is_empty() {
+    if let Some(values) = last {
+        let start = row.len() - LANES;
+        for (lane, (a, (o, x))) in acc.iter_mut().zip(row[start..].iter_mut().zip(values)).enumerate() {
+            let (e, fresh) = (exp2(x.mul_add(LOG2E, -shift)), lane >= LANES - tail);
+            *a += if fresh { e } else { 0.0 };
+            if fresh {
+                *o = e;
+            }
+        }
+    } else if tail > 0 {
+        // A row shorter than a chunk, padded with −inf (2^-126 ≈ 1e-38 there, below what any
+        // real entry adds): a scalar exp per value cost as much as a vectorised chunk.
         let mut padded = [f32::NEG_INFINITY; LANES];
-        padded[..tail.len()].copy_from_slice(tail);
+        padded[..tail].copy_from_slice(row);
         for (a, o) in acc.iter_mut().zip(&mut padded) {
             *o = exp2(o.mul_add(LOG2E, -shift));
             *a += *o;
         }
-        tail.copy_from_slice(&padded[..tail.len()]);
+        row.copy_from_slice(&padded[..tail]);
     }
-    acc.iter().sum::<f32>()
+    halving(acc, |a, b| a + b)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// AVX-512's softmax passes give the bits of the portable ones, whole chunks and tails, rows
+    /// shorter than a chunk and rows a tail's chunk overlaps.
+    #[test]
+    fn the_avx512_softmax_passes_are_the_portable_ones_bit_for_bit() {
+        if !dense::avx512_supported() {
+            eprintln!("skipped: this CPU has no AVX-512 F");
+            return;
+        }
+        for n in (0..=70).chain([95, 127, 128, 129, 511]) {
+            let row: Vec<f32> = (0..n).map(|i| ((i * 7_919 % 1_013) as f32 / 1_013.0 - 0.5) * 9.0).collect();
+            assert_eq!(dense::softmax_max(&row).unwrap().to_bits(), max_lanes(&row).to_bits(), "maximum of {n}");
+            let m = max_lanes(&row).max(0.25);
+            let (mut portable, mut avx512) = (row.clone(), row.clone());
+            let (want, got) = (exp_shifted_lanes(&mut portable, m), dense::softmax_exp_shifted(&mut avx512, m).unwrap());
+            assert_eq!(got.to_bits(), want.to_bits(), "sum of {n}");
+            assert_eq!(avx512.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "row of {n}");
+        }
+    }
 
     /// erf by its Maclaurin series in f64: cancellation costs < 1e-8 for |x| ≤ 4.5, and beyond
     /// that erf is ±1 within 2e-10.

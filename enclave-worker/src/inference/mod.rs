@@ -74,6 +74,7 @@
 //! `candle_thread_settings` reports what candle will use.
 
 mod arch;
+mod awake;
 #[cfg(feature = "candle")]
 mod candle_bert;
 mod batching;
