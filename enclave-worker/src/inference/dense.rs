@@ -743,16 +743,6 @@ fn int8_tile_reference(a: &[u32], b: &[u32], depth: usize, out: &mut [f32], ldc:
     }
 }
 
-/// A softmax row's maximum on AVX-512 (`kernels::max`'s value), `None` without AVX-512.
-pub(crate) fn softmax_max(row: &[f32]) -> Option<f32> {
-    avx512_supported().then(|| kernel::softmax::max(row))
-}
-
-/// `kernels::exp_shifted` on AVX-512 (the same bits), `None` (the row untouched) without it.
-pub(crate) fn softmax_exp_shifted(row: &mut [f32], m: f32) -> Option<f32> {
-    avx512_supported().then(|| kernel::softmax::exp_shifted(row, m))
-}
-
 mod blocking;
 mod packed;
 mod unit;
@@ -790,16 +780,6 @@ mod kernel {
 
     pub(super) fn dpbf16_rounds(_: usize, _: f32, _: f32) -> (f64, f32) {
         unreachable!("bf16_supported() is false off x86-64")
-    }
-
-    pub(super) mod softmax {
-        pub(in super::super) fn max(_: &[f32]) -> f32 {
-            unreachable!("avx512_supported() is false off x86-64")
-        }
-
-        pub(in super::super) fn exp_shifted(_: &mut [f32], _: f32) -> f32 {
-            unreachable!("avx512_supported() is false off x86-64")
-        }
     }
 
     pub(super) mod avx2_f32 {

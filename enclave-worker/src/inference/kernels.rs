@@ -6,8 +6,6 @@
 //! levels (LLVM does not fuse a separate multiply and add by itself), a libm call at the
 //! baseline. The matrix products are in [`super::dense`].
 
-use super::dense;
-
 /// Runs `f` compiled for the widest SIMD level of this CPU (AVX-512, AVX2 + FMA, or the
 /// baseline), chosen at run time. `f` must be `#[inline(always)]` (a closure can be), like the
 /// kernels below, so that it is compiled into the dispatcher's code for each level.
@@ -62,10 +60,12 @@ pub(crate) fn exp2(x: f32) -> f32 {
     let x = x.clamp(-126.0, 127.0);
     let t = x + ROUND_TO_INTEGER;
     let f = x - (t - ROUND_TO_INTEGER);
-    let p = 1.327_646_9e-3f32.mul_add(f, 9.675_541e-3).mul_add(f, 5.550_713_5e-2).mul_add(f, 0.240_221_2);
-    let p = p.mul_add(f, 0.693_146_94).mul_add(f, 1.0);
+    let p = EXP2_POLYNOMIAL[1..].iter().fold(EXP2_POLYNOMIAL[0], |p, &c| p.mul_add(f, c));
     p * two_to_the_rounded(t)
 }
+
+/// [`exp2`]'s polynomial for `2^f`, highest degree first (Horner's order).
+const EXP2_POLYNOMIAL: [f32; 6] = [1.327_646_9e-3, 9.675_541e-3, 5.550_713_5e-2, 0.240_221_2, 0.693_146_94, 1.0];
 
 /// `erf(x)` for f32: the odd/even rational approximation on [-4, 4] used by Eigen and XLA
 /// (`x·P(x²)/Q(x²)`, degree 13/8), ±1 outside. Absolute error ≈ 1e-7.
@@ -147,11 +147,11 @@ pub(crate) fn sum(values: &[f32]) -> f32 {
     halving(acc, |a, b| a + b) + chunks.remainder().iter().sum::<f32>()
 }
 
-/// Maximum of a softmax row: AVX-512's masked chunks where the CPU has them ([`dense::softmax_max`]),
-/// else [`max_lanes`]. `-inf` for an empty slice.
+/// Maximum of a softmax row: AVX-512's masked chunks where the CPU has them ([`avx512`]), else
+/// [`max_lanes`]. `-inf` for an empty slice.
 #[inline(always)]
 pub(crate) fn max(values: &[f32]) -> f32 {
-    dense::softmax_max(values).unwrap_or_else(|| max_lanes(values))
+    if avx512::supported() { avx512::max(values) } else { max_lanes(values) }
 }
 
 /// Maximum with independent lanes (vectorisable). `-inf` for an empty slice.
@@ -325,10 +325,7 @@ pub(crate) fn softmax_unnormalised(row: &mut [f32]) -> f32 {
 /// softmax's division cancels it).
 #[inline(always)]
 pub(crate) fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
-    match dense::softmax_exp_shifted(row, m) {
-        Some(total) => total,
-        None => exp_shifted_lanes(row, m),
-    }
+    if avx512::supported() { avx512::exp_shifted(row, m) } else { exp_shifted_lanes(row, m) }
 }
 
 /// [`exp_shifted`] with independent lanes (vectorisable): AVX-512's arithmetic lane for lane.
@@ -371,6 +368,24 @@ fn exp_shifted_lanes(row: &mut [f32], m: f32) -> f32 {
     halving(acc, |a, b| a + b)
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+#[cfg(not(target_arch = "x86_64"))]
+mod avx512 {
+    pub(super) fn supported() -> bool {
+        false
+    }
+
+    pub(super) fn max(_: &[f32]) -> f32 {
+        unreachable!("supported() is false off x86-64")
+    }
+
+    pub(super) fn exp_shifted(_: &mut [f32], _: f32) -> f32 {
+        unreachable!("supported() is false off x86-64")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -379,16 +394,16 @@ mod tests {
     /// shorter than a chunk and rows a tail's chunk overlaps.
     #[test]
     fn the_avx512_softmax_passes_are_the_portable_ones_bit_for_bit() {
-        if !dense::avx512_supported() {
+        if !avx512::supported() {
             eprintln!("skipped: this CPU has no AVX-512 F");
             return;
         }
         for n in (0..=70).chain([95, 127, 128, 129, 511]) {
             let row: Vec<f32> = (0..n).map(|i| ((i * 7_919 % 1_013) as f32 / 1_013.0 - 0.5) * 9.0).collect();
-            assert_eq!(dense::softmax_max(&row).unwrap().to_bits(), max_lanes(&row).to_bits(), "maximum of {n}");
+            assert_eq!(avx512::max(&row).to_bits(), max_lanes(&row).to_bits(), "maximum of {n}");
             let m = max_lanes(&row).max(0.25);
             let (mut portable, mut avx512) = (row.clone(), row.clone());
-            let (want, got) = (exp_shifted_lanes(&mut portable, m), dense::softmax_exp_shifted(&mut avx512, m).unwrap());
+            let (want, got) = (exp_shifted_lanes(&mut portable, m), avx512::exp_shifted(&mut avx512, m));
             assert_eq!(got.to_bits(), want.to_bits(), "sum of {n}");
             assert_eq!(avx512.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), portable.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "row of {n}");
         }

@@ -10,7 +10,6 @@ use super::{MR, NR, Slice};
 pub(super) mod amx;
 pub(super) mod avx2;
 pub(super) mod avx2_f32;
-pub(super) mod softmax;
 
 /// The checks every tile kernel relies on.
 fn check<T>(a: &[T], b: &[T], depth: usize, out: &[f32], ldc: usize, rows: usize, slice: Slice) {

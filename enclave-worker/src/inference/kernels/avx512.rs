@@ -1,23 +1,28 @@
 //! A softmax row's two passes on AVX-512: its maximum, and `2^(x·log₂e − m·log₂e)` with the sum.
-//! The arithmetic of `kernels::max` and `kernels::exp_shifted` lane for lane, the same bits
-//! (their test compares them); what differs is the tail, here one masked chunk. The vectoriser
-//! kept the portable tail's lanes on the stack and read them back in pieces, and each row paid
-//! for it with store-forwarding stalls: 80 ns for a 65-value row, 33 ns for a 64-value one.
+//! The arithmetic of [`super::max_lanes`] and [`super::exp_shifted_lanes`] lane for lane, the
+//! same bits (their test compares them); what differs is the tail, here one masked chunk. The
+//! vectoriser kept the portable tail's lanes on the stack and read them back in pieces, and each
+//! row paid for it with store-forwarding stalls: 80 ns for a 65-value row, 33 ns for a 64-value
+//! one (Emerald Rapids). The only `unsafe` of the element-wise kernels.
+#![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 
-const LANES: usize = 16;
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-const ROUND_TO_INTEGER: f32 = 12_582_912.0;
+use super::{EXP2_POLYNOMIAL, LANES, LOG2E, ROUND_TO_INTEGER};
 
-pub(in super::super) fn max(row: &[f32]) -> f32 {
-    assert!(super::super::avx512_supported());
+/// Whether this CPU runs these passes (AVX-512 F).
+pub(super) fn supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+pub(super) fn max(row: &[f32]) -> f32 {
+    assert!(supported());
     // SAFETY: the CPU has AVX-512 F; the kernel reads `row.len()` values from `row`.
     unsafe { max_avx512(row.as_ptr(), row.len()) }
 }
 
-pub(in super::super) fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
-    assert!(super::super::avx512_supported());
+pub(super) fn exp_shifted(row: &mut [f32], m: f32) -> f32 {
+    assert!(supported());
     // SAFETY: the CPU has AVX-512 F; the kernel reads and writes `row.len()` values of `row`.
     unsafe { exp_shifted_avx512(row.as_mut_ptr(), row.len(), m) }
 }
@@ -31,7 +36,7 @@ unsafe fn masked_tail(p: *const f32, tail: usize) -> (__mmask16, __m512) {
 }
 
 /// The sum (or with `max` the maximum) of the 16 lanes: lane i with lane i + w for w = 8, 4, 2,
-/// 1, `kernels::halving`'s order.
+/// 1, [`super::halving`]'s order.
 #[inline(always)]
 unsafe fn halving(v: __m512, max: bool) -> f32 {
     // SAFETY: inlined into a caller with AVX-512 F; registers only.
@@ -63,7 +68,7 @@ unsafe fn max_avx512(p: *const f32, n: usize) -> f32 {
     unsafe { halving(acc, true) }
 }
 
-/// `kernels::exp2` on 16 lanes, its operations in its order.
+/// [`super::exp2`] on 16 lanes, its operations in its order.
 #[inline(always)]
 unsafe fn exp2(x: __m512) -> __m512 {
     // SAFETY: inlined into a caller with AVX-512 F; registers only.
@@ -72,9 +77,9 @@ unsafe fn exp2(x: __m512) -> __m512 {
         let round = _mm512_set1_ps(ROUND_TO_INTEGER);
         let t = _mm512_add_ps(x, round);
         let f = _mm512_sub_ps(x, _mm512_sub_ps(t, round));
-        let mut p = _mm512_set1_ps(1.327_646_9e-3);
-        for c in [9.675_541e-3, 5.550_713_5e-2, 0.240_221_2, 0.693_146_94, 1.0] {
-            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+        let mut p = _mm512_set1_ps(EXP2_POLYNOMIAL[0]);
+        for c in &EXP2_POLYNOMIAL[1..] {
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(*c));
         }
         let k = _mm512_sub_epi32(_mm512_castps_si512(t), _mm512_set1_epi32(ROUND_TO_INTEGER.to_bits() as i32));
         let two_to_the_k = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_add_epi32(k, _mm512_set1_epi32(127))));
