@@ -4,7 +4,9 @@
 //! widest this CPU has at run time (the binary itself targets the x86-64 baseline, SSE2). Their
 //! polynomials and sums of products use `mul_add`: one FMA instruction at the AVX2 and AVX-512
 //! levels (LLVM does not fuse a separate multiply and add by itself), a libm call at the
-//! baseline. The matrix products are in [`super::dense`].
+//! baseline. The one exception is the softmax's two row passes ([`max`], [`exp_shifted`]): where
+//! the CPU has AVX-512 they run as intrinsics with a masked tail ([`avx512`], the same bits).
+//! The matrix products are in [`super::dense`].
 
 /// Runs `f` compiled for the widest SIMD level of this CPU (AVX-512, AVX2 + FMA, or the
 /// baseline), chosen at run time. `f` must be `#[inline(always)]` (a closure can be), like the
