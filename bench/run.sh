@@ -9,10 +9,13 @@
 # (bench/costs.py). See docs/benchmarks.md.
 #
 #   bench/run.sh [--threads 1,2] [--docs 10000] [--repeats 3] [--sizes 1000,3000,10000]
-#                [--boots 20] [--rss-sizes 1000,10000,100000]
-#                [--skip latency,pipeline,cold-start,sizes,cosine,memory,long] [--long-models modernbert,qwen3] [--quick]
+#                [--boots 20] [--rss-sizes 1000,10000,100000] [--rounds 5]
+#                [--skip rounds,latency,pipeline,cold-start,sizes,cosine,memory,long] [--long-models modernbert,qwen3] [--quick]
 #
-# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots, RSS sizes 100,1000, 1 latency pair,
+# --rounds: the target ratios (ours / ONNX Runtime, int8 / ONNX Runtime int8, bf16 / our fp32) as
+# the median of this many rotating rounds of one pass per engine, beside the first measurement's.
+#
+# --quick: 300 documents, 1 repeat, sizes 100,300, 5 boots, RSS sizes 100,1000, 1 latency pair, 1 round,
 # long documents on ModernBERT's shape up to 512 tokens; results go to bench/results/quick/
 # (not committed) and docs/benchmarks.md is left alone. Use it to check the suite, not to quote.
 #
@@ -34,6 +37,7 @@ boots=20
 rss_sizes=1000,10000,100000
 # The noisiest figure of a run (one text, fresh processes): more pairs than the rest.
 latency_pairs=7
+rounds=5
 skip=""
 long_models=modernbert,qwen3
 quick=0
@@ -45,6 +49,7 @@ while [ $# -gt 0 ]; do
         --sizes) sizes=$2; shift 2 ;;
         --boots) boots=$2; shift 2 ;;
         --rss-sizes) rss_sizes=$2; shift 2 ;;
+        --rounds) rounds=$2; shift 2 ;;
         --skip) skip=$2; shift 2 ;;
         --long-models) long_models=$2; shift 2 ;;
         --quick) quick=1; shift ;;
@@ -53,7 +58,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 if [ "$quick" = 1 ]; then
-    docs=300; repeats=1; sizes=100,300; boots=5; rss_sizes=100,1000; latency_pairs=1; long_models=modernbert
+    docs=300; repeats=1; sizes=100,300; boots=5; rss_sizes=100,1000; latency_pairs=1; rounds=1; long_models=modernbert
 fi
 
 home="${EPHEM_HOME:-$root/.ephem}"
@@ -133,7 +138,7 @@ quick_flag=()
 say "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), family $(grep -m1 'cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ') model $(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
 say "measuring (load average now: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$py" bench/suite.py --corpus "$corpus" --docs "$docs" --threads "$threads" --repeats "$repeats" \
-    --sizes "$sizes" --boots "$boots" --rss-sizes "$rss_sizes" --latency-pairs "$latency_pairs" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \
+    --sizes "$sizes" --boots "$boots" --rss-sizes "$rss_sizes" --latency-pairs "$latency_pairs" --rounds "$rounds" --skip "$skip" --bin-dir "$target/release" --model-dir "$model_dir" \
     --onnx-dir "$onnx_dir" --long-dir "$long_dir" --long-models "$long_models" --work-dir "$work" --out-dir "$out_dir" --name "$name" \
     "${quick_flag[@]}" "${docs_md[@]}"
 

@@ -34,6 +34,8 @@ LONG_REPEATS = {"modernbert": 2, "qwen3": 1}
 # two lengths in alternation: the machines drift by tens of % between a run's steps.
 LONG_PAIRS = 3
 ENGINES = ["ours", "ours-bf16", "ours-int8", "ort-fp32", "ort-int8", "st"]
+# The ratios the targets are stated in: (numerator, denominator) engines.
+RATIO_PAIRS = [("ours", "ort-fp32"), ("ours-int8", "ort-int8"), ("ours-bf16", "ours"), ("ours-bf16", "ort-int8")]
 # Our reduced precisions run only where the CPU has the instructions (elsewhere they are refused):
 # bf16 needs AVX-512 BF16; int8 runs on AVX-512 VNNI, or on AVX2 without it.
 NEEDS_FLAG = {"ours-bf16": "avx512_bf16", "ours-int8": "avx2"}
@@ -115,11 +117,12 @@ class Suite:
         self.long_corpora = set()
         os.makedirs(self.work, exist_ok=True)
 
-    def ours(self, corpus, threads, repeats, tag, precision="fp32"):
+    def ours(self, corpus, threads, repeats, tag, precision="fp32", throughput_only=False):
         engine = "ours" if precision == "fp32" else f"ours-{precision}"
         out = os.path.join(self.work, f"{engine}-{tag}-t{threads}.json")
+        only = ["--no-latency", "--no-agreement"] if throughput_only else []
         run([os.path.join(self.bin, "examples", "bench_inference"), "--corpus", corpus, "--threads", str(threads),
-             "--repeats", str(repeats), "--precision", precision, "--json", out], env=thread_env(threads))
+             "--repeats", str(repeats), "--precision", precision, "--json", out, *only], env=thread_env(threads))
         with open(out) as f:
             result = json.load(f)["results"][0]
         result["engine"] = engine
@@ -143,6 +146,33 @@ class Suite:
             # Also measures its minimum cosine to our fp32 vectors over the corpus.
             return self.ours(corpus, threads, repeats, tag, precision=engine.removeprefix("ours-"))
         return self.peer(engine, corpus, threads, repeats, tag, vectors)
+
+    def rounds(self, engines, corpus, threads, count):
+        """`count` rounds of one pass of every engine on `corpus`, each round starting one engine
+        further along the list, and per round the ratios of [`RATIO_PAIRS`]: the machines drift by
+        tens of per cent for minutes at a time, so a ratio of two measurements minutes apart says
+        more about the drift than about the engines; within a round they run back to back."""
+        runs = []
+        for r in range(count):
+            order = engines[r % len(engines):] + engines[:r % len(engines)]
+            docs_per_s = {}
+            for engine in order:
+                if engine.startswith("ours"):
+                    precision = "fp32" if engine == "ours" else engine.removeprefix("ours-")
+                    result = self.ours(corpus, threads, 1, f"round{r}", precision, throughput_only=True)
+                else:
+                    result = self.peer(engine, corpus, threads, 1, f"round{r}")
+                docs_per_s[engine] = result["documents_per_s"]
+            runs.append({"order": order, "documents_per_s": docs_per_s})
+        ratios = {}
+        for a, b in RATIO_PAIRS:
+            values = [run["documents_per_s"][a] / run["documents_per_s"][b] for run in runs
+                      if a in run["documents_per_s"] and b in run["documents_per_s"]]
+            if values:
+                ordered = sorted(values)
+                ratios[f"{a}/{b}"] = {"values": values, "median": ordered[len(ordered) // 2],
+                                      "min": ordered[0], "max": ordered[-1]}
+        return {"threads": threads, "runs": runs, "ratios": ratios}
 
     def latency_pairs(self, corpus, threads, pairs):
         """`pairs` times: ours fp32 and ONNX Runtime fp32, each a fresh process warmed on `corpus`,
@@ -312,10 +342,12 @@ def main():
     ap.add_argument("--pipeline-docs", type=int, default=None, help="corpus size of the pipeline run (default --docs)")
     ap.add_argument("--rss-sizes", default="1000,10000,100000",
                     help="job sizes (documents) of the memory step: peak RSS against corpus size")
-    ap.add_argument("--skip", default="", help="comma list of: latency, pipeline, cold-start, sizes, cosine, memory, long")
+    ap.add_argument("--skip", default="", help="comma list of: rounds, latency, pipeline, cold-start, sizes, cosine, memory, long")
     ap.add_argument("--long-dir", default=None, help="bench/long.py make's output")
     ap.add_argument("--long-models", default="modernbert,qwen3")
     ap.add_argument("--latency-pairs", type=int, default=7, help="alternating latency runs of ours and ONNX Runtime fp32")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rotating rounds of one pass per engine (not sentence-transformers) for the target ratios")
     ap.add_argument("--bin-dir", required=True, help="target/release")
     ap.add_argument("--model-dir", required=True)
     ap.add_argument("--onnx-dir", required=True)
@@ -356,6 +388,11 @@ def main():
             if path:
                 vectors[engine] = np.load(path)
     doc["throughput"] = throughput
+
+    # 1b. The target ratios in rotating rounds, each engine once a round (the machines drift by
+    # tens of per cent for minutes; an odd count has a true median).
+    if "rounds" not in skip and args.rounds > 0:
+        doc["rounds"] = suite.rounds([e for e in engines if e != "st"], corpus, top, args.rounds)
 
     # 2. Agreement with the sentence-transformers vectors over the corpus.
     if "cosine" not in skip:

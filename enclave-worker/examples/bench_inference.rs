@@ -7,7 +7,7 @@
 //! python3 scripts/build_corpus.py --count 2000 --out /tmp/corpus-2000.jsonl
 //! cargo run --release -p enclave-worker --example bench_inference -- --corpus /tmp/corpus-2000.jsonl
 //!     [--threads 1,2] [--repeats 3] [--budget 2048] [--max-batch 128] [--window 1024]
-//!     [--backend fused|candle] [--max-tokens 256] [--pooling mean|cls|lasttoken] [--no-latency] [--vectors OUT.f32] [--json out.json]
+//!     [--backend fused|candle] [--max-tokens 256] [--pooling mean|cls|lasttoken] [--no-latency] [--no-agreement] [--vectors OUT.f32] [--json out.json]
 //! ```
 //!
 //! Each thread count runs in a child process started with `RAYON_NUM_THREADS=n
@@ -53,6 +53,9 @@ struct Args {
     /// Whether to time the two single texts (long-document runs skip them: they measure the
     /// corpus only).
     latency: bool,
+    /// Whether a reduced precision also measures its agreement with fp32 (a second, fp32 pass over
+    /// the corpus, after the timed ones).
+    agreement: bool,
     /// Where to write the last pass's vectors (little-endian f32, corpus order).
     vectors: Option<PathBuf>,
     child: bool,
@@ -72,6 +75,7 @@ fn parse_args() -> Args {
         max_tokens: EmbedderSettings::default().max_tokens,
         pooling: Pooling::Mean,
         latency: true,
+        agreement: true,
         vectors: None,
         child: false,
     };
@@ -107,6 +111,7 @@ fn parse_args() -> Args {
             }
             "--pooling" => args.pooling = Pooling::from_name(&value()).unwrap_or_else(|| usage("--pooling mean|cls|lasttoken")),
             "--no-latency" => args.latency = false,
+            "--no-agreement" => args.agreement = false,
             "--vectors" => args.vectors = Some(PathBuf::from(value())),
             "--child" => args.child = true,
             "-h" | "--help" => usage(""),
@@ -124,7 +129,7 @@ fn usage(problem: &str) -> ! {
     eprintln!(
         "{problem}\nusage: bench_inference --corpus FILE.jsonl [--threads 1,2] [--repeats 3] [--budget 2048] \
          [--max-batch 128] [--window 1024] [--backend fused|candle] [--precision fp32|bf16|int8] [--max-tokens 256] \
-         [--pooling mean|cls|lasttoken] [--no-latency] [--vectors OUT.f32] [--json OUT]"
+         [--pooling mean|cls|lasttoken] [--no-latency] [--no-agreement] [--vectors OUT.f32] [--json OUT]"
     );
     std::process::exit(2)
 }
@@ -372,7 +377,7 @@ fn run_child(args: &Args) -> serde_json::Value {
     // Reduced precision: its worst cosine to the fp32 vectors over the whole corpus, and per
     // length bucket over the corpus and the accuracy set (short texts and reference texts).
     let accuracy_set = read_accuracy_set();
-    let agreement = (args.precision != Precision::Fp32).then(|| {
+    let agreement = (args.agreement && args.precision != Precision::Fp32).then(|| {
         let texts: Vec<InputRecord> = records.iter().chain(&accuracy_set).cloned().collect();
         let vectors = |options: &EmbedOptions| {
             let mut out = Vec::with_capacity(texts.len());
@@ -498,6 +503,7 @@ fn main() {
             .args(["--backend", if args.backend == Backend::Fused { "fused" } else { "candle" }])
             .args(["--precision", args.precision.as_str(), "--pooling", args.pooling.as_str()])
             .args(if args.latency { &[][..] } else { &["--no-latency"][..] })
+            .args(if args.agreement { &[][..] } else { &["--no-agreement"][..] })
             .args(args.vectors.iter().flat_map(|path| [std::ffi::OsStr::new("--vectors"), path.as_os_str()]))
             .arg("--corpus")
             .arg(&args.corpus)
