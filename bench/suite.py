@@ -70,7 +70,11 @@ def thread_env(threads):
 def run(cmd, env=None, capture=False):
     log(" ".join(os.path.relpath(c, ROOT) if os.path.isabs(c) and c.startswith(ROOT) else c for c in cmd))
     if capture:
-        done = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            # What it said is the only account of why: show it before the run stops.
+            sys.stderr.write(done.stdout + done.stderr)
+            done.check_returncode()
         return done.stdout
     subprocess.run(cmd, env=env, check=True)
     return None
