@@ -143,12 +143,15 @@ class Suite:
         with open(out) as f:
             return json.load(f)
 
-    def measure(self, engine, corpus, threads, repeats, tag, vectors=None):
+    def measure(self, engine, corpus, threads, repeats, tag, vectors=None, throughput_only=False):
+        """One engine's run; `throughput_only` leaves out what ours measures besides docs/s (the
+        latency texts, a reduced precision's agreement with fp32)."""
         if engine == "ours":
-            return self.ours(corpus, threads, repeats, tag)
+            return self.ours(corpus, threads, repeats, tag, throughput_only=throughput_only)
         if engine in ("ours-bf16", "ours-int8"):
             # Also measures its minimum cosine to our fp32 vectors over the corpus.
-            return self.ours(corpus, threads, repeats, tag, precision=engine.removeprefix("ours-"))
+            return self.ours(corpus, threads, repeats, tag, precision=engine.removeprefix("ours-"),
+                             throughput_only=throughput_only)
         return self.peer(engine, corpus, threads, repeats, tag, vectors)
 
     def rounds(self, engines, corpus, threads, count):
@@ -161,11 +164,7 @@ class Suite:
             order = engines[r % len(engines):] + engines[:r % len(engines)]
             docs_per_s = {}
             for engine in order:
-                if engine.startswith("ours"):
-                    precision = "fp32" if engine == "ours" else engine.removeprefix("ours-")
-                    result = self.ours(corpus, threads, 1, f"round{r}", precision, throughput_only=True)
-                else:
-                    result = self.peer(engine, corpus, threads, 1, f"round{r}")
+                result = self.measure(engine, corpus, threads, 1, f"round{r}", throughput_only=True)
                 docs_per_s[engine] = result["documents_per_s"]
             runs.append({"order": order, "documents_per_s": docs_per_s})
         ratios = {}

@@ -68,7 +68,8 @@
 //! threads (default: available parallelism): tokenization, the dense kernels, attention (gemm on
 //! the current rayon pool) and the element-wise kernels, so the engine's thread count is the
 //! whole story. During a call the pool's other threads poll for work rather than sleep between
-//! forks (`awake`): a sleeping thread's wake-up through a hypervisor cost more than a short fork. The CandleBert reference also uses candle's own element-wise pool, which only the
+//! forks (`awake`): a sleeping thread's wake-up through a hypervisor cost more than a short fork.
+//! The CandleBert reference also uses candle's own element-wise pool, which only the
 //! process environment sizes, before the first tensor op (setting environment variables
 //! in-process is `unsafe`, which this crate forbids): run it with `CANDLE_NUM_THREADS=n
 //! RAYON_NUM_THREADS=n`; the benchmark does this for every thread count, in a child process, and
