@@ -47,7 +47,7 @@ fn rsa_2048_keygen_time_and_pool_latency() {
     let _keys = [pool.take().unwrap(), pool.take().unwrap()];
     wait_for(|| pool.ready() == 2, "the pool refilled");
     assert_eq!(generator_nice_values(), [10, 10], "refills at nice 10");
-    assert_eq!(nice_of("self"), 0);
+    assert_eq!(read_nice("self"), Some(0));
 }
 
 fn wait_for(condition: impl Fn() -> bool, what: &str) {
@@ -58,20 +58,22 @@ fn wait_for(condition: impl Fn() -> bool, what: &str) {
     }
 }
 
-/// The nice values of this process's key generator threads, sorted.
+/// The nice values of this process's key generator threads, sorted. A thread that exits while
+/// it is being read (a dropped pool's generator) is not counted: its `/proc` entries vanish.
 fn generator_nice_values() -> Vec<i64> {
     let mut values: Vec<i64> = std::fs::read_dir("/proc/self/task")
         .unwrap()
-        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
         .filter(|tid| std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).is_ok_and(|comm| comm.trim() == "one-shot-rsa"))
-        .map(|tid| nice_of(&format!("self/task/{tid}")))
+        .filter_map(|tid| read_nice(&format!("self/task/{tid}")))
         .collect();
     values.sort();
     values
 }
 
-/// Field 19 of `/proc/<path>/stat`, counted after the parenthesised command name.
-fn nice_of(path: &str) -> i64 {
-    let stat = std::fs::read_to_string(format!("/proc/{path}/stat")).unwrap();
-    stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(16).unwrap().parse().unwrap()
+/// Field 19 of `/proc/<path>/stat`, counted after the parenthesised command name; `None` when
+/// the task is gone.
+fn read_nice(path: &str) -> Option<i64> {
+    let stat = std::fs::read_to_string(format!("/proc/{path}/stat")).ok()?;
+    Some(stat[stat.rfind(')').unwrap() + 2..].split(' ').nth(16).unwrap().parse().unwrap())
 }
