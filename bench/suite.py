@@ -334,51 +334,8 @@ def clean(result):
     return {k: v for k, v in result.items() if k not in ("corpus",)}
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", required=True, help="JSONL from scripts/build_corpus.py, at least --docs lines")
-    ap.add_argument("--docs", type=int, required=True)
-    ap.add_argument("--threads", default="1,2")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--sizes", default="1000,3000,10000")
-    ap.add_argument("--boots", type=int, default=20)
-    ap.add_argument("--pipeline-docs", type=int, default=None, help="corpus size of the pipeline run (default --docs)")
-    ap.add_argument("--rss-sizes", default="1000,10000,100000",
-                    help="job sizes (documents) of the memory step: peak RSS against corpus size")
-    ap.add_argument("--skip", default="", help="comma list of: rounds, latency, pipeline, cold-start, sizes, cosine, memory, long")
-    ap.add_argument("--long-dir", default=None, help="bench/long.py make's output")
-    ap.add_argument("--long-models", default="modernbert,qwen3")
-    ap.add_argument("--latency-pairs", type=int, default=7, help="alternating latency runs of ours and ONNX Runtime fp32")
-    ap.add_argument("--rounds", type=int, default=5,
-                    help="rotating rounds of one pass per engine (not sentence-transformers) for the target ratios")
-    ap.add_argument("--bin-dir", required=True, help="target/release")
-    ap.add_argument("--model-dir", required=True)
-    ap.add_argument("--onnx-dir", required=True)
-    ap.add_argument("--work-dir", required=True)
-    ap.add_argument("--out-dir", required=True)
-    ap.add_argument("--name", required=True, help="file name stem of the results")
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--docs-md", default=None, help="docs/benchmarks.md to put the table into (full runs)")
-    args = ap.parse_args()
-    threads = [int(t) for t in args.threads.split(",")]
-    top = max(threads)
-    sizes = sorted({int(s) for s in args.sizes.split(",") if s})
-    skip = set(filter(None, args.skip.split(",")))
-    suite = Suite(args)
-    started = time.time()
-    doc = {
-        "suite": "ephem-batch bench/run.sh",
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "quick": args.quick,
-        "machine": machine(),
-        "loadavg_start": loadavg(),
-        "corpus": {"source": "Debian package descriptions (scripts/build_corpus.py)", "documents": args.docs},
-        "settings": {"threads": threads, "repeats": args.repeats, "batch_size_peers": 32, "sizes": sizes},
-    }
-    with open(os.path.join(args.onnx_dir, "export.json")) as f:
-        doc["export"] = json.load(f)
-    corpus = subset(args.corpus, args.docs, args.work_dir)
-
+def measure_all(suite, args, doc, corpus, threads, top, sizes, skip):
+    """Every step of the run, each adding its results to `doc`."""
     # 1. Throughput and latency, every engine at every thread count, same corpus.
     vectors = {}
     flags = doc["machine"].get("cpu_flags", [])
@@ -444,10 +401,66 @@ def main():
         models = [m for m in args.long_models.split(",") if m]
         doc["long"] = suite.long_documents(top, models, lengths, args.repeats)
 
-    doc["loadavg_end"] = loadavg()
-    doc["wall_s"] = round(time.time() - started, 1)
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", required=True, help="JSONL from scripts/build_corpus.py, at least --docs lines")
+    ap.add_argument("--docs", type=int, required=True)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--sizes", default="1000,3000,10000")
+    ap.add_argument("--boots", type=int, default=20)
+    ap.add_argument("--pipeline-docs", type=int, default=None, help="corpus size of the pipeline run (default --docs)")
+    ap.add_argument("--rss-sizes", default="1000,10000,100000",
+                    help="job sizes (documents) of the memory step: peak RSS against corpus size")
+    ap.add_argument("--skip", default="", help="comma list of: rounds, latency, pipeline, cold-start, sizes, cosine, memory, long")
+    ap.add_argument("--long-dir", default=None, help="bench/long.py make's output")
+    ap.add_argument("--long-models", default="modernbert,qwen3")
+    ap.add_argument("--latency-pairs", type=int, default=7, help="alternating latency runs of ours and ONNX Runtime fp32")
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="rotating rounds of one pass per engine (not sentence-transformers) for the target ratios")
+    ap.add_argument("--bin-dir", required=True, help="target/release")
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--onnx-dir", required=True)
+    ap.add_argument("--work-dir", required=True)
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--name", required=True, help="file name stem of the results")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--docs-md", default=None, help="docs/benchmarks.md to put the table into (full runs)")
+    args = ap.parse_args()
+    threads = [int(t) for t in args.threads.split(",")]
+    top = max(threads)
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s})
+    skip = set(filter(None, args.skip.split(",")))
+    suite = Suite(args)
+    started = time.time()
+    doc = {
+        "suite": "ephem-batch bench/run.sh",
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "quick": args.quick,
+        "machine": machine(),
+        "loadavg_start": loadavg(),
+        "corpus": {"source": "Debian package descriptions (scripts/build_corpus.py)", "documents": args.docs},
+        "settings": {"threads": threads, "repeats": args.repeats, "batch_size_peers": 32, "sizes": sizes},
+    }
+    with open(os.path.join(args.onnx_dir, "export.json")) as f:
+        doc["export"] = json.load(f)
+    corpus = subset(args.corpus, args.docs, args.work_dir)
+
     os.makedirs(args.out_dir, exist_ok=True)
     stem = os.path.join(args.out_dir, args.name)
+    try:
+        measure_all(suite, args, doc, corpus, threads, top, sizes, skip)
+    except BaseException as failure:
+        # What was measured before the failing step stays: a full run is half an hour.
+        doc["failed"] = f"{type(failure).__name__}: {failure}"
+        with open(stem + ".partial.json", "w") as f:
+            json.dump(doc, f, indent=1)
+            f.write("\n")
+        log(f"stopped: {doc['failed']}; the steps before it are in {stem}.partial.json")
+        raise
+    doc["loadavg_end"] = loadavg()
+    doc["wall_s"] = round(time.time() - started, 1)
     with open(stem + ".json", "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")
